@@ -1,0 +1,144 @@
+//! The table printed after a benchmark, with the peer's times beside ours.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use super::suites::is_square_or_llm;
+use super::Row;
+
+/// (op, dtype, m, n, k, batch)
+type Key = (String, String, usize, usize, usize, usize);
+
+fn key(r: &Row) -> Key {
+    (r.op.clone(), r.dtype.clone(), r.m, r.n, r.k, r.batch)
+}
+
+/// Reads torch_peer.py's JSON lines, keeping the timed rows (skips "env", "launch", rows
+/// with an "error", and anything else without a median).
+pub fn read_peer(path: &str) -> anyhow::Result<Vec<Row>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
+        if v.get("median_ms").is_none() || v.get("error").is_some() || v.get("scaling").is_some() {
+            continue;
+        }
+        let r: Row = serde_json::from_value(v).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
+        rows.push(r);
+    }
+    Ok(rows)
+}
+
+/// TFLOP/s with three significant digits or so: 761, 45.3, 0.0123.
+fn tf(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 1.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.4}")
+    }
+}
+
+fn geomean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp())
+}
+
+/// Formats our rows (and the peer's, where given) as a table; ratio = peer time / our time
+/// (> 1: gemmbridge is faster). Ends with the geometric mean of the ratio per dtype, over all
+/// matched rows and over the square + llm suites.
+pub fn table(rows: &[Row], peer: Option<&[Row]>) -> String {
+    let peer: HashMap<Key, &Row> = peer.unwrap_or(&[]).iter().map(|r| (key(r), r)).collect();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<7} {:<5} {:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7}",
+        "op", "dtype", "m", "n", "k", "ours ms", "TFLOP/s", "peer ms", "TFLOP/s", "ratio"
+    );
+    let mut ratios: Vec<(String, bool, f64)> = Vec::new();
+    for r in rows {
+        let p = peer.get(&key(r));
+        let (pm, pt, ratio) = match p {
+            Some(p) => {
+                let ratio = p.median_ms / r.median_ms;
+                ratios.push((r.dtype.clone(), is_square_or_llm((r.m, r.n, r.k)), ratio));
+                (format!("{:.4}", p.median_ms), tf(p.tflops), format!("{ratio:.3}"))
+            }
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            s,
+            "{:<7} {:<5} {:>6} {:>6} {:>6} {:>10.4} {:>9} {:>10} {:>9} {:>7}",
+            r.op,
+            r.dtype,
+            r.m,
+            r.n,
+            r.k,
+            r.median_ms,
+            tf(r.tflops),
+            pm,
+            pt,
+            ratio
+        );
+    }
+    if !ratios.is_empty() {
+        let mut dtypes: Vec<&String> = ratios.iter().map(|(d, _, _)| d).collect();
+        dtypes.dedup();
+        let _ = writeln!(s, "\ngeometric mean of peer time / our time (> 1: gemmbridge faster)");
+        let _ = writeln!(s, "{:<6} {:>10} {:>6} {:>16} {:>6}", "dtype", "all rows", "n", "square+llm", "n");
+        let mut seen = Vec::new();
+        for d in dtypes {
+            if seen.contains(&d) {
+                continue;
+            }
+            seen.push(d);
+            let all: Vec<f64> = ratios.iter().filter(|(x, _, _)| x == d).map(|r| r.2).collect();
+            let big: Vec<f64> = ratios.iter().filter(|(x, b, _)| x == d && *b).map(|r| r.2).collect();
+            let f = |v: &[f64]| geomean(v).map_or("-".to_string(), |g| format!("{g:.3}"));
+            let _ = writeln!(s, "{:<6} {:>10} {:>6} {:>16} {:>6}", d, f(&all), all.len(), f(&big), big.len());
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(op: &str, dtype: &str, m: usize, median_ms: f64) -> Row {
+        Row { op: op.into(), dtype: dtype.into(), m, n: m, k: m, batch: 1, median_ms, min_ms: median_ms, tflops: 1.0 }
+    }
+
+    #[test]
+    fn ratio_and_geomean() {
+        let ours = [r("matmul", "bf16", 1024, 1.0), r("linear", "bf16", 1024, 2.0), r("matmul", "bf16", 64, 1.0)];
+        let peer = [r("matmul", "bf16", 1024, 2.0), r("linear", "bf16", 1024, 1.0), r("matmul", "bf16", 64, 4.0)];
+        let t = table(&ours, Some(&peer));
+        assert!(t.contains(" 2.000"), "{t}");
+        assert!(t.contains(" 0.500"), "{t}");
+        // all rows: (2·0.5·4)^(1/3) = 4^(1/3) = 1.587; square+llm: (2·0.5)^(1/2) = 1
+        assert!(t.contains("1.587"), "{t}");
+        assert!(t.contains("1.000"), "{t}");
+    }
+
+    #[test]
+    fn reads_peer_json_lines() {
+        let dir = std::env::temp_dir().join(format!("gemmbridge-peer-{}", std::process::id()));
+        std::fs::write(
+            &dir,
+            "{\"op\": \"env\", \"torch\": \"2.11\"}\n\
+             {\"op\": \"matmul\", \"dtype\": \"f16\", \"m\": 64, \"n\": 64, \"k\": 64, \"batch\": 1, \"median_ms\": 0.01, \"min_ms\": 0.009, \"tflops\": 0.05}\n\
+             {\"op\": \"scaled_mm\", \"dtype\": \"fp8_e4m3\", \"scaling\": \"rowwise\", \"m\": 64, \"n\": 64, \"k\": 64, \"batch\": 1, \"median_ms\": 0.01, \"min_ms\": 0.01, \"tflops\": 0.05}\n\
+             {\"op\": \"launch\", \"dtype\": \"f16\", \"m\": 64, \"n\": 64, \"k\": 64, \"host_us\": 13.8, \"wall_us\": 14.0, \"graph_us\": 2.1}\n",
+        )
+        .unwrap();
+        let rows = read_peer(dir.to_str().unwrap()).unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].op, "matmul");
+        assert_eq!(rows[0].median_ms, 0.01);
+    }
+}

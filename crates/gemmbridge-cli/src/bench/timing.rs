@@ -1,0 +1,82 @@
+//! Timing as torch_peer.py's `time_fn` does it, so the two sides measure the same thing.
+//!
+//! Warm-up calls, then one timed call to size a sample: each of `reps` samples times `inner`
+//! back-to-back calls between two CUDA events, with `inner` chosen so a sample spans about
+//! 1 ms (1 to 1000 calls). Reported: median and minimum time per call, in ms.
+
+use std::time::Instant;
+
+use cudarc::driver::sys::CUevent_flags;
+use gemmbridge::cuda::Gpu;
+
+/// Median and minimum time per call, in ms.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub median_ms: f64,
+    pub min_ms: f64,
+}
+
+fn summarise(mut times: Vec<f64>) -> Timing {
+    times.sort_by(f64::total_cmp);
+    Timing { median_ms: times[times.len() / 2], min_ms: times[0] }
+}
+
+fn inner_count(once_ms: f64) -> usize {
+    ((1.0 / once_ms.max(1e-3)) as usize).clamp(1, 1000)
+}
+
+/// Times `f` (which enqueues work on `gpu.stream()`) with CUDA events.
+pub fn time_gpu<E>(
+    gpu: &Gpu,
+    warmup: usize,
+    reps: usize,
+    f: &mut dyn FnMut() -> Result<(), E>,
+) -> anyhow::Result<Timing>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let s = gpu.stream();
+    let ctx = gpu.context();
+    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    for _ in 0..warmup {
+        f()?;
+    }
+    s.synchronize()?;
+    start.record(s)?;
+    f()?;
+    end.record(s)?;
+    let inner = inner_count(start.elapsed_ms(&end)? as f64);
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        start.record(s)?;
+        for _ in 0..inner {
+            f()?;
+        }
+        end.record(s)?;
+        times.push(start.elapsed_ms(&end)? as f64 / inner as f64);
+    }
+    Ok(summarise(times))
+}
+
+/// Times `f` on the host clock (the CPU backend, which runs synchronously).
+pub fn time_cpu<E>(warmup: usize, reps: usize, f: &mut dyn FnMut() -> Result<(), E>) -> anyhow::Result<Timing>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    for _ in 0..warmup {
+        f()?;
+    }
+    let t = Instant::now();
+    f()?;
+    let inner = inner_count(t.elapsed().as_secs_f64() * 1e3);
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        for _ in 0..inner {
+            f()?;
+        }
+        times.push(t.elapsed().as_secs_f64() * 1e3 / inner as f64);
+    }
+    Ok(summarise(times))
+}

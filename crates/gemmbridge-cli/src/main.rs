@@ -1,0 +1,52 @@
+//! `gemmbridge`: device info, a correctness probe, and the benchmark that stands beside
+//! PyTorch's (`shared/bench/torch_peer.py`).
+
+mod bench;
+mod info;
+mod probe;
+mod random;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "gemmbridge", version, about = "Row-major GEMM on cuBLAS: info, probe, bench")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Device name, SM count, memory, driver, CUDA runtime, cuBLAS/cuBLASLt versions
+    /// (or, without a GPU, which CPU backend serves).
+    Info,
+    /// Checks this machine: the row-major→column-major convention table (16 direct cuBLAS
+    /// calls, exactly one must match) and every offered precision against float64. Exits
+    /// non-zero if anything is wrong.
+    Probe,
+    /// Times GEMMs on the torch_peer.py suites and writes JSON lines in its schema.
+    Bench(bench::Args),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info => info::run(),
+        Command::Probe => probe::run(),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}

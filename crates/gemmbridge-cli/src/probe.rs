@@ -1,0 +1,216 @@
+//! `gemmbridge probe`: what this machine's cuBLAS does with row-major data.
+//!
+//! 1. The convention table: the row-major problem `C[M,N] = A[M,K]·B[K,N]` (M=256, K=128,
+//!    N=512, f32) is handed to cuBLAS directly with all 16 combinations of transa, transb ∈
+//!    {N, T}, lda ∈ {K, N}, ldb ∈ {K, M} (first operand B, second A, m=N, n=M, ldc=N). Each
+//!    is rejected (status name), a MATCH, or accepted-but-WRONG. Exactly one must match, and
+//!    it must be the call gemmbridge's mapping produces.
+//! 2. The precision table: every precision the library offers, its error against float64 on a
+//!    small problem and its TFLOP/s on a large one.
+//!
+//! Exit status 1 if either table shows a problem.
+
+use anyhow::Context;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use gemmbridge::cuda::Gpu;
+use gemmbridge::mapping::{column_major_call, ColMajorCall};
+use gemmbridge::reference::{gemm_rowmajor, max_abs_diff, rel_error};
+use gemmbridge::{DType, Element, Error, GemmProblem, Op, Precision};
+
+use crate::bench::timing;
+use crate::random::normal;
+
+const M: usize = 256;
+const K: usize = 128;
+const N: usize = 512;
+
+pub fn run() -> anyhow::Result<i32> {
+    let gpu = match Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("probe needs a CUDA GPU: {e}");
+            return Ok(1);
+        }
+    };
+    let info = gpu.info()?;
+    println!(
+        "probe on {} (sm {}.{}), cuBLAS {}.{}.{}\n",
+        info.name,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.cublas_version.0,
+        info.cublas_version.1,
+        info.cublas_version.2
+    );
+    let convention_ok = convention_table(&gpu)?;
+    println!();
+    let precision_ok = precision_table(&gpu)?;
+    let ok = convention_ok && precision_ok;
+    println!("\nprobe: {}", if ok { "OK" } else { "FAILED" });
+    Ok(if ok { 0 } else { 1 })
+}
+
+fn convention_table(gpu: &Gpu) -> anyhow::Result<bool> {
+    let a: Vec<f32> = normal(M * K);
+    let b: Vec<f32> = normal(K * N);
+    let p = GemmProblem::matmul(M, N, K, Precision::F32)?;
+    let mut reference = vec![0.0; M * N];
+    let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    gemm_rowmajor(&p, 1.0, &wide(&a), &wide(&b), 0.0, &mut reference);
+    // Wrong-but-accepted calls read up to (max ld)·(max dim) elements: pad both inputs to
+    // 512·512 with more random values so that every call stays inside its allocation.
+    let room = N * N;
+    let mut a_pad = a.clone();
+    a_pad.extend(normal::<f32>(room - a.len()));
+    let mut b_pad = b.clone();
+    b_pad.extend(normal::<f32>(room - b.len()));
+    let s = gpu.stream();
+    let da = s.clone_htod(&a_pad)?;
+    let db = s.clone_htod(&b_pad)?;
+    let mut dc = s.clone_htod(&vec![f32::NAN; M * N])?;
+    let ours = column_major_call(&p);
+    println!("convention table: row-major C[M,N] = A[M,K]·B[K,N], M={M} K={K} N={N}, f32");
+    println!("cuBLAS called as gemm(transa, transb, m=N, n=M, k=K, first=B lda, second=A ldb, C ldc=N)");
+    println!(
+        "{:<6} {:<6} {:>5} {:>5}  {:<36} {:>12} {:>18}",
+        "transa", "transb", "lda", "ldb", "result", "max|diff|", "max|diff|/max|ref|"
+    );
+    let mut matches = Vec::new();
+    for transa in [Op::N, Op::T] {
+        for transb in [Op::N, Op::T] {
+            for lda in [K, N] {
+                for ldb in [K, M] {
+                    let call = ColMajorCall {
+                        transa,
+                        transb,
+                        m: N as i32,
+                        n: M as i32,
+                        k: K as i32,
+                        lda: lda as i32,
+                        stride_a: 0,
+                        ldb: ldb as i32,
+                        stride_b: 0,
+                        ldc: N as i32,
+                        stride_c: 0,
+                        batch: 1,
+                    };
+                    s.memcpy_htod(&vec![f32::NAN; M * N], &mut dc)?;
+                    let launched = {
+                        let (pa, _ga) = da.device_ptr(s);
+                        let (pb, _gb) = db.device_ptr(s);
+                        let (pc, _gc) = dc.device_ptr_mut(s);
+                        // SAFETY: both inputs hold 512·512 elements, more than any of these
+                        // calls can address ((max ld)·(max dim)); C holds ldc·n = N·M.
+                        unsafe { gpu.gemm_colmajor_unchecked(&call, Precision::F32, 1.0, pb, pa, 0.0, pc) }
+                    };
+                    let mark = if call == ours { "  ← gemmbridge's mapping" } else { "" };
+                    match launched {
+                        Err(Error::Cublas { status, .. }) => {
+                            println!(
+                                "{:<6} {:<6} {:>5} {:>5}  {:<36} {:>12} {:>18}{mark}",
+                                transa.to_string(),
+                                transb.to_string(),
+                                lda,
+                                ldb,
+                                format!("rejected ({status})"),
+                                "-",
+                                "-"
+                            );
+                        }
+                        Err(e) => return Err(e.into()),
+                        Ok(()) => {
+                            let got = wide(&s.clone_dtoh(&dc)?);
+                            let (d, r) = max_abs_diff(&got, &reference);
+                            let ok = rel_error(&got, &reference) <= Precision::F32.tolerance();
+                            if ok {
+                                matches.push(call);
+                            }
+                            let verdict = if ok { "MATCH" } else { "accepted but WRONG" };
+                            println!(
+                                "{:<6} {:<6} {:>5} {:>5}  {:<36} {:>12.3e} {:>18.3e}{mark}",
+                                transa.to_string(),
+                                transb.to_string(),
+                                lda,
+                                ldb,
+                                verdict,
+                                d,
+                                r
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let ok = matches.len() == 1 && matches[0] == ours;
+    println!(
+        "{} MATCH{}; gemmbridge's mapping {}",
+        matches.len(),
+        if matches.len() == 1 { "" } else { "es (expected exactly one)" },
+        if matches.contains(&ours) { "is the match" } else { "is NOT a match" }
+    );
+    Ok(ok)
+}
+
+/// One precision: error on the small problem, TFLOP/s on 8192³.
+fn check_precision<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    precision: Precision,
+) -> anyhow::Result<(f64, f64)> {
+    let s = gpu.stream();
+    // small: the convention-table shape, as matmul and as linear, fresh inputs each
+    let mut worst = 0.0f64;
+    for p in [GemmProblem::matmul(M, N, K, precision)?, GemmProblem::linear(M, N, K, precision)?] {
+        let a: Vec<TI> = normal(M * K);
+        let b: Vec<TI> = normal(K * N);
+        let mut reference = vec![0.0; M * N];
+        let wide = |v: &[TI]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+        gemm_rowmajor(&p, 1.0, &wide(&a), &wide(&b), 0.0, &mut reference);
+        let (da, db) = (s.clone_htod(&a)?, s.clone_htod(&b)?);
+        let mut dc: CudaSlice<TO> = s.clone_htod(&vec![TO::from_f64(f64::NAN); M * N])?;
+        gpu.gemm(&p, 1.0, &da, &db, 0.0, &mut dc)?;
+        let got: Vec<f64> = s.clone_dtoh(&dc)?.iter().map(|x| x.to_f64()).collect();
+        worst = worst.max(rel_error(&got, &reference));
+    }
+    // large: 8192³ matmul, timed with CUDA events
+    let big = 8192;
+    let p = GemmProblem::matmul(big, big, big, precision)?;
+    let a = s.clone_htod(&normal::<TI>(big * big))?;
+    let b = s.clone_htod(&normal::<TI>(big * big))?;
+    let mut c: CudaSlice<TO> = s.alloc_zeros(big * big).context("allocating C")?;
+    let t = timing::time_gpu(gpu, 2, 5, &mut || gpu.gemm(&p, 1.0, &a, &b, 0.0, &mut c))?;
+    Ok((worst, p.flops() / (t.median_ms * 1e-3) / 1e12))
+}
+
+fn precision_table(gpu: &Gpu) -> anyhow::Result<bool> {
+    println!("precision table: error ‖out−ref‖/‖ref‖ vs float64 at M={M} K={K} N={N} (matmul and linear, worst), TFLOP/s at 8192³ matmul");
+    println!(
+        "{:<10} {:<6} {:<14} {:<6} {:>12} {:>10} {:>10}  verdict",
+        "precision", "input", "compute", "output", "rel error", "band", "TFLOP/s"
+    );
+    let mut ok = true;
+    for precision in Precision::ALL {
+        let (err, tflops) = match (precision.input(), precision.output()) {
+            (DType::F32, _) => check_precision::<f32, f32>(gpu, precision)?,
+            (DType::F16, DType::F16) => check_precision::<half::f16, half::f16>(gpu, precision)?,
+            (DType::F16, _) => check_precision::<half::f16, f32>(gpu, precision)?,
+            (DType::BF16, DType::BF16) => check_precision::<half::bf16, half::bf16>(gpu, precision)?,
+            (DType::BF16, _) => check_precision::<half::bf16, f32>(gpu, precision)?,
+            (other, _) => anyhow::bail!("probe does not know dtype {other}"),
+        };
+        let good = err <= precision.tolerance();
+        ok &= good;
+        println!(
+            "{:<10} {:<6} {:<14} {:<6} {:>12.3e} {:>10.0e} {:>10.1}  {}",
+            precision.name(),
+            precision.input().name(),
+            precision.compute().to_string(),
+            precision.output().name(),
+            err,
+            precision.tolerance(),
+            tflops,
+            if good { "ok" } else { "WRONG" }
+        );
+    }
+    Ok(ok)
+}

@@ -1,0 +1,230 @@
+//! The library's one error type.
+//!
+//! Every variant carries the numbers that explain it (shapes, leading dimensions, lengths in
+//! bytes or elements as named, addresses, dtypes, the status name and the operation), so that a
+//! failure can be understood from its message alone. Validation errors are returned before
+//! anything is launched and leave every buffer untouched.
+
+use crate::dtype::{Compute, DType};
+
+/// Which operand of `C = α·op(A)·op(B) + β·C` an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Which {
+    /// The left operand, `op(A)` of shape `[m, k]`.
+    A,
+    /// The right operand, `op(B)` of shape `[k, n]`.
+    B,
+    /// The output (and, when β ≠ 0, input) `C` of shape `[m, n]`.
+    C,
+}
+
+impl std::fmt::Display for Which {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Which::A => "A",
+            Which::B => "B",
+            Which::C => "C",
+        })
+    }
+}
+
+/// Everything that can go wrong in gemmbridge.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The operands' shapes do not agree: `op(A)` must be `[m, k]`, `op(B)` `[k, n]`, `C` `[m, n]`.
+    #[error(
+        "shape mismatch: op(A) is [{a_rows}, {a_cols}], op(B) is [{b_rows}, {b_cols}], C is \
+         [{c_rows}, {c_cols}]; GEMM needs op(A) [m, k], op(B) [k, n], C [m, n]"
+    )]
+    ShapeMismatch {
+        /// Rows of `op(A)` (m).
+        a_rows: usize,
+        /// Columns of `op(A)` (k).
+        a_cols: usize,
+        /// Rows of `op(B)` (k).
+        b_rows: usize,
+        /// Columns of `op(B)` (n).
+        b_cols: usize,
+        /// Rows of `C` (m).
+        c_rows: usize,
+        /// Columns of `C` (n).
+        c_cols: usize,
+    },
+
+    /// A row-major leading dimension (elements from one row to the next) is smaller than the
+    /// number of columns, so rows would overlap.
+    #[error("leading dimension of {operand} is {ld} elements, less than its {cols} columns")]
+    LeadingDimTooSmall {
+        /// The operand.
+        operand: Which,
+        /// The leading dimension given, in elements.
+        ld: usize,
+        /// The stored matrix's column count, in elements.
+        cols: usize,
+    },
+
+    /// A dimension, leading dimension or batch count exceeds cuBLAS's 32-bit signed range.
+    #[error("{what} is {value}, above cuBLAS's limit of {max} (a 32-bit signed int)")]
+    DimensionTooLarge {
+        /// Which quantity (e.g. "m", "lda of B", "batch count").
+        what: &'static str,
+        /// The value given.
+        value: usize,
+        /// The largest value accepted.
+        max: usize,
+    },
+
+    /// A strided batch of outputs would write the same element twice: the batch stride of `C`
+    /// is smaller than one output matrix's extent.
+    #[error(
+        "batch stride of C is {batch_stride} elements but one [{rows}, {cols}] output with ld \
+         {ld} spans {extent}: batch {batch} outputs would overlap"
+    )]
+    OutputBatchesOverlap {
+        /// The batch stride of `C`, in elements.
+        batch_stride: usize,
+        /// Rows of `C`.
+        rows: usize,
+        /// Columns of `C`.
+        cols: usize,
+        /// Leading dimension of `C`, in elements.
+        ld: usize,
+        /// Elements one output matrix spans: `(rows - 1)·ld + cols`.
+        extent: usize,
+        /// The batch count.
+        batch: usize,
+    },
+
+    /// The storage dtype / compute type / output dtype combination is not one cuBLAS offers
+    /// (cuBLAS documentation, `cublasGemmEx`, table of supported type combinations).
+    #[error(
+        "unsupported precision: inputs {input}, compute {compute}, output {output}; supported: \
+         f32→f32 (32F or FAST_TF32), f16→f16|f32 (32F), bf16→bf16|f32 (32F)"
+    )]
+    UnsupportedPrecision {
+        /// Storage dtype of A and B.
+        input: DType,
+        /// Compute type.
+        compute: Compute,
+        /// Storage dtype of C.
+        output: DType,
+    },
+
+    /// A buffer's element type does not match the problem's precision.
+    #[error("{operand} holds {got} elements but the problem's precision needs {expected}")]
+    DTypeMismatch {
+        /// The operand.
+        operand: Which,
+        /// The dtype the precision needs.
+        expected: DType,
+        /// The dtype of the buffer given.
+        got: DType,
+    },
+
+    /// A buffer is shorter than the last element its layout addresses.
+    #[error(
+        "{operand} buffer holds {len_bytes} bytes but its layout addresses {needed_bytes} \
+         ({needed_elems} elements of {elem_bytes} bytes)"
+    )]
+    BufferTooSmall {
+        /// The operand.
+        operand: Which,
+        /// Length given, in bytes.
+        len_bytes: usize,
+        /// Bytes the layout needs: `needed_elems · elem_bytes`.
+        needed_bytes: usize,
+        /// Elements the layout needs: `(batch-1)·stride + (rows-1)·ld + cols`.
+        needed_elems: usize,
+        /// Size of one element, in bytes.
+        elem_bytes: usize,
+    },
+
+    /// A device address is not a multiple of the element size.
+    #[error("{operand} address {address:#x} is not aligned to its {align}-byte elements")]
+    Misaligned {
+        /// The operand.
+        operand: Which,
+        /// The device address given.
+        address: u64,
+        /// The alignment needed, in bytes.
+        align: usize,
+    },
+
+    /// A null device address was given for an operand the problem reads or writes.
+    #[error("{operand} device address is null but the problem addresses {needed_bytes} bytes")]
+    NullPointer {
+        /// The operand.
+        operand: Which,
+        /// Bytes the layout needs.
+        needed_bytes: usize,
+    },
+
+    /// The output's byte range overlaps an input's: cuBLAS would read what it is writing.
+    #[error("C's bytes [{c_start:#x}, {c_end:#x}) overlap {input}'s bytes [{in_start:#x}, {in_end:#x})")]
+    OutputOverlapsInput {
+        /// The input operand overlapped (A or B).
+        input: Which,
+        /// First byte address of C's extent.
+        c_start: u64,
+        /// One past C's last byte.
+        c_end: u64,
+        /// First byte address of the input's extent.
+        in_start: u64,
+        /// One past the input's last byte.
+        in_end: u64,
+    },
+
+    /// A cuBLAS call returned a status other than success.
+    #[error("{operation} failed with {status} ({problem})")]
+    Cublas {
+        /// The cuBLAS function called.
+        operation: &'static str,
+        /// The status's name, e.g. `CUBLAS_STATUS_INVALID_VALUE`.
+        status: String,
+        /// The problem it was called for (shapes, lds, dtypes).
+        problem: String,
+    },
+
+    /// A cudarc buffer belongs to another CUDA context (device) than the [`Gpu`](crate::cuda::Gpu)
+    /// it was passed to.
+    #[error("{operand} was allocated in the context of device {ordinal}, but this Gpu runs on device {expected}")]
+    WrongContext {
+        /// The operand.
+        operand: Which,
+        /// The device ordinal of the buffer's context.
+        ordinal: usize,
+        /// The device ordinal of the Gpu's context.
+        expected: usize,
+    },
+
+    /// A CUDA driver call returned an error.
+    #[error("{operation} failed with {status}")]
+    Driver {
+        /// The driver function called.
+        operation: &'static str,
+        /// The error's name, e.g. `CUDA_ERROR_NO_DEVICE`.
+        status: String,
+    },
+
+    /// A shared library could not be loaded.
+    #[error("{library} could not be loaded (tried {tried}); {hint}")]
+    LibraryNotFound {
+        /// The library, e.g. "cuBLAS (libcublas)".
+        library: &'static str,
+        /// The file names tried, comma-separated.
+        tried: String,
+        /// How to point the loader at it.
+        hint: &'static str,
+    },
+
+    /// The machine has no CUDA device.
+    #[error("no CUDA device found ({detail}); the CPU backend (gemmbridge::cpu) works without one")]
+    NoDevice {
+        /// What the driver said.
+        detail: String,
+    },
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,41 @@
+//! # gemmbridge
+//!
+//! Row-major GEMM for Rust on NVIDIA's cuBLAS, correct by construction: one documented mapping
+//! from row-major to cuBLAS's column-major call ([`mapping::column_major_call`]), precisions
+//! chosen explicitly ([`Precision`]), every argument validated before launch with a named
+//! error ([`Error`]), outputs written in place on the caller's stream, and a CPU backend
+//! ([`cpu`]) with the same API for machines without a GPU.
+//!
+//! ```
+//! use gemmbridge::{cpu, GemmProblem, Precision};
+//! // C[2,2] = A[2,3]·B[3,2], row-major, f32
+//! let p = GemmProblem::matmul(2, 2, 3, Precision::F32)?;
+//! let a = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+//! let b = [1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0];
+//! let mut c = [f32::NAN; 4]; // β = 0: C is never read
+//! cpu::gemm(&p, 1.0, &a, &b, 0.0, &mut c)?;
+//! assert_eq!(c, [4.0, 5.0, 10.0, 11.0]);
+//! # Ok::<(), gemmbridge::Error>(())
+//! ```
+//!
+//! On a GPU, [`cuda::Gpu::gemm`] takes cudarc device buffers and [`cuda::Gpu::gemm_raw`] raw
+//! device addresses on the caller's stream, with the same [`GemmProblem`].
+#![warn(missing_docs)]
+
+pub mod cpu;
+pub mod cuda;
+mod dtype;
+mod error;
+mod layout;
+pub mod mapping;
+mod problem;
+pub mod reference;
+pub mod validate;
+
+pub use dtype::{Compute, DType, Element, Precision};
+pub use error::{Error, Result, Which};
+pub use layout::{MatrixLayout, Op, Operand};
+pub use problem::{GemmProblem, MAX_DIM};
+
+/// Re-exported so callers use the same element types: [`half::f16`], [`half::bf16`].
+pub use half;

@@ -1,0 +1,302 @@
+//! The GEMM problem: pure data, no GPU.
+//!
+//! `C[m, n] = α·op(A)[m, k]·op(B)[k, n] + β·C[m, n]`, row-major, optionally a strided batch of
+//! `batch` such products. A [`GemmProblem`] is validated when it is built, so everything that
+//! can be checked without the buffers has been checked before any backend sees it.
+
+use crate::dtype::Precision;
+use crate::error::{Error, Result, Which};
+use crate::layout::{MatrixLayout, Op, Operand};
+
+/// The largest dimension, leading dimension or batch count cuBLAS accepts (its `int`).
+pub const MAX_DIM: usize = i32::MAX as usize;
+
+/// A validated row-major GEMM (or strided-batched GEMM) description.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmProblem {
+    a: Operand,
+    b: Operand,
+    c: MatrixLayout,
+    batch: usize,
+    precision: Precision,
+}
+
+impl GemmProblem {
+    /// Builds and validates a problem.
+    ///
+    /// - `a`: the stored A and its op; `op(A)` must be `[m, k]`.
+    /// - `b`: the stored B and its op; `op(B)` must be `[k, n]`.
+    /// - `c`: the output layout, `[m, n]`.
+    /// - `batch`: number of products in the strided batch (1 for a plain GEMM; 0 is a no-op).
+    ///
+    /// # Errors
+    /// - [`Error::ShapeMismatch`] when the shapes do not agree;
+    /// - [`Error::LeadingDimTooSmall`] when an `ld` is below its matrix's column count;
+    /// - [`Error::DimensionTooLarge`] when m, n, k, an ld or the batch count exceeds
+    ///   [`MAX_DIM`] (cuBLAS's 32-bit `int`), or a batch stride exceeds `i64::MAX`;
+    /// - [`Error::OutputBatchesOverlap`] when `batch > 1` and C's batch stride is smaller than
+    ///   one output's extent (two products would write the same element).
+    pub fn new(a: Operand, b: Operand, c: MatrixLayout, batch: usize, precision: Precision) -> Result<GemmProblem> {
+        if a.rows() != c.rows || a.cols() != b.rows() || b.cols() != c.cols {
+            return Err(Error::ShapeMismatch {
+                a_rows: a.rows(),
+                a_cols: a.cols(),
+                b_rows: b.rows(),
+                b_cols: b.cols(),
+                c_rows: c.rows,
+                c_cols: c.cols,
+            });
+        }
+        a.layout.check_ld(Which::A)?;
+        b.layout.check_ld(Which::B)?;
+        c.check_ld(Which::C)?;
+        let p = GemmProblem { a, b, c, batch, precision };
+        for (what, value) in [
+            ("m", p.m()),
+            ("n", p.n()),
+            ("k", p.k()),
+            ("leading dimension of A", a.layout.ld),
+            ("leading dimension of B", b.layout.ld),
+            ("leading dimension of C", c.ld),
+            ("batch count", batch),
+        ] {
+            if value > MAX_DIM {
+                return Err(Error::DimensionTooLarge { what, value, max: MAX_DIM });
+            }
+        }
+        for (what, value) in [
+            ("batch stride of A", a.layout.batch_stride),
+            ("batch stride of B", b.layout.batch_stride),
+            ("batch stride of C", c.batch_stride),
+        ] {
+            if value > i64::MAX as usize {
+                return Err(Error::DimensionTooLarge { what, value, max: i64::MAX as usize });
+            }
+        }
+        for (what, layout) in [
+            ("batch stride of A (extent overflows)", a.layout),
+            ("batch stride of B (extent overflows)", b.layout),
+            ("batch stride of C (extent overflows)", c),
+        ] {
+            if layout.required_elems(batch).is_none() {
+                return Err(Error::DimensionTooLarge { what, value: layout.batch_stride, max: usize::MAX / batch });
+            }
+        }
+        if batch > 1 && c.extent() > 0 && c.batch_stride < c.extent() {
+            return Err(Error::OutputBatchesOverlap {
+                batch_stride: c.batch_stride,
+                rows: c.rows,
+                cols: c.cols,
+                ld: c.ld,
+                extent: c.extent(),
+                batch,
+            });
+        }
+        Ok(p)
+    }
+
+    /// `out[m, n] = x[m, k]·w[k, n]` with contiguous row-major x, w and out (PyTorch's
+    /// `x @ w`).
+    pub fn matmul(m: usize, n: usize, k: usize, precision: Precision) -> Result<GemmProblem> {
+        GemmProblem::new(
+            Operand::n(MatrixLayout::row_major(m, k)),
+            Operand::n(MatrixLayout::row_major(k, n)),
+            MatrixLayout::row_major(m, n),
+            1,
+            precision,
+        )
+    }
+
+    /// `out[m, n] = x[m, k]·w[n, k]ᵀ` with contiguous row-major x, w and out (a linear layer,
+    /// PyTorch's `F.linear(x, w)`; w in `nn.Linear`'s `[out_features, in_features]` layout).
+    pub fn linear(m: usize, n: usize, k: usize, precision: Precision) -> Result<GemmProblem> {
+        GemmProblem::new(
+            Operand::n(MatrixLayout::row_major(m, k)),
+            Operand::t(MatrixLayout::row_major(n, k)),
+            MatrixLayout::row_major(m, n),
+            1,
+            precision,
+        )
+    }
+
+    /// The same problem as a strided batch of `batch` contiguous products (each operand's
+    /// batch stride is its matrix size; see [`GemmProblem::new`] for other strides).
+    ///
+    /// # Errors
+    /// As [`GemmProblem::new`].
+    pub fn batched(self, batch: usize) -> Result<GemmProblem> {
+        GemmProblem::new(self.a, self.b, self.c, batch, self.precision)
+    }
+
+    /// Rows of `op(A)` and of C.
+    pub const fn m(&self) -> usize {
+        self.c.rows
+    }
+
+    /// Columns of `op(B)` and of C.
+    pub const fn n(&self) -> usize {
+        self.c.cols
+    }
+
+    /// Columns of `op(A)`, rows of `op(B)`: the reduction length.
+    pub const fn k(&self) -> usize {
+        self.a.cols()
+    }
+
+    /// Operand A (stored layout and op).
+    pub const fn a(&self) -> Operand {
+        self.a
+    }
+
+    /// Operand B (stored layout and op).
+    pub const fn b(&self) -> Operand {
+        self.b
+    }
+
+    /// Layout of C.
+    pub const fn c(&self) -> MatrixLayout {
+        self.c
+    }
+
+    /// Batch count.
+    pub const fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// The precision.
+    pub const fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// True when the problem writes nothing (m, n or batch is 0).
+    pub const fn is_empty(&self) -> bool {
+        self.m() == 0 || self.n() == 0 || self.batch == 0
+    }
+
+    /// Floating-point operations: `2·m·n·k·batch` (the TFLOP/s convention of the benchmarks).
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m() as f64 * self.n() as f64 * self.k() as f64 * self.batch as f64
+    }
+
+    /// A one-line description for error messages and logs, e.g.
+    /// `m=256 n=512 k=128 A[256x128 ld 128]·N B[128x512 ld 512]·N C[256x512 ld 512] batch 1 bf16`.
+    pub fn describe(&self) -> String {
+        let l = |x: &MatrixLayout| format!("{}x{} ld {}", x.rows, x.cols, x.ld);
+        let op = |o: Op| o.to_string();
+        format!(
+            "m={} n={} k={} A[{}]·{} B[{}]·{} C[{}] batch {} {}",
+            self.m(),
+            self.n(),
+            self.k(),
+            l(&self.a.layout),
+            op(self.a.op),
+            l(&self.b.layout),
+            op(self.b.op),
+            l(&self.c),
+            self.batch,
+            self.precision
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_mismatch_names_every_shape() {
+        let e = GemmProblem::new(
+            Operand::n(MatrixLayout::row_major(4, 5)),
+            Operand::n(MatrixLayout::row_major(6, 7)),
+            MatrixLayout::row_major(4, 7),
+            1,
+            Precision::F32,
+        )
+        .unwrap_err();
+        assert_eq!(e, Error::ShapeMismatch { a_rows: 4, a_cols: 5, b_rows: 6, b_cols: 7, c_rows: 4, c_cols: 7 });
+        assert!(e.to_string().contains("op(A) is [4, 5]"), "{e}");
+    }
+
+    #[test]
+    fn output_shape_mismatch() {
+        let e = GemmProblem::new(
+            Operand::n(MatrixLayout::row_major(4, 5)),
+            Operand::n(MatrixLayout::row_major(5, 7)),
+            MatrixLayout::row_major(4, 8),
+            1,
+            Precision::F32,
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { c_cols: 8, b_cols: 7, .. }), "{e}");
+    }
+
+    #[test]
+    fn leading_dim_too_small() {
+        let e = GemmProblem::new(
+            Operand::n(MatrixLayout::row_major(4, 5)),
+            Operand::t(MatrixLayout::row_major(7, 5).with_ld(4)),
+            MatrixLayout::row_major(4, 7),
+            1,
+            Precision::F32,
+        )
+        .unwrap_err();
+        assert_eq!(e, Error::LeadingDimTooSmall { operand: Which::B, ld: 4, cols: 5 });
+        let e = GemmProblem::new(
+            Operand::n(MatrixLayout::row_major(4, 5)),
+            Operand::n(MatrixLayout::row_major(5, 7)),
+            MatrixLayout::row_major(4, 7).with_ld(6),
+            1,
+            Precision::F32,
+        )
+        .unwrap_err();
+        assert_eq!(e, Error::LeadingDimTooSmall { operand: Which::C, ld: 6, cols: 7 });
+    }
+
+    #[test]
+    fn dimension_too_large() {
+        let big = MAX_DIM + 1;
+        let e = GemmProblem::matmul(big, 1, 1, Precision::F32).unwrap_err();
+        assert_eq!(e, Error::DimensionTooLarge { what: "m", value: big, max: MAX_DIM });
+        let e = GemmProblem::new(
+            Operand::n(MatrixLayout::row_major(2, 2).with_ld(big)),
+            Operand::n(MatrixLayout::row_major(2, 2)),
+            MatrixLayout::row_major(2, 2),
+            1,
+            Precision::F32,
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::DimensionTooLarge { what: "leading dimension of A", .. }), "{e}");
+        let e = GemmProblem::matmul(2, 2, 2, Precision::F32).unwrap().batched(big).unwrap_err();
+        assert!(matches!(e, Error::DimensionTooLarge { what: "batch count", .. }), "{e}");
+    }
+
+    #[test]
+    fn output_batches_overlap() {
+        let e = GemmProblem::new(
+            Operand::n(MatrixLayout::row_major(3, 2)),
+            Operand::n(MatrixLayout::row_major(2, 4)),
+            MatrixLayout::row_major(3, 4).with_batch_stride(5),
+            2,
+            Precision::F32,
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::OutputBatchesOverlap { batch_stride: 5, extent: 12, .. }), "{e}");
+        // broadcast inputs (stride 0) are fine
+        GemmProblem::new(
+            Operand::n(MatrixLayout::row_major(3, 2).with_batch_stride(0)),
+            Operand::n(MatrixLayout::row_major(2, 4)),
+            MatrixLayout::row_major(3, 4),
+            2,
+            Precision::F32,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn linear_is_transposed_weight() {
+        let p = GemmProblem::linear(3, 5, 7, Precision::BF16).unwrap();
+        assert_eq!((p.m(), p.n(), p.k()), (3, 5, 7));
+        assert_eq!(p.b().op, Op::T);
+        assert_eq!((p.b().layout.rows, p.b().layout.cols), (5, 7));
+    }
+}

@@ -1,0 +1,212 @@
+//! Checks of the buffers a problem is run on, shared by every backend.
+//!
+//! [`GemmProblem::new`](crate::GemmProblem::new) has already checked everything that does not
+//! depend on the buffers; this module checks the rest (dtype, null, alignment, length,
+//! aliasing) before anything is launched.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result, Which};
+use crate::layout::MatrixLayout;
+use crate::problem::GemmProblem;
+
+/// A buffer as the checks see it: where it starts, how long it is, what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferDesc {
+    /// Address of the first element (device or host), in bytes.
+    pub address: u64,
+    /// Length, in bytes.
+    pub len_bytes: usize,
+    /// Element type.
+    pub dtype: DType,
+}
+
+/// The byte range a checked operand addresses: `[start, end)`; empty when `start == end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Extent {
+    pub start: u64,
+    pub end: u64,
+}
+
+fn check_one(which: Which, buf: BufferDesc, expected: DType, layout: MatrixLayout, batch: usize) -> Result<Extent> {
+    if buf.dtype != expected {
+        return Err(Error::DTypeMismatch { operand: which, expected, got: buf.dtype });
+    }
+    let elem_bytes = expected.size_bytes();
+    // GemmProblem::new has checked that required_elems does not overflow.
+    let needed_elems = layout.required_elems(batch).unwrap_or(usize::MAX);
+    let needed_bytes = needed_elems.saturating_mul(elem_bytes);
+    if needed_elems == 0 {
+        return Ok(Extent { start: buf.address, end: buf.address });
+    }
+    if buf.address == 0 {
+        return Err(Error::NullPointer { operand: which, needed_bytes });
+    }
+    if buf.address % elem_bytes as u64 != 0 {
+        return Err(Error::Misaligned { operand: which, address: buf.address, align: elem_bytes });
+    }
+    if buf.len_bytes < needed_bytes {
+        return Err(Error::BufferTooSmall {
+            operand: which,
+            len_bytes: buf.len_bytes,
+            needed_bytes,
+            needed_elems,
+            elem_bytes,
+        });
+    }
+    let end = buf.address.checked_add(needed_bytes as u64).ok_or(Error::DimensionTooLarge {
+        what: "end address of an operand",
+        value: needed_bytes,
+        max: (u64::MAX - buf.address) as usize,
+    })?;
+    Ok(Extent { start: buf.address, end })
+}
+
+/// Checks the three buffers against the problem.
+///
+/// Overlap is judged on the byte ranges from each operand's first to its last addressed
+/// element, so an input placed inside C's padding (between rows) is reported as overlapping
+/// even though no element is shared: conservative, never wrong in the unsafe direction.
+///
+/// # Errors
+/// [`Error::DTypeMismatch`], [`Error::NullPointer`], [`Error::Misaligned`],
+/// [`Error::BufferTooSmall`] (for A, then B, then C), then [`Error::OutputOverlapsInput`].
+pub fn check_buffers(p: &GemmProblem, a: BufferDesc, b: BufferDesc, c: BufferDesc) -> Result<()> {
+    let prec = p.precision();
+    let ea = check_one(Which::A, a, prec.input(), p.a().layout, p.batch())?;
+    let eb = check_one(Which::B, b, prec.input(), p.b().layout, p.batch())?;
+    let ec = check_one(Which::C, c, prec.output(), p.c(), p.batch())?;
+    // An input nobody reads (k = 0, or an empty problem) cannot be overlapped harmfully.
+    let reads_inputs = !p.is_empty() && p.k() > 0;
+    for (which, e) in [(Which::A, ea), (Which::B, eb)] {
+        let nonempty = e.start < e.end && ec.start < ec.end;
+        if reads_inputs && nonempty && e.start < ec.end && ec.start < e.end {
+            return Err(Error::OutputOverlapsInput {
+                input: which,
+                c_start: ec.start,
+                c_end: ec.end,
+                in_start: e.start,
+                in_end: e.end,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::Precision;
+
+    fn desc(address: u64, len_bytes: usize, dtype: DType) -> BufferDesc {
+        BufferDesc { address, len_bytes, dtype }
+    }
+
+    // m=4 n=6 k=5, f32: A 20 elems (80 B), B 30 (120 B), C 24 (96 B)
+    fn problem() -> GemmProblem {
+        GemmProblem::matmul(4, 6, 5, Precision::F32).unwrap()
+    }
+
+    #[test]
+    fn accepts_exact_lengths() {
+        check_buffers(
+            &problem(),
+            desc(0x1000, 80, DType::F32),
+            desc(0x2000, 120, DType::F32),
+            desc(0x3000, 96, DType::F32),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn buffer_too_small_names_operand_and_numbers() {
+        let e = check_buffers(
+            &problem(),
+            desc(0x1000, 80, DType::F32),
+            desc(0x2000, 116, DType::F32),
+            desc(0x3000, 96, DType::F32),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            Error::BufferTooSmall {
+                operand: Which::B,
+                len_bytes: 116,
+                needed_bytes: 120,
+                needed_elems: 30,
+                elem_bytes: 4
+            }
+        );
+    }
+
+    #[test]
+    fn misaligned_address() {
+        let e = check_buffers(
+            &problem(),
+            desc(0x1002, 80, DType::F32),
+            desc(0x2000, 120, DType::F32),
+            desc(0x3000, 96, DType::F32),
+        )
+        .unwrap_err();
+        assert_eq!(e, Error::Misaligned { operand: Which::A, address: 0x1002, align: 4 });
+    }
+
+    #[test]
+    fn null_pointer() {
+        let e = check_buffers(
+            &problem(),
+            desc(0x1000, 80, DType::F32),
+            desc(0x2000, 120, DType::F32),
+            desc(0, 96, DType::F32),
+        )
+        .unwrap_err();
+        assert_eq!(e, Error::NullPointer { operand: Which::C, needed_bytes: 96 });
+    }
+
+    #[test]
+    fn dtype_mismatch() {
+        let p = GemmProblem::matmul(4, 6, 5, Precision::BF16_F32OUT).unwrap();
+        let e = check_buffers(
+            &p,
+            desc(0x1000, 40, DType::BF16),
+            desc(0x2000, 60, DType::F16),
+            desc(0x3000, 96, DType::F32),
+        )
+        .unwrap_err();
+        assert_eq!(e, Error::DTypeMismatch { operand: Which::B, expected: DType::BF16, got: DType::F16 });
+    }
+
+    #[test]
+    fn output_overlapping_input() {
+        let e = check_buffers(
+            &problem(),
+            desc(0x1000, 80, DType::F32),
+            desc(0x2000, 120, DType::F32),
+            desc(0x1000 + 40, 96, DType::F32),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            Error::OutputOverlapsInput {
+                input: Which::A,
+                c_start: 0x1028,
+                c_end: 0x1028 + 96,
+                in_start: 0x1000,
+                in_end: 0x1050
+            }
+        );
+        // adjacent, not overlapping
+        check_buffers(
+            &problem(),
+            desc(0x1000, 80, DType::F32),
+            desc(0x2000, 120, DType::F32),
+            desc(0x1050, 96, DType::F32),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn empty_problems_need_no_memory() {
+        let p = GemmProblem::matmul(0, 6, 5, Precision::F32).unwrap();
+        check_buffers(&p, desc(0, 0, DType::F32), desc(0x2000, 120, DType::F32), desc(0, 0, DType::F32)).unwrap();
+    }
+}

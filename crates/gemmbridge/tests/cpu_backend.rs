@@ -1,0 +1,152 @@
+//! The CPU backend against the f64 reference, every precision, plus BLAS edge semantics and
+//! "nothing written on error".
+
+mod common;
+
+use common::{cases, check, operands, poison, rng, Case};
+use gemmbridge::half::{bf16, f16};
+use gemmbridge::{cpu, Element, Error, GemmProblem, MatrixLayout, Op, Operand, Precision, Which};
+
+fn run_all<TI: Element, TO: Element>(precision: Precision) {
+    let mut rng = rng();
+    for case in cases(&[(1, 1, 1), (7, 33, 5), (33, 7, 1), (17, 9, 33), (1, 40, 64)]) {
+        for (alpha, beta) in [(1.0f32, 0.0f32), (-0.5, 2.0)] {
+            let p = case.problem(precision);
+            let ops = operands::<TI, TO>(&mut rng, &p, alpha as f64, beta as f64);
+            let mut c = ops.c.clone();
+            cpu::gemm(&p, alpha, &ops.a, &ops.b, beta, &mut c).unwrap();
+            check(&format!("cpu {precision} α={alpha} β={beta}"), &p, &ops.c, &c, &ops.reference);
+        }
+    }
+}
+
+#[test]
+fn f32_matches_reference() {
+    run_all::<f32, f32>(Precision::F32);
+}
+
+#[test]
+fn tf32_matches_reference() {
+    run_all::<f32, f32>(Precision::TF32);
+}
+
+#[test]
+fn f16_matches_reference() {
+    run_all::<f16, f16>(Precision::F16);
+    run_all::<f16, f32>(Precision::F16_F32OUT);
+}
+
+#[test]
+fn bf16_matches_reference() {
+    run_all::<bf16, bf16>(Precision::BF16);
+    run_all::<bf16, f32>(Precision::BF16_F32OUT);
+}
+
+#[test]
+fn beta_zero_never_reads_c() {
+    let p = GemmProblem::matmul(5, 6, 7, Precision::F32).unwrap();
+    let mut rng = rng();
+    let ops = operands::<f32, f32>(&mut rng, &p, 1.0, 0.0);
+    assert!(ops.c.iter().all(|v| v.is_nan()));
+    let mut c = ops.c.clone();
+    cpu::gemm(&p, 1.0, &ops.a, &ops.b, 0.0, &mut c).unwrap();
+    assert!(c.iter().all(|v| v.is_finite()));
+    check("β=0", &p, &ops.c, &c, &ops.reference);
+}
+
+#[test]
+fn k_zero_scales_c_by_beta() {
+    let p = GemmProblem::matmul(3, 4, 0, Precision::F32).unwrap();
+    let a: [f32; 0] = [];
+    let b: [f32; 0] = [];
+    let mut c: Vec<f32> = (0..12).map(|i| i as f32 + 1.0).collect();
+    cpu::gemm(&p, 1.0, &a, &b, 2.0, &mut c).unwrap();
+    assert_eq!(c, (0..12).map(|i| 2.0 * (i as f32 + 1.0)).collect::<Vec<_>>());
+    let mut c = poison::<f32>(12);
+    cpu::gemm(&p, 1.0, &a, &b, 0.0, &mut c).unwrap();
+    assert_eq!(c, vec![0.0; 12]);
+    let p = GemmProblem::matmul(3, 4, 0, Precision::BF16).unwrap();
+    let mut c = poison::<bf16>(12);
+    cpu::gemm::<bf16, bf16>(&p, 1.0, &[], &[], 0.0, &mut c).unwrap();
+    assert!(c.iter().all(|v| v.to_f32() == 0.0));
+}
+
+#[test]
+fn empty_problems_are_no_ops() {
+    for (m, n) in [(0, 4), (3, 0)] {
+        let p = GemmProblem::matmul(m, n, 5, Precision::F32).unwrap();
+        let a = vec![1.0f32; m * 5];
+        let b = vec![1.0f32; 5 * n];
+        let mut c = vec![7.0f32; 3];
+        cpu::gemm(&p, 1.0, &a, &b, 0.0, &mut c).unwrap();
+        assert_eq!(c, vec![7.0; 3]);
+    }
+    let p = GemmProblem::matmul(2, 2, 2, Precision::F32).unwrap().batched(0).unwrap();
+    let mut c = vec![7.0f32; 4];
+    cpu::gemm::<f32, f32>(&p, 1.0, &[], &[], 0.0, &mut c).unwrap();
+    assert_eq!(c, vec![7.0; 4]);
+}
+
+#[test]
+fn broadcast_batch_stride_zero() {
+    // the same weight for every batch entry
+    let mut rng = rng();
+    let p = GemmProblem::new(
+        Operand::n(MatrixLayout::row_major(4, 6)),
+        Operand::n(MatrixLayout::row_major(6, 5).with_batch_stride(0)),
+        MatrixLayout::row_major(4, 5),
+        3,
+        Precision::F32,
+    )
+    .unwrap();
+    let ops = operands::<f32, f32>(&mut rng, &p, 1.0, 0.0);
+    assert_eq!(ops.b.len(), 30);
+    let mut c = ops.c.clone();
+    cpu::gemm(&p, 1.0, &ops.a, &ops.b, 0.0, &mut c).unwrap();
+    check("broadcast", &p, &ops.c, &c, &ops.reference);
+}
+
+#[test]
+fn column_major_inputs_via_transposed_views() {
+    // A given column-major [m, k] (ld = m), B column-major [k, n] (ld = k + 2)
+    let (m, n, k) = (5, 4, 3);
+    let mut rng = rng();
+    let p = GemmProblem::new(
+        Operand::col_major(m, k, m),
+        Operand::col_major(k, n, k + 2),
+        MatrixLayout::row_major(m, n),
+        1,
+        Precision::F32,
+    )
+    .unwrap();
+    assert_eq!(p.a().op, Op::T);
+    let ops = operands::<f32, f32>(&mut rng, &p, 1.0, 0.0);
+    let mut c = ops.c.clone();
+    cpu::gemm(&p, 1.0, &ops.a, &ops.b, 0.0, &mut c).unwrap();
+    check("col-major", &p, &ops.c, &c, &ops.reference);
+    // and the same numbers, written out by hand from the column-major definition
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = (0..k).map(|l| ops.a[l * m + i] as f64 * ops.b[j * (k + 2) + l] as f64).sum();
+            assert!((c[i * n + j] as f64 - want).abs() < 1e-5, "({i},{j})");
+        }
+    }
+}
+
+#[test]
+fn errors_leave_output_untouched() {
+    let p = Case { m: 4, n: 5, k: 6, op_a: Op::N, op_b: Op::T, pad: 0, batch: 2 }.problem(Precision::F32);
+    let need = |l: MatrixLayout| l.required_elems(2).unwrap();
+    let a = vec![1.0f32; need(p.a().layout)];
+    let b = vec![1.0f32; need(p.b().layout) - 1]; // one element short
+    let mut c = vec![3.0f32; need(p.c())];
+    let e = cpu::gemm(&p, 1.0, &a, &b, 0.0, &mut c).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { operand: Which::B, .. }), "{e}");
+    assert!(c.iter().all(|&v| v == 3.0));
+    let q = GemmProblem::matmul(4, 5, 6, Precision::F16).unwrap();
+    let mut c16 = vec![f16::from_f32(3.0); 20];
+    let a = vec![1.0f32; 24];
+    let e = cpu::gemm::<f32, f16>(&q, 1.0, &a, &a, 0.0, &mut c16).unwrap_err();
+    assert!(matches!(e, Error::DTypeMismatch { operand: Which::A, .. }), "{e}");
+    assert!(c16.iter().all(|&v| v.to_f32() == 3.0));
+}

@@ -1,0 +1,306 @@
+//! GPU tests: run on a CUDA machine with `--include-ignored` (see README.md, "On a GPU").
+//! Every result is checked against the f64 reference with the precision's band, on fresh
+//! random inputs, with C poisoned (NaN) first and its padding checked untouched.
+
+mod common;
+
+use common::{cases, check, normal, operands, poison, rng, Case};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+use gemmbridge::cuda::{Gpu, RawBuffer};
+use gemmbridge::half::{bf16, f16};
+use gemmbridge::mapping::ColMajorCall;
+use gemmbridge::reference::rel_error;
+use gemmbridge::{Element, Error, GemmProblem, MatrixLayout, Op, Precision, Which};
+use rand::Rng;
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
+}
+
+fn upload<T: DeviceRepr>(gpu: &Gpu, v: &[T]) -> CudaSlice<T> {
+    gpu.stream().clone_htod(v).expect("upload")
+}
+
+fn download<T: DeviceRepr + Default + Clone>(gpu: &Gpu, s: &CudaSlice<T>) -> Vec<T> {
+    gpu.stream().clone_dtoh(s).expect("download")
+}
+
+/// Sizes 1, 7, 33, 255 and 3537 in every position, kept small enough for the f64 reference.
+const SHAPES: [(usize, usize, usize); 10] = [
+    (1, 1, 1),
+    (7, 7, 7),
+    (33, 33, 33),
+    (1, 255, 33),
+    (255, 1, 7),
+    (7, 33, 255),
+    (255, 255, 33),
+    (3537, 7, 33),
+    (7, 3537, 33),
+    (33, 7, 3537),
+];
+
+fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision) {
+    let gpu = gpu();
+    let mut rng = rng();
+    let mut worst = 0.0f64;
+    let all = cases(&SHAPES);
+    for (i, case) in all.iter().enumerate() {
+        // β = 0 on NaN-filled C for most cases, β ≠ 0 on every fourth
+        let (alpha, beta) = if i % 4 == 3 { (0.5f32, -1.25f32) } else { (1.0, 0.0) };
+        let p = case.problem(precision);
+        let ops = operands::<TI, TO>(&mut rng, &p, alpha as f64, beta as f64);
+        let (a, b) = (upload(&gpu, &ops.a), upload(&gpu, &ops.b));
+        let mut c = upload(&gpu, &ops.c);
+        gpu.gemm(&p, alpha, &a, &b, beta, &mut c).unwrap_or_else(|e| panic!("{}: {e}", p.describe()));
+        let got = download(&gpu, &c);
+        worst = worst.max(check(&format!("gpu {precision} α={alpha} β={beta}"), &p, &ops.c, &got, &ops.reference));
+    }
+    eprintln!("{precision}: {} cases, worst rel error {worst:e} (band {:e})", all.len(), precision.tolerance());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn f32_every_case() {
+    every_case::<f32, f32>(Precision::F32);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tf32_every_case() {
+    every_case::<f32, f32>(Precision::TF32);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn f16_every_case() {
+    every_case::<f16, f16>(Precision::F16);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn f16_f32out_every_case() {
+    every_case::<f16, f32>(Precision::F16_F32OUT);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_every_case() {
+    every_case::<bf16, bf16>(Precision::BF16);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_f32out_every_case() {
+    every_case::<bf16, f32>(Precision::BF16_F32OUT);
+}
+
+/// A large problem (3537³) checked on 4096 sampled output elements against f64 dot products.
+fn large_sampled<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision) {
+    let gpu = gpu();
+    let mut rng = rng();
+    let n = 3537;
+    for (op_a, op_b) in [(Op::N, Op::N), (Op::N, Op::T), (Op::T, Op::N), (Op::T, Op::T)] {
+        let p = Case { m: n, n, k: n, op_a, op_b, pad: 0, batch: 1 }.problem(precision);
+        let a: Vec<TI> = normal(&mut rng, n * n);
+        let b: Vec<TI> = normal(&mut rng, n * n);
+        let (da, db) = (upload(&gpu, &a), upload(&gpu, &b));
+        let mut dc = upload(&gpu, &poison::<TO>(n * n));
+        gpu.gemm(&p, 1.0, &da, &db, 0.0, &mut dc).unwrap();
+        let c = download(&gpu, &dc);
+        assert!(c.iter().all(|v| v.to_f64().is_finite()), "{precision} {op_a}{op_b}: NaN/inf in output");
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for _ in 0..4096 {
+            let (i, j) = (rng.random_range(0..n), rng.random_range(0..n));
+            let dot: f64 = (0..n).map(|l| a[p.a().offset(0, i, l)].to_f64() * b[p.b().offset(0, l, j)].to_f64()).sum();
+            want.push(dot);
+            got.push(c[i * n + j].to_f64());
+        }
+        let err = rel_error(&got, &want);
+        eprintln!("{precision} {op_a}{op_b} 3537³: sampled rel error {err:e}");
+        assert!(err <= precision.tolerance(), "{precision} {op_a}{op_b}: {err:e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn large_problems_sampled() {
+    large_sampled::<f32, f32>(Precision::F32);
+    large_sampled::<f32, f32>(Precision::TF32);
+    large_sampled::<f16, f16>(Precision::F16);
+    large_sampled::<bf16, bf16>(Precision::BF16);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn beta_zero_does_not_read_nan_c() {
+    let gpu = gpu();
+    let mut rng = rng();
+    for precision in Precision::ALL {
+        let p = GemmProblem::matmul(64, 48, 32, precision).unwrap();
+        macro_rules! go {
+            ($ti:ty, $to:ty) => {{
+                let ops = operands::<$ti, $to>(&mut rng, &p, 1.0, 0.0);
+                assert!(ops.c.iter().all(|v| v.to_f64().is_nan()));
+                let (a, b) = (upload(&gpu, &ops.a), upload(&gpu, &ops.b));
+                let mut c = upload(&gpu, &ops.c);
+                gpu.gemm(&p, 1.0, &a, &b, 0.0, &mut c).unwrap();
+                let got = download(&gpu, &c);
+                assert!(got.iter().all(|v| v.to_f64().is_finite()), "{precision}: NaN leaked from C");
+                check("β=0", &p, &ops.c, &got, &ops.reference);
+            }};
+        }
+        match (precision.input(), precision.output()) {
+            (gemmbridge::DType::F32, _) => go!(f32, f32),
+            (gemmbridge::DType::F16, gemmbridge::DType::F16) => go!(f16, f16),
+            (gemmbridge::DType::F16, _) => go!(f16, f32),
+            (gemmbridge::DType::BF16, gemmbridge::DType::BF16) => go!(bf16, bf16),
+            _ => go!(bf16, f32),
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn k_zero_gives_beta_c() {
+    let gpu = gpu();
+    let p = GemmProblem::matmul(5, 7, 0, Precision::F32).unwrap();
+    let a = upload(&gpu, &[0.0f32; 1]);
+    let b = upload(&gpu, &[0.0f32; 1]);
+    let c0: Vec<f32> = (0..35).map(|i| i as f32 - 10.0).collect();
+    let mut c = upload(&gpu, &c0);
+    gpu.gemm(&p, 1.0, &a, &b, 2.0, &mut c).unwrap();
+    assert_eq!(download(&gpu, &c), c0.iter().map(|v| 2.0 * v).collect::<Vec<_>>());
+    let mut c = upload(&gpu, &poison::<f32>(35));
+    gpu.gemm(&p, 1.0, &a, &b, 0.0, &mut c).unwrap();
+    assert_eq!(download(&gpu, &c), vec![0.0f32; 35]);
+    // bf16 too
+    let p = GemmProblem::matmul(5, 7, 0, Precision::BF16).unwrap();
+    let (a, b) = (upload(&gpu, &[bf16::ZERO; 1]), upload(&gpu, &[bf16::ZERO; 1]));
+    let mut c = upload(&gpu, &poison::<bf16>(35));
+    gpu.gemm(&p, 1.0, &a, &b, 0.0, &mut c).unwrap();
+    assert!(download(&gpu, &c).iter().all(|v| v.to_f32() == 0.0));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn empty_problems_launch_nothing() {
+    let gpu = gpu();
+    let a = upload(&gpu, &[1.0f32; 20]);
+    let b = upload(&gpu, &[1.0f32; 20]);
+    let mut c = upload(&gpu, &[7.0f32; 20]);
+    for p in [
+        GemmProblem::matmul(0, 4, 5, Precision::F32).unwrap(),
+        GemmProblem::matmul(4, 0, 5, Precision::F32).unwrap(),
+        GemmProblem::matmul(4, 4, 5, Precision::F32).unwrap().batched(0).unwrap(),
+    ] {
+        gpu.gemm(&p, 1.0, &a, &b, 0.0, &mut c).unwrap();
+    }
+    assert_eq!(download(&gpu, &c), vec![7.0f32; 20]);
+}
+
+/// The raw-address path on a stream the test creates itself: no cudarc types cross the API.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn raw_pointers_on_callers_stream() {
+    let gpu = gpu();
+    let mut rng = rng();
+    let caller = gpu.context().new_stream().unwrap();
+    let p = Case { m: 33, n: 65, k: 17, op_a: Op::T, op_b: Op::N, pad: 3, batch: 2 }.problem(Precision::BF16);
+    let ops = operands::<bf16, bf16>(&mut rng, &p, 1.0, 0.0);
+    let a = caller.clone_htod(&ops.a).unwrap();
+    let b = caller.clone_htod(&ops.b).unwrap();
+    let c = caller.clone_htod(&ops.c).unwrap();
+    let raw = |s: &CudaSlice<bf16>| {
+        let (addr, _guard) = s.device_ptr(&caller);
+        RawBuffer { address: addr, len_bytes: s.len() * 2 }
+    };
+    let (ra, rb, rc) = (raw(&a), raw(&b), raw(&c));
+    // SAFETY: the three buffers are live allocations of this context, sized by their layouts,
+    // and are used only on `caller` until it is synchronised below.
+    unsafe { gpu.gemm_raw(&p, 1.0, ra, rb, 0.0, rc, caller.cu_stream()) }.unwrap();
+    caller.synchronize().unwrap();
+    let got = caller.clone_dtoh(&c).unwrap();
+    check("raw", &p, &ops.c, &got, &ops.reference);
+
+    // bad input through the raw path: named errors, C untouched
+    let before = caller.clone_dtoh(&c).unwrap();
+    let short = RawBuffer { len_bytes: ra.len_bytes - 2, ..ra };
+    let e = unsafe { gpu.gemm_raw(&p, 1.0, short, rb, 0.0, rc, caller.cu_stream()) }.unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { operand: Which::A, .. }), "{e}");
+    let odd = RawBuffer { address: rb.address + 1, len_bytes: rb.len_bytes - 1 };
+    let e = unsafe { gpu.gemm_raw(&p, 1.0, ra, odd, 0.0, rc, caller.cu_stream()) }.unwrap_err();
+    assert!(matches!(e, Error::Misaligned { operand: Which::B, .. }), "{e}");
+    let e = unsafe {
+        gpu.gemm_raw(
+            &p,
+            1.0,
+            ra,
+            rb,
+            0.0,
+            RawBuffer { address: ra.address, len_bytes: rc.len_bytes },
+            caller.cu_stream(),
+        )
+    }
+    .unwrap_err();
+    assert!(matches!(e, Error::OutputOverlapsInput { input: Which::A, .. }), "{e}");
+    caller.synchronize().unwrap();
+    let after = caller.clone_dtoh(&c).unwrap();
+    assert_eq!(
+        before.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        after.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+}
+
+/// A rejected cuBLAS call is reported by its status name.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cublas_status_is_named() {
+    let gpu = gpu();
+    let buf = upload(&gpu, &[0.0f32; 64]);
+    let (addr, _g) = buf.device_ptr(gpu.stream());
+    let call = ColMajorCall {
+        transa: Op::N,
+        transb: Op::N,
+        m: 8,
+        n: 2,
+        k: 2,
+        lda: 1, // < m: invalid
+        stride_a: 0,
+        ldb: 2,
+        stride_b: 0,
+        ldc: 8,
+        stride_c: 0,
+        batch: 1,
+    };
+    // SAFETY: cuBLAS rejects the call before touching memory; buf is large enough regardless.
+    let e = unsafe { gpu.gemm_colmajor_unchecked(&call, Precision::F32, 1.0, addr, addr, 0.0, addr) }.unwrap_err();
+    match e {
+        Error::Cublas { status, operation, .. } => {
+            assert_eq!(status, "CUBLAS_STATUS_INVALID_VALUE");
+            assert_eq!(operation, "cublasGemmEx");
+        }
+        other => panic!("expected a cuBLAS error, got {other}"),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn safe_path_rejects_short_buffers_before_launch() {
+    let gpu = gpu();
+    let p = GemmProblem::new(
+        gemmbridge::Operand::n(MatrixLayout::row_major(8, 8)),
+        gemmbridge::Operand::n(MatrixLayout::row_major(8, 8)),
+        MatrixLayout::row_major(8, 8).with_ld(10),
+        1,
+        Precision::F32,
+    )
+    .unwrap();
+    let a = upload(&gpu, &[1.0f32; 64]);
+    let mut c = upload(&gpu, &[5.0f32; 77]); // needs 7·10 + 8 = 78
+    let e = gpu.gemm(&p, 1.0, &a, &a, 0.0, &mut c).unwrap_err();
+    assert_eq!(
+        e,
+        Error::BufferTooSmall { operand: Which::C, len_bytes: 308, needed_bytes: 312, needed_elems: 78, elem_bytes: 4 }
+    );
+    assert_eq!(download(&gpu, &c), vec![5.0f32; 77]);
+}
