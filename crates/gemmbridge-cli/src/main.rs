@@ -2,9 +2,11 @@
 //! PyTorch's (`shared/bench/torch_peer.py`).
 
 mod bench;
+mod firstcall;
 mod info;
 mod probe;
 mod random;
+mod tune;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +28,10 @@ enum Command {
     Probe,
     /// Times GEMMs on the torch_peer.py suites and writes JSON lines in its schema.
     Bench(bench::Args),
+    /// Autotunes cuBLASLt algorithms for a suite and stores the winners in a tactic database.
+    Tune(tune::Args),
+    /// Measures the first GEMM of this (fresh) process, with or without prewarm.
+    Firstcall(firstcall::Args),
 }
 
 fn main() {
@@ -41,6 +47,8 @@ fn main() {
         Command::Info => info::run(),
         Command::Probe => probe::run(),
         Command::Bench(args) => bench::run(args),
+        Command::Tune(args) => tune::run(args),
+        Command::Firstcall(args) => firstcall::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

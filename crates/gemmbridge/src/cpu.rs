@@ -40,7 +40,11 @@ fn widen<T: Element>(buf: &[T], len: usize) -> std::borrow::Cow<'_, [f32]> {
 /// - `c`: stored C, element type the precision's output dtype. Written through `&mut`; padding
 ///   between rows is left untouched.
 ///
-/// BLAS semantics: `β = 0` never reads C; `k = 0` gives `C = β·C`; m, n or batch 0 is a no-op.
+/// BLAS semantics: `β = 0` never reads C; `α = 0` never reads A or B; `k = 0` gives
+/// `C = β·C`; m, n or batch 0 is a no-op (and then only the dtypes of the slices are
+/// checked). Non-finite α or β are applied as given. f16/bf16 inputs are widened into
+/// temporary f32 copies on every call (this backend is the fallback, not the fast path).
+/// Epilogues are not offered on the CPU ([`Error::Unsupported`](crate::Error::Unsupported)).
 ///
 /// # Errors
 /// [`Error::DTypeMismatch`](crate::Error::DTypeMismatch) when an element type does not match
@@ -55,6 +59,12 @@ pub fn gemm<TI: Element, TO: Element>(
     c: &mut [TO],
 ) -> Result<()> {
     check_buffers(p, host_desc(a), host_desc(b), host_desc(c))?;
+    if p.epilogue() != crate::Epilogue::None {
+        return Err(crate::Error::Unsupported {
+            backend: "the CPU backend",
+            what: format!("epilogue {}", p.epilogue()),
+        });
+    }
     if p.is_empty() {
         return Ok(());
     }
@@ -64,7 +74,9 @@ pub fn gemm<TI: Element, TO: Element>(
     let len = |o: &Operand| o.layout.required_elems(batch).unwrap_or(0);
     let (wa, wb) = (widen(a, len(&oa)), widen(b, len(&ob)));
     let ((rsa, csa), (rsb, csb)) = (strides(&oa), strides(&ob));
-    let (m, n, k) = (p.m(), p.n(), p.k());
+    // BLAS semantics: with α = 0, A and B are not read (inf/NaN there cannot reach C) and
+    // C = β·C, which is the k = 0 product.
+    let (m, n, k) = (p.m(), p.n(), if alpha == 0.0 { 0 } else { p.k() });
     let direct = TO::as_f32s_mut(c).is_some();
     let mut tmp = if direct { Vec::new() } else { vec![0f32; m * n] };
     for bt in 0..batch {

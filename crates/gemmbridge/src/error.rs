@@ -16,6 +16,11 @@ pub enum Which {
     B,
     /// The output (and, when β ≠ 0, input) `C` of shape `[m, n]`.
     C,
+    /// The epilogue's vector: a bias `[n]` it reads or a bias gradient (`[m]` or `[n]`) it
+    /// writes.
+    Bias,
+    /// The epilogue's aux matrix `[m, n]`.
+    Aux,
 }
 
 impl std::fmt::Display for Which {
@@ -24,6 +29,8 @@ impl std::fmt::Display for Which {
             Which::A => "A",
             Which::B => "B",
             Which::C => "C",
+            Which::Bias => "bias",
+            Which::Aux => "aux",
         })
     }
 }
@@ -53,8 +60,12 @@ pub enum Error {
     },
 
     /// A row-major leading dimension (elements from one row to the next) is smaller than the
-    /// number of columns, so rows would overlap.
-    #[error("leading dimension of {operand} is {ld} elements, less than its {cols} columns")]
+    /// number of columns, so rows would overlap. For an operand built with
+    /// [`Operand::col_major`](crate::Operand::col_major), `cols` is its column-major row count.
+    #[error(
+        "leading dimension of {operand} is {ld} elements, less than the {cols} elements of one stored row \
+         (for a column-major operand: one column, i.e. its row count)"
+    )]
     LeadingDimTooSmall {
         /// The operand.
         operand: Which,
@@ -64,8 +75,10 @@ pub enum Error {
         cols: usize,
     },
 
-    /// A dimension, leading dimension or batch count exceeds cuBLAS's 32-bit signed range.
-    #[error("{what} is {value}, above cuBLAS's limit of {max} (a 32-bit signed int)")]
+    /// A dimension, leading dimension or batch count exceeds cuBLAS's 32-bit `int`, a batch
+    /// stride exceeds its 64-bit `long long`, or a buffer extent would not fit in memory
+    /// addresses.
+    #[error("{what} is {value}, above the largest accepted value, {max}")]
     DimensionTooLarge {
         /// Which quantity (e.g. "m", "lda of B", "batch count").
         what: &'static str,
@@ -75,11 +88,12 @@ pub enum Error {
         max: usize,
     },
 
-    /// A strided batch of outputs would write the same element twice: the batch stride of `C`
-    /// is smaller than one output matrix's extent.
+    /// The batch stride of `C` is smaller than one output matrix's extent, so outputs could
+    /// write the same element. The check is conservative: outputs interleaved within each
+    /// other's padding are refused too.
     #[error(
         "batch stride of C is {batch_stride} elements but one [{rows}, {cols}] output with ld \
-         {ld} spans {extent}: batch {batch} outputs would overlap"
+         {ld} spans {extent}: the {batch} outputs' extents overlap (C's batch stride must be at least one output's extent)"
     )]
     OutputBatchesOverlap {
         /// The batch stride of `C`, in elements.
@@ -160,19 +174,81 @@ pub enum Error {
         needed_bytes: usize,
     },
 
-    /// The output's byte range overlaps an input's: cuBLAS would read what it is writing.
-    #[error("C's bytes [{c_start:#x}, {c_end:#x}) overlap {input}'s bytes [{in_start:#x}, {in_end:#x})")]
+    /// An output's byte range overlaps an input's: cuBLAS would read what it is writing.
+    #[error("{output}'s bytes [{out_start:#x}, {out_end:#x}) overlap {input}'s bytes [{in_start:#x}, {in_end:#x})")]
     OutputOverlapsInput {
+        /// The output written (C, or the epilogue's aux or bias gradient).
+        output: Which,
         /// The input operand overlapped (A or B).
         input: Which,
-        /// First byte address of C's extent.
-        c_start: u64,
-        /// One past C's last byte.
-        c_end: u64,
+        /// First byte address of the output's extent.
+        out_start: u64,
+        /// One past the output's last byte.
+        out_end: u64,
         /// First byte address of the input's extent.
         in_start: u64,
         /// One past the input's last byte.
         in_end: u64,
+    },
+
+    /// A bias-gradient epilogue was asked for on a strided batch (the gradient has no batch
+    /// stride in cuBLASLt).
+    #[error("epilogue {epilogue} cannot be used on a batch of {batch}; run the batch entries one by one")]
+    EpilogueBatch {
+        /// The epilogue.
+        epilogue: crate::Epilogue,
+        /// The batch count.
+        batch: usize,
+    },
+
+    /// The aux layout does not fit the problem.
+    #[error(
+        "aux layout [{rows}, {cols}] ld {ld} batch stride {batch_stride} does not fit C [{m}, {n}]: it must be \
+         [m, n] with ld ≥ n, ld a multiple of 8, and batch stride ≥ one matrix's extent"
+    )]
+    AuxLayout {
+        /// Rows given.
+        rows: usize,
+        /// Columns given.
+        cols: usize,
+        /// Leading dimension given, in elements.
+        ld: usize,
+        /// Batch stride given, in elements.
+        batch_stride: usize,
+        /// m of the problem.
+        m: usize,
+        /// n of the problem.
+        n: usize,
+    },
+
+    /// An epilogue operand was missing, or given to an epilogue that does not use it.
+    #[error("epilogue {epilogue}: {operand} {problem}")]
+    EpilogueOperand {
+        /// The epilogue.
+        epilogue: crate::Epilogue,
+        /// "bias" (also the bias-gradient output) or "aux".
+        operand: &'static str,
+        /// "is required but missing" or "was given but is not used".
+        problem: &'static str,
+    },
+
+    /// The backend asked for cannot run this problem.
+    #[error("{backend} cannot run {what}")]
+    Unsupported {
+        /// The backend, e.g. "the CPU backend", "cuBLAS (Backend::Blas)".
+        backend: &'static str,
+        /// What it cannot run.
+        what: String,
+    },
+
+    /// A call that would have to create something (a plan, a workspace) was made while its
+    /// stream is being captured into a CUDA graph, where creating it is not allowed.
+    #[error("cannot {action} during CUDA graph capture: run the same call (or Gpu::prewarm) once before capturing ({problem})")]
+    NotCapturable {
+        /// What would have been needed.
+        action: &'static str,
+        /// The problem.
+        problem: String,
     },
 
     /// A cuBLAS call returned a status other than success.

@@ -46,14 +46,23 @@ pub struct MatrixLayout {
 }
 
 impl MatrixLayout {
-    /// A contiguous `rows × cols` matrix: `ld = cols`, `batch_stride = rows·cols`.
+    /// A contiguous `rows × cols` matrix: `ld = cols`, `batch_stride = rows·cols`
+    /// (saturating at `usize::MAX`, which [`GemmProblem::new`](crate::GemmProblem::new) then
+    /// rejects by name).
     pub const fn row_major(rows: usize, cols: usize) -> MatrixLayout {
-        MatrixLayout { rows, cols, ld: cols, batch_stride: rows * cols }
+        MatrixLayout { rows, cols, ld: cols, batch_stride: rows.saturating_mul(cols) }
     }
 
-    /// The same matrix with leading dimension `ld` (the batch stride becomes `rows·ld`).
+    /// The same matrix with leading dimension `ld`. A batch stride still at its default
+    /// (`rows·ld` of the old ld) follows to `rows·ld` of the new one; an explicit batch stride
+    /// (such as 0 for broadcasting) is kept, whatever the order of the calls.
     pub const fn with_ld(self, ld: usize) -> MatrixLayout {
-        MatrixLayout { ld, batch_stride: self.rows * ld, ..self }
+        let batch_stride = if self.batch_stride == self.rows.saturating_mul(self.ld) {
+            self.rows.saturating_mul(ld)
+        } else {
+            self.batch_stride
+        };
+        MatrixLayout { ld, batch_stride, ..self }
     }
 
     /// The same matrix with an explicit batch stride, in elements.
@@ -62,12 +71,12 @@ impl MatrixLayout {
     }
 
     /// Elements one matrix spans from its first to its last element, inclusive:
-    /// `(rows - 1)·ld + cols`, or 0 when the matrix is empty.
+    /// `(rows - 1)·ld + cols`, or 0 when the matrix is empty (saturating at `usize::MAX`).
     pub const fn extent(&self) -> usize {
         if self.rows == 0 || self.cols == 0 {
             0
         } else {
-            (self.rows - 1) * self.ld + self.cols
+            (self.rows - 1).saturating_mul(self.ld).saturating_add(self.cols)
         }
     }
 
@@ -79,10 +88,14 @@ impl MatrixLayout {
         if extent == 0 || batch == 0 {
             return Some(0);
         }
+        if extent == usize::MAX {
+            return None;
+        }
         (batch - 1).checked_mul(self.batch_stride)?.checked_add(extent)
     }
 
-    /// Offset of element `(i, j)` of batch entry `b`, in elements.
+    /// Offset of element `(i, j)` of batch entry `b`, in elements (no overflow check: for
+    /// indices inside a layout a validated problem accepted).
     pub const fn offset(&self, b: usize, i: usize, j: usize) -> usize {
         b * self.batch_stride + i * self.ld + j
     }
@@ -105,6 +118,8 @@ impl MatrixLayout {
     }
 
     pub(crate) fn check_ld(&self, operand: Which) -> Result<()> {
+        // (an Operand::col_major view reports its row count as `cols` here; the error's text
+        // says so)
         if self.ld < self.cols {
             return Err(Error::LeadingDimTooSmall { operand, ld: self.ld, cols: self.cols });
         }

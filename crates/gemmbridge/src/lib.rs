@@ -25,6 +25,7 @@
 pub mod cpu;
 pub mod cuda;
 mod dtype;
+pub mod epilogue;
 mod error;
 mod layout;
 pub mod mapping;
@@ -33,6 +34,7 @@ pub mod reference;
 pub mod validate;
 
 pub use dtype::{Compute, DType, Element, Precision};
+pub use epilogue::Epilogue;
 pub use error::{Error, Result, Which};
 pub use layout::{MatrixLayout, Op, Operand};
 pub use problem::{GemmProblem, MAX_DIM};

@@ -4,8 +4,10 @@
 //! translation is [`column_major_call`], and no other code swaps operands or leading
 //! dimensions.
 
+use crate::epilogue::Epilogue;
 use crate::layout::Op;
 use crate::problem::GemmProblem;
+use cudarc::cublaslt::sys::cublasLtEpilogue_t;
 
 /// The arguments of a column-major BLAS GEMM call (`cublasGemmEx` /
 /// `cublasGemmStridedBatchedEx`), in the order and meaning of the cuBLAS documentation:
@@ -97,5 +99,29 @@ pub fn column_major_call(p: &GemmProblem) -> ColMajorCall {
         ldc: ld(c.ld),
         stride_c: c.batch_stride as i64,
         batch: dim(p.batch()),
+    }
+}
+
+/// The cuBLASLt epilogue that computes a row-major [`Epilogue`] under [`column_major_call`].
+///
+/// Bias, activation and aux epilogues need no translation: cuBLASLt's bias has one value per
+/// row of the column-major D, which is one per column n of the row-major C, and its aux
+/// matrix is laid out like D, i.e. row-major `[m, n]`. The bias *gradient* epilogues swap,
+/// because the operands swap: cuBLASLt's BGRADA reduces its first operand (the row-major B)
+/// and BGRADB its second (the row-major A) (cuBLAS documentation, `cublasLtEpilogue_t`).
+pub fn lt_epilogue(e: Epilogue) -> cublasLtEpilogue_t {
+    use cublasLtEpilogue_t as L;
+    match e {
+        Epilogue::None => L::CUBLASLT_EPILOGUE_DEFAULT,
+        Epilogue::Bias => L::CUBLASLT_EPILOGUE_BIAS,
+        Epilogue::Relu => L::CUBLASLT_EPILOGUE_RELU,
+        Epilogue::ReluBias => L::CUBLASLT_EPILOGUE_RELU_BIAS,
+        Epilogue::Gelu => L::CUBLASLT_EPILOGUE_GELU,
+        Epilogue::GeluBias => L::CUBLASLT_EPILOGUE_GELU_BIAS,
+        Epilogue::GeluAux => L::CUBLASLT_EPILOGUE_GELU_AUX,
+        Epilogue::GeluAuxBias => L::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+        Epilogue::DGelu => L::CUBLASLT_EPILOGUE_DGELU,
+        Epilogue::BiasGradA => L::CUBLASLT_EPILOGUE_BGRADB,
+        Epilogue::BiasGradB => L::CUBLASLT_EPILOGUE_BGRADA,
     }
 }

@@ -5,6 +5,7 @@
 //! can be checked without the buffers has been checked before any backend sees it.
 
 use crate::dtype::Precision;
+use crate::epilogue::{AuxUse, Epilogue, VectorUse};
 use crate::error::{Error, Result, Which};
 use crate::layout::{MatrixLayout, Op, Operand};
 
@@ -19,7 +20,13 @@ pub struct GemmProblem {
     c: MatrixLayout,
     batch: usize,
     precision: Precision,
+    epilogue: Epilogue,
+    aux: MatrixLayout,
 }
+
+/// cuBLASLt needs the aux leading dimension to be a multiple of 8 elements (cuBLAS
+/// documentation, `CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD`).
+pub const AUX_LD_MULTIPLE: usize = 8;
 
 impl GemmProblem {
     /// Builds and validates a problem.
@@ -50,7 +57,8 @@ impl GemmProblem {
         a.layout.check_ld(Which::A)?;
         b.layout.check_ld(Which::B)?;
         c.check_ld(Which::C)?;
-        let p = GemmProblem { a, b, c, batch, precision };
+        let aux = MatrixLayout::row_major(c.rows, c.cols).with_ld(c.cols.next_multiple_of(AUX_LD_MULTIPLE));
+        let p = GemmProblem { a, b, c, batch, precision, epilogue: Epilogue::None, aux };
         for (what, value) in [
             ("m", p.m()),
             ("n", p.n()),
@@ -73,13 +81,17 @@ impl GemmProblem {
                 return Err(Error::DimensionTooLarge { what, value, max: i64::MAX as usize });
             }
         }
-        for (what, layout) in [
-            ("batch stride of A (extent overflows)", a.layout),
-            ("batch stride of B (extent overflows)", b.layout),
-            ("batch stride of C (extent overflows)", c),
-        ] {
-            if layout.required_elems(batch).is_none() {
-                return Err(Error::DimensionTooLarge { what, value: layout.batch_stride, max: usize::MAX / batch });
+        // Every buffer's extent, in bytes of the widest element (4), must be addressable.
+        for (what, layout) in
+            [("extent of A in bytes", a.layout), ("extent of B in bytes", b.layout), ("extent of C in bytes", c)]
+        {
+            let bytes = layout.required_elems(batch).and_then(|e| e.checked_mul(4));
+            if bytes.is_none_or(|b| b > isize::MAX as usize) {
+                return Err(Error::DimensionTooLarge {
+                    what,
+                    value: bytes.unwrap_or(usize::MAX),
+                    max: isize::MAX as usize,
+                });
             }
         }
         if batch > 1 && c.extent() > 0 && c.batch_stride < c.extent() {
@@ -97,6 +109,10 @@ impl GemmProblem {
 
     /// `out[m, n] = x[m, k]·w[k, n]` with contiguous row-major x, w and out (PyTorch's
     /// `x @ w`).
+    ///
+    /// # Errors
+    /// [`Error::DimensionTooLarge`] when a dimension exceeds [`MAX_DIM`] or a buffer would
+    /// not be addressable.
     pub fn matmul(m: usize, n: usize, k: usize, precision: Precision) -> Result<GemmProblem> {
         GemmProblem::new(
             Operand::n(MatrixLayout::row_major(m, k)),
@@ -109,6 +125,9 @@ impl GemmProblem {
 
     /// `out[m, n] = x[m, k]·w[n, k]ᵀ` with contiguous row-major x, w and out (a linear layer,
     /// PyTorch's `F.linear(x, w)`; w in `nn.Linear`'s `[out_features, in_features]` layout).
+    ///
+    /// # Errors
+    /// As [`GemmProblem::matmul`].
     pub fn linear(m: usize, n: usize, k: usize, precision: Precision) -> Result<GemmProblem> {
         GemmProblem::new(
             Operand::n(MatrixLayout::row_major(m, k)),
@@ -119,13 +138,85 @@ impl GemmProblem {
         )
     }
 
-    /// The same problem as a strided batch of `batch` contiguous products (each operand's
-    /// batch stride is its matrix size; see [`GemmProblem::new`] for other strides).
+    /// The same problem as a strided batch of `batch` products, each operand keeping the
+    /// batch stride its layout carries (by default its matrix size, `rows·ld`; see
+    /// [`MatrixLayout::with_batch_stride`]). The epilogue is kept; an aux layout gets the
+    /// batch stride `m·ld`.
     ///
     /// # Errors
     /// As [`GemmProblem::new`].
     pub fn batched(self, batch: usize) -> Result<GemmProblem> {
-        GemmProblem::new(self.a, self.b, self.c, batch, self.precision)
+        let p = GemmProblem::new(self.a, self.b, self.c, batch, self.precision)?.with_epilogue(self.epilogue)?;
+        if self.uses_aux() {
+            let aux = self.aux.with_batch_stride(self.aux.rows * self.aux.ld);
+            return p.with_aux_layout(aux);
+        }
+        Ok(p)
+    }
+
+    /// The same problem with a fused epilogue (see [`crate::epilogue`]). Its aux operand, if
+    /// any, defaults to a row-major `[m, n]` layout with `ld` = n rounded up to a multiple of
+    /// 8 and batch stride `m·ld`; change it with [`GemmProblem::with_aux_layout`].
+    ///
+    /// # Errors
+    /// [`Error::EpilogueBatch`] for a bias-gradient epilogue on a batch of more than one.
+    pub fn with_epilogue(self, epilogue: Epilogue) -> Result<GemmProblem> {
+        if epilogue.vector() == VectorUse::WritesGrad && self.batch > 1 {
+            return Err(Error::EpilogueBatch { epilogue, batch: self.batch });
+        }
+        Ok(GemmProblem { epilogue, ..self })
+    }
+
+    /// Sets the aux operand's layout (row-major `[m, n]`, in elements).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`]-style [`Error::AuxLayout`] when it is not `[m, n]`, its ld is
+    /// below n or not a multiple of [`AUX_LD_MULTIPLE`], or (batch > 1) its batch stride is
+    /// below one matrix's extent.
+    pub fn with_aux_layout(self, aux: MatrixLayout) -> Result<GemmProblem> {
+        let bad = aux.rows != self.m()
+            || aux.cols != self.n()
+            || aux.ld < aux.cols
+            || !aux.ld.is_multiple_of(AUX_LD_MULTIPLE)
+            || aux.ld > MAX_DIM
+            || (self.batch > 1 && aux.batch_stride < aux.extent())
+            || aux.required_elems(self.batch).is_none();
+        if bad {
+            return Err(Error::AuxLayout {
+                rows: aux.rows,
+                cols: aux.cols,
+                ld: aux.ld,
+                batch_stride: aux.batch_stride,
+                m: self.m(),
+                n: self.n(),
+            });
+        }
+        Ok(GemmProblem { aux, ..self })
+    }
+
+    /// The fused epilogue.
+    pub const fn epilogue(&self) -> Epilogue {
+        self.epilogue
+    }
+
+    /// The aux operand's layout (meaningful when the epilogue reads or writes aux).
+    pub const fn aux(&self) -> MatrixLayout {
+        self.aux
+    }
+
+    /// Elements of the epilogue's vector operand: n for a bias or `BiasGradB`, m for
+    /// `BiasGradA`, 0 when there is none.
+    pub const fn vector_len(&self) -> usize {
+        match (self.epilogue.vector(), self.epilogue) {
+            (VectorUse::None, _) => 0,
+            (_, Epilogue::BiasGradA) => self.m(),
+            _ => self.n(),
+        }
+    }
+
+    /// Whether the epilogue uses an aux matrix.
+    pub const fn uses_aux(&self) -> bool {
+        !matches!(self.epilogue.aux(), AuxUse::None)
     }
 
     /// Rows of `op(A)` and of C.
@@ -184,7 +275,7 @@ impl GemmProblem {
         let l = |x: &MatrixLayout| format!("{}x{} ld {}", x.rows, x.cols, x.ld);
         let op = |o: Op| o.to_string();
         format!(
-            "m={} n={} k={} A[{}]·{} B[{}]·{} C[{}] batch {} {}",
+            "m={} n={} k={} A[{}]·{} B[{}]·{} C[{}] batch {} {} epilogue {}",
             self.m(),
             self.n(),
             self.k(),
@@ -194,7 +285,8 @@ impl GemmProblem {
             op(self.b.op),
             l(&self.c),
             self.batch,
-            self.precision
+            self.precision,
+            self.epilogue
         )
     }
 }

@@ -34,6 +34,64 @@ pub fn gemm_rowmajor(p: &GemmProblem, alpha: f64, a: &[f64], b: &[f64], beta: f6
     }
 }
 
+/// [`gemm_rowmajor`] followed by the problem's epilogue ([`crate::epilogue`]), in f64.
+///
+/// - `vector`: the bias `[n]` read, or the bias gradient (`[m]` for `BiasGradA`, `[n]` for
+///   `BiasGradB`) written (unscaled sums of op(A)'s rows / op(B)'s columns over k);
+/// - `aux`: the `[m, n]` aux matrix in the layout [`GemmProblem::aux`], written (the
+///   pre-activation) or read (`DGelu`: `C = T ⊙ gelu'(aux)`).
+///
+/// # Panics
+/// If an operand the epilogue uses is missing or short.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_epilogue_rowmajor(
+    p: &GemmProblem,
+    alpha: f64,
+    a: &[f64],
+    b: &[f64],
+    beta: f64,
+    c: &mut [f64],
+    vector: Option<&mut [f64]>,
+    aux: Option<&mut [f64]>,
+) {
+    use crate::epilogue::{gelu_tanh_grad, AuxUse, Epilogue, VectorUse};
+    gemm_rowmajor(p, alpha, a, b, beta, c);
+    let e = p.epilogue();
+    let (lc, la) = (p.c(), p.aux());
+    let mut vector = vector;
+    let mut aux = aux;
+    if e.vector() == VectorUse::WritesGrad {
+        let v = vector.as_deref_mut().expect("bias gradient buffer");
+        let (oa, ob) = (p.a(), p.b());
+        if e == Epilogue::BiasGradA {
+            for (i, g) in v.iter_mut().enumerate().take(p.m()) {
+                *g = (0..p.k()).map(|l| a[oa.offset(0, i, l)]).sum();
+            }
+        } else {
+            for (j, g) in v.iter_mut().enumerate().take(p.n()) {
+                *g = (0..p.k()).map(|l| b[ob.offset(0, l, j)]).sum();
+            }
+        }
+    }
+    for bt in 0..p.batch() {
+        for i in 0..p.m() {
+            for j in 0..p.n() {
+                let at = lc.offset(bt, i, j);
+                let mut t = c[at];
+                if e.vector() == VectorUse::ReadsBias {
+                    t += vector.as_deref().expect("bias")[j];
+                }
+                match e.aux() {
+                    AuxUse::Writes => aux.as_deref_mut().expect("aux")[la.offset(bt, i, j)] = t,
+                    AuxUse::Reads => t *= gelu_tanh_grad(aux.as_deref().expect("aux")[la.offset(bt, i, j)]),
+                    AuxUse::None => {}
+                }
+                c[at] = e.activate(t);
+            }
+        }
+    }
+}
+
 /// Why an emulated column-major call was rejected, as cuBLAS would report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InvalidValue {

@@ -31,6 +31,10 @@ fn check_one(which: Which, buf: BufferDesc, expected: DType, layout: MatrixLayou
     if buf.dtype != expected {
         return Err(Error::DTypeMismatch { operand: which, expected, got: buf.dtype });
     }
+    if batch == 0 {
+        // nothing is read or written: any buffer will do
+        return Ok(Extent { start: buf.address, end: buf.address });
+    }
     let elem_bytes = expected.size_bytes();
     // GemmProblem::new has checked that required_elems does not overflow.
     let needed_elems = layout.required_elems(batch).unwrap_or(usize::MAX);
@@ -41,7 +45,7 @@ fn check_one(which: Which, buf: BufferDesc, expected: DType, layout: MatrixLayou
     if buf.address == 0 {
         return Err(Error::NullPointer { operand: which, needed_bytes });
     }
-    if buf.address % elem_bytes as u64 != 0 {
+    if !buf.address.is_multiple_of(elem_bytes as u64) {
         return Err(Error::Misaligned { operand: which, address: buf.address, align: elem_bytes });
     }
     if buf.len_bytes < needed_bytes {
@@ -61,29 +65,90 @@ fn check_one(which: Which, buf: BufferDesc, expected: DType, layout: MatrixLayou
     Ok(Extent { start: buf.address, end })
 }
 
+/// Checks the epilogue's operands: present exactly when used, long enough, element-aligned,
+/// and (when written) not overlapping A, B or C.
+///
+/// # Errors
+/// [`Error::EpilogueOperand`], then as [`check_buffers`] for [`Which::Bias`] / [`Which::Aux`],
+/// then [`Error::OutputOverlapsInput`] naming the input a written operand overlaps.
+pub fn check_epilogue(
+    p: &GemmProblem,
+    [a, b, c]: [BufferDesc; 3],
+    bias: Option<BufferDesc>,
+    aux: Option<BufferDesc>,
+) -> Result<()> {
+    use crate::epilogue::{AuxUse, VectorUse};
+    let e = p.epilogue();
+    let presence = |operand, used: bool, given: bool| match (used, given) {
+        (true, false) => Err(Error::EpilogueOperand { epilogue: e, operand, problem: "is required but missing" }),
+        (false, true) => Err(Error::EpilogueOperand { epilogue: e, operand, problem: "was given but is not used" }),
+        _ => Ok(()),
+    };
+    presence("bias", e.vector() != VectorUse::None, bias.is_some())?;
+    presence("aux", e.aux() != AuxUse::None, aux.is_some())?;
+    let out = p.precision().output();
+    let mut written: Vec<(Which, Extent)> = Vec::new();
+    if let Some(v) = bias {
+        let ext = check_one(Which::Bias, v, out, MatrixLayout::row_major(1, p.vector_len()), 1)?;
+        if e.vector() == VectorUse::WritesGrad {
+            written.push((Which::Bias, ext));
+        }
+    }
+    if let Some(x) = aux {
+        let ext = check_one(Which::Aux, x, out, p.aux(), p.batch())?;
+        if e.aux() == AuxUse::Writes {
+            written.push((Which::Aux, ext));
+        }
+    }
+    let layouts = [(Which::A, a, p.a().layout), (Which::B, b, p.b().layout), (Which::C, c, p.c())];
+    for (output, w) in written {
+        for (which, buf, layout) in layouts {
+            let bytes = layout.required_elems(p.batch()).unwrap_or(0) * buf.dtype.size_bytes();
+            let r = Extent { start: buf.address, end: buf.address + bytes as u64 };
+            if w.start < w.end && r.start < r.end && w.start < r.end && r.start < w.end {
+                return Err(Error::OutputOverlapsInput {
+                    output,
+                    input: which,
+                    out_start: w.start,
+                    out_end: w.end,
+                    in_start: r.start,
+                    in_end: r.end,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks the three buffers against the problem.
 ///
 /// Overlap is judged on the byte ranges from each operand's first to its last addressed
 /// element, so an input placed inside C's padding (between rows) is reported as overlapping
 /// even though no element is shared: conservative, never wrong in the unsafe direction.
 ///
+/// An empty problem (m, n or batch 0) reads and writes nothing, so only the dtypes are
+/// checked for it.
+///
 /// # Errors
 /// [`Error::DTypeMismatch`], [`Error::NullPointer`], [`Error::Misaligned`],
 /// [`Error::BufferTooSmall`] (for A, then B, then C), then [`Error::OutputOverlapsInput`].
 pub fn check_buffers(p: &GemmProblem, a: BufferDesc, b: BufferDesc, c: BufferDesc) -> Result<()> {
     let prec = p.precision();
-    let ea = check_one(Which::A, a, prec.input(), p.a().layout, p.batch())?;
-    let eb = check_one(Which::B, b, prec.input(), p.b().layout, p.batch())?;
-    let ec = check_one(Which::C, c, prec.output(), p.c(), p.batch())?;
+    // An empty problem (m, n or batch 0) reads and writes nothing: only dtypes are checked.
+    let batch = if p.is_empty() { 0 } else { p.batch() };
+    let ea = check_one(Which::A, a, prec.input(), p.a().layout, batch)?;
+    let eb = check_one(Which::B, b, prec.input(), p.b().layout, batch)?;
+    let ec = check_one(Which::C, c, prec.output(), p.c(), batch)?;
     // An input nobody reads (k = 0, or an empty problem) cannot be overlapped harmfully.
     let reads_inputs = !p.is_empty() && p.k() > 0;
     for (which, e) in [(Which::A, ea), (Which::B, eb)] {
         let nonempty = e.start < e.end && ec.start < ec.end;
         if reads_inputs && nonempty && e.start < ec.end && ec.start < e.end {
             return Err(Error::OutputOverlapsInput {
+                output: Which::C,
                 input: which,
-                c_start: ec.start,
-                c_end: ec.end,
+                out_start: ec.start,
+                out_end: ec.end,
                 in_start: e.start,
                 in_end: e.end,
             });
@@ -187,9 +252,10 @@ mod tests {
         assert_eq!(
             e,
             Error::OutputOverlapsInput {
+                output: Which::C,
                 input: Which::A,
-                c_start: 0x1028,
-                c_end: 0x1028 + 96,
+                out_start: 0x1028,
+                out_end: 0x1028 + 96,
                 in_start: 0x1000,
                 in_end: 0x1050
             }
@@ -207,6 +273,8 @@ mod tests {
     #[test]
     fn empty_problems_need_no_memory() {
         let p = GemmProblem::matmul(0, 6, 5, Precision::F32).unwrap();
-        check_buffers(&p, desc(0, 0, DType::F32), desc(0x2000, 120, DType::F32), desc(0, 0, DType::F32)).unwrap();
+        check_buffers(&p, desc(0, 0, DType::F32), desc(0, 0, DType::F32), desc(0, 0, DType::F32)).unwrap();
+        let e = check_buffers(&p, desc(0, 0, DType::F16), desc(0, 0, DType::F32), desc(0, 0, DType::F32)).unwrap_err();
+        assert!(matches!(e, Error::DTypeMismatch { operand: Which::A, .. }), "{e}");
     }
 }

@@ -6,7 +6,7 @@ mod common;
 
 use common::{cases, check, normal, operands, poison, rng, Case};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
-use gemmbridge::cuda::{Gpu, RawBuffer};
+use gemmbridge::cuda::{Backend, Gpu, RawBuffer};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::mapping::ColMajorCall;
 use gemmbridge::reference::rel_error;
@@ -39,8 +39,9 @@ const SHAPES: [(usize, usize, usize); 10] = [
     (33, 7, 3537),
 ];
 
-fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision) {
+fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision, backend: Backend) {
     let gpu = gpu();
+    gpu.set_backend(backend);
     let mut rng = rng();
     let mut worst = 0.0f64;
     let all = cases(&SHAPES);
@@ -53,45 +54,91 @@ fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Pre
         let mut c = upload(&gpu, &ops.c);
         gpu.gemm(&p, alpha, &a, &b, beta, &mut c).unwrap_or_else(|e| panic!("{}: {e}", p.describe()));
         let got = download(&gpu, &c);
-        worst = worst.max(check(&format!("gpu {precision} α={alpha} β={beta}"), &p, &ops.c, &got, &ops.reference));
+        worst = worst.max(check(
+            &format!("gpu {backend:?} {precision} α={alpha} β={beta}"),
+            &p,
+            &ops.c,
+            &got,
+            &ops.reference,
+        ));
     }
-    eprintln!("{precision}: {} cases, worst rel error {worst:e} (band {:e})", all.len(), precision.tolerance());
+    eprintln!(
+        "{backend:?} {precision}: {} cases, worst rel error {worst:e} (band {:e})",
+        all.len(),
+        precision.tolerance()
+    );
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn f32_every_case() {
-    every_case::<f32, f32>(Precision::F32);
+fn f32_every_case_blas() {
+    every_case::<f32, f32>(Precision::F32, Backend::Blas);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn tf32_every_case() {
-    every_case::<f32, f32>(Precision::TF32);
+fn f32_every_case_lt() {
+    every_case::<f32, f32>(Precision::F32, Backend::Lt);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn f16_every_case() {
-    every_case::<f16, f16>(Precision::F16);
+fn tf32_every_case_blas() {
+    every_case::<f32, f32>(Precision::TF32, Backend::Blas);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn f16_f32out_every_case() {
-    every_case::<f16, f32>(Precision::F16_F32OUT);
+fn tf32_every_case_lt() {
+    every_case::<f32, f32>(Precision::TF32, Backend::Lt);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn bf16_every_case() {
-    every_case::<bf16, bf16>(Precision::BF16);
+fn f16_every_case_blas() {
+    every_case::<f16, f16>(Precision::F16, Backend::Blas);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn bf16_f32out_every_case() {
-    every_case::<bf16, f32>(Precision::BF16_F32OUT);
+fn f16_every_case_lt() {
+    every_case::<f16, f16>(Precision::F16, Backend::Lt);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn f16_f32out_every_case_blas() {
+    every_case::<f16, f32>(Precision::F16_F32OUT, Backend::Blas);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn f16_f32out_every_case_lt() {
+    every_case::<f16, f32>(Precision::F16_F32OUT, Backend::Lt);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_every_case_blas() {
+    every_case::<bf16, bf16>(Precision::BF16, Backend::Blas);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_every_case_lt() {
+    every_case::<bf16, bf16>(Precision::BF16, Backend::Lt);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_f32out_every_case_blas() {
+    every_case::<bf16, f32>(Precision::BF16_F32OUT, Backend::Blas);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_f32out_every_case_lt() {
+    every_case::<bf16, f32>(Precision::BF16_F32OUT, Backend::Lt);
 }
 
 /// A large problem (3537³) checked on 4096 sampled output elements against f64 dot products.

@@ -1,6 +1,7 @@
 //! `gemmbridge bench`: the suites, shapes and JSON-lines fields of
 //! `shared/bench/torch_peer.py`, timed the same way, with an optional side-by-side ratio.
 
+pub mod launch;
 mod report;
 pub mod suites;
 pub mod timing;
@@ -9,8 +10,9 @@ use std::io::Write;
 
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::Gpu;
-use gemmbridge::{cpu, DType, Element, GemmProblem, Precision};
+use gemmbridge::cuda::tactics::TacticDb;
+use gemmbridge::cuda::{Backend, Extras, Gpu};
+use gemmbridge::{cpu, DType, Element, Epilogue, GemmProblem, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +28,8 @@ pub struct Args {
     /// (fp8_e4m3 is accepted and skipped: not offered yet).
     #[arg(long, default_value = "f32,tf32,f16,bf16")]
     dtypes: String,
-    /// Timed samples per row (each ~1 ms of back-to-back calls), median reported.
+    /// Timed samples per row (each ~1 ms of back-to-back calls), median reported (at most 10
+    /// on the CPU backend).
     #[arg(long, default_value_t = 30)]
     reps: usize,
     /// Write JSON lines here ("-": stdout, and the table goes to stderr).
@@ -36,6 +39,37 @@ pub struct Args {
     /// and the geometric mean per dtype.
     #[arg(long)]
     peer: Option<String>,
+    /// Library: auto (cuBLASLt where it serves), blas (cuBLAS), lt (cuBLASLt).
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// Tactic database from `gemmbridge tune` to use.
+    #[arg(long)]
+    db: Option<String>,
+    /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu (the last two only
+    /// for f16/bf16, as torch_peer.py), launch (tiny-GEMM host cost and graph replay).
+    #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
+    ops: String,
+}
+
+/// `--backend` parsed.
+pub fn parse_backend(s: &str) -> anyhow::Result<Backend> {
+    Ok(match s {
+        "auto" => Backend::Auto,
+        "blas" => Backend::Blas,
+        "lt" => Backend::Lt,
+        other => bail!("unknown backend {other:?}; choose auto, blas or lt"),
+    })
+}
+
+/// Loads a tactic database into `gpu`, printing its warnings.
+pub fn load_db(gpu: &Gpu, path: &str) -> anyhow::Result<usize> {
+    let id = crate::tune::identity(gpu)?;
+    let (db, warnings) = TacticDb::load(std::path::Path::new(path), &id);
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    gpu.load_tactics(&db);
+    Ok(db.entries.len())
 }
 
 /// One benchmark row, in torch_peer.py's fields.
@@ -57,9 +91,15 @@ pub struct Row {
     pub tflops: f64,
 }
 
-const OPS: [&str; 2] = ["matmul", "linear"];
+/// The GEMM ops, as torch_peer.py names them.
+pub const OPS: [&str; 4] = ["matmul", "linear", "linear_bias", "linear_bias_gelu"];
 
-fn precision_of(dtype: &str) -> Option<Precision> {
+/// Whether torch_peer.py runs `op` for `dtype` (the fused linear ops only for f16/bf16).
+pub fn op_applies(op: &str, dtype: &str) -> bool {
+    !(op.starts_with("linear_bias") && (dtype == "f32" || dtype == "tf32"))
+}
+
+pub fn precision_of(dtype: &str) -> Option<Precision> {
     Some(match dtype {
         "f32" => Precision::F32,
         "tf32" => Precision::TF32,
@@ -69,11 +109,14 @@ fn precision_of(dtype: &str) -> Option<Precision> {
     })
 }
 
-fn problem(op: &str, (m, n, k): Shape, precision: Precision) -> gemmbridge::Result<GemmProblem> {
-    if op == "matmul" {
-        GemmProblem::matmul(m, n, k, precision)
-    } else {
-        GemmProblem::linear(m, n, k, precision)
+/// The problem an op names: matmul x[m,k]·w[k,n]; linear x[m,k]·w[n,k]ᵀ, plus bias, plus
+/// bias and GELU (tanh approximation, as PyTorch's `_addmm_activation` through cuBLASLt).
+pub fn problem(op: &str, (m, n, k): Shape, precision: Precision) -> gemmbridge::Result<GemmProblem> {
+    match op {
+        "matmul" => GemmProblem::matmul(m, n, k, precision),
+        "linear" => GemmProblem::linear(m, n, k, precision),
+        "linear_bias" => GemmProblem::linear(m, n, k, precision)?.with_epilogue(Epilogue::Bias),
+        _ => GemmProblem::linear(m, n, k, precision)?.with_epilogue(Epilogue::GeluBias),
     }
 }
 
@@ -103,17 +146,35 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let Some(mut shapes) = suites::shapes(&args.suite) else {
         bail!("unknown suite {:?}; choose one of {}", args.suite, suites::NAMES.join(", "));
     };
-    let mut dtypes = Vec::new();
+    let mut dtypes: Vec<(String, Precision)> = Vec::new();
     for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
         match precision_of(d) {
+            Some(_) if dtypes.iter().any(|(n, _)| n == d) => {} // listed twice
             Some(p) => dtypes.push((d.to_string(), p)),
             None if d == "fp8_e4m3" => eprintln!("note: fp8_e4m3 is not offered yet (cuBLASLt FP8 path); skipped"),
             None => bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16"),
         }
     }
+    if dtypes.is_empty() {
+        bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16");
+    }
+    let mut ops: Vec<String> = Vec::new();
+    let mut launch = false;
+    for o in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        if o == "launch" {
+            launch = true;
+        } else if OPS.contains(&o) {
+            if !ops.iter().any(|x| x == o) {
+                ops.push(o.to_string());
+            }
+        } else {
+            bail!("unknown op {o:?}; choose from {}, launch", OPS.join(", "));
+        }
+    }
     if args.reps == 0 {
         bail!("--reps must be at least 1");
     }
+    let backend = parse_backend(&args.backend)?;
     let peer = match &args.peer {
         Some(path) => Some(report::read_peer(path).with_context(|| format!("reading peer file {path}"))?),
         None => None,
@@ -134,36 +195,51 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             // the one stream g.stream(), so cudarc's cross-stream events (which would add
             // driver calls to every timed GEMM) have nothing to order.
             unsafe { g.context().disable_event_tracking() };
+            g.set_backend(backend);
+            if let Some(db) = &args.db {
+                let n = load_db(&g, db)?;
+                eprintln!("tactic database {db}: {n} tuned entries loaded");
+            }
             Some(g)
         }
         Err(e) => {
-            eprintln!("no CUDA GPU ({e}): running the CPU backend (matrixmultiply) on the small 'cpu' suite instead");
+            if args.suite != "default" && args.suite != "cpu" {
+                bail!("suite {:?} needs a CUDA GPU ({e}); without one use --suite cpu", args.suite);
+            }
+            eprintln!("no CUDA GPU: running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
+            eprintln!("  (f32 accumulation; tf32 runs as f32; fused ops and launch rows need a GPU)");
+            eprintln!("  reason: {e}");
             shapes = suites::CPU.to_vec();
+            ops.retain(|o| o == "matmul" || o == "linear");
+            launch = false;
             None
         }
     };
     let env = match &gpu {
         Some(g) => {
             let i = g.info()?;
-            serde_json::json!({"op": "env", "backend": "gemmbridge-cublas", "device": i.name,
+            serde_json::json!({"op": "env", "backend": format!("gemmbridge-{}", args.backend), "device": i.name,
                 "cublas": format!("{}.{}.{}", i.cublas_version.0, i.cublas_version.1, i.cublas_version.2),
+                "cublaslt": i.cublaslt_version,
                 "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version)})
         }
         None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu"}),
     };
     sink.emit(&env)?;
 
-    let bar = ProgressBar::new((dtypes.len() * shapes.len() * OPS.len()) as u64);
+    let per_shape: u64 = dtypes.iter().map(|(d, _)| ops.iter().filter(|o| op_applies(o, d)).count() as u64).sum();
+    let bar = ProgressBar::new(per_shape * shapes.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut rows = Vec::new();
     for (name, precision) in &dtypes {
+        let ops: Vec<&str> = ops.iter().map(String::as_str).filter(|o| op_applies(o, name)).collect();
         for &shape in &shapes {
             bar.set_message(format!("{name} {shape:?}"));
             let new = match &gpu {
-                Some(g) => bench_gpu_dispatch(g, name, *precision, shape, args.reps)?,
-                None => bench_cpu_dispatch(name, *precision, shape, args.reps)?,
+                Some(g) => bench_gpu_dispatch(g, name, *precision, shape, &ops, args.reps)?,
+                None => bench_cpu_dispatch(name, *precision, shape, &ops, args.reps)?,
             };
             for r in new {
                 sink.emit(&r)?;
@@ -173,7 +249,20 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     bar.finish_and_clear();
-    let table = report::table(&rows, peer.as_deref());
+    let mut table = report::table(&rows, peer.as_deref());
+    if let (true, Some(g)) = (launch, &gpu) {
+        let mut launches = Vec::new();
+        for (name, _) in dtypes.iter().filter(|(n, _)| n != "tf32") {
+            let row = launch::measure(g, name)?;
+            sink.emit(&row)?;
+            launches.push(row);
+        }
+        let peer_launch = match &args.peer {
+            Some(path) => report::read_peer_launch(path)?,
+            None => Vec::new(),
+        };
+        table.push_str(&report::launch_table(&launches, &peer_launch));
+    }
     if to_stdout {
         eprint!("{table}");
     } else {
@@ -182,20 +271,27 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn bench_gpu_dispatch(gpu: &Gpu, name: &str, p: Precision, shape: Shape, reps: usize) -> anyhow::Result<Vec<Row>> {
+fn bench_gpu_dispatch(
+    gpu: &Gpu,
+    name: &str,
+    p: Precision,
+    shape: Shape,
+    ops: &[&str],
+    reps: usize,
+) -> anyhow::Result<Vec<Row>> {
     match p.input() {
-        DType::F32 => bench_gpu::<f32, f32>(gpu, name, p, shape, reps),
-        DType::F16 => bench_gpu::<half::f16, half::f16>(gpu, name, p, shape, reps),
-        DType::BF16 => bench_gpu::<half::bf16, half::bf16>(gpu, name, p, shape, reps),
+        DType::F32 => bench_gpu::<f32, f32>(gpu, name, p, shape, ops, reps),
+        DType::F16 => bench_gpu::<half::f16, half::f16>(gpu, name, p, shape, ops, reps),
+        DType::BF16 => bench_gpu::<half::bf16, half::bf16>(gpu, name, p, shape, ops, reps),
         other => bail!("no benchmark for dtype {other}"),
     }
 }
 
-fn bench_cpu_dispatch(name: &str, p: Precision, shape: Shape, reps: usize) -> anyhow::Result<Vec<Row>> {
+fn bench_cpu_dispatch(name: &str, p: Precision, shape: Shape, ops: &[&str], reps: usize) -> anyhow::Result<Vec<Row>> {
     match p.input() {
-        DType::F32 => bench_cpu::<f32, f32>(name, p, shape, reps),
-        DType::F16 => bench_cpu::<half::f16, half::f16>(name, p, shape, reps),
-        DType::BF16 => bench_cpu::<half::bf16, half::bf16>(name, p, shape, reps),
+        DType::F32 => bench_cpu::<f32, f32>(name, p, shape, ops, reps),
+        DType::F16 => bench_cpu::<half::f16, half::f16>(name, p, shape, ops, reps),
+        DType::BF16 => bench_cpu::<half::bf16, half::bf16>(name, p, shape, ops, reps),
         other => bail!("no benchmark for dtype {other}"),
     }
 }
@@ -219,6 +315,7 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
     name: &str,
     precision: Precision,
     shape: Shape,
+    ops: &[&str],
     reps: usize,
 ) -> anyhow::Result<Vec<Row>> {
     let (m, n, k) = shape;
@@ -233,13 +330,15 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
         ws.push(s.clone_htod(&normal::<TI>(k * n))?);
     }
     let mut c: CudaSlice<TO> = s.alloc_zeros(m * n)?;
+    let bias: CudaSlice<TO> = s.clone_htod(&normal::<TO>(n))?;
     let mut out = Vec::new();
-    for op in OPS {
+    for &op in ops {
         let p = problem(op, shape, precision)?;
         let mut i = 0;
         let t = timing::time_gpu(gpu, 5, reps, &mut || {
             i = (i + 1) % count;
-            gpu.gemm(&p, 1.0, &xs[i], &ws[i], 0.0, &mut c)
+            let extras = Extras { bias: (p.epilogue() != Epilogue::None).then_some(&bias as _), ..Extras::default() };
+            gpu.gemm_fused(&p, 1.0, &xs[i], &ws[i], 0.0, &mut c, extras)
         })?;
         out.push(row(op, name, &p, t));
     }
@@ -250,6 +349,7 @@ fn bench_cpu<TI: Element, TO: Element>(
     name: &str,
     precision: Precision,
     shape: Shape,
+    ops: &[&str],
     reps: usize,
 ) -> anyhow::Result<Vec<Row>> {
     let (m, n, k) = shape;
@@ -258,7 +358,7 @@ fn bench_cpu<TI: Element, TO: Element>(
     let ws: Vec<Vec<TI>> = (0..count).map(|_| normal(k * n)).collect();
     let mut c = vec![TO::default(); m * n];
     let mut out = Vec::new();
-    for op in OPS {
+    for &op in ops {
         let p = problem(op, shape, precision)?;
         let mut i = 0;
         let t = timing::time_cpu(1, reps.min(10), &mut || {

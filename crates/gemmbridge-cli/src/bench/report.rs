@@ -32,6 +32,65 @@ pub fn read_peer(path: &str) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// Reads torch_peer.py's "launch" rows.
+pub fn read_peer_launch(path: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("op").and_then(|o| o.as_str()) == Some("launch"))
+        .collect())
+}
+
+/// The launch rows beside the peer's: host µs per call (ours safe / raw, bare cuBLASLt, bare
+/// cuBLAS, PyTorch), wall µs, graph µs, and the throughput ratios PyTorch-eager / ours.
+pub fn launch_table(ours: &[serde_json::Value], peer: &[serde_json::Value]) -> String {
+    let f = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64());
+    let show = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
+    let mut s = String::new();
+    let _ = writeln!(s, "\ntiny GEMM (64³) per call, µs: host = enqueue cost, wall = with the GPU, graph = GPU time per GEMM in a replayed graph");
+    let _ = writeln!(
+        s,
+        "{:<5} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
+        "dtype",
+        "host",
+        "raw",
+        "bare Lt",
+        "bare BLAS",
+        "torch",
+        "wall",
+        "torch",
+        "graph",
+        "torch",
+        "eager ×",
+        "graph ×"
+    );
+    for o in ours {
+        let d = o.get("dtype").and_then(|x| x.as_str()).unwrap_or("?");
+        let p = peer.iter().find(|p| p.get("dtype").and_then(|x| x.as_str()) == Some(d));
+        let pk = |k| p.and_then(|p| f(p, k));
+        let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
+        let _ = writeln!(
+            s,
+            "{:<5} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
+            d,
+            show(f(o, "host_us")),
+            show(f(o, "host_raw_us")),
+            show(f(o, "bare_lt_us")),
+            show(f(o, "bare_blas_us")),
+            show(pk("host_us")),
+            show(f(o, "wall_us")),
+            show(pk("wall_us")),
+            show(f(o, "graph_us")),
+            show(pk("graph_us")),
+            show(ratio(pk("wall_us"), f(o, "wall_us"))),
+            show(ratio(pk("wall_us"), f(o, "graph_us"))),
+        );
+    }
+    let _ = writeln!(s, "eager × = torch wall / ours wall; graph × = torch eager wall / ours graph (per-call throughput vs PyTorch eager)");
+    s
+}
+
 /// TFLOP/s with three significant digits or so: 761, 45.3, 0.0123.
 fn tf(x: f64) -> String {
     if x >= 100.0 {

@@ -1,18 +1,23 @@
-//! The device owner: CUDA context, stream and cuBLAS handle, and the GEMM entry points.
+//! The device owner: CUDA context, stream, cuBLAS and cuBLASLt handles, per-stream workspaces,
+//! the plan cache, and the GEMM entry points.
 
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
+use super::lt::{alignment, Algorithm, LtHandle, Plan, PlanKey};
+use super::workspace::{is_capturing, Workspace};
 use super::{library, status};
 use crate::dtype::{Compute, DType, Element, Precision};
+use crate::epilogue::{Epilogue, VectorUse};
 use crate::error::{Error, Result, Which};
 use crate::layout::Op;
 use crate::mapping::{column_major_call, ColMajorCall};
 use crate::problem::GemmProblem;
-use crate::validate::{check_buffers, BufferDesc};
+use crate::validate::{check_buffers, check_epilogue, BufferDesc};
 
 /// A device buffer given by address, for memory gemmbridge does not own (another framework's
 /// tensor storage). Zero-copy: only the address is used.
@@ -24,33 +29,126 @@ pub struct RawBuffer {
     pub len_bytes: usize,
 }
 
-/// A cuBLAS handle and the stream it is currently bound to.
-struct Handle {
+/// The epilogue's extra operands by address (see [`crate::epilogue`]), for
+/// [`Gpu::gemm_raw_fused`]. Element type: the precision's output dtype.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawExtras {
+    /// The bias `[n]` an epilogue reads, or the bias gradient (`[m]` or `[n]`) it writes.
+    pub bias: Option<RawBuffer>,
+    /// The aux `[m, n]` matrix (layout [`GemmProblem::aux`]) an epilogue writes or reads.
+    pub aux: Option<RawBuffer>,
+}
+
+/// The epilogue's extra operands as cudarc buffers, for [`Gpu::gemm_fused`]. Give exactly the
+/// ones the epilogue uses (see [`crate::epilogue`]).
+pub struct Extras<'a, T> {
+    /// A bias `[n]` the epilogue reads.
+    pub bias: Option<&'a dyn DevicePtr<T>>,
+    /// A bias gradient the epilogue writes (`[m]` for `BiasGradA`, `[n]` for `BiasGradB`).
+    pub bias_grad: Option<&'a mut dyn DevicePtrMut<T>>,
+    /// An aux matrix the epilogue reads (`DGelu`).
+    pub aux_in: Option<&'a dyn DevicePtr<T>>,
+    /// An aux matrix the epilogue writes (`GeluAux`, `GeluAuxBias`).
+    pub aux_out: Option<&'a mut dyn DevicePtrMut<T>>,
+}
+
+impl<T> Default for Extras<'_, T> {
+    fn default() -> Self {
+        Extras { bias: None, bias_grad: None, aux_in: None, aux_out: None }
+    }
+}
+
+/// Which library runs a GEMM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// cuBLASLt wherever it supports the problem (and is installed), cuBLAS otherwise.
+    /// Epilogues always need cuBLASLt.
+    #[default]
+    Auto,
+    /// cuBLAS (`cublasGemmEx` / `cublasGemmStridedBatchedEx`); no epilogues.
+    Blas,
+    /// cuBLASLt (`cublasLtMatmul`) with cached plans; an error where it cannot run.
+    Lt,
+}
+
+/// Which library a call was served by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// cuBLAS.
+    Blas,
+    /// cuBLASLt.
+    Lt,
+}
+
+/// What tuning found for a problem (see [`Gpu::autotune`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TuneReport {
+    /// Median time of the heuristic's first choice, ms.
+    pub heuristic_ms: f64,
+    /// Median time of the kept algorithm (the heuristic's if nothing beat it), ms.
+    pub best_ms: f64,
+    /// Candidates timed.
+    pub candidates: usize,
+    /// Candidates whose output did not match the first choice's (never kept).
+    pub mismatched: usize,
+    /// The noise threshold used: max(2%, the first choice timed twice), as a fraction.
+    pub threshold: f64,
+    /// Whether a candidate other than the heuristic's first choice was kept.
+    pub improved: bool,
+    /// The kept algorithm.
+    pub algorithm: Algorithm,
+}
+
+pub(crate) struct BlasHandle {
     raw: cublas_sys::cublasHandle_t,
     bound: CUstream,
 }
 
-// SAFETY: cuBLAS allows a handle to be used from any host thread as long as no two calls use
-// it at once (cuBLAS documentation, "Thread Safety"); the Mutex in Gpu guarantees that.
-unsafe impl Send for Handle {}
+/// Everything behind the Gpu's lock.
+pub(crate) struct State {
+    pub blas: BlasHandle,
+    pub lt: Option<LtHandle>,
+    pub backend: Backend,
+    /// Per stream (keyed by its address), its workspace. Never shared between streams.
+    pub workspaces: HashMap<usize, Workspace>,
+    pub workspace_bytes: usize,
+    pub plans: HashMap<PlanKey, Plan>,
+    /// Problems cuBLASLt's heuristic had no algorithm for (Auto then uses cuBLAS).
+    pub lt_unsupported: HashSet<PlanKey>,
+    /// Tuned algorithms by bucketed signature (see tactics::signature).
+    pub tuned: HashMap<String, Algorithm>,
+}
 
-/// Owns a CUDA context, a stream and one cuBLAS handle, and runs row-major GEMMs.
+// SAFETY: the raw handles are used only under the Gpu's Mutex; cuBLAS and cuBLASLt allow a
+// handle to be used from any host thread when calls on it do not overlap (cuBLAS
+// documentation, "Thread Safety").
+unsafe impl Send for State {}
+
+/// Owns a CUDA context, a stream, one cuBLAS and one cuBLASLt handle, a workspace per stream
+/// used, and a cache of cuBLASLt plans; runs row-major GEMMs.
 ///
 /// # Threads and streams
-/// `Gpu` is `Send + Sync`. Every call locks the one cuBLAS handle for the few microseconds it
-/// takes to enqueue the GEMM, so calls from several threads are safe but serialise on the
-/// host; for parallel host submission use one `Gpu` per thread (each with its own handle and
-/// stream). GPU work is never synchronised by gemmbridge: [`Gpu::gemm`] enqueues on
-/// [`Gpu::stream`], [`Gpu::gemm_raw`] on the stream the caller passes, and both return as soon
-/// as the work is enqueued.
+/// `Gpu` is `Send + Sync`. Every call locks the handles for the microseconds it takes to
+/// enqueue the GEMM, so calls from several threads are safe but serialise on the host; for
+/// parallel host submission use one `Gpu` per thread. GPU work is never synchronised by
+/// gemmbridge: [`Gpu::gemm`] enqueues on [`Gpu::stream`], [`Gpu::gemm_raw`] on the stream the
+/// caller passes, and both return once the work is enqueued. Each stream gets its own
+/// workspace ([`Gpu::set_workspace_bytes`]; 32 MiB on Hopper and later, 4 MiB before, the
+/// sizes cuBLASLt's documentation recommends), so two streams never share one.
+///
+/// # Graph capture
+/// Every call can be captured into a CUDA graph on its stream once its plan and the stream's
+/// workspace exist (after one ordinary call or [`Gpu::prewarm`]); a call that would have to
+/// create either while capturing fails with [`Error::NotCapturable`] instead.
 ///
 /// # Errors at creation
 /// [`Error::LibraryNotFound`] when libcuda or libcublas cannot be loaded, [`Error::NoDevice`]
 /// when the driver finds no GPU, [`Error::Driver`] / [`Error::Cublas`] for other failures.
+/// A missing libcublasLt is not an error: [`Backend::Auto`] then uses cuBLAS.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    blas: Mutex<Handle>,
+    state: Mutex<State>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -88,13 +186,22 @@ impl Gpu {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; the context is current on this thread.
         status::cublas(unsafe { cublas_sys::cublasCreate_v2(&mut raw) }, "cublasCreate_v2", String::new)?;
-        let handle = Handle { raw, bound: std::ptr::null_mut() };
-        let gpu = Gpu { ctx, stream, blas: Mutex::new(handle) };
-        {
-            let mut h = gpu.lock();
-            gpu.bind(&mut h, gpu.stream.cu_stream())?;
-        }
-        Ok(gpu)
+        let blas = BlasHandle { raw, bound: std::ptr::null_mut() };
+        let lt = if library::has_cublaslt() { Some(LtHandle::new()?) } else { None };
+        let major = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+            .map_err(status::driver("cuDeviceGetAttribute"))?;
+        let state = State {
+            blas,
+            lt,
+            backend: Backend::Auto,
+            workspaces: HashMap::new(),
+            workspace_bytes: if major >= 9 { 32 << 20 } else { 4 << 20 },
+            plans: HashMap::new(),
+            lt_unsupported: HashSet::new(),
+            tuned: HashMap::new(),
+        };
+        Ok(Gpu { ctx, stream, state: Mutex::new(state) })
     }
 
     /// The context everything runs in.
@@ -107,24 +214,58 @@ impl Gpu {
         &self.stream
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Handle> {
-        // A panic while the lock was held cannot leave the handle half-changed (every change
-        // is one cuBLAS call), so a poisoned lock is still usable.
-        self.blas.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock was held cannot leave the state half-changed in a way that
+        // matters (each change is one insertion or one library call), so poison is ignored.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn bind(&self, h: &mut Handle, stream: CUstream) -> Result<()> {
-        if h.bound != stream || h.bound.is_null() {
-            // SAFETY: h.raw is a live handle (created in with_stream, destroyed only in Drop);
-            // the caller guarantees `stream` belongs to this context.
-            status::cublas(
-                unsafe { cublas_sys::cublasSetStream_v2(h.raw, stream as _) },
-                "cublasSetStream_v2",
-                String::new,
-            )?;
-            h.bound = stream;
+    /// Chooses the library for later calls (default [`Backend::Auto`]).
+    pub fn set_backend(&self, backend: Backend) {
+        self.lock().backend = backend;
+    }
+
+    /// The library chosen for calls.
+    pub fn backend(&self) -> Backend {
+        self.lock().backend
+    }
+
+    /// Whether cuBLASLt was found.
+    pub fn has_lt(&self) -> bool {
+        self.lock().lt.is_some()
+    }
+
+    /// Sets the workspace size (bytes) for streams that get their first call from now on.
+    pub fn set_workspace_bytes(&self, bytes: usize) {
+        self.lock().workspace_bytes = bytes;
+    }
+
+    /// The workspace size (bytes) new streams get.
+    pub fn workspace_bytes(&self) -> usize {
+        self.lock().workspace_bytes
+    }
+
+    /// Loads tuned algorithms (from [`tactics::TacticDb::load`](super::tactics::TacticDb::load)):
+    /// plans built from now on use them wherever cuBLASLt confirms they are valid
+    /// (cublasLtMatmulAlgoCheck); cached plans are dropped so that they are rebuilt.
+    pub fn load_tactics(&self, db: &super::tactics::TacticDb) {
+        let mut st = self.lock();
+        for (sig, t) in &db.entries {
+            st.tuned.insert(sig.clone(), Algorithm { data: t.algo, workspace: t.workspace });
         }
-        Ok(())
+        st.plans.clear();
+    }
+
+    /// Number of cached cuBLASLt plans.
+    pub fn cached_plans(&self) -> usize {
+        self.lock().plans.len()
+    }
+
+    /// Drops every cached plan (they are rebuilt on next use).
+    pub fn clear_plans(&self) {
+        let mut st = self.lock();
+        st.plans.clear();
+        st.lt_unsupported.clear();
     }
 
     /// `C = α·op(A)·op(B) + β·C` on cudarc device memory, enqueued on [`Gpu::stream`].
@@ -137,11 +278,13 @@ impl Gpu {
     /// BLAS semantics: `β = 0` never reads C (NaN in C does not leak); `k = 0` gives
     /// `C = β·C`; m, n or batch 0 launches nothing. cudarc's own cross-stream event tracking
     /// (if the buffers were last used on another stream) is honoured; no host synchronisation.
+    /// For a problem with an epilogue use [`Gpu::gemm_fused`].
     ///
     /// # Errors
     /// Before launching, with no buffer touched: [`Error::WrongContext`],
     /// [`Error::DTypeMismatch`], [`Error::BufferTooSmall`], [`Error::Misaligned`],
-    /// [`Error::OutputOverlapsInput`]. From the launch: [`Error::Cublas`].
+    /// [`Error::OutputOverlapsInput`], [`Error::EpilogueOperand`]. From the launch:
+    /// [`Error::Cublas`], [`Error::NotCapturable`], [`Error::Unsupported`].
     pub fn gemm<TI, TO, A, B, C>(&self, p: &GemmProblem, alpha: f32, a: &A, b: &B, beta: f32, c: &mut C) -> Result<()>
     where
         TI: Element,
@@ -150,7 +293,49 @@ impl Gpu {
         B: DevicePtr<TI>,
         C: DevicePtrMut<TO>,
     {
-        for (which, s) in [(Which::A, a.stream()), (Which::B, b.stream()), (Which::C, c.stream())] {
+        self.gemm_fused(p, alpha, a, b, beta, c, Extras::default())
+    }
+
+    /// [`Gpu::gemm`] with the epilogue's extra operands ([`crate::epilogue`]): a bias it reads,
+    /// a bias gradient or aux it writes, an aux it reads. All of the output's element type.
+    ///
+    /// # Errors
+    /// As [`Gpu::gemm`]; [`Error::EpilogueOperand`] when an operand the epilogue needs is
+    /// missing or one it does not use is given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fused<TI, TO, A, B, C>(
+        &self,
+        p: &GemmProblem,
+        alpha: f32,
+        a: &A,
+        b: &B,
+        beta: f32,
+        c: &mut C,
+        extras: Extras<'_, TO>,
+    ) -> Result<()>
+    where
+        TI: Element,
+        TO: Element,
+        A: DevicePtr<TI>,
+        B: DevicePtr<TI>,
+        C: DevicePtrMut<TO>,
+    {
+        let Extras { bias, bias_grad, aux_in, aux_out } = extras;
+        let mut ctxs =
+            vec![(Which::A, a.stream().clone()), (Which::B, b.stream().clone()), (Which::C, c.stream().clone())];
+        if let Some(v) = &bias {
+            ctxs.push((Which::Bias, v.stream().clone()));
+        }
+        if let Some(v) = &bias_grad {
+            ctxs.push((Which::Bias, v.stream().clone()));
+        }
+        if let Some(v) = &aux_in {
+            ctxs.push((Which::Aux, v.stream().clone()));
+        }
+        if let Some(v) = &aux_out {
+            ctxs.push((Which::Aux, v.stream().clone()));
+        }
+        for (which, s) in ctxs {
             if s.context() != &self.ctx {
                 return Err(Error::WrongContext {
                     operand: which,
@@ -159,24 +344,62 @@ impl Gpu {
                 });
             }
         }
+        if bias.is_some() && bias_grad.is_some() {
+            return Err(Error::EpilogueOperand {
+                epilogue: p.epilogue(),
+                operand: "bias",
+                problem: "was given twice (bias and bias_grad)",
+            });
+        }
+        if aux_in.is_some() && aux_out.is_some() {
+            return Err(Error::EpilogueOperand {
+                epilogue: p.epilogue(),
+                operand: "aux",
+                problem: "was given twice (aux_in and aux_out)",
+            });
+        }
+        let s = &self.stream;
         let (la, lb, lc) = (a.num_bytes(), b.num_bytes(), c.num_bytes());
-        let (pa, _read_a) = a.device_ptr(&self.stream);
-        let (pb, _read_b) = b.device_ptr(&self.stream);
-        let (pc, _write_c) = c.device_ptr_mut(&self.stream);
-        check_buffers(
-            p,
+        let (pa, _ra) = a.device_ptr(s);
+        let (pb, _rb) = b.device_ptr(s);
+        let (pc, _wc) = c.device_ptr_mut(s);
+        let vec_len = bias.as_ref().map(|v| v.num_bytes()).or(bias_grad.as_ref().map(|v| v.num_bytes()));
+        let aux_len = aux_in.as_ref().map(|v| v.num_bytes()).or(aux_out.as_ref().map(|v| v.num_bytes()));
+        let (pv, _gv) = match (bias, bias_grad) {
+            (Some(v), _) => {
+                let (p, g) = v.device_ptr(s);
+                (Some(p), Some(g))
+            }
+            (None, Some(v)) => {
+                let (p, g) = v.device_ptr_mut(s);
+                (Some(p), Some(g))
+            }
+            (None, None) => (None, None),
+        };
+        let (px, _gx) = match (aux_in, aux_out) {
+            (Some(v), _) => {
+                let (p, g) = v.device_ptr(s);
+                (Some(p), Some(g))
+            }
+            (None, Some(v)) => {
+                let (p, g) = v.device_ptr_mut(s);
+                (Some(p), Some(g))
+            }
+            (None, None) => (None, None),
+        };
+        let raw = |address, len_bytes| RawBuffer { address, len_bytes };
+        let descs = [
             BufferDesc { address: pa, len_bytes: la, dtype: TI::DTYPE },
             BufferDesc { address: pb, len_bytes: lb, dtype: TI::DTYPE },
             BufferDesc { address: pc, len_bytes: lc, dtype: TO::DTYPE },
-        )?;
-        let mut h = self.lock();
+        ];
+        let extras =
+            RawExtras { bias: pv.zip(vec_len).map(|(a, l)| raw(a, l)), aux: px.zip(aux_len).map(|(a, l)| raw(a, l)) };
         self.ctx.bind_to_thread().map_err(status::driver("cuCtxSetCurrent"))?;
-        self.bind(&mut h, self.stream.cu_stream())?;
-        // SAFETY: the three addresses come from live cudarc allocations of this context whose
-        // lengths check_buffers has verified against the layouts; the borrows (and cudarc's
-        // read/write events, recorded when the guards drop) keep them alive and ordered
-        // until the GEMM is enqueued.
-        unsafe { self.launch(&h, p, alpha, pa, pb, beta, pc) }
+        // SAFETY: every address comes from a live cudarc allocation of this context, borrowed
+        // for this call (cudarc's events, recorded when the guards drop after the enqueue,
+        // order later uses); check_all verifies lengths against the layouts.
+        unsafe { self.checked_enqueue(p, alpha, descs, beta, extras, s.cu_stream()) }
     }
 
     /// `C = α·op(A)·op(B) + β·C` on device memory given by address, enqueued on `stream`.
@@ -204,31 +427,362 @@ impl Gpu {
         c: RawBuffer,
         stream: CUstream,
     ) -> Result<()> {
-        let prec = p.precision();
-        let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
-        check_buffers(p, desc(a, prec.input()), desc(b, prec.input()), desc(c, prec.output()))?;
-        let mut h = self.lock();
-        self.ctx.bind_to_thread().map_err(status::driver("cuCtxSetCurrent"))?;
-        self.bind(&mut h, stream)?;
-        // SAFETY: lengths and alignment checked above; validity and stream ownership are the
-        // caller's contract.
-        unsafe { self.launch(&h, p, alpha, a.address, b.address, beta, c.address) }
+        // SAFETY: forwarded.
+        unsafe { self.gemm_raw_fused(p, alpha, a, b, beta, c, RawExtras::default(), stream) }
     }
 
-    /// Enqueues the mapped column-major call for a validated problem on the handle's stream.
+    /// [`Gpu::gemm_raw`] with the epilogue's extra operands by address.
     ///
     /// # Safety
-    /// Buffers checked by `check_buffers` for `p`; `h` bound to the intended stream.
+    /// As [`Gpu::gemm_raw`], for the extra operands too.
+    ///
+    /// # Errors
+    /// As [`Gpu::gemm_fused`].
     #[allow(clippy::too_many_arguments)]
-    unsafe fn launch(&self, h: &Handle, p: &GemmProblem, alpha: f32, a: u64, b: u64, beta: f32, c: u64) -> Result<()> {
+    pub unsafe fn gemm_raw_fused(
+        &self,
+        p: &GemmProblem,
+        alpha: f32,
+        a: RawBuffer,
+        b: RawBuffer,
+        beta: f32,
+        c: RawBuffer,
+        extras: RawExtras,
+        stream: CUstream,
+    ) -> Result<()> {
+        let prec = p.precision();
+        let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
+        let descs = [desc(a, prec.input()), desc(b, prec.input()), desc(c, prec.output())];
+        self.ctx.bind_to_thread().map_err(status::driver("cuCtxSetCurrent"))?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.checked_enqueue(p, alpha, descs, beta, extras, stream) }
+    }
+
+    /// Validates every operand, then enqueues.
+    unsafe fn checked_enqueue(
+        &self,
+        p: &GemmProblem,
+        alpha: f32,
+        [a, b, c]: [BufferDesc; 3],
+        beta: f32,
+        extras: RawExtras,
+        stream: CUstream,
+    ) -> Result<()> {
+        check_buffers(p, a, b, c)?;
+        let out = p.precision().output();
+        let d = |r: RawBuffer| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype: out };
+        check_epilogue(p, [a, b, c], extras.bias.map(d), extras.aux.map(d))?;
         if p.is_empty() {
             return Ok(());
         }
+        let mut st = self.lock();
+        // SAFETY: validated above; the rest is the caller's contract.
+        let served = unsafe {
+            self.enqueue(
+                &mut st,
+                p,
+                alpha,
+                (a.address, b.address, c.address),
+                beta,
+                extras.bias.map(|r| r.address),
+                extras.aux.map(|r| r.address),
+                stream,
+            )
+        }?;
+        tracing::debug!(problem = %p.describe(), ?served, "gemm enqueued");
+        Ok(())
+    }
+
+    /// Picks the library and enqueues; returns which served.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn enqueue(
+        &self,
+        st: &mut State,
+        p: &GemmProblem,
+        alpha: f32,
+        (a, b, c): (u64, u64, u64),
+        beta: f32,
+        bias: Option<u64>,
+        aux: Option<u64>,
+        stream: CUstream,
+    ) -> Result<Served> {
+        let fused = p.epilogue() != Epilogue::None;
+        let use_lt = match st.backend {
+            Backend::Blas if fused => {
+                return Err(Error::Unsupported {
+                    backend: "cuBLAS (Backend::Blas)",
+                    what: format!("epilogue {} (use Backend::Auto or Backend::Lt)", p.epilogue()),
+                })
+            }
+            Backend::Blas => false,
+            Backend::Lt | Backend::Auto if st.lt.is_none() => {
+                if st.backend == Backend::Lt || fused {
+                    return Err(Error::LibraryNotFound {
+                        library: "cuBLASLt (libcublasLt)",
+                        tried: cudarc::get_lib_name_candidates("cublasLt").join(", "),
+                        hint: "install the CUDA 13 toolkit's cuBLAS (it ships libcublasLt) and add its folder to LD_LIBRARY_PATH",
+                    });
+                }
+                false
+            }
+            Backend::Lt => true,
+            // cuBLASLt does not take k = 0; cuBLAS does (C = β·C).
+            Backend::Auto => p.k() > 0 || fused,
+        };
+        if use_lt {
+            // SAFETY: forwarded.
+            match unsafe { self.enqueue_lt(st, p, alpha, (a, b, c), beta, bias, aux, stream) } {
+                Ok(()) => return Ok(Served::Lt),
+                Err(LtFailure::NoAlgorithm(_)) if st.backend == Backend::Auto && !fused => {}
+                Err(LtFailure::NoAlgorithm(e) | LtFailure::Other(e)) => return Err(e),
+            }
+        }
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_blas(st, p, alpha, (a, b, c), beta, stream) }?;
+        Ok(Served::Blas)
+    }
+
+    /// This stream's workspace, allocated on first use (never while capturing).
+    pub(crate) fn workspace<'s>(
+        &self,
+        st: &'s mut State,
+        stream: CUstream,
+        describe: &dyn Fn() -> String,
+    ) -> Result<&'s Workspace> {
+        let key = stream as usize;
+        if !st.workspaces.contains_key(&key) {
+            if is_capturing(stream)? {
+                return Err(Error::NotCapturable { action: "allocate this stream's workspace", problem: describe() });
+            }
+            let ws = Workspace::new(st.workspace_bytes)?;
+            st.workspaces.insert(key, ws);
+        }
+        Ok(&st.workspaces[&key])
+    }
+
+    pub(crate) fn plan_key(
+        &self,
+        st: &mut State,
+        p: &GemmProblem,
+        (a, b, c): (u64, u64, u64),
+        bias: Option<u64>,
+        stream: CUstream,
+    ) -> Result<PlanKey> {
         let call = column_major_call(p);
         let (first, second) = call.operands(a, b);
-        // SAFETY: forwarded from the caller.
-        unsafe { self.launch_colmajor(h, &call, p.precision(), alpha, first, second, beta, c) }
+        let ws = self.workspace(st, stream, &|| p.describe())?.matmul_bytes;
+        let aux = p.aux();
+        let (aux_ld, aux_stride) = if p.uses_aux() { (aux.ld as i64, aux.batch_stride as i64) } else { (0, 0) };
+        Ok(PlanKey {
+            call,
+            precision: p.precision(),
+            epilogue: p.epilogue(),
+            aux_ld,
+            aux_stride,
+            align: [alignment(first), alignment(second), alignment(c), bias.map_or(256, alignment)],
+            workspace: ws,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn enqueue_lt(
+        &self,
+        st: &mut State,
+        p: &GemmProblem,
+        alpha: f32,
+        (a, b, c): (u64, u64, u64),
+        beta: f32,
+        bias: Option<u64>,
+        aux: Option<u64>,
+        stream: CUstream,
+    ) -> std::result::Result<(), LtFailure> {
+        let ws = *self.workspace(st, stream, &|| p.describe())?;
+        // cuBLASLt needs a 16-byte-aligned bias (docs/BACKGROUND.md; seen elsewhere as a fault
+        // on misaligned bias). A bias that is not is staged through the workspace's scratch.
+        let vec_bytes = p.vector_len() * p.precision().output().size_bytes();
+        let stage = bias.filter(|&v| v % 16 != 0);
+        if stage.is_some() && vec_bytes > ws.scratch_bytes {
+            return Err(LtFailure::Other(Error::Unsupported {
+                backend: "cuBLASLt",
+                what: format!(
+                    "a bias of {vec_bytes} bytes at a non-16-byte-aligned address (staging holds {} bytes): align the bias",
+                    ws.scratch_bytes
+                ),
+            }));
+        }
+        let bias_ptr = if stage.is_some() { Some(ws.scratch) } else { bias };
+        if aux.is_some_and(|x| x % 16 != 0) {
+            return Err(LtFailure::Other(Error::Misaligned {
+                operand: Which::Aux,
+                address: aux.unwrap_or(0),
+                align: 16,
+            }));
+        }
+        let key = self.plan_key(st, p, (a, b, c), bias_ptr, stream)?;
+        if st.lt_unsupported.contains(&key) {
+            return Err(LtFailure::NoAlgorithm(no_algorithm(p)));
+        }
+        if !st.plans.contains_key(&key) {
+            if is_capturing(stream)? {
+                return Err(LtFailure::Other(Error::NotCapturable {
+                    action: "build a cuBLASLt plan (heuristic query)",
+                    problem: p.describe(),
+                }));
+            }
+            let lt = st.lt.as_ref().expect("use_lt implies a handle");
+            let mut plan = match Plan::build(lt, &key, 1) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    st.lt_unsupported.insert(key);
+                    return Err(LtFailure::NoAlgorithm(e));
+                }
+            };
+            if let Some(algo) = st.tuned.get(&super::tactics::signature(&key)) {
+                match plan.check_algo(lt, algo) {
+                    Some(need) if need <= key.workspace => plan.algo = Algorithm { workspace: need, ..*algo },
+                    _ => {
+                        tracing::warn!(problem = %p.describe(), "tuned algorithm not valid here; using the heuristic's")
+                    }
+                }
+            }
+            st.plans.insert(key, plan);
+        }
+        let plan = &st.plans[&key];
+        let lt = st.lt.as_ref().expect("use_lt implies a handle");
+        let (first, second) = key.call.operands(a, b);
+        // SAFETY: validated addresses; the scratch region belongs to this stream's workspace
+        // and is ordered with the matmul on the same stream.
+        unsafe {
+            if let (Some(user), VectorUse::ReadsBias) = (stage, p.epilogue().vector()) {
+                cudarc::driver::result::memcpy_dtod_async(ws.scratch, user, vec_bytes, stream)
+                    .map_err(status::driver("cuMemcpyDtoDAsync"))?;
+            }
+            plan.launch(
+                lt,
+                &plan.algo,
+                alpha,
+                first,
+                second,
+                beta,
+                c,
+                bias_ptr,
+                aux,
+                ws.ptr,
+                ws.matmul_bytes,
+                stream as _,
+            )
+            .map_err(|e| with_problem(e, p))?;
+            if let (Some(user), VectorUse::WritesGrad) = (stage, p.epilogue().vector()) {
+                cudarc::driver::result::memcpy_dtod_async(user, ws.scratch, vec_bytes, stream)
+                    .map_err(status::driver("cuMemcpyDtoDAsync"))?;
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn enqueue_blas(
+        &self,
+        st: &mut State,
+        p: &GemmProblem,
+        alpha: f32,
+        (a, b, c): (u64, u64, u64),
+        beta: f32,
+        stream: CUstream,
+    ) -> Result<()> {
+        let mut call = column_major_call(p);
+        if alpha == 0.0 {
+            // BLAS semantics: with α = 0, A and B are not read (an inf or NaN there must not
+            // reach C); C = β·C is the k = 0 product.
+            call.k = 0;
+        }
+        let (first, second) = call.operands(a, b);
+        // SAFETY: forwarded.
+        unsafe { self.blas_call(st, &call, p.precision(), alpha, first, second, beta, c, stream) }
             .map_err(|e| with_problem(e, p))
+    }
+
+    /// Binds the cuBLAS handle to `stream` (and its workspace) if needed, then one GemmEx call.
+    ///
+    /// # Safety
+    /// As [`launch_blas`]; `stream` of this context.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn blas_call(
+        &self,
+        st: &mut State,
+        call: &ColMajorCall,
+        precision: Precision,
+        alpha: f32,
+        first: u64,
+        second: u64,
+        beta: f32,
+        c: u64,
+        stream: CUstream,
+    ) -> Result<()> {
+        if st.blas.bound != stream || st.blas.bound.is_null() {
+            let ws = *self.workspace(st, stream, &|| format!("{call:?}"))?;
+            // SAFETY: live handle; the workspace belongs to `stream` alone (cublasSetWorkspace
+            // documentation: it must not be used by another stream concurrently).
+            unsafe {
+                status::cublas(
+                    cublas_sys::cublasSetStream_v2(st.blas.raw, stream as _),
+                    "cublasSetStream_v2",
+                    String::new,
+                )?;
+                status::cublas(
+                    cublas_sys::cublasSetWorkspace_v2(st.blas.raw, ws.ptr as *mut _, ws.matmul_bytes),
+                    "cublasSetWorkspace_v2",
+                    String::new,
+                )?;
+            }
+            st.blas.bound = stream;
+        }
+        // SAFETY: forwarded.
+        unsafe { launch_blas(&st.blas, call, precision, alpha, first, second, beta, c) }
+    }
+
+    /// Creates this stream's workspace, builds the plans and loads the kernels for `problems`,
+    /// by running each once on scratch buffers (allocated and freed here), so that the first
+    /// real call pays nothing extra and can be captured into a CUDA graph. Plans are keyed by
+    /// pointer alignment too; scratch buffers are 256-byte aligned like any fresh allocation,
+    /// so buffers that are offset into an allocation may still need a plan of their own.
+    /// Synchronises [`Gpu::stream`] at the end (prewarm is a set-up step, not a hot path).
+    ///
+    /// # Errors
+    /// As [`Gpu::gemm_fused`], and [`Error::Driver`] when scratch memory cannot be allocated.
+    pub fn prewarm(&self, problems: &[GemmProblem]) -> Result<()> {
+        let s = &self.stream;
+        let bytes = |elems: usize, d: DType| (elems * d.size_bytes()).max(1);
+        for p in problems {
+            let prec = p.precision();
+            let alloc = |n: usize| s.alloc_zeros::<u8>(n).map_err(status::driver("cuMemAllocAsync"));
+            let a = alloc(bytes(p.a().layout.required_elems(p.batch()).unwrap_or(0), prec.input()))?;
+            let b = alloc(bytes(p.b().layout.required_elems(p.batch()).unwrap_or(0), prec.input()))?;
+            let mut c = alloc(bytes(p.c().required_elems(p.batch()).unwrap_or(0), prec.output()))?;
+            let vec = (p.vector_len() > 0).then(|| alloc(bytes(p.vector_len(), prec.output()))).transpose()?;
+            let mut aux = p
+                .uses_aux()
+                .then(|| alloc(bytes(p.aux().required_elems(p.batch()).unwrap_or(0), prec.output())))
+                .transpose()?;
+            {
+                let r =
+                    |x: &cudarc::driver::CudaSlice<u8>| RawBuffer { address: x.device_ptr(s).0, len_bytes: x.len() };
+                let extras = RawExtras {
+                    bias: vec.as_ref().map(r),
+                    aux: aux.as_mut().map(|x| {
+                        let len_bytes = x.len();
+                        RawBuffer { address: x.device_ptr_mut(s).0, len_bytes }
+                    }),
+                };
+                let (ra, rb) = (r(&a), r(&b));
+                let c_len = c.len();
+                let rc = RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: c_len };
+                // SAFETY: scratch buffers of this context sized by the layouts, on our stream,
+                // alive until the synchronize below.
+                unsafe { self.gemm_raw_fused(p, 1.0, ra, rb, 0.0, rc, extras, s.cu_stream()) }?;
+            }
+            s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
+        }
+        Ok(())
     }
 
     /// Runs a column-major cuBLAS GEMM exactly as given, without any of gemmbridge's checks,
@@ -255,106 +809,129 @@ impl Gpu {
         beta: f32,
         c: u64,
     ) -> Result<()> {
-        let mut h = self.lock();
+        let mut st = self.lock();
         self.ctx.bind_to_thread().map_err(status::driver("cuCtxSetCurrent"))?;
-        self.bind(&mut h, self.stream.cu_stream())?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.launch_colmajor(&h, call, precision, alpha, first, second, beta, c) }
+        unsafe { self.blas_call(&mut st, call, precision, alpha, first, second, beta, c, self.stream.cu_stream()) }
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn launch_colmajor(
-        &self,
-        h: &Handle,
-        call: &ColMajorCall,
-        precision: Precision,
-        alpha: f32,
-        first: u64,
-        second: u64,
-        beta: f32,
-        c: u64,
-    ) -> Result<()> {
-        let op = |o: Op| match o {
-            Op::N => cublas_sys::cublasOperation_t::CUBLAS_OP_N,
-            Op::T => cublas_sys::cublasOperation_t::CUBLAS_OP_T,
-        };
-        let (ti, to) = (cuda_dtype(precision.input()), cuda_dtype(precision.output()));
-        let compute = compute_type(precision.compute());
-        let algo = cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
-        let (alpha, beta) = (&alpha as *const f32 as *const _, &beta as *const f32 as *const _);
-        let ptr = |v: u64| v as *const std::ffi::c_void;
-        let describe = || {
-            format!(
-                "transa={} transb={} m={} n={} k={} lda={} ldb={} ldc={} batch={} {}",
-                call.transa, call.transb, call.m, call.n, call.k, call.lda, call.ldb, call.ldc, call.batch, precision
+enum LtFailure {
+    /// cuBLASLt has no algorithm for the problem (Auto may use cuBLAS instead).
+    NoAlgorithm(Error),
+    /// Anything else.
+    Other(Error),
+}
+
+impl From<Error> for LtFailure {
+    fn from(e: Error) -> Self {
+        LtFailure::Other(e)
+    }
+}
+
+fn no_algorithm(p: &GemmProblem) -> Error {
+    Error::Cublas {
+        operation: "cublasLtMatmulAlgoGetHeuristic",
+        status: "CUBLAS_STATUS_NOT_SUPPORTED".into(),
+        problem: p.describe(),
+    }
+}
+
+/// One cuBLAS GemmEx / GemmStridedBatchedEx call.
+///
+/// # Safety
+/// Live handle bound to the intended stream; addresses valid for the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_blas(
+    h: &BlasHandle,
+    call: &ColMajorCall,
+    precision: Precision,
+    alpha: f32,
+    first: u64,
+    second: u64,
+    beta: f32,
+    c: u64,
+) -> Result<()> {
+    let op = |o: Op| match o {
+        Op::N => cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+        Op::T => cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+    };
+    let (ti, to) = (cuda_dtype(precision.input()), cuda_dtype(precision.output()));
+    let compute = compute_type(precision.compute());
+    let algo = cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
+    let (alpha, beta) = (&alpha as *const f32 as *const _, &beta as *const f32 as *const _);
+    let ptr = |v: u64| v as *const std::ffi::c_void;
+    let describe = || {
+        format!(
+            "transa={} transb={} m={} n={} k={} lda={} ldb={} ldc={} batch={} {}",
+            call.transa, call.transb, call.m, call.n, call.k, call.lda, call.ldb, call.ldc, call.batch, precision
+        )
+    };
+    // SAFETY: the handle is live and bound; alpha/beta point to f32 host scalars, as the 32F
+    // compute types require (cuBLAS documentation, cublasGemmEx: alpha and beta are of the
+    // scaling type, CUDA_R_32F for CUBLAS_COMPUTE_32F*); the buffers are the caller's contract.
+    if call.batch == 1 {
+        let s = unsafe {
+            cublas_sys::cublasGemmEx(
+                h.raw,
+                op(call.transa),
+                op(call.transb),
+                call.m,
+                call.n,
+                call.k,
+                alpha,
+                ptr(first),
+                ti,
+                call.lda,
+                ptr(second),
+                ti,
+                call.ldb,
+                beta,
+                c as *mut std::ffi::c_void,
+                to,
+                call.ldc,
+                compute,
+                algo,
             )
         };
-        // SAFETY: the handle is live and bound; alpha/beta point to f32 host scalars, as the
-        // 32F compute types require (cuBLAS documentation, cublasGemmEx, "alpha/beta: host or
-        // device pointer ... of the scaling type, CUDA_R_32F for CUBLAS_COMPUTE_32F*"); the
-        // buffers are the caller's contract.
-        if call.batch == 1 {
-            let s = unsafe {
-                cublas_sys::cublasGemmEx(
-                    h.raw,
-                    op(call.transa),
-                    op(call.transb),
-                    call.m,
-                    call.n,
-                    call.k,
-                    alpha,
-                    ptr(first),
-                    ti,
-                    call.lda,
-                    ptr(second),
-                    ti,
-                    call.ldb,
-                    beta,
-                    c as *mut std::ffi::c_void,
-                    to,
-                    call.ldc,
-                    compute,
-                    algo,
-                )
-            };
-            status::cublas(s, "cublasGemmEx", describe)
-        } else {
-            let s = unsafe {
-                cublas_sys::cublasGemmStridedBatchedEx(
-                    h.raw,
-                    op(call.transa),
-                    op(call.transb),
-                    call.m,
-                    call.n,
-                    call.k,
-                    alpha,
-                    ptr(first),
-                    ti,
-                    call.lda,
-                    call.stride_a,
-                    ptr(second),
-                    ti,
-                    call.ldb,
-                    call.stride_b,
-                    beta,
-                    c as *mut std::ffi::c_void,
-                    to,
-                    call.ldc,
-                    call.stride_c,
-                    call.batch,
-                    compute,
-                    algo,
-                )
-            };
-            status::cublas(s, "cublasGemmStridedBatchedEx", describe)
-        }
+        status::cublas(s, "cublasGemmEx", describe)
+    } else {
+        let s = unsafe {
+            cublas_sys::cublasGemmStridedBatchedEx(
+                h.raw,
+                op(call.transa),
+                op(call.transb),
+                call.m,
+                call.n,
+                call.k,
+                alpha,
+                ptr(first),
+                ti,
+                call.lda,
+                call.stride_a,
+                ptr(second),
+                ti,
+                call.ldb,
+                call.stride_b,
+                beta,
+                c as *mut std::ffi::c_void,
+                to,
+                call.ldc,
+                call.stride_c,
+                call.batch,
+                compute,
+                algo,
+            )
+        };
+        status::cublas(s, "cublasGemmStridedBatchedEx", describe)
     }
 }
 
 fn with_problem(e: Error, p: &GemmProblem) -> Error {
     match e {
         Error::Cublas { operation, status, problem } => {
-            Error::Cublas { operation, status, problem: format!("{problem}; row-major {}", p.describe()) }
+            let sep = if problem.is_empty() { "" } else { "; " };
+            Error::Cublas { operation, status, problem: format!("{problem}{sep}row-major {}", p.describe()) }
         }
         other => other,
     }
@@ -380,12 +957,22 @@ fn compute_type(c: Compute) -> cublas_sys::cublasComputeType_t {
 
 impl Drop for Gpu {
     fn drop(&mut self) {
-        let h = self.blas.get_mut().unwrap_or_else(|p| p.into_inner());
-        if !h.raw.is_null() && self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: the handle was created in with_stream and is destroyed once, here. A
-            // failure cannot be reported from Drop and leaks only the handle.
-            let _ = unsafe { cublas_sys::cublasDestroy_v2(h.raw) };
-            h.raw = std::ptr::null_mut();
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        // Work still queued may use the workspaces: wait for it before freeing them. A
+        // failure cannot be reported from Drop; it leaks at most the handles and workspaces.
+        let _ = self.ctx.synchronize();
+        st.plans.clear();
+        st.lt = None;
+        for (_, ws) in st.workspaces.drain() {
+            ws.free();
+        }
+        if !st.blas.raw.is_null() {
+            // SAFETY: created in with_stream and destroyed once, here.
+            let _ = unsafe { cublas_sys::cublasDestroy_v2(st.blas.raw) };
+            st.blas.raw = std::ptr::null_mut();
         }
     }
 }

@@ -1,0 +1,107 @@
+//! The "launch" row: what one tiny (64³) GEMM costs on the host and on the GPU, eagerly and
+//! replayed from a CUDA graph, beside the bare library calls gemmbridge wraps.
+//!
+//! Fields as torch_peer.py's launch row (`host_us`, `wall_us`, `graph_us`), plus
+//! `bare_lt_us` (bare `cublasLtMatmul` with a prebuilt plan), `bare_blas_us` (bare
+//! `cublasGemmEx`) and `host_raw_us` (gemmbridge's raw-pointer path), all measured in the same
+//! run. Host times are medians over 40 batches of 256 calls (below the launch-queue depth, so
+//! the GPU does not throttle the host); `wall_us` includes waiting for the GPU; `graph_us` is
+//! GPU time per GEMM when 256 calls captured into one graph are replayed (median of 20).
+
+use std::time::Instant;
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use gemmbridge::cuda::{Gpu, RawBuffer, Served};
+use gemmbridge::{DType, Element, GemmProblem};
+
+use crate::random::normal;
+
+const BATCH: usize = 256;
+const BATCHES: usize = 40;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn measure(gpu: &Gpu, dtype: &str) -> anyhow::Result<serde_json::Value> {
+    let p = super::precision_of(dtype).ok_or_else(|| anyhow::anyhow!("no precision {dtype}"))?;
+    match p.input() {
+        DType::F32 => measure_typed::<f32>(gpu, dtype),
+        DType::F16 => measure_typed::<half::f16>(gpu, dtype),
+        _ => measure_typed::<half::bf16>(gpu, dtype),
+    }
+}
+
+fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    dtype: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let p = GemmProblem::matmul(64, 64, 64, super::precision_of(dtype).expect("checked"))?;
+    let s = gpu.stream().clone();
+    let x: CudaSlice<T> = s.clone_htod(&normal::<T>(64 * 64))?;
+    let w: CudaSlice<T> = s.clone_htod(&normal::<T>(64 * 64))?;
+    let mut o: CudaSlice<T> = s.alloc_zeros(64 * 64)?;
+    let bytes = 64 * 64 * std::mem::size_of::<T>();
+    let (rx, rw) = (
+        RawBuffer { address: x.device_ptr(&s).0, len_bytes: bytes },
+        RawBuffer { address: w.device_ptr(&s).0, len_bytes: bytes },
+    );
+    let ro = RawBuffer { address: o.device_ptr_mut(&s).0, len_bytes: bytes };
+    let cs = s.cu_stream();
+    for _ in 0..200 {
+        gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;
+    }
+    s.synchronize()?;
+    let host_and_wall = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64)> {
+        let (mut hosts, mut walls) = (Vec::new(), Vec::new());
+        for _ in 0..BATCHES {
+            s.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..BATCH {
+                f()?;
+            }
+            hosts.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+            s.synchronize()?;
+            walls.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+        }
+        Ok((median(hosts), median(walls)))
+    };
+    let (host_us, wall_us) = host_and_wall(&mut || Ok(gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
+    // SAFETY: the three buffers are live allocations of this context used only on `s`.
+    let (host_raw_us, _) = host_and_wall(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?;
+    // SAFETY: as above; the plan exists after the calls above.
+    let bare_lt_us = if gpu.has_lt() {
+        Some(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Lt, BATCHES, BATCH) }?)
+    } else {
+        None
+    };
+    // SAFETY: as above.
+    let bare_blas_us = unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Blas, BATCHES, BATCH) }?;
+
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
+    for _ in 0..BATCH {
+        // SAFETY: as above.
+        unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?;
+    }
+    let graph = s.end_capture(CUgraphInstantiate_flags(0))?.ok_or_else(|| anyhow::anyhow!("empty graph"))?;
+    for _ in 0..5 {
+        graph.launch()?;
+    }
+    s.synchronize()?;
+    let ctx = gpu.context();
+    let (e0, e1) =
+        (ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?, ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?);
+    let mut reps = Vec::new();
+    for _ in 0..20 {
+        e0.record(&s)?;
+        graph.launch()?;
+        e1.record(&s)?;
+        reps.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / BATCH as f64);
+    }
+    let graph_us = median(reps);
+    Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": host_us,
+        "wall_us": wall_us, "graph_us": graph_us, "host_raw_us": host_raw_us, "bare_lt_us": bare_lt_us,
+        "bare_blas_us": bare_blas_us}))
+}

@@ -1,0 +1,122 @@
+//! `gemmbridge tune`: fills a tactic database for a suite.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use gemmbridge::cuda::tactics::{Identity, TacticDb};
+use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras, TuneOptions};
+use gemmbridge::{DType, Element, Epilogue, Precision};
+
+use crate::bench::{op_applies, precision_of, problem, suites, OPS};
+use crate::random::normal;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Shape suite (as `bench`): default, square, llm, small.
+    #[arg(long, default_value = "default")]
+    suite: String,
+    /// Comma-separated dtypes: f32, tf32, f16, bf16.
+    #[arg(long, default_value = "f32,tf32,f16,bf16")]
+    dtypes: String,
+    /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu.
+    #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu")]
+    ops: String,
+    /// The tactic database to fill (created, or merged into).
+    #[arg(long)]
+    db: String,
+    /// Candidates to ask cuBLASLt's heuristic for.
+    #[arg(long, default_value_t = 16)]
+    candidates: usize,
+    /// Timed samples per candidate.
+    #[arg(long, default_value_t = 15)]
+    reps: usize,
+}
+
+/// This machine's identity for the tactic database.
+pub fn identity(gpu: &Gpu) -> anyhow::Result<Identity> {
+    let i = gpu.info()?;
+    Ok(Identity {
+        gpu: i.name,
+        sm: format!("{}.{}", i.compute_capability.0, i.compute_capability.1),
+        cublaslt: i.cublaslt_version.unwrap_or(0),
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let Some(shapes) = suites::shapes(&args.suite) else {
+        bail!("unknown suite {:?}; choose one of {}", args.suite, suites::NAMES.join(", "));
+    };
+    let gpu = Gpu::new(0).context("tune needs a CUDA GPU")?;
+    if !gpu.has_lt() {
+        bail!("tune needs cuBLASLt (libcublasLt), which was not found");
+    }
+    // SAFETY: every buffer tune allocates is used only on gpu.stream().
+    unsafe { gpu.context().disable_event_tracking() };
+    let opts = TuneOptions { candidates: args.candidates, reps: args.reps.max(1), ..TuneOptions::default() };
+    let mut db = TacticDb::new(identity(&gpu)?);
+    println!(
+        "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>6} {:>6}",
+        "op", "dtype", "m", "n", "k", "heur. ms", "tuned ms", "gain", "cands", "wrong", "kept"
+    );
+    for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let Some(prec) = precision_of(d) else { bail!("unknown dtype {d:?}") };
+        for op in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            if !OPS.contains(&op) {
+                bail!("unknown op {op:?}; choose from {}", OPS.join(", "));
+            }
+            if !op_applies(op, d) {
+                continue;
+            }
+            for &shape in &shapes {
+                let (report, sig, tactic) = match prec.input() {
+                    DType::F32 => tune_one::<f32>(&gpu, op, shape, prec, opts)?,
+                    DType::F16 => tune_one::<half::f16>(&gpu, op, shape, prec, opts)?,
+                    _ => tune_one::<half::bf16>(&gpu, op, shape, prec, opts)?,
+                };
+                println!(
+                    "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10.4} {:>10.4} {:>6.1}% {:>5} {:>6} {:>6}",
+                    op,
+                    d,
+                    shape.0,
+                    shape.1,
+                    shape.2,
+                    report.heuristic_ms,
+                    report.best_ms,
+                    (report.heuristic_ms / report.best_ms - 1.0) * 100.0,
+                    report.candidates,
+                    report.mismatched,
+                    if report.improved { "yes" } else { "no" }
+                );
+                db.entries.insert(sig, tactic);
+            }
+        }
+    }
+    db.save(Path::new(&args.db)).with_context(|| format!("writing {}", args.db))?;
+    println!("{} tactics written to {} (merged with what was there)", db.entries.len(), args.db);
+    Ok(0)
+}
+
+fn tune_one<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    op: &str,
+    shape: crate::bench::suites::Shape,
+    prec: Precision,
+    opts: TuneOptions,
+) -> anyhow::Result<(gemmbridge::cuda::TuneReport, String, gemmbridge::cuda::tactics::Tactic)> {
+    let (m, n, k) = shape;
+    let p = problem(op, shape, prec)?;
+    let s = gpu.stream();
+    let x: CudaSlice<T> = s.clone_htod(&normal::<T>(m * k))?;
+    let w: CudaSlice<T> = s.clone_htod(&normal::<T>(k * n))?;
+    let bias: CudaSlice<T> = s.clone_htod(&normal::<T>(n))?;
+    let mut c: CudaSlice<T> = s.alloc_zeros(m * n)?;
+    let sz = std::mem::size_of::<T>();
+    let r = |b: &CudaSlice<T>| RawBuffer { address: b.device_ptr(s).0, len_bytes: b.len() * sz };
+    let rc = RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: m * n * sz };
+    let extras = RawExtras { bias: (p.epilogue() != Epilogue::None).then(|| r(&bias)), aux: None };
+    // f32/tf32 inputs with f32 outputs, half inputs with half outputs: T serves both.
+    // SAFETY: live buffers of this context, sized by the problem, used on gpu.stream() only.
+    let out = unsafe { gpu.autotune_raw(&p, 1.0, r(&x), r(&w), 0.0, rc, extras, opts) }?;
+    Ok(out)
+}

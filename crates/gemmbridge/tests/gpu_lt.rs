@@ -1,0 +1,276 @@
+//! GPU tests of the cuBLASLt engine: every fused epilogue against the f64 reference of the
+//! unfused computation, misaligned bias, graph capture, prewarm and autotuning.
+
+mod common;
+
+use common::{normal, poison, rng, Case};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
+use gemmbridge::cuda::{Backend, Extras, Gpu, RawBuffer, RawExtras, TuneOptions};
+use gemmbridge::epilogue::{AuxUse, VectorUse};
+use gemmbridge::half::{bf16, f16};
+use gemmbridge::reference::{gemm_epilogue_rowmajor, rel_error};
+use gemmbridge::{DType, Element, Epilogue, Error, GemmProblem, MatrixLayout, Op, Precision};
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
+}
+
+fn wide<T: Element>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// Runs one epilogue case; returns the worst relative error over C and the epilogue's
+/// outputs, or the library's error.
+fn epilogue_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
+    gpu: &Gpu,
+    p: &GemmProblem,
+    misaligned_bias: bool,
+) -> Result<f64, Error> {
+    let mut rng = rng();
+    let s = gpu.stream();
+    let e = p.epilogue();
+    let n_a = p.a().layout.required_elems(p.batch()).unwrap();
+    let n_b = p.b().layout.required_elems(p.batch()).unwrap();
+    let n_c = p.c().required_elems(p.batch()).unwrap();
+    let n_aux = p.aux().required_elems(p.batch()).unwrap();
+    let a: Vec<TI> = normal(&mut rng, n_a);
+    let b: Vec<TI> = normal(&mut rng, n_b);
+    let vec_in: Vec<TO> = normal(&mut rng, p.vector_len());
+    let aux_in: Vec<TO> = normal(&mut rng, n_aux);
+    // f64 reference on the rounded values
+    let mut c_ref = vec![0.0; n_c];
+    let mut vec_ref = wide(&vec_in);
+    let mut aux_ref = wide(&aux_in);
+    gemm_epilogue_rowmajor(
+        p,
+        1.0,
+        &wide(&a),
+        &wide(&b),
+        0.0,
+        &mut c_ref,
+        (e.vector() != VectorUse::None).then_some(&mut vec_ref[..]),
+        (e.aux() != AuxUse::None).then_some(&mut aux_ref[..]),
+    );
+    let da = s.clone_htod(&a).unwrap();
+    let db = s.clone_htod(&b).unwrap();
+    let mut dc = s.clone_htod(&poison::<TO>(n_c)).unwrap();
+    // a bias one element into a larger buffer is 2 or 4 bytes off 16-byte alignment
+    let off = usize::from(misaligned_bias);
+    let mut vec_host = poison::<TO>(p.vector_len() + off);
+    if e.vector() == VectorUse::ReadsBias {
+        vec_host[off..].copy_from_slice(&vec_in);
+    }
+    let mut dv: CudaSlice<TO> = s.clone_htod(&vec_host).unwrap();
+    let mut dx: CudaSlice<TO> =
+        s.clone_htod(&if e.aux() == AuxUse::Reads { aux_in.clone() } else { poison::<TO>(n_aux) }).unwrap();
+    {
+        let view;
+        let mut view_mut;
+        let mut ex = Extras::default();
+        match e.vector() {
+            VectorUse::ReadsBias => {
+                view = dv.slice(off..);
+                ex.bias = Some(&view);
+            }
+            VectorUse::WritesGrad => {
+                view_mut = dv.slice_mut(off..);
+                ex.bias_grad = Some(&mut view_mut);
+            }
+            VectorUse::None => {}
+        }
+        match e.aux() {
+            AuxUse::Reads => ex.aux_in = Some(&dx),
+            AuxUse::Writes => ex.aux_out = Some(&mut dx),
+            AuxUse::None => {}
+        }
+        gpu.gemm_fused(p, 1.0, &da, &db, 0.0, &mut dc, ex)?;
+    }
+    let gather = |v: &[TO], l: MatrixLayout| wide(&l.gather(v, p.batch()));
+    let c = s.clone_dtoh(&dc).unwrap();
+    let mut err = rel_error(&gather(&c, p.c()), &p.c().gather(&c_ref, p.batch()));
+    if e.vector() == VectorUse::WritesGrad {
+        let v = s.clone_dtoh(&dv).unwrap();
+        err = err.max(rel_error(&wide(&v[off..]), &vec_ref));
+    }
+    if e.aux() == AuxUse::Writes {
+        let x = s.clone_dtoh(&dx).unwrap();
+        err = err.max(rel_error(&gather(&x, p.aux()), &p.aux().gather(&aux_ref, p.batch())));
+    }
+    Ok(err)
+}
+
+fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision) {
+    let gpu = gpu();
+    let mut failures = Vec::new();
+    let mut worst = 0.0f64;
+    let mut cases = 0;
+    for e in Epilogue::ALL {
+        for case in [
+            Case { m: 64, n: 128, k: 256, op_a: Op::N, op_b: Op::T, pad: 0, batch: 1 }, // linear
+            Case { m: 33, n: 72, k: 17, op_a: Op::N, op_b: Op::N, pad: 0, batch: 1 },   // matmul, odd m
+            Case { m: 128, n: 64, k: 96, op_a: Op::T, op_b: Op::N, pad: 8, batch: 1 },  // dW-like, padded
+            Case { m: 40, n: 48, k: 32, op_a: Op::N, op_b: Op::T, pad: 0, batch: 3 },   // batched
+        ] {
+            if case.batch > 1 && e.vector() == VectorUse::WritesGrad {
+                continue; // rejected by design (EpilogueBatch), tested on the CPU
+            }
+            for misaligned in [false, true] {
+                if misaligned && e.vector() == VectorUse::None {
+                    continue;
+                }
+                let p = case.problem(precision).with_epilogue(e).unwrap();
+                cases += 1;
+                match epilogue_case::<TI, TO>(&gpu, &p, misaligned) {
+                    Ok(err) if err <= precision.tolerance() => worst = worst.max(err),
+                    Ok(err) => {
+                        failures.push(format!("{e} misaligned={misaligned} {}: rel error {err:e}", p.describe()))
+                    }
+                    Err(err) => failures.push(format!("{e} misaligned={misaligned} {}: {err}", p.describe())),
+                }
+            }
+        }
+    }
+    eprintln!("{precision}: {cases} epilogue cases, worst rel error {worst:e}");
+    assert!(failures.is_empty(), "{} of {cases} failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn epilogues_f32() {
+    all_epilogues::<f32, f32>(Precision::F32);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn epilogues_f16() {
+    all_epilogues::<f16, f16>(Precision::F16);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn epilogues_bf16() {
+    all_epilogues::<bf16, bf16>(Precision::BF16);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn epilogues_bf16_f32out() {
+    all_epilogues::<bf16, f32>(Precision::BF16_F32OUT);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn blas_backend_refuses_epilogues() {
+    let gpu = gpu();
+    gpu.set_backend(Backend::Blas);
+    let p = GemmProblem::linear(8, 8, 8, Precision::F32).unwrap().with_epilogue(Epilogue::Relu).unwrap();
+    let s = gpu.stream();
+    let a = s.clone_htod(&[1.0f32; 64]).unwrap();
+    let mut c = s.clone_htod(&[0.0f32; 64]).unwrap();
+    let e = gpu.gemm(&p, 1.0, &a, &a, 0.0, &mut c).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    // a missing bias is named
+    gpu.set_backend(Backend::Auto);
+    let p = p.with_epilogue(Epilogue::Bias).unwrap();
+    let e = gpu.gemm(&p, 1.0, &a, &a, 0.0, &mut c).unwrap_err();
+    assert!(matches!(e, Error::EpilogueOperand { operand: "bias", .. }), "{e}");
+}
+
+fn raw<T>(s: &CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> RawBuffer {
+    RawBuffer { address: s.device_ptr(stream).0, len_bytes: s.len() * std::mem::size_of::<T>() }
+}
+
+/// A call whose plan is not cached fails capture with a named error; once cached (here by
+/// prewarm), 64 calls captured into one graph replay with the right result.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_capture_after_prewarm() {
+    let gpu = gpu();
+    let mut rng = rng();
+    let s = gpu.stream().clone();
+    let p = GemmProblem::linear(64, 96, 80, Precision::BF16).unwrap().with_epilogue(Epilogue::GeluBias).unwrap();
+    let a: Vec<bf16> = normal(&mut rng, 64 * 80);
+    let w: Vec<bf16> = normal(&mut rng, 96 * 80);
+    let bias: Vec<bf16> = normal(&mut rng, 96);
+    let (da, dw, dbias) = (s.clone_htod(&a).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
+    let mut dc = s.clone_htod(&poison::<bf16>(64 * 96)).unwrap();
+    let (ra, rw, rb) = (raw(&da, &s), raw(&dw, &s), raw(&dbias, &s));
+    let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: 64 * 96 * 2 };
+    let extras = RawExtras { bias: Some(rb), aux: None };
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+    s.begin_capture(mode).unwrap();
+    // SAFETY: buffers of this context, alive for the whole test, used on `s` only.
+    let e = unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) }.unwrap_err();
+    let _ = s.end_capture(CUgraphInstantiate_flags(0));
+    assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
+
+    gpu.prewarm(&[p]).unwrap();
+    s.begin_capture(mode).unwrap();
+    for _ in 0..64 {
+        // SAFETY: as above.
+        unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) }.unwrap();
+    }
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
+    graph.launch().unwrap();
+    s.synchronize().unwrap();
+    let got = wide(&s.clone_dtoh(&dc).unwrap());
+    let mut want = vec![0.0; 64 * 96];
+    gemm_epilogue_rowmajor(&p, 1.0, &wide(&a), &wide(&w), 0.0, &mut want, Some(&mut wide(&bias)), None);
+    let err = rel_error(&got, &want);
+    assert!(err <= 1e-2, "graph replay: {err:e}");
+}
+
+/// Tuning keeps a result that is right, and the plan built from it stays right.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn autotune_keeps_correct_results() {
+    let gpu = gpu();
+    let mut rng = rng();
+    let s = gpu.stream().clone();
+    let (m, n, k) = (512, 768, 1024);
+    let p = GemmProblem::linear(m, n, k, Precision::BF16).unwrap();
+    let x: Vec<bf16> = normal(&mut rng, m * k);
+    let w: Vec<bf16> = normal(&mut rng, n * k);
+    let (dx, dw) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap());
+    let mut dc = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
+    let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * n * 2 };
+    // SAFETY: buffers of this context on the Gpu's stream.
+    let (report, sig, tactic) = unsafe {
+        gpu.autotune_raw(&p, 1.0, raw(&dx, &s), raw(&dw, &s), 0.0, rc, RawExtras::default(), TuneOptions::default())
+    }
+    .unwrap();
+    eprintln!("{sig}: {report:?}");
+    assert!(report.candidates >= 1 && report.best_ms <= report.heuristic_ms * 1.0001);
+    assert_eq!(tactic.algo, report.algorithm.data);
+    let mut dc = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
+    gpu.gemm(&p, 1.0, &dx, &dw, 0.0, &mut dc).unwrap();
+    let got = wide(&s.clone_dtoh(&dc).unwrap());
+    let mut want = vec![0.0; m * n];
+    gemm_epilogue_rowmajor(&p, 1.0, &wide(&x), &wide(&w), 0.0, &mut want, None, None);
+    assert!(rel_error(&got, &want) <= 1e-2);
+}
+
+/// The same problem through cuBLAS and cuBLASLt gives the same answer within the band, and
+/// the dtype helper covers every output type.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn blas_and_lt_agree() {
+    let gpu = gpu();
+    let mut rng = rng();
+    let s = gpu.stream().clone();
+    let p = GemmProblem::matmul(300, 200, 100, Precision::F16_F32OUT).unwrap();
+    assert_eq!(p.precision().output(), DType::F32);
+    let a: Vec<f16> = normal(&mut rng, 300 * 100);
+    let b: Vec<f16> = normal(&mut rng, 100 * 200);
+    let (da, db) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap());
+    let mut outs = Vec::new();
+    for backend in [Backend::Blas, Backend::Lt] {
+        gpu.set_backend(backend);
+        let mut dc = s.clone_htod(&poison::<f32>(300 * 200)).unwrap();
+        gpu.gemm(&p, 1.0, &da, &db, 0.0, &mut dc).unwrap();
+        outs.push(wide(&s.clone_dtoh(&dc).unwrap()));
+    }
+    assert!(rel_error(&outs[0], &outs[1]) < 1e-5, "{:e}", rel_error(&outs[0], &outs[1]));
+}

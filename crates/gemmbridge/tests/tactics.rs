@@ -1,0 +1,126 @@
+//! The tactic database survives what happens to files: truncation, another GPU's file, a
+//! stale cuBLASLt version, garbage, and several writers at once.
+
+use std::path::PathBuf;
+
+use gemmbridge::cuda::tactics::{m_bucket, Identity, Tactic, TacticDb, FORMAT};
+
+fn identity() -> Identity {
+    Identity { gpu: "NVIDIA H200".into(), sm: "9.0".into(), cublaslt: 130100 }
+}
+
+fn tactic(ms: f64, tag: u64) -> Tactic {
+    Tactic { algo: [tag, 1, 2, 3, 4, 5, 6, 7], workspace: 1024, heuristic_ms: 1.0, tuned_ms: ms }
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gemmbridge-tactics-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("db.json")
+}
+
+#[test]
+fn round_trip() {
+    let path = tmp("round");
+    let mut db = TacticDb::new(identity());
+    db.entries.insert("sig-a".into(), tactic(0.5, 1));
+    db.save(&path).unwrap();
+    let (back, warnings) = TacticDb::load(&path, &identity());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(back, db);
+    assert_eq!(back.format, FORMAT);
+}
+
+#[test]
+fn missing_file_is_empty_without_warning() {
+    let (db, warnings) = TacticDb::load(&tmp("missing"), &identity());
+    assert!(db.entries.is_empty() && warnings.is_empty());
+}
+
+#[test]
+fn truncated_file_is_ignored_with_warning() {
+    let path = tmp("trunc");
+    let mut db = TacticDb::new(identity());
+    db.entries.insert("sig-a".into(), tactic(0.5, 1));
+    db.save(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, &text[..text.len() / 2]).unwrap();
+    let (back, warnings) = TacticDb::load(&path, &identity());
+    assert!(back.entries.is_empty());
+    assert!(warnings.len() == 1 && warnings[0].contains("corrupt"), "{warnings:?}");
+    std::fs::write(&path, [0xff, 0x00, 0x13]).unwrap();
+    let (back, warnings) = TacticDb::load(&path, &identity());
+    assert!(back.entries.is_empty() && warnings.len() == 1, "{warnings:?}");
+}
+
+#[test]
+fn foreign_and_stale_files_are_ignored_with_warning() {
+    let path = tmp("foreign");
+    let mut other = TacticDb::new(Identity { gpu: "NVIDIA A100-SXM4-80GB".into(), sm: "8.0".into(), cublaslt: 130100 });
+    other.entries.insert("sig-a".into(), tactic(0.5, 1));
+    other.save(&path).unwrap();
+    let (back, warnings) = TacticDb::load(&path, &identity());
+    assert!(back.entries.is_empty());
+    assert!(warnings[0].contains("foreign"), "{warnings:?}");
+
+    let path = tmp("stale");
+    let mut old = TacticDb::new(Identity { cublaslt: 120900, ..identity() });
+    old.entries.insert("sig-a".into(), tactic(0.5, 1));
+    old.save(&path).unwrap();
+    let (back, warnings) = TacticDb::load(&path, &identity());
+    assert!(back.entries.is_empty());
+    assert!(warnings[0].contains("stale"), "{warnings:?}");
+
+    let path = tmp("format");
+    let mut text = serde_json_like(&TacticDb::new(identity()));
+    text = text.replace(&format!("\"format\": {FORMAT}"), "\"format\": 999");
+    std::fs::write(&path, text).unwrap();
+    let (_, warnings) = TacticDb::load(&path, &identity());
+    assert!(warnings[0].contains("stale"), "{warnings:?}");
+}
+
+fn serde_json_like(db: &TacticDb) -> String {
+    let path = tmp("serialise");
+    db.save(&path).unwrap();
+    std::fs::read_to_string(path).unwrap()
+}
+
+/// Eight writers (separate open file descriptions, so the lock really contends) each save
+/// their own entry and one shared signature: every entry survives, the fastest shared one
+/// wins, and the file parses.
+#[test]
+fn concurrent_writers_merge() {
+    let path = tmp("concurrent");
+    std::thread::scope(|s| {
+        for i in 0..8u64 {
+            let path = path.clone();
+            s.spawn(move || {
+                let mut db = TacticDb::new(identity());
+                db.entries.insert(format!("own-{i}"), tactic(1.0, i));
+                db.entries.insert("shared".into(), tactic(1.0 + i as f64, i));
+                db.save(&path).unwrap();
+            });
+        }
+    });
+    let (db, warnings) = TacticDb::load(&path, &identity());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(db.entries.len(), 9);
+    assert_eq!(db.entries["shared"].tuned_ms, 1.0);
+    let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.contains(".tmp."))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn bucketing_rule() {
+    assert_eq!(m_bucket(0), 1);
+    assert_eq!(m_bucket(1), 1);
+    assert_eq!(m_bucket(3), 4);
+    assert_eq!(m_bucket(128), 128);
+    assert_eq!(m_bucket(129), 256);
+    assert_eq!(m_bucket(3537), 4096);
+}
