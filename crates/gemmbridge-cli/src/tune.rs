@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     candidates: usize,
     /// Timed samples per candidate.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 10)]
     reps: usize,
 }
 
@@ -89,10 +89,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     if report.improved { "yes" } else { "no" }
                 );
                 db.entries.insert(sig, tactic);
+                // saved after every problem, so an interrupted run keeps what it tuned
+                db.save(Path::new(&args.db)).with_context(|| format!("writing {}", args.db))?;
             }
         }
     }
-    db.save(Path::new(&args.db)).with_context(|| format!("writing {}", args.db))?;
     println!("{} tactics written to {} (merged with what was there)", db.entries.len(), args.db);
     Ok(0)
 }

@@ -198,7 +198,9 @@ fn graph_capture_after_prewarm() {
     let (ra, rw, rb) = (raw(&da, &s), raw(&dw, &s), raw(&dbias, &s));
     let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: 64 * 96 * 2 };
     let extras = RawExtras { bias: Some(rb), aux: None };
-    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    // thread-local: other tests run on other threads of this process meanwhile, and global
+    // mode would forbid their allocations
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
 
     s.begin_capture(mode).unwrap();
     // SAFETY: buffers of this context, alive for the whole test, used on `s` only.

@@ -54,31 +54,36 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;
     }
     s.synchronize()?;
-    let host_and_wall = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64)> {
-        let (mut hosts, mut walls) = (Vec::new(), Vec::new());
-        for _ in 0..BATCHES {
-            s.synchronize()?;
-            let t = Instant::now();
-            for _ in 0..BATCH {
-                f()?;
-            }
-            hosts.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
-            s.synchronize()?;
-            walls.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+    // One batch of BATCH calls: (host µs per call, wall µs per call).
+    let batch = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64)> {
+        s.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            f()?;
         }
-        Ok((median(hosts), median(walls)))
+        let host = t.elapsed().as_secs_f64() * 1e6 / BATCH as f64;
+        s.synchronize()?;
+        Ok((host, t.elapsed().as_secs_f64() * 1e6 / BATCH as f64))
     };
-    let (host_us, wall_us) = host_and_wall(&mut || Ok(gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
-    // SAFETY: the three buffers are live allocations of this context used only on `s`.
-    let (host_raw_us, _) = host_and_wall(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?;
-    // SAFETY: as above; the plan exists after the calls above.
-    let bare_lt_us = if gpu.has_lt() {
-        Some(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Lt, BATCHES, BATCH) }?)
-    } else {
-        None
-    };
-    // SAFETY: as above.
-    let bare_blas_us = unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Blas, BATCHES, BATCH) }?;
+    // The four ways are interleaved batch by batch, so that clock and cache drift over the
+    // measurement falls on all of them alike.
+    let (mut hosts, mut walls, mut raws, mut bare_lt, mut bare_blas) = (vec![], vec![], vec![], vec![], vec![]);
+    for _ in 0..BATCHES {
+        let (h, w) = batch(&mut || Ok(gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
+        hosts.push(h);
+        walls.push(w);
+        // SAFETY: the three buffers are live allocations of this context used only on `s`.
+        raws.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
+        if gpu.has_lt() {
+            // SAFETY: as above; the plan exists after the warm-up calls.
+            bare_lt.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Lt, 1, BATCH) }?);
+        }
+        // SAFETY: as above.
+        bare_blas.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Blas, 1, BATCH) }?);
+    }
+    let (host_us, wall_us, host_raw_us) = (median(hosts), median(walls), median(raws));
+    let bare_lt_us = (!bare_lt.is_empty()).then(|| median(bare_lt));
+    let bare_blas_us = median(bare_blas);
 
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
     for _ in 0..BATCH {
