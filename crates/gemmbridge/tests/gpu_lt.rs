@@ -132,6 +132,9 @@ fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: 
         }
     }
     eprintln!("{precision}: {cases} epilogue cases, worst rel error {worst:e}");
+    for f in &failures {
+        eprintln!("{f}");
+    }
     assert!(failures.is_empty(), "{} of {cases} failed:\n{}", failures.len(), failures.join("\n"));
 }
 

@@ -46,8 +46,8 @@ impl Gpu {
         let mut times = Vec::with_capacity(batches);
         match served {
             Served::Lt => {
-                let key = self.plan_key(&mut st, p, (a.address, b.address, c.address), None, stream)?;
                 let ws = *self.workspace(&mut st, stream, &|| p.describe())?;
+                let key = Gpu::plan_key(p, (a.address, b.address, c.address), None, ws.matmul_bytes);
                 let (Some(plan), Some(lt)) = (st.plans.get(&key), st.lt.as_ref()) else {
                     return Err(Error::Unsupported {
                         backend: "bare_host_us",

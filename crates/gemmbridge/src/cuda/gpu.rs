@@ -1,7 +1,7 @@
 //! The device owner: CUDA context, stream, cuBLAS and cuBLASLt handles, per-stream workspaces,
 //! the plan cache, and the GEMM entry points.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::sys as cublas_sys;
@@ -195,11 +195,11 @@ impl Gpu {
             blas,
             lt,
             backend: Backend::Auto,
-            workspaces: HashMap::new(),
+            workspaces: HashMap::default(),
             workspace_bytes: if major >= 9 { 32 << 20 } else { 4 << 20 },
-            plans: HashMap::new(),
-            lt_unsupported: HashSet::new(),
-            tuned: HashMap::new(),
+            plans: HashMap::default(),
+            lt_unsupported: HashSet::default(),
+            tuned: HashMap::default(),
         };
         Ok(Gpu { ctx, stream, state: Mutex::new(state) })
     }
@@ -560,20 +560,13 @@ impl Gpu {
         Ok(&st.workspaces[&key])
     }
 
-    pub(crate) fn plan_key(
-        &self,
-        st: &mut State,
-        p: &GemmProblem,
-        (a, b, c): (u64, u64, u64),
-        bias: Option<u64>,
-        stream: CUstream,
-    ) -> Result<PlanKey> {
+    /// The plan key of a call (`workspace`: the stream's matmul workspace, bytes).
+    pub(crate) fn plan_key(p: &GemmProblem, (a, b, c): (u64, u64, u64), bias: Option<u64>, ws: usize) -> PlanKey {
         let call = column_major_call(p);
         let (first, second) = call.operands(a, b);
-        let ws = self.workspace(st, stream, &|| p.describe())?.matmul_bytes;
         let aux = p.aux();
         let (aux_ld, aux_stride) = if p.uses_aux() { (aux.ld as i64, aux.batch_stride as i64) } else { (0, 0) };
-        Ok(PlanKey {
+        PlanKey {
             call,
             precision: p.precision(),
             epilogue: p.epilogue(),
@@ -581,7 +574,7 @@ impl Gpu {
             aux_stride,
             align: [alignment(first), alignment(second), alignment(c), bias.map_or(256, alignment)],
             workspace: ws,
-        })
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -618,11 +611,11 @@ impl Gpu {
                 align: 16,
             }));
         }
-        let key = self.plan_key(st, p, (a, b, c), bias_ptr, stream)?;
-        if st.lt_unsupported.contains(&key) {
-            return Err(LtFailure::NoAlgorithm(no_algorithm(p)));
-        }
+        let key = Gpu::plan_key(p, (a, b, c), bias_ptr, ws.matmul_bytes);
         if !st.plans.contains_key(&key) {
+            if st.lt_unsupported.contains(&key) {
+                return Err(LtFailure::NoAlgorithm(no_algorithm(p)));
+            }
             if is_capturing(stream)? {
                 return Err(LtFailure::Other(Error::NotCapturable {
                     action: "build a cuBLASLt plan (heuristic query)",

@@ -114,8 +114,7 @@ impl Gpu {
             });
         }
         let ws = *self.workspace(&mut st, stream, &|| p.describe())?;
-        let key =
-            self.plan_key(&mut st, p, (a.address, b.address, c.address), extras.bias.map(|v| v.address), stream)?;
+        let key = Gpu::plan_key(p, (a.address, b.address, c.address), extras.bias.map(|v| v.address), ws.matmul_bytes);
         let lt = st.lt.as_ref().expect("checked above");
         let plan = Plan::build(lt, &key, opts.candidates)?;
         let cands: Vec<Algorithm> =
