@@ -351,3 +351,19 @@ fn safe_path_rejects_short_buffers_before_launch() {
     );
     assert_eq!(download(&gpu, &c), vec![5.0f32; 77]);
 }
+
+/// α = 0: A and B are not read (inf and NaN there do not reach C), C = β·C, on every backend.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn alpha_zero_does_not_read_inputs() {
+    let gpu = gpu();
+    let p = GemmProblem::matmul(4, 4, 4, Precision::F32).unwrap();
+    let a = upload(&gpu, &[f32::INFINITY; 16]);
+    let b = upload(&gpu, &[f32::NAN; 16]);
+    for backend in [Backend::Auto, Backend::Blas, Backend::Lt] {
+        gpu.set_backend(backend);
+        let mut c = upload(&gpu, &[2.0f32; 16]);
+        gpu.gemm(&p, 0.0, &a, &b, 0.5, &mut c).unwrap();
+        assert_eq!(download(&gpu, &c), vec![1.0f32; 16], "{backend:?}");
+    }
+}

@@ -175,10 +175,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         bail!("--reps must be at least 1");
     }
     let backend = parse_backend(&args.backend)?;
-    let peer = match &args.peer {
-        Some(path) => Some(report::read_peer(path).with_context(|| format!("reading peer file {path}"))?),
-        None => None,
-    };
     let to_stdout = args.out.as_deref() == Some("-");
     let json: Option<Box<dyn Write>> = match args.out.as_deref() {
         None => None,
@@ -226,6 +222,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu"}),
     };
     sink.emit(&env)?;
+    let device = env.get("device").and_then(|d| d.as_str()).unwrap_or("cpu").to_string();
+    let peer = match &args.peer {
+        Some(path) => Some(report::read_peer(path, &device).with_context(|| format!("reading peer file {path}"))?),
+        None => None,
+    };
 
     let per_shape: u64 = dtypes.iter().map(|(d, _)| ops.iter().filter(|o| op_applies(o, d)).count() as u64).sum();
     let bar = ProgressBar::new(per_shape * shapes.len() as u64);

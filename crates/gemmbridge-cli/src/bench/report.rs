@@ -15,7 +15,7 @@ fn key(r: &Row) -> Key {
 
 /// Reads torch_peer.py's JSON lines, keeping the timed rows (skips "env", "launch", rows
 /// with an "error", and anything else without a median).
-pub fn read_peer(path: &str) -> anyhow::Result<Vec<Row>> {
+pub fn read_peer(path: &str, our_device: &str) -> anyhow::Result<Vec<Row>> {
     let text = std::fs::read_to_string(path)?;
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -23,6 +23,12 @@ pub fn read_peer(path: &str) -> anyhow::Result<Vec<Row>> {
             continue;
         }
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
+        if v.get("op").and_then(|o| o.as_str()) == Some("env") {
+            let theirs = v.get("device").and_then(|d| d.as_str()).unwrap_or("?");
+            if theirs != our_device {
+                eprintln!("warning: the peer ran on {theirs:?}, this run on {our_device:?}: the ratios compare different machines");
+            }
+        }
         if v.get("median_ms").is_none() || v.get("error").is_some() || v.get("scaling").is_some() {
             continue;
         }
@@ -188,13 +194,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gemmbridge-peer-{}", std::process::id()));
         std::fs::write(
             &dir,
-            "{\"op\": \"env\", \"torch\": \"2.11\"}\n\
+            "{\"op\": \"env\", \"torch\": \"2.11\", \"device\": \"cpu\"}\n\
              {\"op\": \"matmul\", \"dtype\": \"f16\", \"m\": 64, \"n\": 64, \"k\": 64, \"batch\": 1, \"median_ms\": 0.01, \"min_ms\": 0.009, \"tflops\": 0.05}\n\
              {\"op\": \"scaled_mm\", \"dtype\": \"fp8_e4m3\", \"scaling\": \"rowwise\", \"m\": 64, \"n\": 64, \"k\": 64, \"batch\": 1, \"median_ms\": 0.01, \"min_ms\": 0.01, \"tflops\": 0.05}\n\
              {\"op\": \"launch\", \"dtype\": \"f16\", \"m\": 64, \"n\": 64, \"k\": 64, \"host_us\": 13.8, \"wall_us\": 14.0, \"graph_us\": 2.1}\n",
         )
         .unwrap();
-        let rows = read_peer(dir.to_str().unwrap()).unwrap();
+        let rows = read_peer(dir.to_str().unwrap(), "cpu").unwrap();
         std::fs::remove_file(&dir).unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].op, "matmul");

@@ -507,6 +507,12 @@ impl Gpu {
         stream: CUstream,
     ) -> Result<Served> {
         let fused = p.epilogue() != Epilogue::None;
+        if alpha == 0.0 && !fused {
+            // BLAS semantics: A and B are not read; cuBLAS's k = 0 call gives C = β·C.
+            // SAFETY: forwarded.
+            unsafe { self.enqueue_blas(st, p, alpha, (a, b, c), beta, stream) }?;
+            return Ok(Served::Blas);
+        }
         let use_lt = match st.backend {
             Backend::Blas if fused => {
                 return Err(Error::Unsupported {
@@ -534,6 +540,18 @@ impl Gpu {
             match unsafe { self.enqueue_lt(st, p, alpha, (a, b, c), beta, bias, aux, stream) } {
                 Ok(()) => return Ok(Served::Lt),
                 Err(LtFailure::NoAlgorithm(_)) if st.backend == Backend::Auto && !fused => {}
+                Err(LtFailure::NoAlgorithm(_)) if p.epilogue().vector() == VectorUse::WritesGrad => {
+                    // cuBLASLt's BGRAD epilogues exist only for some layouts (on the H200 with
+                    // cuBLASLt 13.1: BiasGradA needs op(A) = T, BiasGradB needs op(B) = N;
+                    // docs/PERFORMANCE.md). Elsewhere: the plain GEMM, then the gradient as a
+                    // second GEMM against a ones vector.
+                    let plain = p.with_epilogue(Epilogue::None)?;
+                    // SAFETY: forwarded; the plain problem reads and writes a subset of p's.
+                    unsafe { self.enqueue(st, &plain, alpha, (a, b, c), beta, None, None, stream) }?;
+                    // SAFETY: forwarded; `bias` is the validated gradient buffer.
+                    unsafe { self.bias_grad_unfused(st, p, (a, b), bias.unwrap_or(0), stream) }?;
+                    return Ok(Served::Lt);
+                }
                 Err(LtFailure::NoAlgorithm(e) | LtFailure::Other(e)) => return Err(e),
             }
         }
@@ -692,6 +710,67 @@ impl Gpu {
         // SAFETY: forwarded.
         unsafe { self.blas_call(st, &call, p.precision(), alpha, first, second, beta, c, stream) }
             .map_err(|e| with_problem(e, p))
+    }
+
+    /// The bias gradient of `p` (sums of op(A)'s rows, or op(B)'s columns, over k) as a GEMM
+    /// against a vector of ones held in the stream's scratch region, written to `grad`.
+    ///
+    /// # Safety
+    /// `a`, `b`, `grad` validated for `p`; `stream` of this context.
+    unsafe fn bias_grad_unfused(
+        &self,
+        st: &mut State,
+        p: &GemmProblem,
+        (a, b): (u64, u64),
+        grad: u64,
+        stream: CUstream,
+    ) -> Result<()> {
+        use crate::layout::{MatrixLayout, Operand};
+        let ws = *self.workspace(st, stream, &|| p.describe())?;
+        let (k, prec) = (p.k(), p.precision());
+        let esz = prec.input().size_bytes();
+        if k * esz > ws.scratch_bytes {
+            return Err(Error::Unsupported {
+                backend: "cuBLASLt",
+                what: format!(
+                    "the bias gradient of {} (k = {k} exceeds the ones vector the scratch holds)",
+                    p.describe()
+                ),
+            });
+        }
+        // SAFETY: the scratch region is this stream's, sized above; stream-ordered memsets.
+        unsafe {
+            use cudarc::driver::sys::{cuMemsetD16Async, cuMemsetD32Async};
+            let r = match prec.input() {
+                DType::F32 => cuMemsetD32Async(ws.scratch, 1.0f32.to_bits(), k, stream),
+                DType::F16 => cuMemsetD16Async(ws.scratch, crate::half::f16::ONE.to_bits(), k, stream),
+                DType::BF16 => cuMemsetD16Async(ws.scratch, crate::half::bf16::ONE.to_bits(), k, stream),
+            };
+            r.result().map_err(status::driver("cuMemsetD16Async/cuMemsetD32Async"))?;
+        }
+        let (gp, ga, gb) = if p.epilogue() == Epilogue::BiasGradA {
+            // grad[m] = op(A)[m, k]·ones[k]
+            let g = GemmProblem::new(
+                p.a(),
+                Operand::n(MatrixLayout::row_major(k, 1)),
+                MatrixLayout::row_major(p.m(), 1),
+                1,
+                prec,
+            )?;
+            (g, a, ws.scratch)
+        } else {
+            // grad[n] = ones[k]ᵀ·op(B)[k, n]
+            let g = GemmProblem::new(
+                Operand::n(MatrixLayout::row_major(1, k)),
+                p.b(),
+                MatrixLayout::row_major(1, p.n()),
+                1,
+                prec,
+            )?;
+            (g, ws.scratch, b)
+        };
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_blas(st, &gp, 1.0, (ga, gb, grad), 0.0, stream) }
     }
 
     /// Binds the cuBLAS handle to `stream` (and its workspace) if needed, then one GemmEx call.
