@@ -150,7 +150,7 @@ impl Precision {
         Precision::ALL.into_iter().find(|p| p.name() == name)
     }
 
-    /// The accuracy band for ‖out − ref‖ / ‖ref‖ against a float64 reference (DEVELOPERS.md):
+    /// The accuracy band for ‖out − ref‖ / ‖ref‖ against a float64 reference (README.md, "Accuracy"):
     /// f32 1e-5, tf32 1e-3, f16/bf16 1e-2.
     pub fn tolerance(self) -> f64 {
         match (self.input, self.compute) {

@@ -41,3 +41,8 @@ pub use problem::{GemmProblem, MAX_DIM};
 
 /// Re-exported so callers use the same element types: [`half::f16`], [`half::bf16`].
 pub use half;
+
+/// The README's examples, compiled as doctests so that they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -124,3 +124,44 @@ fn bucketing_rule() {
     assert_eq!(m_bucket(129), 256);
     assert_eq!(m_bucket(3537), 4096);
 }
+
+/// Run as a child process by `concurrent_processes_merge` (it sets GEMMBRIDGE_DB_CHILD to
+/// "<path>,<id>"); run directly it has nothing to do.
+#[test]
+#[ignore = "helper process for concurrent_processes_merge"]
+fn db_writer_child() {
+    let Ok(spec) = std::env::var("GEMMBRIDGE_DB_CHILD") else { return };
+    let (path, id) = spec.rsplit_once(',').expect("path,id");
+    let id: u64 = id.parse().unwrap();
+    for round in 0..20 {
+        let mut db = TacticDb::new(identity());
+        db.entries.insert(format!("proc-{id}-{round}"), tactic(1.0, id));
+        db.entries.insert("shared".into(), tactic(2.0 + id as f64, id));
+        db.save(std::path::Path::new(path)).unwrap();
+    }
+}
+
+/// Four processes write the same database 20 times each, at once: every entry survives and
+/// the file always parses.
+#[test]
+fn concurrent_processes_merge() {
+    let path = tmp("processes");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..4u64)
+        .map(|id| {
+            std::process::Command::new(&exe)
+                .args(["--ignored", "--exact", "db_writer_child", "--test-threads", "1"])
+                .env("GEMMBRIDGE_DB_CHILD", format!("{},{id}", path.display()))
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let (db, warnings) = TacticDb::load(&path, &identity());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(db.entries.len(), 4 * 20 + 1);
+    assert_eq!(db.entries["shared"].tuned_ms, 2.0);
+}

@@ -415,7 +415,10 @@ impl Gpu {
     /// - nothing writes A or B, or touches C, concurrently with the GEMM except in stream order.
     ///
     /// # Errors
-    /// As [`Gpu::gemm`], all before anything is enqueued, except [`Error::Cublas`].
+    /// Before anything is enqueued, with no buffer touched: [`Error::NullPointer`],
+    /// [`Error::Misaligned`], [`Error::BufferTooSmall`], [`Error::OutputOverlapsInput`]. From
+    /// the launch: [`Error::Cublas`] (status by name), [`Error::NotCapturable`] (a plan or
+    /// workspace would be created while `stream` is capturing), [`Error::Driver`].
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm_raw(
         &self,
@@ -608,8 +611,10 @@ impl Gpu {
         stream: CUstream,
     ) -> std::result::Result<(), LtFailure> {
         let ws = *self.workspace(st, stream, &|| p.describe())?;
-        // cuBLASLt needs a 16-byte-aligned bias (docs/BACKGROUND.md; seen elsewhere as a fault
-        // on misaligned bias). A bias that is not is staged through the workspace's scratch.
+        // cuBLASLt is given only 16-byte-aligned bias vectors: a public cuBLASLt integration
+        // (Marian NMT, src/tensors/gpu/prod.cpp) found misaligned ones fail and uses 16 bytes;
+        // the exact requirement was not probed here. Any other bias is staged through the
+        // stream's scratch region (a stream-ordered copy of n elements), so it never faults.
         let vec_bytes = p.vector_len() * p.precision().output().size_bytes();
         let stage = bias.filter(|&v| v % 16 != 0);
         if stage.is_some() && vec_bytes > ws.scratch_bytes {
