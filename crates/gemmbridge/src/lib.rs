@@ -37,7 +37,7 @@ pub use dtype::{Compute, DType, Element, Precision};
 pub use epilogue::Epilogue;
 pub use error::{Error, Result, Which};
 pub use layout::{MatrixLayout, Op, Operand};
-pub use problem::{GemmProblem, MAX_DIM};
+pub use problem::{GemmProblem, AUX_LD_MULTIPLE, MAX_DIM};
 
 /// Re-exported so callers use the same element types: [`half::f16`], [`half::bf16`].
 pub use half;

@@ -80,7 +80,7 @@ pub enum Served {
     Lt,
 }
 
-/// What tuning found for a problem (see [`Gpu::autotune`]).
+/// What tuning found for a problem (see [`Gpu::autotune_raw`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TuneReport {
     /// Median time of the heuristic's first choice, ms.

@@ -4,7 +4,7 @@
 //!   [`Gpu::gemm`] / [`Gpu::gemm_fused`] (safe, cudarc buffers) and [`Gpu::gemm_raw`] /
 //!   [`Gpu::gemm_raw_fused`] (unsafe, raw device addresses on the caller's stream).
 //! - [`Backend`]: cuBLAS, cuBLASLt, or Auto (cuBLASLt where it serves).
-//! - [`Gpu::prewarm`], [`Gpu::autotune`] and the [`tactics`] database.
+//! - [`Gpu::prewarm`], [`Gpu::autotune_raw`] and the [`tactics`] database.
 //! - [`DeviceInfo`]: what `gemmbridge info` prints.
 //! - [`library`]: checks that the shared libraries load, with named errors.
 
