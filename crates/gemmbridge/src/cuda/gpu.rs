@@ -363,38 +363,15 @@ impl Gpu {
         let (pa, _ra) = a.device_ptr(s);
         let (pb, _rb) = b.device_ptr(s);
         let (pc, _wc) = c.device_ptr_mut(s);
-        let vec_len = bias.as_ref().map(|v| v.num_bytes()).or(bias_grad.as_ref().map(|v| v.num_bytes()));
-        let aux_len = aux_in.as_ref().map(|v| v.num_bytes()).or(aux_out.as_ref().map(|v| v.num_bytes()));
-        let (pv, _gv) = match (bias, bias_grad) {
-            (Some(v), _) => {
-                let (p, g) = v.device_ptr(s);
-                (Some(p), Some(g))
-            }
-            (None, Some(v)) => {
-                let (p, g) = v.device_ptr_mut(s);
-                (Some(p), Some(g))
-            }
-            (None, None) => (None, None),
-        };
-        let (px, _gx) = match (aux_in, aux_out) {
-            (Some(v), _) => {
-                let (p, g) = v.device_ptr(s);
-                (Some(p), Some(g))
-            }
-            (None, Some(v)) => {
-                let (p, g) = v.device_ptr_mut(s);
-                (Some(p), Some(g))
-            }
-            (None, None) => (None, None),
-        };
+        let (pv, vec_len, _gv) = either_ptr(bias, bias_grad, s);
+        let (px, aux_len, _gx) = either_ptr(aux_in, aux_out, s);
         let raw = |address, len_bytes| RawBuffer { address, len_bytes };
         let descs = [
             BufferDesc { address: pa, len_bytes: la, dtype: TI::DTYPE },
             BufferDesc { address: pb, len_bytes: lb, dtype: TI::DTYPE },
             BufferDesc { address: pc, len_bytes: lc, dtype: TO::DTYPE },
         ];
-        let extras =
-            RawExtras { bias: pv.zip(vec_len).map(|(a, l)| raw(a, l)), aux: px.zip(aux_len).map(|(a, l)| raw(a, l)) };
+        let extras = RawExtras { bias: pv.map(|a| raw(a, vec_len)), aux: px.map(|a| raw(a, aux_len)) };
         self.ctx.bind_to_thread().map_err(status::driver("cuCtxSetCurrent"))?;
         // SAFETY: every address comes from a live cudarc allocation of this context, borrowed
         // for this call (cudarc's events, recorded when the guards drop after the enqueue,
@@ -453,9 +430,7 @@ impl Gpu {
         extras: RawExtras,
         stream: CUstream,
     ) -> Result<()> {
-        let prec = p.precision();
-        let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
-        let descs = [desc(a, prec.input()), desc(b, prec.input()), desc(c, prec.output())];
+        let descs = raw_descs(p, a, b, c);
         self.ctx.bind_to_thread().map_err(status::driver("cuCtxSetCurrent"))?;
         // SAFETY: forwarded from the caller.
         unsafe { self.checked_enqueue(p, alpha, descs, beta, extras, stream) }
@@ -471,10 +446,7 @@ impl Gpu {
         extras: RawExtras,
         stream: CUstream,
     ) -> Result<()> {
-        check_buffers(p, a, b, c)?;
-        let out = p.precision().output();
-        let d = |r: RawBuffer| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype: out };
-        check_epilogue(p, [a, b, c], extras.bias.map(d), extras.aux.map(d))?;
+        check_all(p, [a, b, c], extras)?;
         if p.is_empty() {
             return Ok(());
         }
@@ -891,6 +863,43 @@ impl Gpu {
         // SAFETY: forwarded from the caller.
         unsafe { self.blas_call(&mut st, call, precision, alpha, first, second, beta, c, self.stream.cu_stream()) }
     }
+}
+
+/// The address, length in bytes and cudarc guard of an operand given either for reading or for
+/// writing (never both: the caller has checked).
+fn either_ptr<'g, 'o: 'g, T>(
+    read: Option<&'g (dyn DevicePtr<T> + 'o)>,
+    write: Option<&'g mut (dyn DevicePtrMut<T> + 'o)>,
+    s: &'g CudaStream,
+) -> (Option<u64>, usize, Option<cudarc::driver::SyncOnDrop<'g>>) {
+    match (read, write) {
+        (Some(v), _) => {
+            let len = v.num_bytes();
+            let (p, g) = v.device_ptr(s);
+            (Some(p), len, Some(g))
+        }
+        (None, Some(v)) => {
+            let len = v.num_bytes();
+            let (p, g) = v.device_ptr_mut(s);
+            (Some(p), len, Some(g))
+        }
+        (None, None) => (None, 0, None),
+    }
+}
+
+/// Buffer descriptions of raw A, B, C for `p` (inputs of the input dtype, C of the output's).
+pub(crate) fn raw_descs(p: &GemmProblem, a: RawBuffer, b: RawBuffer, c: RawBuffer) -> [BufferDesc; 3] {
+    let prec = p.precision();
+    let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
+    [desc(a, prec.input()), desc(b, prec.input()), desc(c, prec.output())]
+}
+
+/// Every buffer check for a call: A, B, C, then the epilogue's operands.
+pub(crate) fn check_all(p: &GemmProblem, [a, b, c]: [BufferDesc; 3], extras: RawExtras) -> Result<()> {
+    check_buffers(p, a, b, c)?;
+    let out = p.precision().output();
+    let d = |r: RawBuffer| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype: out };
+    check_epilogue(p, [a, b, c], extras.bias.map(d), extras.aux.map(d))
 }
 
 enum LtFailure {

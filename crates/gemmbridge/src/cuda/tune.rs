@@ -4,7 +4,7 @@
 use cudarc::driver::result::event;
 use cudarc::driver::sys::{CUevent, CUevent_flags, CUstream};
 
-use super::gpu::{Gpu, RawBuffer, RawExtras, TuneReport};
+use super::gpu::{check_all, raw_descs, Gpu, RawBuffer, RawExtras, TuneReport};
 use super::lt::{Algorithm, Plan};
 use super::status;
 use super::tactics::{signature, Tactic};
@@ -13,7 +13,6 @@ use crate::error::{Error, Result};
 use crate::half::{bf16, f16};
 use crate::problem::GemmProblem;
 use crate::reference::rel_error;
-use crate::validate::{check_buffers, check_epilogue, BufferDesc};
 
 /// How hard to tune.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -86,11 +85,7 @@ impl Gpu {
         opts: TuneOptions,
     ) -> Result<(TuneReport, String, Tactic)> {
         let prec = p.precision();
-        let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
-        let descs = [desc(a, prec.input()), desc(b, prec.input()), desc(c, prec.output())];
-        check_buffers(p, descs[0], descs[1], descs[2])?;
-        let d = |r: RawBuffer| desc(r, prec.output());
-        check_epilogue(p, descs, extras.bias.map(d), extras.aux.map(d))?;
+        check_all(p, raw_descs(p, a, b, c), extras)?;
         if p.is_empty() || p.k() == 0 {
             return Err(Error::Unsupported {
                 backend: "autotune",
