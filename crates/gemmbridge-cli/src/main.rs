@@ -11,7 +11,11 @@ mod tune;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "gemmbridge", version, about = "Row-major GEMM on cuBLAS: info, probe, bench")]
+#[command(
+    name = "gemmbridge",
+    version,
+    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -27,10 +27,7 @@ const N: usize = 512;
 pub fn run() -> anyhow::Result<i32> {
     let gpu = match Gpu::new(0) {
         Ok(g) => g,
-        Err(e) => {
-            println!("probe needs a CUDA GPU: {e}");
-            return Ok(1);
-        }
+        Err(e) => anyhow::bail!("probe needs a CUDA GPU: {e}"),
     };
     let info = gpu.info()?;
     println!(

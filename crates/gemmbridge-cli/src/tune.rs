@@ -47,27 +47,38 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let Some(shapes) = suites::shapes(&args.suite) else {
         bail!("unknown suite {:?}; choose one of {}", args.suite, suites::NAMES.join(", "));
     };
+    let mut jobs: Vec<(&str, Precision, &str)> = Vec::new();
+    for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let Some(prec) = precision_of(d) else { bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16") };
+        for op in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            if !OPS.contains(&op) {
+                bail!("unknown op {op:?}; choose from {}", OPS.join(", "));
+            }
+            if op_applies(op, d) {
+                jobs.push((d, prec, op));
+            }
+        }
+    }
+    if jobs.is_empty() {
+        bail!("nothing to tune: --dtypes and --ops select no problem");
+    }
+    if args.candidates == 0 || args.candidates > 32 || args.reps == 0 {
+        bail!("--candidates must be 1..=32 and --reps at least 1");
+    }
     let gpu = Gpu::new(0).context("tune needs a CUDA GPU")?;
     if !gpu.has_lt() {
         bail!("tune needs cuBLASLt (libcublasLt), which was not found");
     }
     // SAFETY: every buffer tune allocates is used only on gpu.stream().
     unsafe { gpu.context().disable_event_tracking() };
-    let opts = TuneOptions { candidates: args.candidates, reps: args.reps.max(1), ..TuneOptions::default() };
+    let opts = TuneOptions { candidates: args.candidates, reps: args.reps, ..TuneOptions::default() };
     let mut db = TacticDb::new(identity(&gpu)?);
     println!(
         "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>6} {:>6}",
         "op", "dtype", "m", "n", "k", "heur. ms", "tuned ms", "gain", "cands", "wrong", "kept"
     );
-    for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        let Some(prec) = precision_of(d) else { bail!("unknown dtype {d:?}") };
-        for op in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
-            if !OPS.contains(&op) {
-                bail!("unknown op {op:?}; choose from {}", OPS.join(", "));
-            }
-            if !op_applies(op, d) {
-                continue;
-            }
+    for &(d, prec, op) in &jobs {
+        {
             for &shape in &shapes {
                 let (report, sig, tactic) = match prec.input() {
                     DType::F32 => tune_one::<f32>(&gpu, op, shape, prec, opts)?,

@@ -20,8 +20,9 @@
 //! `DGelu` with the saved `aux`.
 //!
 //! Extra operands are contiguous vectors (`bias`, `bias_grad`) or a row-major `[m, n]` matrix
-//! with its own leading dimension (`aux`, per batch entry at `aux_batch_stride`), all of the
-//! output dtype.
+//! with its own leading dimension and batch stride (`aux`, [`GemmProblem::aux`](crate::GemmProblem::aux)),
+//! all of the output dtype. The bias gradient is the plain sum over k, not scaled by α. For an
+//! empty problem (m, n or batch 0) nothing is written, the bias gradient included.
 
 /// Which epilogue to fuse. See the module documentation for what each computes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

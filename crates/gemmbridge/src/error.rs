@@ -179,7 +179,7 @@ pub enum Error {
     OutputOverlapsInput {
         /// The output written (C, or the epilogue's aux or bias gradient).
         output: Which,
-        /// The input operand overlapped (A or B).
+        /// The other operand overlapped (A, B, C, bias or aux).
         input: Which,
         /// First byte address of the output's extent.
         out_start: u64,

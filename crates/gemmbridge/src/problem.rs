@@ -57,7 +57,10 @@ impl GemmProblem {
         a.layout.check_ld(Which::A)?;
         b.layout.check_ld(Which::B)?;
         c.check_ld(Which::C)?;
-        let aux = MatrixLayout::row_major(c.rows, c.cols).with_ld(c.cols.next_multiple_of(AUX_LD_MULTIPLE));
+        // default aux layout: ld = n rounded up to 8 (overflow is impossible past the MAX_DIM
+        // checks below, but those run on the built problem; saturate meanwhile)
+        let aux_ld = c.cols.checked_next_multiple_of(AUX_LD_MULTIPLE).unwrap_or(c.cols);
+        let aux = MatrixLayout::row_major(c.rows, c.cols).with_ld(aux_ld);
         let p = GemmProblem { a, b, c, batch, precision, epilogue: Epilogue::None, aux };
         for (what, value) in [
             ("m", p.m()),
@@ -170,15 +173,24 @@ impl GemmProblem {
     /// Sets the aux operand's layout (row-major `[m, n]`, in elements).
     ///
     /// # Errors
-    /// [`Error::ShapeMismatch`]-style [`Error::AuxLayout`] when it is not `[m, n]`, its ld is
-    /// below n or not a multiple of [`AUX_LD_MULTIPLE`], or (batch > 1) its batch stride is
-    /// below one matrix's extent.
+    /// [`Error::AuxLayout`] when it is not `[m, n]`, its ld is below n, not a multiple of
+    /// [`AUX_LD_MULTIPLE`] or above [`MAX_DIM`], its batch stride is above `i64::MAX`, or
+    /// (batch > 1) its batch stride is below one matrix's extent; [`Error::EpilogueOperand`]
+    /// when the epilogue uses no aux (set the epilogue first).
     pub fn with_aux_layout(self, aux: MatrixLayout) -> Result<GemmProblem> {
+        if !self.uses_aux() {
+            return Err(Error::EpilogueOperand {
+                epilogue: self.epilogue,
+                operand: "aux",
+                problem: "layout was given but is not used",
+            });
+        }
         let bad = aux.rows != self.m()
             || aux.cols != self.n()
             || aux.ld < aux.cols
             || !aux.ld.is_multiple_of(AUX_LD_MULTIPLE)
             || aux.ld > MAX_DIM
+            || aux.batch_stride > i64::MAX as usize
             || (self.batch > 1 && aux.batch_stride < aux.extent())
             || aux.required_elems(self.batch).is_none();
         if bad {

@@ -66,7 +66,8 @@ fn check_one(which: Which, buf: BufferDesc, expected: DType, layout: MatrixLayou
 }
 
 /// Checks the epilogue's operands: present exactly when used, long enough, element-aligned,
-/// and (when written) not overlapping A, B or C.
+/// and no operand the call writes (C, a written aux or bias gradient) sharing a byte with any
+/// other operand. Addresses are fake-able: nothing is dereferenced.
 ///
 /// # Errors
 /// [`Error::EpilogueOperand`], then as [`check_buffers`] for [`Which::Bias`] / [`Which::Aux`],
@@ -87,28 +88,32 @@ pub fn check_epilogue(
     presence("bias", e.vector() != VectorUse::None, bias.is_some())?;
     presence("aux", e.aux() != AuxUse::None, aux.is_some())?;
     let out = p.precision().output();
-    let mut written: Vec<(Which, Extent)> = Vec::new();
+    let batch = if p.is_empty() { 0 } else { p.batch() };
+    // every operand with the bytes it spans and whether the call writes it
+    let mut spans: Vec<(Which, Extent, bool)> = Vec::new();
+    for (which, buf, layout, written) in
+        [(Which::A, a, p.a().layout, false), (Which::B, b, p.b().layout, false), (Which::C, c, p.c(), true)]
+    {
+        let bytes = layout.required_elems(batch).unwrap_or(0).saturating_mul(buf.dtype.size_bytes());
+        spans.push((which, Extent { start: buf.address, end: buf.address.saturating_add(bytes as u64) }, written));
+    }
     if let Some(v) = bias {
         let ext = check_one(Which::Bias, v, out, MatrixLayout::row_major(1, p.vector_len()), 1)?;
-        if e.vector() == VectorUse::WritesGrad {
-            written.push((Which::Bias, ext));
-        }
+        spans.push((Which::Bias, ext, e.vector() == VectorUse::WritesGrad));
     }
     if let Some(x) = aux {
-        let ext = check_one(Which::Aux, x, out, p.aux(), p.batch())?;
-        if e.aux() == AuxUse::Writes {
-            written.push((Which::Aux, ext));
-        }
+        let ext = check_one(Which::Aux, x, out, p.aux(), batch)?;
+        spans.push((Which::Aux, ext, e.aux() == AuxUse::Writes));
     }
-    let layouts = [(Which::A, a, p.a().layout), (Which::B, b, p.b().layout), (Which::C, c, p.c())];
-    for (output, w) in written {
-        for (which, buf, layout) in layouts {
-            let bytes = layout.required_elems(p.batch()).unwrap_or(0) * buf.dtype.size_bytes();
-            let r = Extent { start: buf.address, end: buf.address + bytes as u64 };
-            if w.start < w.end && r.start < r.end && w.start < r.end && r.start < w.end {
+    // no written operand may share a byte with any other operand (A–C and B–C are reported
+    // by check_buffers already, in the same terms)
+    for (i, &(wo, w, writes)) in spans.iter().enumerate() {
+        for (j, &(other, r, other_writes)) in spans.iter().enumerate() {
+            let overlaps = w.start < w.end && r.start < r.end && w.start < r.end && r.start < w.end;
+            if i != j && writes && overlaps && (!other_writes || i < j) {
                 return Err(Error::OutputOverlapsInput {
-                    output,
-                    input: which,
+                    output: wo,
+                    input: other,
                     out_start: w.start,
                     out_end: w.end,
                     in_start: r.start,

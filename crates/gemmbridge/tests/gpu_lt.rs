@@ -178,6 +178,13 @@ fn blas_backend_refuses_epilogues() {
     let p = p.with_epilogue(Epilogue::Bias).unwrap();
     let e = gpu.gemm(&p, 1.0, &a, &a, 0.0, &mut c).unwrap_err();
     assert!(matches!(e, Error::EpilogueOperand { operand: "bias", .. }), "{e}");
+    // an operand the epilogue writes cannot be passed read-only
+    let grad = s.clone_htod(&[7.0f32; 8]).unwrap();
+    let g = p.with_epilogue(Epilogue::BiasGradB).unwrap();
+    let e =
+        gpu.gemm_fused(&g, 1.0, &a, &a, 0.0, &mut c, Extras { bias: Some(&grad), ..Extras::default() }).unwrap_err();
+    assert!(matches!(e, Error::EpilogueOperand { operand: "bias", .. }), "{e}");
+    assert_eq!(s.clone_dtoh(&grad).unwrap(), vec![7.0f32; 8]);
 }
 
 fn raw<T>(s: &CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> RawBuffer {

@@ -165,3 +165,31 @@ fn concurrent_processes_merge() {
     assert_eq!(db.entries.len(), 4 * 20 + 1);
     assert_eq!(db.entries["shared"].tuned_ms, 2.0);
 }
+
+#[test]
+fn save_never_overwrites_a_foreign_or_corrupt_file_nor_writes_nan() {
+    let path = tmp("overwrite");
+    let mut other = TacticDb::new(Identity { gpu: "NVIDIA A100-SXM4-80GB".into(), sm: "8.0".into(), cublaslt: 130100 });
+    other.entries.insert("a100".into(), tactic(0.5, 1));
+    other.save(&path).unwrap();
+    let mut mine = TacticDb::new(identity());
+    mine.entries.insert("h200".into(), tactic(0.5, 2));
+    let e = mine.save(&path).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+    assert!(e.to_string().contains("foreign"), "{e}");
+    let (still, _) = TacticDb::load(&path, &other.identity);
+    assert!(still.entries.contains_key("a100"));
+
+    std::fs::write(&path, "{ not json").unwrap();
+    assert_eq!(mine.save(&path).unwrap_err().kind(), std::io::ErrorKind::AlreadyExists);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "{ not json");
+
+    let path = tmp("nan");
+    let mut bad = TacticDb::new(identity());
+    bad.entries.insert("nan".into(), tactic(f64::NAN, 3));
+    assert_eq!(bad.save(&path).unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+    let mut good = TacticDb::new(identity());
+    good.entries.insert("nan".into(), tactic(1.0, 4));
+    good.merge(&bad);
+    assert_eq!(good.entries["nan"].tuned_ms, 1.0);
+}

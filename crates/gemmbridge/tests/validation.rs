@@ -122,3 +122,34 @@ fn epilogue_layout_errors() {
     .unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
 }
+
+#[test]
+fn every_written_operand_is_checked_for_overlap() {
+    let p = GemmProblem::linear(4, 6, 5, Precision::BF16).unwrap();
+    let abc = [desc(0x1000, 40, DType::BF16), desc(0x2000, 60, DType::BF16), desc(0x3000, 48, DType::BF16)];
+    // a bias read from inside C (which is written)
+    let bias = p.with_epilogue(Epilogue::Bias).unwrap();
+    let e = check_epilogue(&bias, abc, Some(desc(0x3000 + 4, 12, DType::BF16)), None).unwrap_err();
+    assert!(matches!(e, Error::OutputOverlapsInput { output: Which::C, input: Which::Bias, .. }), "{e}");
+    // a DGelu aux (read) overlapping C
+    let dgelu = p.with_epilogue(Epilogue::DGelu).unwrap();
+    let e = check_epilogue(&dgelu, abc, None, Some(desc(0x3000 - 16, 60, DType::BF16))).unwrap_err();
+    assert!(matches!(e, Error::OutputOverlapsInput { output: Which::C, input: Which::Aux, .. }), "{e}");
+    // a written aux on top of the bias it reads
+    let both = p.with_epilogue(Epilogue::GeluAuxBias).unwrap();
+    let e = check_epilogue(&both, abc, Some(desc(0x5000, 12, DType::BF16)), Some(desc(0x5000, 60, DType::BF16)))
+        .unwrap_err();
+    assert!(matches!(e, Error::OutputOverlapsInput { output: Which::Aux, input: Which::Bias, .. }), "{e}");
+    // addresses near the top of the address space do not overflow
+    let top = [desc(u64::MAX - 1, 40, DType::BF16), desc(0x2000, 60, DType::BF16), desc(0x3000, 48, DType::BF16)];
+    assert!(check_epilogue(&bias, top, Some(desc(0x4000, 12, DType::BF16)), None).is_ok());
+}
+
+#[test]
+fn aux_layout_only_for_aux_epilogues_and_huge_n_is_an_error() {
+    let p = GemmProblem::linear(4, 6, 5, Precision::BF16).unwrap();
+    let e = p.with_aux_layout(MatrixLayout::row_major(4, 6).with_ld(8)).unwrap_err();
+    assert!(matches!(e, Error::EpilogueOperand { operand: "aux", .. }), "{e}");
+    let e = GemmProblem::matmul(1, usize::MAX, 1, Precision::BF16).unwrap_err();
+    assert!(matches!(e, Error::DimensionTooLarge { .. }), "{e}");
+}

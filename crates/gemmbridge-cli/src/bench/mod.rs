@@ -111,13 +111,14 @@ pub fn precision_of(dtype: &str) -> Option<Precision> {
 
 /// The problem an op names: matmul x[m,k]·w[k,n]; linear x[m,k]·w[n,k]ᵀ, plus bias, plus
 /// bias and GELU (tanh approximation, as PyTorch's `_addmm_activation` through cuBLASLt).
-pub fn problem(op: &str, (m, n, k): Shape, precision: Precision) -> gemmbridge::Result<GemmProblem> {
-    match op {
-        "matmul" => GemmProblem::matmul(m, n, k, precision),
-        "linear" => GemmProblem::linear(m, n, k, precision),
-        "linear_bias" => GemmProblem::linear(m, n, k, precision)?.with_epilogue(Epilogue::Bias),
-        _ => GemmProblem::linear(m, n, k, precision)?.with_epilogue(Epilogue::GeluBias),
-    }
+pub fn problem(op: &str, (m, n, k): Shape, precision: Precision) -> anyhow::Result<GemmProblem> {
+    Ok(match op {
+        "matmul" => GemmProblem::matmul(m, n, k, precision)?,
+        "linear" => GemmProblem::linear(m, n, k, precision)?,
+        "linear_bias" => GemmProblem::linear(m, n, k, precision)?.with_epilogue(Epilogue::Bias)?,
+        "linear_bias_gelu" => GemmProblem::linear(m, n, k, precision)?.with_epilogue(Epilogue::GeluBias)?,
+        other => bail!("unknown op {other:?}; choose from {}", OPS.join(", ")),
+    })
 }
 
 /// Input sets to rotate through, as torch_peer.py's `rotation`: as many as fit 512 MiB,
@@ -174,17 +175,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if args.reps == 0 {
         bail!("--reps must be at least 1");
     }
+    if ops.is_empty() && !launch {
+        bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
+    }
     let backend = parse_backend(&args.backend)?;
     let to_stdout = args.out.as_deref() == Some("-");
-    let json: Option<Box<dyn Write>> = match args.out.as_deref() {
-        None => None,
-        Some("-") => Some(Box::new(std::io::stdout())),
-        Some(path) => Some(Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path).with_context(|| format!("creating {path}"))?,
-        ))),
-    };
-    let mut sink = Sink { json };
-
     let gpu = match Gpu::new(0) {
         Ok(g) => {
             // SAFETY: every buffer the benchmark allocates is created, used and dropped on
@@ -204,10 +199,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
             eprintln!("no CUDA GPU: running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
             eprintln!("  (f32 accumulation; tf32 runs as f32; fused ops and launch rows need a GPU)");
+            if args.backend != "auto" || args.db.is_some() {
+                eprintln!("  (--backend and --db apply to the GPU only and are ignored here)");
+            }
             eprintln!("  reason: {e}");
             shapes = suites::CPU.to_vec();
             ops.retain(|o| o == "matmul" || o == "linear");
             launch = false;
+            if ops.is_empty() {
+                bail!("nothing to run on the CPU backend: it runs only the matmul and linear ops");
+            }
             None
         }
     };
@@ -221,12 +222,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu"}),
     };
-    sink.emit(&env)?;
     let device = env.get("device").and_then(|d| d.as_str()).unwrap_or("cpu").to_string();
     let peer = match &args.peer {
         Some(path) => Some(report::read_peer(path, &device).with_context(|| format!("reading peer file {path}"))?),
         None => None,
     };
+    // the output file is created only once everything that can fail early has been read
+    let json: Option<Box<dyn Write>> = match args.out.as_deref() {
+        None => None,
+        Some("-") => Some(Box::new(std::io::stdout())),
+        Some(path) => Some(Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {path}"))?,
+        ))),
+    };
+    let mut sink = Sink { json };
+    sink.emit(&env)?;
 
     let per_shape: u64 = dtypes.iter().map(|(d, _)| ops.iter().filter(|o| op_applies(o, d)).count() as u64).sum();
     let bar = ProgressBar::new(per_shape * shapes.len() as u64);

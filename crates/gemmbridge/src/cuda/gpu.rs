@@ -67,7 +67,9 @@ pub enum Backend {
     Auto,
     /// cuBLAS (`cublasGemmEx` / `cublasGemmStridedBatchedEx`); no epilogues.
     Blas,
-    /// cuBLASLt (`cublasLtMatmul`) with cached plans; an error where it cannot run.
+    /// cuBLASLt (`cublasLtMatmul`) with cached plans; an error where it cannot run. Two cases
+    /// still go to cuBLAS: α = 0 without an epilogue (C = β·C, A and B not read) and the
+    /// unfused bias gradient where cuBLASLt has no BGRAD algorithm.
     Lt,
 }
 
@@ -91,7 +93,8 @@ pub struct TuneReport {
     pub candidates: usize,
     /// Candidates whose output did not match the first choice's (never kept).
     pub mismatched: usize,
-    /// The noise threshold used: max(2%, the first choice timed twice), as a fraction.
+    /// The noise threshold used: max(`TuneOptions::min_gain`, the relative difference of the
+    /// first choice timed twice), as a fraction.
     pub threshold: f64,
     /// Whether a candidate other than the heuristic's first choice was kept.
     pub improved: bool,
@@ -110,7 +113,7 @@ pub(crate) struct State {
     pub lt: Option<LtHandle>,
     pub backend: Backend,
     /// Per stream (keyed by its address), its workspace. Never shared between streams.
-    pub workspaces: HashMap<usize, Workspace>,
+    pub workspaces: HashMap<(usize, Option<std::thread::ThreadId>), Workspace>,
     pub workspace_bytes: usize,
     pub plans: HashMap<PlanKey, Plan>,
     /// Problems cuBLASLt's heuristic had no algorithm for (Auto then uses cuBLAS).
@@ -134,12 +137,18 @@ unsafe impl Send for State {}
 /// gemmbridge: [`Gpu::gemm`] enqueues on [`Gpu::stream`], [`Gpu::gemm_raw`] on the stream the
 /// caller passes, and both return once the work is enqueued. Each stream gets its own
 /// workspace ([`Gpu::set_workspace_bytes`]; 32 MiB on Hopper and later, 4 MiB before, the
-/// sizes cuBLASLt's documentation recommends), so two streams never share one.
+/// sizes cuBLASLt's documentation recommends, plus 1 MiB of scratch), so two streams never
+/// share one (`CU_STREAM_PER_THREAD` gets one per host thread). Workspaces are keyed by the
+/// stream handle and kept until the `Gpu` is dropped: a program that creates many
+/// short-lived streams should give each its own `Gpu`, and must not reuse a `Gpu` on a new
+/// stream while work of a destroyed stream with the same handle may still be running.
 ///
 /// # Graph capture
 /// Every call can be captured into a CUDA graph on its stream once its plan and the stream's
 /// workspace exist (after one ordinary call or [`Gpu::prewarm`]); a call that would have to
-/// create either while capturing fails with [`Error::NotCapturable`] instead.
+/// create either while capturing fails with [`Error::NotCapturable`] instead. A captured graph
+/// uses the capture stream's workspace: replay it on that stream (or serialised with it), and
+/// not after the `Gpu` is dropped.
 ///
 /// # Errors at creation
 /// [`Error::LibraryNotFound`] when libcuda or libcublas cannot be loaded, [`Error::NoDevice`]
@@ -298,10 +307,16 @@ impl Gpu {
 
     /// [`Gpu::gemm`] with the epilogue's extra operands ([`crate::epilogue`]): a bias it reads,
     /// a bias gradient or aux it writes, an aux it reads. All of the output's element type.
+    /// An aux must be 16-byte aligned; a bias that is not is staged through the stream's
+    /// 1 MiB scratch region (so at most 1 MiB of bias). With an epilogue, α = 0 still reads
+    /// A and B (cuBLASLt computes the product); without one it never does.
     ///
     /// # Errors
     /// As [`Gpu::gemm`]; [`Error::EpilogueOperand`] when an operand the epilogue needs is
-    /// missing or one it does not use is given.
+    /// missing, one it does not use is given, or one it writes is passed read-only;
+    /// [`Error::Misaligned`] for an aux off 16 bytes; [`Error::Unsupported`] with
+    /// [`Backend::Blas`] or past the staging limit; [`Error::LibraryNotFound`] without
+    /// libcublasLt.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_fused<TI, TO, A, B, C>(
         &self,
@@ -343,6 +358,22 @@ impl Gpu {
                     expected: self.ctx.ordinal(),
                 });
             }
+        }
+        use crate::epilogue::AuxUse;
+        let e = p.epilogue();
+        if bias.is_some() && e.vector() == VectorUse::WritesGrad {
+            return Err(Error::EpilogueOperand {
+                epilogue: e,
+                operand: "bias",
+                problem: "is written by this epilogue: pass it as bias_grad (&mut), not bias (&)",
+            });
+        }
+        if aux_in.is_some() && e.aux() == AuxUse::Writes {
+            return Err(Error::EpilogueOperand {
+                epilogue: e,
+                operand: "aux",
+                problem: "is written by this epilogue: pass it as aux_out (&mut), not aux_in (&)",
+            });
         }
         if bias.is_some() && bias_grad.is_some() {
             return Err(Error::EpilogueOperand {
@@ -500,7 +531,7 @@ impl Gpu {
                 if st.backend == Backend::Lt || fused {
                     return Err(Error::LibraryNotFound {
                         library: "cuBLASLt (libcublasLt)",
-                        tried: cudarc::get_lib_name_candidates("cublasLt").join(", "),
+                        tried: library::tried("cublasLt"),
                         hint: "install the CUDA 13 toolkit's cuBLAS (it ships libcublasLt) and add its folder to LD_LIBRARY_PATH",
                     });
                 }
@@ -520,6 +551,18 @@ impl Gpu {
                     // cuBLASLt 13.1: BiasGradA needs op(A) = T, BiasGradB needs op(B) = N;
                     // docs/PERFORMANCE.md). Elsewhere: the plain GEMM, then the gradient as a
                     // second GEMM against a ones vector.
+                    let ws = *self.workspace(st, stream, &|| p.describe())?;
+                    if p.k() * p.precision().input().size_bytes() > ws.scratch_bytes {
+                        return Err(Error::Unsupported {
+                            backend: "cuBLASLt",
+                            what: format!(
+                                "the bias gradient of {} (no BGRAD algorithm, and k = {} exceeds the ones vector the {}-byte scratch holds)",
+                                p.describe(),
+                                p.k(),
+                                ws.scratch_bytes
+                            ),
+                        });
+                    }
                     let plain = p.with_epilogue(Epilogue::None)?;
                     // SAFETY: forwarded; the plain problem reads and writes a subset of p's.
                     unsafe { self.enqueue(st, &plain, alpha, (a, b, c), beta, None, None, stream) }?;
@@ -542,7 +585,7 @@ impl Gpu {
         stream: CUstream,
         describe: &dyn Fn() -> String,
     ) -> Result<&'s Workspace> {
-        let key = stream as usize;
+        let key = workspace_key(stream);
         if !st.workspaces.contains_key(&key) {
             if is_capturing(stream)? {
                 return Err(Error::NotCapturable { action: "allocate this stream's workspace", problem: describe() });
@@ -863,6 +906,14 @@ impl Gpu {
         // SAFETY: forwarded from the caller.
         unsafe { self.blas_call(&mut st, call, precision, alpha, first, second, beta, c, self.stream.cu_stream()) }
     }
+}
+
+/// The key of a stream's workspace. `CU_STREAM_PER_THREAD` (handle 0x2) names a different
+/// stream on every host thread, so its workspaces are kept per thread; every other handle,
+/// the legacy default stream (0x0, 0x1) included, names one stream.
+fn workspace_key(stream: CUstream) -> (usize, Option<std::thread::ThreadId>) {
+    let h = stream as usize;
+    (h, (h == 0x2).then(|| std::thread::current().id()))
 }
 
 /// The address, length in bytes and cudarc guard of an operand given either for reading or for

@@ -12,8 +12,15 @@ const HINT_TOOLKIT: &str = "install the CUDA 13 toolkit or the nvidia-cublas whe
                             folder that holds it (usually /usr/local/cuda/lib64) to \
                             LD_LIBRARY_PATH";
 
-fn tried(name: &str) -> String {
-    cudarc::get_lib_name_candidates(name).join(", ")
+/// The file names cudarc tries for a library, without repeats.
+pub(crate) fn tried(name: &str) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for c in cudarc::get_lib_name_candidates(name) {
+        if !seen.contains(&c) {
+            seen.push(c);
+        }
+    }
+    seen.join(", ")
 }
 
 /// Checks that the CUDA driver library can be loaded.

@@ -30,9 +30,10 @@ use super::lt::PlanKey;
 /// The file format version this code reads and writes.
 pub const FORMAT: u32 = 1;
 
-/// The bucket a row-major M falls in: the next power of two ≥ M (0 → 1).
+/// The bucket a row-major M falls in: the next power of two ≥ M (0 → 1; M is at most
+/// [`MAX_DIM`](crate::MAX_DIM) in any valid problem, larger values saturate at `usize::MAX`).
 pub fn m_bucket(m: usize) -> usize {
-    m.max(1).next_power_of_two()
+    m.max(1).checked_next_power_of_two().unwrap_or(usize::MAX)
 }
 
 /// The stable text signature of a plan key under the bucketing rule (module docs).
@@ -149,8 +150,12 @@ impl TacticDb {
     }
 
     /// Adds `other`'s entries; where both have a signature, the lower `tuned_ms` wins.
+    /// Entries with a non-finite or negative time are skipped.
     pub fn merge(&mut self, other: &TacticDb) {
         for (sig, t) in &other.entries {
+            if !valid(t) {
+                continue;
+            }
             match self.entries.get(sig) {
                 Some(mine) if mine.tuned_ms <= t.tuned_ms => {}
                 _ => {
@@ -164,24 +169,45 @@ impl TacticDb {
     /// written there meanwhile (under an exclusive lock on `<path>.lock`).
     ///
     /// # Errors
-    /// I/O errors creating, locking, writing or renaming.
+    /// An entry with a non-finite or negative time (`InvalidInput`); an existing file at
+    /// `path` that is corrupt, foreign or stale (`AlreadyExists`: it is never overwritten —
+    /// remove it or choose another path); I/O errors creating, locking, writing or renaming.
+    /// Every message names the path.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+        if let Some((sig, _)) = self.entries.iter().find(|(_, t)| !valid(t)) {
+            let msg = format!("{}: tactic {sig} has a non-finite or negative time", path.display());
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+        }
         let lock_path = sibling(path, ".lock");
-        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path)?;
-        lock.lock()?;
-        let (mut merged, _) = TacticDb::load(path, &self.identity);
+        let lock =
+            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(named)?;
+        lock.lock().map_err(named)?;
+        let (mut merged, warnings) = TacticDb::load(path, &self.identity);
+        if let Some(w) = warnings.first() {
+            let msg = format!("refusing to overwrite: {w}");
+            return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, msg));
+        }
         merged.merge(self);
         let tmp = sibling(path, &format!(".tmp.{}", std::process::id()));
-        {
+        let written = (|| {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(serde_json::to_string_pretty(&merged).map_err(std::io::Error::other)?.as_bytes())?;
             f.write_all(b"\n")?;
             f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
         }
-        std::fs::rename(&tmp, path)?;
-        lock.unlock()?;
+        written.map_err(named)?;
+        lock.unlock().map_err(named)?;
         Ok(())
     }
+}
+
+fn valid(t: &Tactic) -> bool {
+    t.tuned_ms.is_finite() && t.heuristic_ms.is_finite() && t.tuned_ms >= 0.0 && t.heuristic_ms >= 0.0
 }
 
 fn sibling(path: &Path, suffix: &str) -> PathBuf {

@@ -17,7 +17,7 @@ use crate::reference::rel_error;
 /// How hard to tune.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TuneOptions {
-    /// Candidates to ask the heuristic for (1..=32).
+    /// Candidates to ask the heuristic for (values outside 1..=32 are clamped to it).
     pub candidates: usize,
     /// Timed samples per candidate (each ~1 ms of back-to-back calls); the median counts.
     pub reps: usize,
@@ -62,7 +62,9 @@ impl Gpu {
     /// serves every M in the same bucket ([`super::tactics`]); cached plans are rebuilt.
     ///
     /// C (and any aux or bias gradient the epilogue writes) is overwritten many times: pass
-    /// scratch buffers of the real shapes. Synchronises [`Gpu::stream`].
+    /// scratch buffers of the real shapes. Only C is compared between candidates (an aux or
+    /// bias gradient is not). Synchronises [`Gpu::stream`], and holds this `Gpu`'s lock for
+    /// the whole run (seconds): other threads' calls on it wait.
     ///
     /// Returns the report and the (signature, tactic) pair to store in a
     /// [`super::tactics::TacticDb`].
@@ -71,7 +73,9 @@ impl Gpu {
     /// As [`Gpu::gemm_raw_fused`] with `stream` = [`Gpu::stream`].
     ///
     /// # Errors
-    /// As [`Gpu::gemm_raw_fused`]; [`Error::Unsupported`] without cuBLASLt.
+    /// As [`Gpu::gemm_raw_fused`], except that a bias or aux off 16-byte alignment is
+    /// [`Error::Misaligned`] (not staged); [`Error::Unsupported`] for an empty or k = 0
+    /// problem and without cuBLASLt.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn autotune_raw(
         &self,
