@@ -1,0 +1,173 @@
+//! From burn's tensor metadata (shape and strides, in elements) to a gemmbridge problem:
+//! pure, no GPU.
+//!
+//! burn's `matmul` multiplies the last two dimensions and broadcasts the leading (batch) ones.
+//! A GEMM reads an operand directly when its last two dimensions are a row-major matrix with a
+//! leading dimension (`strides = [ld, 1]`, which also covers burn's pitched allocations) or a
+//! transposed one (`strides = [1, ld]`, e.g. after `swap_dims`), and when its batch dimensions,
+//! broadcast to the output's, advance by one stride per output matrix (a size-1 dimension
+//! broadcasts with stride 0). Anything else is not a layout a GEMM can read, and the caller falls
+//! back to burn's own matmul.
+
+use gemmbridge::{GemmProblem, MatrixLayout, Operand, Precision};
+
+/// Why a matmul is left to burn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Ranks below 2, or the inner dimensions differ (burn reports that itself).
+    Shape(String),
+    /// A matrix whose last two strides are neither `[ld, 1]` nor `[1, ld]`.
+    Layout(String),
+    /// Batch dimensions that do not collapse into one stride.
+    Batch(String),
+    /// gemmbridge rejected the problem (named error text).
+    Problem(String),
+}
+
+/// A matmul gemmbridge can run: the problem and the output's shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatmulPlan {
+    /// The strided-batched GEMM; the output is a contiguous row-major `[.., m, n]` tensor.
+    pub problem: GemmProblem,
+    /// Shape of the output tensor.
+    pub out_shape: Vec<usize>,
+}
+
+/// One operand's last two dimensions as a stored row-major matrix and its op.
+fn matrix(rows: usize, cols: usize, sr: usize, sc: usize, what: &str) -> Result<Operand, Fallback> {
+    if sc == 1 && (sr >= cols || rows <= 1) {
+        Ok(Operand::n(MatrixLayout::row_major(rows, cols).with_ld(sr.max(cols))))
+    } else if sr == 1 && (sc >= rows || cols <= 1) {
+        Ok(Operand::t(MatrixLayout::row_major(cols, rows).with_ld(sc.max(rows))))
+    } else {
+        Err(Fallback::Layout(format!("{what}: [{rows}, {cols}] with strides [{sr}, {sc}]")))
+    }
+}
+
+/// The single batch stride of an operand whose batch dims are broadcast to `out_batch`, if any.
+fn batch_stride(shape: &[usize], strides: &[usize], out_batch: &[usize], what: &str) -> Result<usize, Fallback> {
+    // effective stride of each output batch dim: 0 where this operand broadcasts
+    let eff: Vec<usize> = shape.iter().zip(strides).map(|(&d, &s)| if d == 1 { 0 } else { s }).collect();
+    let mut stride: Option<usize> = None;
+    let mut expected: Option<usize> = None;
+    for i in (0..out_batch.len()).rev() {
+        if out_batch[i] == 1 {
+            continue;
+        }
+        match expected {
+            None => {
+                stride = Some(eff[i]);
+                expected = Some(eff[i] * out_batch[i]);
+            }
+            Some(e) if eff[i] == e => expected = Some(e * out_batch[i]),
+            Some(_) => {
+                return Err(Fallback::Batch(format!(
+                    "{what}: batch shape {shape:?} strides {strides:?} do not collapse over {out_batch:?}"
+                )))
+            }
+        }
+    }
+    Ok(stride.unwrap_or(0))
+}
+
+/// Plans `lhs[.., m, k] · rhs[.., k, n]` with burn's broadcasting of the batch dimensions.
+///
+/// # Errors
+/// A [`Fallback`] saying why the call should go to burn's own matmul.
+pub fn plan(
+    lhs_shape: &[usize],
+    lhs_strides: &[usize],
+    rhs_shape: &[usize],
+    rhs_strides: &[usize],
+    precision: Precision,
+) -> Result<MatmulPlan, Fallback> {
+    let d = lhs_shape.len();
+    if d < 2 || rhs_shape.len() != d || lhs_strides.len() != d || rhs_strides.len() != d {
+        return Err(Fallback::Shape(format!("ranks {lhs_shape:?} and {rhs_shape:?}")));
+    }
+    let (m, k, k2, n) = (lhs_shape[d - 2], lhs_shape[d - 1], rhs_shape[d - 2], rhs_shape[d - 1]);
+    if k != k2 {
+        return Err(Fallback::Shape(format!("inner dimensions {lhs_shape:?} · {rhs_shape:?}")));
+    }
+    let mut out_shape = Vec::with_capacity(d);
+    for i in 0..d - 2 {
+        let (a, b) = (lhs_shape[i], rhs_shape[i]);
+        if a != b && a != 1 && b != 1 {
+            return Err(Fallback::Shape(format!("batch dims {lhs_shape:?} and {rhs_shape:?} do not broadcast")));
+        }
+        out_shape.push(a.max(b));
+    }
+    let out_batch = out_shape.clone();
+    let batch: usize = out_batch.iter().product();
+    out_shape.extend([m, n]);
+    let mut a = matrix(m, k, lhs_strides[d - 2], lhs_strides[d - 1], "lhs")?;
+    let mut b = matrix(k, n, rhs_strides[d - 2], rhs_strides[d - 1], "rhs")?;
+    a.layout = a.layout.with_batch_stride(batch_stride(&lhs_shape[..d - 2], &lhs_strides[..d - 2], &out_batch, "lhs")?);
+    b.layout = b.layout.with_batch_stride(batch_stride(&rhs_shape[..d - 2], &rhs_strides[..d - 2], &out_batch, "rhs")?);
+    let c = MatrixLayout::row_major(m, n);
+    let problem = GemmProblem::new(a, b, c, batch, precision).map_err(|e| Fallback::Problem(e.to_string()))?;
+    Ok(MatmulPlan { problem, out_shape })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gemmbridge::Op;
+
+    fn contiguous(shape: &[usize]) -> Vec<usize> {
+        let mut s = vec![1; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            s[i] = s[i + 1] * shape[i + 1];
+        }
+        s
+    }
+
+    #[test]
+    fn rank2_contiguous_and_pitched() {
+        let p = plan(&[5, 7], &[7, 1], &[7, 3], &[3, 1], Precision::F32).unwrap();
+        assert_eq!(p.out_shape, vec![5, 3]);
+        assert_eq!((p.problem.m(), p.problem.n(), p.problem.k(), p.problem.batch()), (5, 3, 7, 1));
+        // burn pads rows: a [5, 1000] f32 tensor may have row stride 1024
+        let p = plan(&[5, 1000], &[1024, 1], &[1000, 3], &[3, 1], Precision::F32).unwrap();
+        assert_eq!(p.problem.a().layout.ld, 1024);
+    }
+
+    #[test]
+    fn transposed_views_become_op_t() {
+        // rhs = w.swap_dims(0, 1) of a contiguous w[3, 7]: shape [7, 3], strides [1, 7]
+        let p = plan(&[5, 7], &[7, 1], &[7, 3], &[1, 7], Precision::BF16).unwrap();
+        assert_eq!(p.problem.b().op, Op::T);
+        assert_eq!((p.problem.b().layout.rows, p.problem.b().layout.cols, p.problem.b().layout.ld), (3, 7, 7));
+    }
+
+    #[test]
+    fn batches_and_broadcasting() {
+        let (l, r) = ([2, 3, 4, 5], [2, 3, 5, 6]);
+        let p = plan(&l, &contiguous(&l), &r, &contiguous(&r), Precision::F16).unwrap();
+        assert_eq!(p.problem.batch(), 6);
+        assert_eq!(p.problem.a().layout.batch_stride, 20);
+        assert_eq!(p.problem.b().layout.batch_stride, 30);
+        assert_eq!(p.out_shape, vec![2, 3, 4, 6]);
+        // rhs broadcast over both batch dims
+        let r1 = [1, 1, 5, 6];
+        let p = plan(&l, &contiguous(&l), &r1, &contiguous(&r1), Precision::F16).unwrap();
+        assert_eq!(p.problem.b().layout.batch_stride, 0);
+        assert_eq!(p.out_shape, vec![2, 3, 4, 6]);
+        // lhs broadcast over the first batch dim only: strides (0, 20) do not collapse
+        let l1 = [1, 3, 4, 5];
+        let e = plan(&l1, &contiguous(&l1), &r, &contiguous(&r), Precision::F16).unwrap_err();
+        assert!(matches!(e, Fallback::Batch(_)), "{e:?}");
+    }
+
+    #[test]
+    fn unreadable_layouts_and_shapes_fall_back() {
+        // a column slice with strides [7, 2]
+        assert!(matches!(plan(&[5, 3], &[7, 2], &[3, 3], &[3, 1], Precision::F32), Err(Fallback::Layout(_))));
+        assert!(matches!(plan(&[5, 7], &[7, 1], &[6, 3], &[3, 1], Precision::F32), Err(Fallback::Shape(_))));
+        assert!(matches!(
+            plan(&[2, 5, 7], &[35, 7, 1], &[3, 7, 3], &[21, 3, 1], Precision::F32),
+            Err(Fallback::Shape(_))
+        ));
+        assert!(matches!(plan(&[5], &[1], &[5], &[1], Precision::F32), Err(Fallback::Shape(_))));
+    }
+}
