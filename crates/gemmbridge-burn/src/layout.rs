@@ -72,6 +72,16 @@ fn batch_stride(shape: &[usize], strides: &[usize], out_batch: &[usize], what: &
 
 /// Plans `lhs[.., m, k] · rhs[.., k, n]` with burn's broadcasting of the batch dimensions.
 ///
+/// ```
+/// use gemmbridge::{Op, Precision};
+/// use gemmbridge_burn::layout::plan;
+/// // x[4, 16, 24] · wᵀ where w is [8, 24] broadcast over the batch: w.transpose() has
+/// // shape [1, 24, 8] and strides [192, 1, 24]
+/// let p = plan(&[4, 16, 24], &[384, 24, 1], &[1, 24, 8], &[192, 1, 24], Precision::BF16).unwrap();
+/// assert_eq!(p.out_shape, vec![4, 16, 8]);
+/// assert_eq!((p.problem.batch(), p.problem.b().op, p.problem.b().layout.batch_stride), (4, Op::T, 0));
+/// ```
+///
 /// # Errors
 /// A [`Fallback`] saying why the call should go to burn's own matmul.
 pub fn plan(
