@@ -44,9 +44,7 @@ pub fn identity(gpu: &Gpu) -> anyhow::Result<Identity> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let Some(shapes) = suites::shapes(&args.suite) else {
-        bail!("unknown suite {:?}; choose one of {}", args.suite, suites::NAMES.join(", "));
-    };
+    let shapes = suites::shapes(&args.suite)?;
     let mut jobs: Vec<(&str, Precision, &str)> = Vec::new();
     for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
         let Some(prec) = precision_of(d) else { bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16") };

@@ -144,9 +144,7 @@ impl Sink {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let Some(mut shapes) = suites::shapes(&args.suite) else {
-        bail!("unknown suite {:?}; choose one of {}", args.suite, suites::NAMES.join(", "));
-    };
+    let mut shapes = suites::shapes(&args.suite)?;
     let mut dtypes: Vec<(String, Precision)> = Vec::new();
     for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
         match precision_of(d) {

@@ -24,14 +24,15 @@ pub const CPU: [Shape; 4] = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (51
 pub const NAMES: [&str; 5] = ["default", "square", "llm", "small", "cpu"];
 
 /// Shapes of a suite; `default` is square + llm + small, as in torch_peer.py.
-pub fn shapes(name: &str) -> Option<Vec<Shape>> {
-    Some(match name {
+/// An unknown name is an error that lists the names accepted.
+pub fn shapes(name: &str) -> anyhow::Result<Vec<Shape>> {
+    Ok(match name {
         "square" => SQUARE.to_vec(),
         "llm" => LLM.to_vec(),
         "small" => SMALL.to_vec(),
         "cpu" => CPU.to_vec(),
         "default" => [&SQUARE[..], &LLM[..], &SMALL[..]].concat(),
-        _ => return None,
+        _ => anyhow::bail!("unknown suite {name:?}; choose one of {}", NAMES.join(", ")),
     })
 }
 
