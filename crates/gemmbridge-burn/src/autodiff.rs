@@ -1,6 +1,12 @@
 //! Under `Autodiff`: the backward is two more gemmbridge GEMMs, `dA = dC·Bᵀ` and `dB = Aᵀ·dC`,
 //! with the transposes as stride views (op flags in gemmbridge, no copies), and gradients summed
 //! over the batch dimensions an input was broadcast along.
+//!
+//! `linear` without an activation is one node: forward `x·W + b` with the bias fused;
+//! backward `dx = dy·Wᵀ` and `dW = xᵀ·dy` (x and dy viewed as `[m, ·]` matrices) through
+//! gemmbridge, `db` = dy summed over rows by burn. With an activation, a tracked call is that
+//! node followed by burn's activation op (whose backward burn owns); an untracked call (no
+//! gradient needed, e.g. inference) fuses the activation into the GEMM's epilogue too.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -10,7 +16,7 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Shape, TensorMetadata};
 
-use crate::GemmOps;
+use crate::{activate, Activation, GemmOps};
 
 #[derive(Debug)]
 struct GemmMatmulBackward;
@@ -50,5 +56,118 @@ impl<B: GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
             }
             OpsKind::UnTracked(prep) => prep.finish(B::gemm_matmul(lhs.primitive, rhs.primitive)),
         }
+    }
+
+    fn gemm_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        act: Activation,
+    ) -> FloatTensor<Self> {
+        let tracked = x.is_tracked() || weight.is_tracked() || bias.as_ref().is_some_and(|b| b.is_tracked());
+        if act == Activation::None || tracked {
+            // the activation (if any) as burn's op, so that burn differentiates it
+            activate::<Self>(linear_node::<B, C>(x, weight, bias), act)
+        } else {
+            // nothing to differentiate: the whole layer as one fused GEMM
+            let out = B::gemm_linear(x.primitive, weight.primitive, bias.map(|b| b.primitive), act);
+            <Self as burn::tensor::backend::AutodiffBackend>::from_inner(out)
+        }
+    }
+}
+
+/// `dx = dy·Wᵀ` (shape of x) and `dW = xᵀ·dy` summed over x's leading dims (shape `[d_in,
+/// d_out]`), each computed only when its node is tracked.
+fn linear_grads<B: GemmOps>(
+    grad: &FloatTensor<B>,
+    x: Option<FloatTensor<B>>,
+    weight: Option<FloatTensor<B>>,
+) -> (Option<FloatTensor<B>>, Option<FloatTensor<B>>) {
+    let dx = weight.map(|w| B::gemm_linear(grad.clone(), B::float_transpose(w), None, Activation::None));
+    let dw = x.map(|x| {
+        let (xs, gs) = (x.shape(), grad.shape());
+        let (d_in, d_out) = (xs[xs.num_dims() - 1], gs[gs.num_dims() - 1]);
+        let m = xs.num_elements() / d_in.max(1);
+        let x2 = B::float_reshape(x, Shape::from([m, d_in]));
+        let g2 = B::float_reshape(grad.clone(), Shape::from([m, d_out]));
+        B::gemm_matmul(B::float_transpose(x2), g2)
+    });
+    (dx, dw)
+}
+
+#[derive(Debug)]
+struct GemmLinearBackward;
+
+/// (x checkpoint, weight checkpoint)
+type LinearState = (Option<NodeId>, Option<NodeId>);
+
+fn retrieve<B: GemmOps>(checkpointer: &mut Checkpointer, id: Option<NodeId>) -> Option<FloatTensor<B>> {
+    id.map(|id| checkpointer.retrieve_node_output(id))
+}
+
+impl<B: GemmOps> Backward<B, 3> for GemmLinearBackward {
+    type State = LinearState;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, w) = (retrieve::<B>(checkpointer, ops.state.0), retrieve::<B>(checkpointer, ops.state.1));
+        let (dx, dw) = linear_grads::<B>(&grad, x.filter(|_| node_w.is_some()), w.filter(|_| node_x.is_some()));
+        for (node, g) in [(node_x, dx), (node_w, dw)] {
+            if let (Some(node), Some(g)) = (node, g) {
+                grads.register::<B>(node.id, g);
+            }
+        }
+        if let Some(node) = node_b {
+            grads.register::<B>(node.id, B::linear_bias_backward(grad));
+        }
+    }
+}
+
+impl<B: GemmOps> Backward<B, 2> for GemmLinearBackward {
+    type State = LinearState;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let [node_x, node_w] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x, w) = (retrieve::<B>(checkpointer, ops.state.0), retrieve::<B>(checkpointer, ops.state.1));
+        let (dx, dw) = linear_grads::<B>(&grad, x.filter(|_| node_w.is_some()), w.filter(|_| node_x.is_some()));
+        for (node, g) in [(node_x, dx), (node_w, dw)] {
+            if let (Some(node), Some(g)) = (node, g) {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
+
+/// `x·W (+ b)` as one autodiff node whose backward runs through gemmbridge.
+fn linear_node<B: GemmOps, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    weight: FloatTensor<Autodiff<B, C>>,
+    bias: Option<FloatTensor<Autodiff<B, C>>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let (x_tracked, w_tracked) = (x.is_tracked(), weight.is_tracked());
+    let forward = |x, w, b| B::gemm_linear(x, w, b, Activation::None);
+    match bias {
+        Some(bias) => match GemmLinearBackward
+            .prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                // x is needed only for dW, W only for dx
+                let state = (w_tracked.then(|| prep.checkpoint(&x)), x_tracked.then(|| prep.checkpoint(&weight)));
+                prep.finish(state, forward(x.primitive, weight.primitive, Some(bias.primitive)))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, weight.primitive, Some(bias.primitive))),
+        },
+        None => match GemmLinearBackward.prepare::<C>([x.node.clone(), weight.node.clone()]).compute_bound().stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = (w_tracked.then(|| prep.checkpoint(&x)), x_tracked.then(|| prep.checkpoint(&weight)));
+                prep.finish(state, forward(x.primitive, weight.primitive, None))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, weight.primitive, None)),
+        },
     }
 }

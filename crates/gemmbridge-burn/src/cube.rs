@@ -1,28 +1,35 @@
-//! The plain CUDA backend: burn's buffers handed to gemmbridge by address.
+//! The CUDA backend: burn's buffers handed to gemmbridge by address.
+//!
+//! `GemmOps` is implemented for every `CubeBackend<R, …>`; a call is served when `R` is
+//! `CudaRuntime` (checked at run time by type), and runs burn's own op for the other cubecl
+//! runtimes (wgpu, cpu, rocm).
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use burn::tensor::ops::FloatTensorOps;
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::cuda::CudaRuntime;
-use gemmbridge::cuda::{Gpu, RawBuffer};
+use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras};
 use gemmbridge::Precision;
 
-use crate::layout::{plan, Fallback};
-use crate::GemmOps;
+use crate::layout::{plan, plan_linear, Fallback, MatmulPlan};
+use crate::{burn_linear, Activation, GemmOps};
+
+type Cuda = CubeTensor<CudaRuntime>;
 
 /// One gemmbridge `Gpu` per device index, opened on first use (None when it cannot be).
-fn gpu(index: usize) -> Option<Arc<Gpu>> {
+pub(crate) fn gpu(index: usize) -> Option<Arc<Gpu>> {
     static GPUS: OnceLock<Mutex<HashMap<usize, Option<Arc<Gpu>>>>> = OnceLock::new();
     let mut map = GPUS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     map.entry(index)
         .or_insert_with(|| match Gpu::new(index) {
             Ok(g) => Some(Arc::new(g)),
             Err(e) => {
-                tracing::warn!("gemmbridge-burn: no gemmbridge GPU {index} ({e}); using burn's matmul");
+                tracing::warn!("gemmbridge-burn: no gemmbridge GPU {index} ({e}); using burn's ops");
                 None
             }
         })
@@ -39,74 +46,122 @@ fn precision(dtype: DType) -> Option<Precision> {
     }
 }
 
-/// Runs the matmul through gemmbridge, or says why not.
-fn try_gemm(lhs: &CubeTensor<CudaRuntime>, rhs: &CubeTensor<CudaRuntime>) -> Result<CubeTensor<CudaRuntime>, Fallback> {
-    let prec = precision(lhs.dtype)
-        .filter(|_| lhs.dtype == rhs.dtype)
-        .ok_or_else(|| Fallback::Problem(format!("dtypes {:?} · {:?}", lhs.dtype, rhs.dtype)))?;
-    let p = plan(lhs.meta.shape(), lhs.meta.strides(), rhs.meta.shape(), rhs.meta.strides(), prec)?;
-    let gpu = gpu(lhs.device.index).ok_or_else(|| Fallback::Problem("no gemmbridge GPU".into()))?;
-    let client = lhs.client.clone();
+fn same_precision(ts: &[&Cuda]) -> Result<Precision, Fallback> {
+    let dtype = ts[0].dtype;
+    precision(dtype)
+        .filter(|_| ts.iter().all(|t| t.dtype == dtype))
+        .ok_or_else(|| Fallback::Problem(format!("dtypes {:?}", ts.iter().map(|t| t.dtype).collect::<Vec<_>>())))
+}
+
+/// Runs a planned GEMM on burn's buffers: `out = epilogue(a·b [+ bias])`.
+///
+/// Ordering (cubecl 0.10 exposes no CUstream, see README.md): the host waits for the calling
+/// thread's cubecl stream before the GEMM, and for gemmbridge's stream after it.
+fn run(p: &MatmulPlan, a: &Cuda, b: &Cuda, bias: Option<&Cuda>) -> Result<Cuda, Fallback> {
+    let gpu = gpu(a.device.index).ok_or_else(|| Fallback::Problem("no gemmbridge GPU".into()))?;
+    let client = a.client.clone();
     // the output, from burn's allocator on the calling thread's cubecl stream
     let out = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
         client.clone(),
-        lhs.device.clone(),
+        a.device.clone(),
         Shape::from(p.out_shape.clone()),
-        lhs.dtype,
+        a.dtype,
     );
-    let resource = |t: &CubeTensor<CudaRuntime>| {
-        client.get_resource(t.handle.clone()).map_err(|e| Fallback::Problem(format!("get_resource: {e:?}")))
-    };
+    let resource =
+        |t: &Cuda| client.get_resource(t.handle.clone()).map_err(|e| Fallback::Problem(format!("get_resource: {e:?}")));
     // the bindings keep the memory from being handed out again until they drop
-    let (ra, rb, rc) = (resource(lhs)?, resource(rhs)?, resource(&out)?);
+    let (ra, rb, rc) = (resource(a)?, resource(b)?, resource(&out)?);
+    let rbias = bias.map(resource).transpose()?;
     // (cubecl's GpuResource type is not nameable outside cubecl-cuda; its fields are public)
-    let a = RawBuffer { address: ra.resource().ptr, len_bytes: ra.resource().size as usize };
-    let b = RawBuffer { address: rb.resource().ptr, len_bytes: rb.resource().size as usize };
-    let c = RawBuffer { address: rc.resource().ptr, len_bytes: rc.resource().size as usize };
-    // Forward edge: everything queued on this thread's cubecl stream (the producers of A and
-    // B, C's allocation) is done. cubecl 0.10 exposes no CUstream to wait on instead.
+    let raw = |ptr: u64, size: u64| RawBuffer { address: ptr, len_bytes: size as usize };
+    let (ba, bb, bc) = (
+        raw(ra.resource().ptr, ra.resource().size),
+        raw(rb.resource().ptr, rb.resource().size),
+        raw(rc.resource().ptr, rc.resource().size),
+    );
+    let extras = RawExtras { bias: rbias.as_ref().map(|r| raw(r.resource().ptr, r.resource().size)), aux: None };
+    // Forward edge: everything queued on this thread's cubecl stream (the producers of the
+    // inputs, C's allocation) is done.
     cubecl::future::block_on(client.sync()).map_err(|e| Fallback::Problem(format!("cubecl sync: {e:?}")))?;
     let s = gpu.stream();
-    // SAFETY: the three addresses are live cubecl allocations of the primary context (which
+    // SAFETY: the addresses are live cubecl allocations of the primary context (which
     // gemmbridge's Gpu shares), held by the bindings above until after the synchronize below;
     // no cubecl work touches them meanwhile (the sync above drained this thread's stream, and
-    // C is fresh); gemmbridge checks their lengths against the layouts.
-    let r = unsafe { gpu.gemm_raw(&p.problem, 1.0, a, b, 0.0, c, s.cu_stream()) };
-    // Back edge: C is written before cubecl reads it or reuses A and B.
+    // C is fresh); gemmbridge checks their lengths and alignment against the layouts.
+    let r = unsafe { gpu.gemm_raw_fused(&p.problem, 1.0, ba, bb, 0.0, bc, extras, s.cu_stream()) };
+    // Back edge: C is written before cubecl reads it or reuses the inputs.
     s.synchronize().map_err(|e| Fallback::Problem(format!("stream synchronize: {e:?}")))?;
-    drop((ra, rb, rc));
-    match r {
-        Ok(()) => Ok(out),
-        Err(e) => Err(Fallback::Problem(e.to_string())),
-    }
+    drop((ra, rb, rc, rbias));
+    r.map(|()| out).map_err(|e| Fallback::Problem(e.to_string()))
 }
 
-/// The shared entry: gemmbridge when it can serve, burn's matmul (`fallback`) otherwise.
-pub(crate) fn matmul_or(
-    lhs: CubeTensor<CudaRuntime>,
-    rhs: CubeTensor<CudaRuntime>,
-    fallback: impl FnOnce(CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime>,
-) -> CubeTensor<CudaRuntime> {
+fn try_matmul(lhs: &Cuda, rhs: &Cuda) -> Result<Cuda, Fallback> {
+    let prec = same_precision(&[lhs, rhs])?;
+    let p = plan(lhs.meta.shape(), lhs.meta.strides(), rhs.meta.shape(), rhs.meta.strides(), prec)?;
+    run(&p, lhs, rhs, None)
+}
+
+fn try_linear(x: &Cuda, w: &Cuda, bias: Option<&Cuda>, act: Activation) -> Result<Cuda, Fallback> {
+    let prec = same_precision(&[x, w].into_iter().chain(bias).collect::<Vec<_>>())?;
+    let bias_stride = bias.map(|b| b.meta.strides().last().copied().unwrap_or(1));
+    let p = plan_linear(x.meta.shape(), x.meta.strides(), w.meta.shape(), w.meta.strides(), bias_stride, act, prec)?;
+    run(&p, x, w, bias)
+}
+
+/// The tensor as a CUDA tensor when the runtime `R` is `CudaRuntime`.
+fn as_cuda<R: CubeRuntime>(t: &CubeTensor<R>) -> Option<&Cuda> {
+    (t as &dyn Any).downcast_ref::<Cuda>()
+}
+
+/// A CUDA tensor back as `CubeTensor<R>` (`R` is `CudaRuntime` whenever `as_cuda` succeeded).
+fn from_cuda<R: CubeRuntime>(t: Cuda) -> CubeTensor<R> {
+    *(Box::new(t) as Box<dyn Any>).downcast::<CubeTensor<R>>().expect("as_cuda succeeded, so R is CudaRuntime")
+}
+
+/// The result of `attempt` when the adapter is on and gemmbridge can serve, `None` when the
+/// caller should run burn's op; counts and logs which path the shape took.
+pub(crate) fn served<T>(what: &str, shapes: &[&[usize]], attempt: impl FnOnce() -> Result<T, Fallback>) -> Option<T> {
     if !crate::enabled() {
         crate::count(false);
-        return fallback(lhs, rhs);
+        tracing::debug!(?shapes, "{what}: burn (adapter disabled)");
+        return None;
     }
-    match try_gemm(&lhs, &rhs) {
+    match attempt() {
         Ok(out) => {
             crate::count(true);
-            tracing::debug!(lhs = ?lhs.meta.shape(), rhs = ?rhs.meta.shape(), dtype = ?lhs.dtype, "matmul: gemmbridge");
-            out
+            tracing::debug!(?shapes, "{what}: gemmbridge");
+            Some(out)
         }
         Err(why) => {
             crate::count(false);
-            tracing::debug!(lhs = ?lhs.meta.shape(), rhs = ?rhs.meta.shape(), ?why, "matmul: burn (fallback)");
-            fallback(lhs, rhs)
+            tracing::debug!(?shapes, ?why, "{what}: burn (fallback)");
+            None
         }
     }
 }
 
-impl<F: FloatElement, I: IntElement, BT: BoolElement> GemmOps for CubeBackend<CudaRuntime, F, I, BT> {
-    fn gemm_matmul(lhs: CubeTensor<CudaRuntime>, rhs: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
-        matmul_or(lhs, rhs, <Self as FloatTensorOps<Self>>::float_matmul)
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GemmOps for CubeBackend<R, F, I, BT> {
+    fn gemm_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        let shapes: [&[usize]; 2] = [lhs.meta.shape(), rhs.meta.shape()];
+        let attempt = || match (as_cuda(&lhs), as_cuda(&rhs)) {
+            (Some(l), Some(r)) => try_matmul(l, r).map(from_cuda::<R>),
+            _ => Err(Fallback::Problem("not a CUDA backend".into())),
+        };
+        served("matmul", &shapes, attempt).unwrap_or_else(|| <Self as FloatTensorOps<Self>>::float_matmul(lhs, rhs))
+    }
+
+    fn gemm_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        act: Activation,
+    ) -> FloatTensor<Self> {
+        let shapes: [&[usize]; 2] = [x.meta.shape(), weight.meta.shape()];
+        let attempt = || match (as_cuda(&x), as_cuda(&weight), bias.as_ref().map(as_cuda)) {
+            (Some(x), Some(w), None) => try_linear(x, w, None, act).map(from_cuda::<R>),
+            (Some(x), Some(w), Some(Some(b))) => try_linear(x, w, Some(b), act).map(from_cuda::<R>),
+            _ => Err(Fallback::Problem("not a CUDA backend".into())),
+        };
+        served("linear", &shapes, attempt).unwrap_or_else(|| burn_linear::<Self>(x, weight, bias, act))
     }
 }

@@ -1,27 +1,63 @@
-//! Under burn's fusion layer: the matmul is registered as a custom operation, so it runs in
-//! the fusion stream's order (the queue is cut there; the GEMM itself is not fused).
+//! Under burn's fusion layer: matmul and linear are registered as custom operations, so they
+//! run in the fusion stream's order (the queue is cut there; the GEMM itself is not fused with
+//! burn's kernels, its epilogue is).
 
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::Shape;
 use burn_fusion::stream::{Operation, OperationStreams};
-use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
+use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
-use crate::GemmOps;
+use crate::{Activation, GemmOps};
+
+type Handles<B> = HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
+
+/// A gemmbridge call recorded in the fusion stream: `Matmul` has inputs `[lhs, rhs]`,
+/// `Linear` `[x, weight]` or `[x, weight, bias]`; one output.
+#[derive(Clone, Debug)]
+enum Call {
+    Matmul,
+    Linear(Activation),
+}
 
 #[derive(Clone, Debug)]
-struct GemmMatmulOp<B> {
+struct GemmOp<B> {
     desc: CustomOpIr,
+    call: Call,
     _b: std::marker::PhantomData<B>,
 }
 
-impl<B: FusionBackend + GemmOps> Operation<B::FusionRuntime> for GemmMatmulOp<B> {
-    fn execute(&self, handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>) {
-        let ([lhs, rhs], [out]) = self.desc.as_fixed();
-        let lhs = handles.get_float_tensor::<B>(lhs);
-        let rhs = handles.get_float_tensor::<B>(rhs);
-        handles.register_float_tensor::<B>(&out.id, B::gemm_matmul(lhs, rhs));
+impl<B: FusionBackend + GemmOps> Operation<B::FusionRuntime> for GemmOp<B> {
+    fn execute(&self, handles: &mut Handles<B>) {
+        let inputs: Vec<_> = self.desc.inputs.iter().map(|t| handles.get_float_tensor::<B>(t)).collect();
+        let out = match (self.call.clone(), <[_; 2]>::try_from(inputs)) {
+            (Call::Matmul, Ok([lhs, rhs])) => B::gemm_matmul(lhs, rhs),
+            (Call::Linear(act), Ok([x, w])) => B::gemm_linear(x, w, None, act),
+            (Call::Linear(act), Err(v)) => {
+                let [x, w, b] = <[_; 3]>::try_from(v).expect("a linear op records 2 or 3 inputs");
+                B::gemm_linear(x, w, Some(b), act)
+            }
+            (Call::Matmul, Err(_)) => unreachable!("a matmul op records 2 inputs"),
+        };
+        handles.register_float_tensor::<B>(&self.desc.outputs[0].id, out);
     }
+}
+
+/// Records `call` on `inputs` with an output of shape `out_dims`.
+fn record<B: FusionBackend + GemmOps>(
+    id: &'static str,
+    call: Call,
+    inputs: Vec<FusionTensor<B::FusionRuntime>>,
+    out_dims: Vec<usize>,
+) -> FusionTensor<B::FusionRuntime> {
+    let client = inputs[0].client.clone();
+    let dtype = inputs[0].dtype;
+    let streams = OperationStreams::with_inputs(&inputs);
+    let out = TensorIr::uninit(client.create_empty_handle(), Shape::from(out_dims), dtype);
+    let irs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+    let desc = CustomOpIr::new(id, &irs, &[out]);
+    let op = GemmOp::<B> { desc: desc.clone(), call, _b: std::marker::PhantomData };
+    client.register(streams, OperationIr::Custom(desc), op).output()
 }
 
 impl<B: FusionBackend + GemmOps> GemmOps for Fusion<B> {
@@ -31,11 +67,18 @@ impl<B: FusionBackend + GemmOps> GemmOps for Fusion<B> {
         let mut dims: Vec<usize> = (0..d.saturating_sub(2)).map(|i| lhs.shape[i].max(rhs.shape[i])).collect();
         dims.push(lhs.shape[d - 2]);
         dims.push(rhs.shape[d - 1]);
-        let client = lhs.client.clone();
-        let streams = OperationStreams::with_inputs([&lhs, &rhs]);
-        let out = TensorIr::uninit(client.create_empty_handle(), Shape::from(dims), lhs.dtype);
-        let desc = CustomOpIr::new("gemmbridge_matmul", &[lhs.into_ir(), rhs.into_ir()], &[out]);
-        let op = GemmMatmulOp::<B> { desc: desc.clone(), _b: std::marker::PhantomData };
-        client.register(streams, OperationIr::Custom(desc), op).output()
+        record::<B>("gemmbridge_matmul", Call::Matmul, vec![lhs, rhs], dims)
+    }
+
+    fn gemm_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        act: Activation,
+    ) -> FloatTensor<Self> {
+        let d = x.shape.num_dims();
+        let dims: Vec<usize> = (0..d - 1).map(|i| x.shape[i]).chain([weight.shape[1]]).collect();
+        let inputs = [x, weight].into_iter().chain(bias).collect();
+        record::<B>("gemmbridge_linear", Call::Linear(act), inputs, dims)
     }
 }

@@ -9,7 +9,9 @@
 //! broadcasts with stride 0). Anything else is not a layout a GEMM can read, and the caller falls
 //! back to burn's own matmul.
 
-use gemmbridge::{GemmProblem, MatrixLayout, Operand, Precision};
+use gemmbridge::{Epilogue, GemmProblem, MatrixLayout, Operand, Precision};
+
+use crate::Activation;
 
 /// Why a matmul is left to burn.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,6 +121,78 @@ pub fn plan(
     Ok(MatmulPlan { problem, out_shape })
 }
 
+/// The epilogue for a linear layer with or without a bias and with an activation.
+pub fn linear_epilogue(bias: bool, act: Activation) -> Epilogue {
+    match (bias, act) {
+        (false, Activation::None) => Epilogue::None,
+        (true, Activation::None) => Epilogue::Bias,
+        (false, Activation::Relu) => Epilogue::Relu,
+        (true, Activation::Relu) => Epilogue::ReluBias,
+        (false, Activation::GeluTanh) => Epilogue::Gelu,
+        (true, Activation::GeluTanh) => Epilogue::GeluBias,
+    }
+}
+
+/// Plans burn's `linear`: `act(x[.., d_in] · weight[d_in, d_out] + bias[d_out])` as one GEMM
+/// with `m` = the product of `x`'s leading dimensions and the bias/activation as its epilogue.
+///
+/// `x`'s leading dimensions must collapse into one row stride (`strides[i] = strides[i+1]·
+/// shape[i+1]` above the last two, which every contiguous or row-pitched rank-2 tensor
+/// satisfies); `weight` is row-major (`LinearLayout::Row`, `op(B) = N`) or a transposed view
+/// (`LinearLayout::Col`, `op(B) = T`); `bias` must be contiguous (`bias_stride` 1). The output
+/// is a contiguous `[.., d_out]` tensor.
+///
+/// ```
+/// use gemmbridge::{Epilogue, Op, Precision};
+/// use gemmbridge_burn::{layout::plan_linear, Activation};
+/// // x[4, 16, 24] · w, w stored as [8, 24] (LinearLayout::Col: shape [24, 8], strides [1, 24])
+/// let p = plan_linear(&[4, 16, 24], &[384, 24, 1], &[24, 8], &[1, 24], Some(1), Activation::Relu, Precision::F16)
+///     .unwrap();
+/// assert_eq!(p.out_shape, vec![4, 16, 8]);
+/// assert_eq!((p.problem.m(), p.problem.n(), p.problem.k()), (64, 8, 24));
+/// assert_eq!((p.problem.b().op, p.problem.epilogue()), (Op::T, Epilogue::ReluBias));
+/// ```
+///
+/// # Errors
+/// A [`Fallback`] saying why the call should go to burn's own `linear`.
+pub fn plan_linear(
+    x_shape: &[usize],
+    x_strides: &[usize],
+    w_shape: &[usize],
+    w_strides: &[usize],
+    bias_stride: Option<usize>,
+    act: Activation,
+    precision: Precision,
+) -> Result<MatmulPlan, Fallback> {
+    let d = x_shape.len();
+    if d == 0 || x_strides.len() != d || w_shape.len() != 2 || w_strides.len() != 2 {
+        return Err(Fallback::Shape(format!("linear: x {x_shape:?}, weight {w_shape:?}")));
+    }
+    if x_shape[d - 1] != w_shape[0] {
+        return Err(Fallback::Shape(format!("linear: x {x_shape:?} · weight {w_shape:?}")));
+    }
+    if let Some(s) = bias_stride.filter(|&s| s != 1 && w_shape[1] > 1) {
+        return Err(Fallback::Layout(format!("linear: bias with stride {s}")));
+    }
+    let m: usize = x_shape[..d - 1].iter().product();
+    // the row stride of x viewed as [m, d_in]: every leading dim must advance by the next one
+    let row_stride = if d >= 2 { x_strides[d - 2] } else { x_shape[0] };
+    for i in 0..d.saturating_sub(2) {
+        if x_shape[i] > 1 && x_strides[i] != x_strides[i + 1] * x_shape[i + 1] {
+            return Err(Fallback::Batch(format!(
+                "linear: x {x_shape:?} strides {x_strides:?} do not collapse into rows"
+            )));
+        }
+    }
+    let mut p = plan(&[m, x_shape[d - 1]], &[row_stride, x_strides[d - 1]], w_shape, w_strides, precision)?;
+    p.problem = p
+        .problem
+        .with_epilogue(linear_epilogue(bias_stride.is_some(), act))
+        .map_err(|e| Fallback::Problem(e.to_string()))?;
+    p.out_shape = x_shape[..d - 1].iter().copied().chain([w_shape[1]]).collect();
+    Ok(p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,5 +253,44 @@ mod tests {
             Err(Fallback::Shape(_))
         ));
         assert!(matches!(plan(&[5], &[1], &[5], &[1], Precision::F32), Err(Fallback::Shape(_))));
+    }
+
+    #[test]
+    fn linear_rows_collapse_and_epilogues() {
+        // x[2, 3, 5] contiguous, w[5, 4] row-major, bias
+        let p =
+            plan_linear(&[2, 3, 5], &[15, 5, 1], &[5, 4], &[4, 1], Some(1), Activation::None, Precision::F32).unwrap();
+        assert_eq!((p.problem.m(), p.problem.n(), p.problem.k(), p.problem.batch()), (6, 4, 5, 1));
+        assert_eq!((p.problem.b().op, p.problem.epilogue()), (Op::N, Epilogue::Bias));
+        assert_eq!(p.out_shape, vec![2, 3, 4]);
+        // rank 2 with a pitched row stride, no bias, GELU
+        let p = plan_linear(&[3, 5], &[8, 1], &[5, 4], &[4, 1], None, Activation::GeluTanh, Precision::BF16).unwrap();
+        assert_eq!((p.problem.a().layout.ld, p.problem.epilogue()), (8, Epilogue::Gelu));
+        // rank 1 x: one row
+        let p = plan_linear(&[5], &[1], &[5, 4], &[4, 1], None, Activation::None, Precision::F32).unwrap();
+        assert_eq!((p.problem.m(), p.out_shape.clone()), (1, vec![4]));
+        for (bias, act, e) in [
+            (false, Activation::None, Epilogue::None),
+            (true, Activation::Relu, Epilogue::ReluBias),
+            (false, Activation::Relu, Epilogue::Relu),
+            (true, Activation::GeluTanh, Epilogue::GeluBias),
+        ] {
+            assert_eq!(linear_epilogue(bias, act), e);
+        }
+    }
+
+    #[test]
+    fn linear_layouts_that_fall_back() {
+        // pitched rows inside a rank-3 x: [2, 3, 5] with strides [24, 8, 1] (24 = 3·8: collapses)
+        assert!(plan_linear(&[2, 3, 5], &[24, 8, 1], &[5, 4], &[4, 1], None, Activation::None, Precision::F32).is_ok());
+        // x[2, 3, 5] with batch stride 32 (not 3·8): rows do not collapse
+        let e = plan_linear(&[2, 3, 5], &[32, 8, 1], &[5, 4], &[4, 1], None, Activation::None, Precision::F32);
+        assert!(matches!(e, Err(Fallback::Batch(_))), "{e:?}");
+        // a strided bias view
+        let e = plan_linear(&[3, 5], &[5, 1], &[5, 4], &[4, 1], Some(2), Activation::None, Precision::F32);
+        assert!(matches!(e, Err(Fallback::Layout(_))), "{e:?}");
+        // mismatched d_in
+        let e = plan_linear(&[3, 5], &[5, 1], &[6, 4], &[4, 1], None, Activation::None, Precision::F32);
+        assert!(matches!(e, Err(Fallback::Shape(_))), "{e:?}");
     }
 }

@@ -28,6 +28,11 @@ mod autodiff;
 mod cube;
 mod fusion;
 pub mod layout;
+mod linear;
+#[cfg(feature = "ndarray")]
+mod ndarray;
+
+pub use linear::{GemmLinear, GemmLinearConfig, GemmLinearRecord};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -70,15 +75,99 @@ pub(crate) fn tf32() -> bool {
     TF32.load(Ordering::Relaxed)
 }
 
-/// Backends whose matmul gemmbridge can serve.
+/// An activation fused into [`linear`]'s epilogue.
+///
+/// `GeluTanh` is the tanh approximation cuBLASLt computes (`CUBLASLT_EPILOGUE_GELU`, cuBLASLt
+/// docs §cublasLtEpilogue_t), which is burn's `activation::gelu_approximate`, not burn's erf
+/// `gelu`; the two differ by up to ~1e-3 absolute.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// None: `y = x·W + b`.
+    #[default]
+    None,
+    /// `y = max(x·W + b, 0)`.
+    Relu,
+    /// `y = gelu_tanh(x·W + b)`.
+    GeluTanh,
+}
+
+/// Backends whose matmul and linear gemmbridge can serve.
+///
+/// Both methods default to burn's own ops, so a backend gemmbridge cannot serve implements the
+/// trait with an empty body and keeps working untouched. This crate implements it for every
+/// `CubeBackend<R, …>` (served when `R` is `CudaRuntime`, burn's own op for wgpu, cpu, rocm),
+/// for `Fusion<B>`, for `Autodiff<B, C>`, and, with the `ndarray` feature, for `NdArray`
+/// (burn's op). The trait cannot be implemented outside this crate for burn's types (Rust's
+/// orphan rule), so other backends need a one-line impl added here.
 pub trait GemmOps: Backend {
-    /// `lhs[.., m, k] · rhs[.., k, n]` with burn's broadcasting of the batch dimensions.
-    fn gemm_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `lhs[.., m, k] · rhs[.., k, n]` with burn's broadcasting of the batch dimensions: the
+    /// result of burn's `float_matmul`, through gemmbridge where it can serve.
+    fn gemm_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(lhs, rhs)
+    }
+
+    /// `act(x[.., d_in] · weight[d_in, d_out] + bias[d_out])`, burn's `linear` (then `act`),
+    /// with the bias and the activation fused into the GEMM's epilogue where gemmbridge serves.
+    fn gemm_linear(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        act: Activation,
+    ) -> FloatTensor<Self> {
+        burn_linear::<Self>(x, weight, bias, act)
+    }
+}
+
+/// burn's own `linear` followed by the activation, in burn's ops (the fallback path).
+pub(crate) fn burn_linear<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    act: Activation,
+) -> FloatTensor<B> {
+    activate::<B>(B::linear(x, weight, bias), act)
+}
+
+/// `act(y)` in burn's ops.
+pub(crate) fn activate<B: Backend>(y: FloatTensor<B>, act: Activation) -> FloatTensor<B> {
+    match act {
+        Activation::None => y,
+        Activation::Relu => B::relu(y),
+        Activation::GeluTanh => {
+            // 0.5·y·(1 + tanh(√(2/π)·(y + 0.044715·y³))), as burn's gelu_approximate
+            const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+            let cube = B::float_mul_scalar(B::float_powi_scalar(y.clone(), 3.into()), 0.044715.into());
+            let inner = B::float_mul_scalar(B::float_add(y.clone(), cube), SQRT_2_OVER_PI.into());
+            let t = B::float_add_scalar(B::float_tanh(inner), 1.0.into());
+            B::float_mul_scalar(B::float_mul(y, t), 0.5.into())
+        }
+    }
 }
 
 /// `lhs[.., m, k] · rhs[.., k, n]` through gemmbridge, as burn's `Tensor::matmul` (same
 /// broadcasting, same result type), falling back to burn's matmul where gemmbridge cannot serve.
 pub fn matmul<B: GemmOps, const D: usize>(lhs: Tensor<B, D>, rhs: Tensor<B, D>) -> Tensor<B, D> {
     let out = B::gemm_matmul(lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// `act(x[.., d_in] · weight[d_in, d_out] + bias[d_out])` — burn's `module::linear` followed by
+/// `act` — with the bias and activation fused into one gemmbridge GEMM where it can serve.
+///
+/// `weight` may be a transposed view (burn's `LinearLayout::Col`); it becomes `op(B) = T`, no
+/// copy. `x`'s leading dimensions must collapse into one row stride (any contiguous tensor
+/// does), otherwise the call falls back to burn.
+pub fn linear<B: GemmOps, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    act: Activation,
+) -> Tensor<B, D> {
+    let out = B::gemm_linear(
+        x.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        bias.map(|b| b.into_primitive().tensor()),
+        act,
+    );
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }

@@ -2,11 +2,14 @@
 //! matmul within the precision bands, on the plain backend, under fusion and under Autodiff.
 
 use burn::backend::autodiff::Autodiff;
+use burn::module::Param;
+use burn::nn::Linear;
+use burn::tensor::activation;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, FloatDType, Tensor};
 use burn_cubecl::CubeBackend;
 use cubecl::cuda::CudaRuntime;
-use gemmbridge_burn::{counts, matmul, set_enabled, GemmOps};
+use gemmbridge_burn::{counts, linear, matmul, Activation, GemmLinear, GemmOps};
 
 type Plain = CubeBackend<CudaRuntime, f32, i32, u8>;
 type Fused = burn_fusion::Fusion<Plain>;
@@ -70,9 +73,7 @@ fn dims3<B: Backend, const D: usize>(t: &Tensor<B, D>) -> [usize; 3] {
 /// gemmbridge's result against float64 (the precision's band) and against burn's own matmul.
 fn check<B: GemmOps, const D: usize>(what: &str, a: Tensor<B, D>, b: Tensor<B, D>, dtype: FloatDType) {
     let want = reference(&values(a.clone()), dims3(&a), &values(b.clone()), dims3(&b));
-    set_enabled(false);
-    let burn = values(a.clone().matmul(b.clone()));
-    set_enabled(true);
+    let burn = values(a.clone().matmul(b.clone())); // Tensor::matmul is always burn's own
     let before = counts().0;
     let got = values(matmul(a, b));
     assert!(counts().0 > before, "{what}: gemmbridge did not serve the call");
@@ -114,7 +115,6 @@ fn grads<B: GemmOps + burn::tensor::backend::AutodiffBackend>(dtype: FloatDType)
     let b0 = Tensor::<B, 3>::random([1, 17, 40], Distribution::Normal(0.0, 1.0), &dev).cast(dtype);
     let g = Tensor::<B, 3>::random([2, 33, 40], Distribution::Normal(0.0, 1.0), &dev).cast(dtype);
     let run = |on: bool| {
-        set_enabled(on);
         let (a, b) = (a0.clone().require_grad(), b0.clone().require_grad());
         let y = if on { matmul(a.clone(), b.clone()) } else { a.clone().matmul(b.clone()) };
         let grads = (y * g.clone()).sum().backward();
@@ -123,7 +123,6 @@ fn grads<B: GemmOps + burn::tensor::backend::AutodiffBackend>(dtype: FloatDType)
     let (want_a, want_b) = run(false);
     let before = counts().0;
     let (got_a, got_b) = run(true);
-    set_enabled(true);
     assert!(counts().0 >= before + 3, "forward and both backward GEMMs through gemmbridge");
     let (ea, eb) = (rel(&got_a, &want_a), rel(&got_b, &want_b));
     // float64 gradients of sum(y ⊙ g), y = a·b with b broadcast over a's batch:
@@ -156,5 +155,137 @@ fn gradients_under_autodiff() {
     for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
         grads::<Autodiff<Plain>>(dtype);
         grads::<Autodiff<Fused>>(dtype);
+    }
+}
+
+/// `act(x[m, k]·w[k, n] + b[n])` in float64.
+fn linear_reference(
+    x: &[f64],
+    w: &[f64],
+    b: Option<&[f64]>,
+    (m, k, n): (usize, usize, usize),
+    act: Activation,
+) -> Vec<f64> {
+    let mut y = reference(x, [1, m, k], w, [1, k, n]);
+    for (i, v) in y.iter_mut().enumerate() {
+        let pre = *v + b.map_or(0.0, |b| b[i % n]);
+        *v = match act {
+            Activation::None => pre,
+            Activation::Relu => pre.max(0.0),
+            Activation::GeluTanh => gemmbridge::epilogue::gelu_tanh(pre),
+        };
+    }
+    y
+}
+
+/// The fused linear (bias and activation in the epilogue) against float64 and against burn's
+/// `module::linear` followed by burn's activation, rank-3 x, weight row-major or a transposed
+/// view (`LinearLayout::Col`).
+fn linear_cases<B: GemmOps>() {
+    let dev = B::Device::default();
+    let (batch, rows, k, n) = (2, 37, 96, 72);
+    for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
+        for col in [false, true] {
+            for act in [Activation::None, Activation::Relu, Activation::GeluTanh] {
+                for bias in [true, false] {
+                    let what = format!("linear col {col} bias {bias} {act:?} {dtype:?}");
+                    let x = Tensor::<B, 3>::random([batch, rows, k], Distribution::Normal(0.0, 1.0), &dev).cast(dtype);
+                    let w = if col {
+                        Tensor::<B, 2>::random([n, k], Distribution::Normal(0.0, 0.1), &dev).cast(dtype).transpose()
+                    } else {
+                        Tensor::<B, 2>::random([k, n], Distribution::Normal(0.0, 0.1), &dev).cast(dtype)
+                    };
+                    let b = Tensor::<B, 1>::random([n], Distribution::Normal(0.0, 1.0), &dev).cast(dtype);
+                    let bv = values(b.clone());
+                    let want = linear_reference(
+                        &values(x.clone()),
+                        &values(w.clone()),
+                        bias.then_some(&bv[..]),
+                        (batch * rows, k, n),
+                        act,
+                    );
+                    let pre = burn::tensor::module::linear(x.clone(), w.clone(), bias.then(|| b.clone()));
+                    let burn = values(match act {
+                        Activation::None => pre,
+                        Activation::Relu => activation::relu(pre),
+                        Activation::GeluTanh => activation::gelu_approximate(pre),
+                    });
+                    let before = counts().0;
+                    let got = values(linear(x, w, bias.then_some(b), act));
+                    assert!(counts().0 > before, "{what}: gemmbridge did not serve the call");
+                    let (e, eb) = (rel(&got, &want), rel(&got, &burn));
+                    eprintln!("{what}: vs f64 {e:e}, vs burn {eb:e}");
+                    assert!(e <= band(dtype), "{what}: rel error vs f64 {e:e}");
+                    assert!(eb <= band_vs_burn(dtype), "{what}: rel error vs burn {eb:e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn linear_plain_backend() {
+    linear_cases::<Plain>();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn linear_under_fusion() {
+    linear_cases::<Fused>();
+}
+
+/// `GemmLinear` under Autodiff: y, dx, dW, db against float64 and against burn's `Linear`.
+fn linear_grads<B: GemmOps + burn::tensor::backend::AutodiffBackend>(dtype: FloatDType) {
+    let dev = B::Device::default();
+    let (m, k, n) = (45, 80, 56);
+    // leaf parameters in `dtype` (burn's Linear initialises in the backend's default dtype)
+    let param = |t: Tensor<B, 2>| Param::from_tensor(t.cast(dtype));
+    let theirs = Linear {
+        weight: param(Tensor::random([k, n], Distribution::Normal(0.0, 0.1), &dev)),
+        bias: Some(Param::from_tensor(Tensor::<B, 1>::random([n], Distribution::Normal(0.0, 1.0), &dev).cast(dtype))),
+    };
+    let ours: GemmLinear<B> = theirs.clone().into();
+    let x0 = Tensor::<B, 2>::random([m, k], Distribution::Normal(0.0, 1.0), &dev).cast(dtype);
+    let g = Tensor::<B, 2>::random([m, n], Distribution::Normal(0.0, 1.0), &dev).cast(dtype);
+    let run = |ours_: bool| {
+        let x = x0.clone().require_grad();
+        let y = if ours_ { ours.forward(x.clone()) } else { theirs.forward(x.clone()) };
+        let grads = (y.clone() * g.clone()).sum().backward();
+        let (w, b) = if ours_ { (&ours.weight, &ours.bias) } else { (&theirs.weight, &theirs.bias) };
+        [
+            values(y),
+            values(x.grad(&grads).unwrap()),
+            values(w.grad(&grads).unwrap()),
+            values(b.as_ref().unwrap().grad(&grads).unwrap()),
+        ]
+    };
+    let want_burn = run(false);
+    let before = counts().0;
+    let got = run(true);
+    assert!(counts().0 >= before + 3, "{dtype:?}: forward and both backward GEMMs through gemmbridge");
+    // float64: y = x·W + b; dx = g·Wᵀ, dW = xᵀ·g, db = Σ_rows g
+    let (xv, wv, bv, gv) =
+        (values(x0), values(ours.weight.val()), values(ours.bias.as_ref().unwrap().val()), values(g));
+    let y = linear_reference(&xv, &wv, Some(&bv), (m, k, n), Activation::None);
+    let dx: Vec<f64> = (0..m * k).map(|i| (0..n).map(|j| gv[(i / k) * n + j] * wv[(i % k) * n + j]).sum()).collect();
+    let dw: Vec<f64> = (0..k * n).map(|i| (0..m).map(|r| xv[r * k + i / n] * gv[r * n + i % n]).sum()).collect();
+    let db: Vec<f64> = (0..n).map(|j| (0..m).map(|r| gv[r * n + j]).sum()).collect();
+    for (name, (got, (burn, f64_))) in
+        ["y", "dx", "dW", "db"].iter().zip(got.iter().zip(want_burn.iter().zip([y, dx, dw, db])))
+    {
+        let (e, eb) = (rel(got, &f64_), rel(got, burn));
+        eprintln!("GemmLinear {dtype:?} {name}: vs f64 {e:e}, vs burn {eb:e}");
+        assert!(e <= band(dtype), "GemmLinear {dtype:?} {name}: vs f64 {e:e}");
+        assert!(eb <= band_vs_burn(dtype), "GemmLinear {dtype:?} {name}: vs burn {eb:e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn linear_module_gradients_under_autodiff() {
+    for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
+        linear_grads::<Autodiff<Plain>>(dtype);
+        linear_grads::<Autodiff<Fused>>(dtype);
     }
 }

@@ -31,6 +31,7 @@ mod layout;
 pub mod mapping;
 mod problem;
 pub mod reference;
+pub mod suites;
 pub mod validate;
 
 pub use dtype::{Compute, DType, Element, Precision};

@@ -1,0 +1,288 @@
+//! `gemmbridge-burn bench`: on the same burn CUDA buffers, per shape and dtype,
+//!
+//! - **burn**: burn's own `matmul` (burn 0.21, autotuned);
+//! - **adapter**: `gemmbridge_burn::matmul`, its two host waits included;
+//! - **raw**: gemmbridge's `gemm_raw` on the same addresses, calls enqueued back to back
+//!   (stream-ordered: what the adapter would cost with a native-stream hook in cubecl);
+//! - **raw+wait**: `gemm_raw` followed by a host wait on the stream, per call (the waits alone,
+//!   measured in gemmbridge itself).
+//!
+//! Times are wall clock over a loop of calls ended by a device sync, divided by the calls (ms
+//! per call), median over `--reps` loops after a warm-up (which also runs burn's autotuner).
+//! Inputs rotate over enough pairs to exceed 256 MiB, so L2 does not flatter small shapes.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::tensor::{Distribution, FloatDType, Tensor, TensorPrimitive};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use cubecl::cuda::{CudaDevice, CudaRuntime};
+use gemmbridge::cuda::{Gpu, RawBuffer};
+use gemmbridge::Precision;
+use serde::Serialize;
+
+type Plain = CubeBackend<CudaRuntime, f32, i32, u8>;
+
+/// Arguments of `gemmbridge-burn bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Suites of torch_peer.py's shapes, comma-separated (square, llm, small, default).
+    #[arg(long, default_value = "square,llm")]
+    suite: String,
+    /// Extra shapes `MxNxK`, comma-separated (e.g. the GEMMs of a training step), measured after
+    /// the suites'; `--suite ""` leaves only these.
+    #[arg(long, default_value = "")]
+    shapes: String,
+    /// Precisions, comma-separated: f32 (strict), tf32 (f32 tensors, the adapter's opt-in tf32
+    /// mode), f16, bf16.
+    #[arg(long, default_value = "f32,tf32,f16,bf16")]
+    dtypes: String,
+    /// Timed loops per measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Target wall time of one timed loop, in ms.
+    #[arg(long, default_value_t = 60.0)]
+    loop_ms: f64,
+    /// JSON lines, one per (shape, dtype).
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+/// One (shape, dtype) result; times in ms per call, costs in µs per call.
+#[derive(Serialize)]
+struct Row {
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype: String,
+    burn_ms: f64,
+    adapter_ms: f64,
+    raw_ms: f64,
+    raw_wait_ms: f64,
+    burn_tflops: f64,
+    adapter_tflops: f64,
+    raw_tflops: f64,
+    /// burn_ms / adapter_ms.
+    speedup_vs_burn: f64,
+    /// adapter_ms / raw_ms.
+    adapter_over_raw: f64,
+    /// (adapter_ms − raw_ms) in µs: everything the adapter adds to a stream-ordered GEMM.
+    adapter_cost_us: f64,
+    /// (raw_wait_ms − raw_ms) in µs: the host wait per call alone.
+    wait_cost_us: f64,
+    /// ‖adapter − burn‖ / ‖burn‖ on the first input pair.
+    rel_vs_burn: f64,
+    /// Input pairs rotated through.
+    pairs: usize,
+}
+
+fn dtype_of(name: &str) -> anyhow::Result<(FloatDType, Precision)> {
+    Ok(match name {
+        "f32" => (FloatDType::F32, Precision::F32),
+        "tf32" => (FloatDType::F32, Precision::TF32),
+        "f16" => (FloatDType::F16, Precision::F16),
+        "bf16" => (FloatDType::BF16, Precision::BF16),
+        _ => anyhow::bail!("unknown dtype {name:?}; choose f32, tf32, f16 or bf16"),
+    })
+}
+
+/// Median ms per call of `call` over `reps` loops of `iters` calls, each loop ended by `sync`.
+fn time(reps: usize, iters: usize, mut call: impl FnMut(usize), sync: impl Fn()) -> f64 {
+    let mut per_call: Vec<f64> = (0..reps.max(1))
+        .map(|_| {
+            sync();
+            let t = Instant::now();
+            for i in 0..iters {
+                call(i);
+            }
+            sync();
+            t.elapsed().as_secs_f64() * 1e3 / iters as f64
+        })
+        .collect();
+    per_call.sort_by(f64::total_cmp);
+    per_call[per_call.len() / 2]
+}
+
+/// The cubecl tensor under a burn tensor (plain backend: no fusion queue to drain).
+fn cube(t: &Tensor<Plain, 2>) -> CubeTensor<CudaRuntime> {
+    match t.clone().into_primitive() {
+        TensorPrimitive::Float(p) => p,
+        TensorPrimitive::QFloat(_) => unreachable!("the bench creates float tensors"),
+    }
+}
+
+/// ‖a − b‖ / ‖b‖, computed on the GPU in f32.
+fn rel(a: Tensor<Plain, 2>, b: Tensor<Plain, 2>) -> f64 {
+    let (a, b) = (a.cast(FloatDType::F32), b.cast(FloatDType::F32));
+    let num = (a - b.clone()).powi_scalar(2).sum().into_scalar();
+    let den = b.powi_scalar(2).sum().into_scalar();
+    f64::from((num / den).sqrt())
+}
+
+struct Case<'a> {
+    dev: &'a CudaDevice,
+    gpu: &'a Gpu,
+    shape: (usize, usize, usize),
+    dtype: FloatDType,
+    precision: Precision,
+}
+
+impl Case<'_> {
+    fn measure(&self, args: &BenchArgs, name: &str) -> anyhow::Result<Row> {
+        let (m, n, k) = self.shape;
+        let sync = || <Plain as burn::tensor::backend::Backend>::sync(self.dev).expect("cubecl sync");
+        let esize = if self.dtype == FloatDType::F32 { 4 } else { 2 };
+        let pair_bytes = (m * k + k * n) * esize;
+        let pairs = (256usize << 20).div_ceil(pair_bytes).clamp(1, 16);
+        let rand =
+            |r, c| Tensor::<Plain, 2>::random([r, c], Distribution::Uniform(-1.0, 1.0), self.dev).cast(self.dtype);
+        let inputs: Vec<(Tensor<Plain, 2>, Tensor<Plain, 2>)> = (0..pairs).map(|_| (rand(m, k), rand(k, n))).collect();
+        gemmbridge_burn::set_enabled(true);
+        gemmbridge_burn::set_tf32(self.precision == Precision::TF32);
+        let burn_call = |i: usize| drop(inputs[i % pairs].0.clone().matmul(inputs[i % pairs].1.clone()));
+        let adapter_call =
+            |i: usize| drop(gemmbridge_burn::matmul(inputs[i % pairs].0.clone(), inputs[i % pairs].1.clone()));
+        // warm-up: burn's autotuner, gemmbridge's plan cache (Tensor::matmul is always burn's)
+        (0..3).for_each(burn_call);
+        (0..3).for_each(adapter_call);
+        let burn_out = inputs[0].0.clone().matmul(inputs[0].1.clone());
+        let rel_vs_burn = rel(gemmbridge_burn::matmul(inputs[0].0.clone(), inputs[0].1.clone()), burn_out);
+        let probe = time(1, 3, adapter_call, sync);
+        let iters = ((args.loop_ms / probe.max(1e-3)) as usize).clamp(3, 2000);
+        let adapter_ms = time(args.reps, iters, adapter_call, sync);
+        let burn_ms = time(args.reps, iters, burn_call, sync);
+        let (raw_ms, raw_wait_ms) = self.raw(&inputs, args.reps, iters)?;
+        let tflops = |ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
+        Ok(Row {
+            m,
+            n,
+            k,
+            dtype: name.into(),
+            burn_ms,
+            adapter_ms,
+            raw_ms,
+            raw_wait_ms,
+            burn_tflops: tflops(burn_ms),
+            adapter_tflops: tflops(adapter_ms),
+            raw_tflops: tflops(raw_ms),
+            speedup_vs_burn: burn_ms / adapter_ms,
+            adapter_over_raw: adapter_ms / raw_ms,
+            adapter_cost_us: (adapter_ms - raw_ms) * 1e3,
+            wait_cost_us: (raw_wait_ms - raw_ms) * 1e3,
+            rel_vs_burn,
+            pairs,
+        })
+    }
+
+    /// gemmbridge's raw GEMM on the inputs' own addresses: (stream-ordered, with a host wait
+    /// after each call), ms per call.
+    fn raw(
+        &self,
+        inputs: &[(Tensor<Plain, 2>, Tensor<Plain, 2>)],
+        reps: usize,
+        iters: usize,
+    ) -> anyhow::Result<(f64, f64)> {
+        let (m, n, _) = self.shape;
+        let first = cube(&inputs[0].0);
+        let client = first.client.clone();
+        let out = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
+            client.clone(),
+            first.device.clone(),
+            [m, n].into(),
+            first.dtype,
+        );
+        let tensors: Vec<[CubeTensor<CudaRuntime>; 2]> = inputs.iter().map(|(a, b)| [cube(a), cube(b)]).collect();
+        let plan = gemmbridge_burn::layout::plan(
+            first.meta.shape(),
+            first.meta.strides(),
+            tensors[0][1].meta.shape(),
+            tensors[0][1].meta.strides(),
+            self.precision,
+        )
+        .map_err(|f| anyhow::anyhow!("no plan: {f:?}"))?;
+        let resource =
+            |t: &CubeTensor<CudaRuntime>| client.get_resource(t.handle.clone()).map_err(|e| anyhow::anyhow!("{e:?}"));
+        let held: Vec<_> =
+            tensors.iter().map(|[a, b]| Ok((resource(a)?, resource(b)?))).collect::<anyhow::Result<_>>()?;
+        let rc = resource(&out)?;
+        let raw = |ptr: u64, size: u64| RawBuffer { address: ptr, len_bytes: size as usize };
+        let bufs: Vec<(RawBuffer, RawBuffer)> = held
+            .iter()
+            .map(|(a, b)| (raw(a.resource().ptr, a.resource().size), raw(b.resource().ptr, b.resource().size)))
+            .collect();
+        let c = raw(rc.resource().ptr, rc.resource().size);
+        <Plain as burn::tensor::backend::Backend>::sync(self.dev).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let s = self.gpu.stream().clone();
+        let gemm = |i: usize| {
+            let (a, b) = bufs[i % bufs.len()];
+            // SAFETY: the buffers are live cubecl allocations held by `held`/`rc` until after the
+            // last synchronize below; cubecl's stream is idle (synced above) and nothing else
+            // writes them; gemmbridge checks their lengths against the plan.
+            unsafe { self.gpu.gemm_raw(&plan.problem, 1.0, a, b, 0.0, c, s.cu_stream()) }.expect("raw GEMM");
+        };
+        let sync = || s.synchronize().expect("stream synchronize");
+        (0..3).for_each(gemm);
+        let ordered = time(reps, iters, gemm, sync);
+        let waited = time(
+            reps,
+            iters,
+            |i| {
+                gemm(i);
+                sync();
+            },
+            sync,
+        );
+        drop((held, rc));
+        Ok((ordered, waited))
+    }
+}
+
+/// Runs the benchmark; prints a table and writes JSON lines.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let dev = CudaDevice::default();
+    let gpu = Gpu::new(dev.index).context("gemmbridge GPU")?;
+    let mut shapes = Vec::new();
+    for s in args.suite.split(',').filter(|s| !s.is_empty()) {
+        shapes.extend(gemmbridge::suites::shapes(s).with_context(|| format!("unknown suite {s:?}"))?);
+    }
+    for s in args.shapes.split(',').filter(|s| !s.is_empty()) {
+        let dims: Vec<usize> =
+            s.split('x').map(str::parse).collect::<Result<_, _>>().with_context(|| format!("shape {s:?}"))?;
+        anyhow::ensure!(dims.len() == 3, "shape {s:?}: expected MxNxK");
+        shapes.push((dims[0], dims[1], dims[2]));
+    }
+    let mut out = match &args.out {
+        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?),
+        None => None,
+    };
+    println!(
+        "{:>24} {:>5} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9}",
+        "m×n×k", "dtype", "burn TF/s", "adpt TF/s", "raw TF/s", "×burn", "adpt/raw", "cost µs", "wait µs", "rel"
+    );
+    for name in args.dtypes.split(',') {
+        let (dtype, precision) = dtype_of(name)?;
+        for &shape in &shapes {
+            let r = Case { dev: &dev, gpu: &gpu, shape, dtype, precision }.measure(args, name)?;
+            println!(
+                "{:>24} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.3} {:>9.1} {:>8.1} {:>9.1e}",
+                format!("{}×{}×{}", r.m, r.n, r.k),
+                r.dtype,
+                r.burn_tflops,
+                r.adapter_tflops,
+                r.raw_tflops,
+                r.speedup_vs_burn,
+                r.adapter_over_raw,
+                r.adapter_cost_us,
+                r.wait_cost_us,
+                r.rel_vs_burn
+            );
+            if let Some(f) = out.as_mut() {
+                writeln!(f, "{}", serde_json::to_string(&r)?)?;
+            }
+        }
+    }
+    gemmbridge_burn::set_tf32(false);
+    Ok(())
+}
