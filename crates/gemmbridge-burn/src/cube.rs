@@ -56,43 +56,51 @@ fn same_precision(ts: &[&Cuda]) -> Result<Precision, Fallback> {
 /// Runs a planned GEMM on burn's buffers: `out = epilogue(a·b [+ bias])`.
 ///
 /// Ordering (cubecl 0.10 exposes no CUstream, see README.md): the host waits for the calling
-/// thread's cubecl stream before the GEMM, and for gemmbridge's stream after it.
+/// thread's cubecl stream before the GEMM, and for gemmbridge's stream after it. Both waits and
+/// the address lookups run in one task on cubecl's device thread (`client.exclusive`), where
+/// cubecl's own calls execute inline: one round trip to that thread per call instead of five.
 fn run(p: &MatmulPlan, a: &Cuda, b: &Cuda, bias: Option<&Cuda>) -> Result<Cuda, Fallback> {
     let gpu = gpu(a.device.index).ok_or_else(|| Fallback::Problem("no gemmbridge GPU".into()))?;
     let client = a.client.clone();
-    // the output, from burn's allocator on the calling thread's cubecl stream
+    // the output, from burn's allocator on the calling thread's cubecl stream (queued, no wait)
     let out = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
         client.clone(),
         a.device.clone(),
         Shape::from(p.out_shape.clone()),
         a.dtype,
     );
-    let resource =
-        |t: &Cuda| client.get_resource(t.handle.clone()).map_err(|e| Fallback::Problem(format!("get_resource: {e:?}")));
-    // the bindings keep the memory from being handed out again until they drop
-    let (ra, rb, rc) = (resource(a)?, resource(b)?, resource(&out)?);
-    let rbias = bias.map(resource).transpose()?;
-    // (cubecl's GpuResource type is not nameable outside cubecl-cuda; its fields are public)
-    let raw = |ptr: u64, size: u64| RawBuffer { address: ptr, len_bytes: size as usize };
-    let (ba, bb, bc) = (
-        raw(ra.resource().ptr, ra.resource().size),
-        raw(rb.resource().ptr, rb.resource().size),
-        raw(rc.resource().ptr, rc.resource().size),
-    );
-    let extras = RawExtras { bias: rbias.as_ref().map(|r| raw(r.resource().ptr, r.resource().size)), aux: None };
-    // Forward edge: everything queued on this thread's cubecl stream (the producers of the
-    // inputs, C's allocation) is done.
-    cubecl::future::block_on(client.sync()).map_err(|e| Fallback::Problem(format!("cubecl sync: {e:?}")))?;
-    let s = gpu.stream();
-    // SAFETY: the addresses are live cubecl allocations of the primary context (which
-    // gemmbridge's Gpu shares), held by the bindings above until after the synchronize below;
-    // no cubecl work touches them meanwhile (the sync above drained this thread's stream, and
-    // C is fresh); gemmbridge checks their lengths and alignment against the layouts.
-    let r = unsafe { gpu.gemm_raw_fused(&p.problem, 1.0, ba, bb, 0.0, bc, extras, s.cu_stream()) };
-    // Back edge: C is written before cubecl reads it or reuses the inputs.
-    s.synchronize().map_err(|e| Fallback::Problem(format!("stream synchronize: {e:?}")))?;
-    drop((ra, rb, rc, rbias));
-    r.map(|()| out).map_err(|e| Fallback::Problem(e.to_string()))
+    let task = || -> Result<(), Fallback> {
+        let resource = |t: &Cuda| {
+            client.get_resource(t.handle.clone()).map_err(|e| Fallback::Problem(format!("get_resource: {e:?}")))
+        };
+        // the bindings keep the memory from being handed out again until they drop
+        let (ra, rb, rc) = (resource(a)?, resource(b)?, resource(&out)?);
+        let rbias = bias.map(resource).transpose()?;
+        // (cubecl's GpuResource type is not nameable outside cubecl-cuda; its fields are public)
+        let raw = |ptr: u64, size: u64| RawBuffer { address: ptr, len_bytes: size as usize };
+        let (ba, bb, bc) = (
+            raw(ra.resource().ptr, ra.resource().size),
+            raw(rb.resource().ptr, rb.resource().size),
+            raw(rc.resource().ptr, rc.resource().size),
+        );
+        let extras = RawExtras { bias: rbias.as_ref().map(|r| raw(r.resource().ptr, r.resource().size)), aux: None };
+        // Forward edge: everything queued on the caller's cubecl stream (the producers of the
+        // inputs, C's allocation) is done.
+        cubecl::future::block_on(client.sync()).map_err(|e| Fallback::Problem(format!("cubecl sync: {e:?}")))?;
+        let s = gpu.stream();
+        // SAFETY: the addresses are live cubecl allocations of the primary context (which
+        // gemmbridge's Gpu shares), held by the bindings above until after the synchronize
+        // below; no cubecl work touches them meanwhile (the sync above drained the caller's
+        // stream, C is fresh, and this task holds cubecl's device thread); gemmbridge checks
+        // their lengths and alignment against the layouts.
+        let r = unsafe { gpu.gemm_raw_fused(&p.problem, 1.0, ba, bb, 0.0, bc, extras, s.cu_stream()) };
+        // Back edge: C is written before cubecl reads it or reuses the inputs.
+        s.synchronize().map_err(|e| Fallback::Problem(format!("stream synchronize: {e:?}")))?;
+        drop((ra, rb, rc, rbias));
+        r.map_err(|e| Fallback::Problem(e.to_string()))
+    };
+    client.exclusive(task).map_err(|e| Fallback::Problem(format!("cubecl device thread: {e:?}")))??;
+    Ok(out)
 }
 
 fn try_matmul(lhs: &Cuda, rhs: &Cuda) -> Result<Cuda, Fallback> {

@@ -76,6 +76,8 @@ struct Row {
     rel_vs_burn: f64,
     /// Input pairs rotated through.
     pairs: usize,
+    /// Whether burn's matmul was autotuned (built with the `burn-autotune` feature).
+    burn_autotune: bool,
 }
 
 fn dtype_of(name: &str) -> anyhow::Result<(FloatDType, Precision)> {
@@ -173,6 +175,7 @@ impl Case<'_> {
             wait_cost_us: (raw_wait_ms - raw_ms) * 1e3,
             rel_vs_burn,
             pairs,
+            burn_autotune: cfg!(feature = "burn-autotune"),
         })
     }
 
@@ -257,6 +260,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         Some(p) => Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?),
         None => None,
     };
+    println!("burn's matmul autotuned: {}", cfg!(feature = "burn-autotune"));
     println!(
         "{:>24} {:>5} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9}",
         "m×n×k", "dtype", "burn TF/s", "adpt TF/s", "raw TF/s", "×burn", "adpt/raw", "cost µs", "wait µs", "rel"
