@@ -16,13 +16,12 @@
 //!   read ([`layout::Fallback`]), no GPU library — it falls back to burn's own matmul, and a
 //!   `tracing` debug line says which path each shape took. [`set_enabled`] switches the
 //!   adapter off and on at run time (A/B tests).
+//! - [`linear`] and the [`GemmLinear`] module (`nn::Linear`'s API and record) fuse the bias and
+//!   an [`Activation`] into the GEMM's epilogue.
 //! - Ordering with cubecl's streams (which cubecl 0.10 does not expose): before the GEMM the
 //!   host waits for the calling thread's cubecl stream (`client.sync()`), and after it for
-//!   gemmbridge's stream. See README.md for the cost and the upstream hook that would remove
-//!   both waits.
-//!
-//! Status: the layout mapping is tested on the CPU; the GPU paths compile against burn 0.21
-//! and are exercised by `tests/gpu.rs` on a CUDA machine.
+//!   gemmbridge's stream, both in one task on cubecl's device thread. See README.md for the
+//!   cost and the upstream hook that would remove both waits.
 
 mod autodiff;
 mod cube;
