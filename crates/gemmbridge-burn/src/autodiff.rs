@@ -105,19 +105,32 @@ fn retrieve<B: GemmOps>(checkpointer: &mut Checkpointer, id: Option<NodeId>) -> 
     id.map(|id| checkpointer.retrieve_node_output(id))
 }
 
+/// Registers `dx` and `dW` for the linear node's x and weight parents (the ids of the tracked
+/// ones), from the checkpointed inputs in `state`.
+fn register_linear_grads<B: GemmOps>(
+    [id_x, id_w]: [Option<NodeId>; 2],
+    grad: &FloatTensor<B>,
+    state: LinearState,
+    grads: &mut Gradients,
+    checkpointer: &mut Checkpointer,
+) {
+    let (x, w) = (retrieve::<B>(checkpointer, state.0), retrieve::<B>(checkpointer, state.1));
+    let (dx, dw) = linear_grads::<B>(grad, x.filter(|_| id_w.is_some()), w.filter(|_| id_x.is_some()));
+    for (id, g) in [(id_x, dx), (id_w, dw)] {
+        if let (Some(id), Some(g)) = (id, g) {
+            grads.register::<B>(id, g);
+        }
+    }
+}
+
 impl<B: GemmOps> Backward<B, 3> for GemmLinearBackward {
     type State = LinearState;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
         let [node_x, node_w, node_b] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (x, w) = (retrieve::<B>(checkpointer, ops.state.0), retrieve::<B>(checkpointer, ops.state.1));
-        let (dx, dw) = linear_grads::<B>(&grad, x.filter(|_| node_w.is_some()), w.filter(|_| node_x.is_some()));
-        for (node, g) in [(node_x, dx), (node_w, dw)] {
-            if let (Some(node), Some(g)) = (node, g) {
-                grads.register::<B>(node.id, g);
-            }
-        }
+        let ids = [node_x.map(|n| n.id), node_w.map(|n| n.id)];
+        register_linear_grads::<B>(ids, &grad, ops.state, grads, checkpointer);
         if let Some(node) = node_b {
             grads.register::<B>(node.id, B::linear_bias_backward(grad));
         }
@@ -130,13 +143,8 @@ impl<B: GemmOps> Backward<B, 2> for GemmLinearBackward {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
         let [node_x, node_w] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (x, w) = (retrieve::<B>(checkpointer, ops.state.0), retrieve::<B>(checkpointer, ops.state.1));
-        let (dx, dw) = linear_grads::<B>(&grad, x.filter(|_| node_w.is_some()), w.filter(|_| node_x.is_some()));
-        for (node, g) in [(node_x, dx), (node_w, dw)] {
-            if let (Some(node), Some(g)) = (node, g) {
-                grads.register::<B>(node.id, g);
-            }
-        }
+        let ids = [node_x.map(|n| n.id), node_w.map(|n| n.id)];
+        register_linear_grads::<B>(ids, &grad, ops.state, grads, checkpointer);
     }
 }
 

@@ -13,6 +13,15 @@ use burn::tensor::{activation, Distribution, Tensor};
 use gemmbridge_burn::{linear, matmul, Activation, GemmLinear, GemmLinearConfig};
 
 type Cpu = NdArray<f32>;
+
+/// NdArray's random generator is global to the process and the tests run on parallel threads:
+/// every test holds this lock, so that a seeded initialisation is not interleaved with another
+/// test's draws.
+static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
+    RNG.lock().unwrap_or_else(|p| p.into_inner())
+}
 type Ad = Autodiff<Cpu>;
 
 fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
@@ -40,6 +49,7 @@ fn random<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> 
 
 #[test]
 fn config_defaults_and_init_match_linear_config() {
+    let _rng = rng_lock();
     let device = Default::default();
     let (ours, theirs) = (GemmLinearConfig::new(7, 5), LinearConfig::new(7, 5));
     assert_eq!(ours.initializer, theirs.initializer);
@@ -55,6 +65,7 @@ fn config_defaults_and_init_match_linear_config() {
 
 #[test]
 fn records_load_across_in_both_directions_and_layouts() {
+    let _rng = rng_lock();
     let device = Default::default();
     let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
     for layout in [LinearLayout::Row, LinearLayout::Col] {
@@ -79,6 +90,7 @@ fn records_load_across_in_both_directions_and_layouts() {
 
 #[test]
 fn conversions_keep_the_parameters() {
+    let _rng = rng_lock();
     let device = Default::default();
     let theirs: Linear<Cpu> = materialised(LinearConfig::new(3, 2).init(&device));
     let ours: GemmLinear<Cpu> = theirs.clone().into();
@@ -93,6 +105,7 @@ fn conversions_keep_the_parameters() {
 /// (`LinearLayout::Col`; the gradient lands on the stored leaf through the transpose).
 #[test]
 fn linear_gradients_equal_burns() {
+    let _rng = rng_lock();
     let device = Default::default();
     for col in [false, true] {
         for bias in [true, false] {
@@ -144,6 +157,7 @@ fn linear_gradients_equal_burns() {
 /// The module: `GemmLinear` trains the same parameters as `Linear` (gradients by parameter).
 #[test]
 fn module_gradients_equal_linear() {
+    let _rng = rng_lock();
     let device = Default::default();
     let theirs: Linear<Ad> = materialised(LinearConfig::new(6, 4).init(&device));
     let ours: GemmLinear<Ad> = theirs.clone().into();
@@ -159,6 +173,7 @@ fn module_gradients_equal_linear() {
 /// An untracked call (no gradient needed) takes the fused path; its value is the same.
 #[test]
 fn untracked_linear_with_activation_equals_burn() {
+    let _rng = rng_lock();
     let device = Default::default();
     let theirs: Linear<Ad> = materialised(LinearConfig::new(6, 4).init(&device));
     let x = random::<Ad, 2>([5, 6], &device);
@@ -171,6 +186,7 @@ fn untracked_linear_with_activation_equals_burn() {
 /// matmul gradients under broadcasting, rank 2 and 3, against burn's own matmul.
 #[test]
 fn matmul_gradients_equal_burns() {
+    let _rng = rng_lock();
     let device = Default::default();
     for (l, r) in [([1, 4, 3], [1, 3, 5]), ([3, 4, 3], [1, 3, 5]), ([1, 4, 3], [2, 3, 5]), ([2, 4, 3], [2, 3, 5])] {
         let (a0, b0) = (random::<Ad, 3>(l, &device), random::<Ad, 3>(r, &device));
