@@ -87,7 +87,7 @@ fn linear_grads<B: GemmOps>(
     let dw = x.map(|x| {
         let (xs, gs) = (x.shape(), grad.shape());
         let (d_in, d_out) = (xs[xs.num_dims() - 1], gs[gs.num_dims() - 1]);
-        let m = xs.num_elements() / d_in.max(1);
+        let m: usize = (0..xs.num_dims() - 1).map(|i| xs[i]).product();
         let x2 = B::float_reshape(x, Shape::from([m, d_in]));
         let g2 = B::float_reshape(grad.clone(), Shape::from([m, d_out]));
         B::gemm_matmul(B::float_transpose(x2), g2)

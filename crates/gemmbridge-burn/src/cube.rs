@@ -60,6 +60,9 @@ fn same_precision(ts: &[&Cuda]) -> Result<Precision, Fallback> {
 /// the address lookups run in one task on cubecl's device thread (`client.exclusive`), where
 /// cubecl's own calls execute inline: one round trip to that thread per call instead of five.
 fn run(p: &MatmulPlan, a: &Cuda, b: &Cuda, bias: Option<&Cuda>) -> Result<Cuda, Fallback> {
+    if b.device != a.device || bias.is_some_and(|t| t.device != a.device) {
+        return Err(Fallback::Problem("operands on different devices".into()));
+    }
     let gpu = gpu(a.device.index).ok_or_else(|| Fallback::Problem("no gemmbridge GPU".into()))?;
     let client = a.client.clone();
     // the output, from burn's allocator on the calling thread's cubecl stream (queued, no wait)
@@ -111,8 +114,17 @@ fn try_matmul(lhs: &Cuda, rhs: &Cuda) -> Result<Cuda, Fallback> {
 
 fn try_linear(x: &Cuda, w: &Cuda, bias: Option<&Cuda>, act: Activation) -> Result<Cuda, Fallback> {
     let prec = same_precision(&[x, w].into_iter().chain(bias).collect::<Vec<_>>())?;
-    let bias_stride = bias.map(|b| b.meta.strides().last().copied().unwrap_or(1));
-    let p = plan_linear(x.meta.shape(), x.meta.strides(), w.meta.shape(), w.meta.strides(), bias_stride, act, prec)?;
+    let bias = bias.map(|b| (b, b.meta.shape().iter().product(), b.meta.strides().last().copied().unwrap_or(1)));
+    let p = plan_linear(
+        x.meta.shape(),
+        x.meta.strides(),
+        w.meta.shape(),
+        w.meta.strides(),
+        bias.map(|(_, len, stride)| (len, stride)),
+        act,
+        prec,
+    )?;
+    let bias = bias.map(|(b, _, _)| b);
     run(&p, x, w, bias)
 }
 

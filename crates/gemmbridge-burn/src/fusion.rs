@@ -64,7 +64,9 @@ impl<B: FusionBackend + GemmOps> GemmOps for Fusion<B> {
     fn gemm_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         let d = lhs.shape.num_dims();
         // burn's broadcasting of the batch dims; the inner backend checks the rest
-        let mut dims: Vec<usize> = (0..d.saturating_sub(2)).map(|i| lhs.shape[i].max(rhs.shape[i])).collect();
+        // (a size-1 dim takes the other's size, 0 included)
+        let mut dims: Vec<usize> =
+            (0..d.saturating_sub(2)).map(|i| if lhs.shape[i] == 1 { rhs.shape[i] } else { lhs.shape[i] }).collect();
         dims.push(lhs.shape[d - 2]);
         dims.push(rhs.shape[d - 1]);
         record::<B>("gemmbridge_matmul", Call::Matmul, vec![lhs, rhs], dims)

@@ -16,7 +16,9 @@ use crate::Activation;
 /// Why a matmul is left to burn.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fallback {
-    /// Ranks below 2, or the inner dimensions differ (burn reports that itself).
+    /// Ranks or stride counts that do not fit, inner dimensions that differ, batch dims that do
+    /// not broadcast, a bias length other than d_out, sizes that overflow (burn's op reports
+    /// what is an error).
     Shape(String),
     /// A matrix whose last two strides are neither `[ld, 1]` nor `[1, ld]`.
     Layout(String),
@@ -48,6 +50,9 @@ fn matrix(rows: usize, cols: usize, sr: usize, sc: usize, what: &str) -> Result<
 
 /// The single batch stride of an operand whose batch dims are broadcast to `out_batch`, if any.
 fn batch_stride(shape: &[usize], strides: &[usize], out_batch: &[usize], what: &str) -> Result<usize, Fallback> {
+    let fail = || {
+        Fallback::Batch(format!("{what}: batch shape {shape:?} strides {strides:?} do not collapse over {out_batch:?}"))
+    };
     // effective stride of each output batch dim: 0 where this operand broadcasts
     let eff: Vec<usize> = shape.iter().zip(strides).map(|(&d, &s)| if d == 1 { 0 } else { s }).collect();
     let mut stride: Option<usize> = None;
@@ -57,17 +62,11 @@ fn batch_stride(shape: &[usize], strides: &[usize], out_batch: &[usize], what: &
             continue;
         }
         match expected {
-            None => {
-                stride = Some(eff[i]);
-                expected = Some(eff[i] * out_batch[i]);
-            }
-            Some(e) if eff[i] == e => expected = Some(e * out_batch[i]),
-            Some(_) => {
-                return Err(Fallback::Batch(format!(
-                    "{what}: batch shape {shape:?} strides {strides:?} do not collapse over {out_batch:?}"
-                )))
-            }
+            None => stride = Some(eff[i]),
+            Some(e) if eff[i] == e => {}
+            Some(_) => return Err(fail()),
         }
+        expected = Some(eff[i].checked_mul(out_batch[i]).ok_or_else(fail)?);
     }
     Ok(stride.unwrap_or(0))
 }
@@ -107,10 +106,12 @@ pub fn plan(
         if a != b && a != 1 && b != 1 {
             return Err(Fallback::Shape(format!("batch dims {lhs_shape:?} and {rhs_shape:?} do not broadcast")));
         }
-        out_shape.push(a.max(b));
+        // broadcasting: a size-1 dim takes the other's size (0 included)
+        out_shape.push(if a == 1 { b } else { a });
     }
     let out_batch = out_shape.clone();
-    let batch: usize = out_batch.iter().product();
+    let batch = checked_product(&out_batch)
+        .ok_or_else(|| Fallback::Shape(format!("batch dims of {lhs_shape:?} · {rhs_shape:?} overflow")))?;
     out_shape.extend([m, n]);
     let mut a = matrix(m, k, lhs_strides[d - 2], lhs_strides[d - 1], "lhs")?;
     let mut b = matrix(k, n, rhs_strides[d - 2], rhs_strides[d - 1], "rhs")?;
@@ -133,20 +134,45 @@ pub fn linear_epilogue(bias: bool, act: Activation) -> Epilogue {
     }
 }
 
+/// The product of `dims`, or `None` on overflow.
+fn checked_product(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |p, &d| p.checked_mul(d))
+}
+
+/// The row stride of a tensor's leading dimensions collapsed into one run of rows, if they
+/// collapse: size-1 dims say nothing (their stride is never used); every other dim, innermost
+/// first, must advance by the rows of all the dims inside it. `one_row` is returned when there
+/// is at most one row.
+fn collapsed_row_stride(shape: &[usize], strides: &[usize], one_row: usize) -> Option<usize> {
+    let mut first: Option<usize> = None;
+    let mut expected: Option<usize> = None;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n == 1 {
+            continue;
+        }
+        if expected.is_some_and(|e| e != s) {
+            return None;
+        }
+        first.get_or_insert(s);
+        expected = Some(s.checked_mul(n)?);
+    }
+    Some(first.unwrap_or(one_row))
+}
+
 /// Plans burn's `linear`: `act(x[.., d_in] · weight[d_in, d_out] + bias[d_out])` as one GEMM
 /// with `m` = the product of `x`'s leading dimensions and the bias/activation as its epilogue.
 ///
-/// `x`'s leading dimensions must collapse into one row stride (`strides[i] = strides[i+1]·
-/// shape[i+1]` above the last two, which every contiguous or row-pitched rank-2 tensor
-/// satisfies); `weight` is row-major (`LinearLayout::Row`, `op(B) = N`) or a transposed view
-/// (`LinearLayout::Col`, `op(B) = T`); `bias` must be contiguous (`bias_stride` 1). The output
-/// is a contiguous `[.., d_out]` tensor.
+/// `x`'s leading dimensions must collapse into one run of rows with a single row stride (every
+/// contiguous or row-pitched tensor does; size-1 dims are ignored); `weight` is row-major
+/// (`LinearLayout::Row`, `op(B) = N`) or a transposed view (`LinearLayout::Col`, `op(B) = T`);
+/// `bias`, given as `(length, stride)` in elements, must have `d_out` contiguous elements. The
+/// output is a contiguous `[.., d_out]` tensor.
 ///
 /// ```
 /// use gemmbridge::{Epilogue, Op, Precision};
 /// use gemmbridge_burn::{layout::plan_linear, Activation};
 /// // x[4, 16, 24] · w, w stored as [8, 24] (LinearLayout::Col: shape [24, 8], strides [1, 24])
-/// let p = plan_linear(&[4, 16, 24], &[384, 24, 1], &[24, 8], &[1, 24], Some(1), Activation::Relu, Precision::F16)
+/// let p = plan_linear(&[4, 16, 24], &[384, 24, 1], &[24, 8], &[1, 24], Some((8, 1)), Activation::Relu, Precision::F16)
 ///     .unwrap();
 /// assert_eq!(p.out_shape, vec![4, 16, 8]);
 /// assert_eq!((p.problem.m(), p.problem.n(), p.problem.k()), (64, 8, 24));
@@ -154,13 +180,15 @@ pub fn linear_epilogue(bias: bool, act: Activation) -> Epilogue {
 /// ```
 ///
 /// # Errors
-/// A [`Fallback`] saying why the call should go to burn's own `linear`.
+/// A [`Fallback`] saying why the call should go to burn's own `linear`: `Shape` (ranks, d_in,
+/// a bias length other than d_out, sizes that overflow), `Layout` (a strided bias, a weight
+/// neither row-major nor transposed), `Batch` (leading dims of x that do not collapse).
 pub fn plan_linear(
     x_shape: &[usize],
     x_strides: &[usize],
     w_shape: &[usize],
     w_strides: &[usize],
-    bias_stride: Option<usize>,
+    bias: Option<(usize, usize)>,
     act: Activation,
     precision: Precision,
 ) -> Result<MatmulPlan, Fallback> {
@@ -168,28 +196,28 @@ pub fn plan_linear(
     if d == 0 || x_strides.len() != d || w_shape.len() != 2 || w_strides.len() != 2 {
         return Err(Fallback::Shape(format!("linear: x {x_shape:?}, weight {w_shape:?}")));
     }
-    if x_shape[d - 1] != w_shape[0] {
+    let (d_in, d_out) = (w_shape[0], w_shape[1]);
+    if x_shape[d - 1] != d_in {
         return Err(Fallback::Shape(format!("linear: x {x_shape:?} · weight {w_shape:?}")));
     }
-    if let Some(s) = bias_stride.filter(|&s| s != 1 && w_shape[1] > 1) {
-        return Err(Fallback::Layout(format!("linear: bias with stride {s}")));
-    }
-    let m: usize = x_shape[..d - 1].iter().product();
-    // the row stride of x viewed as [m, d_in]: every leading dim must advance by the next one
-    let row_stride = if d >= 2 { x_strides[d - 2] } else { x_shape[0] };
-    for i in 0..d.saturating_sub(2) {
-        if x_shape[i] > 1 && x_strides[i] != x_strides[i + 1] * x_shape[i + 1] {
-            return Err(Fallback::Batch(format!(
-                "linear: x {x_shape:?} strides {x_strides:?} do not collapse into rows"
-            )));
+    match bias {
+        Some((len, _)) if len != d_out => {
+            return Err(Fallback::Shape(format!("linear: bias of {len} elements for d_out = {d_out}")))
         }
+        Some((_, stride)) if stride != 1 && d_out > 1 => {
+            return Err(Fallback::Layout(format!("linear: bias with stride {stride}")))
+        }
+        _ => {}
     }
-    let mut p = plan(&[m, x_shape[d - 1]], &[row_stride, x_strides[d - 1]], w_shape, w_strides, precision)?;
-    p.problem = p
-        .problem
-        .with_epilogue(linear_epilogue(bias_stride.is_some(), act))
-        .map_err(|e| Fallback::Problem(e.to_string()))?;
-    p.out_shape = x_shape[..d - 1].iter().copied().chain([w_shape[1]]).collect();
+    let lead = &x_shape[..d - 1];
+    let m = checked_product(lead).ok_or_else(|| Fallback::Shape(format!("linear: x {x_shape:?} overflows")))?;
+    let row_stride = collapsed_row_stride(lead, &x_strides[..d - 1], d_in).ok_or_else(|| {
+        Fallback::Batch(format!("linear: x {x_shape:?} strides {x_strides:?} do not collapse into rows"))
+    })?;
+    let mut p = plan(&[m, d_in], &[row_stride, x_strides[d - 1]], w_shape, w_strides, precision)?;
+    p.problem =
+        p.problem.with_epilogue(linear_epilogue(bias.is_some(), act)).map_err(|e| Fallback::Problem(e.to_string()))?;
+    p.out_shape = lead.iter().copied().chain([d_out]).collect();
     Ok(p)
 }
 
@@ -258,8 +286,8 @@ mod tests {
     #[test]
     fn linear_rows_collapse_and_epilogues() {
         // x[2, 3, 5] contiguous, w[5, 4] row-major, bias
-        let p =
-            plan_linear(&[2, 3, 5], &[15, 5, 1], &[5, 4], &[4, 1], Some(1), Activation::None, Precision::F32).unwrap();
+        let p = plan_linear(&[2, 3, 5], &[15, 5, 1], &[5, 4], &[4, 1], Some((4, 1)), Activation::None, Precision::F32)
+            .unwrap();
         assert_eq!((p.problem.m(), p.problem.n(), p.problem.k(), p.problem.batch()), (6, 4, 5, 1));
         assert_eq!((p.problem.b().op, p.problem.epilogue()), (Op::N, Epilogue::Bias));
         assert_eq!(p.out_shape, vec![2, 3, 4]);
@@ -287,10 +315,57 @@ mod tests {
         let e = plan_linear(&[2, 3, 5], &[32, 8, 1], &[5, 4], &[4, 1], None, Activation::None, Precision::F32);
         assert!(matches!(e, Err(Fallback::Batch(_))), "{e:?}");
         // a strided bias view
-        let e = plan_linear(&[3, 5], &[5, 1], &[5, 4], &[4, 1], Some(2), Activation::None, Precision::F32);
+        let e = plan_linear(&[3, 5], &[5, 1], &[5, 4], &[4, 1], Some((4, 2)), Activation::None, Precision::F32);
         assert!(matches!(e, Err(Fallback::Layout(_))), "{e:?}");
+        // a bias burn would broadcast ([1]) or reject ([3]): burn's linear decides
+        for len in [1, 3] {
+            let e = plan_linear(&[3, 5], &[5, 1], &[5, 4], &[4, 1], Some((len, 1)), Activation::None, Precision::F32);
+            assert!(matches!(e, Err(Fallback::Shape(_))), "bias of {len}: {e:?}");
+        }
         // mismatched d_in
         let e = plan_linear(&[3, 5], &[5, 1], &[6, 4], &[4, 1], None, Activation::None, Precision::F32);
         assert!(matches!(e, Err(Fallback::Shape(_))), "{e:?}");
+    }
+
+    /// Views whose size-1 or broadcast dims would make a naive collapse read the wrong rows
+    /// (found by a reviewer's random search against the CPU GEMM).
+    #[test]
+    fn linear_collapse_ignores_size_one_dims_and_rejects_broadcasts() {
+        let lin = |shape: &[usize], strides: &[usize]| {
+            plan_linear(shape, strides, &[5, 4], &[4, 1], None, Activation::None, Precision::F32)
+        };
+        // base[2, 131, 5].slice(.., 0..3).unsqueeze(1): [2, 1, 3, 5] with strides [655, 655, 5, 1]
+        // — rows of the two batches are 655 elements apart, not 15
+        assert!(matches!(lin(&[2, 1, 3, 5], &[655, 655, 5, 1]), Err(Fallback::Batch(_))));
+        // the same rows with a size-1 dim whose stride is arbitrary: they do collapse
+        let p = lin(&[2, 1, 3, 5], &[15, 999, 5, 1]).unwrap();
+        assert_eq!((p.problem.m(), p.problem.a().layout.ld), (6, 5));
+        // x[3, 1, 1, 5] with junk strides on the size-1 dims: rows 4 apart... of a 5-wide row: no
+        assert!(lin(&[3, 1, 1, 5], &[4, 4, 36, 1]).is_err());
+        // x[3, 1, 1, 5] rows 8 apart (pitched): ld 8
+        assert_eq!(lin(&[3, 1, 1, 5], &[8, 4, 36, 1]).unwrap().problem.a().layout.ld, 8);
+        // t[2, 5].expand([3, 1, 2, 5]): strides [0, 0, 5, 1] read 6 rows from a 2-row tensor
+        assert!(matches!(lin(&[3, 1, 2, 5], &[0, 0, 5, 1]), Err(Fallback::Batch(_))));
+        // one row, any strides
+        assert_eq!(lin(&[1, 1, 5], &[7, 3, 1]).unwrap().problem.m(), 1);
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_fallbacks_not_panics() {
+        let big = 1usize << 33;
+        let e = plan(&[big, big, 2, 2], &[0, 0, 2, 1], &[1, 1, 2, 2], &[4, 4, 2, 1], Precision::F32);
+        assert!(matches!(e, Err(Fallback::Shape(_))), "{e:?}");
+        let e = plan(&[2, 3, 2, 2], &[4, usize::MAX, 2, 1], &[2, 3, 2, 2], &[12, 4, 2, 1], Precision::F32);
+        assert!(e.is_err(), "{e:?}");
+        let e = plan_linear(&[big, big, 4], &[0, 4, 1], &[4, 2], &[2, 1], None, Activation::None, Precision::F32);
+        assert!(matches!(e, Err(Fallback::Shape(_))), "{e:?}");
+        let e = plan_linear(&[2, 2, 4], &[1, usize::MAX, 1], &[4, 2], &[2, 1], None, Activation::None, Precision::F32);
+        assert!(e.is_err(), "{e:?}");
+    }
+
+    #[test]
+    fn a_zero_batch_broadcast_against_one_stays_zero() {
+        let p = plan(&[0, 3, 4], &[12, 4, 1], &[1, 4, 5], &[20, 5, 1], Precision::F32).unwrap();
+        assert_eq!((p.out_shape.clone(), p.problem.batch()), (vec![0, 3, 5], 0));
     }
 }

@@ -44,8 +44,12 @@ static TF32: AtomicBool = AtomicBool::new(false);
 static SERVED: AtomicUsize = AtomicUsize::new(0);
 static FELL_BACK: AtomicUsize = AtomicUsize::new(0);
 
-/// Calls served by gemmbridge and calls that fell back to burn's matmul, since the start of
-/// the process (the per-shape detail is in the `tracing` debug log).
+/// `(served, fell back)`: GEMM calls (matmul and linear, forward and backward) that reached the
+/// adapter on a backend it can serve (burn's CUDA `CubeBackend`, also under fusion and
+/// autodiff) and were run by gemmbridge, or were handed back to burn's op (adapter disabled,
+/// a dtype or layout gemmbridge does not take, a non-CUDA cubecl runtime), since the start of
+/// the process. Backends that use `GemmOps`' defaults (NdArray) are not counted. The per-shape
+/// detail is in the `tracing` debug log.
 pub fn counts() -> (usize, usize) {
     (SERVED.load(Ordering::Relaxed), FELL_BACK.load(Ordering::Relaxed))
 }
@@ -78,7 +82,7 @@ pub(crate) fn tf32() -> bool {
 ///
 /// `GeluTanh` is the tanh approximation cuBLASLt computes (`CUBLASLT_EPILOGUE_GELU`, cuBLASLt
 /// docs §cublasLtEpilogue_t), which is burn's `activation::gelu_approximate`, not burn's erf
-/// `gelu`; the two differ by up to ~1e-3 absolute.
+/// `gelu`; the two differ by up to about 5e-4 absolute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Activation {
     /// None: `y = x·W + b`.
@@ -107,6 +111,8 @@ pub trait GemmOps: Backend {
 
     /// `act(x[.., d_in] · weight[d_in, d_out] + bias[d_out])`, burn's `linear` (then `act`),
     /// with the bias and the activation fused into the GEMM's epilogue where gemmbridge serves.
+    /// As burn's backend-level `ModuleOps::linear`, `x` has rank ≥ 2 here; the tensor-level
+    /// [`linear`] also takes rank 1, and checks the shapes.
     fn gemm_linear(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -145,23 +151,62 @@ pub(crate) fn activate<B: Backend>(y: FloatTensor<B>, act: Activation) -> FloatT
 
 /// `lhs[.., m, k] · rhs[.., k, n]` through gemmbridge, as burn's `Tensor::matmul` (same
 /// broadcasting, same result type), falling back to burn's matmul where gemmbridge cannot serve.
+///
+/// # Panics
+/// As burn's `Tensor::matmul`, before anything runs: tensors on different devices, inner
+/// dimensions that differ, batch dimensions that do not broadcast (each message names the
+/// shapes).
 pub fn matmul<B: GemmOps, const D: usize>(lhs: Tensor<B, D>, rhs: Tensor<B, D>) -> Tensor<B, D> {
+    check_matmul(&lhs, &rhs);
     let out = B::gemm_matmul(lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
     Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// burn's checks for matmul (burn's own `TensorCheck` is crate-private), so that a bad call
+/// fails at the call site with the shapes, never inside a backend or a deferred fusion stream.
+fn check_matmul<B: Backend, const D: usize>(lhs: &Tensor<B, D>, rhs: &Tensor<B, D>) {
+    let (l, r) = (lhs.dims(), rhs.dims());
+    assert!(lhs.device() == rhs.device(), "gemmbridge_burn::matmul: lhs and rhs are on different devices");
+    assert!(D >= 2, "gemmbridge_burn::matmul: rank {D}; matmul needs rank ≥ 2");
+    assert!(
+        l[D - 1] == r[D - 2],
+        "gemmbridge_burn::matmul: the inner dimensions differ ({} and {}): lhs shape {l:?}, rhs shape {r:?}",
+        l[D - 1],
+        r[D - 2]
+    );
+    for i in 0..D - 2 {
+        assert!(
+            l[i] == r[i] || l[i] == 1 || r[i] == 1,
+            "gemmbridge_burn::matmul: batch dimension {i} does not broadcast ({} and {}): lhs shape {l:?}, rhs shape {r:?}",
+            l[i],
+            r[i]
+        );
+    }
 }
 
 /// `act(x[.., d_in] · weight[d_in, d_out] + bias[d_out])` — burn's `module::linear` followed by
 /// `act` — with the bias and activation fused into one gemmbridge GEMM where it can serve.
 ///
-/// `weight` may be a transposed view (burn's `LinearLayout::Col`); it becomes `op(B) = T`, no
-/// copy. `x`'s leading dimensions must collapse into one row stride (any contiguous tensor
-/// does), otherwise the call falls back to burn.
+/// `x` of any rank ≥ 1 (rank 1 is one row, as in burn). `weight` may be a transposed view
+/// (burn's `LinearLayout::Col`); it becomes `op(B) = T`, no copy. `x`'s leading dimensions must
+/// collapse into one row stride (any contiguous tensor does), otherwise the call falls back to
+/// burn.
+///
+/// # Panics
+/// Before anything runs: tensors on different devices, `x`'s last dimension ≠ `d_in` (the
+/// message names the shapes). A bias whose length is not `d_out` goes to burn's `linear`, which
+/// broadcasts a one-element bias and rejects the rest.
 pub fn linear<B: GemmOps, const D: usize>(
     x: Tensor<B, D>,
     weight: Tensor<B, 2>,
     bias: Option<Tensor<B, 1>>,
     act: Activation,
 ) -> Tensor<B, D> {
+    check_linear(&x, &weight, bias.as_ref());
+    if D == 1 {
+        // as burn's module::linear: one row through the rank-2 path
+        return linear(x.unsqueeze::<2>(), weight, bias, act).squeeze_dim(0);
+    }
     let out = B::gemm_linear(
         x.into_primitive().tensor(),
         weight.into_primitive().tensor(),
@@ -169,4 +214,18 @@ pub fn linear<B: GemmOps, const D: usize>(
         act,
     );
     Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+fn check_linear<B: Backend, const D: usize>(x: &Tensor<B, D>, w: &Tensor<B, 2>, bias: Option<&Tensor<B, 1>>) {
+    let (xs, ws) = (x.dims(), w.dims());
+    let device = x.device();
+    assert!(
+        w.device() == device && bias.is_none_or(|b| b.device() == device),
+        "gemmbridge_burn::linear: x, weight and bias are on different devices"
+    );
+    assert!(
+        xs[D - 1] == ws[0],
+        "gemmbridge_burn::linear: x's last dimension is {} but weight is [d_input, d_output] = {ws:?}: x shape {xs:?}",
+        xs[D - 1]
+    );
 }

@@ -202,3 +202,60 @@ fn matmul_gradients_equal_burns() {
         assert_close(&format!("{l:?}·{r:?} dB"), &values(b.grad(&g).unwrap()), &values(br.grad(&gr).unwrap()), 1e-5);
     }
 }
+
+/// Rank-1 x is one row, as in burn's `module::linear`, on every path (also the fallback's).
+#[test]
+fn rank_one_linear_equals_burns() {
+    let _rng = rng_lock();
+    let device = Default::default();
+    for bias in [true, false] {
+        let (x0, w, b) =
+            (random::<Ad, 1>([6], &device), random::<Ad, 2>([6, 4], &device), random::<Ad, 1>([4], &device));
+        let x = x0.clone().require_grad();
+        let y = linear(x.clone(), w.clone(), bias.then(|| b.clone()), Activation::None);
+        assert_eq!(y.dims(), [4]);
+        let g = y.clone().sum().backward();
+        let xr = x0.require_grad();
+        let yr = burn::tensor::module::linear(xr.clone(), w, bias.then_some(b));
+        let gr = yr.clone().sum().backward();
+        assert_close("rank 1 y", &values(y), &values(yr), 1e-6);
+        assert_close("rank 1 dx", &values(x.grad(&g).unwrap()), &values(xr.grad(&gr).unwrap()), 1e-5);
+    }
+}
+
+/// A one-element bias is burn's to broadcast (the adapter hands the call to burn's linear).
+#[test]
+fn one_element_bias_broadcasts_as_in_burn() {
+    let _rng = rng_lock();
+    let device = Default::default();
+    let (x, w, b) =
+        (random::<Cpu, 2>([3, 6], &device), random::<Cpu, 2>([6, 4], &device), random::<Cpu, 1>([1], &device));
+    let ours = linear(x.clone(), w.clone(), Some(b.clone()), Activation::None);
+    assert_close("bias [1]", &values(ours), &values(burn::tensor::module::linear(x, w, Some(b))), 1e-6);
+}
+
+#[test]
+#[should_panic(expected = "inner dimensions differ (3 and 4): lhs shape [2, 3], rhs shape [4, 5]")]
+fn matmul_with_mismatched_inner_dims_panics_at_the_call() {
+    let device = Default::default();
+    let _ = matmul(Tensor::<Cpu, 2>::zeros([2, 3], &device), Tensor::<Cpu, 2>::zeros([4, 5], &device));
+}
+
+#[test]
+#[should_panic(expected = "batch dimension 0 does not broadcast (2 and 3)")]
+fn matmul_with_batches_that_do_not_broadcast_panics_at_the_call() {
+    let device = Default::default();
+    let _ = matmul(Tensor::<Cpu, 3>::zeros([2, 4, 3], &device), Tensor::<Cpu, 3>::zeros([3, 3, 5], &device));
+}
+
+#[test]
+#[should_panic(expected = "x's last dimension is 5 but weight is [d_input, d_output] = [6, 4]")]
+fn linear_with_the_wrong_d_in_panics_at_the_call() {
+    let device = Default::default();
+    let _ = linear(
+        Tensor::<Cpu, 2>::zeros([3, 5], &device),
+        Tensor::<Cpu, 2>::zeros([6, 4], &device),
+        None,
+        Activation::None,
+    );
+}
