@@ -8,7 +8,7 @@
 //! and defaults, and initialises through it, so the same seed gives the same weights.
 
 use burn::config::Config;
-use burn::module::{Initializer, Module, Param};
+use burn::module::{Content, DisplaySettings, Initializer, Module, ModuleDisplay, Param};
 use burn::nn::{Linear, LinearConfig, LinearLayout, LinearRecord};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
@@ -55,6 +55,7 @@ impl GemmLinearConfig {
 /// [d_output]`. Falls back to burn's `linear` wherever gemmbridge cannot serve (see
 /// [`crate::linear`]).
 #[derive(Module, Debug)]
+#[module(custom_display)]
 pub struct GemmLinear<B: Backend> {
     /// `[d_input, d_output]`, as `nn::Linear::weight`.
     pub weight: Param<Tensor<B, 2>>,
@@ -96,5 +97,17 @@ impl<B: Backend> From<LinearRecord<B>> for GemmLinearRecord<B> {
 impl<B: Backend> From<GemmLinearRecord<B>> for LinearRecord<B> {
     fn from(r: GemmLinearRecord<B>) -> Self {
         LinearRecord { weight: r.weight, bias: r.bias }
+    }
+}
+
+/// Displays as `nn::Linear` does: `d_input`, `d_output`, `bias`.
+impl<B: Backend> ModuleDisplay for GemmLinear<B> {
+    fn custom_settings(&self) -> Option<DisplaySettings> {
+        DisplaySettings::new().with_new_line_after_attribute(false).optional()
+    }
+
+    fn custom_content(&self, content: Content) -> Option<Content> {
+        let [d_input, d_output] = self.weight.shape().dims();
+        content.add("d_input", &d_input).add("d_output", &d_output).add("bias", &self.bias.is_some()).optional()
     }
 }

@@ -259,3 +259,11 @@ fn linear_with_the_wrong_d_in_panics_at_the_call() {
         Activation::None,
     );
 }
+
+#[test]
+fn displays_as_linear_does() {
+    let device = Default::default();
+    let theirs: Linear<Cpu> = LinearConfig::new(5, 4).init(&device);
+    let ours: GemmLinear<Cpu> = LinearConfig::new(5, 4).init(&device).into();
+    assert_eq!(format!("{ours}").replace("GemmLinear", "Linear"), format!("{theirs}"));
+}
