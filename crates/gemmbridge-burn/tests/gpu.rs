@@ -300,3 +300,51 @@ fn linear_module_gradients_under_autodiff() {
         linear_grads::<Autodiff<Fused>>(dtype);
     }
 }
+
+/// Views from the review of the row-collapse rule (a sliced, unsqueezed x; a one-element
+/// bias; a rank-1 x) give burn's result on the GPU too, whichever path serves them.
+fn view_cases<B: GemmOps>() {
+    let dev = B::Device::default();
+    let w = Tensor::<B, 2>::random([5, 4], Distribution::Normal(0.0, 1.0), &dev);
+    let b = Tensor::<B, 1>::random([4], Distribution::Normal(0.0, 1.0), &dev);
+    let base = Tensor::<B, 3>::random([2, 131, 5], Distribution::Normal(0.0, 1.0), &dev);
+    let x = base.slice([0..2, 0..3, 0..5]).unsqueeze_dim::<4>(1); // [2, 1, 3, 5], batch rows 655 apart
+    let cases: Vec<(&str, Vec<f64>, Vec<f64>)> = vec![
+        (
+            "sliced, unsqueezed x",
+            values(linear(x.clone(), w.clone(), Some(b.clone()), Activation::None)),
+            values(burn::tensor::module::linear(x, w.clone(), Some(b.clone()))),
+        ),
+        (
+            "one-element bias",
+            values(linear(
+                Tensor::<B, 2>::ones([3, 5], &dev),
+                w.clone(),
+                Some(b.clone().narrow(0, 0, 1)),
+                Activation::None,
+            )),
+            values(burn::tensor::module::linear(
+                Tensor::<B, 2>::ones([3, 5], &dev),
+                w.clone(),
+                Some(b.clone().narrow(0, 0, 1)),
+            )),
+        ),
+        (
+            "rank-1 x",
+            values(linear(Tensor::<B, 1>::ones([5], &dev), w.clone(), Some(b.clone()), Activation::None)),
+            values(burn::tensor::module::linear(Tensor::<B, 1>::ones([5], &dev), w, Some(b))),
+        ),
+    ];
+    for (what, got, want) in cases {
+        let e = rel(&got, &want);
+        eprintln!("{what}: vs burn {e:e}");
+        assert!(e <= band_vs_burn(FloatDType::F32), "{what}: vs burn {e:e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn unusual_views_plain_and_fused() {
+    view_cases::<Plain>();
+    view_cases::<Fused>();
+}
