@@ -114,17 +114,8 @@ fn try_matmul(lhs: &Cuda, rhs: &Cuda) -> Result<Cuda, Fallback> {
 
 fn try_linear(x: &Cuda, w: &Cuda, bias: Option<&Cuda>, act: Activation) -> Result<Cuda, Fallback> {
     let prec = same_precision(&[x, w].into_iter().chain(bias).collect::<Vec<_>>())?;
-    let bias = bias.map(|b| (b, b.meta.shape().iter().product(), b.meta.strides().last().copied().unwrap_or(1)));
-    let p = plan_linear(
-        x.meta.shape(),
-        x.meta.strides(),
-        w.meta.shape(),
-        w.meta.strides(),
-        bias.map(|(_, len, stride)| (len, stride)),
-        act,
-        prec,
-    )?;
-    let bias = bias.map(|(b, _, _)| b);
+    let bias_layout = bias.map(|b| (b.meta.shape().iter().product(), b.meta.strides().last().copied().unwrap_or(1)));
+    let p = plan_linear(x.meta.shape(), x.meta.strides(), w.meta.shape(), w.meta.strides(), bias_layout, act, prec)?;
     run(&p, x, w, bias)
 }
 

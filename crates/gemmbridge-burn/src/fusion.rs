@@ -8,6 +8,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
+use crate::layout::matmul_out_shape;
 use crate::{Activation, GemmOps};
 
 type Handles<B> = HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
@@ -62,13 +63,8 @@ fn record<B: FusionBackend + GemmOps>(
 
 impl<B: FusionBackend + GemmOps> GemmOps for Fusion<B> {
     fn gemm_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        let d = lhs.shape.num_dims();
         // burn's broadcasting of the batch dims; the inner backend checks the rest
-        // (a size-1 dim takes the other's size, 0 included)
-        let mut dims: Vec<usize> =
-            (0..d.saturating_sub(2)).map(|i| if lhs.shape[i] == 1 { rhs.shape[i] } else { lhs.shape[i] }).collect();
-        dims.push(lhs.shape[d - 2]);
-        dims.push(rhs.shape[d - 1]);
+        let dims = matmul_out_shape(lhs.shape.as_slice(), rhs.shape.as_slice());
         record::<B>("gemmbridge_matmul", Call::Matmul, vec![lhs, rhs], dims)
     }
 

@@ -71,6 +71,15 @@ fn batch_stride(shape: &[usize], strides: &[usize], out_batch: &[usize], what: &
     Ok(stride.unwrap_or(0))
 }
 
+/// The shape of `lhs[.., m, k] · rhs[.., k, n]` (rank ≥ 2, same ranks) under burn's
+/// broadcasting: each batch dim of size 1 takes the other's size (0 included), then `[m, n]`.
+/// Whether the batch dims broadcast at all is not checked here.
+pub(crate) fn matmul_out_shape(lhs_shape: &[usize], rhs_shape: &[usize]) -> Vec<usize> {
+    let d = lhs_shape.len();
+    let batch = lhs_shape[..d - 2].iter().zip(rhs_shape).map(|(&a, &b)| if a == 1 { b } else { a });
+    batch.chain([lhs_shape[d - 2], rhs_shape[d - 1]]).collect()
+}
+
 /// Plans `lhs[.., m, k] · rhs[.., k, n]` with burn's broadcasting of the batch dimensions.
 ///
 /// ```
@@ -100,23 +109,17 @@ pub fn plan(
     if k != k2 {
         return Err(Fallback::Shape(format!("inner dimensions {lhs_shape:?} · {rhs_shape:?}")));
     }
-    let mut out_shape = Vec::with_capacity(d);
-    for i in 0..d - 2 {
-        let (a, b) = (lhs_shape[i], rhs_shape[i]);
-        if a != b && a != 1 && b != 1 {
-            return Err(Fallback::Shape(format!("batch dims {lhs_shape:?} and {rhs_shape:?} do not broadcast")));
-        }
-        // broadcasting: a size-1 dim takes the other's size (0 included)
-        out_shape.push(if a == 1 { b } else { a });
+    if (0..d - 2).any(|i| lhs_shape[i] != rhs_shape[i] && lhs_shape[i] != 1 && rhs_shape[i] != 1) {
+        return Err(Fallback::Shape(format!("batch dims {lhs_shape:?} and {rhs_shape:?} do not broadcast")));
     }
-    let out_batch = out_shape.clone();
-    let batch = checked_product(&out_batch)
+    let out_shape = matmul_out_shape(lhs_shape, rhs_shape);
+    let out_batch = &out_shape[..d - 2];
+    let batch = checked_product(out_batch)
         .ok_or_else(|| Fallback::Shape(format!("batch dims of {lhs_shape:?} · {rhs_shape:?} overflow")))?;
-    out_shape.extend([m, n]);
     let mut a = matrix(m, k, lhs_strides[d - 2], lhs_strides[d - 1], "lhs")?;
     let mut b = matrix(k, n, rhs_strides[d - 2], rhs_strides[d - 1], "rhs")?;
-    a.layout = a.layout.with_batch_stride(batch_stride(&lhs_shape[..d - 2], &lhs_strides[..d - 2], &out_batch, "lhs")?);
-    b.layout = b.layout.with_batch_stride(batch_stride(&rhs_shape[..d - 2], &rhs_strides[..d - 2], &out_batch, "rhs")?);
+    a.layout = a.layout.with_batch_stride(batch_stride(&lhs_shape[..d - 2], &lhs_strides[..d - 2], out_batch, "lhs")?);
+    b.layout = b.layout.with_batch_stride(batch_stride(&rhs_shape[..d - 2], &rhs_strides[..d - 2], out_batch, "rhs")?);
     let c = MatrixLayout::row_major(m, n);
     let problem = GemmProblem::new(a, b, c, batch, precision).map_err(|e| Fallback::Problem(e.to_string()))?;
     Ok(MatmulPlan { problem, out_shape })
@@ -137,26 +140,6 @@ pub fn linear_epilogue(bias: bool, act: Activation) -> Epilogue {
 /// The product of `dims`, or `None` on overflow.
 fn checked_product(dims: &[usize]) -> Option<usize> {
     dims.iter().try_fold(1usize, |p, &d| p.checked_mul(d))
-}
-
-/// The row stride of a tensor's leading dimensions collapsed into one run of rows, if they
-/// collapse: size-1 dims say nothing (their stride is never used); every other dim, innermost
-/// first, must advance by the rows of all the dims inside it. `one_row` is returned when there
-/// is at most one row.
-fn collapsed_row_stride(shape: &[usize], strides: &[usize], one_row: usize) -> Option<usize> {
-    let mut first: Option<usize> = None;
-    let mut expected: Option<usize> = None;
-    for (&n, &s) in shape.iter().zip(strides).rev() {
-        if n == 1 {
-            continue;
-        }
-        if expected.is_some_and(|e| e != s) {
-            return None;
-        }
-        first.get_or_insert(s);
-        expected = Some(s.checked_mul(n)?);
-    }
-    Some(first.unwrap_or(one_row))
 }
 
 /// Plans burn's `linear`: `act(x[.., d_in] · weight[d_in, d_out] + bias[d_out])` as one GEMM
@@ -211,9 +194,9 @@ pub fn plan_linear(
     }
     let lead = &x_shape[..d - 1];
     let m = checked_product(lead).ok_or_else(|| Fallback::Shape(format!("linear: x {x_shape:?} overflows")))?;
-    let row_stride = collapsed_row_stride(lead, &x_strides[..d - 1], d_in).ok_or_else(|| {
-        Fallback::Batch(format!("linear: x {x_shape:?} strides {x_strides:?} do not collapse into rows"))
-    })?;
+    // the leading dims collapse into rows exactly as batch dims collapse into one batch stride
+    // (size-1 dims ignored, each other dim advancing by the rows inside it); one row needs none
+    let row_stride = if m <= 1 { d_in } else { batch_stride(lead, &x_strides[..d - 1], lead, "linear: x")? };
     let mut p = plan(&[m, d_in], &[row_stride, x_strides[d - 1]], w_shape, w_strides, precision)?;
     p.problem =
         p.problem.with_epilogue(linear_epilogue(bias.is_some(), act)).map_err(|e| Fallback::Problem(e.to_string()))?;
