@@ -262,6 +262,7 @@ fn linear_with_the_wrong_d_in_panics_at_the_call() {
 
 #[test]
 fn displays_as_linear_does() {
+    let _rng = rng_lock(); // initialising a Linear draws from the shared generator
     let device = Default::default();
     let theirs: Linear<Cpu> = LinearConfig::new(5, 4).init(&device);
     let ours: GemmLinear<Cpu> = LinearConfig::new(5, 4).init(&device).into();
