@@ -72,8 +72,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let opts = TuneOptions { candidates: args.candidates, reps: args.reps, ..TuneOptions::default() };
     let mut db = TacticDb::new(identity(&gpu)?);
     println!(
-        "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>6} {:>6}",
-        "op", "dtype", "m", "n", "k", "heur. ms", "tuned ms", "gain", "cands", "wrong", "kept"
+        "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>5} {:>6} {:>6}",
+        "op", "dtype", "m", "n", "k", "heur. ms", "tuned ms", "gain", "cands", "added", "wrong", "kept"
     );
     for &(d, prec, op) in &jobs {
         {
@@ -84,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     _ => tune_one::<half::bf16>(&gpu, op, shape, prec, opts)?,
                 };
                 println!(
-                    "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10.4} {:>10.4} {:>6.1}% {:>5} {:>6} {:>6}",
+                    "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10.4} {:>10.4} {:>6.1}% {:>5} {:>5} {:>6} {:>6}",
                     op,
                     d,
                     shape.0,
@@ -94,8 +94,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     report.best_ms,
                     (report.heuristic_ms / report.best_ms - 1.0) * 100.0,
                     report.candidates,
+                    report.added,
                     report.mismatched,
-                    if report.improved { "yes" } else { "no" }
+                    match (report.improved, report.kept_added) {
+                        (false, _) => "no",
+                        (true, false) => "yes",
+                        (true, true) => "added",
+                    }
                 );
                 db.entries.insert(sig, tactic);
                 // saved after every problem, so an interrupted run keeps what it tuned

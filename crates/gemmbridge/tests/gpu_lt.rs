@@ -264,6 +264,39 @@ fn autotune_keeps_correct_results() {
     assert!(rel_error(&got, &want) <= 1e-2);
 }
 
+/// Tuning a fused epilogue also considers the plain GEMM's candidates, and whatever it keeps
+/// still computes gelu(x·wᵀ + bias) within the band, through the safe API afterwards.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn autotune_fused_epilogue_stays_correct() {
+    let gpu = gpu();
+    let mut rng = rng();
+    let s = gpu.stream().clone();
+    let (m, n, k) = (1024, 2048, 512);
+    let p = GemmProblem::linear(m, n, k, Precision::F16).unwrap().with_epilogue(Epilogue::GeluBias).unwrap();
+    let x: Vec<f16> = normal(&mut rng, m * k);
+    let w: Vec<f16> = normal(&mut rng, n * k);
+    let bias: Vec<f16> = normal(&mut rng, n);
+    let (dx, dw, db) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
+    let mut dc = s.clone_htod(&poison::<f16>(m * n)).unwrap();
+    let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * n * 2 };
+    let extras = RawExtras { bias: Some(raw(&db, &s)), aux: None };
+    // SAFETY: buffers of this context on the Gpu's stream.
+    let (report, sig, _) =
+        unsafe { gpu.autotune_raw(&p, 1.0, raw(&dx, &s), raw(&dw, &s), 0.0, rc, extras, TuneOptions::default()) }
+            .unwrap();
+    eprintln!("{sig}: {report:?}");
+    assert!(report.added <= report.candidates && report.mismatched < report.candidates);
+    assert!(!report.kept_added || report.improved);
+    let mut dc = s.clone_htod(&poison::<f16>(m * n)).unwrap();
+    gpu.gemm_fused(&p, 1.0, &dx, &dw, 0.0, &mut dc, Extras { bias: Some(&db), ..Extras::default() }).unwrap();
+    let got = wide(&s.clone_dtoh(&dc).unwrap());
+    let mut want = vec![0.0; m * n];
+    gemm_epilogue_rowmajor(&p, 1.0, &wide(&x), &wide(&w), 0.0, &mut want, Some(&mut wide(&bias)), None);
+    let err = rel_error(&got, &want);
+    assert!(err <= 1e-2, "tuned GELU_BIAS: {err:e}");
+}
+
 /// The same problem through cuBLAS and cuBLASLt gives the same answer within the band, and
 /// the dtype helper covers every output type.
 #[test]

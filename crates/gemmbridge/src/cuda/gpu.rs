@@ -89,8 +89,14 @@ pub struct TuneReport {
     pub heuristic_ms: f64,
     /// Median time of the kept algorithm (the heuristic's if nothing beat it), ms.
     pub best_ms: f64,
-    /// Candidates timed.
+    /// Candidates considered (the heuristic's, plus `added`).
     pub candidates: usize,
+    /// Of those, how many came from the heuristic's lists for neighbouring queries (the same
+    /// GEMM without its epilogue, or with a smaller workspace limit) and were accepted for
+    /// this problem by `cublasLtMatmulAlgoCheck`.
+    pub added: usize,
+    /// Whether the kept algorithm is one of those.
+    pub kept_added: bool,
     /// Candidates whose output did not match the first choice's (never kept).
     pub mismatched: usize,
     /// The noise threshold used: max(`TuneOptions::min_gain`, the relative difference of the
