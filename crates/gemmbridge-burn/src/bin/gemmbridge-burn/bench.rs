@@ -9,6 +9,8 @@
 //!
 //! Times are wall clock over a loop of calls ended by a device sync, divided by the calls (ms
 //! per call), median over `--reps` loops after a warm-up (which also runs burn's autotuner).
+//! The four are timed in interleaved rounds (one loop of each per round) after ~300 ms of the
+//! adapter, so that the GPU's clock drift under its power limit reaches all four alike.
 //! Inputs rotate over enough pairs to exceed 256 MiB, so L2 does not flatter small shapes.
 
 use std::io::Write;
@@ -90,21 +92,51 @@ fn dtype_of(name: &str) -> anyhow::Result<(FloatDType, Precision)> {
     })
 }
 
-/// Median ms per call of `call` over `reps` loops of `iters` calls, each loop ended by `sync`.
-fn time(reps: usize, iters: usize, mut call: impl FnMut(usize), sync: impl Fn()) -> f64 {
-    let mut per_call: Vec<f64> = (0..reps.max(1))
-        .map(|_| {
-            sync();
-            let t = Instant::now();
-            for i in 0..iters {
-                call(i);
-            }
-            sync();
-            t.elapsed().as_secs_f64() * 1e3 / iters as f64
+/// One way of running the GEMM: a call (given the loop index) and the wait that ends a loop.
+struct Variant<'a> {
+    call: &'a dyn Fn(usize),
+    sync: &'a dyn Fn(),
+}
+
+impl Variant<'_> {
+    /// Wall ms per call over one loop of `iters` calls, ended by the variant's wait.
+    fn sample(&self, iters: usize) -> f64 {
+        (self.sync)();
+        let t = Instant::now();
+        for i in 0..iters {
+            (self.call)(i);
+        }
+        (self.sync)();
+        t.elapsed().as_secs_f64() * 1e3 / iters as f64
+    }
+}
+
+/// How long the first variant runs before the timed rounds, ms, so that every variant is timed
+/// at the sustained, power-limited clock rather than the first on a cool GPU.
+const HEAT_MS: f64 = 300.0;
+
+/// Median ms per call of each variant: after [`HEAT_MS`] of the first, `reps` rounds each time
+/// one loop of `iters` calls of every variant, starting one further along each round, so that
+/// clock and temperature drift reach all of them alike.
+fn time_rounds(reps: usize, iters: usize, variants: &[Variant]) -> Vec<f64> {
+    let mut heated = 0.0;
+    while heated < HEAT_MS {
+        heated += variants[0].sample(iters) * iters as f64;
+    }
+    let mut times = vec![Vec::new(); variants.len()];
+    for round in 0..reps.max(1) {
+        for j in 0..variants.len() {
+            let v = (round + j) % variants.len();
+            times[v].push(variants[v].sample(iters));
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
         })
-        .collect();
-    per_call.sort_by(f64::total_cmp);
-    per_call[per_call.len() / 2]
+        .collect()
 }
 
 /// The cubecl tensor under a burn tensor (plain backend: no fusion queue to drain).
@@ -151,11 +183,10 @@ impl Case<'_> {
         (0..3).for_each(adapter_call);
         let burn_out = inputs[0].0.clone().matmul(inputs[0].1.clone());
         let rel_vs_burn = rel(gemmbridge_burn::matmul(inputs[0].0.clone(), inputs[0].1.clone()), burn_out);
-        let probe = time(1, 3, adapter_call, sync);
+        let probe = Variant { call: &adapter_call, sync: &sync }.sample(3);
         let iters = ((args.loop_ms / probe.max(1e-3)) as usize).clamp(3, 2000);
-        let adapter_ms = time(args.reps, iters, adapter_call, sync);
-        let burn_ms = time(args.reps, iters, burn_call, sync);
-        let (raw_ms, raw_wait_ms) = self.raw(&inputs, args.reps, iters)?;
+        let [adapter_ms, burn_ms, raw_ms, raw_wait_ms] =
+            self.time_all(&inputs, args.reps, iters, &adapter_call, &burn_call)?;
         let tflops = |ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
         Ok(Row {
             m,
@@ -179,14 +210,17 @@ impl Case<'_> {
         })
     }
 
-    /// gemmbridge's raw GEMM on the inputs' own addresses: (stream-ordered, with a host wait
-    /// after each call), ms per call.
-    fn raw(
+    /// Times the four variants in interleaved rounds ([`time_rounds`]), ms per call:
+    /// [adapter, burn, raw (gemmbridge's raw GEMM on the inputs' own addresses, stream-ordered),
+    /// raw with a host wait after each call].
+    fn time_all(
         &self,
         inputs: &[(Tensor<Plain, 2>, Tensor<Plain, 2>)],
         reps: usize,
         iters: usize,
-    ) -> anyhow::Result<(f64, f64)> {
+        adapter_call: &dyn Fn(usize),
+        burn_call: &dyn Fn(usize),
+    ) -> anyhow::Result<[f64; 4]> {
         let (m, n, _) = self.shape;
         let first = cube(&inputs[0].0);
         let client = first.client.clone();
@@ -221,24 +255,31 @@ impl Case<'_> {
         let gemm = |i: usize| {
             let (a, b) = bufs[i % bufs.len()];
             // SAFETY: the buffers are live cubecl allocations held by `held`/`rc` until after the
-            // last synchronize below; cubecl's stream is idle (synced above) and nothing else
-            // writes them; gemmbridge checks their lengths against the plan.
+            // last round below; cubecl's stream is idle whenever a raw loop runs (synced above,
+            // and every adapter/burn loop ends with a device sync), and nothing else writes
+            // them (adapter and burn outputs are their own allocations); gemmbridge checks their
+            // lengths against the plan.
             unsafe { self.gpu.gemm_raw(&plan.problem, 1.0, a, b, 0.0, c, s.cu_stream()) }.expect("raw GEMM");
         };
         let sync = || s.synchronize().expect("stream synchronize");
+        let gemm_wait = |i: usize| {
+            gemm(i);
+            sync();
+        };
+        let cubecl_sync = || <Plain as burn::tensor::backend::Backend>::sync(self.dev).expect("cubecl sync");
         (0..3).for_each(gemm);
-        let ordered = time(reps, iters, gemm, sync);
-        let waited = time(
+        let ms = time_rounds(
             reps,
             iters,
-            |i| {
-                gemm(i);
-                sync();
-            },
-            sync,
+            &[
+                Variant { call: adapter_call, sync: &cubecl_sync },
+                Variant { call: burn_call, sync: &cubecl_sync },
+                Variant { call: &gemm, sync: &sync },
+                Variant { call: &gemm_wait, sync: &sync },
+            ],
         );
         drop((held, rc));
-        Ok((ordered, waited))
+        Ok([ms[0], ms[1], ms[2], ms[3]])
     }
 }
 
