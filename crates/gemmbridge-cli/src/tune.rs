@@ -96,11 +96,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     report.candidates,
                     report.added,
                     report.mismatched,
-                    match (report.improved, report.kept_added) {
-                        (false, _) => "no",
-                        (true, false) => "yes",
-                        (true, true) => "added",
-                    }
+                    format!(
+                        "{}{}",
+                        match (report.improved, report.kept_added) {
+                            (false, _) => "no",
+                            (true, false) => "yes",
+                            (true, true) => "added",
+                        },
+                        if report.timed_in_graph { " (graph)" } else { "" }
+                    )
                 );
                 db.entries.insert(sig, tactic);
                 // saved after every problem, so an interrupted run keeps what it tuned

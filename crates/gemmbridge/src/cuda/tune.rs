@@ -2,7 +2,10 @@
 //! when it is both right and measurably faster than the heuristic's first choice.
 
 use cudarc::driver::result::event;
-use cudarc::driver::sys::{CUevent, CUevent_flags, CUstream};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUevent, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaStream};
 
 use super::gpu::{check_all, raw_descs, Gpu, RawBuffer, RawExtras, TuneReport};
 use super::lt::{Algorithm, LtHandle, Plan, PlanKey};
@@ -57,7 +60,9 @@ impl Gpu {
     /// 3. Timing: after ~300 ms of the first choice (so every candidate runs at the sustained,
     ///    power-limited clock), `opts.reps` interleaved rounds each take one ~1 ms sample of
     ///    every candidate (CUDA events); the first choice is sampled twice per round, and the
-    ///    relative difference of its two medians is the measured noise.
+    ///    relative difference of its two medians is the measured noise. When every candidate
+    ///    takes < 20 µs per call, samples are replays of a captured graph of 64 calls, so that
+    ///    the kernels' own durations are compared rather than the host's launch cost.
     /// 4. The fastest candidate is kept only if its median beats the first choice's by more
     ///    than max(`opts.min_gain`, noise).
     ///
@@ -166,11 +171,11 @@ impl Gpu {
         let mismatched = cands.len() - timed.len();
         // The first choice is timed twice (first and last in each round) to measure noise.
         timed.push(0);
-        let ms = {
+        let (ms, in_graph) = {
             let (cands, run) = (&cands, &run);
             let runs: Vec<Box<dyn Fn() -> Result<()> + '_>> =
                 timed.iter().map(|&i| Box::new(move || run(&cands[i], beta)) as Box<dyn Fn() -> Result<()>>).collect();
-            time_interleaved(stream, opts.reps, &runs)?
+            time_interleaved(self.stream(), opts.reps, &runs)?
         };
         let (first_ms, again) = (ms[0], ms[ms.len() - 1]);
         let noise = (first_ms - again).abs() / first_ms.min(again);
@@ -192,6 +197,7 @@ impl Gpu {
             candidates: cands.len(),
             added,
             kept_added,
+            timed_in_graph: in_graph,
             mismatched,
             threshold,
             improved,
@@ -286,55 +292,101 @@ fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
 /// no candidate is timed on a cooler, faster-clocked GPU than another.
 const HEAT_MS: f64 = 300.0;
 
+/// A problem whose calls all take less than this one by one (ms, CUDA events around one call)
+/// is timed in graph replay: eager back-to-back calls of it are bound by the host's launch cost
+/// (~6–8 µs on the H200 host, docs/PERFORMANCE.md §3), which would hide every difference between
+/// the kernels, while in a graph — and behind any caller that keeps the GPU busy — the kernel's
+/// own duration is what counts.
+const GRAPH_BELOW_MS: f64 = 0.02;
+
+/// Calls captured per graph, and graph launches per timed sample, in graph replay.
+const GRAPH_CALLS: usize = 64;
+const GRAPH_LAUNCHES: usize = 4;
+
+/// Captures [`GRAPH_CALLS`] calls of `f` on `stream` into a graph (thread-local capture, which
+/// leaves other threads' CUDA calls alone; docs/PERFORMANCE.md §6).
+fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Result<CudaGraph> {
+    let drv = status::driver;
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(drv("cuStreamBeginCapture"))?;
+    let launched = (0..GRAPH_CALLS).try_for_each(|_| f());
+    // the capture is ended even when a launch failed, so the stream is usable again
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv("cuStreamEndCapture"));
+    launched?;
+    graph?.ok_or_else(|| Error::Unsupported { backend: "autotune", what: "timing with an empty captured graph".into() })
+}
+
 /// Median ms per call of each of `fs` on `stream`, timed as the benchmark times (warm-up,
 /// samples of ~1 ms of back-to-back calls between CUDA events), but interleaved: after
 /// [`HEAT_MS`] of the first function, each of `reps` rounds takes one sample of every
 /// function, starting one further along each round, so that all see the same clock and
-/// temperature drift.
-fn time_interleaved(stream: CUstream, reps: usize, fs: &[Box<dyn Fn() -> Result<()> + '_>]) -> Result<Vec<f64>> {
+/// temperature drift. Problems below [`GRAPH_BELOW_MS`] per call are sampled as replays of a
+/// captured graph of [`GRAPH_CALLS`] calls. Returns the medians and whether graphs were used.
+fn time_interleaved(
+    stream: &Arc<CudaStream>,
+    reps: usize,
+    fs: &[Box<dyn Fn() -> Result<()> + '_>],
+) -> Result<(Vec<f64>, bool)> {
     let drv = status::driver;
+    let raw_stream = stream.cu_stream();
     let ev = Events(
         event::create(CUevent_flags::CU_EVENT_DEFAULT).map_err(drv("cuEventCreate"))?,
         event::create(CUevent_flags::CU_EVENT_DEFAULT).map_err(drv("cuEventCreate"))?,
     );
-    let sample = |f: &dyn Fn() -> Result<()>, n: usize| -> Result<f64> {
+    let timed = |n: usize, body: &dyn Fn() -> Result<()>| -> Result<f64> {
         // SAFETY: live events and stream of the current context.
         unsafe {
-            event::record(ev.0, stream).map_err(drv("cuEventRecord"))?;
-            for _ in 0..n {
-                f()?;
-            }
-            event::record(ev.1, stream).map_err(drv("cuEventRecord"))?;
+            event::record(ev.0, raw_stream).map_err(drv("cuEventRecord"))?;
+            body()?;
+            event::record(ev.1, raw_stream).map_err(drv("cuEventRecord"))?;
             event::synchronize(ev.1).map_err(drv("cuEventSynchronize"))?;
             Ok(event::elapsed(ev.0, ev.1).map_err(drv("cuEventElapsedTime"))? as f64 / n as f64)
         }
     };
+    let eager = |f: &dyn Fn() -> Result<()>, n: usize| timed(n, &|| (0..n).try_for_each(|_| f()));
     let mut inner = Vec::with_capacity(fs.len());
+    let mut once = Vec::with_capacity(fs.len());
     for f in fs {
         for _ in 0..3 {
             f()?;
         }
-        let once = sample(f.as_ref(), 1)?;
-        inner.push(((1.0 / once.max(1e-3)) as usize).clamp(1, 1000));
+        let t = eager(f.as_ref(), 1)?;
+        once.push(t);
+        inner.push(((1.0 / t.max(1e-3)) as usize).clamp(1, 1000));
     }
+    let graphs: Option<Vec<CudaGraph>> = if once.iter().all(|&t| t < GRAPH_BELOW_MS) {
+        Some(fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Result<_>>()?)
+    } else {
+        None
+    };
+    let sample = |i: usize| -> Result<f64> {
+        match &graphs {
+            Some(g) => timed(GRAPH_CALLS * GRAPH_LAUNCHES, &|| {
+                (0..GRAPH_LAUNCHES).try_for_each(|_| g[i].launch().map_err(drv("cuGraphLaunch")))
+            }),
+            None => eager(fs[i].as_ref(), inner[i]),
+        }
+    };
     let mut heated = 0.0;
     while heated < HEAT_MS {
-        heated += sample(fs[0].as_ref(), inner[0])? * inner[0] as f64;
+        heated += sample(0)? * if graphs.is_some() { GRAPH_CALLS * GRAPH_LAUNCHES } else { inner[0] } as f64;
     }
     let mut times = vec![Vec::with_capacity(reps.max(1)); fs.len()];
     for round in 0..reps.max(1) {
         for j in 0..fs.len() {
             let i = (round + j) % fs.len();
-            times[i].push(sample(fs[i].as_ref(), inner[i])?);
+            times[i].push(sample(i)?);
         }
     }
-    Ok(times
+    let medians = times
         .into_iter()
         .map(|mut t| {
             t.sort_by(f64::total_cmp);
             t[t.len() / 2]
         })
-        .collect())
+        .collect();
+    Ok((medians, graphs.is_some()))
 }
 
 #[cfg(test)]
@@ -363,10 +415,11 @@ mod tests {
         let want = bytes_f32(&[1.0, 2.0, 3.0]);
         for bad in [f32::NAN, f32::INFINITY] {
             let e = rel_error_bytes(&bytes_f32(&[1.0, bad, 3.0]), &want, DType::F32);
-            assert!(!(e <= 1.0), "{bad} gave {e}");
+            assert!(e.is_nan() || e > 1.0, "{bad} gave {e}");
         }
         let h = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect() };
-        assert!(!(rel_error_bytes(&h(&[1.0, f32::NAN]), &h(&[1.0, 1.0]), DType::F16) <= 1.0));
+        let e = rel_error_bytes(&h(&[1.0, f32::NAN]), &h(&[1.0, 1.0]), DType::F16);
+        assert!(e.is_nan() || e > 1.0, "f16 NaN gave {e}");
         let b = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect() };
         let e = rel_error_bytes(&b(&[1.0, 2.0]), &b(&[1.0, 2.0]), DType::BF16);
         assert_eq!(e, 0.0);
