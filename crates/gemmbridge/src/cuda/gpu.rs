@@ -98,7 +98,8 @@ pub struct TuneReport {
     /// Whether the kept algorithm is one of those.
     pub kept_added: bool,
     /// Whether the candidates were timed as replays of a captured CUDA graph (problems whose
-    /// calls take < 20 µs each, where eager timing measures the host's launch cost).
+    /// first choice takes < 20 µs per call, where eager timing measures the host's launch
+    /// cost).
     pub timed_in_graph: bool,
     /// Candidates whose output did not match the first choice's (never kept).
     pub mismatched: usize,

@@ -60,7 +60,7 @@ impl Gpu {
     /// 3. Timing: after ~300 ms of the first choice (so every candidate runs at the sustained,
     ///    power-limited clock), `opts.reps` interleaved rounds each take one ~1 ms sample of
     ///    every candidate (CUDA events); the first choice is sampled twice per round, and the
-    ///    relative difference of its two medians is the measured noise. When every candidate
+    ///    relative difference of its two medians is the measured noise. When the first choice
     ///    takes < 20 µs per call, samples are replays of a captured graph of 64 calls, so that
     ///    the kernels' own durations are compared rather than the host's launch cost.
     /// 4. The fastest candidate is kept only if its median beats the first choice's by more
@@ -292,8 +292,8 @@ fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
 /// no candidate is timed on a cooler, faster-clocked GPU than another.
 const HEAT_MS: f64 = 300.0;
 
-/// A problem whose calls all take less than this one by one (ms, CUDA events around one call)
-/// is timed in graph replay: eager back-to-back calls of it are bound by the host's launch cost
+/// A problem whose first candidate takes less than this per call (ms, over ~1 ms of
+/// back-to-back calls between CUDA events) is timed in graph replay: eager back-to-back calls of it are bound by the host's launch cost
 /// (~6–8 µs on the H200 host, docs/PERFORMANCE.md §3), which would hide every difference between
 /// the kernels, while in a graph — and behind any caller that keeps the GPU busy — the kernel's
 /// own duration is what counts.
@@ -320,8 +320,8 @@ fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Result<CudaG
 /// Median ms per call of each of `fs` on `stream`, timed as the benchmark times (warm-up,
 /// samples of ~1 ms of back-to-back calls between CUDA events), but interleaved: after
 /// [`HEAT_MS`] of the first function, each of `reps` rounds takes one sample of every
-/// function, starting one further along each round, so that all see the same clock and
-/// temperature drift. Problems below [`GRAPH_BELOW_MS`] per call are sampled as replays of a
+/// function, starting one further along each round and running every other round backwards,
+/// so that all see the same clock and temperature drift. Problems below [`GRAPH_BELOW_MS`] per call are sampled as replays of a
 /// captured graph of [`GRAPH_CALLS`] calls. Returns the medians and whether graphs were used.
 fn time_interleaved(
     stream: &Arc<CudaStream>,
@@ -346,16 +346,16 @@ fn time_interleaved(
     };
     let eager = |f: &dyn Fn() -> Result<()>, n: usize| timed(n, &|| (0..n).try_for_each(|_| f()));
     let mut inner = Vec::with_capacity(fs.len());
-    let mut once = Vec::with_capacity(fs.len());
     for f in fs {
         for _ in 0..3 {
             f()?;
         }
-        let t = eager(f.as_ref(), 1)?;
-        once.push(t);
-        inner.push(((1.0 / t.max(1e-3)) as usize).clamp(1, 1000));
+        let once = eager(f.as_ref(), 1)?;
+        inner.push(((1.0 / once.max(1e-3)) as usize).clamp(1, 1000));
     }
-    let graphs: Option<Vec<CudaGraph>> = if once.iter().all(|&t| t < GRAPH_BELOW_MS) {
+    // one call alone includes its launch latency: judge by ~1 ms of back-to-back calls
+    let per_call = eager(fs[0].as_ref(), inner[0])?;
+    let graphs: Option<Vec<CudaGraph>> = if per_call < GRAPH_BELOW_MS {
         Some(fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Result<_>>()?)
     } else {
         None
@@ -373,9 +373,11 @@ fn time_interleaved(
         heated += sample(0)? * if graphs.is_some() { GRAPH_CALLS * GRAPH_LAUNCHES } else { inner[0] } as f64;
     }
     let mut times = vec![Vec::with_capacity(reps.max(1)); fs.len()];
+    let n = fs.len();
     for round in 0..reps.max(1) {
-        for j in 0..fs.len() {
-            let i = (round + j) % fs.len();
+        for j in 0..n {
+            // every other round runs backwards, so no candidate always follows the same one
+            let i = (round + if round % 2 == 0 { j } else { n - 1 - j }) % n;
             times[i].push(sample(i)?);
         }
     }
