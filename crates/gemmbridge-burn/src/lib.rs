@@ -193,9 +193,9 @@ fn check_matmul<B: Backend, const D: usize>(lhs: &Tensor<B, D>, rhs: &Tensor<B, 
 /// burn.
 ///
 /// # Panics
-/// Before anything runs: tensors on different devices, `x`'s last dimension ≠ `d_in` (the
-/// message names the shapes). A bias whose length is not `d_out` goes to burn's `linear`, which
-/// broadcasts a one-element bias and rejects the rest.
+/// Before anything runs: tensors on different devices, `x`'s last dimension ≠ `d_in`, a bias
+/// whose length is neither `d_out` nor 1 (each message names the shapes). A one-element bias
+/// goes to burn's `linear`, which broadcasts it.
 pub fn linear<B: GemmOps, const D: usize>(
     x: Tensor<B, D>,
     weight: Tensor<B, 2>,
@@ -228,4 +228,11 @@ fn check_linear<B: Backend, const D: usize>(x: &Tensor<B, D>, w: &Tensor<B, 2>, 
         "gemmbridge_burn::linear: x's last dimension is {} but weight is [d_input, d_output] = {ws:?}: x shape {xs:?}",
         xs[D - 1]
     );
+    if let Some(b) = bias {
+        let len = b.dims()[0];
+        assert!(
+            len == ws[1] || len == 1,
+            "gemmbridge_burn::linear: bias has {len} elements but weight is [d_input, d_output] = {ws:?} (d_output or 1, which broadcasts)"
+        );
+    }
 }

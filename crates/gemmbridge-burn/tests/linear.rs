@@ -268,3 +268,15 @@ fn displays_as_linear_does() {
     let ours: GemmLinear<Cpu> = LinearConfig::new(5, 4).init(&device).into();
     assert_eq!(format!("{ours}").replace("GemmLinear", "Linear"), format!("{theirs}"));
 }
+
+#[test]
+#[should_panic(expected = "bias has 3 elements but weight is [d_input, d_output] = [6, 5]")]
+fn linear_with_the_wrong_bias_length_panics_at_the_call() {
+    let device = Default::default();
+    let _ = linear(
+        Tensor::<Cpu, 2>::zeros([2, 6], &device),
+        Tensor::<Cpu, 2>::zeros([6, 5], &device),
+        Some(Tensor::<Cpu, 1>::zeros([3], &device)),
+        Activation::None,
+    );
+}

@@ -13,7 +13,7 @@ use crate::random::normal;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Shape suite (as `bench`): default, square, llm, small.
+    /// Shape suite (as `bench`): default, square, llm, small, cpu.
     #[arg(long, default_value = "default")]
     suite: String,
     /// Comma-separated dtypes: f32, tf32, f16, bf16.
@@ -28,7 +28,7 @@ pub struct Args {
     /// Candidates to ask cuBLASLt's heuristic for.
     #[arg(long, default_value_t = 16)]
     candidates: usize,
-    /// Timed samples per candidate.
+    /// Timed samples per candidate (the library's `TuneOptions::default()` takes 15).
     #[arg(long, default_value_t = 10)]
     reps: usize,
 }
@@ -63,6 +63,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if args.candidates == 0 || args.candidates > 32 || args.reps == 0 {
         bail!("--candidates must be 1..=32 and --reps at least 1");
     }
+    let db_path = Path::new(&args.db);
+    if let Some(dir) = db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            bail!("--db {}: the directory {} does not exist", args.db, dir.display());
+        }
+    }
     let gpu = Gpu::new(0).context("tune needs a CUDA GPU")?;
     if !gpu.has_lt() {
         bail!("tune needs cuBLASLt (libcublasLt), which was not found");
@@ -71,6 +77,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     unsafe { gpu.context().disable_event_tracking() };
     let opts = TuneOptions { candidates: args.candidates, reps: args.reps, ..TuneOptions::default() };
     let mut db = TacticDb::new(identity(&gpu)?);
+    if db_path.exists() {
+        // checked before any GPU time is spent: a file that save() would refuse to overwrite
+        let (_, warnings) = TacticDb::load(db_path, &db.identity);
+        if let Some(w) = warnings.first() {
+            bail!("--db {}: {w}; it is never overwritten: remove it or choose another path", args.db);
+        }
+    }
     println!(
         "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>5} {:>6} {:>6}",
         "op", "dtype", "m", "n", "k", "heur. ms", "tuned ms", "gain", "cands", "added", "wrong", "kept"

@@ -85,7 +85,8 @@ pub enum Served {
 /// What tuning found for a problem (see [`Gpu::autotune_raw`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TuneReport {
-    /// Median time of the heuristic's first choice, ms.
+    /// Time per call of the heuristic's first choice, ms: the smaller of its two medians (it
+    /// is sampled twice per round).
     pub heuristic_ms: f64,
     /// Median time of the kept algorithm (the heuristic's if nothing beat it), ms.
     pub best_ms: f64,

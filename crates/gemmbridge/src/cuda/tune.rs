@@ -15,14 +15,17 @@ use crate::dtype::DType;
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
 use crate::half::{bf16, f16};
+use crate::layout::MatrixLayout;
 use crate::problem::GemmProblem;
 
 /// How hard to tune.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TuneOptions {
-    /// Candidates to ask the heuristic for (values outside 1..=32 are clamped to it).
+    /// Candidates to ask the heuristic for, per query (values outside 1..=32 are clamped to
+    /// it): the problem itself, and up to five neighbouring queries that add candidates.
     pub candidates: usize,
-    /// Timed samples per candidate (each ~1 ms of back-to-back calls); the median counts.
+    /// Timed samples per candidate (each ~1 ms of back-to-back calls, or 4 replays of a
+    /// 64-call graph for problems under 20 µs per call); the median counts.
     pub reps: usize,
     /// The least relative gain that counts as faster (default 0.02); raised to the measured
     /// noise of the heuristic's choice timed twice when that is larger.
@@ -39,7 +42,7 @@ struct Events(CUevent, CUevent);
 
 impl Drop for Events {
     fn drop(&mut self) {
-        // SAFETY: created in time_algo, destroyed once.
+        // SAFETY: created in time_interleaved, destroyed once.
         unsafe {
             let _ = event::destroy(self.0);
             let _ = event::destroy(self.1);
@@ -62,7 +65,8 @@ impl Gpu {
     ///    every candidate (CUDA events); the first choice is sampled twice per round, and the
     ///    relative difference of its two medians is the measured noise. When the first choice
     ///    takes < 20 µs per call, samples are replays of a captured graph of 64 calls, so that
-    ///    the kernels' own durations are compared rather than the host's launch cost.
+    ///    the kernels' own durations are compared rather than the host's launch cost (eagerly
+    ///    when [`Gpu::stream`] cannot be captured, as the legacy default stream cannot).
     /// 4. The fastest candidate is kept only if its median beats the first choice's by more
     ///    than max(`opts.min_gain`, noise).
     ///
@@ -157,7 +161,7 @@ impl Gpu {
             // SAFETY: C holds c_bytes (checked); the stream is idle.
             unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, c.address) }
                 .map_err(status::driver("cuMemcpyDtoH"))?;
-            Ok(host)
+            Ok(logical_elements(host, p.c(), p.batch(), prec.output().size_bytes()))
         };
 
         // Correctness first: a candidate is timed only if its C matches the first choice's.
@@ -248,6 +252,25 @@ fn candidates(lt: &LtHandle, plan: &Plan, key: &PlanKey, n: usize, ws_bytes: usi
     (list, added)
 }
 
+/// The bytes of C's m×n×batch logical elements, in order, out of the bytes of its whole span:
+/// the padding between rows (ld > n) and between batch entries is never written by a GEMM and
+/// may hold anything (NaN poison, say), so it must not enter the comparison.
+fn logical_elements(span: Vec<u8>, c: MatrixLayout, batch: usize, size: usize) -> Vec<u8> {
+    if c.ld == c.cols && (batch <= 1 || c.batch_stride == c.rows * c.cols) {
+        let mut span = span;
+        span.truncate(c.rows * c.cols * batch.max(1) * size);
+        return span;
+    }
+    let mut out = Vec::with_capacity(c.rows * c.cols * batch * size);
+    for b in 0..batch {
+        for i in 0..c.rows {
+            let start = (b * c.batch_stride + i * c.ld) * size;
+            out.extend_from_slice(&span[start..start + c.cols * size]);
+        }
+    }
+    out
+}
+
 /// ‖got − want‖ / ‖want‖ over two outputs stored as little-endian `d` elements (∞ if `got`
 /// has a non-finite element), summed in f64 on all host cores.
 fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
@@ -260,7 +283,8 @@ fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
     }
     let (size, value) = (d.size_bytes(), decode(d));
     let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    let chunk = (got.len() / size).div_ceil(threads).max(1) * size;
+    // at least 64 Ki elements per thread: a small C is summed on one
+    let chunk = (got.len() / size).div_ceil(threads).max(1 << 16) * size;
     let parts: Vec<(f64, f64)> = std::thread::scope(|s| {
         let handles: Vec<_> = got
             .chunks(chunk)
@@ -304,17 +328,18 @@ const GRAPH_CALLS: usize = 64;
 const GRAPH_LAUNCHES: usize = 4;
 
 /// Captures [`GRAPH_CALLS`] calls of `f` on `stream` into a graph (thread-local capture, which
-/// leaves other threads' CUDA calls alone; docs/PERFORMANCE.md §6).
-fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Result<CudaGraph> {
+/// leaves other threads' CUDA calls alone; docs/PERFORMANCE.md §6). `None` when the stream
+/// cannot be captured at all (the legacy default stream cannot): the caller times eagerly.
+fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Result<Option<CudaGraph>> {
     let drv = status::driver;
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(drv("cuStreamBeginCapture"))?;
+    if stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).is_err() {
+        return Ok(None);
+    }
     let launched = (0..GRAPH_CALLS).try_for_each(|_| f());
     // the capture is ended even when a launch failed, so the stream is usable again
     let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv("cuStreamEndCapture"));
     launched?;
-    graph?.ok_or_else(|| Error::Unsupported { backend: "autotune", what: "timing with an empty captured graph".into() })
+    graph
 }
 
 /// Median ms per call of each of `fs` on `stream`, timed as the benchmark times (warm-up,
@@ -356,7 +381,7 @@ fn time_interleaved(
     // one call alone includes its launch latency: judge by ~1 ms of back-to-back calls
     let per_call = eager(fs[0].as_ref(), inner[0])?;
     let graphs: Option<Vec<CudaGraph>> = if per_call < GRAPH_BELOW_MS {
-        Some(fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Result<_>>()?)
+        fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Result<Option<_>>>()?
     } else {
         None
     };
@@ -410,6 +435,20 @@ mod tests {
         let e = rel_error_bytes(&bytes_f32(&got), &bytes_f32(&want), DType::F32);
         assert!(expect > 0.0 && (e - expect).abs() <= 1e-12 * expect, "{e} vs {expect}");
         assert_eq!(rel_error_bytes(&bytes_f32(&want), &bytes_f32(&want), DType::F32), 0.0);
+    }
+
+    #[test]
+    fn padding_never_enters_the_comparison() {
+        // 2 batch entries of 2×3 with ld 4 and batch stride 10: NaN in every padding slot
+        let nan = f32::NAN;
+        let span = [1.0, 2.0, 3.0, nan, 4.0, 5.0, 6.0, nan, nan, nan, 7.0, 8.0, 9.0, nan, 10.0, 11.0, 12.0, nan];
+        let c = MatrixLayout { rows: 2, cols: 3, ld: 4, batch_stride: 10 };
+        let got = logical_elements(bytes_f32(&span), c, 2, 4);
+        let want: Vec<f32> = (1..=12).map(|v| v as f32).collect();
+        assert_eq!(got, bytes_f32(&want));
+        assert_eq!(rel_error_bytes(&got, &got, DType::F32), 0.0);
+        let dense = MatrixLayout::row_major(2, 3);
+        assert_eq!(logical_elements(bytes_f32(&want[..6]), dense, 1, 4), bytes_f32(&want[..6]));
     }
 
     #[test]

@@ -292,8 +292,20 @@ impl Case<'_> {
 
 /// Runs the benchmark; prints a table and writes JSON lines.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let dev = CudaDevice::default();
-    let gpu = Gpu::new(dev.index).context("gemmbridge GPU")?;
+    anyhow::ensure!(args.reps >= 1, "--reps must be at least 1");
+    anyhow::ensure!(
+        args.loop_ms.is_finite() && args.loop_ms > 0.0,
+        "--loop-ms must be a positive number of ms, not {}",
+        args.loop_ms
+    );
+    let dtypes: Vec<(&str, FloatDType, Precision)> = args
+        .dtypes
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| dtype_of(d).map(|(t, p)| (d, t, p)))
+        .collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(!dtypes.is_empty(), "--dtypes names no dtype");
     let mut shapes = Vec::new();
     for s in args.suite.split(',').filter(|s| !s.is_empty()) {
         shapes.extend(gemmbridge::suites::shapes(s).with_context(|| format!("unknown suite {s:?}"))?);
@@ -302,8 +314,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let dims: Vec<usize> =
             s.split('x').map(str::parse).collect::<Result<_, _>>().with_context(|| format!("shape {s:?}"))?;
         anyhow::ensure!(dims.len() == 3, "shape {s:?}: expected MxNxK");
+        anyhow::ensure!(dims.iter().all(|&d| d > 0), "shape {s:?}: every dimension must be at least 1");
         shapes.push((dims[0], dims[1], dims[2]));
     }
+    anyhow::ensure!(!shapes.is_empty(), "--suite and --shapes name no shape");
+    let dev = CudaDevice::default();
+    let gpu = Gpu::new(dev.index).context("gemmbridge GPU")?;
     let mut out = match &args.out {
         Some(p) => Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?),
         None => None,
@@ -313,8 +329,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "{:>24} {:>5} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9}",
         "m×n×k", "dtype", "burn TF/s", "adpt TF/s", "raw TF/s", "×burn", "adpt/raw", "cost µs", "wait µs", "rel"
     );
-    for name in args.dtypes.split(',') {
-        let (dtype, precision) = dtype_of(name)?;
+    for &(name, dtype, precision) in &dtypes {
         for &shape in &shapes {
             let r = Case { dev: &dev, gpu: &gpu, shape, dtype, precision }.measure(args, name)?;
             println!(
