@@ -51,6 +51,30 @@ pub struct BenchArgs {
     /// JSON lines, one per (shape, dtype).
     #[arg(long)]
     out: Option<std::path::PathBuf>,
+    /// Also time, per call, each step the adapter takes (output allocation, address lookups,
+    /// cubecl sync, GEMM enqueue, GEMM wait, device-thread round trip, output drop) by running
+    /// the same steps here with host timestamps: where the adapter's cost goes.
+    #[arg(long)]
+    steps: bool,
+}
+
+/// Median host time per call of each step of the adapter's path (`--steps`), µs.
+#[derive(Serialize, Clone, Copy, Debug)]
+struct Steps {
+    /// Allocating the output from cubecl's pool (`empty_device_contiguous_dtype`).
+    alloc: f64,
+    /// The three `get_resource` lookups, on cubecl's device thread.
+    lookups: f64,
+    /// `client.sync()`: waiting for the caller's cubecl stream.
+    cubecl_sync: f64,
+    /// Enqueueing the GEMM (`gemm_raw`).
+    enqueue: f64,
+    /// Waiting for the GEMM (stream synchronize).
+    gemm_wait: f64,
+    /// `client.exclusive` wall time minus the task's own time: the device-thread round trip.
+    round_trip: f64,
+    /// Dropping the output tensor.
+    drop: f64,
 }
 
 /// One (shape, dtype) result; times in ms per call, costs in µs per call.
@@ -79,6 +103,9 @@ struct Row {
     rel_vs_burn: f64,
     /// Input pairs rotated through.
     pairs: usize,
+    /// Per-step times of the adapter's path (only with `--steps`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    steps_us: Option<Steps>,
     /// Whether burn's matmul was autotuned (built with the `burn-autotune` feature).
     burn_autotune: bool,
 }
@@ -191,6 +218,7 @@ impl Case<'_> {
         let iters = ((args.loop_ms / probe.max(1e-3)) as usize).clamp(3, 2000);
         let [adapter_ms, burn_ms, raw_ms, raw_wait_ms] =
             self.time_all(&inputs, args.reps, iters, &adapter_call, &burn_call)?;
+        let steps_us = if args.steps { Some(self.steps(&inputs, iters)?) } else { None };
         let tflops = |ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
         Ok(Row {
             m,
@@ -210,7 +238,94 @@ impl Case<'_> {
             wait_cost_us: (raw_wait_ms - raw_ms) * 1e3,
             rel_vs_burn,
             pairs,
+            steps_us,
             burn_autotune: cfg!(feature = "burn-autotune"),
+        })
+    }
+
+    /// The adapter's path (`cube.rs`'s `run`) step by step, with host timestamps around each
+    /// step, over `iters` calls: the median of each step, µs.
+    fn steps(&self, inputs: &[(Tensor<Plain, 2>, Tensor<Plain, 2>)], iters: usize) -> anyhow::Result<Steps> {
+        let (m, n, _) = self.shape;
+        let first = cube(&inputs[0].0);
+        let client = first.client.clone();
+        let plan = gemmbridge_burn::layout::plan(
+            first.meta.shape(),
+            first.meta.strides(),
+            cube(&inputs[0].1).meta.shape(),
+            cube(&inputs[0].1).meta.strides(),
+            self.precision,
+        )
+        .map_err(|f| anyhow::anyhow!("no plan: {f:?}"))?;
+        let s = self.gpu.stream().clone();
+        let us = |t: Instant| t.elapsed().as_secs_f64() * 1e6;
+        let mut all: Vec<[f64; 7]> = Vec::with_capacity(iters);
+        for i in 0..iters.max(3) {
+            let (a, b) = (cube(&inputs[i % inputs.len()].0), cube(&inputs[i % inputs.len()].1));
+            let t = Instant::now();
+            let out = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
+                client.clone(),
+                a.device.clone(),
+                [m, n].into(),
+                a.dtype,
+            );
+            let alloc = us(t);
+            let t = Instant::now();
+            let inner = client
+                .exclusive(|| -> anyhow::Result<[f64; 5]> {
+                    let t = Instant::now();
+                    let res = |x: &CubeTensor<CudaRuntime>| {
+                        client.get_resource(x.handle.clone()).map_err(|e| anyhow::anyhow!("{e:?}"))
+                    };
+                    let (ra, rb, rc) = (res(&a)?, res(&b)?, res(&out)?);
+                    let lookups = us(t);
+                    let t = Instant::now();
+                    cubecl::future::block_on(client.sync()).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                    let cubecl_sync = us(t);
+                    let raw = |r: u64, size: u64| RawBuffer { address: r, len_bytes: size as usize };
+                    let t = Instant::now();
+                    // SAFETY: as in the adapter (cube.rs run): live cubecl allocations held by
+                    // the bindings until after the synchronize below, cubecl's stream drained
+                    // and its device thread held by this task.
+                    unsafe {
+                        self.gpu.gemm_raw(
+                            &plan.problem,
+                            1.0,
+                            raw(ra.resource().ptr, ra.resource().size),
+                            raw(rb.resource().ptr, rb.resource().size),
+                            0.0,
+                            raw(rc.resource().ptr, rc.resource().size),
+                            s.cu_stream(),
+                        )
+                    }?;
+                    let enqueue = us(t);
+                    let t = Instant::now();
+                    s.synchronize()?;
+                    let gemm_wait = us(t);
+                    drop((ra, rb, rc));
+                    Ok([lookups, cubecl_sync, enqueue, gemm_wait, 0.0])
+                })
+                .map_err(|e| anyhow::anyhow!("cubecl device thread: {e:?}"))??;
+            let exclusive = us(t);
+            let t = Instant::now();
+            drop(out);
+            let dropped = us(t);
+            let task: f64 = inner[..4].iter().sum();
+            all.push([alloc, inner[0], inner[1], inner[2], inner[3], exclusive - task, dropped]);
+        }
+        let median = |j: usize| {
+            let mut v: Vec<f64> = all.iter().map(|r| r[j]).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        Ok(Steps {
+            alloc: median(0),
+            lookups: median(1),
+            cubecl_sync: median(2),
+            enqueue: median(3),
+            gemm_wait: median(4),
+            round_trip: median(5),
+            drop: median(6),
         })
     }
 
@@ -345,6 +460,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 r.wait_cost_us,
                 r.rel_vs_burn
             );
+            if let Some(st) = r.steps_us {
+                println!(
+                    "{:>24} steps µs: alloc {:.1}  lookups {:.1}  cubecl sync {:.1}  enqueue {:.1}  GEMM wait {:.1}  round trip {:.1}  drop {:.1}",
+                    "", st.alloc, st.lookups, st.cubecl_sync, st.enqueue, st.gemm_wait, st.round_trip, st.drop
+                );
+            }
             if let Some(f) = out.as_mut() {
                 writeln!(f, "{}", serde_json::to_string(&r)?)?;
             }
