@@ -75,13 +75,6 @@ struct Steps {
     round_trip: f64,
     /// Dropping the output tensor.
     drop: f64,
-    /// Wall time per call of the whole path above, µs.
-    total: f64,
-    /// Wall time per call of the same path with the GEMM wait moved out of the device-thread
-    /// task: the task only looks up, syncs and enqueues, and the calling thread then polls
-    /// the stream (`cuStreamQuery`) in a spin loop instead of sleeping, µs. An experiment:
-    /// the adapter itself does not do this.
-    total_spin: f64,
 }
 
 /// One (shape, dtype) result; times in ms per call, costs in µs per call.
@@ -320,63 +313,12 @@ impl Case<'_> {
             let task: f64 = inner[..4].iter().sum();
             all.push([alloc, inner[0], inner[1], inner[2], inner[3], exclusive - task, dropped]);
         }
-        let mut spin = Vec::with_capacity(iters);
-        for i in 0..iters.max(3) {
-            let (a, b) = (cube(&inputs[i % inputs.len()].0), cube(&inputs[i % inputs.len()].1));
-            let t = Instant::now();
-            let out = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
-                client.clone(),
-                a.device.clone(),
-                [m, n].into(),
-                a.dtype,
-            );
-            client
-                .exclusive(|| -> anyhow::Result<()> {
-                    let res = |x: &CubeTensor<CudaRuntime>| {
-                        client.get_resource(x.handle.clone()).map_err(|e| anyhow::anyhow!("{e:?}"))
-                    };
-                    let (ra, rb, rc) = (res(&a)?, res(&b)?, res(&out)?);
-                    cubecl::future::block_on(client.sync()).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-                    let raw = |r: u64, size: u64| RawBuffer { address: r, len_bytes: size as usize };
-                    // SAFETY: as above; after this task the tensors a, b and out (held by this
-                    // loop until after the stream is idle) keep the memory from being reused.
-                    unsafe {
-                        self.gpu.gemm_raw(
-                            &plan.problem,
-                            1.0,
-                            raw(ra.resource().ptr, ra.resource().size),
-                            raw(rb.resource().ptr, rb.resource().size),
-                            0.0,
-                            raw(rc.resource().ptr, rc.resource().size),
-                            s.cu_stream(),
-                        )
-                    }?;
-                    Ok(())
-                })
-                .map_err(|e| anyhow::anyhow!("cubecl device thread: {e:?}"))??;
-            loop {
-                // SAFETY: a live stream of the current context.
-                match unsafe { cudarc::driver::sys::cuStreamQuery(s.cu_stream()) } {
-                    cudarc::driver::sys::CUresult::CUDA_SUCCESS => break,
-                    cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
-                    other => anyhow::bail!("cuStreamQuery: {other:?}"),
-                }
-            }
-            drop(out);
-            spin.push(us(t));
-        }
-        spin.sort_by(f64::total_cmp);
-        let total_spin = spin[spin.len() / 2];
         let median = |j: usize| {
             let mut v: Vec<f64> = all.iter().map(|r| r[j]).collect();
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let mut totals: Vec<f64> = all.iter().map(|r| r[0] + r[5] + r[1] + r[2] + r[3] + r[4] + r[6]).collect();
-        totals.sort_by(f64::total_cmp);
         Ok(Steps {
-            total: totals[totals.len() / 2],
-            total_spin,
             alloc: median(0),
             lookups: median(1),
             cubecl_sync: median(2),
@@ -520,8 +462,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             );
             if let Some(st) = r.steps_us {
                 println!(
-                    "{:>24} steps µs: alloc {:.1}  lookups {:.1}  cubecl sync {:.1}  enqueue {:.1}  GEMM wait {:.1}  round trip {:.1}  drop {:.1}  total {:.1}  total with a spin wait {:.1}",
-                    "", st.alloc, st.lookups, st.cubecl_sync, st.enqueue, st.gemm_wait, st.round_trip, st.drop, st.total, st.total_spin
+                    "{:>24} steps µs: alloc {:.1}  lookups {:.1}  cubecl sync {:.1}  enqueue {:.1}  GEMM wait {:.1}  round trip {:.1}  drop {:.1}",
+                    "", st.alloc, st.lookups, st.cubecl_sync, st.enqueue, st.gemm_wait, st.round_trip, st.drop
                 );
             }
             if let Some(f) = out.as_mut() {
