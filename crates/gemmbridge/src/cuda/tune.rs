@@ -56,7 +56,7 @@ impl Gpu {
     /// 1. Candidates: the heuristic's first `opts.candidates` algorithms for `p`, then those
     ///    it gives for the same GEMM without its epilogue and with smaller workspace limits
     ///    that cuBLASLt accepts for `p` (the heuristic ranks fused kernels separately and can
-    ///    miss faster tiles; docs/PERFORMANCE.md §2).
+    ///    miss faster tiles; docs/PERFORMANCE.md §2.1).
     /// 2. Correctness: each runs once with β = 0; a candidate whose C differs from the first
     ///    choice's by more than the precision's band (‖·‖ relative, NaN never passes) is
     ///    never timed or kept.
@@ -221,7 +221,7 @@ const OTHER_WORKSPACES: [usize; 2] = [1 << 20, 4 << 20];
 /// workspace left out), then the distinct candidates of neighbouring queries that cuBLASLt
 /// accepts for `key` (`cublasLtMatmulAlgoCheck`): the same GEMM without its epilogue (the
 /// heuristic ranks fused kernels on their own and can leave out tiles that also run the
-/// epilogue faster: up to 17 % faster at 5120×8192×2048 on the H200, docs/PERFORMANCE.md §2),
+/// epilogue faster: up to 17 % faster at 5120×8192×2048 on the H200, docs/PERFORMANCE.md §2.1),
 /// and [`OTHER_WORKSPACES`]. Returns the list and how many were added (they are at its end).
 fn candidates(lt: &LtHandle, plan: &Plan, key: &PlanKey, n: usize, ws_bytes: usize) -> (Vec<Algorithm>, usize) {
     let mut list: Vec<Algorithm> = plan.candidates.iter().copied().filter(|c| c.workspace <= ws_bytes).collect();
@@ -318,7 +318,7 @@ const HEAT_MS: f64 = 300.0;
 
 /// A problem whose first candidate takes less than this per call (ms, the fastest of three
 /// samples of ~1 ms of back-to-back calls between CUDA events) is timed in graph replay: eager back-to-back calls of it are bound by the host's launch cost
-/// (~6–8 µs on the H200 host, docs/PERFORMANCE.md §3), which would hide every difference between
+/// (6–11 µs per call on the H200 hosts, docs/PERFORMANCE.md §3), which would hide every difference between
 /// the kernels, while in a graph — and behind any caller that keeps the GPU busy — the kernel's
 /// own duration is what counts.
 const GRAPH_BELOW_MS: f64 = 0.02;
