@@ -317,9 +317,10 @@ fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
 const HEAT_MS: f64 = 300.0;
 
 /// A problem whose first candidate takes less than this per call (ms, the fastest of three
-/// samples of ~1 ms of back-to-back calls between CUDA events) is timed in graph replay: eager back-to-back calls of it are bound by the host's launch cost
-/// (6–11 µs per call on the H200 hosts, docs/PERFORMANCE.md §3), which would hide every difference between
-/// the kernels, while in a graph — and behind any caller that keeps the GPU busy — the kernel's
+/// samples of ~1 ms of back-to-back calls between CUDA events) is timed in graph replay:
+/// eager back-to-back calls of it are bound by the host's launch cost (6–11 µs per call on the
+/// H200 hosts, docs/PERFORMANCE.md §3), which would hide every difference between the
+/// kernels, while in a graph — and behind any caller that keeps the GPU busy — the kernel's
 /// own duration is what counts.
 const GRAPH_BELOW_MS: f64 = 0.02;
 
