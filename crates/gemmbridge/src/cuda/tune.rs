@@ -347,8 +347,9 @@ fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Result<Optio
 /// samples of ~1 ms of back-to-back calls between CUDA events), but interleaved: after
 /// [`HEAT_MS`] of the first function, each of `reps` rounds takes one sample of every
 /// function, starting one further along each round and running every other round backwards,
-/// so that all see the same clock and temperature drift. Problems below [`GRAPH_BELOW_MS`] per call are sampled as replays of a
-/// captured graph of [`GRAPH_CALLS`] calls. Returns the medians and whether graphs were used.
+/// so that all see the same clock and temperature drift. Problems below [`GRAPH_BELOW_MS`] per
+/// call are sampled as replays of a captured graph of [`GRAPH_CALLS`] calls. Returns the
+/// medians and whether graphs were used.
 fn time_interleaved(
     stream: &Arc<CudaStream>,
     reps: usize,
