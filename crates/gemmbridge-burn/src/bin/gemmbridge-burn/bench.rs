@@ -243,20 +243,29 @@ impl Case<'_> {
         })
     }
 
+    /// The adapter's GEMM plan for `a·b` in this case's precision (the raw variants' problem).
+    fn plan(
+        &self,
+        a: &CubeTensor<CudaRuntime>,
+        b: &CubeTensor<CudaRuntime>,
+    ) -> anyhow::Result<gemmbridge_burn::layout::MatmulPlan> {
+        gemmbridge_burn::layout::plan(
+            a.meta.shape(),
+            a.meta.strides(),
+            b.meta.shape(),
+            b.meta.strides(),
+            self.precision,
+        )
+        .map_err(|f| anyhow::anyhow!("no plan: {f:?}"))
+    }
+
     /// The adapter's path (`cube.rs`'s `run`) step by step, with host timestamps around each
     /// step, over `iters` calls: the median of each step, µs.
     fn steps(&self, inputs: &[(Tensor<Plain, 2>, Tensor<Plain, 2>)], iters: usize) -> anyhow::Result<Steps> {
         let (m, n, _) = self.shape;
         let first = cube(&inputs[0].0);
         let client = first.client.clone();
-        let plan = gemmbridge_burn::layout::plan(
-            first.meta.shape(),
-            first.meta.strides(),
-            cube(&inputs[0].1).meta.shape(),
-            cube(&inputs[0].1).meta.strides(),
-            self.precision,
-        )
-        .map_err(|f| anyhow::anyhow!("no plan: {f:?}"))?;
+        let plan = self.plan(&first, &cube(&inputs[0].1))?;
         let s = self.gpu.stream().clone();
         let us = |t: Instant| t.elapsed().as_secs_f64() * 1e6;
         let mut all: Vec<[f64; 7]> = Vec::with_capacity(iters);
@@ -350,14 +359,7 @@ impl Case<'_> {
             first.dtype,
         );
         let tensors: Vec<[CubeTensor<CudaRuntime>; 2]> = inputs.iter().map(|(a, b)| [cube(a), cube(b)]).collect();
-        let plan = gemmbridge_burn::layout::plan(
-            first.meta.shape(),
-            first.meta.strides(),
-            tensors[0][1].meta.shape(),
-            tensors[0][1].meta.strides(),
-            self.precision,
-        )
-        .map_err(|f| anyhow::anyhow!("no plan: {f:?}"))?;
+        let plan = self.plan(&first, &tensors[0][1])?;
         let resource =
             |t: &CubeTensor<CudaRuntime>| client.get_resource(t.handle.clone()).map_err(|e| anyhow::anyhow!("{e:?}"));
         let held: Vec<_> =
