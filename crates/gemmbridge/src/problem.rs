@@ -281,6 +281,11 @@ impl GemmProblem {
         2.0 * self.m() as f64 * self.n() as f64 * self.k() as f64 * self.batch as f64
     }
 
+    /// Multiply-adds: `m·n·k·batch` (saturating at `u64::MAX`).
+    pub fn macs(&self) -> u64 {
+        [self.n(), self.k(), self.batch].iter().fold(self.m() as u64, |acc, &d| acc.saturating_mul(d as u64))
+    }
+
     /// A one-line description for error messages and logs, e.g.
     /// `m=256 n=512 k=128 A[256x128 ld 128]·N B[128x512 ld 512]·N C[256x512 ld 512] batch 1 bf16`.
     pub fn describe(&self) -> String {

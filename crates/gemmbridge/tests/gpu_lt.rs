@@ -6,7 +6,7 @@ mod common;
 use common::{normal, poison, rng, Case};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
-use gemmbridge::cuda::{Backend, Extras, Gpu, RawBuffer, RawExtras, TuneOptions};
+use gemmbridge::cuda::{Backend, Extras, Gpu, GraphReplay, RawBuffer, RawExtras, TuneOptions};
 use gemmbridge::epilogue::{AuxUse, VectorUse};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::{gemm_epilogue_rowmajor, rel_error};
@@ -100,8 +100,9 @@ fn epilogue_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
     Ok(err)
 }
 
-fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision) {
+fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision, replay: GraphReplay) {
     let gpu = gpu();
+    gpu.set_graph_replay(replay);
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
     let mut cases = 0;
@@ -131,7 +132,11 @@ fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: 
             }
         }
     }
-    eprintln!("{precision}: {cases} epilogue cases, worst rel error {worst:e}");
+    eprintln!("{precision}: {cases} epilogue cases, worst rel error {worst:e}, {} replay graphs", gpu.cached_graphs());
+    if replay.enabled && replay.after_calls == 1 {
+        // every case without a staged bias is served by a graph captured on its first call
+        assert!(gpu.cached_graphs() > 0, "no replay graph in {cases} cases");
+    }
     for f in &failures {
         eprintln!("{f}");
     }
@@ -141,25 +146,39 @@ fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_f32() {
-    all_epilogues::<f32, f32>(Precision::F32);
+    all_epilogues::<f32, f32>(Precision::F32, GraphReplay::off());
+}
+
+/// The same cases, each served by a graph captured on its first call (graph replay).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn epilogues_f32_replayed() {
+    all_epilogues::<f32, f32>(Precision::F32, GraphReplay { after_calls: 1, ..GraphReplay::default() });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_f16() {
-    all_epilogues::<f16, f16>(Precision::F16);
+    all_epilogues::<f16, f16>(Precision::F16, GraphReplay::off());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_bf16() {
-    all_epilogues::<bf16, bf16>(Precision::BF16);
+    all_epilogues::<bf16, bf16>(Precision::BF16, GraphReplay::off());
+}
+
+/// The same cases, each served by a graph captured on its first call (graph replay).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn epilogues_bf16_replayed() {
+    all_epilogues::<bf16, bf16>(Precision::BF16, GraphReplay { after_calls: 1, ..GraphReplay::default() });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_bf16_f32out() {
-    all_epilogues::<bf16, f32>(Precision::BF16_F32OUT);
+    all_epilogues::<bf16, f32>(Precision::BF16_F32OUT, GraphReplay::off());
 }
 
 #[test]
@@ -234,6 +253,83 @@ fn graph_capture_after_prewarm() {
     assert!(err <= 1e-2, "graph replay: {err:e}");
 }
 
+/// Graph replay (on by default) gives the direct call's result: it reads the operands' current
+/// contents, honours a new α and a new output buffer (each a new graph), and is dropped when
+/// switched off.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_replay_matches_direct_calls() {
+    let gpu = gpu();
+    let mut rng = rng();
+    let s = gpu.stream().clone();
+    let (m, n, k) = (48, 80, 64);
+    let p = GemmProblem::linear(m, n, k, Precision::F16).unwrap().with_epilogue(Epilogue::Bias).unwrap();
+    let w: Vec<f16> = normal(&mut rng, n * k);
+    let bias: Vec<f16> = normal(&mut rng, n);
+    let (dw, dbias) = (s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
+    let mut da = s.clone_htod(&normal::<f16>(&mut rng, m * k)).unwrap();
+    let mut outs = [s.alloc_zeros::<f16>(m * n).unwrap(), s.alloc_zeros::<f16>(m * n).unwrap()];
+    assert!(gpu.graph_replay().enabled, "replay is on by default");
+    // (alpha, output buffer, graphs expected after the call)
+    let calls =
+        [(1.0, 0, 0), (1.0, 0, 1), (1.0, 0, 1), (1.0, 0, 1), (0.5, 0, 1), (0.5, 0, 2), (0.5, 1, 2), (0.5, 1, 3)];
+    for (i, &(alpha, o, graphs)) in calls.iter().enumerate() {
+        let a: Vec<f16> = normal(&mut rng, m * k); // new contents, same address
+        s.memcpy_htod(&a, &mut da).unwrap();
+        s.memcpy_htod(&poison::<f16>(m * n), &mut outs[o]).unwrap();
+        let ex = Extras { bias: Some(&dbias), ..Extras::default() };
+        gpu.gemm_fused(&p, alpha, &da, &dw, 0.0, &mut outs[o], ex).unwrap();
+        let got = wide(&s.clone_dtoh(&outs[o]).unwrap());
+        let mut want = vec![0.0; m * n];
+        gemm_epilogue_rowmajor(&p, alpha as f64, &wide(&a), &wide(&w), 0.0, &mut want, Some(&mut wide(&bias)), None);
+        let err = rel_error(&got, &want);
+        assert!(err <= 1e-2, "call {i} (alpha {alpha}, output {o}): rel error {err:e}");
+        assert_eq!(gpu.cached_graphs(), graphs, "graphs after call {i}");
+    }
+    gpu.set_graph_replay(GraphReplay::off());
+    assert_eq!(gpu.cached_graphs(), 0);
+    for _ in 0..3 {
+        gpu.gemm_fused(&p, 1.0, &da, &dw, 0.0, &mut outs[0], Extras { bias: Some(&dbias), ..Extras::default() })
+            .unwrap();
+    }
+    assert_eq!(gpu.cached_graphs(), 0, "replay off caches nothing");
+}
+
+/// A call whose graph is cached is captured as a direct call when the caller's stream is being
+/// captured (a graph is never launched into a capture), and the caller's graph is right.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_replay_steps_aside_during_capture() {
+    let gpu = gpu();
+    let mut rng = rng();
+    let s = gpu.stream().clone();
+    let p = GemmProblem::linear(64, 96, 80, Precision::BF16).unwrap().with_epilogue(Epilogue::GeluBias).unwrap();
+    let a: Vec<bf16> = normal(&mut rng, 64 * 80);
+    let w: Vec<bf16> = normal(&mut rng, 96 * 80);
+    let bias: Vec<bf16> = normal(&mut rng, 96);
+    let (da, dw, dbias) = (s.clone_htod(&a).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
+    let mut dc = s.alloc_zeros::<bf16>(64 * 96).unwrap();
+    let call = |dc: &mut CudaSlice<bf16>| {
+        gpu.gemm_fused(&p, 1.0, &da, &dw, 0.0, dc, Extras { bias: Some(&dbias), ..Extras::default() })
+    };
+    call(&mut dc).unwrap();
+    call(&mut dc).unwrap();
+    assert_eq!(gpu.cached_graphs(), 1);
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let captured = (0..3).try_for_each(|_| call(&mut dc));
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    captured.unwrap();
+    let graph = graph.unwrap().expect("a graph");
+    s.memcpy_htod(&poison::<bf16>(64 * 96), &mut dc).unwrap();
+    graph.launch().unwrap();
+    let got = wide(&s.clone_dtoh(&dc).unwrap());
+    let mut want = vec![0.0; 64 * 96];
+    gemm_epilogue_rowmajor(&p, 1.0, &wide(&a), &wide(&w), 0.0, &mut want, Some(&mut wide(&bias)), None);
+    let err = rel_error(&got, &want);
+    assert!(err <= 1e-2, "caller's graph: {err:e}");
+    assert_eq!(gpu.cached_graphs(), 1);
+}
+
 /// Tuning keeps a result that is right, and the plan built from it stays right.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -265,6 +361,61 @@ fn autotune_keeps_correct_results() {
     let mut want = vec![0.0; m * n];
     gemm_epilogue_rowmajor(&p, 1.0, &wide(&x), &wide(&w), 0.0, &mut want, None, None);
     assert!(rel_error(&got, &want) <= 1e-2);
+}
+
+/// A tiny problem (≤ 256³ multiply-adds) also gets the exhaustive search's configurations
+/// as candidates; whatever is kept stays right, for strict f32 and a fused f16 epilogue.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn autotune_searches_tiny_problems() {
+    let gpu = gpu();
+    let mut rng = rng();
+    let s = gpu.stream().clone();
+    for (p, tol) in [
+        (GemmProblem::matmul(64, 64, 64, Precision::F32).unwrap(), 1e-5),
+        (GemmProblem::linear(64, 96, 80, Precision::F16).unwrap().with_epilogue(Epilogue::GeluBias).unwrap(), 1e-2),
+    ] {
+        let (m, n, k) = (p.m(), p.n(), p.k());
+        let fused = p.epilogue() != Epilogue::None;
+        let esz = p.precision().input().size_bytes();
+        let a: Vec<f64> = normal::<f32>(&mut rng, m * k).iter().map(|&v| v as f64).collect();
+        let b: Vec<f64> = normal::<f32>(&mut rng, n * k).iter().map(|&v| v as f64).collect();
+        let bias: Vec<f64> = normal::<f32>(&mut rng, n).iter().map(|&v| v as f64).collect();
+        // stored in the problem's input dtype; the reference uses the stored values
+        let store = |v: &[f64]| -> (Vec<u8>, Vec<f64>) {
+            if esz == 4 {
+                (v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(), v.to_vec())
+            } else {
+                let h: Vec<f16> = v.iter().map(|&x| f16::from_f64(x)).collect();
+                (h.iter().flat_map(|x| x.to_le_bytes()).collect(), wide(&h))
+            }
+        };
+        let ((ab, a), (bb, b), (vb, bias)) = (store(&a), store(&b), store(&bias));
+        let (da, db, dv) = (s.clone_htod(&ab).unwrap(), s.clone_htod(&bb).unwrap(), s.clone_htod(&vb).unwrap());
+        let mut dc = s.alloc_zeros::<u8>(m * n * esz).unwrap();
+        let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * n * esz };
+        let extras = RawExtras { bias: fused.then(|| raw(&dv, &s)), aux: None };
+        // SAFETY: buffers of this context on the Gpu's stream.
+        let (report, sig, _) =
+            unsafe { gpu.autotune_raw(&p, 1.0, raw(&da, &s), raw(&db, &s), 0.0, rc, extras, TuneOptions::default()) }
+                .unwrap();
+        eprintln!("{sig}: {report:?}");
+        assert!(report.candidates > 16, "the search added candidates beyond the heuristic's 16: {report:?}");
+        assert!(report.timed_in_graph, "{report:?}");
+        s.memcpy_htod(&vec![0xffu8; m * n * esz], &mut dc).unwrap(); // NaN poison
+                                                                     // SAFETY: as above.
+        unsafe { gpu.gemm_raw_fused(&p, 1.0, raw(&da, &s), raw(&db, &s), 0.0, rc, extras, s.cu_stream()) }.unwrap();
+        let bytes = s.clone_dtoh(&dc).unwrap();
+        let got: Vec<f64> = if esz == 4 {
+            bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()
+        } else {
+            bytes.chunks(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64()).collect()
+        };
+        let mut want = vec![0.0; m * n];
+        gemm_epilogue_rowmajor(&p, 1.0, &a, &b, 0.0, &mut want, fused.then_some(&mut bias.clone()[..]), None);
+        let err = rel_error(&got, &want);
+        assert!(err <= tol, "{sig}: tuned result {err:e}");
+    }
 }
 
 /// Tuning a fused epilogue also considers the plain GEMM's candidates, and whatever it keeps

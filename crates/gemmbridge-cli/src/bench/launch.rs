@@ -3,8 +3,11 @@
 //!
 //! Fields as torch_peer.py's launch row (`host_us`, `wall_us`, `graph_us`), plus
 //! `bare_lt_us` (bare `cublasLtMatmul` with a prebuilt plan), `bare_blas_us` (bare
-//! `cublasGemmEx`) and `host_raw_us` (gemmbridge's raw-pointer path), all measured in the same
-//! run. Host times are medians over 40 batches of 256 calls (below the launch-queue depth, so
+//! `cublasGemmEx`), `host_raw_us` (gemmbridge's raw-pointer path), and `host_direct_us` /
+//! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so every
+//! call goes through `cublasLtMatmul`: gemmbridge's own cost above the bare call), all measured
+//! in the same run. `host_us` and `host_raw_us` use the default settings, where the repeated
+//! call is replayed from a cached graph (`GraphReplay`). Host times are medians over 40 batches of 256 calls (below the launch-queue depth, so
 //! the GPU does not throttle the host); `wall_us` includes waiting for the GPU; `graph_us` is
 //! GPU time per GEMM when 256 calls captured into one graph are replayed (median of 20).
 
@@ -12,7 +15,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::{Gpu, RawBuffer, Served};
+use gemmbridge::cuda::{Gpu, GraphReplay, RawBuffer, Served};
 use gemmbridge::{DType, Element, GemmProblem};
 
 use crate::random::normal;
@@ -50,8 +53,14 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     );
     let ro = RawBuffer { address: o.device_ptr_mut(&s).0, len_bytes: bytes };
     let cs = s.cu_stream();
+    // The same stream and buffers through a second Gpu with replay off: every call goes
+    // through cublasLtMatmul (its own handles, plan cache and workspace).
+    let direct = Gpu::with_stream(s.clone())?;
+    direct.set_graph_replay(GraphReplay::off());
+    direct.set_backend(gpu.backend());
     for _ in 0..200 {
         gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;
+        direct.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;
     }
     s.synchronize()?;
     // One batch of BATCH calls: (host µs per call, wall µs per call).
@@ -65,15 +74,21 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         s.synchronize()?;
         Ok((host, t.elapsed().as_secs_f64() * 1e6 / BATCH as f64))
     };
-    // The four ways are interleaved batch by batch, so that clock and cache drift over the
+    // The ways are interleaved batch by batch, so that clock and cache drift over the
     // measurement falls on all of them alike.
     let (mut hosts, mut walls, mut raws, mut bare_lt, mut bare_blas) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut hosts_d, mut walls_d, mut raws_d) = (vec![], vec![], vec![]);
     for _ in 0..BATCHES {
-        let (h, w) = batch(&mut || Ok(gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
-        hosts.push(h);
-        walls.push(w);
+        let (host, wall) = batch(&mut || Ok(gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
+        hosts.push(host);
+        walls.push(wall);
+        let (host, wall) = batch(&mut || Ok(direct.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
+        hosts_d.push(host);
+        walls_d.push(wall);
         // SAFETY: the three buffers are live allocations of this context used only on `s`.
         raws.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
+        // SAFETY: as above.
+        raws_d.push(batch(&mut || Ok(unsafe { direct.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
         if gpu.has_lt() {
             // SAFETY: as above; the plan exists after the warm-up calls.
             bare_lt.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Lt, 1, BATCH) }?);
@@ -82,6 +97,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         bare_blas.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Blas, 1, BATCH) }?);
     }
     let (host_us, wall_us, host_raw_us) = (median(hosts), median(walls), median(raws));
+    let (host_direct_us, wall_direct_us, host_raw_direct_us) = (median(hosts_d), median(walls_d), median(raws_d));
     let bare_lt_us = (!bare_lt.is_empty()).then(|| median(bare_lt));
     let bare_blas_us = median(bare_blas);
 
@@ -108,5 +124,6 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     let graph_us = median(reps);
     Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": host_us,
         "wall_us": wall_us, "graph_us": graph_us, "host_raw_us": host_raw_us, "bare_lt_us": bare_lt_us,
-        "bare_blas_us": bare_blas_us}))
+        "bare_blas_us": bare_blas_us, "host_direct_us": host_direct_us, "wall_direct_us": wall_direct_us,
+        "host_raw_direct_us": host_raw_direct_us, "replay_graphs": gpu.cached_graphs()}))
 }

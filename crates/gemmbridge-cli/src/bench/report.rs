@@ -48,8 +48,9 @@ pub fn read_peer_launch(path: &str) -> anyhow::Result<Vec<serde_json::Value>> {
         .collect())
 }
 
-/// The launch rows beside the peer's: host µs per call (ours safe / raw, bare cuBLASLt, bare
-/// cuBLAS, PyTorch), wall µs, graph µs, and the throughput ratios PyTorch-eager / ours.
+/// The launch rows beside the peer's: host µs per call (ours safe / raw with graph replay, the
+/// safe path direct, bare cuBLASLt, bare cuBLAS, PyTorch), wall µs, graph µs, and the
+/// throughput ratios PyTorch-eager / ours.
 pub fn launch_table(ours: &[serde_json::Value], peer: &[serde_json::Value]) -> String {
     let f = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64());
     let show = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
@@ -57,10 +58,11 @@ pub fn launch_table(ours: &[serde_json::Value], peer: &[serde_json::Value]) -> S
     let _ = writeln!(s, "\ntiny GEMM (64³) per call, µs: host = enqueue cost, wall = with the GPU, graph = GPU time per GEMM in a replayed graph");
     let _ = writeln!(
         s,
-        "{:<5} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
+        "{:<5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
         "dtype",
         "host",
         "raw",
+        "direct",
         "bare Lt",
         "bare BLAS",
         "torch",
@@ -78,10 +80,11 @@ pub fn launch_table(ours: &[serde_json::Value], peer: &[serde_json::Value]) -> S
         let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
         let _ = writeln!(
             s,
-            "{:<5} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
+            "{:<5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
             d,
             show(f(o, "host_us")),
             show(f(o, "host_raw_us")),
+            show(f(o, "host_direct_us")),
             show(f(o, "bare_lt_us")),
             show(f(o, "bare_blas_us")),
             show(pk("host_us")),
@@ -93,6 +96,7 @@ pub fn launch_table(ours: &[serde_json::Value], peer: &[serde_json::Value]) -> S
             show(ratio(pk("wall_us"), f(o, "graph_us"))),
         );
     }
+    let _ = writeln!(s, "host/raw: graph replay on (default); direct: replay off, every call through cublasLtMatmul");
     let _ = writeln!(s, "eager × = torch wall / ours wall; graph × = torch eager wall / ours graph (per-call throughput vs PyTorch eager)");
     s
 }

@@ -9,6 +9,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::lt::{alignment, Algorithm, LtHandle, Plan, PlanKey};
+use super::replay::{self, GraphReplay, ReplayCache, ReplayKey};
 use super::workspace::{is_capturing, Workspace};
 use super::{library, status};
 use crate::dtype::{Compute, DType, Element, Precision};
@@ -131,6 +132,19 @@ pub(crate) struct State {
     pub lt_unsupported: HashSet<PlanKey>,
     /// Tuned algorithms by bucketed signature (see tactics::signature).
     pub tuned: HashMap<String, Algorithm>,
+    /// Cached graphs of repeated small calls (see [`replay`]).
+    pub replay: ReplayCache,
+    /// The private stream those graphs are captured on (created on first capture).
+    pub capture_stream: Option<Arc<CudaStream>>,
+}
+
+impl State {
+    /// Forgets cached plans matching `drop` and every cached graph (a graph bakes in its
+    /// plan's algorithm). The caller has bound the context (graphs are destroyed here).
+    pub fn forget_plans(&mut self, drop: impl Fn(&PlanKey) -> bool) {
+        self.plans.retain(|k, _| !drop(k));
+        self.replay.clear();
+    }
 }
 
 // SAFETY: the raw handles are used only under the Gpu's Mutex; cuBLAS and cuBLASLt allow a
@@ -160,6 +174,16 @@ unsafe impl Send for State {}
 /// create either while capturing fails with [`Error::NotCapturable`] instead. A captured graph
 /// uses the capture stream's workspace: replay it on that stream (or serialised with it), and
 /// not after the `Gpu` is dropped.
+///
+/// # Graph replay of repeated small calls
+/// Eagerly, a cuBLASLt call of at most 1024³ multiply-adds that is made again with the same
+/// operands (addresses, α, β, stream) is captured once, on a private stream, into a CUDA graph;
+/// from then on such a call is one `cuGraphLaunch` on the caller's stream instead of a
+/// `cublasLtMatmul`, which costs the host less (docs/PERFORMANCE.md §3). The result is the
+/// direct call's: same kernel, same stream order, operands read when the GEMM runs. Graphs are
+/// never launched into a stream being captured, and a bias that needs staging is never
+/// replayed. The capture costs tens of µs once per distinct call. See [`GraphReplay`] and
+/// [`Gpu::set_graph_replay`] (`GraphReplay::off()` turns it off).
 ///
 /// # Errors at creation
 /// [`Error::LibraryNotFound`] when libcuda or libcublas cannot be loaded, [`Error::NoDevice`]
@@ -220,6 +244,8 @@ impl Gpu {
             plans: HashMap::default(),
             lt_unsupported: HashSet::default(),
             tuned: HashMap::default(),
+            replay: ReplayCache::default(),
+            capture_stream: None,
         };
         Ok(Gpu { ctx, stream, state: Mutex::new(state) })
     }
@@ -273,7 +299,8 @@ impl Gpu {
         for (sig, t) in &db.entries {
             st.tuned.insert(sig.clone(), Algorithm { data: t.algo, workspace: t.workspace });
         }
-        st.plans.clear();
+        let _ = self.ctx.bind_to_thread();
+        st.forget_plans(|_| true);
     }
 
     /// Number of cached cuBLASLt plans.
@@ -281,11 +308,32 @@ impl Gpu {
         self.lock().plans.len()
     }
 
-    /// Drops every cached plan (they are rebuilt on next use).
+    /// Drops every cached plan and replay graph (they are rebuilt on next use).
     pub fn clear_plans(&self) {
         let mut st = self.lock();
-        st.plans.clear();
+        let _ = self.ctx.bind_to_thread();
+        st.forget_plans(|_| true);
         st.lt_unsupported.clear();
+    }
+
+    /// Chooses when repeated small eager calls are replayed from cached CUDA graphs
+    /// ([`GraphReplay`]; default on, for problems up to 1024³ multiply-adds, from the second
+    /// call with the same operands). Changing it drops the graphs cached so far.
+    pub fn set_graph_replay(&self, options: GraphReplay) {
+        let mut st = self.lock();
+        let _ = self.ctx.bind_to_thread();
+        st.replay.clear();
+        st.replay.options = options;
+    }
+
+    /// The replay settings in use.
+    pub fn graph_replay(&self) -> GraphReplay {
+        self.lock().replay.options
+    }
+
+    /// Number of cached replay graphs (calls whose graph capture failed are not counted).
+    pub fn cached_graphs(&self) -> usize {
+        self.lock().replay.graphs.values().filter(|g| g.is_some()).count()
     }
 
     /// `C = α·op(A)·op(B) + β·C` on cudarc device memory, enqueued on [`Gpu::stream`].
@@ -661,6 +709,24 @@ impl Gpu {
             }));
         }
         let key = Gpu::plan_key(p, (a, b, c), bias_ptr, ws.matmul_bytes);
+        let (first, second) = key.call.operands(a, b);
+        // Graph replay (see `replay`): a staged bias is excluded, its copy is not in the key.
+        let replay_key = (stage.is_none() && st.replay.qualifies(p.macs())).then(|| ReplayKey {
+            plan: key,
+            stream: stream as usize,
+            operands: [first, second, c, bias_ptr.unwrap_or(0), aux.unwrap_or(0)],
+            scalars: [alpha.to_bits(), beta.to_bits()],
+            workspace: ws.ptr,
+        });
+        if let Some(Some(graph)) = replay_key.as_ref().and_then(|k| st.replay.graphs.get(k)) {
+            // Never into a stream being captured (the direct call below is captured instead).
+            if !is_capturing(stream).unwrap_or(true) {
+                // SAFETY: the key holds this stream and every address the graph uses; they
+                // are the ones this call was validated with.
+                unsafe { graph.launch(stream) }.map_err(|e| with_problem(e, p))?;
+                return Ok(());
+            }
+        }
         if !st.plans.contains_key(&key) {
             if st.lt_unsupported.contains(&key) {
                 return Err(LtFailure::NoAlgorithm(no_algorithm(p)));
@@ -689,9 +755,54 @@ impl Gpu {
             }
             st.plans.insert(key, plan);
         }
+        if let Some(rk) = replay_key {
+            let fresh = !st.replay.graphs.contains_key(&rk) && st.replay.count(&rk);
+            if fresh && !is_capturing(stream).unwrap_or(true) {
+                let cap = match &st.capture_stream {
+                    Some(cap) => cap.clone(),
+                    None => {
+                        let cap = self.ctx.new_stream().map_err(status::driver("cuStreamCreate"))?;
+                        st.capture_stream = Some(cap.clone());
+                        cap
+                    }
+                };
+                let (plan, lt) = (&st.plans[&key], st.lt.as_ref().expect("use_lt implies a handle"));
+                // SAFETY: `cap` is private to this Gpu and used only here, under the lock;
+                // the launch is the one below, on `cap` instead of `stream`.
+                let captured = unsafe {
+                    replay::capture(cap.cu_stream(), |s| {
+                        plan.launch(
+                            lt,
+                            &plan.algo,
+                            alpha,
+                            first,
+                            second,
+                            beta,
+                            c,
+                            bias_ptr,
+                            aux,
+                            ws.ptr,
+                            ws.matmul_bytes,
+                            s as _,
+                        )
+                    })
+                };
+                match captured {
+                    Ok(graph) => {
+                        // SAFETY: as for the cached graph above.
+                        unsafe { graph.launch(stream) }.map_err(|e| with_problem(e, p))?;
+                        st.replay.graphs.insert(rk, Some(graph));
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        tracing::debug!(problem = %p.describe(), error = %e, "graph capture failed; this call runs directly");
+                        st.replay.graphs.insert(rk, None);
+                    }
+                }
+            }
+        }
         let plan = &st.plans[&key];
         let lt = st.lt.as_ref().expect("use_lt implies a handle");
-        let (first, second) = key.call.operands(a, b);
         // SAFETY: validated addresses; the scratch region belongs to this stream's workspace
         // and is ordered with the matmul on the same stream.
         unsafe {
@@ -1112,7 +1223,8 @@ impl Drop for Gpu {
         // Work still queued may use the workspaces: wait for it before freeing them. A
         // failure cannot be reported from Drop; it leaks at most the handles and workspaces.
         let _ = self.ctx.synchronize();
-        st.plans.clear();
+        st.forget_plans(|_| true);
+        st.capture_stream = None;
         st.lt = None;
         for (_, ws) in st.workspaces.drain() {
             ws.free();

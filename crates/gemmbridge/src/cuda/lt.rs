@@ -284,6 +284,129 @@ impl Plan {
         (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(r.workspaceSize)
     }
 
+    /// Every configuration cuBLASLt offers for this plan's types, beyond the heuristic's list
+    /// (the search cuBLASLt's `LtSgemmCustomFind` sample makes): each algorithm id
+    /// (`cublasLtMatmulAlgoGetIds`) × its tiles, stages and custom options × split-K 1, 2, 4,
+    /// 8 (where supported, with each supported reduction scheme) × CTA swizzling, kept where
+    /// `cublasLtMatmulAlgoCheck` accepts it for this plan with at most `workspace` bytes.
+    /// Stops after `checks` configurations have been checked or `limit` accepted, so its host
+    /// cost is bounded (each check is a host call of a few µs). Meant for tiny problems, where
+    /// the heuristic offers few candidates and a kernel's launch overhead is its run time.
+    pub fn search(&self, h: &LtHandle, key: &PlanKey, workspace: usize, limit: usize, checks: usize) -> Vec<Algorithm> {
+        use lt::cublasLtMatmulAlgoCapAttributes_t as Cap;
+        use lt::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
+        let p = key.precision;
+        let (compute, scale, input, output) =
+            (lt_compute(p.compute()), lt::cudaDataType::CUDA_R_32F, lt_dtype(p.input()), lt_dtype(p.output()));
+        let mut ids = [0i32; 256];
+        let mut n_ids = 0;
+        // SAFETY: ids has 256 slots; the handle is live.
+        let s = unsafe {
+            lt::cublasLtMatmulAlgoGetIds(
+                h.0,
+                compute,
+                scale,
+                input,
+                input,
+                output,
+                output,
+                256,
+                ids.as_mut_ptr(),
+                &mut n_ids,
+            )
+        };
+        if s != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Vec::new();
+        }
+        // SAFETY (cap_u32s, cap_i32, set): the buffers are of the attribute's documented type
+        // and size (cublasLtMatmulAlgoCapAttributes_t / ConfigAttributes_t); algo is initialised.
+        let cap_u32s = |algo: &lt::cublasLtMatmulAlgo_t, attr: Cap| -> Vec<u32> {
+            let mut written = 0usize;
+            let s = unsafe { lt::cublasLtMatmulAlgoCapGetAttribute(algo, attr, std::ptr::null_mut(), 0, &mut written) };
+            if s != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || written == 0 {
+                return vec![0];
+            }
+            let mut v = vec![0u32; written / 4];
+            let s = unsafe {
+                lt::cublasLtMatmulAlgoCapGetAttribute(algo, attr, v.as_mut_ptr() as _, v.len() * 4, &mut written)
+            };
+            if s != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS || v.is_empty() {
+                vec![0]
+            } else {
+                v
+            }
+        };
+        let cap_i32 = |algo: &lt::cublasLtMatmulAlgo_t, attr: Cap| -> i32 {
+            let (mut v, mut written) = (0i32, 0usize);
+            let s =
+                unsafe { lt::cublasLtMatmulAlgoCapGetAttribute(algo, attr, &mut v as *mut i32 as _, 4, &mut written) };
+            if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                v
+            } else {
+                0
+            }
+        };
+        let set = |algo: &mut lt::cublasLtMatmulAlgo_t, attr: Cfg, v: u32| {
+            // every config attribute set here is a 4-byte integer (u32, or i32 for SPLITK_NUM)
+            let s = unsafe { lt::cublasLtMatmulAlgoConfigSetAttribute(algo, attr, &v as *const u32 as _, 4) };
+            s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+        };
+        let (mut found, mut checked) = (Vec::new(), 0usize);
+        for &id in &ids[..n_ids.clamp(0, 256) as usize] {
+            // SAFETY: zeroed is a valid cublasLtMatmulAlgo_t to initialise.
+            let mut base: lt::cublasLtMatmulAlgo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: out-pointer to a local; the handle is live.
+            let s =
+                unsafe { lt::cublasLtMatmulAlgoInit(h.0, compute, scale, input, input, output, output, id, &mut base) };
+            if s != lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                continue;
+            }
+            let tiles = cap_u32s(&base, Cap::CUBLASLT_ALGO_CAP_TILE_IDS);
+            let stages = cap_u32s(&base, Cap::CUBLASLT_ALGO_CAP_STAGES_IDS);
+            let splitk = cap_i32(&base, Cap::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) != 0;
+            let schemes_mask = cap_i32(&base, Cap::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK) as u32;
+            let swizzle = cap_i32(&base, Cap::CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT).clamp(0, 1) as u32;
+            let custom = cap_i32(&base, Cap::CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX).clamp(0, 15) as u32;
+            let mut splits: Vec<(u32, u32)> = vec![(1, 0)];
+            if splitk {
+                for k in [2u32, 4, 8] {
+                    for scheme in [1u32, 2, 4].into_iter().filter(|b| schemes_mask & b != 0) {
+                        splits.push((k, scheme));
+                    }
+                }
+            }
+            for &tile in &tiles {
+                for &stage in &stages {
+                    for opt in 0..=custom {
+                        for &(k, scheme) in &splits {
+                            for swz in 0..=swizzle {
+                                if checked >= checks || found.len() >= limit {
+                                    return found;
+                                }
+                                let mut algo = base;
+                                let ok = set(&mut algo, Cfg::CUBLASLT_ALGO_CONFIG_TILE_ID, tile)
+                                    && set(&mut algo, Cfg::CUBLASLT_ALGO_CONFIG_STAGES_ID, stage)
+                                    && set(&mut algo, Cfg::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, opt)
+                                    && set(&mut algo, Cfg::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, k)
+                                    && set(&mut algo, Cfg::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme)
+                                    && set(&mut algo, Cfg::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swz);
+                                if !ok {
+                                    continue;
+                                }
+                                checked += 1;
+                                let cand = Algorithm { data: algo.data, workspace: 0 };
+                                if let Some(need) = self.check_algo(h, &cand).filter(|&need| need <= workspace) {
+                                    found.push(Algorithm { data: algo.data, workspace: need });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        found
+    }
+
     /// Enqueues `D = epilogue(α·opa(A)·opb(B) + β·C)` with C = D in place.
     ///
     /// # Safety

@@ -13,6 +13,7 @@ mod gpu;
 mod info;
 pub mod library;
 mod lt;
+mod replay;
 mod status;
 pub mod tactics;
 mod tune;
@@ -21,6 +22,7 @@ mod workspace;
 pub use gpu::{Backend, Extras, Gpu, RawBuffer, RawExtras, Served, TuneReport};
 pub use info::{cuda_version_string, DeviceInfo};
 pub use lt::Algorithm;
+pub use replay::GraphReplay;
 pub use tune::TuneOptions;
 
 /// The raw CUDA stream type [`Gpu::gemm_raw`] takes (`CUstream`, a pointer).

@@ -56,7 +56,10 @@ impl Gpu {
     /// 1. Candidates: the heuristic's first `opts.candidates` algorithms for `p`, then those
     ///    it gives for the same GEMM without its epilogue and with smaller workspace limits
     ///    that cuBLASLt accepts for `p` (the heuristic ranks fused kernels separately and can
-    ///    miss faster tiles; docs/PERFORMANCE.md §2.1).
+    ///    miss faster tiles; docs/PERFORMANCE.md §2.1). Problems of at most 256³ multiply-adds
+    ///    also get up to 160 configurations from an exhaustive search of cuBLASLt's algorithm
+    ///    ids, tiles, stages, custom options and split-K settings (`cublasLtMatmulAlgoGetIds`,
+    ///    accepted by `cublasLtMatmulAlgoCheck`).
     /// 2. Correctness: each runs once with β = 0; a candidate whose C differs from the first
     ///    choice's by more than the precision's band (‖·‖ relative, NaN never passes) is
     ///    never timed or kept.
@@ -194,7 +197,7 @@ impl Gpu {
         };
         let sig = signature(&key);
         st.tuned.insert(sig.clone(), algo);
-        st.plans.retain(|k, _| signature(k) != sig);
+        st.forget_plans(|k| signature(k) == sig);
         let report = TuneReport {
             heuristic_ms: base,
             best_ms,
@@ -248,9 +251,24 @@ fn candidates(lt: &LtHandle, plan: &Plan, key: &PlanKey, n: usize, ws_bytes: usi
             }
         }
     }
+    if key.call.m as u64 * key.call.n as u64 * key.call.k as u64 * key.call.batch as u64 <= SEARCH_MAX_MACS {
+        for cand in plan.search(lt, key, ws_bytes, SEARCH_LIMIT, SEARCH_CHECKS) {
+            if !list.iter().any(|c| c.data == cand.data) {
+                list.push(cand);
+            }
+        }
+    }
     let added = list.len() - before;
     (list, added)
 }
+
+/// Problems of at most this many multiply-adds (256³) also get every configuration cuBLASLt
+/// offers ([`Plan::search`]) as candidates: the heuristic gives them 3–15 (call 19's tuning,
+/// docs/PERFORMANCE.md §2.1), and each costs only µs to check and time.
+const SEARCH_MAX_MACS: u64 = 1 << 24;
+/// At most this many searched configurations are added, after at most this many checks.
+const SEARCH_LIMIT: usize = 160;
+const SEARCH_CHECKS: usize = 20_000;
 
 /// The bytes of C's m×n×batch logical elements, in order, out of the bytes of its whole span:
 /// the padding between rows (ld > n) and between batch entries is never written by a GEMM and
