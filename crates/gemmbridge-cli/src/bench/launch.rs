@@ -28,18 +28,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn measure(gpu: &Gpu, dtype: &str) -> anyhow::Result<serde_json::Value> {
+/// `db`: the tactic database `gpu` was given, loaded into the replay-off `Gpu` too, so that both
+/// paths and the bare call run the same algorithm (its host cost depends on the algorithm).
+pub fn measure(gpu: &Gpu, dtype: &str, db: Option<&str>) -> anyhow::Result<serde_json::Value> {
     let p = super::precision_of(dtype).ok_or_else(|| anyhow::anyhow!("no precision {dtype}"))?;
     match p.input() {
-        DType::F32 => measure_typed::<f32>(gpu, dtype),
-        DType::F16 => measure_typed::<half::f16>(gpu, dtype),
-        _ => measure_typed::<half::bf16>(gpu, dtype),
+        DType::F32 => measure_typed::<f32>(gpu, dtype, db),
+        DType::F16 => measure_typed::<half::f16>(gpu, dtype, db),
+        _ => measure_typed::<half::bf16>(gpu, dtype, db),
     }
 }
 
 fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     gpu: &Gpu,
     dtype: &str,
+    db: Option<&str>,
 ) -> anyhow::Result<serde_json::Value> {
     let p = GemmProblem::matmul(64, 64, 64, super::precision_of(dtype).expect("checked"))?;
     let s = gpu.stream().clone();
@@ -58,6 +61,9 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     let direct = Gpu::with_stream(s.clone())?;
     direct.set_graph_replay(GraphReplay::off());
     direct.set_backend(gpu.backend());
+    if let Some(db) = db {
+        super::load_db(&direct, db)?;
+    }
     for _ in 0..200 {
         gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;
         direct.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;

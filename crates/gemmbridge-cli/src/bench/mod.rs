@@ -262,7 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let (true, Some(g)) = (launch, &gpu) {
         let mut launches = Vec::new();
         for (name, _) in dtypes.iter().filter(|(n, _)| n != "tf32") {
-            let row = launch::measure(g, name)?;
+            let row = launch::measure(g, name, args.db.as_deref())?;
             sink.emit(&row)?;
             launches.push(row);
         }
