@@ -12,6 +12,21 @@ use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::{gemm_epilogue_rowmajor, rel_error};
 use gemmbridge::{DType, Element, Epilogue, Error, GemmProblem, MatrixLayout, Op, Operand, Precision};
 
+/// Tests that capture CUDA graphs (explicitly, in the tuner's graph timing, or through graph
+/// replay) and assert that the capture happened take this lock exclusively; the others share
+/// it. Another thread's first launch of a kernel (CUDA's lazy module loading synchronises the
+/// device) invalidates a capture in flight; gemmbridge then falls back (direct call, eager
+/// timing), which is right but would fail those assertions (device calls 22–23).
+static CAPTURE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    CAPTURE.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    CAPTURE.write().unwrap_or_else(|p| p.into_inner())
+}
+
 fn gpu() -> Gpu {
     Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
 }
@@ -101,6 +116,7 @@ fn epilogue_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
 }
 
 fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision, replay: GraphReplay) {
+    let (_shared, _exclusive) = if replay.enabled { (None, Some(exclusive())) } else { (Some(shared()), None) };
     let gpu = gpu();
     gpu.set_graph_replay(replay);
     let mut failures = Vec::new();
@@ -184,6 +200,7 @@ fn epilogues_bf16_f32out() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn blas_backend_refuses_epilogues() {
+    let _lock = shared();
     let gpu = gpu();
     gpu.set_backend(Backend::Blas);
     let p = GemmProblem::linear(8, 8, 8, Precision::F32).unwrap().with_epilogue(Epilogue::Relu).unwrap();
@@ -215,6 +232,7 @@ fn raw<T>(s: &CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> RawBuffer {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_capture_after_prewarm() {
+    let _lock = exclusive();
     let gpu = gpu();
     let mut rng = rng();
     let s = gpu.stream().clone();
@@ -259,6 +277,7 @@ fn graph_capture_after_prewarm() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replay_matches_direct_calls() {
+    let _lock = exclusive();
     let gpu = gpu();
     let mut rng = rng();
     let s = gpu.stream().clone();
@@ -301,6 +320,7 @@ fn graph_replay_matches_direct_calls() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replay_steps_aside_during_capture() {
+    let _lock = exclusive();
     let gpu = gpu();
     let mut rng = rng();
     let s = gpu.stream().clone();
@@ -337,6 +357,7 @@ fn graph_replay_steps_aside_during_capture() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn autotune_keeps_correct_results() {
+    let _lock = exclusive();
     let gpu = gpu();
     let mut rng = rng();
     let s = gpu.stream().clone();
@@ -371,6 +392,7 @@ fn autotune_keeps_correct_results() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn autotune_searches_tiny_problems() {
+    let _lock = exclusive();
     let gpu = gpu();
     let mut rng = rng();
     let s = gpu.stream().clone();
@@ -426,6 +448,7 @@ fn autotune_searches_tiny_problems() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn autotune_fused_epilogue_stays_correct() {
+    let _lock = exclusive();
     let gpu = gpu();
     let mut rng = rng();
     let s = gpu.stream().clone();
@@ -459,6 +482,7 @@ fn autotune_fused_epilogue_stays_correct() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn autotune_ignores_poisoned_padding() {
+    let _lock = exclusive();
     let gpu = gpu();
     let mut rng = rng();
     let s = gpu.stream().clone();
@@ -504,6 +528,7 @@ fn autotune_ignores_poisoned_padding() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn blas_and_lt_agree() {
+    let _lock = shared();
     let gpu = gpu();
     let mut rng = rng();
     let s = gpu.stream().clone();

@@ -185,6 +185,12 @@ unsafe impl Send for State {}
 /// replayed. The capture costs tens of µs once per distinct call. See [`GraphReplay`] and
 /// [`Gpu::set_graph_replay`] (`GraphReplay::off()` turns it off).
 ///
+/// Captures and other threads: another thread's first launch of a kernel can invalidate a
+/// capture in flight (CUDA's lazy module loading synchronises the device; device calls
+/// 22–23). gemmbridge's own captures then fall back (replay: the call runs directly and is
+/// captured again later; tuning: eager timing). For captures of your own, launch every kernel
+/// once first (or [`Gpu::prewarm`]), or set `CUDA_MODULE_LOADING=EAGER`.
+///
 /// # Errors at creation
 /// [`Error::LibraryNotFound`] when libcuda or libcublas cannot be loaded, [`Error::NoDevice`]
 /// when the driver finds no GPU, [`Error::Driver`] / [`Error::Cublas`] for other failures.
@@ -331,9 +337,9 @@ impl Gpu {
         self.lock().replay.options
     }
 
-    /// Number of cached replay graphs (calls whose graph capture failed are not counted).
+    /// Number of cached replay graphs.
     pub fn cached_graphs(&self) -> usize {
-        self.lock().replay.graphs.values().filter(|g| g.is_some()).count()
+        self.lock().replay.graphs.len()
     }
 
     /// `C = α·op(A)·op(B) + β·C` on cudarc device memory, enqueued on [`Gpu::stream`].
@@ -718,7 +724,7 @@ impl Gpu {
             scalars: [alpha.to_bits(), beta.to_bits()],
             workspace: ws.ptr,
         });
-        if let Some(Some(graph)) = replay_key.as_ref().and_then(|k| st.replay.graphs.get(k)) {
+        if let Some(graph) = replay_key.as_ref().and_then(|k| st.replay.graphs.get(k)) {
             // Never into a stream being captured (the direct call below is captured instead).
             if !is_capturing(stream).unwrap_or(true) {
                 // SAFETY: the key holds this stream and every address the graph uses; they
@@ -755,6 +761,27 @@ impl Gpu {
             }
             st.plans.insert(key, plan);
         }
+        // The one launch of this call: validated operands, this stream's workspace (which no
+        // other stream uses); `s` is the caller's stream, or the private capture stream.
+        let launch = |plan: &Plan, lt: &LtHandle, s: CUstream| {
+            // SAFETY: as above; the caller of enqueue_lt guarantees the addresses.
+            unsafe {
+                plan.launch(
+                    lt,
+                    &plan.algo,
+                    alpha,
+                    first,
+                    second,
+                    beta,
+                    c,
+                    bias_ptr,
+                    aux,
+                    ws.ptr,
+                    ws.matmul_bytes,
+                    s as _,
+                )
+            }
+        };
         if let Some(rk) = replay_key {
             let fresh = !st.replay.graphs.contains_key(&rk) && st.replay.count(&rk);
             if fresh && !is_capturing(stream).unwrap_or(true) {
@@ -769,34 +796,18 @@ impl Gpu {
                 let (plan, lt) = (&st.plans[&key], st.lt.as_ref().expect("use_lt implies a handle"));
                 // SAFETY: `cap` is private to this Gpu and used only here, under the lock;
                 // the launch is the one below, on `cap` instead of `stream`.
-                let captured = unsafe {
-                    replay::capture(cap.cu_stream(), |s| {
-                        plan.launch(
-                            lt,
-                            &plan.algo,
-                            alpha,
-                            first,
-                            second,
-                            beta,
-                            c,
-                            bias_ptr,
-                            aux,
-                            ws.ptr,
-                            ws.matmul_bytes,
-                            s as _,
-                        )
-                    })
-                };
+                let captured = unsafe { replay::capture(cap.cu_stream(), |s| launch(plan, lt, s)) };
                 match captured {
                     Ok(graph) => {
                         // SAFETY: as for the cached graph above.
                         unsafe { graph.launch(stream) }.map_err(|e| with_problem(e, p))?;
-                        st.replay.graphs.insert(rk, Some(graph));
+                        st.replay.graphs.insert(rk, graph);
                         return Ok(());
                     }
                     Err(e) => {
+                        // e.g. invalidated by another thread's lazy kernel load (see `replay`)
                         tracing::debug!(problem = %p.describe(), error = %e, "graph capture failed; this call runs directly");
-                        st.replay.graphs.insert(rk, None);
+                        st.replay.failed(&rk);
                     }
                 }
             }
@@ -810,21 +821,7 @@ impl Gpu {
                 cudarc::driver::result::memcpy_dtod_async(ws.scratch, user, vec_bytes, stream)
                     .map_err(status::driver("cuMemcpyDtoDAsync"))?;
             }
-            plan.launch(
-                lt,
-                &plan.algo,
-                alpha,
-                first,
-                second,
-                beta,
-                c,
-                bias_ptr,
-                aux,
-                ws.ptr,
-                ws.matmul_bytes,
-                stream as _,
-            )
-            .map_err(|e| with_problem(e, p))?;
+            launch(plan, lt, stream).map_err(|e| with_problem(e, p))?;
             if let (Some(user), VectorUse::WritesGrad) = (stage, p.epilogue().vector()) {
                 cudarc::driver::result::memcpy_dtod_async(user, ws.scratch, vec_bytes, stream)
                     .map_err(status::driver("cuMemcpyDtoDAsync"))?;

@@ -15,6 +15,12 @@
 //! that is itself being captured (the direct call is used there). Memory behind an address
 //! may be freed and reallocated between calls: the graph reads and writes the address, as the
 //! direct call would.
+//!
+//! A capture can fail without anything being wrong with the call: another thread's first
+//! launch of a kernel (CUDA's lazy module loading synchronises the device) invalidates a
+//! capture in flight (seen in device calls 22–23, with GPU tests running on parallel threads).
+//! The capture is on a private stream, so nothing of the caller's is affected: the call runs
+//! directly, and the key is captured again later, up to [`MAX_CAPTURE_FAILURES`] times.
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -98,13 +104,16 @@ impl GraphExec {
     }
 }
 
+/// Failed captures of one key after which it always runs directly.
+pub(crate) const MAX_CAPTURE_FAILURES: u8 = 3;
+
 /// The cache: graphs by key, and how often keys without a graph were seen.
 #[derive(Default)]
 pub(crate) struct ReplayCache {
     pub options: GraphReplay,
-    /// `None`: capturing this key failed once; it runs directly from then on.
-    pub graphs: HashMap<ReplayKey, Option<GraphExec>>,
+    pub graphs: HashMap<ReplayKey, GraphExec>,
     seen: HashMap<ReplayKey, u32>,
+    failures: HashMap<ReplayKey, u8>,
 }
 
 // SAFETY: CUgraphExec handles may be launched and destroyed from any host thread; the cache is
@@ -119,7 +128,9 @@ impl ReplayCache {
 
     /// Counts one more direct call with `key`; true when it is time to capture its graph.
     pub fn count(&mut self, key: &ReplayKey) -> bool {
-        if self.graphs.len() >= self.options.capacity {
+        if self.graphs.len() >= self.options.capacity
+            || self.failures.get(key).is_some_and(|&n| n >= MAX_CAPTURE_FAILURES)
+        {
             return false;
         }
         // Keys that never repeat only cost a counter; keep the counters bounded.
@@ -136,10 +147,19 @@ impl ReplayCache {
         }
     }
 
+    /// Records a failed capture of `key` (it is counted again from zero).
+    pub fn failed(&mut self, key: &ReplayKey) {
+        if self.failures.len() >= 4 * self.options.capacity.max(1) {
+            self.failures.clear();
+        }
+        *self.failures.entry(*key).or_insert(0) += 1;
+    }
+
     /// Drops every graph and counter (plans or tactics changed).
     pub fn clear(&mut self) {
         self.graphs.clear();
         self.seen.clear();
+        self.failures.clear();
     }
 }
 
@@ -210,11 +230,24 @@ mod tests {
             assert!(!cache.count(&key(0x10_0000 + 256 * c)), "each key once");
         }
         assert!(cache.seen.len() <= 8, "{} counters for capacity 2", cache.seen.len());
-        cache.graphs.insert(key(1 << 20), None);
-        cache.graphs.insert(key(2 << 20), None);
+        cache.options.capacity = 0;
         let k = key(3 << 20);
         assert!(!cache.count(&k));
         assert!(!cache.count(&k), "full: no capture");
+    }
+
+    #[test]
+    fn a_key_whose_capture_keeps_failing_runs_directly() {
+        let mut cache =
+            ReplayCache { options: GraphReplay { after_calls: 1, ..GraphReplay::default() }, ..Default::default() };
+        let k = key(0x3000);
+        for _ in 0..MAX_CAPTURE_FAILURES {
+            assert!(cache.count(&k), "retried after a failure");
+            cache.failed(&k);
+        }
+        assert!(!cache.count(&k), "given up after {MAX_CAPTURE_FAILURES} failures");
+        cache.clear();
+        assert!(cache.count(&k), "clear forgets failures");
     }
 
     #[test]

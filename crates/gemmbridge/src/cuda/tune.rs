@@ -367,17 +367,24 @@ const GRAPH_LAUNCHES: usize = 4;
 
 /// Captures [`GRAPH_CALLS`] calls of `f` on `stream` into a graph (thread-local capture, which
 /// leaves other threads' CUDA calls alone; docs/PERFORMANCE.md §6). `None` when the stream
-/// cannot be captured at all (the legacy default stream cannot): the caller times eagerly.
-fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Result<Option<CudaGraph>> {
-    let drv = status::driver;
+/// cannot be captured at all (the legacy default stream cannot) or the capture failed: the
+/// caller times eagerly.
+fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Option<CudaGraph> {
     if stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).is_err() {
-        return Ok(None);
+        return None;
     }
     let launched = (0..GRAPH_CALLS).try_for_each(|_| f());
     // the capture is ended even when a launch failed, so the stream is usable again
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv("cuStreamEndCapture"));
-    launched?;
-    graph
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    match (launched, graph) {
+        (Ok(()), Ok(g)) => g,
+        (launched, graph) => {
+            // e.g. invalidated by another thread's first launch of a kernel (lazy module
+            // loading synchronises the device; device calls 22–23): time eagerly instead
+            tracing::debug!(?launched, graph_error = ?graph.err(), "capture for graph timing failed; timing eagerly");
+            None
+        }
+    }
 }
 
 /// Median ms per call of each of `fs` on `stream`, timed as the benchmark times (warm-up,
@@ -425,7 +432,7 @@ fn time_interleaved(
         per_call = per_call.min(eager(fs[0].as_ref(), inner[0])?);
     }
     let graphs: Option<Vec<CudaGraph>> = if per_call < GRAPH_BELOW_MS {
-        fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Result<Option<_>>>()?
+        fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Option<_>>()
     } else {
         None
     };
