@@ -9,7 +9,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::lt::{alignment, Algorithm, LtHandle, Plan, PlanKey};
-use super::replay::{self, GraphReplay, ReplayCache, ReplayKey};
+use super::replay::{self, CaptureStream, GraphReplay, ReplayCache, ReplayKey};
 use super::workspace::{is_capturing, Workspace};
 use super::{library, status};
 use crate::dtype::{Compute, DType, Element, Precision};
@@ -93,11 +93,12 @@ pub struct TuneReport {
     pub best_ms: f64,
     /// Candidates considered (the heuristic's, plus `added`).
     pub candidates: usize,
-    /// Of those, how many came from the heuristic's lists for neighbouring queries (the same
-    /// GEMM without its epilogue, or with a smaller workspace limit) and were accepted for
-    /// this problem by `cublasLtMatmulAlgoCheck`.
+    /// Of those, how many were added beyond the heuristic's list for the problem and accepted
+    /// for it by `cublasLtMatmulAlgoCheck`: from the heuristic's lists for neighbouring
+    /// queries (the same GEMM without its epilogue, or with a smaller workspace limit) and,
+    /// for problems of at most 256³ multiply-adds, from the configuration search.
     pub added: usize,
-    /// Whether the kept algorithm is one of those.
+    /// Whether the kept algorithm is one of those (neighbouring query or search).
     pub kept_added: bool,
     /// Whether the candidates were timed as replays of a captured CUDA graph (problems whose
     /// first choice takes < 20 µs per call, where eager timing measures the host's launch
@@ -135,7 +136,7 @@ pub(crate) struct State {
     /// Cached graphs of repeated small calls (see [`replay`]).
     pub replay: ReplayCache,
     /// The private stream those graphs are captured on (created on first capture).
-    pub capture_stream: Option<Arc<CudaStream>>,
+    pub capture_stream: Option<CaptureStream>,
 }
 
 impl State {
@@ -179,10 +180,10 @@ unsafe impl Send for State {}
 /// Eagerly, a cuBLASLt call of at most 1024³ multiply-adds that is made again with the same
 /// operands (addresses, α, β, stream) is captured once, on a private stream, into a CUDA graph;
 /// from then on such a call is one `cuGraphLaunch` on the caller's stream instead of a
-/// `cublasLtMatmul`, which costs the host less (docs/PERFORMANCE.md §3). The result is the
+/// `cublasLtMatmul`, which costs the host less (docs/PERFORMANCE.md §3.1). The result is the
 /// direct call's: same kernel, same stream order, operands read when the GEMM runs. Graphs are
 /// never launched into a stream being captured, and a bias that needs staging is never
-/// replayed. The capture costs tens of µs once per distinct call. See [`GraphReplay`] and
+/// replayed. A capture and an instantiation are paid once per distinct call. See [`GraphReplay`] and
 /// [`Gpu::set_graph_replay`] (`GraphReplay::off()` turns it off).
 ///
 /// Captures and other threads: another thread's first launch of a kernel can invalidate a
@@ -401,28 +402,33 @@ impl Gpu {
         C: DevicePtrMut<TO>,
     {
         let Extras { bias, bias_grad, aux_in, aux_out } = extras;
-        let mut ctxs =
-            vec![(Which::A, a.stream().clone()), (Which::B, b.stream().clone()), (Which::C, c.stream().clone())];
-        if let Some(v) = &bias {
-            ctxs.push((Which::Bias, v.stream().clone()));
-        }
-        if let Some(v) = &bias_grad {
-            ctxs.push((Which::Bias, v.stream().clone()));
-        }
-        if let Some(v) = &aux_in {
-            ctxs.push((Which::Aux, v.stream().clone()));
-        }
-        if let Some(v) = &aux_out {
-            ctxs.push((Which::Aux, v.stream().clone()));
-        }
-        for (which, s) in ctxs {
-            if s.context() != &self.ctx {
-                return Err(Error::WrongContext {
+        // Every operand in this Gpu's context (checked without allocating: this is the
+        // per-call path, docs/PERFORMANCE.md §3.1).
+        let same = |which: Which, s: &Arc<CudaStream>| {
+            if s.context() == &self.ctx {
+                Ok(())
+            } else {
+                Err(Error::WrongContext {
                     operand: which,
                     ordinal: s.context().ordinal(),
                     expected: self.ctx.ordinal(),
-                });
+                })
             }
+        };
+        same(Which::A, a.stream())?;
+        same(Which::B, b.stream())?;
+        same(Which::C, c.stream())?;
+        if let Some(v) = &bias {
+            same(Which::Bias, v.stream())?;
+        }
+        if let Some(v) = &bias_grad {
+            same(Which::Bias, v.stream())?;
+        }
+        if let Some(v) = &aux_in {
+            same(Which::Aux, v.stream())?;
+        }
+        if let Some(v) = &aux_out {
+            same(Which::Aux, v.stream())?;
         }
         use crate::epilogue::AuxUse;
         let e = p.epilogue();
@@ -724,13 +730,20 @@ impl Gpu {
             scalars: [alpha.to_bits(), beta.to_bits()],
             workspace: ws.ptr,
         });
-        if let Some(graph) = replay_key.as_ref().and_then(|k| st.replay.graphs.get(k)) {
+        if let Some(rk) = &replay_key {
             // Never into a stream being captured (the direct call below is captured instead).
-            if !is_capturing(stream).unwrap_or(true) {
+            if st.replay.graphs.contains_key(rk) && !is_capturing(stream).unwrap_or(true) {
                 // SAFETY: the key holds this stream and every address the graph uses; they
                 // are the ones this call was validated with.
-                unsafe { graph.launch(stream) }.map_err(|e| with_problem(e, p))?;
-                return Ok(());
+                match unsafe { st.replay.graphs[rk].launch(stream) } {
+                    Ok(()) => return Ok(()),
+                    Err(e) => {
+                        // run this call directly, and capture the key again later
+                        tracing::warn!(problem = %p.describe(), error = %e, "replay graph launch failed; running directly");
+                        st.replay.graphs.remove(rk);
+                        st.replay.failed(rk);
+                    }
+                }
             }
         }
         if !st.plans.contains_key(&key) {
@@ -783,24 +796,22 @@ impl Gpu {
             }
         };
         if let Some(rk) = replay_key {
-            let fresh = !st.replay.graphs.contains_key(&rk) && st.replay.count(&rk);
-            if fresh && !is_capturing(stream).unwrap_or(true) {
-                let cap = match &st.capture_stream {
-                    Some(cap) => cap.clone(),
-                    None => {
-                        let cap = self.ctx.new_stream().map_err(status::driver("cuStreamCreate"))?;
-                        st.capture_stream = Some(cap.clone());
-                        cap
-                    }
+            let due =
+                !st.replay.graphs.contains_key(&rk) && !is_capturing(stream).unwrap_or(true) && st.replay.count(&rk);
+            if due {
+                if st.capture_stream.is_none() {
+                    // a failure here only means no replay for now
+                    st.capture_stream = CaptureStream::new().ok();
+                }
+                let captured = match (&st.capture_stream, &st.plans[&key], st.lt.as_ref()) {
+                    // SAFETY: the capture stream is private to this Gpu and used only here,
+                    // under the lock; the launch is this call's, on it instead of `stream`.
+                    (Some(cap), plan, Some(lt)) => unsafe { replay::capture(cap.0, |s| launch(plan, lt, s)) },
+                    _ => Err(Error::Unsupported { backend: "graph replay", what: "no capture stream".into() }),
                 };
-                let (plan, lt) = (&st.plans[&key], st.lt.as_ref().expect("use_lt implies a handle"));
-                // SAFETY: `cap` is private to this Gpu and used only here, under the lock;
-                // the launch is the one below, on `cap` instead of `stream`.
-                let captured = unsafe { replay::capture(cap.cu_stream(), |s| launch(plan, lt, s)) };
-                match captured {
+                // SAFETY (launch): as for the cached graph above.
+                match captured.and_then(|graph| unsafe { graph.launch(stream) }.map(|()| graph)) {
                     Ok(graph) => {
-                        // SAFETY: as for the cached graph above.
-                        unsafe { graph.launch(stream) }.map_err(|e| with_problem(e, p))?;
                         st.replay.graphs.insert(rk, graph);
                         return Ok(());
                     }

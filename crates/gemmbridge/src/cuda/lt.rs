@@ -284,14 +284,15 @@ impl Plan {
         (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(r.workspaceSize)
     }
 
-    /// Every configuration cuBLASLt offers for this plan's types, beyond the heuristic's list
-    /// (the search cuBLASLt's `LtSgemmCustomFind` sample makes): each algorithm id
-    /// (`cublasLtMatmulAlgoGetIds`) × its tiles, stages and custom options × split-K 1, 2, 4,
-    /// 8 (where supported, with each supported reduction scheme) × CTA swizzling, kept where
+    /// Configurations cuBLASLt offers for this plan's types beyond the heuristic's list (the
+    /// search cuBLASLt's `LtSgemmCustomFind` sample makes): for each algorithm id
+    /// (`cublasLtMatmulAlgoGetIds`), its tiles × stages × custom options × split-K 1, 2, 4, 8
+    /// (where supported, with each supported reduction scheme) × CTA swizzling, kept where
     /// `cublasLtMatmulAlgoCheck` accepts it for this plan with at most `workspace` bytes.
-    /// Stops after `checks` configurations have been checked or `limit` accepted, so its host
-    /// cost is bounded (each check is a host call of a few µs). Meant for tiny problems, where
-    /// the heuristic offers few candidates and a kernel's launch overhead is its run time.
+    /// Cluster and inner shapes are left at the algorithm's default. Bounded: each id gets an
+    /// equal share of `limit` accepted configurations and of `checks` checks (each a host call
+    /// of a few µs), so every id is visited. Meant for tiny problems, where the heuristic offers
+    /// few candidates and a kernel's launch overhead is its run time.
     pub fn search(&self, h: &LtHandle, key: &PlanKey, workspace: usize, limit: usize, checks: usize) -> Vec<Algorithm> {
         use lt::cublasLtMatmulAlgoCapAttributes_t as Cap;
         use lt::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
@@ -351,8 +352,12 @@ impl Plan {
             let s = unsafe { lt::cublasLtMatmulAlgoConfigSetAttribute(algo, attr, &v as *const u32 as _, 4) };
             s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
         };
-        let (mut found, mut checked) = (Vec::new(), 0usize);
-        for &id in &ids[..n_ids.clamp(0, 256) as usize] {
+        let ids = &ids[..n_ids.clamp(0, 256) as usize];
+        let share = |total: usize| total.div_ceil(ids.len().max(1)).max(1);
+        let (id_limit, id_checks) = (share(limit), share(checks));
+        let mut found = Vec::new();
+        'ids: for &id in ids {
+            let (found_before, mut checked) = (found.len(), 0usize);
             // SAFETY: zeroed is a valid cublasLtMatmulAlgo_t to initialise.
             let mut base: lt::cublasLtMatmulAlgo_t = unsafe { std::mem::zeroed() };
             // SAFETY: out-pointer to a local; the handle is live.
@@ -380,8 +385,11 @@ impl Plan {
                     for opt in 0..=custom {
                         for &(k, scheme) in &splits {
                             for swz in 0..=swizzle {
-                                if checked >= checks || found.len() >= limit {
+                                if found.len() >= limit {
                                     return found;
+                                }
+                                if checked >= id_checks || found.len() - found_before >= id_limit {
+                                    continue 'ids;
                                 }
                                 let mut algo = base;
                                 let ok = set(&mut algo, Cfg::CUBLASLT_ALGO_CONFIG_TILE_ID, tile)

@@ -34,9 +34,10 @@ use crate::error::Result;
 ///
 /// A call qualifies when it goes to cuBLASLt, its problem has at most `max_macs`
 /// multiply-adds, its bias needs no staging (16-byte aligned) and its stream is not being
-/// captured. The `after_calls`-th call with the same [`key`](self) is captured once into a
-/// graph on a private stream (about 20–60 µs of host time, once) and from then on every such
-/// call is one `cuGraphLaunch` on the caller's stream.
+/// captured. The `after_calls`-th call with the same operands (plan, addresses, α, β,
+/// workspace, stream) is captured once into a graph on a private stream (a capture and an
+/// instantiation, once per distinct call; their cost was not measured separately) and from
+/// then on every such call is one `cuGraphLaunch` on the caller's stream.
 ///
 /// [`Gpu::set_graph_replay`]: super::Gpu::set_graph_replay
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,11 +47,12 @@ pub struct GraphReplay {
     /// Largest problem that qualifies, in multiply-adds (m·n·k·batch). Default 2³⁰ (1024³):
     /// above that the GPU time (≥ 4 µs at f16 on an H200) hides the host cost.
     pub max_macs: u64,
-    /// On which call with the same operands the graph is built (≥ 1). Default 2: a call
-    /// made once never pays for a capture.
+    /// On which call with the same operands the graph is built; 0 counts as 1. Default 2: a
+    /// call made once never pays for a capture.
     pub after_calls: u32,
-    /// Most graphs kept per `Gpu`. Default 1024. When full, further keys run directly; the
-    /// cache empties with [`Gpu::clear_plans`](super::Gpu::clear_plans).
+    /// Most graphs kept per `Gpu`. Default 1024; 0 keeps none (replay then never happens).
+    /// When full, further keys run directly (nothing is evicted); the cache empties with
+    /// [`Gpu::clear_plans`](super::Gpu::clear_plans) or [`Gpu::set_graph_replay`](super::Gpu::set_graph_replay).
     pub capacity: usize,
 }
 
@@ -107,6 +109,27 @@ impl GraphExec {
 /// Failed captures of one key after which it always runs directly.
 pub(crate) const MAX_CAPTURE_FAILURES: u8 = 3;
 
+/// The private stream replay captures on: created raw (`cuStreamCreate`, non-blocking), not
+/// through cudarc, whose `new_stream` may synchronise the context and switches on its
+/// multi-stream event tracking for every buffer. Destroyed on drop (the Gpu synchronises first).
+pub(crate) struct CaptureStream(pub CUstream);
+
+impl CaptureStream {
+    /// Creates it in the current context.
+    pub fn new() -> Result<CaptureStream> {
+        cudarc::driver::result::stream::create(cudarc::driver::result::stream::StreamKind::NonBlocking)
+            .map(CaptureStream)
+            .map_err(status::driver("cuStreamCreate"))
+    }
+}
+
+impl Drop for CaptureStream {
+    fn drop(&mut self) {
+        // SAFETY: created in new, destroyed once; nothing is enqueued on it outside a capture.
+        let _ = unsafe { cudarc::driver::result::stream::destroy(self.0) };
+    }
+}
+
 /// The cache: graphs by key, and how often keys without a graph were seen.
 #[derive(Default)]
 pub(crate) struct ReplayCache {
@@ -115,10 +138,6 @@ pub(crate) struct ReplayCache {
     seen: HashMap<ReplayKey, u32>,
     failures: HashMap<ReplayKey, u8>,
 }
-
-// SAFETY: CUgraphExec handles may be launched and destroyed from any host thread; the cache is
-// only used under the Gpu's lock.
-unsafe impl Send for ReplayCache {}
 
 impl ReplayCache {
     /// Whether a problem of `macs` multiply-adds qualifies.
@@ -134,7 +153,7 @@ impl ReplayCache {
             return false;
         }
         // Keys that never repeat only cost a counter; keep the counters bounded.
-        if self.seen.len() >= 4 * self.options.capacity.max(1) {
+        if self.seen.len() >= self.options.capacity.max(1).saturating_mul(4) {
             self.seen.clear();
         }
         let n = self.seen.entry(*key).or_insert(0);
@@ -149,7 +168,7 @@ impl ReplayCache {
 
     /// Records a failed capture of `key` (it is counted again from zero).
     pub fn failed(&mut self, key: &ReplayKey) {
-        if self.failures.len() >= 4 * self.options.capacity.max(1) {
+        if self.failures.len() >= self.options.capacity.max(1).saturating_mul(4) {
             self.failures.clear();
         }
         *self.failures.entry(*key).or_insert(0) += 1;

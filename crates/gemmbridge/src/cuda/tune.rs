@@ -25,7 +25,9 @@ pub struct TuneOptions {
     /// it): the problem itself, and up to five neighbouring queries that add candidates.
     pub candidates: usize,
     /// Timed samples per candidate (each ~1 ms of back-to-back calls, or 4 replays of a
-    /// 64-call graph for problems under 20 µs per call); the median counts.
+    /// 64-call graph for problems under 20 µs per call); the median counts. With more than 24
+    /// candidates, all get 3 samples first and only the 15 fastest (and the first choice) get
+    /// `reps`.
     pub reps: usize,
     /// The least relative gain that counts as faster (default 0.02); raised to the measured
     /// noise of the heuristic's choice timed twice when that is larger.
@@ -68,8 +70,10 @@ impl Gpu {
     ///    every candidate (CUDA events); the first choice is sampled twice per round, and the
     ///    relative difference of its two medians is the measured noise. When the first choice
     ///    takes < 20 µs per call, samples are replays of a captured graph of 64 calls, so that
-    ///    the kernels' own durations are compared rather than the host's launch cost (eagerly
-    ///    when [`Gpu::stream`] cannot be captured, as the legacy default stream cannot).
+    ///    the kernels' own durations are compared rather than the host's launch cost. Where
+    ///    capturing fails twice (the legacy default stream cannot be captured; another
+    ///    thread's first kernel launch can invalidate a capture), the samples are eager and the
+    ///    heuristic's first choice is kept: eager times of such a problem rank launch costs.
     ///    With more than 24 candidates (the search's), a first pass of 3 rounds keeps the 15
     ///    fastest besides the first choice for these rounds.
     /// 4. The fastest candidate is kept only if its median beats the first choice's by more
@@ -189,7 +193,7 @@ impl Gpu {
         if timed.len() > PREFILTER_ABOVE {
             // Many candidates (the search's): a quick pass of PREFILTER_REPS rounds, then the
             // full rounds for the first choice and the fastest PREFILTER_KEEP of the rest.
-            let (quick, _) = time(&timed, PREFILTER_REPS)?;
+            let quick = time(&timed, PREFILTER_REPS)?.medians;
             let mut order: Vec<usize> = (1..timed.len() - 1).collect();
             order.sort_by(|&x, &y| quick[x].total_cmp(&quick[y]));
             let mut kept: Vec<usize> = vec![0];
@@ -197,14 +201,19 @@ impl Gpu {
             kept.push(0);
             timed = kept;
         }
-        let (ms, in_graph) = time(&timed, opts.reps)?;
+        let Timed { medians: ms, in_graph, graph_failed } = time(&timed, opts.reps)?;
+        if graph_failed {
+            // eager timing of a problem this short ranks the host's launch cost, not the
+            // kernels: keep the heuristic's choice rather than store a misleading winner
+            tracing::warn!(problem = %p.describe(), "graph capture failed twice; keeping the heuristic's algorithm");
+        }
         let (first_ms, again) = (ms[0], ms[ms.len() - 1]);
         let noise = (first_ms - again).abs() / first_ms.min(again);
         let threshold = opts.min_gain.max(noise);
         let base = first_ms.min(again);
         let best = (1..ms.len() - 1).min_by(|&x, &y| ms[x].total_cmp(&ms[y]));
         let (algo, best_ms, improved, kept_added) = match best {
-            Some(j) if ms[j] < base * (1.0 - threshold) => {
+            Some(j) if !graph_failed && ms[j] < base * (1.0 - threshold) => {
                 (cands[timed[j]], ms[j], true, timed[j] >= cands.len() - added)
             }
             _ => (cands[0], base, false, false),
@@ -265,7 +274,9 @@ fn candidates(lt: &LtHandle, plan: &Plan, key: &PlanKey, n: usize, ws_bytes: usi
             }
         }
     }
-    if key.call.m as u64 * key.call.n as u64 * key.call.k as u64 * key.call.batch as u64 <= SEARCH_MAX_MACS {
+    let c = &key.call;
+    let macs = [c.n, c.k, c.batch].iter().fold(c.m as u64, |acc, &d| acc.saturating_mul(d as u64));
+    if macs <= SEARCH_MAX_MACS {
         for cand in plan.search(lt, key, ws_bytes, SEARCH_LIMIT, SEARCH_CHECKS) {
             if !list.iter().any(|c| c.data == cand.data) {
                 list.push(cand);
@@ -277,7 +288,7 @@ fn candidates(lt: &LtHandle, plan: &Plan, key: &PlanKey, n: usize, ws_bytes: usi
 }
 
 /// Problems of at most this many multiply-adds (256³) also get every configuration cuBLASLt
-/// offers ([`Plan::search`]) as candidates: the heuristic gives them 3–15 (call 19's tuning,
+/// offers ([`Plan::search`]) as candidates: the heuristic gives them 1–15 (calls 19 and 23's tuning,
 /// docs/PERFORMANCE.md §2.1), and each costs only µs to check and time.
 const SEARCH_MAX_MACS: u64 = 1 << 24;
 /// At most this many searched configurations are added, after at most this many checks.
@@ -387,6 +398,17 @@ fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Option<CudaG
     }
 }
 
+/// What [`time_interleaved`] measured.
+struct Timed {
+    /// Median ms per call of each function.
+    medians: Vec<f64>,
+    /// Whether samples were graph replays.
+    in_graph: bool,
+    /// Graph replay was called for (a problem under [`GRAPH_BELOW_MS`]) but capturing failed
+    /// twice, so the medians are eager: host launch cost, not kernel time.
+    graph_failed: bool,
+}
+
 /// Median ms per call of each of `fs` on `stream`, timed as the benchmark times (warm-up,
 /// samples of ~1 ms of back-to-back calls between CUDA events), but interleaved: after
 /// [`HEAT_MS`] of the first function, each of `reps` rounds takes one sample of every
@@ -394,11 +416,7 @@ fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Option<CudaG
 /// so that all see the same clock and temperature drift. Problems below [`GRAPH_BELOW_MS`] per
 /// call are sampled as replays of a captured graph of [`GRAPH_CALLS`] calls. Returns the
 /// medians and whether graphs were used.
-fn time_interleaved(
-    stream: &Arc<CudaStream>,
-    reps: usize,
-    fs: &[Box<dyn Fn() -> Result<()> + '_>],
-) -> Result<(Vec<f64>, bool)> {
+fn time_interleaved(stream: &Arc<CudaStream>, reps: usize, fs: &[Box<dyn Fn() -> Result<()> + '_>]) -> Result<Timed> {
     let drv = status::driver;
     let raw_stream = stream.cu_stream();
     let ev = Events(
@@ -431,11 +449,10 @@ fn time_interleaved(
     for _ in 0..3 {
         per_call = per_call.min(eager(fs[0].as_ref(), inner[0])?);
     }
-    let graphs: Option<Vec<CudaGraph>> = if per_call < GRAPH_BELOW_MS {
-        fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Option<_>>()
-    } else {
-        None
-    };
+    let wanted = per_call < GRAPH_BELOW_MS;
+    let capture_all = || fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Option<Vec<CudaGraph>>>();
+    // one retry: a capture invalidated by another thread's kernel load usually succeeds again
+    let graphs = if wanted { capture_all().or_else(capture_all) } else { None };
     let sample = |i: usize| -> Result<f64> {
         match &graphs {
             Some(g) => timed(GRAPH_CALLS * GRAPH_LAUNCHES, &|| {
@@ -464,7 +481,7 @@ fn time_interleaved(
             t[t.len() / 2]
         })
         .collect();
-    Ok((medians, graphs.is_some()))
+    Ok(Timed { medians, in_graph: graphs.is_some(), graph_failed: wanted && graphs.is_none() })
 }
 
 #[cfg(test)]
