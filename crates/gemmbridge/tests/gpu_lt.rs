@@ -387,7 +387,7 @@ fn autotune_keeps_correct_results() {
     assert!(rel_error(&got, &want) <= 1e-2);
 }
 
-/// A tiny problem (≤ 256³ multiply-adds) also gets the exhaustive search's configurations
+/// A tiny problem (≤ 256³ multiply-adds) also gets the configuration search's candidates
 /// as candidates; whatever is kept stays right, for strict f32 and a fused f16 epilogue.
 #[test]
 #[ignore = "needs a CUDA GPU"]

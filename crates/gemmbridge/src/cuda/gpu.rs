@@ -150,7 +150,9 @@ impl State {
 
 // SAFETY: the raw handles are used only under the Gpu's Mutex; cuBLAS and cuBLASLt allow a
 // handle to be used from any host thread when calls on it do not overlap (cuBLAS
-// documentation, "Thread Safety").
+// documentation, "Thread Safety"). The replay graphs (CUgraphExec) and the capture stream
+// (CUstream) are driver handles, valid on any host thread of the process while their context
+// lives, and likewise used only under the Mutex.
 unsafe impl Send for State {}
 
 /// Owns a CUDA context, a stream, one cuBLAS and one cuBLASLt handle, a workspace per stream
@@ -801,13 +803,18 @@ impl Gpu {
             if due {
                 if st.capture_stream.is_none() {
                     // a failure here only means no replay for now
-                    st.capture_stream = CaptureStream::new().ok();
+                    st.capture_stream = CaptureStream::new()
+                        .map_err(|e| tracing::debug!(error = %e, "no capture stream for graph replay"))
+                        .ok();
                 }
                 let captured = match (&st.capture_stream, &st.plans[&key], st.lt.as_ref()) {
                     // SAFETY: the capture stream is private to this Gpu and used only here,
                     // under the lock; the launch is this call's, on it instead of `stream`.
-                    (Some(cap), plan, Some(lt)) => unsafe { replay::capture(cap.0, |s| launch(plan, lt, s)) },
-                    _ => Err(Error::Unsupported { backend: "graph replay", what: "no capture stream".into() }),
+                    (Some(cap), plan, Some(lt)) => unsafe { replay::capture(cap.raw(), |s| launch(plan, lt, s)) },
+                    _ => Err(Error::Unsupported {
+                        backend: "graph replay",
+                        what: "capturing without a capture stream or cuBLASLt handle".into(),
+                    }),
                 };
                 // SAFETY (launch): as for the cached graph above.
                 match captured.and_then(|graph| unsafe { graph.launch(stream) }.map(|()| graph)) {
@@ -1226,6 +1233,10 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         if self.ctx.bind_to_thread().is_err() {
+            // No context to destroy graphs and streams in: leak them rather than call the
+            // driver without one.
+            std::mem::forget(std::mem::take(&mut st.replay.graphs));
+            std::mem::forget(st.capture_stream.take());
             return;
         }
         // Work still queued may use the workspaces: wait for it before freeing them. A

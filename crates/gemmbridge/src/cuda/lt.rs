@@ -289,9 +289,9 @@ impl Plan {
     /// (`cublasLtMatmulAlgoGetIds`), its tiles × stages × custom options × split-K 1, 2, 4, 8
     /// (where supported, with each supported reduction scheme) × CTA swizzling, kept where
     /// `cublasLtMatmulAlgoCheck` accepts it for this plan with at most `workspace` bytes.
-    /// Cluster and inner shapes are left at the algorithm's default. Bounded: each id gets an
-    /// equal share of `limit` accepted configurations and of `checks` checks (each a host call
-    /// of a few µs), so every id is visited. Meant for tiny problems, where the heuristic offers
+    /// Cluster and inner shapes are left at the algorithm's default. Bounded: each id in turn
+    /// gets an equal share of what is left of `limit` accepted configurations and of `checks`
+    /// checks (each a host call of a few µs), so what one id leaves unused goes to the next. Meant for tiny problems, where the heuristic offers
     /// few candidates and a kernel's launch overhead is its run time.
     pub fn search(&self, h: &LtHandle, key: &PlanKey, workspace: usize, limit: usize, checks: usize) -> Vec<Algorithm> {
         use lt::cublasLtMatmulAlgoCapAttributes_t as Cap;
@@ -353,10 +353,11 @@ impl Plan {
             s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
         };
         let ids = &ids[..n_ids.clamp(0, 256) as usize];
-        let share = |total: usize| total.div_ceil(ids.len().max(1)).max(1);
-        let (id_limit, id_checks) = (share(limit), share(checks));
-        let mut found = Vec::new();
-        'ids: for &id in ids {
+        let (mut found, mut checks_used) = (Vec::new(), 0usize);
+        'ids: for (i, &id) in ids.iter().enumerate() {
+            let left = ids.len() - i;
+            let id_limit = (limit - found.len()).div_ceil(left);
+            let id_checks = (checks - checks_used).div_ceil(left);
             let (found_before, mut checked) = (found.len(), 0usize);
             // SAFETY: zeroed is a valid cublasLtMatmulAlgo_t to initialise.
             let mut base: lt::cublasLtMatmulAlgo_t = unsafe { std::mem::zeroed() };
@@ -389,6 +390,7 @@ impl Plan {
                                     return found;
                                 }
                                 if checked >= id_checks || found.len() - found_before >= id_limit {
+                                    checks_used += checked;
                                     continue 'ids;
                                 }
                                 let mut algo = base;
@@ -411,6 +413,7 @@ impl Plan {
                     }
                 }
             }
+            checks_used += checked;
         }
         found
     }

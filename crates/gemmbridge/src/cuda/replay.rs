@@ -52,7 +52,8 @@ pub struct GraphReplay {
     pub after_calls: u32,
     /// Most graphs kept per `Gpu`. Default 1024; 0 keeps none (replay then never happens).
     /// When full, further keys run directly (nothing is evicted); the cache empties with
-    /// [`Gpu::clear_plans`](super::Gpu::clear_plans) or [`Gpu::set_graph_replay`](super::Gpu::set_graph_replay).
+    /// [`Gpu::clear_plans`](super::Gpu::clear_plans), [`Gpu::set_graph_replay`](super::Gpu::set_graph_replay),
+    /// [`Gpu::load_tactics`](super::Gpu::load_tactics) and tuning (a graph bakes in its algorithm).
     pub capacity: usize,
 }
 
@@ -112,9 +113,14 @@ pub(crate) const MAX_CAPTURE_FAILURES: u8 = 3;
 /// The private stream replay captures on: created raw (`cuStreamCreate`, non-blocking), not
 /// through cudarc, whose `new_stream` may synchronise the context and switches on its
 /// multi-stream event tracking for every buffer. Destroyed on drop (the Gpu synchronises first).
-pub(crate) struct CaptureStream(pub CUstream);
+pub(crate) struct CaptureStream(CUstream);
 
 impl CaptureStream {
+    /// The raw handle (for capturing on it).
+    pub fn raw(&self) -> CUstream {
+        self.0
+    }
+
     /// Creates it in the current context.
     pub fn new() -> Result<CaptureStream> {
         cudarc::driver::result::stream::create(cudarc::driver::result::stream::StreamKind::NonBlocking)

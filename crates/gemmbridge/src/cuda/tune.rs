@@ -59,9 +59,9 @@ impl Gpu {
     ///    it gives for the same GEMM without its epilogue and with smaller workspace limits
     ///    that cuBLASLt accepts for `p` (the heuristic ranks fused kernels separately and can
     ///    miss faster tiles; docs/PERFORMANCE.md §2.1). Problems of at most 256³ multiply-adds
-    ///    also get up to 160 configurations from an exhaustive search of cuBLASLt's algorithm
-    ///    ids, tiles, stages, custom options and split-K settings (`cublasLtMatmulAlgoGetIds`,
-    ///    accepted by `cublasLtMatmulAlgoCheck`).
+    ///    also get up to 160 configurations from a search of cuBLASLt's algorithm ids (each
+    ///    id's tiles, stages, custom options and split-K settings; `cublasLtMatmulAlgoGetIds`,
+    ///    accepted by `cublasLtMatmulAlgoCheck`; see `Plan::search` for its bounds).
     /// 2. Correctness: each runs once with β = 0; a candidate whose C differs from the first
     ///    choice's by more than the precision's band (‖·‖ relative, NaN never passes) is
     ///    never timed or kept.
@@ -190,18 +190,27 @@ impl Gpu {
                 timed.iter().map(|&i| Box::new(move || run(&cands[i], beta)) as Box<dyn Fn() -> Result<()>>).collect();
             time_interleaved(self.stream(), reps, &runs)
         };
-        if timed.len() > PREFILTER_ABOVE {
+        // `timed` holds the first choice twice
+        let mut quick = None;
+        if timed.len() - 1 > PREFILTER_ABOVE {
             // Many candidates (the search's): a quick pass of PREFILTER_REPS rounds, then the
             // full rounds for the first choice and the fastest PREFILTER_KEEP of the rest.
-            let quick = time(&timed, PREFILTER_REPS)?.medians;
-            let mut order: Vec<usize> = (1..timed.len() - 1).collect();
-            order.sort_by(|&x, &y| quick[x].total_cmp(&quick[y]));
-            let mut kept: Vec<usize> = vec![0];
-            kept.extend(order.iter().take(PREFILTER_KEEP).map(|&j| timed[j]));
-            kept.push(0);
-            timed = kept;
+            let q = time(&timed, PREFILTER_REPS)?;
+            if !q.graph_failed {
+                let mut order: Vec<usize> = (1..timed.len() - 1).collect();
+                order.sort_by(|&x, &y| q.medians[x].total_cmp(&q.medians[y]));
+                let mut kept: Vec<usize> = vec![0];
+                kept.extend(order.iter().take(PREFILTER_KEEP).map(|&j| timed[j]));
+                kept.push(0);
+                timed = kept;
+            } else {
+                quick = Some(q); // eager ranks launch costs: no full rounds, nothing kept
+            }
         }
-        let Timed { medians: ms, in_graph, graph_failed } = time(&timed, opts.reps)?;
+        let Timed { medians: ms, in_graph, graph_failed } = match quick {
+            Some(q) => q,
+            None => time(&timed, opts.reps)?,
+        };
         if graph_failed {
             // eager timing of a problem this short ranks the host's launch cost, not the
             // kernels: keep the heuristic's choice rather than store a misleading winner
@@ -287,11 +296,12 @@ fn candidates(lt: &LtHandle, plan: &Plan, key: &PlanKey, n: usize, ws_bytes: usi
     (list, added)
 }
 
-/// Problems of at most this many multiply-adds (256³) also get every configuration cuBLASLt
-/// offers ([`Plan::search`]) as candidates: the heuristic gives them 1–15 (calls 19 and 23's tuning,
+/// Problems of at most this many multiply-adds (256³) also get configurations from
+/// [`Plan::search`] as candidates: the heuristic gives them 1–15 (calls 19 and 23's tuning,
 /// docs/PERFORMANCE.md §2.1), and each costs only µs to check and time.
 const SEARCH_MAX_MACS: u64 = 1 << 24;
-/// At most this many searched configurations are added, after at most this many checks.
+/// At most this many searched configurations are added, after at most this many checks (both
+/// shared among the algorithm ids).
 const SEARCH_LIMIT: usize = 160;
 const SEARCH_CHECKS: usize = 20_000;
 /// With more than this many candidates to time, a quick pass of `PREFILTER_REPS` rounds picks
