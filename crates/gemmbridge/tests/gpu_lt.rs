@@ -35,6 +35,22 @@ fn wide<T: Element>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }
 
+/// ‖got − ref‖ / ‖ref‖ for a dense row-major C (`m·n` elements, β = 0) read back from the GPU,
+/// against the f64 reference of `p` (with `bias` if its epilogue reads one) on the stored
+/// inputs.
+fn error_vs_reference<TI: Element, TO: Element>(
+    p: &GemmProblem,
+    alpha: f64,
+    got: &[TO],
+    (a, b): (&[TI], &[TI]),
+    bias: Option<&[TO]>,
+) -> f64 {
+    let mut want = vec![0.0; p.m() * p.n()];
+    let mut bias = bias.map(wide);
+    gemm_epilogue_rowmajor(p, alpha, &wide(a), &wide(b), 0.0, &mut want, bias.as_deref_mut(), None);
+    rel_error(&wide(got), &want)
+}
+
 /// Runs one epilogue case; returns the worst relative error over C and the epilogue's
 /// outputs, or the library's error.
 fn epilogue_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
@@ -264,10 +280,7 @@ fn graph_capture_after_prewarm() {
     let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
     graph.launch().unwrap();
     s.synchronize().unwrap();
-    let got = wide(&s.clone_dtoh(&dc).unwrap());
-    let mut want = vec![0.0; 64 * 96];
-    gemm_epilogue_rowmajor(&p, 1.0, &wide(&a), &wide(&w), 0.0, &mut want, Some(&mut wide(&bias)), None);
-    let err = rel_error(&got, &want);
+    let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
     assert!(err <= 1e-2, "graph replay: {err:e}");
 }
 
@@ -298,10 +311,7 @@ fn graph_replay_matches_direct_calls() {
         s.memcpy_htod(&poison::<f16>(m * n), &mut outs[o]).unwrap();
         let ex = Extras { bias: Some(&dbias), ..Extras::default() };
         gpu.gemm_fused(&p, alpha, &da, &dw, 0.0, &mut outs[o], ex).unwrap();
-        let got = wide(&s.clone_dtoh(&outs[o]).unwrap());
-        let mut want = vec![0.0; m * n];
-        gemm_epilogue_rowmajor(&p, alpha as f64, &wide(&a), &wide(&w), 0.0, &mut want, Some(&mut wide(&bias)), None);
-        let err = rel_error(&got, &want);
+        let err = error_vs_reference(&p, alpha as f64, &s.clone_dtoh(&outs[o]).unwrap(), (&a, &w), Some(&bias));
         assert!(err <= 1e-2, "call {i} (alpha {alpha}, output {o}): rel error {err:e}");
         assert_eq!(gpu.cached_graphs(), graphs, "graphs after call {i}");
     }
@@ -345,10 +355,7 @@ fn graph_replay_steps_aside_during_capture() {
     let graph = graph.unwrap().expect("a graph");
     s.memcpy_htod(&poison::<bf16>(64 * 96), &mut dc).unwrap();
     graph.launch().unwrap();
-    let got = wide(&s.clone_dtoh(&dc).unwrap());
-    let mut want = vec![0.0; 64 * 96];
-    gemm_epilogue_rowmajor(&p, 1.0, &wide(&a), &wide(&w), 0.0, &mut want, Some(&mut wide(&bias)), None);
-    let err = rel_error(&got, &want);
+    let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
     assert!(err <= 1e-2, "caller's graph: {err:e}");
     assert_eq!(gpu.cached_graphs(), 1);
 }
@@ -381,10 +388,7 @@ fn autotune_keeps_correct_results() {
     assert_eq!(tactic.algo, report.algorithm.data);
     let mut dc = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
     gpu.gemm(&p, 1.0, &dx, &dw, 0.0, &mut dc).unwrap();
-    let got = wide(&s.clone_dtoh(&dc).unwrap());
-    let mut want = vec![0.0; m * n];
-    gemm_epilogue_rowmajor(&p, 1.0, &wide(&x), &wide(&w), 0.0, &mut want, None, None);
-    assert!(rel_error(&got, &want) <= 1e-2);
+    assert!(error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&x, &w), None) <= 1e-2);
 }
 
 /// A tiny problem (≤ 256³ multiply-adds) also gets the configuration search's candidates
@@ -470,10 +474,7 @@ fn autotune_fused_epilogue_stays_correct() {
     assert!(!report.kept_added || report.improved);
     let mut dc = s.clone_htod(&poison::<f16>(m * n)).unwrap();
     gpu.gemm_fused(&p, 1.0, &dx, &dw, 0.0, &mut dc, Extras { bias: Some(&db), ..Extras::default() }).unwrap();
-    let got = wide(&s.clone_dtoh(&dc).unwrap());
-    let mut want = vec![0.0; m * n];
-    gemm_epilogue_rowmajor(&p, 1.0, &wide(&x), &wide(&w), 0.0, &mut want, Some(&mut wide(&bias)), None);
-    let err = rel_error(&got, &want);
+    let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&x, &w), Some(&bias));
     assert!(err <= 1e-2, "tuned GELU_BIAS: {err:e}");
 }
 

@@ -6,9 +6,9 @@
 //! `cublasGemmEx`), `host_raw_us` (gemmbridge's raw-pointer path), and `host_direct_us` /
 //! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so
 //! every call goes through `cublasLtMatmul`: gemmbridge's own cost above the bare call), all
-//! measured in the same run. `host_us` and `host_raw_us` use the default settings, where the repeated
-//! call is replayed from a cached graph (`GraphReplay`). Host times are medians over 40 batches of 256 calls (below the launch-queue depth, so
-//! the GPU does not throttle the host); `wall_us` includes waiting for the GPU; `graph_us` is
+//! measured in the same run. `host_us` and `host_raw_us` use the default settings, where the
+//! repeated call is replayed from a cached graph (`GraphReplay`). Host times are medians over
+//! 40 batches of 256 calls (below the launch-queue depth, so the GPU does not throttle the host); `wall_us` includes waiting for the GPU; `graph_us` is
 //! GPU time per GEMM when 256 calls captured into one graph are replayed (median of 20).
 
 use std::time::Instant;

@@ -734,18 +734,20 @@ impl Gpu {
         });
         if let Some(rk) = &replay_key {
             // Never into a stream being captured (the direct call below is captured instead).
-            if st.replay.graphs.contains_key(rk) && !is_capturing(stream).unwrap_or(true) {
+            let launched = st.replay.graphs.get(rk).filter(|_| !is_capturing(stream).unwrap_or(true)).map(|graph| {
                 // SAFETY: the key holds this stream and every address the graph uses; they
                 // are the ones this call was validated with.
-                match unsafe { st.replay.graphs[rk].launch(stream) } {
-                    Ok(()) => return Ok(()),
-                    Err(e) => {
-                        // run this call directly, and capture the key again later
-                        tracing::warn!(problem = %p.describe(), error = %e, "replay graph launch failed; running directly");
-                        st.replay.graphs.remove(rk);
-                        st.replay.failed(rk);
-                    }
+                unsafe { graph.launch(stream) }
+            });
+            match launched {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(e)) => {
+                    // run this call directly, and capture the key again later
+                    tracing::warn!(problem = %p.describe(), error = %e, "replay graph launch failed; running directly");
+                    st.replay.graphs.remove(rk);
+                    st.replay.failed(rk);
                 }
+                None => {}
             }
         }
         if !st.plans.contains_key(&key) {

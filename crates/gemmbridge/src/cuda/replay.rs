@@ -159,7 +159,7 @@ impl ReplayCache {
             return false;
         }
         // Keys that never repeat only cost a counter; keep the counters bounded.
-        if self.seen.len() >= self.options.capacity.max(1).saturating_mul(4) {
+        if self.seen.len() >= self.counter_bound() {
             self.seen.clear();
         }
         let n = self.seen.entry(*key).or_insert(0);
@@ -174,10 +174,15 @@ impl ReplayCache {
 
     /// Records a failed capture of `key` (it is counted again from zero).
     pub fn failed(&mut self, key: &ReplayKey) {
-        if self.failures.len() >= self.options.capacity.max(1).saturating_mul(4) {
+        if self.failures.len() >= self.counter_bound() {
             self.failures.clear();
         }
         *self.failures.entry(*key).or_insert(0) += 1;
+    }
+
+    /// Most entries kept in each counter map (`seen`, `failures`) before it is emptied.
+    fn counter_bound(&self) -> usize {
+        self.options.capacity.max(1).saturating_mul(4)
     }
 
     /// Drops every graph and counter (plans or tactics changed).

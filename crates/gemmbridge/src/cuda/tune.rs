@@ -137,7 +137,8 @@ impl Gpu {
         let key = Gpu::plan_key(p, (a.address, b.address, c.address), extras.bias.map(|v| v.address), ws.matmul_bytes);
         let lt = st.lt.as_ref().expect("checked above");
         let plan = Plan::build(lt, &key, opts.candidates)?;
-        let (cands, added) = candidates(lt, &plan, &key, opts.candidates, ws.matmul_bytes);
+        let search = p.macs() <= SEARCH_MAX_MACS;
+        let (cands, added) = candidates(lt, &plan, &key, opts.candidates, ws.matmul_bytes, search);
         let (first, second) = key.call.operands(a.address, b.address);
         let bias = extras.bias.map(|v| v.address);
         let aux = extras.aux.map(|v| v.address);
@@ -257,8 +258,16 @@ const OTHER_WORKSPACES: [usize; 2] = [1 << 20, 4 << 20];
 /// accepts for `key` (`cublasLtMatmulAlgoCheck`): the same GEMM without its epilogue (the
 /// heuristic ranks fused kernels on their own and can leave out tiles that also run the
 /// epilogue faster: up to 17 % faster at 5120×8192×2048 on the H200, docs/PERFORMANCE.md §2.1),
-/// and [`OTHER_WORKSPACES`]. Returns the list and how many were added (they are at its end).
-fn candidates(lt: &LtHandle, plan: &Plan, key: &PlanKey, n: usize, ws_bytes: usize) -> (Vec<Algorithm>, usize) {
+/// and [`OTHER_WORKSPACES`]; with `search`, then [`Plan::search`]'s distinct configurations.
+/// Returns the list and how many were added (they are at its end).
+fn candidates(
+    lt: &LtHandle,
+    plan: &Plan,
+    key: &PlanKey,
+    n: usize,
+    ws_bytes: usize,
+    search: bool,
+) -> (Vec<Algorithm>, usize) {
     let mut list: Vec<Algorithm> = plan.candidates.iter().copied().filter(|c| c.workspace <= ws_bytes).collect();
     let before = list.len();
     let plain = PlanKey { epilogue: Epilogue::None, aux_ld: 0, aux_stride: 0, ..*key };
@@ -283,9 +292,7 @@ fn candidates(lt: &LtHandle, plan: &Plan, key: &PlanKey, n: usize, ws_bytes: usi
             }
         }
     }
-    let c = &key.call;
-    let macs = [c.n, c.k, c.batch].iter().fold(c.m as u64, |acc, &d| acc.saturating_mul(d as u64));
-    if macs <= SEARCH_MAX_MACS {
+    if search {
         for cand in plan.search(lt, key, ws_bytes, SEARCH_LIMIT, SEARCH_CHECKS) {
             if !list.iter().any(|c| c.data == cand.data) {
                 list.push(cand);
@@ -424,8 +431,7 @@ struct Timed {
 /// [`HEAT_MS`] of the first function, each of `reps` rounds takes one sample of every
 /// function, starting one further along each round and running every other round backwards,
 /// so that all see the same clock and temperature drift. Problems below [`GRAPH_BELOW_MS`] per
-/// call are sampled as replays of a captured graph of [`GRAPH_CALLS`] calls. Returns the
-/// medians and whether graphs were used.
+/// call are sampled as replays of a captured graph of [`GRAPH_CALLS`] calls (see [`Timed`]).
 fn time_interleaved(stream: &Arc<CudaStream>, reps: usize, fs: &[Box<dyn Fn() -> Result<()> + '_>]) -> Result<Timed> {
     let drv = status::driver;
     let raw_stream = stream.cu_stream();
