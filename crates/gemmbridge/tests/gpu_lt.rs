@@ -185,7 +185,7 @@ fn epilogues_f32() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_f32_replayed() {
-    all_epilogues::<f32, f32>(Precision::F32, GraphReplay { after_calls: 1, ..GraphReplay::default() });
+    all_epilogues::<f32, f32>(Precision::F32, GraphReplay::default().with_after_calls(1));
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn epilogues_bf16() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_bf16_replayed() {
-    all_epilogues::<bf16, bf16>(Precision::BF16, GraphReplay { after_calls: 1, ..GraphReplay::default() });
+    all_epilogues::<bf16, bf16>(Precision::BF16, GraphReplay::default().with_after_calls(1));
 }
 
 #[test]

@@ -46,7 +46,7 @@ impl Gpu {
         let mut times = Vec::with_capacity(batches);
         match served {
             Served::Lt => {
-                let ws = *self.workspace(&mut st, stream, &|| p.describe())?;
+                let ws = self.workspace(&mut st, stream, &|| p.describe())?;
                 let key = Gpu::plan_key(p, (a.address, b.address, c.address), None, ws.matmul_bytes);
                 let (Some(plan), Some(lt)) = (st.plans.get(&key), st.lt.as_ref()) else {
                     return Err(Error::Unsupported {

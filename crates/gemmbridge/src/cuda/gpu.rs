@@ -104,6 +104,11 @@ pub struct TuneReport {
     /// first choice takes < 20 µs per call, where eager timing measures the host's launch
     /// cost).
     pub timed_in_graph: bool,
+    /// Whether graph timing was called for but capturing failed twice (see
+    /// [`Gpu::autotune_raw`], step 3): nothing was timed, the heuristic's first choice is kept,
+    /// and `heuristic_ms` is its eager time per call (launch-bound). Such a result is not
+    /// worth storing in a tactic database.
+    pub graph_failed: bool,
     /// Candidates whose output did not match the first choice's (never kept).
     pub mismatched: usize,
     /// The noise threshold used: max(`TuneOptions::min_gain`, the relative difference of the
@@ -624,7 +629,7 @@ impl Gpu {
                     // cuBLASLt 13.1: BiasGradA needs op(A) = T, BiasGradB needs op(B) = N;
                     // docs/PERFORMANCE.md). Elsewhere: the plain GEMM, then the gradient as a
                     // second GEMM against a ones vector.
-                    let ws = *self.workspace(st, stream, &|| p.describe())?;
+                    let ws = self.workspace(st, stream, &|| p.describe())?;
                     if p.k() * p.precision().input().size_bytes() > ws.scratch_bytes {
                         return Err(Error::Unsupported {
                             backend: "cuBLASLt",
@@ -651,22 +656,24 @@ impl Gpu {
         Ok(Served::Blas)
     }
 
-    /// This stream's workspace, allocated on first use (never while capturing).
-    pub(crate) fn workspace<'s>(
+    /// This stream's workspace (a copy of its addresses and sizes), allocated on first use
+    /// (never while capturing). One lookup when it exists: this is on every call's path.
+    pub(crate) fn workspace(
         &self,
-        st: &'s mut State,
+        st: &mut State,
         stream: CUstream,
         describe: &dyn Fn() -> String,
-    ) -> Result<&'s Workspace> {
+    ) -> Result<Workspace> {
         let key = workspace_key(stream);
-        if !st.workspaces.contains_key(&key) {
-            if is_capturing(stream)? {
-                return Err(Error::NotCapturable { action: "allocate this stream's workspace", problem: describe() });
-            }
-            let ws = Workspace::new(st.workspace_bytes)?;
-            st.workspaces.insert(key, ws);
+        if let Some(ws) = st.workspaces.get(&key) {
+            return Ok(*ws);
         }
-        Ok(&st.workspaces[&key])
+        if is_capturing(stream)? {
+            return Err(Error::NotCapturable { action: "allocate this stream's workspace", problem: describe() });
+        }
+        let ws = Workspace::new(st.workspace_bytes)?;
+        st.workspaces.insert(key, ws);
+        Ok(ws)
     }
 
     /// The plan key of a call (`workspace`: the stream's matmul workspace, bytes).
@@ -698,7 +705,7 @@ impl Gpu {
         aux: Option<u64>,
         stream: CUstream,
     ) -> std::result::Result<(), LtFailure> {
-        let ws = *self.workspace(st, stream, &|| p.describe())?;
+        let ws = self.workspace(st, stream, &|| p.describe())?;
         // cuBLASLt is given only 16-byte-aligned bias vectors: a public cuBLASLt integration
         // (Marian NMT, src/tensors/gpu/prod.cpp) found misaligned ones fail and uses 16 bytes;
         // the exact requirement was not probed here. Any other bias is staged through the
@@ -732,22 +739,26 @@ impl Gpu {
             scalars: [alpha.to_bits(), beta.to_bits()],
             workspace: ws.ptr,
         });
+        // Whether the key has a graph that this call does not use (its stream is capturing).
+        let mut graph_unused = false;
         if let Some(rk) = &replay_key {
-            // Never into a stream being captured (the direct call below is captured instead).
-            let launched = st.replay.graphs.get(rk).filter(|_| !is_capturing(stream).unwrap_or(true)).map(|graph| {
-                // SAFETY: the key holds this stream and every address the graph uses; they
-                // are the ones this call was validated with.
-                unsafe { graph.launch(stream) }
-            });
-            match launched {
-                Some(Ok(())) => return Ok(()),
-                Some(Err(e)) => {
-                    // run this call directly, and capture the key again later
-                    tracing::warn!(problem = %p.describe(), error = %e, "replay graph launch failed; running directly");
-                    st.replay.graphs.remove(rk);
-                    st.replay.failed(rk);
+            if let Some(graph) = st.replay.graphs.get(rk) {
+                // Never into a stream being captured (the direct call below is captured instead).
+                if is_capturing(stream).unwrap_or(true) {
+                    graph_unused = true;
+                } else {
+                    // SAFETY: the key holds this stream and every address the graph uses; they
+                    // are the ones this call was validated with.
+                    match unsafe { graph.launch(stream) } {
+                        Ok(()) => return Ok(()),
+                        Err(e) => {
+                            // run this call directly, and capture the key again later
+                            tracing::warn!(problem = %p.describe(), error = %e, "replay graph launch failed; running directly");
+                            st.replay.graphs.remove(rk);
+                            st.replay.failed(rk);
+                        }
+                    }
                 }
-                None => {}
             }
         }
         if !st.plans.contains_key(&key) {
@@ -800,8 +811,8 @@ impl Gpu {
             }
         };
         if let Some(rk) = replay_key {
-            let due =
-                !st.replay.graphs.contains_key(&rk) && !is_capturing(stream).unwrap_or(true) && st.replay.count(&rk);
+            // (the graph lookup above decided whether one exists: one hash of the key less)
+            let due = !graph_unused && !is_capturing(stream).unwrap_or(true) && st.replay.count(&rk);
             if due {
                 if st.capture_stream.is_none() {
                     // a failure here only means no replay for now
@@ -885,7 +896,7 @@ impl Gpu {
         stream: CUstream,
     ) -> Result<()> {
         use crate::layout::{MatrixLayout, Operand};
-        let ws = *self.workspace(st, stream, &|| p.describe())?;
+        let ws = self.workspace(st, stream, &|| p.describe())?;
         let (k, prec) = (p.k(), p.precision());
         let esz = prec.input().size_bytes();
         if k * esz > ws.scratch_bytes {
@@ -950,7 +961,7 @@ impl Gpu {
         stream: CUstream,
     ) -> Result<()> {
         if st.blas.bound != stream || st.blas.bound.is_null() {
-            let ws = *self.workspace(st, stream, &|| format!("{call:?}"))?;
+            let ws = self.workspace(st, stream, &|| format!("{call:?}"))?;
             // SAFETY: live handle; the workspace belongs to `stream` alone (cublasSetWorkspace
             // documentation: it must not be used by another stream concurrently).
             unsafe {

@@ -39,8 +39,13 @@ use crate::error::Result;
 /// instantiation, once per distinct call; their cost was not measured separately) and from
 /// then on every such call is one `cuGraphLaunch` on the caller's stream.
 ///
+/// Build it from [`GraphReplay::default`] or [`GraphReplay::off`] and the `with_*` methods
+/// (or by setting fields of such a value): it is `#[non_exhaustive]`, so settings can be added
+/// without breaking callers.
+///
 /// [`Gpu::set_graph_replay`]: super::Gpu::set_graph_replay
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GraphReplay {
     /// Whether replay is used at all. Default: on.
     pub enabled: bool,
@@ -67,6 +72,21 @@ impl GraphReplay {
     /// Replay off: every call goes through `cublasLtMatmul`.
     pub fn off() -> Self {
         GraphReplay { enabled: false, ..GraphReplay::default() }
+    }
+
+    /// These settings with [`GraphReplay::max_macs`] (multiply-adds) set.
+    pub fn with_max_macs(self, max_macs: u64) -> Self {
+        GraphReplay { max_macs, ..self }
+    }
+
+    /// These settings with [`GraphReplay::after_calls`] set (0 counts as 1).
+    pub fn with_after_calls(self, after_calls: u32) -> Self {
+        GraphReplay { after_calls, ..self }
+    }
+
+    /// These settings with [`GraphReplay::capacity`] (graphs) set.
+    pub fn with_capacity(self, capacity: usize) -> Self {
+        GraphReplay { capacity, ..self }
     }
 }
 
@@ -238,8 +258,7 @@ mod tests {
 
     #[test]
     fn a_graph_is_due_on_the_after_calls_th_call() {
-        let mut cache =
-            ReplayCache { options: GraphReplay { after_calls: 3, ..GraphReplay::default() }, ..Default::default() };
+        let mut cache = ReplayCache { options: GraphReplay::default().with_after_calls(3), ..Default::default() };
         let (k1, k2) = (key(0x3000), key(0x4000));
         assert!(!cache.count(&k1));
         assert!(!cache.count(&k2));
@@ -253,9 +272,11 @@ mod tests {
     #[test]
     fn a_full_cache_captures_nothing_more_and_counters_stay_bounded() {
         let mut cache = ReplayCache {
-            options: GraphReplay { after_calls: 2, capacity: 2, ..GraphReplay::default() },
+            options: GraphReplay::default().with_after_calls(2).with_capacity(2).with_max_macs(1 << 20),
             ..Default::default()
         };
+        assert_eq!(cache.options.max_macs, 1 << 20);
+        assert!(cache.options.enabled);
         for c in 0..100u64 {
             assert!(!cache.count(&key(0x10_0000 + 256 * c)), "each key once");
         }
@@ -268,8 +289,7 @@ mod tests {
 
     #[test]
     fn a_key_whose_capture_keeps_failing_runs_directly() {
-        let mut cache =
-            ReplayCache { options: GraphReplay { after_calls: 1, ..GraphReplay::default() }, ..Default::default() };
+        let mut cache = ReplayCache { options: GraphReplay::default().with_after_calls(1), ..Default::default() };
         let k = key(0x3000);
         for _ in 0..MAX_CAPTURE_FAILURES {
             assert!(cache.count(&k), "retried after a failure");

@@ -72,8 +72,9 @@ impl Gpu {
     ///    takes < 20 µs per call, samples are replays of a captured graph of 64 calls, so that
     ///    the kernels' own durations are compared rather than the host's launch cost. Where
     ///    capturing fails twice (the legacy default stream cannot be captured; another
-    ///    thread's first kernel launch can invalidate a capture), the samples are eager and the
-    ///    heuristic's first choice is kept: eager times of such a problem rank launch costs.
+    ///    thread's first kernel launch can invalidate a capture), nothing more is timed and the
+    ///    heuristic's first choice is kept, with [`TuneReport::graph_failed`] set: eager times
+    ///    of such a problem rank launch costs.
     ///    With more than 24 candidates (the search's), a first pass of 3 rounds keeps the 15
     ///    fastest besides the first choice for these rounds.
     /// 4. The fastest candidate is kept only if its median beats the first choice's by more
@@ -133,7 +134,7 @@ impl Gpu {
                 what: "anything without cuBLASLt (libcublasLt not found)".into(),
             });
         }
-        let ws = *self.workspace(&mut st, stream, &|| p.describe())?;
+        let ws = self.workspace(&mut st, stream, &|| p.describe())?;
         let key = Gpu::plan_key(p, (a.address, b.address, c.address), extras.bias.map(|v| v.address), ws.matmul_bytes);
         let lt = st.lt.as_ref().expect("checked above");
         let plan = Plan::build(lt, &key, opts.candidates)?;
@@ -238,6 +239,7 @@ impl Gpu {
             added,
             kept_added,
             timed_in_graph: in_graph,
+            graph_failed,
             mismatched,
             threshold,
             improved,
@@ -422,7 +424,8 @@ struct Timed {
     /// Whether samples were graph replays.
     in_graph: bool,
     /// Graph replay was called for (a problem under [`GRAPH_BELOW_MS`]) but capturing failed
-    /// twice, so the medians are eager: host launch cost, not kernel time.
+    /// twice. Nothing was then sampled: every median is the first function's eager time per
+    /// call (host launch cost, not kernel time).
     graph_failed: bool,
 }
 
@@ -469,6 +472,11 @@ fn time_interleaved(stream: &Arc<CudaStream>, reps: usize, fs: &[Box<dyn Fn() ->
     let capture_all = || fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Option<Vec<CudaGraph>>>();
     // one retry: a capture invalidated by another thread's kernel load usually succeeds again
     let graphs = if wanted { capture_all().or_else(capture_all) } else { None };
+    if wanted && graphs.is_none() {
+        // eager rounds would rank launch costs (the caller keeps the first choice): skip the
+        // heat and the rounds, and report the first choice's eager time for every function
+        return Ok(Timed { medians: vec![per_call; fs.len()], in_graph: false, graph_failed: true });
+    }
     let sample = |i: usize| -> Result<f64> {
         match &graphs {
             Some(g) => timed(GRAPH_CALLS * GRAPH_LAUNCHES, &|| {
@@ -497,7 +505,7 @@ fn time_interleaved(stream: &Arc<CudaStream>, reps: usize, fs: &[Box<dyn Fn() ->
             t[t.len() / 2]
         })
         .collect();
-    Ok(Timed { medians, in_graph: graphs.is_some(), graph_failed: wanted && graphs.is_none() })
+    Ok(Timed { medians, in_graph: graphs.is_some(), graph_failed: false })
 }
 
 #[cfg(test)]
