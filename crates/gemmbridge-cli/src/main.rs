@@ -2,6 +2,7 @@
 //! PyTorch's (`shared/bench/torch_peer.py`).
 
 mod bench;
+mod compare;
 mod firstcall;
 mod info;
 mod probe;
@@ -14,7 +15,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "gemmbridge",
     version,
-    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall"
+    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall, compare"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -36,6 +37,10 @@ enum Command {
     Tune(tune::Args),
     /// Measures the first GEMM of this (fresh) process, with or without prewarm.
     Firstcall(firstcall::Args),
+    /// Summarises several alternated `bench --out` / torch_peer.py runs row by row: each
+    /// row's median ratio over the pairs, and per dtype and op the geometric mean and the
+    /// rows below a bound (no GPU needed).
+    Compare(compare::Args),
 }
 
 fn main() {
@@ -53,6 +58,7 @@ fn main() {
         Command::Bench(args) => bench::run(args),
         Command::Tune(args) => tune::run(args),
         Command::Firstcall(args) => firstcall::run(args),
+        Command::Compare(args) => compare::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

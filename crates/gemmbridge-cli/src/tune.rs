@@ -119,6 +119,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                         if report.timed_in_graph { " (graph)" } else { "" }
                     )
                 );
+                if report.graph_failed {
+                    // launch-bound eager time: not a measurement to keep or merge on
+                    println!("  not stored: graph capture failed twice, so the candidates were not timed");
+                    continue;
+                }
                 db.entries.insert(sig, tactic);
                 // saved after every problem, so an interrupted run keeps what it tuned
                 db.save(Path::new(&args.db)).with_context(|| format!("writing {}", args.db))?;

@@ -7,7 +7,10 @@
 //! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so
 //! every call goes through `cublasLtMatmul`: gemmbridge's own cost above the bare call), all
 //! measured in the same run. `host_us` and `host_raw_us` use the default settings, where the
-//! repeated call is replayed from a cached graph (`GraphReplay`). Host times are medians over
+//! repeated call is replayed from a cached graph (`GraphReplay`); `host_fresh_us` is the safe
+//! path with those settings on calls that never repeat (α differs in every call, so no call is
+//! ever replayed): every call goes through `cublasLtMatmul` and also pays replay's
+//! bookkeeping, which is what a program whose operands change each call gets. Host times are medians over
 //! 40 batches of 256 calls (below the launch-queue depth, so the GPU does not throttle the host); `wall_us` includes waiting for the GPU; `graph_us` is
 //! GPU time per GEMM when 256 calls captured into one graph are replayed (median of 20).
 
@@ -84,7 +87,13 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     // The ways are interleaved batch by batch, so that clock and cache drift over the
     // measurement falls on all of them alike.
     let (mut hosts, mut walls, mut raws, mut bare_lt, mut bare_blas) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut hosts_d, mut walls_d, mut raws_d) = (vec![], vec![], vec![]);
+    let (mut hosts_d, mut walls_d, mut raws_d, mut fresh) = (vec![], vec![], vec![], vec![]);
+    // α = 1 + i ulp: a new replay key in every call of the run (2²⁰ distinct values)
+    let mut call = 0u32;
+    let mut fresh_alpha = move || {
+        call = (call + 1) % (1 << 20);
+        f32::from_bits(1.0f32.to_bits() + call)
+    };
     for _ in 0..BATCHES {
         let (host, wall) = batch(&mut || Ok(gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
         hosts.push(host);
@@ -92,6 +101,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         let (host, wall) = batch(&mut || Ok(direct.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
         hosts_d.push(host);
         walls_d.push(wall);
+        fresh.push(batch(&mut || Ok(gpu.gemm(&p, fresh_alpha(), &x, &w, 0.0, &mut o)?))?.0);
         // SAFETY: the three buffers are live allocations of this context used only on `s`.
         raws.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
         // SAFETY: as above.
@@ -105,6 +115,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     }
     let (host_us, wall_us, host_raw_us) = (median(hosts), median(walls), median(raws));
     let (host_direct_us, wall_direct_us, host_raw_direct_us) = (median(hosts_d), median(walls_d), median(raws_d));
+    let host_fresh_us = median(fresh);
     let bare_lt_us = (!bare_lt.is_empty()).then(|| median(bare_lt));
     let bare_blas_us = median(bare_blas);
 
@@ -132,5 +143,5 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": host_us,
         "wall_us": wall_us, "graph_us": graph_us, "host_raw_us": host_raw_us, "bare_lt_us": bare_lt_us,
         "bare_blas_us": bare_blas_us, "host_direct_us": host_direct_us, "wall_direct_us": wall_direct_us,
-        "host_raw_direct_us": host_raw_direct_us, "replay_graphs": gpu.cached_graphs()}))
+        "host_raw_direct_us": host_raw_direct_us, "host_fresh_us": host_fresh_us, "replay_graphs": gpu.cached_graphs()}))
 }

@@ -2,7 +2,7 @@
 //! `shared/bench/torch_peer.py`, timed the same way, with an optional side-by-side ratio.
 
 pub mod launch;
-mod report;
+pub mod report;
 pub mod suites;
 pub mod timing;
 

@@ -14,20 +14,30 @@ fn key(r: &Row) -> Key {
 }
 
 /// Reads torch_peer.py's JSON lines, keeping the timed rows (skips "env", "launch", rows
-/// with an "error", and anything else without a median).
+/// with an "error", and anything else without a median), and warns when its "env" row names
+/// another device than `our_device`.
 pub fn read_peer(path: &str, our_device: &str) -> anyhow::Result<Vec<Row>> {
+    let (theirs, rows) = read_rows(path)?;
+    if let Some(theirs) = theirs.filter(|t| t != our_device) {
+        eprintln!(
+            "warning: the peer ran on {theirs:?}, this run on {our_device:?}: the ratios compare different machines"
+        );
+    }
+    Ok(rows)
+}
+
+/// The device its "env" row names (if any) and the timed rows of a JSON-lines file in
+/// torch_peer.py's schema (ours or the peer's), as [`read_peer`].
+pub fn read_rows(path: &str) -> anyhow::Result<(Option<String>, Vec<Row>)> {
     let text = std::fs::read_to_string(path)?;
-    let mut rows = Vec::new();
+    let (mut device, mut rows) = (None, Vec::new());
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
         if v.get("op").and_then(|o| o.as_str()) == Some("env") {
-            let theirs = v.get("device").and_then(|d| d.as_str()).unwrap_or("?");
-            if theirs != our_device {
-                eprintln!("warning: the peer ran on {theirs:?}, this run on {our_device:?}: the ratios compare different machines");
-            }
+            device = Some(v.get("device").and_then(|d| d.as_str()).unwrap_or("?").to_string());
         }
         if v.get("median_ms").is_none() || v.get("error").is_some() || v.get("scaling").is_some() {
             continue;
@@ -35,7 +45,7 @@ pub fn read_peer(path: &str, our_device: &str) -> anyhow::Result<Vec<Row>> {
         let r: Row = serde_json::from_value(v).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
         rows.push(r);
     }
-    Ok(rows)
+    Ok((device, rows))
 }
 
 /// Reads torch_peer.py's "launch" rows.
@@ -58,10 +68,11 @@ pub fn launch_table(ours: &[serde_json::Value], peer: &[serde_json::Value]) -> S
     let _ = writeln!(s, "\ntiny GEMM (64³) per call, µs: host = enqueue cost, wall = with the GPU, graph = GPU time per GEMM in a replayed graph");
     let _ = writeln!(
         s,
-        "{:<5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
+        "{:<5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
         "dtype",
         "host",
         "raw",
+        "fresh",
         "direct",
         "bare Lt",
         "bare BLAS",
@@ -80,10 +91,11 @@ pub fn launch_table(ours: &[serde_json::Value], peer: &[serde_json::Value]) -> S
         let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
         let _ = writeln!(
             s,
-            "{:<5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
+            "{:<5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>11} {:>11}",
             d,
             show(f(o, "host_us")),
             show(f(o, "host_raw_us")),
+            show(f(o, "host_fresh_us")),
             show(f(o, "host_direct_us")),
             show(f(o, "bare_lt_us")),
             show(f(o, "bare_blas_us")),
@@ -96,7 +108,10 @@ pub fn launch_table(ours: &[serde_json::Value], peer: &[serde_json::Value]) -> S
             show(ratio(pk("wall_us"), f(o, "graph_us"))),
         );
     }
-    let _ = writeln!(s, "host/raw: graph replay on (default); direct: replay off, every call through cublasLtMatmul");
+    let _ = writeln!(
+        s,
+        "host/raw: graph replay on (default), the call repeated; fresh: replay on, no call repeated (α changes); direct: replay off, every call through cublasLtMatmul"
+    );
     let _ = writeln!(s, "eager × = torch wall / ours wall; graph × = torch eager wall / ours graph (per-call throughput vs PyTorch eager)");
     s
 }

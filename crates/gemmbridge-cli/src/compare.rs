@@ -1,0 +1,215 @@
+//! `gemmbridge compare`: several alternated benchmark runs against torch_peer.py, summarised
+//! row by row.
+//!
+//! One run of a large row differs by 3–8 % from the next run of the same side on the H200
+//! (docs/PERFORMANCE.md §2.2), more than the 3 % margin of a "no row below 0.97" bound, so a
+//! single pair of runs cannot settle such a bound either way. Given N pairs (ours i, peer i),
+//! taken alternately in one device call, this prints for every row present in all pairs the
+//! ratio peer time / our time of each pair and their median (the row's estimate), and per
+//! dtype and op over the square + llm suites: the geometric mean of the row medians, the rows
+//! whose median is below the bound, and each pair's own geometric mean and count below the
+//! bound (what a single run would have said).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use anyhow::{bail, Context};
+
+use crate::bench::report::read_rows;
+use crate::bench::suites::is_square_or_llm;
+use crate::bench::Row;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Comma-separated JSON-lines files written by `gemmbridge bench --out`, one per run.
+    #[arg(long)]
+    ours: String,
+    /// Comma-separated torch_peer.py JSON-lines files, as many as `--ours`: the i-th is paired
+    /// with the i-th of `--ours` (take them alternately, in one device call).
+    #[arg(long)]
+    peer: String,
+    /// A row whose median ratio is below this is listed (the bound: 0.97).
+    #[arg(long, default_value_t = 0.97)]
+    bound: f64,
+}
+
+/// (dtype, op, m, n, k, batch)
+type Key = (String, String, usize, usize, usize, usize);
+
+/// The rows of one (dtype, op): each row's key and its ratio per pair.
+type Group<'a> = Vec<(&'a Key, &'a Vec<f64>)>;
+
+fn key(r: &Row) -> Key {
+    (r.dtype.clone(), r.op.clone(), r.m, r.n, r.k, r.batch)
+}
+
+/// Median of a non-empty list (the mean of the two middle values for an even count).
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let h = s.len() / 2;
+    if s.len() % 2 == 1 {
+        s[h]
+    } else {
+        (s[h - 1] + s[h]) / 2.0
+    }
+}
+
+fn geomean(v: &[f64]) -> f64 {
+    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp()
+}
+
+/// Per row present in every pair: the ratio (peer median ms / our median ms) of each pair, in
+/// pair order. Also returns how many rows some pair lacked (left out).
+fn ratios(pairs: &[(Vec<Row>, Vec<Row>)]) -> (BTreeMap<Key, Vec<f64>>, usize) {
+    let mut all: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
+    let mut seen: BTreeMap<Key, usize> = BTreeMap::new();
+    for (ours, peer) in pairs {
+        let peer: BTreeMap<Key, &Row> = peer.iter().map(|r| (key(r), r)).collect();
+        for o in ours {
+            *seen.entry(key(o)).or_default() += 1;
+            if let Some(p) = peer.get(&key(o)) {
+                all.entry(key(o)).or_default().push(p.median_ms / o.median_ms);
+            }
+        }
+    }
+    let left_out = seen.keys().filter(|k| all.get(*k).map_or(0, Vec::len) != pairs.len()).count();
+    all.retain(|_, v| v.len() == pairs.len());
+    (all, left_out)
+}
+
+/// The report for `pairs` (ours, peer), `bound` as `--bound`.
+pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
+    let (rows, left_out) = ratios(pairs);
+    let mut s = String::new();
+    let _ = writeln!(s, "peer time / our time per row (> 1: gemmbridge faster), {} pairs", pairs.len());
+    let _ = writeln!(
+        s,
+        "{:<16} {:<5} {:>6} {:>6} {:>6} {:>8} {:>7}  per pair",
+        "op", "dtype", "m", "n", "k", "median", "min"
+    );
+    for ((dtype, op, m, n, k, _), v) in &rows {
+        let each: Vec<String> = v.iter().map(|r| format!("{r:.3}")).collect();
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let mark = if median(v) < bound { " ◂" } else { "" };
+        let _ = writeln!(
+            s,
+            "{op:<16} {dtype:<5} {m:>6} {n:>6} {k:>6} {:>8.3} {min:>7.3}  {}{mark}",
+            median(v),
+            each.join(" ")
+        );
+    }
+    if left_out > 0 {
+        let _ = writeln!(s, "({left_out} rows left out: missing from at least one file)");
+    }
+    // per (dtype, op), square + llm rows only
+    let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
+    for (k, v) in rows.iter().filter(|(k, _)| is_square_or_llm((k.2, k.3, k.4))) {
+        groups.entry((k.0.clone(), k.1.clone())).or_default().push((k, v));
+    }
+    let _ = writeln!(s, "\nsquare + llm, per dtype and op: geometric mean of the row medians; rows whose median < {bound}; each pair's own geometric mean / rows < {bound}");
+    let _ = writeln!(s, "{:<5} {:<16} {:>4} {:>8} {:>7}  per pair", "dtype", "op", "rows", "geomean", "< bound");
+    for ((dtype, op), members) in &groups {
+        let medians: Vec<f64> = members.iter().map(|(_, v)| median(v)).collect();
+        let below = medians.iter().filter(|&&m| m < bound).count();
+        let per_pair: Vec<String> = (0..pairs.len())
+            .map(|i| {
+                let r: Vec<f64> = members.iter().map(|(_, v)| v[i]).collect();
+                format!("{:.3}/{}", geomean(&r), r.iter().filter(|&&x| x < bound).count())
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "{dtype:<5} {op:<16} {:>4} {:>8.3} {below:>7}  {}",
+            medians.len(),
+            geomean(&medians),
+            per_pair.join(" ")
+        );
+    }
+    s
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let split = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect::<Vec<_>>();
+    let (ours, peer) = (split(&args.ours), split(&args.peer));
+    if ours.is_empty() || ours.len() != peer.len() {
+        bail!(
+            "--ours names {} files and --peer {}: give the same number (at least one), paired in order",
+            ours.len(),
+            peer.len()
+        );
+    }
+    if !(args.bound.is_finite() && args.bound > 0.0) {
+        bail!("--bound {} is not a positive number", args.bound);
+    }
+    let mut devices = BTreeMap::new();
+    let mut pairs = Vec::new();
+    for (o, p) in ours.iter().zip(&peer) {
+        let (od, orows) = read_rows(o).with_context(|| format!("reading {o}"))?;
+        let (pd, prows) = read_rows(p).with_context(|| format!("reading {p}"))?;
+        for (file, device) in [(o, od), (p, pd)] {
+            devices.insert(device.unwrap_or_else(|| "?".into()), file.clone());
+        }
+        if orows.is_empty() || prows.is_empty() {
+            bail!("{} has no timed rows", if orows.is_empty() { o } else { p });
+        }
+        pairs.push((orows, prows));
+    }
+    if devices.len() > 1 {
+        eprintln!(
+            "warning: the files name different devices ({:?}): the ratios compare different machines",
+            devices.keys().collect::<Vec<_>>()
+        );
+    }
+    print!("{}", summary(&pairs, args.bound));
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(dtype: &str, op: &str, m: usize, median_ms: f64) -> Row {
+        Row { op: op.into(), dtype: dtype.into(), m, n: m, k: m, batch: 1, median_ms, min_ms: median_ms, tflops: 1.0 }
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn a_row_is_judged_by_its_median_over_pairs() {
+        // 4096³ f16 linear: ratios 0.9, 1.1, 1.05 -> median 1.05; 2048³: 0.95, 0.96, 1.2 -> 0.96
+        let ours = |a: f64, b: f64| vec![row("f16", "linear", 4096, a), row("f16", "linear", 2048, b)];
+        let peer = |a: f64, b: f64| vec![row("f16", "linear", 4096, a), row("f16", "linear", 2048, b)];
+        let pairs = vec![
+            (ours(1.0, 1.0), peer(0.9, 0.95)),
+            (ours(1.0, 1.0), peer(1.1, 0.96)),
+            (ours(1.0, 1.0), peer(1.05, 1.2)),
+        ];
+        let s = summary(&pairs, 0.97);
+        assert!(s.contains("   1.050   0.900  0.900 1.100 1.050\n"), "{s}");
+        assert!(s.contains("   0.960   0.950  0.950 0.960 1.200 ◂\n"), "{s}");
+        // geomean of medians sqrt(1.05·0.96) = 1.004; one row below; pair 1: sqrt(0.9·0.95) = 0.925, 2 below
+        assert!(s.contains("f16   linear              2    1.004       1  0.925/2 1.028/1 1.122/0"), "{s}");
+    }
+
+    #[test]
+    fn rows_missing_from_a_pair_are_left_out_and_counted() {
+        let pairs = vec![
+            (
+                vec![row("bf16", "linear", 4096, 1.0), row("bf16", "linear", 2048, 1.0)],
+                vec![row("bf16", "linear", 4096, 1.0)],
+            ),
+            (
+                vec![row("bf16", "linear", 4096, 1.0)],
+                vec![row("bf16", "linear", 4096, 1.0), row("bf16", "linear", 2048, 1.0)],
+            ),
+        ];
+        let s = summary(&pairs, 0.97);
+        assert!(s.contains("(1 rows left out"), "{s}");
+        assert!(!s.contains("  2048 "), "{s}");
+    }
+}
