@@ -32,6 +32,11 @@ pub struct Args {
     /// on the CPU backend).
     #[arg(long, default_value_t = 30)]
     reps: usize,
+    /// GPU time of back-to-back calls before each row's samples, ms, so that every row is
+    /// timed at the sustained clock (0: only the 5 warm-up calls, as torch_peer.py, whose GPU
+    /// does not idle between rows; this benchmark's does, while it draws inputs on the host).
+    #[arg(long, default_value_t = 200.0)]
+    heat_ms: f64,
     /// Write JSON lines here ("-": stdout, and the table goes to stderr).
     #[arg(long)]
     out: Option<String>,
@@ -173,6 +178,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if args.reps == 0 {
         bail!("--reps must be at least 1");
     }
+    if !(args.heat_ms.is_finite() && (0.0..=60_000.0).contains(&args.heat_ms)) {
+        bail!("--heat-ms {} is not between 0 and 60000 (milliseconds)", args.heat_ms);
+    }
+    let sampling = timing::Sampling { warmup: 5, reps: args.reps, heat_ms: args.heat_ms };
     if ops.is_empty() && !launch {
         bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
     }
@@ -247,7 +256,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         for &shape in &shapes {
             bar.set_message(format!("{name} {shape:?}"));
             let new = match &gpu {
-                Some(g) => bench_gpu_dispatch(g, name, *precision, shape, &ops, args.reps)?,
+                Some(g) => bench_gpu_dispatch(g, name, *precision, shape, &ops, sampling)?,
                 None => bench_cpu_dispatch(name, *precision, shape, &ops, args.reps)?,
             };
             for r in new {
@@ -286,12 +295,12 @@ fn bench_gpu_dispatch(
     p: Precision,
     shape: Shape,
     ops: &[&str],
-    reps: usize,
+    sampling: timing::Sampling,
 ) -> anyhow::Result<Vec<Row>> {
     match p.input() {
-        DType::F32 => bench_gpu::<f32, f32>(gpu, name, p, shape, ops, reps),
-        DType::F16 => bench_gpu::<half::f16, half::f16>(gpu, name, p, shape, ops, reps),
-        DType::BF16 => bench_gpu::<half::bf16, half::bf16>(gpu, name, p, shape, ops, reps),
+        DType::F32 => bench_gpu::<f32, f32>(gpu, name, p, shape, ops, sampling),
+        DType::F16 => bench_gpu::<half::f16, half::f16>(gpu, name, p, shape, ops, sampling),
+        DType::BF16 => bench_gpu::<half::bf16, half::bf16>(gpu, name, p, shape, ops, sampling),
         other => bail!("no benchmark for dtype {other}"),
     }
 }
@@ -325,7 +334,7 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
     precision: Precision,
     shape: Shape,
     ops: &[&str],
-    reps: usize,
+    sampling: timing::Sampling,
 ) -> anyhow::Result<Vec<Row>> {
     let (m, n, k) = shape;
     let s = gpu.stream();
@@ -344,7 +353,7 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
     for &op in ops {
         let p = problem(op, shape, precision)?;
         let mut i = 0;
-        let t = timing::time_gpu(gpu, 5, reps, &mut || {
+        let t = timing::time_gpu(gpu, sampling, &mut || {
             i = (i + 1) % count;
             let extras = Extras { bias: (p.epilogue() != Epilogue::None).then_some(&bias as _), ..Extras::default() };
             gpu.gemm_fused(&p, 1.0, &xs[i], &ws[i], 0.0, &mut c, extras)

@@ -3,6 +3,13 @@
 //! Warm-up calls, then one timed call to size a sample: each of `reps` samples times `inner`
 //! back-to-back calls between two CUDA events, with `inner` chosen so a sample spans about
 //! 1 ms (1 to 1000 calls). Reported: median and minimum time per call, in ms.
+//!
+//! One addition on the GPU: before the samples, [`Sampling::heat_ms`] of back-to-back calls
+//! (GPU time), so that every row is timed at the sustained clock. torch_peer.py draws its
+//! inputs on the GPU and keeps it busy from row to row; this benchmark draws them on the host,
+//! and the GPU idles for up to seconds before each shape. Without heat, the first rows after
+//! that idle time (matmul, linear) ran at a different clock from the rows after them
+//! (linear_bias, linear_bias_gelu): docs/PERFORMANCE.md §2.3.
 
 use std::time::Instant;
 
@@ -25,16 +32,23 @@ fn inner_count(once_ms: f64) -> usize {
     ((1.0 / once_ms.max(1e-3)) as usize).clamp(1, 1000)
 }
 
+/// How [`time_gpu`] samples.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampling {
+    /// Calls before anything is timed.
+    pub warmup: usize,
+    /// Timed samples (each ~1 ms of back-to-back calls); the median is reported.
+    pub reps: usize,
+    /// GPU time of back-to-back calls after the warm-up and before the samples, ms (0: none).
+    pub heat_ms: f64,
+}
+
 /// Times `f` (which enqueues work on `gpu.stream()`) with CUDA events.
-pub fn time_gpu<E>(
-    gpu: &Gpu,
-    warmup: usize,
-    reps: usize,
-    f: &mut dyn FnMut() -> Result<(), E>,
-) -> anyhow::Result<Timing>
+pub fn time_gpu<E>(gpu: &Gpu, sampling: Sampling, f: &mut dyn FnMut() -> Result<(), E>) -> anyhow::Result<Timing>
 where
     E: std::error::Error + Send + Sync + 'static,
 {
+    let Sampling { warmup, reps, heat_ms } = sampling;
     let s = gpu.stream();
     let ctx = gpu.context();
     let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
@@ -46,7 +60,17 @@ where
     start.record(s)?;
     f()?;
     end.record(s)?;
-    let inner = inner_count(start.elapsed_ms(&end)? as f64);
+    let once = start.elapsed_ms(&end)? as f64;
+    let inner = inner_count(once);
+    let mut heated = once;
+    while heated < heat_ms {
+        start.record(s)?;
+        for _ in 0..inner {
+            f()?;
+        }
+        end.record(s)?;
+        heated += start.elapsed_ms(&end)? as f64;
+    }
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
         start.record(s)?;
