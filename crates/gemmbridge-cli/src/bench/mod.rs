@@ -9,7 +9,9 @@ pub mod timing;
 use std::io::Write;
 
 use anyhow::{bail, Context};
-use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use gemmbridge::cuda::tactics::TacticDb;
 use gemmbridge::cuda::{Backend, Extras, Gpu};
 use gemmbridge::{cpu, DType, Element, Epilogue, GemmProblem, Precision};
@@ -32,10 +34,11 @@ pub struct Args {
     /// on the CPU backend).
     #[arg(long, default_value_t = 30)]
     reps: usize,
-    /// GPU time of back-to-back calls before each row's samples, ms, so that every row is
-    /// timed at the sustained clock (0: only the 5 warm-up calls, as torch_peer.py, whose GPU
-    /// does not idle between rows; this benchmark's does, while it draws inputs on the host).
-    #[arg(long, default_value_t = 200.0)]
+    /// GPU time of back-to-back calls before each row's samples, ms. Default 0: only the 5
+    /// warm-up calls, as torch_peer.py, so both sides time a short burst. Heat times the row
+    /// at the sustained, power-limited clock instead, which is up to 26 % slower on fused
+    /// rows (docs/PERFORMANCE.md §2.3): do not compare such rows with the peer's.
+    #[arg(long, default_value_t = 0.0)]
     heat_ms: f64,
     /// Write JSON lines here ("-": stdout, and the table goes to stderr).
     #[arg(long)]
@@ -251,12 +254,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut rows = Vec::new();
+    let mut pools = Pools::default();
     for (name, precision) in &dtypes {
         let ops: Vec<&str> = ops.iter().map(String::as_str).filter(|o| op_applies(o, name)).collect();
         for &shape in &shapes {
             bar.set_message(format!("{name} {shape:?}"));
             let new = match &gpu {
-                Some(g) => bench_gpu_dispatch(g, name, *precision, shape, &ops, sampling)?,
+                Some(g) => bench_gpu_dispatch(g, &mut pools, name, *precision, shape, &ops, sampling)?,
                 None => bench_cpu_dispatch(name, *precision, shape, &ops, args.reps)?,
             };
             for r in new {
@@ -291,6 +295,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 
 fn bench_gpu_dispatch(
     gpu: &Gpu,
+    pools: &mut Pools,
     name: &str,
     p: Precision,
     shape: Shape,
@@ -298,9 +303,9 @@ fn bench_gpu_dispatch(
     sampling: timing::Sampling,
 ) -> anyhow::Result<Vec<Row>> {
     match p.input() {
-        DType::F32 => bench_gpu::<f32, f32>(gpu, name, p, shape, ops, sampling),
-        DType::F16 => bench_gpu::<half::f16, half::f16>(gpu, name, p, shape, ops, sampling),
-        DType::BF16 => bench_gpu::<half::bf16, half::bf16>(gpu, name, p, shape, ops, sampling),
+        DType::F32 => bench_gpu::<f32, f32>(gpu, pools, name, p, shape, ops, sampling),
+        DType::F16 => bench_gpu::<half::f16, half::f16>(gpu, pools, name, p, shape, ops, sampling),
+        DType::BF16 => bench_gpu::<half::bf16, half::bf16>(gpu, pools, name, p, shape, ops, sampling),
         other => bail!("no benchmark for dtype {other}"),
     }
 }
@@ -330,6 +335,7 @@ fn row(op: &str, name: &str, p: &GemmProblem, t: timing::Timing) -> Row {
 
 fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBits>(
     gpu: &Gpu,
+    pools: &mut Pools,
     name: &str,
     precision: Precision,
     shape: Shape,
@@ -339,19 +345,22 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
     let (m, n, k) = shape;
     let s = gpu.stream();
     let count = rotation_count(shape, precision.input().size_bytes());
-    // matmul's w is [k, n] and linear's [n, k]: the same number of elements, so one set of
-    // random buffers serves both ops.
-    let mut xs: Vec<CudaSlice<TI>> = Vec::with_capacity(count);
-    let mut ws: Vec<CudaSlice<TI>> = Vec::with_capacity(count);
-    for _ in 0..count {
-        xs.push(s.clone_htod(&normal::<TI>(m * k))?);
-        ws.push(s.clone_htod(&normal::<TI>(k * n))?);
-    }
+    // As torch_peer.py, every op gets its own rotation of random buffers and bias, made on the
+    // GPU just before it is timed (the peer draws them with torch.randn on the GPU) and
+    // dropped after: the GPU sees the same short, memory-bound pause before every row as the
+    // peer's. A row's clock depends on what ran just before it (docs/PERFORMANCE.md §2.3).
+    let pool = pools.get::<TI>(s)?;
     let mut c: CudaSlice<TO> = s.alloc_zeros(m * n)?;
-    let bias: CudaSlice<TO> = s.clone_htod(&normal::<TO>(n))?;
     let mut out = Vec::new();
     for &op in ops {
         let p = problem(op, shape, precision)?;
+        let mut xs: Vec<CudaSlice<TI>> = Vec::with_capacity(count);
+        let mut ws: Vec<CudaSlice<TI>> = Vec::with_capacity(count);
+        for _ in 0..count {
+            xs.push(rotate(s, pool, m * k)?);
+            ws.push(rotate(s, pool, k * n)?);
+        }
+        let bias: CudaSlice<TO> = s.clone_htod(&normal::<TO>(n))?;
         let mut i = 0;
         let t = timing::time_gpu(gpu, sampling, &mut || {
             i = (i + 1) % count;
@@ -361,6 +370,42 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
         out.push(row(op, name, &p, t));
     }
     Ok(out)
+}
+
+/// Elements in each device pool of random normals (64 MiB in f32).
+const POOL_ELEMS: usize = 1 << 24;
+
+/// Random normals on the device, one pool per element type, drawn on the host once per run;
+/// the GPU benchmark copies its inputs from them on the GPU.
+#[derive(Default)]
+pub struct Pools(std::collections::HashMap<std::any::TypeId, Box<dyn std::any::Any>>);
+
+impl Pools {
+    /// The pool of `T` (drawn and uploaded on first use).
+    fn get<T: Element + DeviceRepr>(&mut self, s: &Arc<CudaStream>) -> anyhow::Result<&CudaSlice<T>> {
+        let pool = match self.0.entry(std::any::TypeId::of::<T>()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Box::new(s.clone_htod(&normal::<T>(POOL_ELEMS))?) as Box<dyn std::any::Any>)
+            }
+        };
+        Ok(pool.downcast_ref::<CudaSlice<T>>().expect("stored under its own TypeId"))
+    }
+}
+
+/// A new device buffer of `len` elements copied on the GPU from `pool`, starting at a random
+/// offset (wrapping around, so a buffer longer than the pool repeats it).
+fn rotate<T: DeviceRepr>(s: &Arc<CudaStream>, pool: &CudaSlice<T>, len: usize) -> anyhow::Result<CudaSlice<T>> {
+    // SAFETY: every element is written by the copies below (stream-ordered) before use.
+    let mut buf = unsafe { s.alloc::<T>(len) }?;
+    let (mut done, mut from) = (0, rand::random_range(0..pool.len()));
+    while done < len {
+        let take = (len - done).min(pool.len() - from);
+        s.memcpy_dtod(&pool.slice(from..from + take), &mut buf.slice_mut(done..done + take))?;
+        done += take;
+        from = 0;
+    }
+    Ok(buf)
 }
 
 fn bench_cpu<TI: Element, TO: Element>(

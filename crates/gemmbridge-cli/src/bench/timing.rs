@@ -4,12 +4,11 @@
 //! back-to-back calls between two CUDA events, with `inner` chosen so a sample spans about
 //! 1 ms (1 to 1000 calls). Reported: median and minimum time per call, in ms.
 //!
-//! One addition on the GPU: before the samples, [`Sampling::heat_ms`] of back-to-back calls
-//! (GPU time), so that every row is timed at the sustained clock. torch_peer.py draws its
-//! inputs on the GPU and keeps it busy from row to row; this benchmark draws them on the host,
-//! and the GPU idles for up to seconds before each shape. Without heat, the first rows after
-//! that idle time (matmul, linear) ran at a different clock from the rows after them
-//! (linear_bias, linear_bias_gelu): docs/PERFORMANCE.md §2.3.
+//! One option on the GPU: before the samples, [`Sampling::heat_ms`] of back-to-back calls
+//! (GPU time), so that a row is timed at the sustained, power-limited clock rather than in a
+//! short burst as torch_peer.py times it. Off in `bench` by default: the clock of a burst and
+//! the sustained clock differ by up to 26 % on fused rows (docs/PERFORMANCE.md §2.3), so only
+//! rows timed the same way may be compared.
 
 use std::time::Instant;
 
