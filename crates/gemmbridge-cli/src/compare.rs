@@ -56,7 +56,7 @@ fn median(v: &[f64]) -> f64 {
 }
 
 fn geomean(v: &[f64]) -> f64 {
-    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp()
+    crate::bench::report::geomean(v).unwrap_or(f64::NAN)
 }
 
 /// Per row present in every pair: the ratio (peer median ms / our median ms) of each pair, in
@@ -170,7 +170,7 @@ mod tests {
     use super::*;
 
     fn row(dtype: &str, op: &str, m: usize, median_ms: f64) -> Row {
-        Row { op: op.into(), dtype: dtype.into(), m, n: m, k: m, batch: 1, median_ms, min_ms: median_ms, tflops: 1.0 }
+        crate::bench::square_row(op, dtype, m, median_ms)
     }
 
     #[test]

@@ -80,6 +80,12 @@ pub fn load_db(gpu: &Gpu, path: &str) -> anyhow::Result<usize> {
     Ok(db.entries.len())
 }
 
+/// A row of an m³ problem (tests).
+#[cfg(test)]
+pub fn square_row(op: &str, dtype: &str, m: usize, median_ms: f64) -> Row {
+    Row { op: op.into(), dtype: dtype.into(), m, n: m, k: m, batch: 1, median_ms, min_ms: median_ms, tflops: 1.0 }
+}
+
 /// One benchmark row, in torch_peer.py's fields.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Row {

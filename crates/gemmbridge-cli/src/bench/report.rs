@@ -127,7 +127,8 @@ fn tf(x: f64) -> String {
     }
 }
 
-fn geomean(v: &[f64]) -> Option<f64> {
+/// Geometric mean (`None` for an empty list).
+pub fn geomean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp())
 }
 
@@ -192,9 +193,7 @@ pub fn table(rows: &[Row], peer: Option<&[Row]>) -> String {
 mod tests {
     use super::*;
 
-    fn r(op: &str, dtype: &str, m: usize, median_ms: f64) -> Row {
-        Row { op: op.into(), dtype: dtype.into(), m, n: m, k: m, batch: 1, median_ms, min_ms: median_ms, tflops: 1.0 }
-    }
+    use crate::bench::square_row as r;
 
     #[test]
     fn ratio_and_geomean() {
