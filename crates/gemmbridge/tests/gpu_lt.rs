@@ -358,6 +358,26 @@ fn graph_replay_steps_aside_during_capture() {
     let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
     assert!(err <= 1e-2, "caller's graph: {err:e}");
     assert_eq!(gpu.cached_graphs(), 1);
+
+    // A call first made twice inside the caller's capture (a new key: another α) falls due
+    // there; nothing is captured then, and the next call outside the capture captures it.
+    // SAFETY: as `call`.
+    let call2 = || unsafe { gpu.gemm_raw_fused(&p, 0.5, ra, rw, 0.0, rc, extras, s.cu_stream()) };
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let captured = (0..2).try_for_each(|_| call2());
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    captured.unwrap();
+    let graph = graph.unwrap().expect("a graph");
+    assert_eq!(gpu.cached_graphs(), 1, "nothing captured into the caller's capture");
+    s.memcpy_htod(&poison::<bf16>(64 * 96), &mut dc).unwrap();
+    graph.launch().unwrap();
+    let err = error_vs_reference(&p, 0.5, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
+    assert!(err <= 1e-2, "caller's second graph: {err:e}");
+    s.memcpy_htod(&poison::<bf16>(64 * 96), &mut dc).unwrap();
+    call2().unwrap();
+    assert_eq!(gpu.cached_graphs(), 2, "the postponed capture happens on the next eager call");
+    let err = error_vs_reference(&p, 0.5, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
+    assert!(err <= 1e-2, "first replayed call after the caller's capture: {err:e}");
 }
 
 /// Tuning keeps a result that is right, and the plan built from it stays right.

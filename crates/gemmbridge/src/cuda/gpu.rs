@@ -811,8 +811,18 @@ impl Gpu {
             }
         };
         if let Some(rk) = replay_key {
-            // (the graph lookup above decided whether one exists: one hash of the key less)
-            let due = !graph_unused && !is_capturing(stream).unwrap_or(true) && st.replay.count(&rk);
+            // (the graph lookup above decided whether one exists: one hash of the key less).
+            // The driver is asked about a capture only when one is due, not on every call that
+            // does not repeat: a call in the caller's capture counts, and a capture due then is
+            // postponed to the next call.
+            let due = !graph_unused
+                && st.replay.count(&rk)
+                && if is_capturing(stream).unwrap_or(true) {
+                    st.replay.postpone(&rk);
+                    false
+                } else {
+                    true
+                };
             if due {
                 if st.capture_stream.is_none() {
                     // a failure here only means no replay for now

@@ -192,6 +192,16 @@ impl ReplayCache {
         }
     }
 
+    /// Puts `key` back one call short of due: its capture fell due while the caller's stream
+    /// was being captured (nothing is captured or replayed then), so the next call outside a
+    /// capture captures it.
+    pub fn postpone(&mut self, key: &ReplayKey) {
+        let short = self.options.after_calls.max(1) - 1;
+        if short > 0 {
+            self.seen.insert(*key, short);
+        }
+    }
+
     /// Records a failed capture of `key` (it is counted again from zero).
     pub fn failed(&mut self, key: &ReplayKey) {
         if self.failures.len() >= self.counter_bound() {
@@ -285,6 +295,22 @@ mod tests {
         let k = key(3 << 20);
         assert!(!cache.count(&k));
         assert!(!cache.count(&k), "full: no capture");
+    }
+
+    #[test]
+    fn a_capture_due_during_the_callers_capture_is_postponed_to_the_next_call() {
+        for after_calls in [1, 2, 5] {
+            let mut cache =
+                ReplayCache { options: GraphReplay::default().with_after_calls(after_calls), ..Default::default() };
+            let k = key(0x3000);
+            for _ in 1..after_calls {
+                assert!(!cache.count(&k));
+            }
+            assert!(cache.count(&k), "due on call {after_calls}");
+            cache.postpone(&k);
+            assert!(cache.count(&k), "due again on the next call (after_calls {after_calls})");
+            assert!(!cache.count(&k) || after_calls == 1, "counted from zero after a capture");
+        }
     }
 
     #[test]
