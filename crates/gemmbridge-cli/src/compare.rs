@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long)]
     peer: String,
     /// A row whose median ratio is below this is listed (the bound: 0.97).
-    #[arg(long, default_value_t = 0.97)]
+    #[arg(long, default_value_t = 0.97, allow_negative_numbers = true)]
     bound: f64,
 }
 
@@ -82,11 +82,12 @@ fn ratios(pairs: &[(Vec<Row>, Vec<Row>)]) -> (BTreeMap<Key, Vec<f64>>, usize) {
 pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
     let (rows, left_out) = ratios(pairs);
     let mut s = String::new();
-    let _ = writeln!(s, "peer time / our time per row (> 1: gemmbridge faster), {} pairs", pairs.len());
+    let plural = if pairs.len() == 1 { "" } else { "s" };
+    let _ = writeln!(s, "peer time / our time per row (> 1: gemmbridge faster), {} pair{plural}", pairs.len());
     let _ = writeln!(
         s,
         "{:<16} {:<5} {:>6} {:>6} {:>6} {:>8} {:>7}  per pair",
-        "op", "dtype", "m", "n", "k", "median", "min"
+        "op", "dtype", "m", "n", "k", "median", "lowest"
     );
     for ((dtype, op, m, n, k, _), v) in &rows {
         let each: Vec<String> = v.iter().map(|r| format!("{r:.3}")).collect();
@@ -130,36 +131,54 @@ pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let split = |s: &str| s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(String::from).collect::<Vec<_>>();
-    let (ours, peer) = (split(&args.ours), split(&args.peer));
-    if ours.is_empty() || ours.len() != peer.len() {
-        bail!(
-            "--ours names {} files and --peer {}: give the same number (at least one), paired in order",
-            ours.len(),
-            peer.len()
-        );
+    let split = |flag: &str, s: &str| -> anyhow::Result<Vec<String>> {
+        let files: Vec<String> = s.split(',').map(|x| x.trim().to_string()).collect();
+        if files.iter().any(String::is_empty) {
+            bail!("{flag} {s:?} has an empty entry: give comma-separated file names");
+        }
+        Ok(files)
+    };
+    let (ours, peer) = (split("--ours", &args.ours)?, split("--peer", &args.peer)?);
+    if ours.len() != peer.len() {
+        bail!("--ours names {} files and --peer {}: give the same number, paired in order", ours.len(), peer.len());
+    }
+    let mut named = std::collections::BTreeSet::new();
+    for f in ours.iter().chain(&peer) {
+        if !named.insert(f) {
+            bail!("{f} is named twice: every run is its own file, on one side only");
+        }
     }
     if !(args.bound.is_finite() && args.bound > 0.0) {
         bail!("--bound {} is not a positive number", args.bound);
     }
-    let mut devices = BTreeMap::new();
+    // device name -> the files that name it
+    let mut devices: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut pairs = Vec::new();
     for (o, p) in ours.iter().zip(&peer) {
         let (od, orows) = read_rows(o).with_context(|| format!("reading {o}"))?;
         let (pd, prows) = read_rows(p).with_context(|| format!("reading {p}"))?;
-        for (file, device) in [(o, od), (p, pd)] {
-            devices.insert(device.unwrap_or_else(|| "?".into()), file.clone());
+        for (file, names) in [(o, od), (p, pd)] {
+            if names.is_empty() {
+                eprintln!("warning: {file} has no \"env\" row: which device it ran on is unknown");
+            }
+            for d in names {
+                devices.entry(d).or_default().push(file.clone());
+            }
         }
-        if orows.is_empty() || prows.is_empty() {
-            bail!("{} has no timed rows", if orows.is_empty() { o } else { p });
+        for (file, rows) in [(o, &orows), (p, &prows)] {
+            if rows.is_empty() {
+                bail!("{file} has no timed rows");
+            }
         }
         pairs.push((orows, prows));
     }
     if devices.len() > 1 {
-        eprintln!(
-            "warning: the files name different devices ({:?}): the ratios compare different machines",
-            devices.keys().collect::<Vec<_>>()
-        );
+        let list: Vec<String> = devices.iter().map(|(d, files)| format!("{d:?} in {}", files.join(", "))).collect();
+        bail!("the files name different devices ({}): the ratios would compare different machines", list.join("; "));
+    }
+    let (rows, _) = ratios(&pairs);
+    if rows.is_empty() {
+        bail!("no row (op, dtype, m, n, k, batch) is present in every file: nothing to compare");
     }
     print!("{}", summary(&pairs, args.bound));
     Ok(0)

@@ -36,9 +36,10 @@ pub struct Args {
     reps: usize,
     /// GPU time of back-to-back calls before each row's samples, ms. Default 0: only the 5
     /// warm-up calls, as torch_peer.py, so both sides time a short burst. Heat times the row
-    /// at the sustained, power-limited clock instead, which is up to 26 % slower on fused
-    /// rows (docs/PERFORMANCE.md §2.3): do not compare such rows with the peer's.
-    #[arg(long, default_value_t = 0.0)]
+    /// at the sustained, power-limited clock instead (f16 linear_bias_gelu 4096×4096×14336
+    /// took 1.37× as long, docs/PERFORMANCE.md §2.3): do not compare such rows with the
+    /// peer's.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     heat_ms: f64,
     /// Write JSON lines here ("-": stdout, and the table goes to stderr).
     #[arg(long)]
@@ -184,8 +185,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             bail!("unknown op {o:?}; choose from {}, launch", OPS.join(", "));
         }
     }
-    if args.reps == 0 {
-        bail!("--reps must be at least 1");
+    if !(1..=100_000).contains(&args.reps) {
+        bail!("--reps {} is not between 1 and 100000", args.reps);
     }
     if !(args.heat_ms.is_finite() && (0.0..=60_000.0).contains(&args.heat_ms)) {
         bail!("--heat-ms {} is not between 0 and 60000 (milliseconds)", args.heat_ms);
@@ -215,8 +216,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
             eprintln!("no CUDA GPU: running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
             eprintln!("  (f32 accumulation; tf32 runs as f32; fused ops and launch rows need a GPU)");
-            if args.backend != "auto" || args.db.is_some() {
-                eprintln!("  (--backend and --db apply to the GPU only and are ignored here)");
+            if args.backend != "auto" || args.db.is_some() || args.heat_ms > 0.0 {
+                eprintln!("  (--backend, --db and --heat-ms apply to the GPU only and are ignored here)");
+            }
+            if args.reps > 10 {
+                eprintln!("  (--reps {} is capped at 10 on the CPU backend)", args.reps);
             }
             eprintln!("  reason: {e}");
             shapes = suites::CPU.to_vec();
@@ -234,7 +238,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             serde_json::json!({"op": "env", "backend": format!("gemmbridge-{}", args.backend), "device": i.name,
                 "cublas": format!("{}.{}.{}", i.cublas_version.0, i.cublas_version.1, i.cublas_version.2),
                 "cublaslt": i.cublaslt_version,
-                "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version)})
+                "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
+                "reps": args.reps, "heat_ms": args.heat_ms})
         }
         None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu"}),
     };

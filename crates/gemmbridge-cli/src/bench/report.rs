@@ -14,38 +14,63 @@ fn key(r: &Row) -> Key {
 }
 
 /// Reads torch_peer.py's JSON lines, keeping the timed rows (skips "env", "launch", rows
-/// with an "error", and anything else without a median), and warns when its "env" row names
+/// with an "error", and anything else without a median), and warns when an "env" row names
 /// another device than `our_device`.
+///
+/// # Errors
+/// As [`read_rows`].
 pub fn read_peer(path: &str, our_device: &str) -> anyhow::Result<Vec<Row>> {
     let (theirs, rows) = read_rows(path)?;
-    if let Some(theirs) = theirs.filter(|t| t != our_device) {
-        eprintln!(
-            "warning: the peer ran on {theirs:?}, this run on {our_device:?}: the ratios compare different machines"
-        );
+    for t in theirs.iter().filter(|t| *t != our_device) {
+        eprintln!("warning: the peer ran on {t:?}, this run on {our_device:?}: the ratios compare different machines");
     }
     Ok(rows)
 }
 
-/// The device its "env" row names (if any) and the timed rows of a JSON-lines file in
-/// torch_peer.py's schema (ours or the peer's), as [`read_peer`].
-pub fn read_rows(path: &str) -> anyhow::Result<(Option<String>, Vec<Row>)> {
+/// The devices its "env" rows name (a file of several runs concatenated has several; listed
+/// once each) and the timed rows of a JSON-lines file in torch_peer.py's schema (ours or the
+/// peer's), as [`read_peer`].
+///
+/// # Errors
+/// The file cannot be read; a line is not JSON or not a row; a median that is not a positive
+/// finite number of ms; the same row (op, dtype, m, n, k, batch) twice. Each names the line.
+pub fn read_rows(path: &str) -> anyhow::Result<(Vec<String>, Vec<Row>)> {
     let text = std::fs::read_to_string(path)?;
-    let (mut device, mut rows) = (None, Vec::new());
+    let (mut devices, mut rows) = (Vec::<String>::new(), Vec::new());
+    let mut seen: HashMap<Key, usize> = HashMap::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
         if v.get("op").and_then(|o| o.as_str()) == Some("env") {
-            device = Some(v.get("device").and_then(|d| d.as_str()).unwrap_or("?").to_string());
+            let d = v.get("device").and_then(|d| d.as_str()).unwrap_or("?").to_string();
+            if !devices.contains(&d) {
+                devices.push(d);
+            }
         }
         if v.get("median_ms").is_none() || v.get("error").is_some() || v.get("scaling").is_some() {
             continue;
         }
         let r: Row = serde_json::from_value(v).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
+        if !(r.median_ms.is_finite() && r.median_ms > 0.0) {
+            anyhow::bail!("line {}: median_ms {} is not a positive time", i + 1, r.median_ms);
+        }
+        if let Some(first) = seen.insert(key(&r), i + 1) {
+            anyhow::bail!(
+                "line {}: the row {} {} {}×{}×{} (batch {}) already appeared on line {first}",
+                i + 1,
+                r.op,
+                r.dtype,
+                r.m,
+                r.n,
+                r.k,
+                r.batch
+            );
+        }
         rows.push(r);
     }
-    Ok((device, rows))
+    Ok((devices, rows))
 }
 
 /// Reads torch_peer.py's "launch" rows.
@@ -205,6 +230,27 @@ mod tests {
         // all rows: (2·0.5·4)^(1/3) = 4^(1/3) = 1.587; square+llm: (2·0.5)^(1/2) = 1
         assert!(t.contains("1.587"), "{t}");
         assert!(t.contains("1.000"), "{t}");
+    }
+
+    #[test]
+    fn a_non_positive_median_or_a_repeated_row_is_an_error_naming_the_line() {
+        let path = std::env::temp_dir().join(format!("gemmbridge-rows-{}", std::process::id()));
+        let row = |ms: &str| {
+            format!("{{\"op\": \"matmul\", \"dtype\": \"f16\", \"m\": 64, \"n\": 64, \"k\": 64, \"batch\": 1, \"median_ms\": {ms}, \"min_ms\": 0.01, \"tflops\": 0.05}}\n")
+        };
+        for (text, want) in [
+            (row("0"), "line 1: median_ms 0 is not a positive time"),
+            (row("-0.5"), "line 1: median_ms -0.5 is not a positive time"),
+            (
+                row("0.01") + "\n" + &row("0.02"),
+                "line 3: the row matmul f16 64×64×64 (batch 1) already appeared on line 1",
+            ),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = read_rows(path.to_str().unwrap()).unwrap_err().to_string();
+            assert_eq!(err, want);
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

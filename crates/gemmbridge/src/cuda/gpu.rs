@@ -83,8 +83,10 @@ pub enum Served {
     Lt,
 }
 
-/// What tuning found for a problem (see [`Gpu::autotune_raw`]).
+/// What tuning found for a problem (see [`Gpu::autotune_raw`]). `#[non_exhaustive]`: fields
+/// may be added.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct TuneReport {
     /// Time per call of the heuristic's first choice, ms: the smaller of its two medians (it
     /// is sampled twice per round).
@@ -106,7 +108,8 @@ pub struct TuneReport {
     pub timed_in_graph: bool,
     /// Whether graph timing was called for but capturing failed twice (see
     /// [`Gpu::autotune_raw`], step 3): nothing was timed, the heuristic's first choice is kept,
-    /// and `heuristic_ms` is its eager time per call (launch-bound). Such a result is not
+    /// and `heuristic_ms` is its eager time per call (launch-bound), `best_ms` the same, and
+    /// `threshold` is `TuneOptions::min_gain` (no noise was measured). Such a result is not
     /// worth storing in a tactic database.
     pub graph_failed: bool,
     /// Candidates whose output did not match the first choice's (never kept).

@@ -75,16 +75,19 @@ impl GraphReplay {
     }
 
     /// These settings with [`GraphReplay::max_macs`] (multiply-adds) set.
+    #[must_use = "returns new settings; pass them to Gpu::set_graph_replay"]
     pub fn with_max_macs(self, max_macs: u64) -> Self {
         GraphReplay { max_macs, ..self }
     }
 
     /// These settings with [`GraphReplay::after_calls`] set (0 counts as 1).
+    #[must_use = "returns new settings; pass them to Gpu::set_graph_replay"]
     pub fn with_after_calls(self, after_calls: u32) -> Self {
         GraphReplay { after_calls, ..self }
     }
 
     /// These settings with [`GraphReplay::capacity`] (graphs) set.
+    #[must_use = "returns new settings; pass them to Gpu::set_graph_replay"]
     pub fn with_capacity(self, capacity: usize) -> Self {
         GraphReplay { capacity, ..self }
     }
