@@ -10,9 +10,10 @@
 //! repeated call is replayed from a cached graph (`GraphReplay`); `host_fresh_us` is the safe
 //! path with those settings on calls that never repeat (α differs in every call, so no call is
 //! ever replayed): every call goes through `cublasLtMatmul` and also pays replay's
-//! bookkeeping, which is what a program whose operands change each call gets. Host times are medians over
-//! 40 batches of 256 calls (below the launch-queue depth, so the GPU does not throttle the host); `wall_us` includes waiting for the GPU; `graph_us` is
-//! GPU time per GEMM when 256 calls captured into one graph are replayed (median of 20).
+//! bookkeeping, which is what a program whose operands change each call gets. Host times are
+//! medians over 40 batches of 256 calls (below the launch-queue depth, so the GPU does not
+//! throttle the host); `wall_us` includes waiting for the GPU; `graph_us` is GPU time per GEMM
+//! when 256 calls captured into one graph are replayed (median of 20).
 
 use std::time::Instant;
 

@@ -56,28 +56,24 @@ where
         f()?;
     }
     s.synchronize()?;
-    start.record(s)?;
-    f()?;
-    end.record(s)?;
-    let once = start.elapsed_ms(&end)? as f64;
+    // GPU ms of `n` back-to-back calls
+    let mut burst = |n: usize| -> anyhow::Result<f64> {
+        start.record(s)?;
+        for _ in 0..n {
+            f()?;
+        }
+        end.record(s)?;
+        Ok(start.elapsed_ms(&end)? as f64)
+    };
+    let once = burst(1)?;
     let inner = inner_count(once);
     let mut heated = once;
     while heated < heat_ms {
-        start.record(s)?;
-        for _ in 0..inner {
-            f()?;
-        }
-        end.record(s)?;
-        heated += start.elapsed_ms(&end)? as f64;
+        heated += burst(inner)?;
     }
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
-        start.record(s)?;
-        for _ in 0..inner {
-            f()?;
-        }
-        end.record(s)?;
-        times.push(start.elapsed_ms(&end)? as f64 / inner as f64);
+        times.push(burst(inner)? / inner as f64);
     }
     Ok(summarise(times))
 }
