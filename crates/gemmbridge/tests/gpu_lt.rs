@@ -243,6 +243,37 @@ fn raw<T>(s: &CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> RawBuffer {
     RawBuffer { address: s.device_ptr(stream).0, len_bytes: s.len() * std::mem::size_of::<T>() }
 }
 
+/// The bf16 GELU_BIAS linear 64×96×80 of the capture tests: host operands, their device
+/// copies, C poisoned, and the raw buffers of a call on `s` (raw API: cudarc's event tracking
+/// on the safe API's buffers does not work inside a capture).
+struct GeluBiasCall {
+    p: GemmProblem,
+    a: Vec<bf16>,
+    w: Vec<bf16>,
+    bias: Vec<bf16>,
+    /// A, W and the bias on the device, alive as long as the raw buffers are used.
+    _device: [CudaSlice<bf16>; 3],
+    dc: CudaSlice<bf16>,
+    ra: RawBuffer,
+    rw: RawBuffer,
+    rc: RawBuffer,
+    extras: RawExtras,
+}
+
+fn gelu_bias_call(s: &std::sync::Arc<cudarc::driver::CudaStream>) -> GeluBiasCall {
+    let mut rng = rng();
+    let p = GemmProblem::linear(64, 96, 80, Precision::BF16).unwrap().with_epilogue(Epilogue::GeluBias).unwrap();
+    let a: Vec<bf16> = normal(&mut rng, 64 * 80);
+    let w: Vec<bf16> = normal(&mut rng, 96 * 80);
+    let bias: Vec<bf16> = normal(&mut rng, 96);
+    let (da, dw, dbias) = (s.clone_htod(&a).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
+    let mut dc = s.clone_htod(&poison::<bf16>(64 * 96)).unwrap();
+    let (ra, rw, rb) = (raw(&da, s), raw(&dw, s), raw(&dbias, s));
+    let rc = RawBuffer { address: dc.device_ptr_mut(s).0, len_bytes: 64 * 96 * 2 };
+    let extras = RawExtras { bias: Some(rb), aux: None };
+    GeluBiasCall { p, a, w, bias, _device: [da, dw, dbias], dc, ra, rw, rc, extras }
+}
+
 /// A call whose plan is not cached fails capture with a named error; once cached (here by
 /// prewarm), 64 calls captured into one graph replay with the right result.
 #[test]
@@ -250,17 +281,9 @@ fn raw<T>(s: &CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> RawBuffer {
 fn graph_capture_after_prewarm() {
     let _lock = exclusive();
     let gpu = gpu();
-    let mut rng = rng();
     let s = gpu.stream().clone();
-    let p = GemmProblem::linear(64, 96, 80, Precision::BF16).unwrap().with_epilogue(Epilogue::GeluBias).unwrap();
-    let a: Vec<bf16> = normal(&mut rng, 64 * 80);
-    let w: Vec<bf16> = normal(&mut rng, 96 * 80);
-    let bias: Vec<bf16> = normal(&mut rng, 96);
-    let (da, dw, dbias) = (s.clone_htod(&a).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
-    let mut dc = s.clone_htod(&poison::<bf16>(64 * 96)).unwrap();
-    let (ra, rw, rb) = (raw(&da, &s), raw(&dw, &s), raw(&dbias, &s));
-    let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: 64 * 96 * 2 };
-    let extras = RawExtras { bias: Some(rb), aux: None };
+    // `_device` is bound (not `..`): the device buffers live to the end of the test
+    let GeluBiasCall { p, a, w, bias, dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s);
     // thread-local: other tests run on other threads of this process meanwhile, and global
     // mode would forbid their allocations
     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
@@ -332,17 +355,9 @@ fn graph_replay_matches_direct_calls() {
 fn graph_replay_steps_aside_during_capture() {
     let _lock = exclusive();
     let gpu = gpu();
-    let mut rng = rng();
     let s = gpu.stream().clone();
-    let p = GemmProblem::linear(64, 96, 80, Precision::BF16).unwrap().with_epilogue(Epilogue::GeluBias).unwrap();
-    let a: Vec<bf16> = normal(&mut rng, 64 * 80);
-    let w: Vec<bf16> = normal(&mut rng, 96 * 80);
-    let bias: Vec<bf16> = normal(&mut rng, 96);
-    let (da, dw, dbias) = (s.clone_htod(&a).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
-    let mut dc = s.alloc_zeros::<bf16>(64 * 96).unwrap();
-    let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: 64 * 96 * 2 };
-    let (ra, rw) = (raw(&da, &s), raw(&dw, &s));
-    let extras = RawExtras { bias: Some(raw(&dbias, &s)), aux: None };
+    // `_device` is bound (not `..`): the device buffers live to the end of the test
+    let GeluBiasCall { p, a, w, bias, mut dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s);
     // SAFETY: buffers of this context, alive for the whole test, used on `s` only.
     let call = || unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) };
     call().unwrap();
