@@ -126,7 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 }
                 db.entries.insert(sig, tactic);
                 // saved after every problem, so an interrupted run keeps what it tuned
-                db.save(Path::new(&args.db)).with_context(|| format!("writing {}", args.db))?;
+                db.save(db_path).with_context(|| format!("writing {}", args.db))?;
             }
         }
     }
