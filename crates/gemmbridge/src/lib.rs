@@ -29,15 +29,17 @@ pub mod epilogue;
 mod error;
 mod layout;
 pub mod mapping;
+mod precision;
 mod problem;
 pub mod reference;
 pub mod suites;
 pub mod validate;
 
-pub use dtype::{Compute, DType, Element, Precision};
+pub use dtype::{Compute, DType, Element};
 pub use epilogue::Epilogue;
 pub use error::{Error, Result, Which};
 pub use layout::{MatrixLayout, Op, Operand};
+pub use precision::Precision;
 pub use problem::{GemmProblem, AUX_LD_MULTIPLE, MAX_DIM};
 
 /// Re-exported so callers use the same element types: [`half::f16`], [`half::bf16`].

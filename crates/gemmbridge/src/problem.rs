@@ -4,10 +4,10 @@
 //! `batch` such products. A [`GemmProblem`] is validated when it is built, so everything that
 //! can be checked without the buffers has been checked before any backend sees it.
 
-use crate::dtype::Precision;
 use crate::epilogue::{AuxUse, Epilogue, VectorUse};
 use crate::error::{Error, Result, Which};
 use crate::layout::{MatrixLayout, Op, Operand};
+use crate::precision::Precision;
 
 /// The largest dimension, leading dimension or batch count cuBLAS accepts (its `int`).
 pub const MAX_DIM: usize = i32::MAX as usize;

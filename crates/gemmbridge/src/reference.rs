@@ -202,7 +202,7 @@ pub fn max_abs_diff(got: &[f64], want: &[f64]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::Precision;
+    use crate::precision::Precision;
 
     #[test]
     fn rowmajor_reference_small_known_product() {

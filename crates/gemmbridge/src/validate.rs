@@ -165,7 +165,7 @@ pub fn check_buffers(p: &GemmProblem, a: BufferDesc, b: BufferDesc, c: BufferDes
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::Precision;
+    use crate::precision::Precision;
 
     fn desc(address: u64, len_bytes: usize, dtype: DType) -> BufferDesc {
         BufferDesc { address, len_bytes, dtype }

@@ -2,10 +2,13 @@
 
 use std::time::Instant;
 
+use super::blas::BlasGemm;
 use super::gpu::{Gpu, RawBuffer, Served};
+use super::lt::plan::{LtOperands, PlanKey};
 use super::status;
 use crate::error::{Error, Result};
-use crate::mapping::column_major_call;
+use crate::mapping::{column_major_call, ColMajorCall};
+use crate::precision::Precision;
 use crate::problem::GemmProblem;
 
 impl Gpu {
@@ -42,62 +45,78 @@ impl Gpu {
             unsafe { cudarc::driver::result::stream::synchronize(stream) }
                 .map_err(status::driver("cuStreamSynchronize"))
         };
-        let mut st = self.lock();
+        let call = column_major_call(p);
+        let (first, second) = call.operands(a.address, b.address);
+        let mut guard = self.lock();
+        let st = &mut *guard;
         let mut times = Vec::with_capacity(batches);
+        let mut time_batches = |launch: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+            for _ in 0..batches {
+                sync()?;
+                let t = Instant::now();
+                for _ in 0..calls {
+                    launch()?;
+                }
+                times.push(t.elapsed().as_secs_f64() * 1e6 / calls as f64);
+            }
+            Ok(())
+        };
         match served {
             Served::Lt => {
-                let ws = self.workspace(&mut st, stream, &|| p.describe())?;
-                let key = Gpu::plan_key(p, (a.address, b.address, c.address), None, ws.matmul_bytes);
-                let (Some(plan), Some(lt)) = (st.plans.get(&key), st.lt.as_ref()) else {
+                let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
+                let ops = LtOperands { first, second, c: c.address, bias: None, aux: None };
+                let key = PlanKey::of(p, call, &ops, ws.matmul_bytes);
+                let lt = st.libs.lt.as_ref();
+                let (Some(plan), Some(lt)) = (lt.and_then(|lt| lt.plans.get(&key)), lt) else {
                     return Err(Error::Unsupported {
                         backend: "bare_host_us",
                         what: "a problem whose plan is not cached".into(),
                     });
                 };
-                let (first, second) = key.call.operands(a.address, b.address);
-                for _ in 0..batches {
-                    sync()?;
-                    let t = Instant::now();
-                    for _ in 0..calls {
-                        // SAFETY: the caller's contract; the plan and workspace are this stream's.
-                        unsafe {
-                            plan.launch(
-                                lt,
-                                &plan.algo,
-                                1.0,
-                                first,
-                                second,
-                                0.0,
-                                c.address,
-                                None,
-                                None,
-                                ws.ptr,
-                                ws.matmul_bytes,
-                                stream as _,
-                            )
-                        }?;
-                    }
-                    times.push(t.elapsed().as_secs_f64() * 1e6 / calls as f64);
-                }
+                // SAFETY: the caller's contract; the plan and workspace are this stream's.
+                time_batches(&mut || unsafe { plan.launch(&lt.handle, &plan.algo, 1.0, 0.0, &ops, &ws, stream as _) })?;
             }
             Served::Blas => {
-                let call = column_major_call(p);
-                let (first, second) = call.operands(a.address, b.address);
-                for _ in 0..batches {
-                    sync()?;
-                    let t = Instant::now();
-                    for _ in 0..calls {
-                        // SAFETY: the caller's contract.
-                        unsafe {
-                            self.blas_call(&mut st, &call, p.precision(), 1.0, first, second, 0.0, c.address, stream)
-                        }?;
-                    }
-                    times.push(t.elapsed().as_secs_f64() * 1e6 / calls as f64);
-                }
+                let g = BlasGemm { call, precision: p.precision(), alpha: 1.0, beta: 0.0, first, second, c: c.address };
+                let (blas, dev) = (&mut st.libs.blas, &mut st.dev);
+                // SAFETY: the caller's contract.
+                time_batches(&mut || unsafe { blas.gemm(dev, &g, stream) })?;
             }
         }
         sync()?;
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
+    }
+
+    /// Runs a column-major cuBLAS GEMM exactly as given, without any of gemmbridge's checks,
+    /// on [`Gpu::stream`]. For diagnostics (the convention table of `gemmbridge probe` calls
+    /// cuBLAS with deliberately wrong arguments); use [`Gpu::gemm`] for real work.
+    ///
+    /// `first`/`second` are the column-major call's A and B device addresses.
+    ///
+    /// # Safety
+    /// Every address must be device memory of this context large enough for everything the
+    /// call can read or write given its sizes and leading dimensions, as in a direct cuBLAS
+    /// call.
+    ///
+    /// # Errors
+    /// [`Error::Cublas`] with the status cuBLAS returned.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_colmajor_unchecked(
+        &self,
+        call: &ColMajorCall,
+        precision: Precision,
+        alpha: f32,
+        first: u64,
+        second: u64,
+        beta: f32,
+        c: u64,
+    ) -> Result<()> {
+        let mut guard = self.lock();
+        self.device().bind()?;
+        let st = &mut *guard;
+        let g = BlasGemm { call: *call, precision, alpha, beta, first, second, c };
+        // SAFETY: forwarded from the caller.
+        unsafe { st.libs.blas.gemm(&mut st.dev, &g, self.stream().cu_stream()) }
     }
 }

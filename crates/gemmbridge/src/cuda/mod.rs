@@ -7,23 +7,29 @@
 //! - [`Gpu::prewarm`], [`Gpu::autotune_raw`] and the [`tactics`] database.
 //! - [`DeviceInfo`]: what `gemmbridge info` prints.
 //! - [`library`]: checks that the shared libraries load, with named errors.
+//!
+//! Inside (docs/DESIGN.md): the entry points (`entry.rs`, `setup.rs`, `diagnostics.rs`) call
+//! the dispatch (`dispatch.rs`), which calls one room per library (`blas.rs`, `lt/`), which
+//! borrow from the device layer (`device/`), which sits on cudarc's bindings.
 
+mod blas;
+mod device;
 mod diagnostics;
+mod dispatch;
+mod entry;
 mod gpu;
 mod info;
 pub mod library;
 mod lt;
-mod replay;
+mod setup;
 mod status;
 pub mod tactics;
-mod tune;
-mod workspace;
 
-pub use gpu::{Backend, Extras, Gpu, RawBuffer, RawExtras, Served, TuneReport};
+pub use gpu::{Backend, Extras, Gpu, RawBuffer, RawExtras, Served};
 pub use info::{cuda_version_string, DeviceInfo};
-pub use lt::Algorithm;
-pub use replay::GraphReplay;
-pub use tune::TuneOptions;
+pub use lt::plan::Algorithm;
+pub use lt::replay::GraphReplay;
+pub use lt::tune::{TuneOptions, TuneReport};
 
 /// The raw CUDA stream type [`Gpu::gemm_raw`] takes (`CUstream`, a pointer).
 pub use cudarc::driver::sys::CUstream;

@@ -31,6 +31,17 @@ pub(crate) fn cublas(
     }
 }
 
+/// A cuBLAS error with the row-major problem appended to its description.
+pub(crate) fn with_problem(e: Error, p: &crate::problem::GemmProblem) -> Error {
+    match e {
+        Error::Cublas { operation, status, problem } => {
+            let sep = if problem.is_empty() { "" } else { "; " };
+            Error::Cublas { operation, status, problem: format!("{problem}{sep}row-major {}", p.describe()) }
+        }
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

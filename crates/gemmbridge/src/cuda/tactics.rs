@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::lt::PlanKey;
+use super::lt::plan::PlanKey;
 
 /// The file format version this code reads and writes.
 pub const FORMAT: u32 = 1;

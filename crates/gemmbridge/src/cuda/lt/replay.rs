@@ -24,11 +24,11 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use cudarc::driver::sys::{self as drv, CUgraphExec, CUstream, CUstreamCaptureMode};
+use cudarc::driver::sys::CUstream;
 
-use super::lt::PlanKey;
-use super::status;
-use crate::error::Result;
+use super::plan::{LtOperands, PlanKey};
+use crate::cuda::device::{capture, is_capturing, CaptureStream, GraphExec, Workspace};
+use crate::error::{Error, Result};
 
 /// When repeated eager calls are replayed from cached CUDA graphs ([`Gpu::set_graph_replay`]).
 ///
@@ -43,7 +43,7 @@ use crate::error::Result;
 /// (or by setting fields of such a value): it is `#[non_exhaustive]`, so settings can be added
 /// without breaking callers.
 ///
-/// [`Gpu::set_graph_replay`]: super::Gpu::set_graph_replay
+/// [`Gpu::set_graph_replay`]: crate::cuda::Gpu::set_graph_replay
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GraphReplay {
@@ -57,8 +57,8 @@ pub struct GraphReplay {
     pub after_calls: u32,
     /// Most graphs kept per `Gpu`. Default 1024; 0 keeps none (replay then never happens).
     /// When full, further keys run directly (nothing is evicted); the cache empties with
-    /// [`Gpu::clear_plans`](super::Gpu::clear_plans), [`Gpu::set_graph_replay`](super::Gpu::set_graph_replay),
-    /// [`Gpu::load_tactics`](super::Gpu::load_tactics) and tuning (a graph bakes in its algorithm).
+    /// [`Gpu::clear_plans`](crate::cuda::Gpu::clear_plans), [`Gpu::set_graph_replay`](crate::cuda::Gpu::set_graph_replay),
+    /// [`Gpu::load_tactics`](crate::cuda::Gpu::load_tactics) and tuning (a graph bakes in its algorithm).
     pub capacity: usize,
 }
 
@@ -107,57 +107,30 @@ pub(crate) struct ReplayKey {
     pub workspace: u64,
 }
 
-/// An instantiated graph, destroyed on drop (an in-flight launch still completes: the driver
-/// frees it afterwards, cuGraphExecDestroy's documentation).
-pub(crate) struct GraphExec(CUgraphExec);
-
-impl Drop for GraphExec {
-    fn drop(&mut self) {
-        // SAFETY: instantiated in `capture`, destroyed once.
-        let _ = unsafe { drv::cuGraphExecDestroy(self.0) };
+impl ReplayKey {
+    /// The key of a launch of `plan` on `ops` with α, β, the workspace `ws` and `stream`.
+    pub fn new(plan: PlanKey, ops: &LtOperands, (alpha, beta): (f32, f32), ws: &Workspace, stream: CUstream) -> Self {
+        ReplayKey {
+            plan,
+            stream: stream as usize,
+            operands: [ops.first, ops.second, ops.c, ops.bias.unwrap_or(0), ops.aux.unwrap_or(0)],
+            scalars: [alpha.to_bits(), beta.to_bits()],
+            workspace: ws.ptr,
+        }
     }
 }
 
-impl GraphExec {
-    /// Launches the graph on `stream`.
-    ///
-    /// # Safety
-    /// `stream` is the stream of the key this graph was cached under (a live stream of the
-    /// graph's context), not being captured, and the operands in that key are valid.
-    pub unsafe fn launch(&self, stream: CUstream) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe { drv::cuGraphLaunch(self.0, stream) }.result().map_err(status::driver("cuGraphLaunch"))
-    }
+/// What [`ReplayCache::launch_cached`] did.
+pub(crate) enum Cached {
+    /// The cached graph was launched: the call is done.
+    Launched,
+    /// Nothing was launched. `graph_unused`: a graph exists but was not used because the
+    /// stream is being captured (the direct call is captured instead, and nothing is counted).
+    NotLaunched { graph_unused: bool },
 }
 
 /// Failed captures of one key after which it always runs directly.
 pub(crate) const MAX_CAPTURE_FAILURES: u8 = 3;
-
-/// The private stream replay captures on: created raw (`cuStreamCreate`, non-blocking), not
-/// through cudarc, whose `new_stream` may synchronise the context and switches on its
-/// multi-stream event tracking for every buffer. Destroyed on drop (the Gpu synchronises first).
-pub(crate) struct CaptureStream(CUstream);
-
-impl CaptureStream {
-    /// The raw handle (for capturing on it).
-    pub fn raw(&self) -> CUstream {
-        self.0
-    }
-
-    /// Creates it in the current context.
-    pub fn new() -> Result<CaptureStream> {
-        cudarc::driver::result::stream::create(cudarc::driver::result::stream::StreamKind::NonBlocking)
-            .map(CaptureStream)
-            .map_err(status::driver("cuStreamCreate"))
-    }
-}
-
-impl Drop for CaptureStream {
-    fn drop(&mut self) {
-        // SAFETY: created in new, destroyed once; nothing is enqueued on it outside a capture.
-        let _ = unsafe { cudarc::driver::result::stream::destroy(self.0) };
-    }
-}
 
 /// The cache: graphs by key, and how often keys without a graph were seen.
 #[derive(Default)]
@@ -218,44 +191,90 @@ impl ReplayCache {
         self.options.capacity.max(1).saturating_mul(4)
     }
 
+    /// Launches the graph cached for `key`, if there is one and `stream` is not being
+    /// captured (never into a capture). A graph whose launch fails is dropped and counted as
+    /// a failed capture; the call then runs directly.
+    ///
+    /// # Safety
+    /// `stream` is the key's stream and every address in the key is valid for the call (the
+    /// caller validated them).
+    pub unsafe fn launch_cached(&mut self, key: &ReplayKey, stream: CUstream, describe: &dyn Fn() -> String) -> Cached {
+        let Some(graph) = self.graphs.get(key) else { return Cached::NotLaunched { graph_unused: false } };
+        if is_capturing(stream).unwrap_or(true) {
+            return Cached::NotLaunched { graph_unused: true };
+        }
+        // SAFETY: the caller's contract.
+        match unsafe { graph.launch(stream) } {
+            Ok(()) => Cached::Launched,
+            Err(e) => {
+                // run this call directly, and capture the key again later
+                tracing::warn!(problem = %describe(), error = %e, "replay graph launch failed; running directly");
+                self.graphs.remove(key);
+                self.failed(key);
+                Cached::NotLaunched { graph_unused: false }
+            }
+        }
+    }
+
+    /// Counts this direct call of `key` and says whether its capture is due now. The driver
+    /// is asked about a capture only when one is due, not on every call that does not repeat:
+    /// a call in the caller's capture counts, and a capture due then is postponed to the next
+    /// call.
+    pub fn due(&mut self, key: &ReplayKey, graph_unused: bool, stream: CUstream) -> bool {
+        if graph_unused || !self.count(key) {
+            return false;
+        }
+        if is_capturing(stream).unwrap_or(true) {
+            self.postpone(key);
+            return false;
+        }
+        true
+    }
+
+    /// Captures `launch` on the private stream `cap`, launches the graph on `stream` and
+    /// caches it under `key`. Returns whether that happened; on any failure (no capture
+    /// stream, an invalidated capture, a failed launch) nothing was enqueued on `stream`, the
+    /// failure is counted, and the caller runs the call directly.
+    ///
+    /// # Safety
+    /// As [`ReplayCache::launch_cached`]; `cap` is private to this device and used only under
+    /// its lock; `launch` enqueues this call's launch on the stream it is given.
+    pub unsafe fn capture_and_launch(
+        &mut self,
+        key: ReplayKey,
+        cap: Option<&CaptureStream>,
+        stream: CUstream,
+        launch: impl FnOnce(CUstream) -> Result<()>,
+        describe: &dyn Fn() -> String,
+    ) -> bool {
+        let captured = match cap {
+            // SAFETY: the caller's contract.
+            Some(cap) => unsafe { capture(cap.raw(), launch) },
+            None => {
+                Err(Error::Unsupported { backend: "graph replay", what: "capturing without a capture stream".into() })
+            }
+        };
+        // SAFETY (launch): as for a cached graph.
+        match captured.and_then(|graph| unsafe { graph.launch(stream) }.map(|()| graph)) {
+            Ok(graph) => {
+                self.graphs.insert(key, graph);
+                true
+            }
+            Err(e) => {
+                // e.g. invalidated by another thread's lazy kernel load (see the module docs)
+                tracing::debug!(problem = %describe(), error = %e, "graph capture failed; this call runs directly");
+                self.failed(&key);
+                false
+            }
+        }
+    }
+
     /// Drops every graph and counter (plans or tactics changed).
     pub fn clear(&mut self) {
         self.graphs.clear();
         self.seen.clear();
         self.failures.clear();
     }
-}
-
-/// Captures what `launch` enqueues on `cap` (a private stream, captured thread-locally so no
-/// other thread is affected) and instantiates it. The capture is always ended, also when the
-/// launch failed, so `cap` stays usable.
-///
-/// # Safety
-/// `cap` is a live, non-blocking stream of the current context, used by nothing else;
-/// `launch` enqueues only on the stream it is given.
-pub(crate) unsafe fn capture(cap: CUstream, launch: impl FnOnce(CUstream) -> Result<()>) -> Result<GraphExec> {
-    // SAFETY: the caller's contract.
-    unsafe { drv::cuStreamBeginCapture_v2(cap, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
-        .result()
-        .map_err(status::driver("cuStreamBeginCapture"))?;
-    let launched = launch(cap);
-    let mut graph = std::ptr::null_mut();
-    // SAFETY: ends the capture begun above; `graph` is an out-pointer to a local.
-    let ended =
-        unsafe { drv::cuStreamEndCapture(cap, &mut graph) }.result().map_err(status::driver("cuStreamEndCapture"));
-    let result = launched.and(ended).and_then(|()| {
-        let mut exec = std::ptr::null_mut();
-        // SAFETY: `graph` is the graph just captured; `exec` an out-pointer to a local.
-        unsafe { drv::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }
-            .result()
-            .map_err(status::driver("cuGraphInstantiateWithFlags"))?;
-        Ok(GraphExec(exec))
-    });
-    if !graph.is_null() {
-        // SAFETY: the captured graph, no longer needed once instantiated (or on failure).
-        let _ = unsafe { drv::cuGraphDestroy(graph) };
-    }
-    result
 }
 
 #[cfg(test)]
@@ -265,7 +284,9 @@ mod tests {
 
     fn key(c: u64) -> ReplayKey {
         let p = GemmProblem::linear(64, 64, 64, Precision::F16).unwrap();
-        let plan = super::super::gpu::Gpu::plan_key(&p, (0x1000, 0x2000, c), None, 1 << 20);
+        let call = crate::mapping::column_major_call(&p);
+        let ops = LtOperands::new(&call, (0x1000, 0x2000, c), None, None);
+        let plan = PlanKey::of(&p, call, &ops, 1 << 20);
         ReplayKey { plan, stream: 7, operands: [0x2000, 0x1000, c, 0, 0], scalars: [0, 0], workspace: 0x9000 }
     }
 

@@ -1,0 +1,102 @@
+//! CUDA graphs and stream capture: whether a stream is capturing, a private stream to capture
+//! on, capturing one launch into an instantiated graph, and launching it.
+
+use cudarc::driver::sys::{self as drv, CUgraphExec, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus};
+
+use crate::cuda::status;
+use crate::error::Result;
+
+/// Whether `stream` is being captured into a CUDA graph (cuStreamIsCapturing).
+pub(crate) fn is_capturing(stream: CUstream) -> Result<bool> {
+    let mut s = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-pointer to a local; the stream belongs to the current context.
+    unsafe { drv::cuStreamIsCapturing(stream, &mut s) }.result().map_err(status::driver("cuStreamIsCapturing"))?;
+    Ok(s != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// An instantiated graph, destroyed on drop (an in-flight launch still completes: the driver
+/// frees it afterwards, cuGraphExecDestroy's documentation).
+pub(crate) struct GraphExec(CUgraphExec);
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        // SAFETY: instantiated in `capture`, destroyed once.
+        let _ = unsafe { drv::cuGraphExecDestroy(self.0) };
+    }
+}
+
+impl GraphExec {
+    /// Launches the graph on `stream`.
+    ///
+    /// # Safety
+    /// `stream` is the stream of the key this graph was cached under (a live stream of the
+    /// graph's context), not being captured, and the operands in that key are valid.
+    pub unsafe fn launch(&self, stream: CUstream) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { drv::cuGraphLaunch(self.0, stream) }.result().map_err(status::driver("cuGraphLaunch"))
+    }
+}
+
+/// A private stream to capture on: created raw (`cuStreamCreate`, non-blocking), not
+/// through cudarc, whose `new_stream` may synchronise the context and switches on its
+/// multi-stream event tracking for every buffer. Destroyed on drop (the device synchronises
+/// first).
+pub(crate) struct CaptureStream(CUstream);
+
+// SAFETY (both): driver handles are valid on any host thread of the process while their
+// context lives; gemmbridge uses them only under the device's lock.
+unsafe impl Send for CaptureStream {}
+unsafe impl Send for GraphExec {}
+
+impl CaptureStream {
+    /// The raw handle (for capturing on it).
+    pub fn raw(&self) -> CUstream {
+        self.0
+    }
+
+    /// Creates it in the current context.
+    pub fn new() -> Result<CaptureStream> {
+        cudarc::driver::result::stream::create(cudarc::driver::result::stream::StreamKind::NonBlocking)
+            .map(CaptureStream)
+            .map_err(status::driver("cuStreamCreate"))
+    }
+}
+
+impl Drop for CaptureStream {
+    fn drop(&mut self) {
+        // SAFETY: created in new, destroyed once; nothing is enqueued on it outside a capture.
+        let _ = unsafe { cudarc::driver::result::stream::destroy(self.0) };
+    }
+}
+
+/// Captures what `launch` enqueues on `cap` (a private stream, captured thread-locally so no
+/// other thread is affected) and instantiates it. The capture is always ended, also when the
+/// launch failed, so `cap` stays usable.
+///
+/// # Safety
+/// `cap` is a live, non-blocking stream of the current context, used by nothing else;
+/// `launch` enqueues only on the stream it is given.
+pub(crate) unsafe fn capture(cap: CUstream, launch: impl FnOnce(CUstream) -> Result<()>) -> Result<GraphExec> {
+    // SAFETY: the caller's contract.
+    unsafe { drv::cuStreamBeginCapture_v2(cap, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
+        .result()
+        .map_err(status::driver("cuStreamBeginCapture"))?;
+    let launched = launch(cap);
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above; `graph` is an out-pointer to a local.
+    let ended =
+        unsafe { drv::cuStreamEndCapture(cap, &mut graph) }.result().map_err(status::driver("cuStreamEndCapture"));
+    let result = launched.and(ended).and_then(|()| {
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `graph` is the graph just captured; `exec` an out-pointer to a local.
+        unsafe { drv::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }
+            .result()
+            .map_err(status::driver("cuGraphInstantiateWithFlags"))?;
+        Ok(GraphExec(exec))
+    });
+    if !graph.is_null() {
+        // SAFETY: the captured graph, no longer needed once instantiated (or on failure).
+        let _ = unsafe { drv::cuGraphDestroy(graph) };
+    }
+    result
+}

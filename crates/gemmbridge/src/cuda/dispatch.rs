@@ -1,0 +1,183 @@
+//! Which library serves a validated call, and the fallbacks between them: α = 0 and k = 0 go
+//! to cuBLAS (BLAS semantics), `Backend::Auto` falls back to cuBLAS where cuBLASLt has no
+//! algorithm, and a bias gradient without a cuBLASLt BGRAD algorithm runs unfused (the plain
+//! GEMM, then the gradient as a cuBLAS GEMM against a ones vector).
+
+use cudarc::driver::sys::CUstream;
+
+use super::blas::BlasGemm;
+use super::device::Locked;
+use super::gpu::{Backend, Libraries, Served};
+use super::lt::plan::LtOperands;
+use super::lt::{LtCall, LtFailure};
+use super::{library, status};
+use crate::dtype::DType;
+use crate::epilogue::{Epilogue, VectorUse};
+use crate::error::{Error, Result};
+use crate::layout::{MatrixLayout, Operand};
+use crate::mapping::{column_major_call, ColMajorCall};
+use crate::problem::GemmProblem;
+
+/// A validated call by address: the row-major problem, its column-major call, the scalars,
+/// A, B and C, the epilogue's operands, and the caller's stream.
+pub(crate) struct Request<'a> {
+    pub problem: &'a GemmProblem,
+    /// `column_major_call(problem)`, computed once.
+    pub cm: ColMajorCall,
+    pub alpha: f32,
+    pub beta: f32,
+    /// Row-major A, B, C.
+    pub abc: (u64, u64, u64),
+    pub bias: Option<u64>,
+    pub aux: Option<u64>,
+    pub stream: CUstream,
+}
+
+/// Picks the library and enqueues; returns which served.
+///
+/// # Safety
+/// The request's operands were validated for its problem and stay valid until it has run on
+/// its stream, a live stream of the bound context.
+pub(crate) unsafe fn enqueue(st: &mut Locked<Libraries>, r: &Request) -> Result<Served> {
+    let p = r.problem;
+    let fused = p.epilogue() != Epilogue::None;
+    if r.alpha == 0.0 && !fused {
+        // BLAS semantics: A and B are not read; cuBLAS's k = 0 call gives C = β·C.
+        // SAFETY: forwarded.
+        unsafe { blas(st, r) }?;
+        return Ok(Served::Blas);
+    }
+    if !use_lt(&st.libs, p)? {
+        // SAFETY: forwarded.
+        unsafe { blas(st, r) }?;
+        return Ok(Served::Blas);
+    }
+    let Locked { dev, libs } = st;
+    let lt = libs.lt.as_mut().expect("use_lt implies a handle");
+    let call = LtCall {
+        problem: p,
+        cm: r.cm,
+        alpha: r.alpha,
+        beta: r.beta,
+        ops: LtOperands::new(&r.cm, r.abc, r.bias, r.aux),
+        stream: r.stream,
+    };
+    // SAFETY: forwarded.
+    match unsafe { lt.enqueue(dev, &call) } {
+        Ok(()) => Ok(Served::Lt),
+        Err(LtFailure::NoAlgorithm(_)) if libs.backend == Backend::Auto && !fused => {
+            // SAFETY: forwarded.
+            unsafe { blas(st, r) }?;
+            Ok(Served::Blas)
+        }
+        Err(LtFailure::NoAlgorithm(_)) if p.epilogue().vector() == VectorUse::WritesGrad => {
+            // SAFETY: forwarded.
+            unsafe { bias_grad_unfused(st, r) }?;
+            Ok(Served::Lt)
+        }
+        Err(LtFailure::NoAlgorithm(e) | LtFailure::Other(e)) => Err(e),
+    }
+}
+
+/// Whether cuBLASLt serves `p` under the chosen backend (α ≠ 0 or an epilogue), or a named
+/// error where nothing can.
+fn use_lt(libs: &Libraries, p: &GemmProblem) -> Result<bool> {
+    let fused = p.epilogue() != Epilogue::None;
+    Ok(match libs.backend {
+        Backend::Blas if fused => {
+            return Err(Error::Unsupported {
+                backend: "cuBLAS (Backend::Blas)",
+                what: format!("epilogue {} (use Backend::Auto or Backend::Lt)", p.epilogue()),
+            })
+        }
+        Backend::Blas => false,
+        Backend::Lt | Backend::Auto if libs.lt.is_none() => {
+            if libs.backend == Backend::Lt || fused {
+                return Err(Error::LibraryNotFound {
+                    library: "cuBLASLt (libcublasLt)",
+                    tried: library::tried("cublasLt"),
+                    hint: "install the CUDA 13 toolkit's cuBLAS (it ships libcublasLt) and add its folder to LD_LIBRARY_PATH",
+                });
+            }
+            false
+        }
+        Backend::Lt => true,
+        // cuBLASLt does not take k = 0; cuBLAS does (C = β·C).
+        Backend::Auto => p.k() > 0 || fused,
+    })
+}
+
+/// The request on cuBLAS (no epilogue). With α = 0, A and B are not read (an inf or NaN there
+/// must not reach C): C = β·C is the k = 0 product.
+///
+/// # Safety
+/// As [`enqueue`].
+unsafe fn blas(st: &mut Locked<Libraries>, r: &Request) -> Result<()> {
+    let mut call = r.cm;
+    if r.alpha == 0.0 {
+        call.k = 0;
+    }
+    let (first, second) = call.operands(r.abc.0, r.abc.1);
+    let g =
+        BlasGemm { call, precision: r.problem.precision(), alpha: r.alpha, beta: r.beta, first, second, c: r.abc.2 };
+    // SAFETY: forwarded.
+    unsafe { st.libs.blas.gemm(&mut st.dev, &g, r.stream) }.map_err(|e| status::with_problem(e, r.problem))
+}
+
+/// The bias gradient where cuBLASLt has no BGRAD algorithm (on the H200 with cuBLASLt 13.1:
+/// BiasGradA needs op(A) = T, BiasGradB needs op(B) = N; docs/PERFORMANCE.md): the plain GEMM,
+/// then the gradient — sums of op(A)'s rows, or op(B)'s columns, over k — as a cuBLAS GEMM
+/// against a vector of ones held in the stream's scratch region, written to the bias operand.
+///
+/// # Safety
+/// As [`enqueue`]; `r.bias` is the validated gradient buffer.
+unsafe fn bias_grad_unfused(st: &mut Locked<Libraries>, r: &Request) -> Result<()> {
+    let p = r.problem;
+    let ws = st.dev.workspaces.get(r.stream, &|| p.describe())?;
+    let (k, prec) = (p.k(), p.precision());
+    if k * prec.input().size_bytes() > ws.scratch_bytes {
+        return Err(Error::Unsupported {
+            backend: "cuBLASLt",
+            what: format!(
+                "the bias gradient of {} (no BGRAD algorithm, and k = {k} exceeds the ones vector the {}-byte scratch holds)",
+                p.describe(),
+                ws.scratch_bytes
+            ),
+        });
+    }
+    let plain = p.with_epilogue(Epilogue::None)?;
+    // SAFETY: forwarded; the plain problem reads and writes a subset of p's operands.
+    unsafe { enqueue(st, &Request { problem: &plain, bias: None, aux: None, ..*r }) }?;
+    // SAFETY: the scratch region is this stream's, sized above; stream-ordered memsets.
+    unsafe {
+        use cudarc::driver::sys::{cuMemsetD16Async, cuMemsetD32Async};
+        let s = match prec.input() {
+            DType::F32 => cuMemsetD32Async(ws.scratch, 1.0f32.to_bits(), k, r.stream),
+            DType::F16 => cuMemsetD16Async(ws.scratch, crate::half::f16::ONE.to_bits(), k, r.stream),
+            DType::BF16 => cuMemsetD16Async(ws.scratch, crate::half::bf16::ONE.to_bits(), k, r.stream),
+        };
+        s.result().map_err(status::driver("cuMemsetD16Async/cuMemsetD32Async"))?;
+    }
+    let (a, b) = (r.abc.0, r.abc.1);
+    let (g, ga, gb) = if p.epilogue() == Epilogue::BiasGradA {
+        // grad[m] = op(A)[m, k]·ones[k]
+        let ones = Operand::n(MatrixLayout::row_major(k, 1));
+        (GemmProblem::new(p.a(), ones, MatrixLayout::row_major(p.m(), 1), 1, prec)?, a, ws.scratch)
+    } else {
+        // grad[n] = ones[k]ᵀ·op(B)[k, n]
+        let ones = Operand::n(MatrixLayout::row_major(1, k));
+        (GemmProblem::new(ones, p.b(), MatrixLayout::row_major(1, p.n()), 1, prec)?, ws.scratch, b)
+    };
+    let grad = Request {
+        problem: &g,
+        cm: column_major_call(&g),
+        alpha: 1.0,
+        beta: 0.0,
+        abc: (ga, gb, r.bias.unwrap_or(0)),
+        bias: None,
+        aux: None,
+        stream: r.stream,
+    };
+    // SAFETY: forwarded; the gradient buffer was validated for p's vector length.
+    unsafe { blas(st, &grad) }
+}

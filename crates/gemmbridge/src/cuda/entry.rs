@@ -1,0 +1,272 @@
+//! The GEMM entry points. Every call reads top to bottom: validate (every operand, before
+//! anything is enqueued) → plan (the one row-major → column-major mapping) → backend (the
+//! library chosen, with its fallbacks, in `dispatch.rs`) → launch (in the backend's room).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+
+use super::dispatch::{self, Request};
+use super::gpu::{Extras, Gpu, RawBuffer, RawExtras};
+use crate::dtype::Element;
+use crate::epilogue::{AuxUse, Epilogue, VectorUse};
+use crate::error::{Error, Result, Which};
+use crate::mapping::column_major_call;
+use crate::problem::GemmProblem;
+use crate::validate::{check_buffers, check_epilogue, BufferDesc};
+
+impl Gpu {
+    /// `C = α·op(A)·op(B) + β·C` on cudarc device memory, enqueued on [`Gpu::stream`].
+    ///
+    /// - `a`, `b`: stored row-major A and B ([`cudarc::driver::CudaSlice`] or views), element
+    ///   type the precision's input dtype, in this `Gpu`'s context;
+    /// - `c`: stored C, element type the precision's output dtype, written in place through
+    ///   `&mut` (the real storage; never a copy). Padding between rows is not touched.
+    ///
+    /// BLAS semantics: `β = 0` never reads C (NaN in C does not leak); `k = 0` gives
+    /// `C = β·C`; m, n or batch 0 launches nothing. cudarc's own cross-stream event tracking
+    /// (if the buffers were last used on another stream) is honoured; no host synchronisation.
+    /// For a problem with an epilogue use [`Gpu::gemm_fused`].
+    ///
+    /// # Errors
+    /// Before launching, with no buffer touched: [`Error::WrongContext`],
+    /// [`Error::DTypeMismatch`], [`Error::BufferTooSmall`], [`Error::Misaligned`],
+    /// [`Error::OutputOverlapsInput`], [`Error::EpilogueOperand`]. From the launch:
+    /// [`Error::Cublas`], [`Error::NotCapturable`], [`Error::Unsupported`].
+    pub fn gemm<TI, TO, A, B, C>(&self, p: &GemmProblem, alpha: f32, a: &A, b: &B, beta: f32, c: &mut C) -> Result<()>
+    where
+        TI: Element,
+        TO: Element,
+        A: DevicePtr<TI>,
+        B: DevicePtr<TI>,
+        C: DevicePtrMut<TO>,
+    {
+        self.gemm_fused(p, alpha, a, b, beta, c, Extras::default())
+    }
+
+    /// [`Gpu::gemm`] with the epilogue's extra operands ([`crate::epilogue`]): a bias it reads,
+    /// a bias gradient or aux it writes, an aux it reads. All of the output's element type.
+    /// An aux must be 16-byte aligned; a bias that is not is staged through the stream's
+    /// 1 MiB scratch region (so at most 1 MiB of bias). With an epilogue, α = 0 still reads
+    /// A and B (cuBLASLt computes the product); without one it never does.
+    ///
+    /// # Errors
+    /// As [`Gpu::gemm`]; [`Error::EpilogueOperand`] when an operand the epilogue needs is
+    /// missing, one it does not use is given, or one it writes is passed read-only;
+    /// [`Error::Misaligned`] for an aux off 16 bytes; [`Error::Unsupported`] with
+    /// [`Backend::Blas`] or past the staging limit; [`Error::LibraryNotFound`] without
+    /// libcublasLt.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fused<TI, TO, A, B, C>(
+        &self,
+        p: &GemmProblem,
+        alpha: f32,
+        a: &A,
+        b: &B,
+        beta: f32,
+        c: &mut C,
+        extras: Extras<'_, TO>,
+    ) -> Result<()>
+    where
+        TI: Element,
+        TO: Element,
+        A: DevicePtr<TI>,
+        B: DevicePtr<TI>,
+        C: DevicePtrMut<TO>,
+    {
+        let Extras { bias, bias_grad, aux_in, aux_out } = extras;
+        // Every operand in this Gpu's context (checked without allocating: this is the
+        // per-call path, docs/PERFORMANCE.md §3.1).
+        let ctx = self.context();
+        let same = |which: Which, s: &Arc<CudaStream>| same_context(which, s, ctx);
+        same(Which::A, a.stream())?;
+        same(Which::B, b.stream())?;
+        same(Which::C, c.stream())?;
+        let extra_streams = [
+            (Which::Bias, bias.as_ref().map(|v| v.stream())),
+            (Which::Bias, bias_grad.as_ref().map(|v| v.stream())),
+            (Which::Aux, aux_in.as_ref().map(|v| v.stream())),
+            (Which::Aux, aux_out.as_ref().map(|v| v.stream())),
+        ];
+        for (which, s) in extra_streams {
+            if let Some(s) = s {
+                same(which, s)?;
+            }
+        }
+        check_roles(p.epilogue(), bias.is_some(), bias_grad.is_some(), aux_in.is_some(), aux_out.is_some())?;
+        let s = self.stream();
+        let (la, lb, lc) = (a.num_bytes(), b.num_bytes(), c.num_bytes());
+        let (pa, _ra) = a.device_ptr(s);
+        let (pb, _rb) = b.device_ptr(s);
+        let (pc, _wc) = c.device_ptr_mut(s);
+        let (pv, vec_len, _gv) = either_ptr(bias, bias_grad, s);
+        let (px, aux_len, _gx) = either_ptr(aux_in, aux_out, s);
+        let raw = |address, len_bytes| RawBuffer { address, len_bytes };
+        let descs = [
+            BufferDesc { address: pa, len_bytes: la, dtype: TI::DTYPE },
+            BufferDesc { address: pb, len_bytes: lb, dtype: TI::DTYPE },
+            BufferDesc { address: pc, len_bytes: lc, dtype: TO::DTYPE },
+        ];
+        let extras = RawExtras { bias: pv.map(|a| raw(a, vec_len)), aux: px.map(|a| raw(a, aux_len)) };
+        // SAFETY: every address comes from a live cudarc allocation of this context, borrowed
+        // for this call (cudarc's events, recorded when the guards drop after the enqueue,
+        // order later uses); validation checks lengths against the layouts.
+        unsafe { self.run(p, alpha, descs, beta, extras, s.cu_stream()) }
+    }
+
+    /// `C = α·op(A)·op(B) + β·C` on device memory given by address, enqueued on `stream`.
+    /// Zero-copy interop with other frameworks' buffers; returns once the GEMM is enqueued.
+    ///
+    /// Each buffer's element type is the one the precision names (inputs: `precision.input()`,
+    /// C: `precision.output()`); lengths are in bytes.
+    ///
+    /// # Safety
+    /// - every address is device memory (or null where the layout addresses nothing) in this
+    ///   `Gpu`'s context, valid for `len_bytes` until the GEMM has run on `stream`;
+    /// - `stream` is a live stream of this context (or null, the legacy default stream);
+    /// - nothing writes A or B, or touches C, concurrently with the GEMM except in stream order.
+    ///
+    /// # Errors
+    /// Before anything is enqueued, with no buffer touched: [`Error::NullPointer`],
+    /// [`Error::Misaligned`], [`Error::BufferTooSmall`], [`Error::OutputOverlapsInput`]. From
+    /// the launch: [`Error::Cublas`] (status by name), [`Error::NotCapturable`] (a plan or
+    /// workspace would be created while `stream` is capturing), [`Error::Driver`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_raw(
+        &self,
+        p: &GemmProblem,
+        alpha: f32,
+        a: RawBuffer,
+        b: RawBuffer,
+        beta: f32,
+        c: RawBuffer,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.gemm_raw_fused(p, alpha, a, b, beta, c, RawExtras::default(), stream) }
+    }
+
+    /// [`Gpu::gemm_raw`] with the epilogue's extra operands by address.
+    ///
+    /// # Safety
+    /// As [`Gpu::gemm_raw`], for the extra operands too.
+    ///
+    /// # Errors
+    /// As [`Gpu::gemm_fused`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_raw_fused(
+        &self,
+        p: &GemmProblem,
+        alpha: f32,
+        a: RawBuffer,
+        b: RawBuffer,
+        beta: f32,
+        c: RawBuffer,
+        extras: RawExtras,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run(p, alpha, raw_descs(p, a, b, c), beta, extras, stream) }
+    }
+
+    /// The one path of every call: validate → plan → backend → launch.
+    ///
+    /// # Safety
+    /// The caller's contract of [`Gpu::gemm_raw_fused`].
+    pub(crate) unsafe fn run(
+        &self,
+        p: &GemmProblem,
+        alpha: f32,
+        descs: [BufferDesc; 3],
+        beta: f32,
+        extras: RawExtras,
+        stream: CUstream,
+    ) -> Result<()> {
+        check_all(p, descs, extras)?;
+        if p.is_empty() {
+            return Ok(());
+        }
+        let [a, b, c] = descs.map(|d| d.address);
+        let request = Request {
+            problem: p,
+            cm: column_major_call(p),
+            alpha,
+            beta,
+            abc: (a, b, c),
+            bias: extras.bias.map(|r| r.address),
+            aux: extras.aux.map(|r| r.address),
+            stream,
+        };
+        self.device().bind()?;
+        let mut st = self.lock();
+        // SAFETY: validated above; the rest is the caller's contract.
+        let served = unsafe { dispatch::enqueue(&mut st, &request) }?;
+        tracing::debug!(problem = %p.describe(), ?served, "gemm enqueued");
+        Ok(())
+    }
+}
+
+/// [`Error::WrongContext`] unless `s` belongs to `ctx`.
+fn same_context(which: Which, s: &Arc<CudaStream>, ctx: &Arc<CudaContext>) -> Result<()> {
+    if s.context() == ctx {
+        Ok(())
+    } else {
+        Err(Error::WrongContext { operand: which, ordinal: s.context().ordinal(), expected: ctx.ordinal() })
+    }
+}
+
+/// The epilogue operands given for reading or writing as the epilogue uses them, each once.
+fn check_roles(e: Epilogue, bias: bool, bias_grad: bool, aux_in: bool, aux_out: bool) -> Result<()> {
+    let wrong = |operand, problem| Err(Error::EpilogueOperand { epilogue: e, operand, problem });
+    if bias && e.vector() == VectorUse::WritesGrad {
+        return wrong("bias", "is written by this epilogue: pass it as bias_grad (&mut), not bias (&)");
+    }
+    if aux_in && e.aux() == AuxUse::Writes {
+        return wrong("aux", "is written by this epilogue: pass it as aux_out (&mut), not aux_in (&)");
+    }
+    if bias && bias_grad {
+        return wrong("bias", "was given twice (bias and bias_grad)");
+    }
+    if aux_in && aux_out {
+        return wrong("aux", "was given twice (aux_in and aux_out)");
+    }
+    Ok(())
+}
+
+/// The address, length in bytes and cudarc guard of an operand given either for reading or for
+/// writing (never both: the caller has checked).
+fn either_ptr<'g, 'o: 'g, T>(
+    read: Option<&'g (dyn DevicePtr<T> + 'o)>,
+    write: Option<&'g mut (dyn DevicePtrMut<T> + 'o)>,
+    s: &'g CudaStream,
+) -> (Option<u64>, usize, Option<cudarc::driver::SyncOnDrop<'g>>) {
+    match (read, write) {
+        (Some(v), _) => {
+            let len = v.num_bytes();
+            let (p, g) = v.device_ptr(s);
+            (Some(p), len, Some(g))
+        }
+        (None, Some(v)) => {
+            let len = v.num_bytes();
+            let (p, g) = v.device_ptr_mut(s);
+            (Some(p), len, Some(g))
+        }
+        (None, None) => (None, 0, None),
+    }
+}
+
+/// Buffer descriptions of raw A, B, C for `p` (inputs of the input dtype, C of the output's).
+pub(crate) fn raw_descs(p: &GemmProblem, a: RawBuffer, b: RawBuffer, c: RawBuffer) -> [BufferDesc; 3] {
+    let prec = p.precision();
+    let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
+    [desc(a, prec.input()), desc(b, prec.input()), desc(c, prec.output())]
+}
+
+/// Every buffer check for a call: A, B, C, then the epilogue's operands.
+pub(crate) fn check_all(p: &GemmProblem, [a, b, c]: [BufferDesc; 3], extras: RawExtras) -> Result<()> {
+    check_buffers(p, a, b, c)?;
+    let out = p.precision().output();
+    let d = |r: RawBuffer| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype: out };
+    check_epilogue(p, [a, b, c], extras.bias.map(d), extras.aux.map(d))
+}

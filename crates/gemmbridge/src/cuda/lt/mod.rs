@@ -1,0 +1,233 @@
+//! The cuBLASLt backend: plans and plan keys ([`plan`]), the bindings' small safe wrappers
+//! ([`sys`]), the launch of a validated call with its epilogue operands and bias staging
+//! (here), graph replay of repeated small calls ([`replay`]), and tuning ([`tune`],
+//! [`search`], [`timing`]). FP8 will be a mode of this backend. It borrows the stream's
+//! workspace and the capture stream from the device layer and knows nothing of the entry
+//! points above it.
+
+pub(crate) mod plan;
+pub(crate) mod replay;
+mod search;
+pub(crate) mod sys;
+mod timing;
+pub(crate) mod tune;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use cudarc::driver::sys::CUstream;
+
+use crate::cuda::device::{DeviceState, Workspace};
+use crate::cuda::status;
+use crate::epilogue::VectorUse;
+use crate::error::{Error, Result, Which};
+use crate::mapping::ColMajorCall;
+use crate::problem::GemmProblem;
+use plan::{Algorithm, LtOperands, Plan, PlanKey};
+use replay::{Cached, ReplayCache, ReplayKey};
+use sys::LtHandle;
+
+/// Everything the cuBLASLt backend keeps (under the device's lock).
+pub(crate) struct LtState {
+    pub handle: LtHandle,
+    pub plans: HashMap<PlanKey, Plan>,
+    /// Problems cuBLASLt's heuristic had no algorithm for (Auto then uses cuBLAS).
+    pub unsupported: HashSet<PlanKey>,
+    /// Tuned algorithms by bucketed signature (see [`crate::cuda::tactics::signature`]).
+    pub tuned: HashMap<String, Algorithm>,
+    /// Cached graphs of repeated small calls (see [`replay`]).
+    pub replay: ReplayCache,
+}
+
+// SAFETY: the raw handle, descriptors and graphs are used only under the device's Mutex;
+// cuBLASLt allows a handle to be used from any host thread when calls on it do not overlap
+// (cuBLAS documentation, "Thread Safety"), and driver graph handles are valid on any thread.
+unsafe impl Send for LtState {}
+
+/// One validated call for cuBLASLt.
+pub(crate) struct LtCall<'a> {
+    pub problem: &'a GemmProblem,
+    /// The problem's column-major call (the one mapping).
+    pub cm: ColMajorCall,
+    pub alpha: f32,
+    pub beta: f32,
+    pub ops: LtOperands,
+    pub stream: CUstream,
+}
+
+/// Why cuBLASLt did not run a call.
+pub(crate) enum LtFailure {
+    /// cuBLASLt has no algorithm for the problem (Auto may use cuBLAS instead).
+    NoAlgorithm(Error),
+    /// Anything else.
+    Other(Error),
+}
+
+impl From<Error> for LtFailure {
+    fn from(e: Error) -> Self {
+        LtFailure::Other(e)
+    }
+}
+
+/// A bias cuBLASLt is not given directly: copied through the stream's scratch region.
+#[derive(Clone, Copy)]
+struct Staged {
+    /// The caller's bias (or bias-gradient) address.
+    user: u64,
+    bytes: usize,
+}
+
+impl LtState {
+    /// Creates the handle. The library is loaded (checked by the caller).
+    pub fn new() -> Result<LtState> {
+        Ok(LtState {
+            handle: LtHandle::new()?,
+            plans: HashMap::default(),
+            unsupported: HashSet::default(),
+            tuned: HashMap::default(),
+            replay: ReplayCache::default(),
+        })
+    }
+
+    /// Forgets cached plans matching `drop` and every cached graph (a graph bakes in its
+    /// plan's algorithm). The caller has bound the context (graphs are destroyed here).
+    pub fn forget_plans(&mut self, drop: impl Fn(&PlanKey) -> bool) {
+        self.plans.retain(|k, _| !drop(k));
+        self.replay.clear();
+    }
+
+    /// Enqueues `call` on its stream: a cached graph where replay has one, otherwise the
+    /// plan (built on first use) and `cublasLtMatmul`, with a misaligned bias staged.
+    ///
+    /// # Safety
+    /// The call's operands were validated for its problem and are valid until it has run on
+    /// its stream, a live stream of the current context.
+    pub unsafe fn enqueue(&mut self, dev: &mut DeviceState, call: &LtCall) -> std::result::Result<(), LtFailure> {
+        let p = call.problem;
+        let describe = || p.describe();
+        let ws = dev.workspaces.get(call.stream, &describe)?;
+        let staged = staging(call, &ws)?;
+        let ops = LtOperands { bias: if staged.is_some() { Some(ws.scratch) } else { call.ops.bias }, ..call.ops };
+        let key = PlanKey::of(p, call.cm, &ops, ws.matmul_bytes);
+        // Graph replay (see `replay`): a staged bias is excluded, its copy is not in the key.
+        let replay_key = (staged.is_none() && self.replay.qualifies(p.macs()))
+            .then(|| ReplayKey::new(key, &ops, (call.alpha, call.beta), &ws, call.stream));
+        let mut graph_unused = false;
+        if let Some(rk) = &replay_key {
+            // SAFETY: the key holds this stream and the validated addresses.
+            match unsafe { self.replay.launch_cached(rk, call.stream, &describe) } {
+                Cached::Launched => return Ok(()),
+                Cached::NotLaunched { graph_unused: unused } => graph_unused = unused,
+            }
+        }
+        self.ensure_plan(&key, p, call.stream)?;
+        let LtState { handle, plans, replay, .. } = self;
+        let plan = &plans[&key];
+        // The one launch of this call: validated operands, this stream's workspace (which no
+        // other stream uses); `s` is the caller's stream, or the private capture stream.
+        // SAFETY: as above; the caller of enqueue guarantees the addresses.
+        let launch = |s: CUstream| unsafe { plan.launch(handle, &plan.algo, call.alpha, call.beta, &ops, &ws, s as _) };
+        if let Some(rk) = replay_key.filter(|rk| replay.due(rk, graph_unused, call.stream)) {
+            // SAFETY: the capture stream is private to the device, used only under its lock.
+            if unsafe { replay.capture_and_launch(rk, dev.capture_stream(), call.stream, launch, &describe) } {
+                return Ok(());
+            }
+        }
+        // SAFETY: validated addresses; the scratch region belongs to this stream's workspace
+        // and is ordered with the matmul on the same stream.
+        unsafe { direct(call, staged, &ws, || launch(call.stream)) }
+    }
+
+    /// Builds and caches the plan of `key` if it is not cached (never while `stream` is
+    /// capturing), with the tuned algorithm where one is stored and cuBLASLt accepts it.
+    fn ensure_plan(&mut self, key: &PlanKey, p: &GemmProblem, stream: CUstream) -> std::result::Result<(), LtFailure> {
+        if self.plans.contains_key(key) {
+            return Ok(());
+        }
+        if self.unsupported.contains(key) {
+            return Err(LtFailure::NoAlgorithm(no_algorithm(p)));
+        }
+        if crate::cuda::device::is_capturing(stream)? {
+            return Err(LtFailure::Other(Error::NotCapturable {
+                action: "build a cuBLASLt plan (heuristic query)",
+                problem: p.describe(),
+            }));
+        }
+        let mut plan = match Plan::build(&self.handle, key, 1) {
+            Ok(plan) => plan,
+            Err(e) => {
+                self.unsupported.insert(*key);
+                return Err(LtFailure::NoAlgorithm(e));
+            }
+        };
+        if let Some(algo) = self.tuned.get(&crate::cuda::tactics::signature(key)) {
+            match plan.check_algo(&self.handle, algo) {
+                Some(need) if need <= key.workspace => plan.algo = Algorithm { workspace: need, ..*algo },
+                _ => tracing::warn!(problem = %p.describe(), "tuned algorithm not valid here; using the heuristic's"),
+            }
+        }
+        self.plans.insert(*key, plan);
+        Ok(())
+    }
+}
+
+/// Whether the call's bias must be staged, and the aux alignment check.
+///
+/// cuBLASLt is given only 16-byte-aligned bias vectors: a public cuBLASLt integration
+/// (Marian NMT, src/tensors/gpu/prod.cpp) found misaligned ones fail and uses 16 bytes; the
+/// exact requirement was not probed here. Any other bias is staged through the stream's
+/// scratch region (a stream-ordered copy of n elements), so it never faults.
+fn staging(call: &LtCall, ws: &Workspace) -> Result<Option<Staged>> {
+    let p = call.problem;
+    let bytes = p.vector_len() * p.precision().output().size_bytes();
+    let staged = call.ops.bias.filter(|&v| v % 16 != 0).map(|user| Staged { user, bytes });
+    if staged.is_some() && bytes > ws.scratch_bytes {
+        return Err(Error::Unsupported {
+            backend: "cuBLASLt",
+            what: format!(
+                "a bias of {bytes} bytes at a non-16-byte-aligned address (staging holds {} bytes): align the bias",
+                ws.scratch_bytes
+            ),
+        });
+    }
+    if let Some(x) = call.ops.aux.filter(|x| x % 16 != 0) {
+        return Err(Error::Misaligned { operand: Which::Aux, address: x, align: 16 });
+    }
+    Ok(staged)
+}
+
+/// The direct launch, with a staged bias copied into the scratch region before it (a bias
+/// read) or out of it after (a bias gradient written).
+///
+/// # Safety
+/// As [`LtState::enqueue`]; `launch` enqueues the call on its stream.
+unsafe fn direct(
+    call: &LtCall,
+    staged: Option<Staged>,
+    ws: &Workspace,
+    launch: impl FnOnce() -> Result<()>,
+) -> std::result::Result<(), LtFailure> {
+    let p = call.problem;
+    let copy = |dst: u64, src: u64, bytes: usize| {
+        // SAFETY: both regions hold `bytes` (validated bias, or this stream's scratch);
+        // stream-ordered with the matmul.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, call.stream) }
+            .map_err(status::driver("cuMemcpyDtoDAsync"))
+    };
+    if let (Some(s), VectorUse::ReadsBias) = (staged, p.epilogue().vector()) {
+        copy(ws.scratch, s.user, s.bytes)?;
+    }
+    launch().map_err(|e| status::with_problem(e, p))?;
+    if let (Some(s), VectorUse::WritesGrad) = (staged, p.epilogue().vector()) {
+        copy(s.user, ws.scratch, s.bytes)?;
+    }
+    Ok(())
+}
+
+/// The error for a problem cuBLASLt's heuristic has no algorithm for.
+pub(crate) fn no_algorithm(p: &GemmProblem) -> Error {
+    Error::Cublas {
+        operation: "cublasLtMatmulAlgoGetHeuristic",
+        status: "CUBLAS_STATUS_NOT_SUPPORTED".into(),
+        problem: p.describe(),
+    }
+}

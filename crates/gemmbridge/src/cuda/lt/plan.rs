@@ -1,0 +1,261 @@
+//! cuBLASLt plans: a [`Plan`] (descriptor, layouts, algorithm) is built once per [`PlanKey`]
+//! (the column-major call, precision, epilogue, aux layout, pointer-alignment class and
+//! workspace size) by asking cuBLASLt's heuristic, and reused: a repeated call costs a hash
+//! lookup and the `cublasLtMatmul` launch.
+
+use std::ffi::c_void;
+
+use cudarc::cublaslt::sys as lt;
+
+use super::sys::{check, lt_dtype, lt_op, Desc, DescAttr as A, Layout, LtHandle, Pref};
+use crate::cuda::device::Workspace;
+use crate::epilogue::{AuxUse, Epilogue, VectorUse};
+use crate::error::{Error, Result};
+use crate::layout::Op;
+use crate::mapping::{lt_epilogue, ColMajorCall};
+use crate::precision::Precision;
+use crate::problem::GemmProblem;
+
+/// The largest power of two (≤ 256) dividing an address: the alignment class cuBLASLt's
+/// heuristic is told (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES), so that the algorithm it
+/// picks never assumes more alignment than the pointers have.
+pub(crate) fn alignment(address: u64) -> u32 {
+    if address == 0 {
+        256
+    } else {
+        (1u64 << address.trailing_zeros().min(8)) as u32
+    }
+}
+
+/// Everything a plan depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct PlanKey {
+    pub call: ColMajorCall,
+    pub precision: Precision,
+    pub epilogue: Epilogue,
+    /// Aux leading dimension and batch stride, in elements (0 when there is no aux).
+    pub aux_ld: i64,
+    pub aux_stride: i64,
+    /// Alignment classes of A_cm, B_cm, C/D and the bias (bytes, ≤ 256).
+    pub align: [u32; 4],
+    /// Workspace the algorithm may use, in bytes.
+    pub workspace: usize,
+}
+
+impl PlanKey {
+    /// The key of `p` computed as `call` (its column-major call) on `ops`, with a library
+    /// workspace of `workspace` bytes.
+    pub fn of(p: &GemmProblem, call: ColMajorCall, ops: &LtOperands, workspace: usize) -> PlanKey {
+        let aux = p.aux();
+        let (aux_ld, aux_stride) = if p.uses_aux() { (aux.ld as i64, aux.batch_stride as i64) } else { (0, 0) };
+        PlanKey {
+            call,
+            precision: p.precision(),
+            epilogue: p.epilogue(),
+            aux_ld,
+            aux_stride,
+            align: [alignment(ops.first), alignment(ops.second), alignment(ops.c), ops.bias.map_or(256, alignment)],
+            workspace,
+        }
+    }
+}
+
+/// The operands of one cuBLASLt launch by device address, in the column-major call's order
+/// (`first` is the row-major B: [`ColMajorCall::operands`]). C is also D (in place).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LtOperands {
+    pub first: u64,
+    pub second: u64,
+    pub c: u64,
+    /// The bias the epilogue reads or the bias gradient it writes.
+    pub bias: Option<u64>,
+    /// The aux matrix the epilogue reads or writes.
+    pub aux: Option<u64>,
+}
+
+impl LtOperands {
+    /// The operands of `call` for the row-major A, B and C.
+    pub fn new(call: &ColMajorCall, (a, b, c): (u64, u64, u64), bias: Option<u64>, aux: Option<u64>) -> LtOperands {
+        let (first, second) = call.operands(a, b);
+        LtOperands { first, second, c, bias, aux }
+    }
+}
+
+/// A cuBLASLt algorithm as stored (opaque 64 bytes), with what running it needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Algorithm {
+    /// cublasLtMatmulAlgo_t's opaque data.
+    pub data: [u64; 8],
+    /// Workspace it needs, in bytes.
+    pub workspace: usize,
+}
+
+/// Descriptors, layouts and the algorithm for one [`PlanKey`].
+pub(crate) struct Plan {
+    pub(super) desc: Desc,
+    pub(super) a: Layout,
+    pub(super) b: Layout,
+    pub(super) c: Layout,
+    pub algo: Algorithm,
+    /// The heuristic's candidates, best first (for tuning).
+    pub candidates: Vec<Algorithm>,
+}
+
+// SAFETY: descriptors are plain host objects; cuBLASLt allows them to be used from any thread,
+// and gemmbridge only uses them under the device's lock.
+unsafe impl Send for Plan {}
+
+/// The matmul descriptor of `key`: ops, epilogue, bias and aux types and layout.
+fn descriptor(key: &PlanKey) -> Result<Desc> {
+    let (c, p) = (&key.call, key.precision);
+    let desc = Desc::new(p.compute())?;
+    // SAFETY (every set): each value has the attribute's documented type.
+    unsafe {
+        desc.set(A::CUBLASLT_MATMUL_DESC_TRANSA, &lt_op(c.transa))?;
+        desc.set(A::CUBLASLT_MATMUL_DESC_TRANSB, &lt_op(c.transb))?;
+        let epi = lt_epilogue(key.epilogue);
+        if epi == lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT {
+            return Ok(desc);
+        }
+        desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi)?;
+        let out = lt_dtype(p.output());
+        if key.epilogue.vector() != VectorUse::None {
+            desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &out)?;
+        }
+        if key.epilogue.aux() != AuxUse::None {
+            desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &key.aux_ld)?;
+            desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &out)?;
+            if c.batch > 1 {
+                desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &key.aux_stride)?;
+            }
+        }
+    }
+    Ok(desc)
+}
+
+/// The layouts of the first and second operand and of C/D for `key`.
+fn layouts(key: &PlanKey) -> Result<[Layout; 3]> {
+    let (c, p) = (&key.call, key.precision);
+    let (a_rows, a_cols) = if c.transa == Op::N { (c.m, c.k) } else { (c.k, c.m) };
+    let (b_rows, b_cols) = if c.transb == Op::N { (c.k, c.n) } else { (c.n, c.k) };
+    Ok([
+        Layout::new(p.input(), a_rows, a_cols, c.lda, c.batch, c.stride_a)?,
+        Layout::new(p.input(), b_rows, b_cols, c.ldb, c.batch, c.stride_b)?,
+        Layout::new(p.output(), c.m, c.n, c.ldc, c.batch, c.stride_c)?,
+    ])
+}
+
+impl Plan {
+    /// Builds descriptors and layouts and asks the heuristic for up to `candidates` algorithms.
+    ///
+    /// # Errors
+    /// [`Error::Cublas`] from any cuBLASLt call; `CUBLAS_STATUS_NOT_SUPPORTED` when the
+    /// heuristic has no algorithm for the problem.
+    pub fn build(h: &LtHandle, key: &PlanKey, candidates: usize) -> Result<Plan> {
+        let desc = descriptor(key)?;
+        let [a, b, c] = layouts(key)?;
+        let pref = Pref::new(key.workspace, [key.align[0], key.align[1], key.align[2]])?;
+        let want = candidates.clamp(1, 32);
+        // SAFETY: cublasLtMatmulHeuristicResult_t is plain data; zeroed is a valid value.
+        let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; want];
+        let mut found = 0;
+        // SAFETY: every descriptor is live; results has `want` slots.
+        check(
+            unsafe {
+                lt::cublasLtMatmulAlgoGetHeuristic(
+                    h.0,
+                    desc.0,
+                    a.0,
+                    b.0,
+                    c.0,
+                    c.0,
+                    pref.0,
+                    want as i32,
+                    results.as_mut_ptr(),
+                    &mut found,
+                )
+            },
+            "cublasLtMatmulAlgoGetHeuristic",
+        )?;
+        let ok = |r: &lt::cublasLtMatmulHeuristicResult_t| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+        let list: Vec<Algorithm> = results[..found.max(0) as usize]
+            .iter()
+            .filter(|r| ok(r))
+            .map(|r| Algorithm { data: r.algo.data, workspace: r.workspaceSize })
+            .collect();
+        let Some(&best) = list.first() else {
+            return Err(Error::Cublas {
+                operation: "cublasLtMatmulAlgoGetHeuristic",
+                status: "CUBLAS_STATUS_NOT_SUPPORTED".into(),
+                problem: format!("no algorithm for {:?} {} epilogue {}", key.call, key.precision, key.epilogue),
+            });
+        };
+        Ok(Plan { desc, a, b, c, algo: best, candidates: list })
+    }
+
+    /// Whether `algo` is valid for this plan (cublasLtMatmulAlgoCheck), and its workspace.
+    pub fn check_algo(&self, h: &LtHandle, algo: &Algorithm) -> Option<usize> {
+        let a = lt::cublasLtMatmulAlgo_t { data: algo.data };
+        // SAFETY: zeroed heuristic result is valid plain data; descriptors are live.
+        let mut r: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        let s = unsafe {
+            lt::cublasLtMatmulAlgoCheck(h.0, self.desc.0, self.a.0, self.b.0, self.c.0, self.c.0, &a, &mut r)
+        };
+        (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(r.workspaceSize)
+    }
+
+    /// Enqueues `D = epilogue(α·opa(A)·opb(B) + β·C)` with C = D in place, with `algo` and
+    /// the stream's workspace `ws`.
+    ///
+    /// # Safety
+    /// Addresses valid for the plan's layouts (checked by the caller); `bias`/`aux` given
+    /// exactly when the epilogue uses them; `ws` used by nothing else on another stream;
+    /// `stream` of the handle's context.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch(
+        &self,
+        h: &LtHandle,
+        algo: &Algorithm,
+        alpha: f32,
+        beta: f32,
+        ops: &LtOperands,
+        ws: &Workspace,
+        stream: lt::cudaStream_t,
+    ) -> Result<()> {
+        // SAFETY: pointer-valued attributes take a void* (cublasLtMatmulDescAttributes_t).
+        unsafe {
+            if let Some(b) = ops.bias {
+                self.desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &(b as *const c_void))?;
+            }
+            if let Some(x) = ops.aux {
+                self.desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &(x as *const c_void))?;
+            }
+        }
+        let a = lt::cublasLtMatmulAlgo_t { data: algo.data };
+        let ptr = |v: u64| v as *const c_void;
+        // SAFETY: see the function's contract; alpha/beta are f32 host scalars (scale type 32F).
+        check(
+            unsafe {
+                lt::cublasLtMatmul(
+                    h.0,
+                    self.desc.0,
+                    &alpha as *const f32 as *const c_void,
+                    ptr(ops.first),
+                    self.a.0,
+                    ptr(ops.second),
+                    self.b.0,
+                    &beta as *const f32 as *const c_void,
+                    ptr(ops.c),
+                    self.c.0,
+                    ops.c as *mut c_void,
+                    self.c.0,
+                    &a,
+                    ws.ptr as *mut c_void,
+                    ws.matmul_bytes,
+                    stream,
+                )
+            },
+            "cublasLtMatmul",
+        )
+    }
+}

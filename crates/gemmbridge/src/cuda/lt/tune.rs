@@ -1,0 +1,392 @@
+//! Autotuning: time cuBLASLt's candidate algorithms on the caller's operands and keep one only
+//! when it is both right and measurably faster than the heuristic's first choice (the steps
+//! are documented on [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)).
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+use super::plan::{Algorithm, LtOperands, Plan, PlanKey};
+use super::sys::LtHandle;
+use super::timing::{time_interleaved, Call, Timed};
+use super::LtState;
+use crate::cuda::device::Workspace;
+use crate::cuda::status;
+use crate::cuda::tactics::{signature, Tactic};
+use crate::dtype::DType;
+use crate::epilogue::Epilogue;
+use crate::error::Result;
+use crate::half::{bf16, f16};
+use crate::layout::MatrixLayout;
+use crate::problem::GemmProblem;
+
+/// How hard to tune.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TuneOptions {
+    /// Candidates to ask the heuristic for, per query (values outside 1..=32 are clamped to
+    /// it): the problem itself, and up to five neighbouring queries that add candidates.
+    pub candidates: usize,
+    /// Timed samples per candidate (each ~1 ms of back-to-back calls, or 4 replays of a
+    /// 64-call graph for problems under 20 µs per call); the median counts. With more than 24
+    /// candidates, all get 3 samples first and only the 15 fastest (and the first choice) get
+    /// `reps`.
+    pub reps: usize,
+    /// The least relative gain that counts as faster (default 0.02); raised to the measured
+    /// noise of the heuristic's choice timed twice when that is larger.
+    pub min_gain: f64,
+}
+
+impl Default for TuneOptions {
+    fn default() -> Self {
+        TuneOptions { candidates: 16, reps: 15, min_gain: 0.02 }
+    }
+}
+
+/// What tuning found for a problem (see [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)). `#[non_exhaustive]`: fields
+/// may be added.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct TuneReport {
+    /// Time per call of the heuristic's first choice, ms: the smaller of its two medians (it
+    /// is sampled twice per round).
+    pub heuristic_ms: f64,
+    /// Median time of the kept algorithm (the heuristic's if nothing beat it), ms.
+    pub best_ms: f64,
+    /// Candidates considered (the heuristic's, plus `added`).
+    pub candidates: usize,
+    /// Of those, how many were added beyond the heuristic's list for the problem and accepted
+    /// for it by `cublasLtMatmulAlgoCheck`: from the heuristic's lists for neighbouring
+    /// queries (the same GEMM without its epilogue, or with a smaller workspace limit) and,
+    /// for problems of at most 256³ multiply-adds, from the configuration search.
+    pub added: usize,
+    /// Whether the kept algorithm is one of those (neighbouring query or search).
+    pub kept_added: bool,
+    /// Whether the candidates were timed as replays of a captured CUDA graph (problems whose
+    /// first choice takes < 20 µs per call, where eager timing measures the host's launch
+    /// cost).
+    pub timed_in_graph: bool,
+    /// Whether graph timing was called for but capturing failed twice (see
+    /// [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw), step 3): nothing was timed, the heuristic's first choice is kept,
+    /// and `heuristic_ms` is its eager time per call (launch-bound), `best_ms` the same, and
+    /// `threshold` is `TuneOptions::min_gain` (no noise was measured). Such a result is not
+    /// worth storing in a tactic database.
+    pub graph_failed: bool,
+    /// Candidates whose output did not match the first choice's (never kept).
+    pub mismatched: usize,
+    /// The noise threshold used: max(`TuneOptions::min_gain`, the relative difference of the
+    /// first choice timed twice), as a fraction.
+    pub threshold: f64,
+    /// Whether a candidate other than the heuristic's first choice was kept.
+    pub improved: bool,
+    /// The kept algorithm.
+    pub algorithm: Algorithm,
+}
+
+/// One problem to tune: its plan key, validated operands and scalars, the stream's workspace.
+pub(crate) struct TuneJob<'a> {
+    pub problem: &'a GemmProblem,
+    pub key: PlanKey,
+    pub ops: LtOperands,
+    pub alpha: f32,
+    pub beta: f32,
+    pub ws: Workspace,
+    pub stream: &'a Arc<CudaStream>,
+}
+
+/// Tunes `job` (steps 1–4 of [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)), keeps
+/// the result for the job's signature in `lt` (its cached plans and graphs are dropped), and
+/// returns the report and the (signature, tactic) pair to store.
+///
+/// # Safety
+/// The job's operands are valid for its problem on its stream (validated by the caller).
+pub(crate) unsafe fn autotune(
+    lt: &mut LtState,
+    job: &TuneJob,
+    opts: TuneOptions,
+) -> Result<(TuneReport, String, Tactic)> {
+    let plan = Plan::build(&lt.handle, &job.key, opts.candidates)?;
+    let search = job.problem.macs() <= SEARCH_MAX_MACS;
+    let (cands, added) = candidates(&lt.handle, &plan, &job.key, opts.candidates, job.ws.matmul_bytes, search);
+    let handle = &lt.handle;
+    let run = |algo: &Algorithm, beta: f32| {
+        // SAFETY: validated operands (the caller's contract); workspace of this stream.
+        unsafe { plan.launch(handle, algo, job.alpha, beta, &job.ops, &job.ws, job.stream.cu_stream() as _) }
+    };
+    // Correctness first: a candidate is timed only if its C matches the first choice's.
+    let mut timed = matching(job, &cands, &run)?;
+    let mismatched = cands.len() - timed.len();
+    // The first choice is timed twice (first and last in each round) to measure noise.
+    timed.push(0);
+    let Timed { medians: ms, in_graph, graph_failed } = time_candidates(job, &cands, &run, &mut timed, opts.reps)?;
+    if graph_failed {
+        // eager timing of a problem this short ranks the host's launch cost, not the
+        // kernels: keep the heuristic's choice rather than store a misleading winner
+        tracing::warn!(problem = %job.problem.describe(), "graph capture failed twice; keeping the heuristic's algorithm");
+    }
+    let (first_ms, again) = (ms[0], ms[ms.len() - 1]);
+    let noise = (first_ms - again).abs() / first_ms.min(again);
+    let threshold = opts.min_gain.max(noise);
+    let base = first_ms.min(again);
+    let best = (1..ms.len() - 1).min_by(|&x, &y| ms[x].total_cmp(&ms[y]));
+    let (algo, best_ms, improved, kept_added) = match best {
+        Some(j) if !graph_failed && ms[j] < base * (1.0 - threshold) => {
+            (cands[timed[j]], ms[j], true, timed[j] >= cands.len() - added)
+        }
+        _ => (cands[0], base, false, false),
+    };
+    let sig = signature(&job.key);
+    lt.tuned.insert(sig.clone(), algo);
+    lt.forget_plans(|k| signature(k) == sig);
+    let report = TuneReport {
+        heuristic_ms: base,
+        best_ms,
+        candidates: cands.len(),
+        added,
+        kept_added,
+        timed_in_graph: in_graph,
+        graph_failed,
+        mismatched,
+        threshold,
+        improved,
+        algorithm: algo,
+    };
+    let tactic = Tactic { algo: algo.data, workspace: algo.workspace, heuristic_ms: base, tuned_ms: best_ms };
+    Ok((report, sig, tactic))
+}
+
+/// The indices of the candidates whose C (β = 0) matches the first choice's within the
+/// precision's band (the first choice included).
+fn matching(job: &TuneJob, cands: &[Algorithm], run: &dyn Fn(&Algorithm, f32) -> Result<()>) -> Result<Vec<usize>> {
+    let (p, prec) = (job.problem, job.problem.precision());
+    let c_bytes = p.c().required_elems(p.batch()).unwrap_or(0) * prec.output().size_bytes();
+    let stream = job.stream.cu_stream();
+    let output = |algo: &Algorithm| -> Result<Vec<u8>> {
+        run(algo, 0.0)?;
+        // SAFETY: a live stream of this context.
+        unsafe { cudarc::driver::result::stream::synchronize(stream) }
+            .map_err(status::driver("cuStreamSynchronize"))?;
+        let mut host = vec![0u8; c_bytes];
+        // SAFETY: C holds c_bytes (checked); the stream is idle.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, job.ops.c) }
+            .map_err(status::driver("cuMemcpyDtoH"))?;
+        Ok(logical_elements(host, p.c(), p.batch(), prec.output().size_bytes()))
+    };
+    let want = output(&cands[0])?;
+    let mut timed: Vec<usize> = vec![0];
+    for (i, cand) in cands.iter().enumerate().skip(1) {
+        if rel_error_bytes(&output(cand)?, &want, prec.output()) <= prec.tolerance() {
+            timed.push(i);
+        }
+    }
+    Ok(timed)
+}
+
+/// Times the candidates `timed` names (the first choice first and last), at `job.beta`. With
+/// more than [`PREFILTER_ABOVE`] of them (the search's), a quick pass of [`PREFILTER_REPS`]
+/// rounds first keeps the first choice and the [`PREFILTER_KEEP`] fastest in `timed`.
+fn time_candidates(
+    job: &TuneJob,
+    cands: &[Algorithm],
+    run: &dyn Fn(&Algorithm, f32) -> Result<()>,
+    timed: &mut Vec<usize>,
+    reps: usize,
+) -> Result<Timed> {
+    let time = |timed: &[usize], reps: usize| {
+        let runs: Vec<Call<'_>> =
+            timed.iter().map(|&i| Box::new(move || run(&cands[i], job.beta)) as Call<'_>).collect();
+        time_interleaved(job.stream, reps, &runs)
+    };
+    // `timed` holds the first choice twice
+    if timed.len() - 1 > PREFILTER_ABOVE {
+        let q = time(timed, PREFILTER_REPS)?;
+        if q.graph_failed {
+            return Ok(q); // eager ranks launch costs: no full rounds, nothing kept
+        }
+        let mut order: Vec<usize> = (1..timed.len() - 1).collect();
+        order.sort_by(|&x, &y| q.medians[x].total_cmp(&q.medians[y]));
+        let mut kept: Vec<usize> = vec![0];
+        kept.extend(order.iter().take(PREFILTER_KEEP).map(|&j| timed[j]));
+        kept.push(0);
+        *timed = kept;
+    }
+    time(timed, reps)
+}
+
+/// Smaller workspace limits the heuristic is also asked with, bytes (PyTorch's cuBLASLt calls
+/// run with 1 MiB or 4 MiB, depending on its version and settings): its ranking changes with
+/// the limit, and an algorithm that needs little workspace can be the fastest.
+const OTHER_WORKSPACES: [usize; 2] = [1 << 20, 4 << 20];
+
+/// The heuristic's candidates for `key` (best first, those needing more than `ws_bytes` of
+/// workspace left out), then the distinct candidates of neighbouring queries that cuBLASLt
+/// accepts for `key` (`cublasLtMatmulAlgoCheck`): the same GEMM without its epilogue (the
+/// heuristic ranks fused kernels on their own and can leave out tiles that also run the
+/// epilogue faster: up to 17 % faster at 5120×8192×2048 on the H200, docs/PERFORMANCE.md §2.1),
+/// and [`OTHER_WORKSPACES`]; with `search`, then [`Plan::search`]'s distinct configurations.
+/// Returns the list and how many were added (they are at its end).
+fn candidates(
+    lt: &LtHandle,
+    plan: &Plan,
+    key: &PlanKey,
+    n: usize,
+    ws_bytes: usize,
+    search: bool,
+) -> (Vec<Algorithm>, usize) {
+    let mut list: Vec<Algorithm> = plan.candidates.iter().copied().filter(|c| c.workspace <= ws_bytes).collect();
+    let before = list.len();
+    let plain = PlanKey { epilogue: Epilogue::None, aux_ld: 0, aux_stride: 0, ..*key };
+    let mut queries: Vec<PlanKey> = Vec::new();
+    if key.epilogue != Epilogue::None {
+        queries.push(plain);
+    }
+    for ws in OTHER_WORKSPACES.into_iter().filter(|&ws| ws < key.workspace) {
+        queries.push(PlanKey { workspace: ws, ..*key });
+        if key.epilogue != Epilogue::None {
+            queries.push(PlanKey { workspace: ws, ..plain });
+        }
+    }
+    for q in &queries {
+        let Ok(other) = Plan::build(lt, q, n) else { continue };
+        for cand in &other.candidates {
+            if list.iter().any(|c| c.data == cand.data) {
+                continue;
+            }
+            if let Some(need) = plan.check_algo(lt, cand).filter(|&need| need <= ws_bytes) {
+                list.push(Algorithm { data: cand.data, workspace: need });
+            }
+        }
+    }
+    if search {
+        for cand in plan.search(lt, key, ws_bytes, SEARCH_LIMIT, SEARCH_CHECKS) {
+            if !list.iter().any(|c| c.data == cand.data) {
+                list.push(cand);
+            }
+        }
+    }
+    let added = list.len() - before;
+    (list, added)
+}
+
+/// Problems of at most this many multiply-adds (256³) also get configurations from
+/// [`Plan::search`] as candidates: the heuristic gives them 1–15 (calls 19 and 23's tuning,
+/// docs/PERFORMANCE.md §2.1), and each costs only µs to check and time.
+const SEARCH_MAX_MACS: u64 = 1 << 24;
+/// At most this many searched configurations are added, after at most this many checks (both
+/// shared among the algorithm ids).
+const SEARCH_LIMIT: usize = 160;
+const SEARCH_CHECKS: usize = 20_000;
+/// With more than this many candidates to time, a quick pass of `PREFILTER_REPS` rounds picks
+/// the `PREFILTER_KEEP` fastest for the full rounds (the search offers up to 160).
+const PREFILTER_ABOVE: usize = 24;
+const PREFILTER_REPS: usize = 3;
+const PREFILTER_KEEP: usize = 15;
+
+/// The bytes of C's m×n×batch logical elements, in order, out of the bytes of its whole span:
+/// the padding between rows (ld > n) and between batch entries is never written by a GEMM and
+/// may hold anything (NaN poison, say), so it must not enter the comparison.
+fn logical_elements(span: Vec<u8>, c: MatrixLayout, batch: usize, size: usize) -> Vec<u8> {
+    if c.ld == c.cols && (batch <= 1 || c.batch_stride == c.rows * c.cols) {
+        let mut span = span;
+        span.truncate(c.rows * c.cols * batch.max(1) * size);
+        return span;
+    }
+    let mut out = Vec::with_capacity(c.rows * c.cols * batch * size);
+    for b in 0..batch {
+        for i in 0..c.rows {
+            let start = (b * c.batch_stride + i * c.ld) * size;
+            out.extend_from_slice(&span[start..start + c.cols * size]);
+        }
+    }
+    out
+}
+
+/// ‖got − want‖ / ‖want‖ over two outputs stored as little-endian `d` elements (∞ if `got`
+/// has a non-finite element), summed in f64 on all host cores.
+fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
+    fn decode(d: DType) -> fn(&[u8]) -> f64 {
+        match d {
+            DType::F32 => |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            DType::F16 => |c| f16::from_le_bytes([c[0], c[1]]).to_f64(),
+            DType::BF16 => |c| bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+        }
+    }
+    let (size, value) = (d.size_bytes(), decode(d));
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    // at least 64 Ki elements per thread: a small C is summed on one
+    let chunk = (got.len() / size).div_ceil(threads).max(1 << 16) * size;
+    let parts: Vec<(f64, f64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = got
+            .chunks(chunk)
+            .zip(want.chunks(chunk))
+            .map(|(g, w)| {
+                s.spawn(move || {
+                    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+                    for (g, w) in g.chunks_exact(size).zip(w.chunks_exact(size)) {
+                        let (g, w) = (value(g), value(w));
+                        diff += if g.is_finite() { (g - w) * (g - w) } else { f64::INFINITY };
+                        norm += w * w;
+                    }
+                    (diff, norm)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("error summation thread")).collect()
+    });
+    let (diff, norm) = parts.iter().fold((0.0, 0.0), |(d, n), (pd, pn)| (d + pd, n + pn));
+    if norm == 0.0 {
+        diff.sqrt()
+    } else {
+        (diff / norm).sqrt()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_f32(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn rel_error_bytes_matches_the_f64_reference() {
+        let want: Vec<f32> = (0..1001).map(|i| (i as f32 * 0.37).sin() + 0.5).collect();
+        let got: Vec<f32> = want.iter().enumerate().map(|(i, v)| v + if i % 7 == 0 { 1e-3 } else { 0.0 }).collect();
+        let expect = crate::reference::rel_error(
+            &got.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            &want.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+        );
+        let e = rel_error_bytes(&bytes_f32(&got), &bytes_f32(&want), DType::F32);
+        assert!(expect > 0.0 && (e - expect).abs() <= 1e-12 * expect, "{e} vs {expect}");
+        assert_eq!(rel_error_bytes(&bytes_f32(&want), &bytes_f32(&want), DType::F32), 0.0);
+    }
+
+    #[test]
+    fn padding_never_enters_the_comparison() {
+        // 2 batch entries of 2×3 with ld 4 and batch stride 10: NaN in every padding slot
+        let nan = f32::NAN;
+        let span = [1.0, 2.0, 3.0, nan, 4.0, 5.0, 6.0, nan, nan, nan, 7.0, 8.0, 9.0, nan, 10.0, 11.0, 12.0, nan];
+        let c = MatrixLayout { rows: 2, cols: 3, ld: 4, batch_stride: 10 };
+        let got = logical_elements(bytes_f32(&span), c, 2, 4);
+        let want: Vec<f32> = (1..=12).map(|v| v as f32).collect();
+        assert_eq!(got, bytes_f32(&want));
+        assert_eq!(rel_error_bytes(&got, &got, DType::F32), 0.0);
+        let dense = MatrixLayout::row_major(2, 3);
+        assert_eq!(logical_elements(bytes_f32(&want[..6]), dense, 1, 4), bytes_f32(&want[..6]));
+    }
+
+    #[test]
+    fn rel_error_bytes_never_passes_nan_or_inf() {
+        let want = bytes_f32(&[1.0, 2.0, 3.0]);
+        for bad in [f32::NAN, f32::INFINITY] {
+            let e = rel_error_bytes(&bytes_f32(&[1.0, bad, 3.0]), &want, DType::F32);
+            assert!(e.is_nan() || e > 1.0, "{bad} gave {e}");
+        }
+        let h = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect() };
+        let e = rel_error_bytes(&h(&[1.0, f32::NAN]), &h(&[1.0, 1.0]), DType::F16);
+        assert!(e.is_nan() || e > 1.0, "f16 NaN gave {e}");
+        let b = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect() };
+        let e = rel_error_bytes(&b(&[1.0, 2.0]), &b(&[1.0, 2.0]), DType::BF16);
+        assert_eq!(e, 0.0);
+    }
+}

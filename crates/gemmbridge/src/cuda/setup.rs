@@ -1,0 +1,152 @@
+//! Set-up steps of the engine: prewarm (plans, workspaces and kernels before the first real
+//! call) and autotuning (measured algorithm choice for the tactic database).
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+use super::entry::{check_all, raw_descs};
+use super::gpu::{Gpu, RawBuffer, RawExtras};
+use super::lt::plan::{LtOperands, PlanKey};
+use super::lt::tune::{autotune, TuneJob, TuneOptions, TuneReport};
+use super::status;
+use super::tactics::Tactic;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::mapping::column_major_call;
+use crate::problem::GemmProblem;
+
+impl Gpu {
+    /// Creates this stream's workspace, builds the plans and loads the kernels for `problems`,
+    /// by running each once on scratch buffers (allocated and freed here), so that the first
+    /// real call pays nothing extra and can be captured into a CUDA graph. Plans are keyed by
+    /// pointer alignment too; scratch buffers are 256-byte aligned like any fresh allocation,
+    /// so buffers that are offset into an allocation may still need a plan of their own.
+    /// Synchronises [`Gpu::stream`] at the end (prewarm is a set-up step, not a hot path).
+    ///
+    /// # Errors
+    /// As [`Gpu::gemm_fused`], and [`Error::Driver`] when scratch memory cannot be allocated.
+    pub fn prewarm(&self, problems: &[GemmProblem]) -> Result<()> {
+        let s = self.stream();
+        let bytes = |elems: usize, d: DType| (elems * d.size_bytes()).max(1);
+        for p in problems {
+            let prec = p.precision();
+            let alloc = |n: usize| s.alloc_zeros::<u8>(n).map_err(status::driver("cuMemAllocAsync"));
+            let a = alloc(bytes(p.a().layout.required_elems(p.batch()).unwrap_or(0), prec.input()))?;
+            let b = alloc(bytes(p.b().layout.required_elems(p.batch()).unwrap_or(0), prec.input()))?;
+            let mut c = alloc(bytes(p.c().required_elems(p.batch()).unwrap_or(0), prec.output()))?;
+            let vec = (p.vector_len() > 0).then(|| alloc(bytes(p.vector_len(), prec.output()))).transpose()?;
+            let mut aux = p
+                .uses_aux()
+                .then(|| alloc(bytes(p.aux().required_elems(p.batch()).unwrap_or(0), prec.output())))
+                .transpose()?;
+            {
+                let r =
+                    |x: &cudarc::driver::CudaSlice<u8>| RawBuffer { address: x.device_ptr(s).0, len_bytes: x.len() };
+                let extras = RawExtras {
+                    bias: vec.as_ref().map(r),
+                    aux: aux.as_mut().map(|x| {
+                        let len_bytes = x.len();
+                        RawBuffer { address: x.device_ptr_mut(s).0, len_bytes }
+                    }),
+                };
+                let (ra, rb) = (r(&a), r(&b));
+                let c_len = c.len();
+                let rc = RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: c_len };
+                // SAFETY: scratch buffers of this context sized by the layouts, on our stream,
+                // alive until the synchronize below.
+                unsafe { self.gemm_raw_fused(p, 1.0, ra, rb, 0.0, rc, extras, s.cu_stream()) }?;
+            }
+            s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
+        }
+        Ok(())
+    }
+
+    /// Tunes the cuBLASLt algorithm for `p` on the given operands (on [`Gpu::stream`]).
+    ///
+    /// 1. Candidates: the heuristic's first `opts.candidates` algorithms for `p`, then those
+    ///    it gives for the same GEMM without its epilogue and with smaller workspace limits
+    ///    that cuBLASLt accepts for `p` (the heuristic ranks fused kernels separately and can
+    ///    miss faster tiles; docs/PERFORMANCE.md §2.1). Problems of at most 256³ multiply-adds
+    ///    also get up to 160 configurations from a search of cuBLASLt's algorithm ids (each
+    ///    id's tiles, stages, custom options and split-K settings; `cublasLtMatmulAlgoGetIds`,
+    ///    accepted by `cublasLtMatmulAlgoCheck`; see `Plan::search` for its bounds).
+    /// 2. Correctness: each runs once with β = 0; a candidate whose C differs from the first
+    ///    choice's by more than the precision's band (‖·‖ relative, NaN never passes) is
+    ///    never timed or kept.
+    /// 3. Timing: after ~300 ms of the first choice (so every candidate runs at the sustained,
+    ///    power-limited clock), `opts.reps` interleaved rounds each take one ~1 ms sample of
+    ///    every candidate (CUDA events); the first choice is sampled twice per round, and the
+    ///    relative difference of its two medians is the measured noise. When the first choice
+    ///    takes < 20 µs per call, samples are replays of a captured graph of 64 calls, so that
+    ///    the kernels' own durations are compared rather than the host's launch cost. Where
+    ///    capturing fails twice (the legacy default stream cannot be captured; another
+    ///    thread's first kernel launch can invalidate a capture), nothing more is timed and the
+    ///    heuristic's first choice is kept, with [`TuneReport::graph_failed`] set: eager times
+    ///    of such a problem rank launch costs.
+    ///    With more than 24 candidates (the search's), a first pass of 3 rounds keeps the 15
+    ///    fastest besides the first choice for these rounds.
+    /// 4. The fastest candidate is kept only if its median beats the first choice's by more
+    ///    than max(`opts.min_gain`, noise).
+    ///
+    /// The result serves every M in the same bucket ([`super::tactics`]); cached plans are
+    /// rebuilt.
+    ///
+    /// C (and any aux or bias gradient the epilogue writes) is overwritten many times: pass
+    /// scratch buffers of the real shapes. Only C is compared between candidates (an aux or
+    /// bias gradient is not). Synchronises [`Gpu::stream`], and holds this `Gpu`'s lock for
+    /// the whole run (seconds): other threads' calls on it wait.
+    ///
+    /// Returns the report and the (signature, tactic) pair to store in a
+    /// [`super::tactics::TacticDb`].
+    ///
+    /// # Safety
+    /// As [`Gpu::gemm_raw_fused`] with `stream` = [`Gpu::stream`].
+    ///
+    /// # Errors
+    /// As [`Gpu::gemm_raw_fused`], except that a bias or aux off 16-byte alignment is
+    /// [`Error::Misaligned`] (not staged); [`Error::Unsupported`] for an empty or k = 0
+    /// problem and without cuBLASLt.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn autotune_raw(
+        &self,
+        p: &GemmProblem,
+        alpha: f32,
+        a: RawBuffer,
+        b: RawBuffer,
+        beta: f32,
+        c: RawBuffer,
+        extras: RawExtras,
+        opts: TuneOptions,
+    ) -> Result<(TuneReport, String, Tactic)> {
+        check_all(p, raw_descs(p, a, b, c), extras)?;
+        if p.is_empty() || p.k() == 0 {
+            return Err(Error::Unsupported {
+                backend: "autotune",
+                what: format!("an empty problem ({})", p.describe()),
+            });
+        }
+        if let Some(v) = extras.bias.filter(|v| v.address % 16 != 0) {
+            return Err(Error::Misaligned { operand: crate::Which::Bias, address: v.address, align: 16 });
+        }
+        self.device().bind()?;
+        let stream = self.stream();
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(lt) = st.libs.lt.as_mut() else {
+            return Err(Error::Unsupported {
+                backend: "autotune",
+                what: "anything without cuBLASLt (libcublasLt not found)".into(),
+            });
+        };
+        let ws = st.dev.workspaces.get(stream.cu_stream(), &|| p.describe())?;
+        let cm = column_major_call(p);
+        let ops = LtOperands::new(
+            &cm,
+            (a.address, b.address, c.address),
+            extras.bias.map(|v| v.address),
+            extras.aux.map(|v| v.address),
+        );
+        let job = TuneJob { problem: p, key: PlanKey::of(p, cm, &ops, ws.matmul_bytes), ops, alpha, beta, ws, stream };
+        // SAFETY: validated above; the rest is the caller's contract.
+        unsafe { autotune(lt, &job, opts) }
+    }
+}
