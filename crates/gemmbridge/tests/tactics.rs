@@ -9,8 +9,14 @@ fn identity() -> Identity {
     Identity { gpu: "NVIDIA H200".into(), sm: "9.0".into(), cublaslt: 130100 }
 }
 
+/// A cuBLASLt GEMM tactic of this machine's cuBLASLt (130100).
 fn tactic(ms: f64, tag: u64) -> Tactic {
-    Tactic { algo: [tag, 1, 2, 3, 4, 5, 6, 7], workspace: 1024, heuristic_ms: 1.0, tuned_ms: ms }
+    tactic_of(130100, ms, tag)
+}
+
+/// A cuBLASLt GEMM tactic tuned with cuBLASLt `version`.
+fn tactic_of(version: usize, ms: f64, tag: u64) -> Tactic {
+    Tactic::lt_gemm([tag, 1, 2, 3, 4, 5, 6, 7], 1024, version, 1.0, ms)
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -66,7 +72,7 @@ fn foreign_and_stale_files_are_ignored_with_warning() {
 
     let path = tmp("stale");
     let mut old = TacticDb::new(Identity { cublaslt: 120900, ..identity() });
-    old.entries.insert("sig-a".into(), tactic(0.5, 1));
+    old.entries.insert("sig-a".into(), tactic_of(120900, 0.5, 1));
     old.save(&path).unwrap();
     let (back, warnings) = TacticDb::load(&path, &identity());
     assert!(back.entries.is_empty());

@@ -314,7 +314,12 @@ impl Gpu {
     pub fn load_tactics(&self, db: &super::tactics::TacticDb) {
         let mut st = self.lock();
         for (sig, t) in &db.entries {
-            st.tuned.insert(sig.clone(), Algorithm { data: t.algo, workspace: t.workspace });
+            if t.kind != super::tactics::ProblemKind::Gemm {
+                continue;
+            }
+            if let Some((data, workspace)) = t.lt_algo() {
+                st.tuned.insert(sig.clone(), Algorithm { data, workspace });
+            }
         }
         let _ = self.ctx.bind_to_thread();
         st.forget_plans(|_| true);

@@ -245,7 +245,9 @@ impl Gpu {
             improved,
             algorithm: algo,
         };
-        let tactic = Tactic { algo: algo.data, workspace: algo.workspace, heuristic_ms: base, tuned_ms: best_ms };
+        // SAFETY: takes no arguments; st.lt is Some (checked above), so libcublasLt is loaded.
+        let version = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
+        let tactic = Tactic::lt_gemm(algo.data, algo.workspace, version, base, best_ms);
         Ok((report, sig, tactic))
     }
 }
