@@ -407,6 +407,46 @@ fn check_writable_matches_what_save_refuses() {
     assert!(e.to_string().contains("format 3"), "{e}");
 }
 
+/// The repository's tuned database: `tactics/h200.json` is what a save of the format-1 record
+/// `docs/results/2026-11-30/call27-tactics-merged-h200.json` writes, entry by entry and byte
+/// by byte.
+#[test]
+fn repository_db_is_the_conversion_of_its_v1_record() {
+    let h200 = identity();
+    let (v1, warnings) = TacticDb::load(&repo_path(V1_RECORD), &h200);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let (v2, warnings) = TacticDb::load(&repo_path(REPO_DB), &h200);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(v1.entries.len(), 160);
+    assert_eq!(v2, v1);
+    let path = tmp("repo");
+    v1.save(&path).unwrap();
+    assert!(
+        std::fs::read_to_string(&path).unwrap() == std::fs::read_to_string(repo_path(REPO_DB)).unwrap(),
+        "{REPO_DB} differs from a save of {V1_RECORD}: regenerate it with \
+         `cargo test -p gemmbridge --test tactics -- --ignored write_repository_db`"
+    );
+}
+
+/// Writes `tactics/h200.json` from its format-1 record (run once; see the test above).
+#[test]
+#[ignore = "writes tactics/h200.json"]
+fn write_repository_db() {
+    let (v1, warnings) = TacticDb::load(&repo_path(V1_RECORD), &identity());
+    assert!(warnings.is_empty() && !v1.entries.is_empty(), "{warnings:?}");
+    let path = tmp("write-repo");
+    v1.save(&path).unwrap();
+    std::fs::create_dir_all(repo_path("tactics")).unwrap();
+    std::fs::copy(&path, repo_path(REPO_DB)).unwrap();
+}
+
+const V1_RECORD: &str = "docs/results/2026-11-30/call27-tactics-merged-h200.json";
+const REPO_DB: &str = "tactics/h200.json";
+
+fn repo_path(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+}
+
 /// Times survive a save and a load bit for bit (serde_json's default float parser can be one
 /// ulp off: 1.4143040180206299, a time in the repository's database, came back as
 /// 1.41430401802063 before the crate enabled `float_roundtrip`).
