@@ -2,7 +2,9 @@
 //! across runs, one file for every library and kind of problem.
 //!
 //! # File format 2 ([`FORMAT`])
-//! A file is JSON, written by [`TacticDb::save`] (pretty-printed, one trailing newline):
+//! A file is JSON, written by [`TacticDb::save`] (pretty-printed, one trailing newline). The
+//! first entry of the repository's `tactics/h200.json` (tuned on an H200 in device call 27;
+//! arrays folded and times shortened here):
 //!
 //! ```json
 //! {
@@ -13,9 +15,13 @@
 //!       "library": "cublaslt",
 //!       "version": 130100,
 //!       "kind": "gemm",
-//!       "choice": { "type": "lt_algo", "algo": [77309411383, 4294967327, 0, 0, 0, 0, 0, 0], "workspace": 0 },
-//!       "heuristic_ms": 0.0574,
-//!       "tuned_ms": 0.0555
+//!       "choice": {
+//!         "type": "lt_algo",
+//!         "algo": [77309411383, 4294967327, 0, 0, 558775245209601, 0, 292057776128, 0],
+//!         "workspace": 0
+//!       },
+//!       "heuristic_ms": 0.05742,
+//!       "tuned_ms": 0.05547
 //!     }
 //!   }
 //! }
@@ -23,7 +29,9 @@
 //!
 //! - `format`: 2. `identity`: the machine the file belongs to ([`Identity`]): its GPU name and
 //!   compute capability decide whether the file is ours; its library versions are those of the
-//!   process that saved last and are informational only (every entry carries its own).
+//!   process that saved last and are informational only (every entry carries its own). The GPU
+//!   name is `cuDeviceGetName`'s, the SM `cuDeviceGetAttribute`'s compute capability
+//!   ([`Gpu::tactic_identity`](super::Gpu::tactic_identity)).
 //! - `entries`: [`Tactic`]s by signature. Each names its `library` ([`Library`]: "cublaslt",
 //!   "cudnn"), that library's `version` when it was tuned (cuBLASLt: `cublasLtGetVersion()`,
 //!   `major·10000 + minor·100 + patch`), the `kind` of problem ([`ProblemKind`]: "gemm",
@@ -66,7 +74,7 @@
 //!
 //! The engine ([`Gpu::load_tactics`](super::Gpu::load_tactics)) uses the cuBLASLt "gemm"
 //! entries; an entry's algorithm is still checked by cuBLASLt (`cublasLtMatmulAlgoCheck`)
-//! before a plan uses it, so a database never makes a call wrong.
+//! before a plan uses it, and one cuBLASLt rejects is not used.
 //!
 //! # Writing
 //! Writes are atomic: the file is written beside its final name, flushed to disk and renamed
@@ -180,7 +188,7 @@ impl std::fmt::Display for Library {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ProblemKind {
-    /// A cuBLASLt GEMM of this crate's precisions; key: [`signature`]'s text.
+    /// A cuBLASLt GEMM of this crate's precisions; key: the plan's signature (module docs).
     Gemm,
     /// An FP8 cuBLASLt GEMM; key prefix "fp8_gemm ".
     Fp8Gemm,
