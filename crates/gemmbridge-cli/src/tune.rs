@@ -35,12 +35,7 @@ pub struct Args {
 
 /// This machine's identity for the tactic database.
 pub fn identity(gpu: &Gpu) -> anyhow::Result<Identity> {
-    let i = gpu.info()?;
-    Ok(Identity {
-        gpu: i.name,
-        sm: format!("{}.{}", i.compute_capability.0, i.compute_capability.1),
-        cublaslt: i.cublaslt_version.unwrap_or(0),
-    })
+    Ok(gpu.tactic_identity()?)
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -77,12 +72,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     unsafe { gpu.context().disable_event_tracking() };
     let opts = TuneOptions { candidates: args.candidates, reps: args.reps, ..TuneOptions::default() };
     let mut db = TacticDb::new(identity(&gpu)?);
-    if db_path.exists() {
-        // checked before any GPU time is spent: a file that save() would refuse to overwrite
-        let (_, warnings) = TacticDb::load(db_path, &db.identity);
-        if let Some(w) = warnings.first() {
-            bail!("--db {}: {w}; it is never overwritten: remove it or choose another path", args.db);
-        }
+    // checked before any GPU time is spent: a file that save() would refuse to overwrite
+    // (entries of another cuBLASLt version are no reason: save keeps them)
+    if let Err(e) = TacticDb::check_writable(db_path, &db.identity) {
+        bail!("--db {}: {e}; it is never overwritten: remove it or choose another path", args.db);
     }
     println!(
         "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>5} {:>6} {:>6}",

@@ -420,7 +420,8 @@ fn autotune_keeps_correct_results() {
     // a 0.8 GFLOP bf16 GEMM runs in a few µs, below the host's launch cost (~11 µs per
     // eager call in device call 18): timed in graph replay
     assert!(report.timed_in_graph, "{report:?}");
-    assert_eq!(tactic.algo, report.algorithm.data);
+    assert_eq!(tactic.lt_algo().map(|(algo, _)| algo), Some(report.algorithm.data));
+    assert_eq!(tactic.version, gpu.tactic_identity().unwrap().cublaslt);
     let mut dc = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
     gpu.gemm(&p, 1.0, &dx, &dw, 0.0, &mut dc).unwrap();
     assert!(error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&x, &w), None) <= 1e-2);

@@ -252,8 +252,10 @@ impl Gpu {
     /// are dropped so that they are rebuilt.
     pub fn load_tactics(&self, db: &tactics::TacticDb) {
         self.with_lt(|lt| {
-            for (sig, t) in &db.entries {
-                lt.tuned.insert(sig.clone(), Algorithm { data: t.algo, workspace: t.workspace });
+            for (sig, t) in db.entries.iter().filter(|(_, t)| t.kind == tactics::ProblemKind::Gemm) {
+                if let Some((data, workspace)) = t.lt_algo() {
+                    lt.tuned.insert(sig.clone(), Algorithm { data, workspace });
+                }
             }
             lt.forget_plans(|_| true);
         });

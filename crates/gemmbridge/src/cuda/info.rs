@@ -3,6 +3,7 @@
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUdevice_attribute;
 
+use super::tactics::Identity;
 use super::{library, status, Gpu};
 use crate::error::Result;
 
@@ -36,6 +37,21 @@ pub fn cuda_version_string(v: i32) -> String {
 }
 
 impl Gpu {
+    /// This machine's [`Identity`] for the tactic database: the device name, its compute
+    /// capability as "major.minor" and the cuBLASLt version (0 where libcublasLt is not
+    /// loaded), from [`Gpu::info`].
+    ///
+    /// # Errors
+    /// As [`Gpu::info`].
+    pub fn tactic_identity(&self) -> Result<Identity> {
+        let i = self.info()?;
+        Ok(Identity {
+            gpu: i.name,
+            sm: format!("{}.{}", i.compute_capability.0, i.compute_capability.1),
+            cublaslt: i.cublaslt_version.unwrap_or(0),
+        })
+    }
+
     /// Reads the device's properties and the loaded libraries' versions.
     ///
     /// # Errors

@@ -1,34 +1,105 @@
-//! The tactic database: tuned cuBLASLt algorithms that persist across runs.
+//! The tactic database: tuned library choices (today cuBLASLt algorithms) that persist
+//! across runs, one file for every library and kind of problem.
 //!
-//! A file is JSON: a header naming the GPU, its SM version, the cuBLASLt version and the
-//! format version, then one entry per problem signature. A file whose header does not match
-//! the machine (another GPU, another cuBLASLt, another format) or that does not parse (a
-//! truncated write, say) is ignored with a warning — never a crash, never a wrong algorithm;
-//! and an entry's algorithm is still checked by cuBLASLt (`cublasLtMatmulAlgoCheck`) before a
-//! plan uses it.
+//! # File format 2 ([`FORMAT`])
+//! A file is JSON, written by [`TacticDb::save`] (pretty-printed, one trailing newline). The
+//! first entry of the repository's `tactics/h200.json` (tuned on an H200 in device call 27;
+//! arrays folded and times shortened here):
 //!
-//! Writes are atomic: the file is written beside its final name, flushed to disk and renamed
-//! over it, so a reader sees the old file or the new one, never half of one. Writers take an
-//! exclusive lock on `<file>.lock` and merge with what is on disk first, so two processes
-//! tuning at once both keep their results (the faster entry wins where both tuned the same
-//! signature).
+//! ```json
+//! {
+//!   "format": 2,
+//!   "identity": { "gpu": "NVIDIA H200", "sm": "9.0", "cublaslt": 130100 },
+//!   "entries": {
+//!     "NN m1024 n1024 k1024 lda1024 ldb1024 ldc1024 b1 f32 none aux0 al256/256/256/256 ws33554432": {
+//!       "library": "cublaslt",
+//!       "version": 130100,
+//!       "kind": "gemm",
+//!       "choice": {
+//!         "type": "lt_algo",
+//!         "algo": [77309411383, 4294967327, 0, 0, 558775245209601, 0, 292057776128, 0],
+//!         "workspace": 0
+//!       },
+//!       "heuristic_ms": 0.05742,
+//!       "tuned_ms": 0.05547
+//!     }
+//!   }
+//! }
+//! ```
 //!
-//! # Bucketing rule
+//! - `format`: 2. `identity`: the machine the file belongs to ([`Identity`]): its GPU name and
+//!   compute capability decide whether the file is ours; its library versions are those of the
+//!   process that saved last and are informational only (every entry carries its own). The GPU
+//!   name is `cuDeviceGetName`'s, the SM `cuDeviceGetAttribute`'s compute capability
+//!   ([`Gpu::tactic_identity`](super::Gpu::tactic_identity)).
+//! - `entries`: [`Tactic`]s by signature. Each names its `library` ([`Library`]: "cublaslt",
+//!   "cudnn"), that library's `version` when it was tuned (cuBLASLt: `cublasLtGetVersion()`,
+//!   `major·10000 + minor·100 + patch`), the `kind` of problem ([`ProblemKind`]: "gemm",
+//!   "fp8_gemm", "conv2d"), the tuned `choice` ([`Choice`], tagged by `type`) and two median
+//!   times in milliseconds measured when it was tuned: `heuristic_ms` (the library heuristic's
+//!   first choice) and `tuned_ms` (this choice).
+//!
+//! # Signatures: one prefix rule per kind
+//! A key is the stable text of the problem a choice serves. A cuBLASLt GEMM ("gemm") key is
+//! what format 1 used, unchanged: the two op letters (`NN`, `NT`, `TN`, `TT`) then
+//! ` m…` (see the bucketing rule below), e.g. `TN m768 n4096 k3072 …`. Every other kind's
+//! key starts with its kind's name and a space (`fp8_gemm …`, `conv2d …`), so keys of two
+//! kinds never collide and a format-1 key is a valid format-2 key.
+//!
+//! # Bucketing rule (GEMM)
 //! A signature leaves out the row-major M (the column-major call's n) in favour of its bucket,
 //! the next power of two ≥ M (1, 2, 4, …, 4096, 8192, …), and leaves out the batch strides
 //! (which scale with M). A tactic tuned at M = 3537 therefore serves every M in 2049..=4096
 //! with the same other dimensions, leading dimensions, ops, precision, epilogue and alignment.
+//!
+//! # What [`TacticDb::load`] returns
+//! Only what can be used here, never an error, a warning for everything left out (also logged
+//! through `tracing`):
+//! - a missing file: an empty database, no warning;
+//! - an unreadable file, one that does not parse (a truncated write, say), one of a format this
+//!   build does not read, or one naming a library, kind or choice this build does not know
+//!   (`"library": "rocblas"`): an empty database and a warning ("corrupt", or "stale" for an
+//!   unknown format). Such a file is never overwritten by [`TacticDb::save`];
+//! - a file tuned on another GPU or SM: an empty database and a warning ("foreign");
+//! - a format-1 file (`format: 1`, entries `{ algo, workspace, heuristic_ms, tuned_ms }`, no
+//!   library fields): read as cuBLASLt "gemm" entries whose version is the file's
+//!   `identity.cublaslt`;
+//! - entries whose library version is not the one loaded now (for cuBLASLt,
+//!   `identity.cublaslt`) are left out, with one warning per library naming how many, their
+//!   versions and the current one ("stale"): a format-1 file of another cuBLASLt therefore
+//!   loads empty, as it always did. They stay in the file;
+//! - entries of a library whose current version [`Identity`] does not record (cuDNN, until
+//!   this build uses it) are left out without a warning (they are not wrong, this build just
+//!   has no use for them; a `tracing` debug line counts them). They stay in the file too.
+//!
+//! The engine ([`Gpu::load_tactics`](super::Gpu::load_tactics)) uses the cuBLASLt "gemm"
+//! entries; an entry's algorithm is still checked by cuBLASLt (`cublasLtMatmulAlgoCheck`)
+//! before a plan uses it, and one cuBLASLt rejects is not used.
+//!
+//! # Writing
+//! Writes are atomic: the file is written beside its final name, flushed to disk and renamed
+//! over it, so a reader sees the old file or the new one, never half of one. Writers take an
+//! exclusive lock on `<file>.lock` and merge with everything on disk first (including entries
+//! `load` leaves out as stale or unused), so two processes tuning at once both keep their
+//! results and no library version's entries are lost. A save always writes format 2, so it
+//! upgrades a format-1 file in place.
+//!
+//! Compatibility: a build reads both formats; adding a [`Library`], [`ProblemKind`] or
+//! [`Choice`] variant keeps old files readable, but a build that predates a variant treats a
+//! file using it as corrupt (ignores it, never overwrites it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::lt::plan::PlanKey;
+/// The file format version this code writes. It reads this one and [`FORMAT_V1`].
+pub const FORMAT: u32 = 2;
 
-/// The file format version this code reads and writes.
-pub const FORMAT: u32 = 1;
+/// The first file format (cuBLASLt GEMM algorithms only): still read, and upgraded to
+/// [`FORMAT`] by a save (module docs).
+pub const FORMAT_V1: u32 = 1;
 
 /// The bucket a row-major M falls in: the next power of two ≥ M (0 → 1; M is at most
 /// [`MAX_DIM`](crate::MAX_DIM) in any valid problem, larger values saturate at `usize::MAX`).
@@ -36,64 +107,159 @@ pub fn m_bucket(m: usize) -> usize {
     m.max(1).checked_next_power_of_two().unwrap_or(usize::MAX)
 }
 
-/// The stable text signature of a plan key under the bucketing rule (module docs).
-pub(crate) fn signature(key: &PlanKey) -> String {
-    let c = &key.call;
-    format!(
-        "{}{} m{} n{} k{} lda{} ldb{} ldc{} b{} {} {} aux{} al{}/{}/{}/{} ws{}",
-        c.transa,
-        c.transb,
-        c.m,
-        m_bucket(c.n as usize),
-        c.k,
-        c.lda,
-        c.ldb,
-        c.ldc,
-        c.batch,
-        key.precision,
-        key.epilogue,
-        key.aux_ld,
-        key.align[0],
-        key.align[1],
-        key.align[2],
-        key.align[3],
-        key.workspace
-    )
-}
-
-/// Which machine a database belongs to.
+/// Which machine a database belongs to, and the library versions present now.
+///
+/// A `cudnn` version field will join these when the crate uses cuDNN; until then cuDNN entries
+/// are kept in files but never returned by [`TacticDb::load`] (module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
-    /// GPU name, e.g. "NVIDIA H200".
+    /// GPU name, e.g. "NVIDIA H200" (cuDeviceGetName).
     pub gpu: String,
-    /// Compute capability, e.g. "9.0".
+    /// Compute capability "major.minor", e.g. "9.0".
     pub sm: String,
-    /// cuBLASLt version (cublasLtGetVersion), e.g. 130100.
+    /// cuBLASLt version (cublasLtGetVersion, `major·10000 + minor·100 + patch`), e.g. 130100;
+    /// 0 where libcublasLt is not loaded.
     pub cublaslt: usize,
 }
 
-/// One tuned algorithm.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+impl Identity {
+    /// The version of `library` present now, where this identity records it (cuBLASLt: always;
+    /// cuDNN: not yet, `None`).
+    pub fn version(&self, library: Library) -> Option<usize> {
+        match library {
+            Library::CublasLt => Some(self.cublaslt),
+            Library::Cudnn => None,
+        }
+    }
+}
+
+/// The library a tactic belongs to (serialised as "cublaslt", "cudnn").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Library {
+    /// cuBLASLt (`libcublasLt`).
+    #[serde(rename = "cublaslt")]
+    CublasLt,
+    /// cuDNN (`libcudnn`).
+    #[serde(rename = "cudnn")]
+    Cudnn,
+}
+
+impl std::fmt::Display for Library {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Library::CublasLt => "cuBLASLt",
+            Library::Cudnn => "cuDNN",
+        })
+    }
+}
+
+/// The kind of problem a tactic serves (serialised as "gemm", "fp8_gemm", "conv2d"); its
+/// signature's prefix follows from it (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// A cuBLASLt GEMM of this crate's precisions; key: the plan's signature (module docs).
+    Gemm,
+    /// An FP8 cuBLASLt GEMM; key prefix "fp8_gemm ".
+    Fp8Gemm,
+    /// A 2-D convolution; key prefix "conv2d ".
+    Conv2d,
+}
+
+/// A tuned choice, tagged by `type` in the file (module docs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Choice {
+    /// A cuBLASLt algorithm ("lt_algo").
+    LtAlgo {
+        /// `cublasLtMatmulAlgo_t`'s opaque data.
+        algo: [u64; 8],
+        /// Workspace it needs, bytes.
+        workspace: usize,
+    },
+}
+
+/// One tuned choice: which library and version, which kind of problem, what was chosen, and
+/// how fast it was when tuned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Tactic {
-    /// cublasLtMatmulAlgo_t's opaque data.
-    pub algo: [u64; 8],
-    /// Workspace it needs, bytes.
-    pub workspace: usize,
+    /// The library the choice is for.
+    pub library: Library,
+    /// That library's version when tuned (cuBLASLt: `major·10000 + minor·100 + patch`).
+    pub version: usize,
+    /// The kind of problem; decides the key's prefix (module docs).
+    pub kind: ProblemKind,
+    /// The choice.
+    pub choice: Choice,
     /// The heuristic's first choice, median ms, when tuned.
     pub heuristic_ms: f64,
-    /// This algorithm, median ms, when tuned.
+    /// This choice, median ms, when tuned.
     pub tuned_ms: f64,
+}
+
+impl Tactic {
+    /// A cuBLASLt GEMM tactic: `algo` (`cublasLtMatmulAlgo_t`'s data) needing `workspace`
+    /// bytes, tuned with cuBLASLt `version`; median times in ms.
+    pub fn lt_gemm(algo: [u64; 8], workspace: usize, version: usize, heuristic_ms: f64, tuned_ms: f64) -> Tactic {
+        Tactic {
+            library: Library::CublasLt,
+            version,
+            kind: ProblemKind::Gemm,
+            choice: Choice::LtAlgo { algo, workspace },
+            heuristic_ms,
+            tuned_ms,
+        }
+    }
+
+    /// The cuBLASLt algorithm data and its workspace (bytes), for a cuBLASLt entry (of any
+    /// kind: check [`kind`](Tactic::kind)); `None` for another library's.
+    pub fn lt_algo(&self) -> Option<([u64; 8], usize)> {
+        match (self.library, &self.choice) {
+            (Library::CublasLt, &Choice::LtAlgo { algo, workspace }) => Some((algo, workspace)),
+            _ => None,
+        }
+    }
+
+    /// Same library, version and kind: tuned times that can be compared.
+    fn comparable(&self, other: &Tactic) -> bool {
+        self.library == other.library && self.version == other.version && self.kind == other.kind
+    }
 }
 
 /// The database: identity + tactics by signature.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TacticDb {
-    /// File format version ([`FORMAT`]).
+    /// File format version ([`FORMAT`] once loaded or created).
     pub format: u32,
-    /// The machine it was tuned on.
+    /// The machine it is for (once loaded: the identity passed to [`TacticDb::load`]).
     pub identity: Identity,
-    /// Tactics by signature.
+    /// Tactics by signature (module docs).
     pub entries: BTreeMap<String, Tactic>,
+}
+
+/// A format-1 file (read only).
+#[derive(Deserialize)]
+struct V1 {
+    identity: Identity,
+    entries: BTreeMap<String, V1Tactic>,
+}
+
+/// A format-1 entry: always a cuBLASLt GEMM algorithm.
+#[derive(Deserialize)]
+struct V1Tactic {
+    algo: [u64; 8],
+    workspace: usize,
+    heuristic_ms: f64,
+    tuned_ms: f64,
+}
+
+/// Just the format, to choose how to read the rest.
+#[derive(Deserialize)]
+struct Header {
+    format: u32,
 }
 
 impl TacticDb {
@@ -102,54 +268,57 @@ impl TacticDb {
         TacticDb { format: FORMAT, identity, entries: BTreeMap::new() }
     }
 
-    /// Reads `path` for this machine. A missing file gives an empty database; a corrupt,
-    /// foreign or stale one gives an empty database and a warning (also logged through
-    /// `tracing`), never an error.
+    /// Reads `path` for this machine: the entries usable here, and a warning for everything
+    /// left out (module docs: missing, corrupt, foreign, format 1, stale and unused entries).
+    /// Never an error; warnings are also logged through `tracing`. The result's `identity` is
+    /// `identity` and its `format` is [`FORMAT`].
     pub fn load(path: &Path, identity: &Identity) -> (TacticDb, Vec<String>) {
-        let empty = TacticDb::new(identity.clone());
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (empty, Vec::new()),
-            Err(e) => return (empty, warn(format!("tactic database {}: unreadable ({e}); ignored", path.display()))),
+        let mut db = match read_all(path, identity) {
+            Ok(Some(db)) => db,
+            Ok(None) => return (TacticDb::new(identity.clone()), Vec::new()),
+            Err(w) => return (TacticDb::new(identity.clone()), warn(w)),
         };
-        let db: TacticDb = match serde_json::from_str(&text) {
-            Ok(db) => db,
-            Err(e) => {
-                return (empty, warn(format!("tactic database {}: corrupt ({e}); ignored", path.display())));
+        db.identity = identity.clone();
+        // per library: (entries, their versions, the current version)
+        let mut stale: BTreeMap<Library, (usize, BTreeSet<usize>, usize)> = BTreeMap::new();
+        let mut unused = 0usize;
+        db.entries.retain(|_, t| match identity.version(t.library) {
+            Some(v) if v == t.version => true,
+            Some(v) => {
+                let s = stale.entry(t.library).or_insert((0, BTreeSet::new(), v));
+                s.0 += 1;
+                s.1.insert(t.version);
+                false
             }
-        };
-        if db.format != FORMAT {
-            let w = format!(
-                "tactic database {}: format {} (this build reads {FORMAT}); stale, ignored",
-                path.display(),
-                db.format
+            None => {
+                unused += 1;
+                false
+            }
+        });
+        if unused > 0 {
+            tracing::debug!(
+                "tactic database {}: {unused} entries of libraries this build does not use",
+                path.display()
             );
-            return (empty, warn(w));
         }
-        if db.identity.gpu != identity.gpu || db.identity.sm != identity.sm {
+        let mut warnings = Vec::new();
+        for (lib, (n, versions, current)) in stale {
+            let versions: Vec<String> = versions.iter().map(usize::to_string).collect();
             let w = format!(
-                "tactic database {}: tuned on {} (sm {}), this is {} (sm {}); foreign, ignored",
+                "tactic database {}: {n} {} tuned with {lib} {}, this is {lib} {current}; stale, ignored",
                 path.display(),
-                db.identity.gpu,
-                db.identity.sm,
-                identity.gpu,
-                identity.sm
+                if n == 1 { "entry" } else { "entries" },
+                versions.join(", ")
             );
-            return (empty, warn(w));
+            warnings.extend(warn(w));
         }
-        if db.identity.cublaslt != identity.cublaslt {
-            let w = format!(
-                "tactic database {}: tuned with cuBLASLt {}, this is {}; stale, ignored",
-                path.display(),
-                db.identity.cublaslt,
-                identity.cublaslt
-            );
-            return (empty, warn(w));
-        }
-        (db, Vec::new())
+        (db, warnings)
     }
 
-    /// Adds `other`'s entries; where both have a signature, the lower `tuned_ms` wins.
+    /// Adds `other`'s entries. Where both have a signature and their entries are of the same
+    /// library, library version and kind, the lower `tuned_ms` wins; where they differ, `other`'s
+    /// entry replaces this one (times of different library versions do not compare; in
+    /// [`save`](TacticDb::save), `other` is the database being saved, so the latest tuning wins).
     /// Entries with a non-finite or negative time are skipped.
     pub fn merge(&mut self, other: &TacticDb) {
         for (sig, t) in &other.entries {
@@ -157,22 +326,34 @@ impl TacticDb {
                 continue;
             }
             match self.entries.get(sig) {
-                Some(mine) if mine.tuned_ms <= t.tuned_ms => {}
+                Some(mine) if mine.comparable(t) && mine.tuned_ms <= t.tuned_ms => {}
                 _ => {
-                    self.entries.insert(sig.clone(), *t);
+                    self.entries.insert(sig.clone(), t.clone());
                 }
             }
         }
     }
 
-    /// Writes the database to `path` atomically, merged with what another process may have
-    /// written there meanwhile (under an exclusive lock on `<path>.lock`).
+    /// Whether [`save`](TacticDb::save) would write over `path` for this `identity`: `Ok` for a
+    /// missing file or one of this machine in a format this build reads (whatever its entries'
+    /// library versions); otherwise the `AlreadyExists` error `save` would give. Takes no lock.
+    ///
+    /// # Errors
+    /// `AlreadyExists` naming the path and why (corrupt, unreadable, unknown format, foreign).
+    pub fn check_writable(path: &Path, identity: &Identity) -> std::io::Result<()> {
+        read_all(path, identity).map(drop).map_err(refusal)
+    }
+
+    /// Writes the database to `path` atomically as format 2, merged (as [`merge`](TacticDb::merge)
+    /// with `self` second) with everything on disk, including entries
+    /// [`load`](TacticDb::load) leaves out, under an exclusive lock on `<path>.lock`. The
+    /// header's identity becomes `self.identity`. A format-1 file is upgraded.
     ///
     /// # Errors
     /// An entry with a non-finite or negative time (`InvalidInput`); an existing file at
-    /// `path` that is corrupt, foreign or stale (`AlreadyExists`: it is never overwritten —
-    /// remove it or choose another path); I/O errors creating, locking, writing or renaming.
-    /// Every message names the path.
+    /// `path` that is unreadable, corrupt, of an unknown format or foreign (`AlreadyExists`:
+    /// it is never overwritten — remove it or choose another path); I/O errors creating,
+    /// locking, writing or renaming. Every message names the path.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
         if let Some((sig, _)) = self.entries.iter().find(|(_, t)| !valid(t)) {
@@ -183,11 +364,10 @@ impl TacticDb {
         let lock =
             std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(named)?;
         lock.lock().map_err(named)?;
-        let (mut merged, warnings) = TacticDb::load(path, &self.identity);
-        if let Some(w) = warnings.first() {
-            let msg = format!("refusing to overwrite: {w}");
-            return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, msg));
-        }
+        let mut merged =
+            read_all(path, &self.identity).map_err(refusal)?.unwrap_or_else(|| TacticDb::new(self.identity.clone()));
+        merged.format = FORMAT;
+        merged.identity = self.identity.clone();
         merged.merge(self);
         let tmp = sibling(path, &format!(".tmp.{}", std::process::id()));
         let written = (|| {
@@ -204,6 +384,49 @@ impl TacticDb {
         lock.unlock().map_err(named)?;
         Ok(())
     }
+}
+
+/// Every entry of the file at `path`, unfiltered, converted to format 2 (a format-1 entry
+/// becomes a cuBLASLt "gemm" entry of the file's cuBLASLt version); the header as in the file
+/// but `format` = [`FORMAT`]. `Ok(None)`: no file. `Err`: the warning for an unreadable,
+/// corrupt, unknown-format or foreign file.
+fn read_all(path: &Path, identity: &Identity) -> Result<Option<TacticDb>, String> {
+    let p = path.display();
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("tactic database {p}: unreadable ({e}); ignored")),
+    };
+    let corrupt = |e: serde_json::Error| format!("tactic database {p}: corrupt ({e}); ignored");
+    let db = match serde_json::from_str::<Header>(&text).map_err(corrupt)?.format {
+        FORMAT => serde_json::from_str::<TacticDb>(&text).map_err(corrupt)?,
+        FORMAT_V1 => {
+            let v1: V1 = serde_json::from_str(&text).map_err(corrupt)?;
+            let version = v1.identity.cublaslt;
+            let entries = v1
+                .entries
+                .into_iter()
+                .map(|(sig, t)| (sig, Tactic::lt_gemm(t.algo, t.workspace, version, t.heuristic_ms, t.tuned_ms)))
+                .collect();
+            TacticDb { format: FORMAT, identity: v1.identity, entries }
+        }
+        other => {
+            return Err(format!(
+                "tactic database {p}: format {other} (this build reads {FORMAT_V1} and {FORMAT}); stale, ignored"
+            ));
+        }
+    };
+    if db.identity.gpu != identity.gpu || db.identity.sm != identity.sm {
+        return Err(format!(
+            "tactic database {p}: tuned on {} (sm {}), this is {} (sm {}); foreign, ignored",
+            db.identity.gpu, db.identity.sm, identity.gpu, identity.sm
+        ));
+    }
+    Ok(Some(db))
+}
+
+fn refusal(w: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("refusing to overwrite: {w}"))
 }
 
 fn valid(t: &Tactic) -> bool {

@@ -32,7 +32,7 @@ pub(crate) struct LtState {
     pub plans: HashMap<PlanKey, Plan>,
     /// Problems cuBLASLt's heuristic had no algorithm for (Auto then uses cuBLAS).
     pub unsupported: HashSet<PlanKey>,
-    /// Tuned algorithms by bucketed signature (see [`crate::cuda::tactics::signature`]).
+    /// Tuned algorithms by bucketed signature (see [`plan::signature`]).
     pub tuned: HashMap<String, Algorithm>,
     /// Cached graphs of repeated small calls (see [`replay`]).
     pub replay: ReplayCache,
@@ -159,7 +159,7 @@ impl LtState {
                 return Err(LtFailure::NoAlgorithm(e));
             }
         };
-        if let Some(algo) = self.tuned.get(&crate::cuda::tactics::signature(key)) {
+        if let Some(algo) = self.tuned.get(&plan::signature(key)) {
             match plan.check_algo(&self.handle, algo) {
                 Some(need) if need <= key.workspace => plan.algo = Algorithm { workspace: need, ..*algo },
                 _ => tracing::warn!(problem = %p.describe(), "tuned algorithm not valid here; using the heuristic's"),

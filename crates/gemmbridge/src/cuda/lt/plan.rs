@@ -9,6 +9,7 @@ use cudarc::cublaslt::sys as lt;
 
 use super::sys::{check, lt_dtype, lt_op, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
+use crate::cuda::tactics::m_bucket;
 use crate::epilogue::{AuxUse, Epilogue, VectorUse};
 use crate::error::{Error, Result};
 use crate::layout::Op;
@@ -58,6 +59,32 @@ impl PlanKey {
             workspace,
         }
     }
+}
+
+/// The stable text signature of a plan key under the tactic database's bucketing rule
+/// ([`crate::cuda::tactics`]): the key of a cuBLASLt "gemm" entry. Unchanged since format 1: the engine looks tuned algorithms up by it.
+pub(crate) fn signature(key: &PlanKey) -> String {
+    let c = &key.call;
+    format!(
+        "{}{} m{} n{} k{} lda{} ldb{} ldc{} b{} {} {} aux{} al{}/{}/{}/{} ws{}",
+        c.transa,
+        c.transb,
+        c.m,
+        m_bucket(c.n as usize),
+        c.k,
+        c.lda,
+        c.ldb,
+        c.ldc,
+        c.batch,
+        key.precision,
+        key.epilogue,
+        key.aux_ld,
+        key.align[0],
+        key.align[1],
+        key.align[2],
+        key.align[3],
+        key.workspace
+    )
 }
 
 /// The operands of one cuBLASLt launch by device address, in the column-major call's order

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::plan::{Algorithm, LtOperands, Plan, PlanKey};
+use super::plan::{signature, Algorithm, LtOperands, Plan, PlanKey};
 use super::sys::LtHandle;
 use super::timing::{time_interleaved, Call, Timed};
 use super::LtState;
 use crate::cuda::device::Workspace;
 use crate::cuda::status;
-use crate::cuda::tactics::{signature, Tactic};
+use crate::cuda::tactics::Tactic;
 use crate::dtype::DType;
 use crate::epilogue::Epilogue;
 use crate::error::Result;
@@ -150,7 +150,9 @@ pub(crate) unsafe fn autotune(
         improved,
         algorithm: algo,
     };
-    let tactic = Tactic { algo: algo.data, workspace: algo.workspace, heuristic_ms: base, tuned_ms: best_ms };
+    // SAFETY: takes no arguments; libcublasLt is loaded (an LtState exists).
+    let version = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
+    let tactic = Tactic::lt_gemm(algo.data, algo.workspace, version, base, best_ms);
     Ok((report, sig, tactic))
 }
 
