@@ -3,10 +3,15 @@
 
 mod bench;
 mod compare;
+mod db;
 mod firstcall;
 mod info;
+mod ops;
 mod probe;
 mod random;
+mod row;
+mod suites;
+mod timing;
 mod tune;
 
 use clap::{Parser, Subcommand};

@@ -1,0 +1,26 @@
+//! Tactic-database helpers shared by `bench` and `tune`: this machine's identity, and loading
+//! a database into a `Gpu`.
+
+use gemmbridge::cuda::tactics::{Identity, TacticDb};
+use gemmbridge::cuda::Gpu;
+
+/// This machine's identity for the tactic database.
+pub fn identity(gpu: &Gpu) -> anyhow::Result<Identity> {
+    let i = gpu.info()?;
+    Ok(Identity {
+        gpu: i.name,
+        sm: format!("{}.{}", i.compute_capability.0, i.compute_capability.1),
+        cublaslt: i.cublaslt_version.unwrap_or(0),
+    })
+}
+
+/// Loads a tactic database into `gpu`, printing its warnings.
+pub fn load_db(gpu: &Gpu, path: &str) -> anyhow::Result<usize> {
+    let id = identity(gpu)?;
+    let (db, warnings) = TacticDb::load(std::path::Path::new(path), &id);
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    gpu.load_tactics(&db);
+    Ok(db.entries.len())
+}
