@@ -16,8 +16,8 @@ use std::fmt::Write;
 use anyhow::{bail, Context};
 
 use crate::bench::report::read_rows;
-use crate::bench::suites::is_square_or_llm;
-use crate::bench::Row;
+use crate::row::Row;
+use crate::suites::is_square_or_llm;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -189,7 +189,7 @@ mod tests {
     use super::*;
 
     fn row(dtype: &str, op: &str, m: usize, median_ms: f64) -> Row {
-        crate::bench::square_row(op, dtype, m, median_ms)
+        crate::row::square_row(op, dtype, m, median_ms)
     }
 
     #[test]

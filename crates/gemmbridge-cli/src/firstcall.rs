@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use gemmbridge::cuda::{Extras, Gpu};
 use gemmbridge::Epilogue;
 
-use crate::bench::{precision_of, problem};
+use crate::ops::{precision_of, problem};
 use crate::random::normal;
 
 #[derive(clap::Args)]

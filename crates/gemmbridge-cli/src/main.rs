@@ -3,10 +3,16 @@
 
 mod bench;
 mod compare;
+mod db;
 mod firstcall;
 mod info;
+mod ops;
 mod probe;
 mod random;
+mod row;
+mod soak;
+mod suites;
+mod timing;
 mod tune;
 
 use clap::{Parser, Subcommand};
@@ -15,7 +21,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "gemmbridge",
     version,
-    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall, compare"
+    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall, compare, soak"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -41,6 +47,15 @@ enum Command {
     /// row's median ratio over the pairs, and per dtype and op the geometric mean and the
     /// rows below a bound (no GPU needed).
     Compare(compare::Args),
+    /// Stress run: N threads (default 8), each on its own stream, issue mixed GEMMs (1×1×1 to
+    /// 4096³, batched, padded, transposed, every precision, plain and fused epilogues, β = 0
+    /// and β ≠ 0) for --seconds (default 180) through one shared Gpu (Auto) and two more on
+    /// the same context (Lt, Blas), with graph replay on; every 50th call per thread, and
+    /// every problem once in the warm-up, is compared with float64. Reports calls, checks,
+    /// cached plans and graphs, and host RSS and device memory at start, halfway and end.
+    /// Passes (exit 0) when every checked call is within its precision's band and no call
+    /// failed; exit 1 otherwise, 2 without a CUDA GPU or on bad arguments.
+    Soak(soak::Args),
 }
 
 fn main() {
@@ -59,6 +74,7 @@ fn main() {
         Command::Tune(args) => tune::run(args),
         Command::Firstcall(args) => firstcall::run(args),
         Command::Compare(args) => compare::run(args),
+        Command::Soak(args) => soak::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -17,8 +17,8 @@ use gemmbridge::mapping::{column_major_call, ColMajorCall};
 use gemmbridge::reference::{gemm_rowmajor, max_abs_diff, rel_error};
 use gemmbridge::{DType, Element, Error, GemmProblem, Op, Precision};
 
-use crate::bench::timing;
 use crate::random::normal;
+use crate::timing;
 
 const M: usize = 256;
 const K: usize = 128;

@@ -4,12 +4,14 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::tactics::{Identity, TacticDb};
+use gemmbridge::cuda::tactics::TacticDb;
 use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras, TuneOptions};
 use gemmbridge::{DType, Element, Epilogue, Precision};
 
-use crate::bench::{op_applies, precision_of, problem, suites, OPS};
+use crate::db::identity;
+use crate::ops::{op_applies, precision_of, problem, OPS};
 use crate::random::normal;
+use crate::suites;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,11 +33,6 @@ pub struct Args {
     /// Timed samples per candidate (the library's `TuneOptions::default()` takes 15).
     #[arg(long, default_value_t = 10)]
     reps: usize,
-}
-
-/// This machine's identity for the tactic database.
-pub fn identity(gpu: &Gpu) -> anyhow::Result<Identity> {
-    Ok(gpu.tactic_identity()?)
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -130,7 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 fn tune_one<T: Element + DeviceRepr + ValidAsZeroBits>(
     gpu: &Gpu,
     op: &str,
-    shape: crate::bench::suites::Shape,
+    shape: suites::Shape,
     prec: Precision,
     opts: TuneOptions,
 ) -> anyhow::Result<(gemmbridge::cuda::TuneReport, String, gemmbridge::cuda::tactics::Tactic)> {

@@ -22,6 +22,8 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZero
 use gemmbridge::cuda::{Gpu, GraphReplay, RawBuffer, Served};
 use gemmbridge::{DType, Element, GemmProblem};
 
+use crate::db::load_db;
+use crate::ops::precision_of;
 use crate::random::normal;
 
 const BATCH: usize = 256;
@@ -35,7 +37,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// `db`: the tactic database `gpu` was given, loaded into the replay-off `Gpu` too, so that both
 /// paths and the bare call run the same algorithm (its host cost depends on the algorithm).
 pub fn measure(gpu: &Gpu, dtype: &str, db: Option<&str>) -> anyhow::Result<serde_json::Value> {
-    let p = super::precision_of(dtype).ok_or_else(|| anyhow::anyhow!("no precision {dtype}"))?;
+    let p = precision_of(dtype).ok_or_else(|| anyhow::anyhow!("no precision {dtype}"))?;
     match p.input() {
         DType::F32 => measure_typed::<f32>(gpu, dtype, db),
         DType::F16 => measure_typed::<half::f16>(gpu, dtype, db),
@@ -48,7 +50,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     dtype: &str,
     db: Option<&str>,
 ) -> anyhow::Result<serde_json::Value> {
-    let p = GemmProblem::matmul(64, 64, 64, super::precision_of(dtype).expect("checked"))?;
+    let p = GemmProblem::matmul(64, 64, 64, precision_of(dtype).expect("checked"))?;
     let s = gpu.stream().clone();
     let x: CudaSlice<T> = s.clone_htod(&normal::<T>(64 * 64))?;
     let w: CudaSlice<T> = s.clone_htod(&normal::<T>(64 * 64))?;
@@ -67,7 +69,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     direct.set_backend(gpu.backend());
     direct.set_workspace_bytes(gpu.workspace_bytes());
     if let Some(db) = db {
-        super::load_db(&direct, db)?;
+        load_db(&direct, db)?;
     }
     for _ in 0..200 {
         gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;

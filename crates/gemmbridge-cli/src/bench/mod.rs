@@ -3,8 +3,6 @@
 
 pub mod launch;
 pub mod report;
-pub mod suites;
-pub mod timing;
 
 use std::io::Write;
 
@@ -12,14 +10,17 @@ use anyhow::{bail, Context};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::tactics::TacticDb;
 use gemmbridge::cuda::{Backend, Extras, Gpu};
 use gemmbridge::{cpu, DType, Element, Epilogue, GemmProblem, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use crate::db::load_db;
+use crate::ops::{op_applies, precision_of, problem, OPS};
 use crate::random::normal;
-use suites::Shape;
+use crate::row::Row;
+use crate::suites::{self, Shape};
+use crate::timing;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -67,72 +68,6 @@ pub fn parse_backend(s: &str) -> anyhow::Result<Backend> {
         "blas" => Backend::Blas,
         "lt" => Backend::Lt,
         other => bail!("unknown backend {other:?}; choose auto, blas or lt"),
-    })
-}
-
-/// Loads a tactic database into `gpu`, printing its warnings.
-pub fn load_db(gpu: &Gpu, path: &str) -> anyhow::Result<usize> {
-    let id = crate::tune::identity(gpu)?;
-    let (db, warnings) = TacticDb::load(std::path::Path::new(path), &id);
-    for w in warnings {
-        eprintln!("warning: {w}");
-    }
-    gpu.load_tactics(&db);
-    Ok(db.entries.len())
-}
-
-/// A row of an m³ problem (tests).
-#[cfg(test)]
-pub fn square_row(op: &str, dtype: &str, m: usize, median_ms: f64) -> Row {
-    Row { op: op.into(), dtype: dtype.into(), m, n: m, k: m, batch: 1, median_ms, min_ms: median_ms, tflops: 1.0 }
-}
-
-/// One benchmark row, in torch_peer.py's fields.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Row {
-    /// "matmul" (x[m,k]·w[k,n]) or "linear" (x[m,k]·w[n,k]ᵀ).
-    pub op: String,
-    /// Input dtype name: f32, tf32, f16, bf16.
-    pub dtype: String,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub batch: usize,
-    /// Median device time per call, ms.
-    pub median_ms: f64,
-    /// Minimum device time per call, ms.
-    pub min_ms: f64,
-    /// 2·m·n·k·batch / median time, in TFLOP/s.
-    pub tflops: f64,
-}
-
-/// The GEMM ops, as torch_peer.py names them.
-pub const OPS: [&str; 4] = ["matmul", "linear", "linear_bias", "linear_bias_gelu"];
-
-/// Whether torch_peer.py runs `op` for `dtype` (the fused linear ops only for f16/bf16).
-pub fn op_applies(op: &str, dtype: &str) -> bool {
-    !(op.starts_with("linear_bias") && (dtype == "f32" || dtype == "tf32"))
-}
-
-pub fn precision_of(dtype: &str) -> Option<Precision> {
-    Some(match dtype {
-        "f32" => Precision::F32,
-        "tf32" => Precision::TF32,
-        "f16" => Precision::F16,
-        "bf16" => Precision::BF16,
-        _ => return None,
-    })
-}
-
-/// The problem an op names: matmul x[m,k]·w[k,n]; linear x[m,k]·w[n,k]ᵀ, plus bias, plus
-/// bias and GELU (tanh approximation, as PyTorch's `_addmm_activation` through cuBLASLt).
-pub fn problem(op: &str, (m, n, k): Shape, precision: Precision) -> anyhow::Result<GemmProblem> {
-    Ok(match op {
-        "matmul" => GemmProblem::matmul(m, n, k, precision)?,
-        "linear" => GemmProblem::linear(m, n, k, precision)?,
-        "linear_bias" => GemmProblem::linear(m, n, k, precision)?.with_epilogue(Epilogue::Bias)?,
-        "linear_bias_gelu" => GemmProblem::linear(m, n, k, precision)?.with_epilogue(Epilogue::GeluBias)?,
-        other => bail!("unknown op {other:?}; choose from {}", OPS.join(", ")),
     })
 }
 

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use super::suites::is_square_or_llm;
-use super::Row;
+use crate::row::Row;
+use crate::suites::is_square_or_llm;
 
 /// (op, dtype, m, n, k, batch)
 type Key = (String, String, usize, usize, usize, usize);
@@ -218,7 +218,7 @@ pub fn table(rows: &[Row], peer: Option<&[Row]>) -> String {
 mod tests {
     use super::*;
 
-    use crate::bench::square_row as r;
+    use crate::row::square_row as r;
 
     #[test]
     fn ratio_and_geomean() {

@@ -1,0 +1,21 @@
+//! Tactic-database helpers shared by `bench` and `tune`: this machine's identity, and loading
+//! a database into a `Gpu`.
+
+use gemmbridge::cuda::tactics::{Identity, TacticDb};
+use gemmbridge::cuda::Gpu;
+
+/// This machine's identity for the tactic database.
+pub fn identity(gpu: &Gpu) -> anyhow::Result<Identity> {
+    Ok(gpu.tactic_identity()?)
+}
+
+/// Loads a tactic database into `gpu`, printing its warnings.
+pub fn load_db(gpu: &Gpu, path: &str) -> anyhow::Result<usize> {
+    let id = identity(gpu)?;
+    let (db, warnings) = TacticDb::load(std::path::Path::new(path), &id);
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    gpu.load_tactics(&db);
+    Ok(db.entries.len())
+}

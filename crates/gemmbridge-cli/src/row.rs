@@ -1,0 +1,29 @@
+//! One benchmark row in torch_peer.py's fields: written by `bench`, read back by its report
+//! and by `compare`.
+
+use serde::{Deserialize, Serialize};
+
+/// One benchmark row, in torch_peer.py's fields.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Row {
+    /// "matmul" (x[m,k]·w[k,n]) or "linear" (x[m,k]·w[n,k]ᵀ).
+    pub op: String,
+    /// Input dtype name: f32, tf32, f16, bf16.
+    pub dtype: String,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    /// Median device time per call, ms.
+    pub median_ms: f64,
+    /// Minimum device time per call, ms.
+    pub min_ms: f64,
+    /// 2·m·n·k·batch / median time, in TFLOP/s.
+    pub tflops: f64,
+}
+
+/// A row of an m³ problem (tests).
+#[cfg(test)]
+pub fn square_row(op: &str, dtype: &str, m: usize, median_ms: f64) -> Row {
+    Row { op: op.into(), dtype: dtype.into(), m, n: m, k: m, batch: 1, median_ms, min_ms: median_ms, tflops: 1.0 }
+}
