@@ -172,7 +172,7 @@ mod tests {
             }
         }
         for shape in cases::FUSED.iter().filter(|s| s.m * s.n * s.k * s.batch <= 1 << 20) {
-            for e in cases::EPILOGUES {
+            for e in cases::epilogues() {
                 agree(*shape, Precision::F16, e, 0.5, -0.25);
                 agree(*shape, Precision::F32, e, 1.0, 0.0);
             }

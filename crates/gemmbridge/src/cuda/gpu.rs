@@ -118,7 +118,10 @@ impl Resources for Libraries {
 /// # Graph capture
 /// Every call can be captured into a CUDA graph on its stream once its plan and the stream's
 /// workspace exist (after one ordinary call or [`Gpu::prewarm`]); a call that would have to
-/// create either while capturing fails with [`Error::NotCapturable`] instead. A captured graph
+/// create either while capturing fails with [`Error::NotCapturable`] instead. The plan cache
+/// holds at most 4096 plans: beyond that, building a new plan drops an old one (rebuilt on its
+/// next use), so a program with more distinct problems than that should prewarm just before
+/// capturing. A captured graph
 /// uses the capture stream's workspace: replay it on that stream (or serialised with it), and
 /// not after the `Gpu` is dropped.
 ///
@@ -276,7 +279,8 @@ impl Gpu {
 
     /// Chooses when repeated small eager calls are replayed from cached CUDA graphs
     /// ([`GraphReplay`]; default on, for problems up to 1024³ multiply-adds, from the second
-    /// call with the same operands). Changing it drops the graphs cached so far.
+    /// call with the same operands). Changing it drops the graphs cached so far. Without
+    /// cuBLASLt nothing is replayed and the setting is not kept.
     pub fn set_graph_replay(&self, options: GraphReplay) {
         self.with_lt(|lt| {
             lt.replay.clear();

@@ -26,6 +26,10 @@ use plan::{Algorithm, LtOperands, Plan, PlanKey};
 use replay::{Cached, ReplayCache, ReplayKey};
 use sys::LtHandle;
 
+/// Most plans kept (and most problems remembered as unsupported): a program that makes
+/// endless distinct problems keeps a bounded cache. A plan is a few host descriptors (~1 KiB).
+pub(crate) const PLAN_CAPACITY: usize = 4096;
+
 /// Everything the cuBLASLt backend keeps (under the device's lock).
 pub(crate) struct LtState {
     pub handle: LtHandle,
@@ -155,6 +159,9 @@ impl LtState {
         let mut plan = match Plan::build(&self.handle, key, 1) {
             Ok(plan) => plan,
             Err(e) => {
+                if self.unsupported.len() >= PLAN_CAPACITY {
+                    self.unsupported.clear();
+                }
                 self.unsupported.insert(*key);
                 return Err(LtFailure::NoAlgorithm(e));
             }
@@ -163,6 +170,14 @@ impl LtState {
             match plan.check_algo(&self.handle, algo) {
                 Some(need) if need <= key.workspace => plan.algo = Algorithm { workspace: need, ..*algo },
                 _ => tracing::warn!(problem = %p.describe(), "tuned algorithm not valid here; using the heuristic's"),
+            }
+        }
+        if self.plans.len() >= PLAN_CAPACITY {
+            // Bounded: one plan, whichever the map yields first, makes room. Graphs stay (a
+            // captured launch does not refer to its plan's descriptors), and a dropped plan is
+            // rebuilt on its next use.
+            if let Some(old) = self.plans.keys().next().copied() {
+                self.plans.remove(&old);
             }
         }
         self.plans.insert(*key, plan);
