@@ -194,11 +194,15 @@ class Clock:
         return (time.perf_counter() - t) * 1e3
 
 
-def time_fn(fn, clock, reps, warmup=WARMUP, sample_ms=SAMPLE_MS):
+def time_fn(fn, clock, reps, warmup=WARMUP, sample_ms=SAMPLE_MS, check=None):
     """Median and minimum time per call, ms: `warmup` calls, one timed call to size a
-    sample, then `reps` samples of `inner` back-to-back calls (~`sample_ms` each)."""
-    for _ in range(warmup):
-        fn()
+    sample, then `reps` samples of `inner` back-to-back calls (~`sample_ms` each).
+    `check`, if given, is called with the first warm-up call's result."""
+    for i in range(warmup):
+        r = fn()
+        if i == 0 and check is not None:
+            check(r)
+        del r
     clock.sync()
     once = max(clock.burst(fn, 1), 1e-3)
     inner = max(1, min(1000, int(sample_ms / once)))
@@ -249,14 +253,16 @@ def bench_row(op, name, m, n, k, reps, device):
         def gemm(x, w):
             return torch._addmm_activation(bias, x, w.t(), use_gelu=True)
 
-    check_layout(op, m, n, k, xs[0], ws[0], gemm(xs[0], ws[0]))
     it = [0]
 
     def call():
         i = it[0] = (it[0] + 1) % len(xs)
         return gemm(xs[i], ws[i])
 
-    med, mn = time_fn(call, Clock(device), reps)
+    def check(y):
+        check_layout(op, m, n, k, xs[1 % len(xs)], ws[1 % len(ws)], y)
+
+    med, mn = time_fn(call, Clock(device), reps, check=check)
     if not (med > 0 and mn > 0):
         raise RuntimeError(f"time per call {med} ms is not positive")
     return dict(op=op, dtype=name, m=m, n=n, k=k, batch=1, median_ms=med, min_ms=mn,
@@ -436,7 +442,11 @@ def run(a):
         print("note: --device cpu exercises the code paths only; its timings are not meaningful",
               file=sys.stderr)
 
-    out = sys.stdout if a.out == "-" else open(a.out, "w")
+    try:
+        out = sys.stdout if a.out == "-" else open(a.out, "w")
+    except OSError as e:
+        print(f"error: cannot write {a.out}: {e}", file=sys.stderr)
+        return 2
     failed = 0
     try:
         emit(out, env_row(a.device, a.reps, a.suite))
