@@ -396,15 +396,15 @@ def parse_args(argv):
         "and writes the same JSON lines.",
         epilog="Unknown suites, dtypes or ops, and a missing CUDA GPU, exit with status 2.",
     )
-    ap.add_argument("--suite", default="default", help=f"shape suite: {', '.join(SUITE_ORDER)} (default: default)")
-    ap.add_argument("--dtypes", default=",".join(DTYPES),
+    ap.add_argument("--suite", default="default", metavar="NAME", help=f"shape suite: {', '.join(SUITE_ORDER)} (default: default)")
+    ap.add_argument("--dtypes", default=",".join(DTYPES), metavar="LIST",
                     help="comma list of f32, tf32, f16, bf16 (default: all); fp8_e4m3 is accepted and skipped")
-    ap.add_argument("--ops", default=",".join(ALL_OPS),
+    ap.add_argument("--ops", default=",".join(ALL_OPS), metavar="LIST",
                     help="comma list of matmul, linear, linear_bias, linear_bias_gelu, launch (default: all; "
                     "the linear_bias ops run only for f16/bf16; launch runs once per dtype but tf32, "
                     "whatever the suite)")
-    ap.add_argument("--reps", type=int, default=30, help="timed samples per row, ~1 ms each (default 30)")
-    ap.add_argument("--out", default="-", help="write the JSON lines to FILE (default: stdout)")
+    ap.add_argument("--reps", type=int, default=30, metavar="N", help="timed samples per row, ~1 ms each (default 30)")
+    ap.add_argument("--out", default="-", metavar="FILE", help="write the JSON lines to FILE (default: stdout)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cuda (default). cpu only exercises the code paths: its timings are NOT "
                     "meaningful and must not be compared; launch rows are skipped there")
