@@ -1,0 +1,488 @@
+#!/usr/bin/env python3
+"""PyTorch peer for `gemmbridge bench`: PyTorch's own dense GEMM paths (cuBLAS / cuBLASLt
+underneath) timed on the same shapes, dtypes and layouts, the same way, written as the same
+JSON lines, so the two can be run side by side on one GPU machine and compared with
+`gemmbridge bench --peer FILE` or `gemmbridge compare --ours ... --peer ...`.
+
+Output: one JSON object per line (stdout, or --out FILE). The first line is an "env" row
+(op "env": torch, CUDA, cuBLAS, cuBLASLt and cuDNN versions where they can be read, device
+name, reps). Then one row per (dtype, shape, op), in that order:
+  op         matmul (x[m,k] @ w[k,n]), linear (F.linear(x, w[n,k])), linear_bias
+             (torch.addmm(bias, x, w.t()), what F.linear(x, w, bias) runs),
+             linear_bias_gelu (torch._addmm_activation(bias, x, w.t(), use_gelu=True):
+             PyTorch's fused bias + tanh-GELU path)
+  dtype      f32 | tf32 | f16 | bf16  (input and output dtype; f32 accumulation)
+  m, n, k    row-major problem, out[m,n]; batch is always 1
+  median_ms, min_ms  device time per call (CUDA events), after 5 warm-up calls
+  tflops     2*m*n*k / median time, in TFLOP/s
+and, last, one "launch" row per dtype (tf32 excepted, as gemmbridge): a tiny 64^3 matmul's
+  host_us    host time per call, median of 40 batches of 256 calls
+  wall_us    the same, waiting for the GPU at the end of each batch
+  graph_us   GPU time per GEMM when 256 calls captured in one CUDA graph are replayed
+A row that fails (e.g. out of memory) is written with an "error" field instead of times,
+and the exit status is then 1.
+
+Timing: each sample times `inner` back-to-back calls between two CUDA events, `inner`
+chosen so that a sample spans about 1 ms (1 to 1000 calls); --reps samples; median and
+minimum per call. Inputs are drawn with torch.randn on the GPU (never zeros) and rotated
+across up to 8 buffer sets within 512 MiB, drawn afresh for every row, so that repeated
+calls do not all hit L2.
+
+Needs only PyTorch and the standard library (Python 3.10+).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+# (m, n, k) row-major: out[m,n] = x[m,k] @ w  (w is [k,n] for matmul, [n,k] for linear)
+SUITES = {
+    "square": [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192)],
+    "llm": [
+        (5120, 2048, 768),  # production shape (m=5120 k=768 n=2048)
+        (5120, 8192, 2048),  # production shape (m=5120 k=2048 n=8192)
+        (3537, 12288, 2048),  # odd-M projection shape (m not a multiple of 8)
+        (4096, 6144, 4096),  # 8B-class attention QKV projection, 4096 tokens
+        (4096, 28672, 4096),  # 8B-class gate+up projection
+        (4096, 4096, 14336),  # 8B-class down projection
+    ],
+    "small": [(1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096), (64, 64, 64), (256, 256, 256)],
+    # Leading dimensions (row-major: k for x, n or k for w, n for out) that are not
+    # multiples of 16 bytes in some operand. (4095, 4096, 4096) is the control: only the
+    # m extent is odd, every leading dimension is aligned.
+    "misaligned": [
+        (4096, 4096, 2047),
+        (4096, 4096, 4095),
+        (4096, 4095, 4096),
+        (8192, 8192, 8191),
+        (4095, 4096, 4096),
+        (2048, 2048, 2047),
+        (1024, 1024, 1023),
+        (512, 512, 511),
+        (256, 256, 255),
+    ],
+}
+SUITES["default"] = SUITES["square"] + SUITES["llm"] + SUITES["small"]
+SUITE_ORDER = ["default", "square", "llm", "small", "misaligned"]
+
+DTYPES = ["f32", "tf32", "f16", "bf16"]
+# accepted, as `gemmbridge bench` accepts it, and skipped with a note
+SKIPPED_DTYPES = ["fp8_e4m3"]
+OPS = ["matmul", "linear", "linear_bias", "linear_bias_gelu"]
+ALL_OPS = OPS + ["launch"]
+ELEM_BYTES = {"f32": 4, "tf32": 4, "f16": 2, "bf16": 2}
+
+WARMUP = 5
+SAMPLE_MS = 1.0
+ROTATION_BYTES = 512 << 20
+ROTATION_MAX = 8
+LAUNCH_BATCH = 256
+LAUNCH_BATCHES = 40
+LAUNCH_GRAPH_REPS = 20
+
+torch = None  # imported in main(), so that --list and argument errors need no PyTorch
+
+
+class UsageError(Exception):
+    """A bad command line: message, exit status 2."""
+
+
+def op_applies(op, dtype):
+    """Whether `op` runs for `dtype`: the fused linear ops only for f16/bf16."""
+    return not (op.startswith("linear_bias") and dtype in ("f32", "tf32"))
+
+
+def split_list(flag, text, known, skipped=()):
+    """A comma list, in the order given, each name once; unknown names are a usage error."""
+    out = []
+    for name in (s.strip() for s in text.split(",")):
+        if not name:
+            continue
+        if name in skipped:
+            print(f"note: {flag} {name} is not offered by this peer; skipped", file=sys.stderr)
+            continue
+        if name not in known:
+            raise UsageError(f"unknown {flag[2:].rstrip('s')} {name!r}; choose from {', '.join(known)}")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise UsageError(f"no {flag[2:]} to run: give {flag} with at least one of {', '.join(known)}")
+    return out
+
+
+def rotation_count(m, n, k, elem_bytes):
+    """Buffer sets to rotate through: as many (x, w) pairs as fit 512 MiB, 1 to 8."""
+    per = (m * k + k * n) * elem_bytes
+    return max(1, min(ROTATION_MAX, ROTATION_BYTES // max(per, 1)))
+
+
+def leading_dims(op, m, n, k):
+    """Row-major leading dimensions (elements) of x, w and out for `op`."""
+    return {"x": k, "w": n if op == "matmul" else k, "out": n}
+
+
+def misaligned_operands(m, n, k, elem_bytes):
+    """Operands whose row-major leading dimension is not a multiple of 16 bytes."""
+    bad = []
+    for op in ("matmul", "linear"):
+        for operand, ld in leading_dims(op, m, n, k).items():
+            tag = f"w({op})" if operand == "w" else operand
+            if (ld * elem_bytes) % 16 and tag not in bad:
+                bad.append(tag)
+    return bad
+
+
+def list_suites(out):
+    """Prints every suite's shapes, with the operands whose leading dimension is not a
+    multiple of 16 bytes."""
+    for name in SUITE_ORDER:
+        shapes = SUITES[name]
+        out.write(f"{name} ({len(shapes)} shapes)\n")
+        for m, n, k in shapes:
+            b16, b32 = misaligned_operands(m, n, k, 2), misaligned_operands(m, n, k, 4)
+            if not b16 and not b32:
+                note = "leading dimensions all 16-byte multiples"
+            elif b16 == b32:
+                note = "ld not a 16-byte multiple: " + ", ".join(b16)
+            else:
+                note = f"ld not a 16-byte multiple: f16/bf16 {', '.join(b16) or '-'}; f32 {', '.join(b32) or '-'}"
+            out.write(f"  m={m:<6} n={n:<6} k={k:<6} {note}\n")
+    out.write("dtypes: " + ", ".join(DTYPES) + " (linear_bias, linear_bias_gelu: f16, bf16 only)\n")
+    out.write("ops: " + ", ".join(ALL_OPS) + " (launch: 64x64x64, once per dtype but tf32, whatever the suite)\n")
+
+
+def emit(out, rec):
+    out.write(json.dumps(rec, allow_nan=False) + "\n")
+    out.flush()
+
+
+def torch_dtype(name):
+    return {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def set_tf32(on):
+    torch.backends.cuda.matmul.allow_tf32 = on
+
+
+class Clock:
+    """Device timing: CUDA events on the current stream, or the host clock on the CPU."""
+
+    def __init__(self, device):
+        self.cuda = device == "cuda"
+        if self.cuda:
+            self.s = torch.cuda.Event(enable_timing=True)
+            self.e = torch.cuda.Event(enable_timing=True)
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def burst(self, fn, n):
+        """Milliseconds of `n` back-to-back calls."""
+        if self.cuda:
+            self.s.record()
+            for _ in range(n):
+                fn()
+            self.e.record()
+            self.e.synchronize()
+            return self.s.elapsed_time(self.e)
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t) * 1e3
+
+
+def time_fn(fn, clock, reps, warmup=WARMUP, sample_ms=SAMPLE_MS, check=None):
+    """Median and minimum time per call, ms: `warmup` calls, one timed call to size a
+    sample, then `reps` samples of `inner` back-to-back calls (~`sample_ms` each).
+    `check`, if given, is called with the first warm-up call's result."""
+    for i in range(warmup):
+        r = fn()
+        if i == 0 and check is not None:
+            check(r)
+        del r
+    clock.sync()
+    once = max(clock.burst(fn, 1), 1e-3)
+    inner = max(1, min(1000, int(sample_ms / once)))
+    times = sorted(clock.burst(fn, inner) / inner for _ in range(reps))
+    return times[len(times) // 2], times[0]
+
+
+def rotation(m, n, k, name, op, device):
+    """Input sets for one row: x [m,k], w [k,n] (matmul) or [n,k] (linear ops), contiguous,
+    drawn with torch.randn (in f32, then converted) on `device`."""
+    dtype = torch_dtype(name)
+    count = rotation_count(m, n, k, ELEM_BYTES[name])
+    wshape = (k, n) if op == "matmul" else (n, k)
+    xs = [torch.randn(m, k, device=device).to(dtype) for _ in range(count)]
+    ws = [torch.randn(*wshape, device=device).to(dtype) for _ in range(count)]
+    return xs, ws
+
+
+def check_layout(op, m, n, k, x, w, y):
+    """The operands have exactly the row-major leading dimensions of the problem: nothing
+    padded or transposed behind our back."""
+    ld = leading_dims(op, m, n, k)
+    wshape = (k, n) if op == "matmul" else (n, k)
+    for what, t, shape, want in (("x", x, (m, k), ld["x"]), ("w", w, wshape, ld["w"]), ("out", y, (m, n), ld["out"])):
+        if tuple(t.shape) != shape or t.stride() != (want, 1):
+            raise RuntimeError(
+                f"{what} of {op} {m}x{n}x{k} has shape {tuple(t.shape)} strides {t.stride()}, "
+                f"expected shape {shape} strides ({want}, 1)"
+            )
+
+
+def bench_row(op, name, m, n, k, reps, device):
+    """One timed row."""
+    xs, ws = rotation(m, n, k, name, op, device)
+    bias = torch.randn(n, device=device).to(torch_dtype(name))
+    F = torch.nn.functional
+
+    if op == "matmul":
+        def gemm(x, w):
+            return x @ w
+    elif op == "linear":
+        def gemm(x, w):
+            return F.linear(x, w)
+    elif op == "linear_bias":
+        def gemm(x, w):
+            return torch.addmm(bias, x, w.t())
+    else:
+        def gemm(x, w):
+            return torch._addmm_activation(bias, x, w.t(), use_gelu=True)
+
+    it = [0]
+
+    def call():
+        i = it[0] = (it[0] + 1) % len(xs)
+        return gemm(xs[i], ws[i])
+
+    def check(y):
+        check_layout(op, m, n, k, xs[1 % len(xs)], ws[1 % len(ws)], y)
+
+    med, mn = time_fn(call, Clock(device), reps, check=check)
+    if not (med > 0 and mn > 0):
+        raise RuntimeError(f"time per call {med} ms is not positive")
+    return dict(op=op, dtype=name, m=m, n=n, k=k, batch=1, median_ms=med, min_ms=mn,
+                tflops=2 * m * n * k / (med * 1e-3) / 1e12)
+
+
+def launch_row(name):
+    """Cost of one tiny (64^3) matmul, as gemmbridge's launch row: host and wall time per
+    call over batches of 256 calls (below the launch-queue depth, so the GPU does not
+    throttle the host), median of 40 batches; GPU time per GEMM when 256 calls captured in
+    one CUDA graph are replayed, median of 20 replays."""
+    set_tf32(False)
+    dtype = torch_dtype(name)
+    x = torch.randn(64, 64, device="cuda").to(dtype)
+    w = torch.randn(64, 64, device="cuda").to(dtype)
+    o = torch.empty(64, 64, device="cuda", dtype=dtype)
+    for _ in range(200):
+        torch.matmul(x, w, out=o)
+    hosts, walls = [], []
+    for _ in range(LAUNCH_BATCHES):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(LAUNCH_BATCH):
+            torch.matmul(x, w, out=o)
+        hosts.append((time.perf_counter() - t) / LAUNCH_BATCH)
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t) / LAUNCH_BATCH)
+    hosts.sort()
+    walls.sort()
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            torch.matmul(x, w, out=o)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        for _ in range(LAUNCH_BATCH):
+            torch.matmul(x, w, out=o)
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    e0 = torch.cuda.Event(enable_timing=True)
+    e1 = torch.cuda.Event(enable_timing=True)
+    graph = []
+    for _ in range(LAUNCH_GRAPH_REPS):
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        graph.append(e0.elapsed_time(e1) / LAUNCH_BATCH * 1e3)
+    graph.sort()
+    return dict(op="launch", dtype=name, m=64, n=64, k=64,
+                host_us=hosts[LAUNCH_BATCHES // 2] * 1e6, wall_us=walls[LAUNCH_BATCHES // 2] * 1e6,
+                graph_us=graph[LAUNCH_GRAPH_REPS // 2])
+
+
+def loaded_library(stem):
+    """Path of a shared library `stem`*.so* this process has loaded (Linux), else None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if os.path.basename(path).startswith(stem + ".so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def cublas_versions():
+    """(cuBLAS "major.minor.patch", cuBLASLt version number) of the libraries PyTorch has
+    loaded, read through ctypes; None where they cannot be read (PyTorch does not expose
+    them). Call after a GEMM has run, so that both are loaded."""
+    import ctypes
+
+    blas = lt = None
+    path = loaded_library("libcublas")
+    if path:
+        try:
+            lib = ctypes.CDLL(path)
+            parts = []
+            for prop in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+                v = ctypes.c_int()
+                if lib.cublasGetProperty(prop, ctypes.byref(v)) != 0:
+                    raise OSError("cublasGetProperty failed")
+                parts.append(str(v.value))
+            blas = ".".join(parts)
+        except (OSError, AttributeError):
+            blas = None
+    path = loaded_library("libcublasLt")
+    if path:
+        try:
+            lib = ctypes.CDLL(path)
+            lib.cublasLtGetVersion.restype = ctypes.c_size_t
+            lt = int(lib.cublasLtGetVersion())
+        except (OSError, AttributeError):
+            lt = None
+    return blas, lt
+
+
+def env_row(device, reps, suite):
+    """The "env" row: as gemmbridge's (op, backend, device, cublas, cublaslt, reps, heat_ms)
+    plus PyTorch's own versions and matmul flags."""
+    row = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda, suite=suite,
+               reps=reps, heat_ms=0.0)
+    if device == "cuda":
+        # one small GEMM of each kind, so that cuBLAS and cuBLASLt are loaded
+        a = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+        a @ a
+        torch._addmm_activation(torch.randn(64, device="cuda", dtype=torch.float16), a, a.t(), use_gelu=True)
+        torch.cuda.synchronize()
+        blas, lt = cublas_versions()
+        row.update(device=torch.cuda.get_device_name(0), cublas=blas, cublaslt=lt)
+        try:
+            row["cudnn"] = torch.backends.cudnn.version()
+        except Exception:  # cuDNN missing or not loadable: say so rather than fail
+            row["cudnn"] = None
+        cap = torch.cuda.get_device_capability(0)
+        row["capability"] = f"{cap[0]}.{cap[1]}"
+        row["allow_fp16_reduced_precision_reduction"] = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        row["allow_bf16_reduced_precision_reduction"] = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    else:
+        row.update(device="cpu", cublas=None, cublaslt=None, cudnn=None)
+    return row
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        prog="peer.py",
+        description="PyTorch peer for `gemmbridge bench`: times PyTorch's GEMMs on the same suites "
+        "and writes the same JSON lines.",
+        epilog="Unknown suites, dtypes or ops, and a missing CUDA GPU, exit with status 2.",
+    )
+    ap.add_argument("--suite", default="default", metavar="NAME", help=f"shape suite: {', '.join(SUITE_ORDER)} (default: default)")
+    ap.add_argument("--dtypes", default=",".join(DTYPES), metavar="LIST",
+                    help="comma list of f32, tf32, f16, bf16 (default: all); fp8_e4m3 is accepted and skipped")
+    ap.add_argument("--ops", default=",".join(ALL_OPS), metavar="LIST",
+                    help="comma list of matmul, linear, linear_bias, linear_bias_gelu, launch (default: all; "
+                    "the linear_bias ops run only for f16/bf16; launch runs once per dtype but tf32, "
+                    "whatever the suite)")
+    ap.add_argument("--reps", type=int, default=30, metavar="N", help="timed samples per row, ~1 ms each (default 30)")
+    ap.add_argument("--out", default="-", metavar="FILE", help="write the JSON lines to FILE (default: stdout)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cuda (default). cpu only exercises the code paths: its timings are NOT "
+                    "meaningful and must not be compared; launch rows are skipped there")
+    ap.add_argument("--list", action="store_true", help="print the suites' shapes and exit (needs no PyTorch)")
+    return ap.parse_args(argv)
+
+
+def run(a):
+    global torch
+    if a.list:
+        list_suites(sys.stdout)
+        return 0
+    if a.suite not in SUITES:
+        raise UsageError(f"unknown suite {a.suite!r}; choose one of {', '.join(SUITE_ORDER)}")
+    dtypes = split_list("--dtypes", a.dtypes, DTYPES, SKIPPED_DTYPES)
+    ops = split_list("--ops", a.ops, ALL_OPS)
+    if not 1 <= a.reps <= 100_000:
+        raise UsageError(f"--reps {a.reps} is not between 1 and 100000")
+    try:
+        import torch as _torch
+    except ImportError as e:
+        print(f"error: PyTorch is not installed ({e})", file=sys.stderr)
+        return 2
+    torch = _torch
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False; "
+              f"torch {torch.__version__}, built for CUDA {torch.version.cuda})", file=sys.stderr)
+        return 2
+    launch = "launch" in ops
+    ops = [o for o in ops if o != "launch"]
+    if launch and a.device == "cpu":
+        print("note: launch rows need a GPU; skipped on --device cpu", file=sys.stderr)
+        launch = False
+    if a.device == "cpu":
+        print("note: --device cpu exercises the code paths only; its timings are not meaningful",
+              file=sys.stderr)
+
+    try:
+        out = sys.stdout if a.out == "-" else open(a.out, "w")
+    except OSError as e:
+        print(f"error: cannot write {a.out}: {e}", file=sys.stderr)
+        return 2
+    failed = 0
+    try:
+        emit(out, env_row(a.device, a.reps, a.suite))
+        for name in dtypes:
+            set_tf32(name == "tf32")
+            for (m, n, k) in SUITES[a.suite]:
+                for op in ops:
+                    if not op_applies(op, name):
+                        continue
+                    try:
+                        rec = bench_row(op, name, m, n, k, a.reps, a.device)
+                    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
+                        failed += 1
+                        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                        print(f"error: {op} {name} {m}x{n}x{k}: {msg}", file=sys.stderr)
+                        rec = dict(op=op, dtype=name, m=m, n=n, k=k, batch=1, error=msg)
+                    emit(out, rec)
+        set_tf32(False)
+        if launch:
+            for name in dtypes:
+                if name == "tf32":
+                    continue
+                emit(out, launch_row(name))
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 1 if failed else 0
+
+
+def main(argv=None):
+    try:
+        return run(parse_args(argv))
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
