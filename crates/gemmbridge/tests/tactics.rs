@@ -19,8 +19,12 @@ fn tactic_of(version: usize, ms: f64, tag: u64) -> Tactic {
     Tactic::lt_gemm([tag, 1, 2, 3, 4, 5, 6, 7], 1024, version, 1.0, ms)
 }
 
+/// A fresh directory's `db.json`, unique to this call (tests run in parallel and several use
+/// the same name).
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gemmbridge-tactics-{}-{name}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("gemmbridge-tactics-{}-{name}-{call}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir.join("db.json")
