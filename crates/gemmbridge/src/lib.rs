@@ -29,6 +29,7 @@ pub mod epilogue;
 mod error;
 mod layout;
 pub mod mapping;
+mod pad;
 mod precision;
 mod problem;
 pub mod reference;

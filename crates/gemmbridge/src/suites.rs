@@ -21,11 +21,25 @@ pub const LLM: [Shape; 6] = [
 /// Small and weight-bound shapes (M ≤ 128, tiny GEMMs), where host cost matters.
 pub const SMALL: [Shape; 5] = [(1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096), (64, 64, 64), (256, 256, 256)];
 
+/// Shapes whose row-major leading dimensions are off 16 bytes (for 16-bit types: K or N not a
+/// multiple of 8), largest first: the misaligned-operand path and the direct call beside it.
+pub const MISALIGNED: [Shape; 9] = [
+    (4096, 4096, 2047),
+    (4096, 4096, 4095),
+    (4096, 4095, 4096),
+    (8192, 8192, 8191),
+    (4095, 4096, 4096), // odd M alone: aligned (a control row)
+    (2048, 2048, 2047),
+    (1024, 1024, 1023),
+    (512, 512, 511),
+    (256, 256, 255),
+];
+
 /// For the CPU backend, where the GPU suites would take hours.
 pub const CPU: [Shape; 4] = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512)];
 
 /// The suite names `--suite` accepts.
-pub const NAMES: [&str; 5] = ["default", "square", "llm", "small", "cpu"];
+pub const NAMES: [&str; 6] = ["default", "square", "llm", "small", "misaligned", "cpu"];
 
 /// Shapes of a suite; `default` is square + llm + small, as in torch_peer.py. `None` for a
 /// name not in [`NAMES`].
@@ -34,6 +48,7 @@ pub fn shapes(name: &str) -> Option<Vec<Shape>> {
         "square" => SQUARE.to_vec(),
         "llm" => LLM.to_vec(),
         "small" => SMALL.to_vec(),
+        "misaligned" => MISALIGNED.to_vec(),
         "cpu" => CPU.to_vec(),
         "default" => [&SQUARE[..], &LLM[..], &SMALL[..]].concat(),
         _ => return None,

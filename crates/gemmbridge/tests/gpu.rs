@@ -6,7 +6,7 @@ mod common;
 
 use common::{cases, check, normal, operands, poison, rng, Case};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
-use gemmbridge::cuda::{Backend, Gpu, RawBuffer};
+use gemmbridge::cuda::{Backend, Gpu, Padding, RawBuffer};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::mapping::ColMajorCall;
 use gemmbridge::reference::rel_error;
@@ -39,9 +39,19 @@ const SHAPES: [(usize, usize, usize); 10] = [
     (33, 7, 3537),
 ];
 
-fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision, backend: Backend) {
+/// Padding settings that run every misaligned call on aligned copies, whatever its size.
+fn pad_always() -> Padding {
+    Padding::default().with_min_macs(0, 0, 0)
+}
+
+fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
+    precision: Precision,
+    backend: Backend,
+    padding: Padding,
+) {
     let gpu = gpu();
     gpu.set_backend(backend);
+    gpu.set_padding(padding);
     let mut rng = rng();
     let mut worst = 0.0f64;
     let all = cases(&SHAPES);
@@ -55,7 +65,7 @@ fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Pre
         gpu.gemm(&p, alpha, &a, &b, beta, &mut c).unwrap_or_else(|e| panic!("{}: {e}", p.describe()));
         let got = download(&gpu, &c);
         worst = worst.max(check(
-            &format!("gpu {backend:?} {precision} α={alpha} β={beta}"),
+            &format!("gpu {backend:?} {precision} α={alpha} β={beta} padding {}", padding.min_macs(precision)),
             &p,
             &ops.c,
             &got,
@@ -63,7 +73,8 @@ fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Pre
         ));
     }
     eprintln!(
-        "{backend:?} {precision}: {} cases, worst rel error {worst:e} (band {:e})",
+        "{backend:?} {precision} (padding from {} MACs): {} cases, worst rel error {worst:e} (band {:e})",
+        padding.min_macs(precision),
         all.len(),
         precision.tolerance()
     );
@@ -72,73 +83,125 @@ fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Pre
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn f32_every_case_blas() {
-    every_case::<f32, f32>(Precision::F32, Backend::Blas);
+    every_case::<f32, f32>(Precision::F32, Backend::Blas, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn f32_every_case_lt() {
-    every_case::<f32, f32>(Precision::F32, Backend::Lt);
+    every_case::<f32, f32>(Precision::F32, Backend::Lt, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tf32_every_case_blas() {
-    every_case::<f32, f32>(Precision::TF32, Backend::Blas);
+    every_case::<f32, f32>(Precision::TF32, Backend::Blas, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tf32_every_case_lt() {
-    every_case::<f32, f32>(Precision::TF32, Backend::Lt);
+    every_case::<f32, f32>(Precision::TF32, Backend::Lt, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn f16_every_case_blas() {
-    every_case::<f16, f16>(Precision::F16, Backend::Blas);
+    every_case::<f16, f16>(Precision::F16, Backend::Blas, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn f16_every_case_lt() {
-    every_case::<f16, f16>(Precision::F16, Backend::Lt);
+    every_case::<f16, f16>(Precision::F16, Backend::Lt, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn f16_f32out_every_case_blas() {
-    every_case::<f16, f32>(Precision::F16_F32OUT, Backend::Blas);
+    every_case::<f16, f32>(Precision::F16_F32OUT, Backend::Blas, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn f16_f32out_every_case_lt() {
-    every_case::<f16, f32>(Precision::F16_F32OUT, Backend::Lt);
+    every_case::<f16, f32>(Precision::F16_F32OUT, Backend::Lt, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bf16_every_case_blas() {
-    every_case::<bf16, bf16>(Precision::BF16, Backend::Blas);
+    every_case::<bf16, bf16>(Precision::BF16, Backend::Blas, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bf16_every_case_lt() {
-    every_case::<bf16, bf16>(Precision::BF16, Backend::Lt);
+    every_case::<bf16, bf16>(Precision::BF16, Backend::Lt, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bf16_f32out_every_case_blas() {
-    every_case::<bf16, f32>(Precision::BF16_F32OUT, Backend::Blas);
+    every_case::<bf16, f32>(Precision::BF16_F32OUT, Backend::Blas, Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bf16_f32out_every_case_lt() {
-    every_case::<bf16, f32>(Precision::BF16_F32OUT, Backend::Lt);
+    every_case::<bf16, f32>(Precision::BF16_F32OUT, Backend::Lt, Padding::default());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_case_padded() {
+    // every misaligned case (odd K, N and M with op T, padded lds, β ≠ 0) on aligned copies
+    every_case::<f32, f32>(Precision::F32, Backend::Auto, pad_always());
+    every_case::<f32, f32>(Precision::TF32, Backend::Auto, pad_always());
+    every_case::<f16, f16>(Precision::F16, Backend::Auto, pad_always());
+    every_case::<f16, f32>(Precision::F16_F32OUT, Backend::Auto, pad_always());
+    every_case::<bf16, bf16>(Precision::BF16, Backend::Auto, pad_always());
+    every_case::<bf16, f32>(Precision::BF16_F32OUT, Backend::Auto, pad_always());
+    every_case::<bf16, bf16>(Precision::BF16, Backend::Blas, pad_always());
+}
+
+/// Operands one element into their buffers (2 or 4 bytes off 16-byte alignment), odd K, a
+/// contiguous batch, β ≠ 0: padded and direct both within the band of the f64 reference.
+fn misaligned_bases<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision) {
+    let gpu = gpu();
+    let mut rng = rng();
+    for padding in [pad_always(), Padding::off()] {
+        gpu.set_padding(padding);
+        for (p, beta) in [
+            (GemmProblem::linear(300, 200, 100, precision).unwrap(), 0.0f32),
+            (GemmProblem::matmul(129, 65, 255, precision).unwrap(), 0.75),
+            (GemmProblem::matmul(64, 48, 31, precision).unwrap().batched(3).unwrap(), -0.5),
+        ] {
+            let ops = operands::<TI, TO>(&mut rng, &p, 1.0, beta as f64);
+            let shifted = |v: &[TI]| [&[TI::from_f64(0.0)][..], v].concat();
+            let (a, b) = (upload(&gpu, &shifted(&ops.a)), upload(&gpu, &shifted(&ops.b)));
+            let mut c = upload(&gpu, &[&[TO::from_f64(0.0)][..], &ops.c[..]].concat());
+            {
+                let (a1, b1) = (a.slice(1..), b.slice(1..));
+                let mut c1 = c.slice_mut(1..);
+                gpu.gemm(&p, 1.0, &a1, &b1, beta, &mut c1).unwrap_or_else(|e| panic!("{}: {e}", p.describe()));
+            }
+            let got = download(&gpu, &c);
+            let what =
+                format!("{precision} offset operands, padding from {} MACs, β={beta}", padding.min_macs(precision));
+            check(&what, &p, &ops.c, &got[1..], &ops.reference);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn misaligned_base_addresses() {
+    misaligned_bases::<f32, f32>(Precision::F32);
+    misaligned_bases::<f32, f32>(Precision::TF32);
+    misaligned_bases::<f16, f16>(Precision::F16);
+    misaligned_bases::<bf16, bf16>(Precision::BF16);
+    misaligned_bases::<bf16, f32>(Precision::BF16_F32OUT);
 }
 
 /// A large problem (3537³) checked on 4096 sampled output elements against f64 dot products.

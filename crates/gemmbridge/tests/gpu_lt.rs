@@ -6,7 +6,7 @@ mod common;
 use common::{normal, poison, rng, Case};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
-use gemmbridge::cuda::{Backend, Extras, Gpu, GraphReplay, RawBuffer, RawExtras, TuneOptions};
+use gemmbridge::cuda::{Backend, Extras, Gpu, GraphReplay, Padding, RawBuffer, RawExtras, TuneOptions};
 use gemmbridge::epilogue::{AuxUse, VectorUse};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::{gemm_epilogue_rowmajor, rel_error};
@@ -131,10 +131,15 @@ fn epilogue_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
     Ok(err)
 }
 
-fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: Precision, replay: GraphReplay) {
+fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
+    precision: Precision,
+    replay: GraphReplay,
+    padding: Padding,
+) {
     let (_shared, _exclusive) = if replay.enabled { (None, Some(exclusive())) } else { (Some(shared()), None) };
     let gpu = gpu();
     gpu.set_graph_replay(replay);
+    gpu.set_padding(padding);
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
     let mut cases = 0;
@@ -144,6 +149,8 @@ fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: 
             Case { m: 33, n: 72, k: 17, op_a: Op::N, op_b: Op::N, pad: 0, batch: 1 },   // matmul, odd m
             Case { m: 128, n: 64, k: 96, op_a: Op::T, op_b: Op::N, pad: 8, batch: 1 },  // dW-like, padded
             Case { m: 40, n: 48, k: 32, op_a: Op::N, op_b: Op::T, pad: 0, batch: 3 },   // batched
+            Case { m: 96, n: 77, k: 45, op_a: Op::N, op_b: Op::T, pad: 0, batch: 1 },   // odd n and k
+            Case { m: 24, n: 33, k: 21, op_a: Op::T, op_b: Op::N, pad: 0, batch: 1 },   // odd m, n, k
         ] {
             if case.batch > 1 && e.vector() == VectorUse::WritesGrad {
                 continue; // rejected by design (EpilogueBatch), tested on the CPU
@@ -178,39 +185,50 @@ fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precision: 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_f32() {
-    all_epilogues::<f32, f32>(Precision::F32, GraphReplay::off());
+    all_epilogues::<f32, f32>(Precision::F32, GraphReplay::off(), Padding::default());
 }
 
 /// The same cases, each served by a graph captured on its first call (graph replay).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_f32_replayed() {
-    all_epilogues::<f32, f32>(Precision::F32, GraphReplay::default().with_after_calls(1));
+    all_epilogues::<f32, f32>(Precision::F32, GraphReplay::default().with_after_calls(1), Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_f16() {
-    all_epilogues::<f16, f16>(Precision::F16, GraphReplay::off());
+    all_epilogues::<f16, f16>(Precision::F16, GraphReplay::off(), Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_bf16() {
-    all_epilogues::<bf16, bf16>(Precision::BF16, GraphReplay::off());
+    all_epilogues::<bf16, bf16>(Precision::BF16, GraphReplay::off(), Padding::default());
 }
 
 /// The same cases, each served by a graph captured on its first call (graph replay).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_bf16_replayed() {
-    all_epilogues::<bf16, bf16>(Precision::BF16, GraphReplay::default().with_after_calls(1));
+    all_epilogues::<bf16, bf16>(Precision::BF16, GraphReplay::default().with_after_calls(1), Padding::default());
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn epilogues_bf16_f32out() {
-    all_epilogues::<bf16, f32>(Precision::BF16_F32OUT, GraphReplay::off());
+    all_epilogues::<bf16, f32>(Precision::BF16_F32OUT, GraphReplay::off(), Padding::default());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn epilogues_padded() {
+    // every epilogue on aligned copies of the misaligned operands (odd n, k, m; padded lds)
+    let always = Padding::default().with_min_macs(0, 0, 0);
+    all_epilogues::<f32, f32>(Precision::F32, GraphReplay::off(), always);
+    all_epilogues::<f16, f16>(Precision::F16, GraphReplay::off(), always);
+    all_epilogues::<bf16, bf16>(Precision::BF16, GraphReplay::off(), always);
+    all_epilogues::<bf16, f32>(Precision::BF16_F32OUT, GraphReplay::off(), always);
 }
 
 #[test]
@@ -243,7 +261,7 @@ fn raw<T>(s: &CudaSlice<T>, stream: &cudarc::driver::CudaStream) -> RawBuffer {
     RawBuffer { address: s.device_ptr(stream).0, len_bytes: s.len() * std::mem::size_of::<T>() }
 }
 
-/// The bf16 GELU_BIAS linear 64×96×80 of the capture tests: host operands, their device
+/// A bf16 GELU_BIAS linear m×n×k for the capture tests: host operands, their device
 /// copies, C poisoned, and the raw buffers of a call on `s` (raw API: cudarc's event tracking
 /// on the safe API's buffers does not work inside a capture).
 struct GeluBiasCall {
@@ -260,16 +278,16 @@ struct GeluBiasCall {
     extras: RawExtras,
 }
 
-fn gelu_bias_call(s: &std::sync::Arc<cudarc::driver::CudaStream>) -> GeluBiasCall {
+fn gelu_bias_call(s: &std::sync::Arc<cudarc::driver::CudaStream>, (m, n, k): (usize, usize, usize)) -> GeluBiasCall {
     let mut rng = rng();
-    let p = GemmProblem::linear(64, 96, 80, Precision::BF16).unwrap().with_epilogue(Epilogue::GeluBias).unwrap();
-    let a: Vec<bf16> = normal(&mut rng, 64 * 80);
-    let w: Vec<bf16> = normal(&mut rng, 96 * 80);
-    let bias: Vec<bf16> = normal(&mut rng, 96);
+    let p = GemmProblem::linear(m, n, k, Precision::BF16).unwrap().with_epilogue(Epilogue::GeluBias).unwrap();
+    let a: Vec<bf16> = normal(&mut rng, m * k);
+    let w: Vec<bf16> = normal(&mut rng, n * k);
+    let bias: Vec<bf16> = normal(&mut rng, n);
     let (da, dw, dbias) = (s.clone_htod(&a).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
-    let mut dc = s.clone_htod(&poison::<bf16>(64 * 96)).unwrap();
+    let mut dc = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
     let (ra, rw, rb) = (raw(&da, s), raw(&dw, s), raw(&dbias, s));
-    let rc = RawBuffer { address: dc.device_ptr_mut(s).0, len_bytes: 64 * 96 * 2 };
+    let rc = RawBuffer { address: dc.device_ptr_mut(s).0, len_bytes: m * n * 2 };
     let extras = RawExtras { bias: Some(rb), aux: None };
     GeluBiasCall { p, a, w, bias, _device: [da, dw, dbias], dc, ra, rw, rc, extras }
 }
@@ -283,7 +301,7 @@ fn graph_capture_after_prewarm() {
     let gpu = gpu();
     let s = gpu.stream().clone();
     // `_device` is bound (not `..`): the device buffers live to the end of the test
-    let GeluBiasCall { p, a, w, bias, dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s);
+    let GeluBiasCall { p, a, w, bias, dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s, (64, 96, 80));
     // thread-local: other tests run on other threads of this process meanwhile, and global
     // mode would forbid their allocations
     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
@@ -305,6 +323,31 @@ fn graph_capture_after_prewarm() {
     s.synchronize().unwrap();
     let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
     assert!(err <= 1e-2, "graph replay: {err:e}");
+}
+
+/// A misaligned call (odd n and k: A, W and C copied) on aligned copies is capturable after
+/// prewarm too: the copies, the scratch from the stream-ordered pool and the GEMM all land in
+/// the graph, and its replay gives the right result.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn padded_call_captures_after_prewarm() {
+    let _lock = exclusive();
+    let gpu = gpu();
+    gpu.set_padding(Padding::default().with_min_macs(0, 0, 0));
+    let s = gpu.stream().clone();
+    let GeluBiasCall { p, a, w, bias, dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s, (64, 95, 79));
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    gpu.prewarm(&[p]).unwrap();
+    s.begin_capture(mode).unwrap();
+    for _ in 0..8 {
+        // SAFETY: buffers of this context, alive for the whole test, used on `s` only.
+        unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) }.unwrap();
+    }
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
+    graph.launch().unwrap();
+    s.synchronize().unwrap();
+    let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
+    assert!(err <= 1e-2, "padded graph replay: {err:e}");
 }
 
 /// Graph replay (on by default) gives the direct call's result: it reads the operands' current
@@ -357,7 +400,7 @@ fn graph_replay_steps_aside_during_capture() {
     let gpu = gpu();
     let s = gpu.stream().clone();
     // `_device` is bound (not `..`): the device buffers live to the end of the test
-    let GeluBiasCall { p, a, w, bias, mut dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s);
+    let GeluBiasCall { p, a, w, bias, mut dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s, (64, 96, 80));
     // SAFETY: buffers of this context, alive for the whole test, used on `s` only.
     let call = || unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) };
     call().unwrap();

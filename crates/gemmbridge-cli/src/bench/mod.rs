@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::{Backend, Extras, Gpu};
+use gemmbridge::cuda::{Backend, Extras, Gpu, Padding};
 use gemmbridge::{cpu, DType, Element, Epilogue, GemmProblem, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -55,10 +55,25 @@ pub struct Args {
     /// Tactic database from `gemmbridge tune` to use.
     #[arg(long)]
     db: Option<String>,
+    /// Misaligned operands (leading dimension or address off 16 bytes): "on" runs large such
+    /// calls on aligned copies (the default, above measured thresholds), "off" always calls
+    /// the library directly, "always" pads every misaligned call whatever its size.
+    #[arg(long, default_value = "on")]
+    padding: String,
     /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu (the last two only
     /// for f16/bf16, as torch_peer.py), launch (tiny-GEMM host cost and graph replay).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
+}
+
+/// `--padding` parsed.
+pub fn parse_padding(s: &str) -> anyhow::Result<Padding> {
+    Ok(match s {
+        "on" => Padding::default(),
+        "off" => Padding::off(),
+        "always" => Padding::default().with_min_macs(0, 0, 0),
+        other => bail!("unknown padding setting {other:?}; choose on, off or always"),
+    })
 }
 
 /// `--backend` parsed.
@@ -131,6 +146,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
     }
     let backend = parse_backend(&args.backend)?;
+    let padding = parse_padding(&args.padding)?;
     let to_stdout = args.out.as_deref() == Some("-");
     let gpu = match Gpu::new(0) {
         Ok(g) => {
@@ -139,6 +155,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             // driver calls to every timed GEMM) have nothing to order.
             unsafe { g.context().disable_event_tracking() };
             g.set_backend(backend);
+            g.set_padding(padding);
             if let Some(db) = &args.db {
                 let n = load_db(&g, db)?;
                 eprintln!("tactic database {db}: {n} tuned entries loaded");
@@ -151,8 +168,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
             eprintln!("no CUDA GPU: running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
             eprintln!("  (f32 accumulation; tf32 runs as f32; fused ops and launch rows need a GPU)");
-            if args.backend != "auto" || args.db.is_some() || args.heat_ms > 0.0 {
-                eprintln!("  (--backend, --db and --heat-ms apply to the GPU only and are ignored here)");
+            if args.backend != "auto" || args.db.is_some() || args.heat_ms > 0.0 || args.padding != "on" {
+                eprintln!("  (--backend, --db, --heat-ms and --padding apply to the GPU only and are ignored here)");
             }
             if args.reps > 10 {
                 eprintln!("  (--reps {} is capped at 10 on the CPU backend)", args.reps);
@@ -174,7 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 "cublas": format!("{}.{}.{}", i.cublas_version.0, i.cublas_version.1, i.cublas_version.2),
                 "cublaslt": i.cublaslt_version,
                 "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
-                "reps": args.reps, "heat_ms": args.heat_ms})
+                "reps": args.reps, "heat_ms": args.heat_ms, "padding": args.padding})
         }
         None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu"}),
     };

@@ -65,9 +65,9 @@ pub const FUSED: [Shape; 5] = [
 /// (all but none, the bias gradients and DGelu).
 pub fn epilogues() -> impl Iterator<Item = Epilogue> {
     use gemmbridge::epilogue::{AuxUse, VectorUse};
-    Epilogue::ALL.into_iter().filter(|e| {
-        *e != Epilogue::None && e.vector() != VectorUse::WritesGrad && e.aux() != AuxUse::Reads
-    })
+    Epilogue::ALL
+        .into_iter()
+        .filter(|e| *e != Epilogue::None && e.vector() != VectorUse::WritesGrad && e.aux() != AuxUse::Reads)
 }
 
 /// One problem of the set.
@@ -149,10 +149,8 @@ fn runs(shape: &Shape, precision: Precision) -> bool {
 /// A shape the library refuses (a bug in the tables above), named.
 pub fn all() -> anyhow::Result<Vec<Case>> {
     let mut out = Vec::new();
-    let jobs = PLAIN
-        .iter()
-        .map(|s| (s, Epilogue::None))
-        .chain(FUSED.iter().flat_map(|s| epilogues().map(move |e| (s, e))));
+    let jobs =
+        PLAIN.iter().map(|s| (s, Epilogue::None)).chain(FUSED.iter().flat_map(|s| epilogues().map(move |e| (s, e))));
     for (shape, epilogue) in jobs {
         for precision in Precision::ALL {
             if !runs(shape, precision) {

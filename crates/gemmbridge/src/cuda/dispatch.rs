@@ -1,7 +1,8 @@
 //! Which library serves a validated call, and the fallbacks between them: α = 0 and k = 0 go
 //! to cuBLAS (BLAS semantics), `Backend::Auto` falls back to cuBLAS where cuBLASLt has no
 //! algorithm, and a bias gradient without a cuBLASLt BGRAD algorithm runs unfused (the plain
-//! GEMM, then the gradient as a cuBLAS GEMM against a ones vector).
+//! GEMM, then the gradient as a cuBLAS GEMM against a ones vector); and before all of that, a
+//! call with misaligned operands may run on aligned copies (`padded.rs`).
 
 use cudarc::driver::sys::CUstream;
 
@@ -10,7 +11,7 @@ use super::device::Locked;
 use super::gpu::{Backend, Libraries, Served};
 use super::lt::plan::LtOperands;
 use super::lt::{LtCall, LtFailure};
-use super::{library, status};
+use super::{library, padded, status};
 use crate::dtype::DType;
 use crate::epilogue::{Epilogue, VectorUse};
 use crate::error::{Error, Result};
@@ -33,12 +34,28 @@ pub(crate) struct Request<'a> {
     pub stream: CUstream,
 }
 
-/// Picks the library and enqueues; returns which served.
+/// Runs the request on aligned copies where its operands are misaligned and the padding
+/// settings call for it ([`padded`]), directly otherwise; returns which library served.
 ///
 /// # Safety
 /// The request's operands were validated for its problem and stay valid until it has run on
 /// its stream, a live stream of the bound context.
 pub(crate) unsafe fn enqueue(st: &mut Locked<Libraries>, r: &Request) -> Result<Served> {
+    if let Some(plan) = padded::plan(&st.libs.padding, r) {
+        // SAFETY: forwarded.
+        if let Some(served) = unsafe { padded::enqueue(st, r, &plan) } {
+            return served;
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { route(st, r) }
+}
+
+/// Picks the library and enqueues; returns which served.
+///
+/// # Safety
+/// As [`enqueue`].
+pub(crate) unsafe fn route(st: &mut Locked<Libraries>, r: &Request) -> Result<Served> {
     let p = r.problem;
     let fused = p.epilogue() != Epilogue::None;
     if r.alpha == 0.0 && !fused {
@@ -147,7 +164,7 @@ unsafe fn bias_grad_unfused(st: &mut Locked<Libraries>, r: &Request) -> Result<(
     }
     let plain = p.with_epilogue(Epilogue::None)?;
     // SAFETY: forwarded; the plain problem reads and writes a subset of p's operands.
-    unsafe { enqueue(st, &Request { problem: &plain, bias: None, aux: None, ..*r }) }?;
+    unsafe { route(st, &Request { problem: &plain, bias: None, aux: None, ..*r }) }?;
     // SAFETY: the scratch region is this stream's, sized above; stream-ordered memsets.
     unsafe {
         use cudarc::driver::sys::{cuMemsetD16Async, cuMemsetD32Async};

@@ -11,6 +11,7 @@ use super::device::{Device, Locked, Resources};
 use super::lt::plan::Algorithm;
 use super::lt::replay::GraphReplay;
 use super::lt::LtState;
+use super::padded::Padding;
 use super::{library, status, tactics};
 use crate::error::{Error, Result};
 
@@ -84,6 +85,8 @@ pub(crate) struct Libraries {
     pub blas: BlasHandle,
     /// `None` without libcublasLt.
     pub lt: Option<LtState>,
+    /// When misaligned calls run on aligned copies.
+    pub padding: Padding,
 }
 
 impl Resources for Libraries {
@@ -191,7 +194,7 @@ impl Gpu {
         // cuBLASLt's documentation recommends 32 MiB of workspace on Hopper and later, 4 MiB
         // before.
         let workspace_bytes = if major >= 9 { 32 << 20 } else { 4 << 20 };
-        let libs = Libraries { backend: Backend::Auto, blas, lt };
+        let libs = Libraries { backend: Backend::Auto, blas, lt, padding: Padding::default() };
         Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })
     }
 
@@ -291,6 +294,17 @@ impl Gpu {
     /// The replay settings in use.
     pub fn graph_replay(&self) -> GraphReplay {
         self.lock().libs.lt.as_ref().map_or_else(GraphReplay::default, |lt| lt.replay.options)
+    }
+
+    /// Chooses when calls whose operands are off 16-byte alignment run on aligned copies
+    /// ([`Padding`]; default on above the measured thresholds).
+    pub fn set_padding(&self, padding: Padding) {
+        self.lock().libs.padding = padding;
+    }
+
+    /// The padding settings in use.
+    pub fn padding(&self) -> Padding {
+        self.lock().libs.padding
     }
 
     /// Number of cached replay graphs.

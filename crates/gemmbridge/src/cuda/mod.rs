@@ -21,6 +21,7 @@ mod gpu;
 mod info;
 pub mod library;
 mod lt;
+mod padded;
 mod setup;
 mod status;
 pub mod tactics;
@@ -30,6 +31,7 @@ pub use info::{cuda_version_string, DeviceInfo};
 pub use lt::plan::Algorithm;
 pub use lt::replay::GraphReplay;
 pub use lt::tune::{TuneOptions, TuneReport};
+pub use padded::Padding;
 
 /// The raw CUDA stream type [`Gpu::gemm_raw`] takes (`CUstream`, a pointer).
 pub use cudarc::driver::sys::CUstream;

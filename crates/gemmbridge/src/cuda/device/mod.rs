@@ -10,9 +10,11 @@
 //! - scratch beyond the fixed workspace from a stream-ordered pool beside the workspaces.
 
 mod capture;
+mod copy;
 mod workspace;
 
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
+pub(crate) use copy::{copy_pitched, zero_pitched, Pitched, Scratch};
 pub(crate) use workspace::{Workspace, WorkspacePool};
 
 use std::sync::{Arc, Mutex, MutexGuard};

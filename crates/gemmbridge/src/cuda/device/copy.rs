@@ -1,0 +1,100 @@
+//! Stream-ordered scratch and copies: memory from the context's stream-ordered pool
+//! (`cuMemAllocAsync` / `cuMemFreeAsync` on the call's stream, so that it is freed after the
+//! work that uses it with no host wait), pitched 3-D copies and 2-D zero fills.
+
+use cudarc::driver::sys::{self as drv, CUmemorytype, CUstream};
+
+use crate::cuda::status;
+use crate::error::Result;
+
+/// Device memory from the stream-ordered pool, freed on the stream it was allocated on.
+pub(crate) struct Scratch {
+    pub ptr: u64,
+    stream: CUstream,
+}
+
+impl Scratch {
+    /// `bytes` (> 0) allocated in stream order on `stream` (usable by work enqueued on it
+    /// from now on).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the current context.
+    pub unsafe fn alloc(bytes: usize, stream: CUstream) -> Result<Scratch> {
+        // SAFETY: the caller's contract.
+        let ptr = unsafe { cudarc::driver::result::malloc_async(stream, bytes.max(1)) }
+            .map_err(status::driver("cuMemAllocAsync"))?;
+        Ok(Scratch { ptr, stream })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Freed in stream order: after everything enqueued on the stream so far has run.
+        // SAFETY: allocated on this stream in `alloc`, freed once.
+        let _ = unsafe { cudarc::driver::result::free_async(self.ptr, self.stream) };
+    }
+}
+
+/// A pitched copy of `depth` matrices of `height` rows of `width_bytes` each, between device
+/// buffers: row `i` of matrix `z` starts at `base + z·slice + i·pitch` on each side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pitched {
+    pub src: u64,
+    pub src_pitch: usize,
+    /// Bytes from one matrix to the next (a multiple of `src_pitch`).
+    pub src_slice: usize,
+    pub dst: u64,
+    pub dst_pitch: usize,
+    /// Bytes from one matrix to the next (a multiple of `dst_pitch`).
+    pub dst_slice: usize,
+    pub width_bytes: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+/// Enqueues `c` on `stream` (one `cuMemcpy3DAsync`).
+///
+/// # Safety
+/// Both regions are device memory of the current context valid for what `c` describes, and
+/// do not overlap; `stream` is live.
+pub(crate) unsafe fn copy_pitched(c: &Pitched, stream: CUstream) -> Result<()> {
+    if c.width_bytes == 0 || c.height == 0 || c.depth == 0 {
+        return Ok(());
+    }
+    // SAFETY: all-zero is a valid CUDA_MEMCPY3D (null pointers, offsets 0) to fill in.
+    let mut p: drv::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+    p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    p.srcDevice = c.src;
+    p.srcPitch = c.src_pitch;
+    p.srcHeight = c.src_slice.checked_div(c.src_pitch).unwrap_or(0).max(c.height);
+    p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    p.dstDevice = c.dst;
+    p.dstPitch = c.dst_pitch;
+    p.dstHeight = c.dst_slice.checked_div(c.dst_pitch).unwrap_or(0).max(c.height);
+    p.WidthInBytes = c.width_bytes;
+    p.Height = c.height;
+    p.Depth = c.depth;
+    // SAFETY: the caller's contract; `p` describes only those regions.
+    unsafe { drv::cuMemcpy3DAsync_v2(&p, stream) }.result().map_err(status::driver("cuMemcpy3DAsync"))
+}
+
+/// Enqueues zeros into `height` rows of `width_bytes` bytes, `pitch` bytes apart, from `dst`
+/// (one `cuMemsetD2D8Async`).
+///
+/// # Safety
+/// The region is device memory of the current context; `stream` is live.
+pub(crate) unsafe fn zero_pitched(
+    dst: u64,
+    pitch: usize,
+    width_bytes: usize,
+    height: usize,
+    stream: CUstream,
+) -> Result<()> {
+    if width_bytes == 0 || height == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract.
+    unsafe { drv::cuMemsetD2D8Async(dst, pitch.max(width_bytes), 0, width_bytes, height, stream) }
+        .result()
+        .map_err(status::driver("cuMemsetD2D8Async"))
+}

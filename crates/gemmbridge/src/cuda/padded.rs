@@ -1,0 +1,192 @@
+//! The misaligned-operand path: a call whose operands are off 16 bytes runs on aligned,
+//! zero-padded copies (`crate::pad` plans them), when the problem is large enough for the
+//! copies to pay ([`Padding`]).
+
+use super::device::{copy_pitched, zero_pitched, Locked, Pitched, Scratch};
+use super::dispatch::{self, Request};
+use super::gpu::{Libraries, Served};
+use crate::epilogue::Epilogue;
+use crate::error::Result;
+use crate::mapping::column_major_call;
+use crate::pad::{self, Copy, PadPlan, ZeroPad};
+use crate::precision::Precision;
+use crate::{Compute, DType};
+
+/// When a call whose operands are off the 16-byte alignment cuBLASLt's fast kernels need is
+/// run on aligned copies instead ([`Gpu::set_padding`](super::Gpu::set_padding)).
+///
+/// A call qualifies when an operand's (A, B or C) base address, leading dimension or batch
+/// stride is not a multiple of 16 bytes and the problem has at least the precision's
+/// `min_macs` multiply-adds (m·n·k·batch): the misaligned operands are copied, in stream order
+/// on the call's stream, into zero-padded buffers with aligned leading dimensions from the
+/// context's stream-ordered memory pool, the aligned GEMM runs on them, and a misaligned C gets
+/// its logical part copied back. The result is the direct call's within the precision's
+/// rounding (the same products; K extended with zeros only where both A and B are copied).
+/// When the scratch memory cannot be had, the call runs directly (a `tracing` warning says so).
+/// The thresholds come from measurements on the H200 (docs/PERFORMANCE.md, "Misaligned
+/// shapes").
+///
+/// Build it from [`Padding::default`] or [`Padding::off`] and the `with_*` methods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Padding {
+    /// Whether the path is used at all. Default: on.
+    pub enabled: bool,
+    /// Least multiply-adds for f16 and bf16 inputs.
+    pub min_macs_half: u64,
+    /// Least multiply-adds for f32 inputs with tf32 compute.
+    pub min_macs_tf32: u64,
+    /// Least multiply-adds for f32 inputs with f32 compute.
+    pub min_macs_f32: u64,
+}
+
+impl Default for Padding {
+    fn default() -> Self {
+        Padding { enabled: true, min_macs_half: 1 << 27, min_macs_tf32: 1 << 27, min_macs_f32: 1 << 27 }
+    }
+}
+
+impl Padding {
+    /// The path off: every call runs directly.
+    pub fn off() -> Self {
+        Padding { enabled: false, ..Padding::default() }
+    }
+
+    /// These settings with the three thresholds (multiply-adds) set: f16/bf16, tf32, f32.
+    #[must_use = "returns new settings; pass them to Gpu::set_padding"]
+    pub fn with_min_macs(self, half: u64, tf32: u64, f32: u64) -> Self {
+        Padding { min_macs_half: half, min_macs_tf32: tf32, min_macs_f32: f32, ..self }
+    }
+
+    /// The threshold for `p`.
+    pub fn min_macs(&self, p: Precision) -> u64 {
+        match (p.input(), p.compute()) {
+            (DType::F16 | DType::BF16, _) => self.min_macs_half,
+            (_, Compute::Tf32) => self.min_macs_tf32,
+            _ => self.min_macs_f32,
+        }
+    }
+}
+
+/// The pad plan of `r` when the settings call for one.
+pub(crate) fn plan(padding: &Padding, r: &Request) -> Option<PadPlan> {
+    let p = r.problem;
+    if !padding.enabled || p.macs() < padding.min_macs(p.precision()) {
+        return None;
+    }
+    if r.alpha == 0.0 && p.epilogue() == Epilogue::None {
+        return None; // C = β·C: A and B are not read
+    }
+    pad::plan(p, [r.abc.0, r.abc.1, r.abc.2])
+}
+
+/// Runs `r` through `plan`; `None` when no scratch could be had (the caller runs it directly).
+///
+/// # Safety
+/// As [`dispatch::enqueue`].
+pub(crate) unsafe fn enqueue(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan) -> Option<Result<Served>> {
+    // SAFETY: the request's stream is live (the caller's contract).
+    let scratch = match unsafe { Scratch::alloc(plan.scratch_bytes, r.stream) } {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(problem = %r.problem.describe(), bytes = plan.scratch_bytes, error = %e,
+                "no scratch for aligned copies; running the misaligned call directly");
+            return None;
+        }
+    };
+    // SAFETY: forwarded; the scratch is ours, in stream order.
+    Some(unsafe { run(st, r, plan, scratch.ptr) })
+    // `scratch` is freed here, in stream order after the copy back.
+}
+
+/// Copies in, the aligned GEMM, C back.
+///
+/// # Safety
+/// As [`dispatch::enqueue`]; `base` holds `plan.scratch_bytes` for this stream.
+unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64) -> Result<Served> {
+    let esize = |c: &Copy| {
+        let prec = r.problem.precision();
+        if c.which == crate::Which::C { prec.output() } else { prec.input() }.size_bytes()
+    };
+    let at = |c: Option<Copy>, user: u64| c.map_or(user, |c| base + c.offset as u64);
+    for (copy, user) in [(plan.a, r.abc.0), (plan.b, r.abc.1)] {
+        if let Some(c) = copy {
+            // SAFETY: validated user buffer; scratch sized by the plan.
+            unsafe { copy_in(&c, user, base, esize(&c), r.stream) }?;
+        }
+    }
+    if let (Some(c), true) = (plan.c, r.beta != 0.0) {
+        // SAFETY: as above (β ≠ 0 reads C).
+        unsafe { copy_in(&c, r.abc.2, base, esize(&c), r.stream) }?;
+    }
+    let aligned = Request {
+        problem: &plan.problem,
+        cm: column_major_call(&plan.problem),
+        abc: (at(plan.a, r.abc.0), at(plan.b, r.abc.1), at(plan.c, r.abc.2)),
+        ..*r
+    };
+    // SAFETY: the copies hold the operands; the rest is the caller's.
+    let served = unsafe { dispatch::route(st, &aligned) }?;
+    if let Some(c) = plan.c {
+        // SAFETY: the logical m×n of the staged C back into the caller's C.
+        unsafe { copy_pitched(&pitched(&c, base + c.offset as u64, r.abc.2, esize(&c), true), r.stream) }?;
+    }
+    Ok(served)
+}
+
+/// The pitched copy of `c`'s logical elements: caller's buffer → scratch, or back (`out`).
+fn pitched(c: &Copy, scratch: u64, user: u64, esize: usize, out: bool) -> Pitched {
+    let (s, d) = (c.src, c.dst);
+    let (user_pitch, user_slice) = (s.ld * esize, s.batch_stride * esize);
+    let (ours_pitch, ours_slice) = (d.ld * esize, d.batch_stride * esize);
+    let (width_bytes, height, depth) = (s.cols * esize, s.rows, c.depth);
+    if out {
+        Pitched {
+            src: scratch,
+            src_pitch: ours_pitch,
+            src_slice: ours_slice,
+            dst: user,
+            dst_pitch: user_pitch,
+            dst_slice: user_slice,
+            width_bytes,
+            height,
+            depth,
+        }
+    } else {
+        Pitched {
+            src: user,
+            src_pitch: user_pitch,
+            src_slice: user_slice,
+            dst: scratch,
+            dst_pitch: ours_pitch,
+            dst_slice: ours_slice,
+            width_bytes,
+            height,
+            depth,
+        }
+    }
+}
+
+/// The zero fill of the extended K-range (if any), then the copy of the user's matrix in.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn copy_in(c: &Copy, user: u64, base: u64, esize: usize, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+    let ours = base + c.offset as u64;
+    let d = c.dst;
+    let (pitch, slice) = (d.ld * esize, d.batch_stride.max(d.rows * d.ld) * esize);
+    // SAFETY (both): inside the scratch region the plan sized.
+    match c.zero {
+        Some(ZeroPad::Cols { from, to }) => unsafe {
+            // columns from..to of every row of every matrix (matrices are contiguous rows)
+            zero_pitched(ours + (from * esize) as u64, pitch, (to - from) * esize, d.rows * c.depth, stream)
+        }?,
+        Some(ZeroPad::Rows { from, to }) => unsafe {
+            // rows from..to of each matrix: one block per matrix, `slice` apart
+            zero_pitched(ours + (from * pitch) as u64, slice, (to - from) * pitch, c.depth, stream)
+        }?,
+        None => {}
+    }
+    // SAFETY: the caller's contract.
+    unsafe { copy_pitched(&pitched(c, ours, user, esize, false), stream) }
+}
