@@ -4,35 +4,19 @@
 //! GEMM, then the gradient as a cuBLAS GEMM against a ones vector); and before all of that, a
 //! call with misaligned operands may run on aligned copies (`padded.rs`).
 
-use cudarc::driver::sys::CUstream;
-
 use super::blas::BlasGemm;
 use super::device::Locked;
 use super::gpu::{Backend, Libraries, Served};
 use super::lt::plan::LtOperands;
 use super::lt::{LtCall, LtFailure};
+use super::request::Request;
 use super::{library, padded, status};
 use crate::dtype::DType;
 use crate::epilogue::{Epilogue, VectorUse};
 use crate::error::{Error, Result};
 use crate::layout::{MatrixLayout, Operand};
-use crate::mapping::{column_major_call, ColMajorCall};
+use crate::mapping::column_major_call;
 use crate::problem::GemmProblem;
-
-/// A validated call by address: the row-major problem, its column-major call, the scalars,
-/// A, B and C, the epilogue's operands, and the caller's stream.
-pub(crate) struct Request<'a> {
-    pub problem: &'a GemmProblem,
-    /// `column_major_call(problem)`, computed once.
-    pub cm: ColMajorCall,
-    pub alpha: f32,
-    pub beta: f32,
-    /// Row-major A, B, C.
-    pub abc: (u64, u64, u64),
-    pub bias: Option<u64>,
-    pub aux: Option<u64>,
-    pub stream: CUstream,
-}
 
 /// Runs the request on aligned copies where its operands are misaligned and the padding
 /// settings call for it ([`padded`]), directly otherwise; returns which library served.
@@ -42,8 +26,8 @@ pub(crate) struct Request<'a> {
 /// its stream, a live stream of the bound context.
 pub(crate) unsafe fn enqueue(st: &mut Locked<Libraries>, r: &Request) -> Result<Served> {
     if let Some(plan) = padded::plan(&st.libs.padding, r) {
-        // SAFETY: forwarded.
-        if let Some(served) = unsafe { padded::enqueue(st, r, &plan) } {
+        // SAFETY: forwarded; `route` runs the aligned request as it would run `r`.
+        if let Some(served) = unsafe { padded::enqueue(st, r, &plan, route) } {
             return served;
         }
     }

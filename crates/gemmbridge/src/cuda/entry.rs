@@ -7,8 +7,9 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
-use super::dispatch::{self, Request};
+use super::dispatch;
 use super::gpu::{Extras, Gpu, RawBuffer, RawExtras};
+use super::request::Request;
 use crate::dtype::Element;
 use crate::epilogue::{AuxUse, Epilogue, VectorUse};
 use crate::error::{Error, Result, Which};

@@ -11,7 +11,7 @@ use super::device::{Device, Locked, Resources};
 use super::lt::plan::Algorithm;
 use super::lt::replay::GraphReplay;
 use super::lt::LtState;
-use super::padded::Padding;
+use super::padding::Padding;
 use super::{library, status, tactics};
 use crate::error::{Error, Result};
 

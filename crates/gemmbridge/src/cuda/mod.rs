@@ -22,6 +22,8 @@ mod info;
 pub mod library;
 mod lt;
 mod padded;
+mod padding;
+mod request;
 mod setup;
 mod status;
 pub mod tactics;
@@ -31,7 +33,7 @@ pub use info::{cuda_version_string, DeviceInfo};
 pub use lt::plan::Algorithm;
 pub use lt::replay::GraphReplay;
 pub use lt::tune::{TuneOptions, TuneReport};
-pub use padded::Padding;
+pub use padding::Padding;
 
 /// The raw CUDA stream type [`Gpu::gemm_raw`] takes (`CUstream`, a pointer).
 pub use cudarc::driver::sys::CUstream;

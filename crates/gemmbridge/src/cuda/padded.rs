@@ -1,72 +1,16 @@
 //! The misaligned-operand path: a call whose operands are off 16 bytes runs on aligned,
 //! zero-padded copies (`crate::pad` plans them), when the problem is large enough for the
-//! copies to pay ([`Padding`]).
+//! copies to pay ([`Padding`]). The aligned call itself goes back through the caller's route
+//! (the dispatch), given as a function so that this module does not depend on it.
 
 use super::device::{copy_pitched, zero_pitched, Locked, Pitched, Scratch};
-use super::dispatch::{self, Request};
 use super::gpu::{Libraries, Served};
+use super::padding::Padding;
+use super::request::Request;
 use crate::epilogue::Epilogue;
 use crate::error::Result;
 use crate::mapping::column_major_call;
 use crate::pad::{self, Copy, PadPlan, ZeroPad};
-use crate::precision::Precision;
-use crate::{Compute, DType};
-
-/// When a call whose operands are off the 16-byte alignment cuBLASLt's fast kernels need is
-/// run on aligned copies instead ([`Gpu::set_padding`](super::Gpu::set_padding)).
-///
-/// A call qualifies when an operand's (A, B or C) base address, leading dimension or batch
-/// stride is not a multiple of 16 bytes and the problem has at least the precision's
-/// `min_macs` multiply-adds (m·n·k·batch): the misaligned operands are copied, in stream order
-/// on the call's stream, into zero-padded buffers with aligned leading dimensions from the
-/// context's stream-ordered memory pool, the aligned GEMM runs on them, and a misaligned C gets
-/// its logical part copied back. The result is the direct call's within the precision's
-/// rounding (the same products; K extended with zeros only where both A and B are copied).
-/// When the scratch memory cannot be had, the call runs directly (a `tracing` warning says so).
-/// The thresholds come from measurements on the H200 (docs/PERFORMANCE.md, "Misaligned
-/// shapes").
-///
-/// Build it from [`Padding::default`] or [`Padding::off`] and the `with_*` methods.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Padding {
-    /// Whether the path is used at all. Default: on.
-    pub enabled: bool,
-    /// Least multiply-adds for f16 and bf16 inputs.
-    pub min_macs_half: u64,
-    /// Least multiply-adds for f32 inputs with tf32 compute.
-    pub min_macs_tf32: u64,
-    /// Least multiply-adds for f32 inputs with f32 compute.
-    pub min_macs_f32: u64,
-}
-
-impl Default for Padding {
-    fn default() -> Self {
-        Padding { enabled: true, min_macs_half: 1 << 27, min_macs_tf32: 1 << 27, min_macs_f32: 1 << 27 }
-    }
-}
-
-impl Padding {
-    /// The path off: every call runs directly.
-    pub fn off() -> Self {
-        Padding { enabled: false, ..Padding::default() }
-    }
-
-    /// These settings with the three thresholds (multiply-adds) set: f16/bf16, tf32, f32.
-    #[must_use = "returns new settings; pass them to Gpu::set_padding"]
-    pub fn with_min_macs(self, half: u64, tf32: u64, f32: u64) -> Self {
-        Padding { min_macs_half: half, min_macs_tf32: tf32, min_macs_f32: f32, ..self }
-    }
-
-    /// The threshold for `p`.
-    pub fn min_macs(&self, p: Precision) -> u64 {
-        match (p.input(), p.compute()) {
-            (DType::F16 | DType::BF16, _) => self.min_macs_half,
-            (_, Compute::Tf32) => self.min_macs_tf32,
-            _ => self.min_macs_f32,
-        }
-    }
-}
 
 /// The pad plan of `r` when the settings call for one.
 pub(crate) fn plan(padding: &Padding, r: &Request) -> Option<PadPlan> {
@@ -80,11 +24,21 @@ pub(crate) fn plan(padding: &Padding, r: &Request) -> Option<PadPlan> {
     pad::plan(p, [r.abc.0, r.abc.1, r.abc.2])
 }
 
-/// Runs `r` through `plan`; `None` when no scratch could be had (the caller runs it directly).
+/// The function that runs a request on a library (the dispatch's route).
+pub(crate) type Route = unsafe fn(&mut Locked<Libraries>, &Request) -> Result<Served>;
+
+/// Runs `r` through `plan`, the aligned request through `route`; `None` when no scratch could
+/// be had (the caller runs `r` directly).
 ///
 /// # Safety
-/// As [`dispatch::enqueue`].
-pub(crate) unsafe fn enqueue(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan) -> Option<Result<Served>> {
+/// `r`'s operands were validated for its problem and stay valid until it has run on its
+/// stream, a live stream of the bound context; `route` runs a request under the same contract.
+pub(crate) unsafe fn enqueue(
+    st: &mut Locked<Libraries>,
+    r: &Request,
+    plan: &PadPlan,
+    route: Route,
+) -> Option<Result<Served>> {
     // SAFETY: the request's stream is live (the caller's contract).
     let scratch = match unsafe { Scratch::alloc(plan.scratch_bytes, r.stream) } {
         Ok(s) => s,
@@ -95,15 +49,15 @@ pub(crate) unsafe fn enqueue(st: &mut Locked<Libraries>, r: &Request, plan: &Pad
         }
     };
     // SAFETY: forwarded; the scratch is ours, in stream order.
-    Some(unsafe { run(st, r, plan, scratch.ptr) })
+    Some(unsafe { run(st, r, plan, scratch.ptr, route) })
     // `scratch` is freed here, in stream order after the copy back.
 }
 
 /// Copies in, the aligned GEMM, C back.
 ///
 /// # Safety
-/// As [`dispatch::enqueue`]; `base` holds `plan.scratch_bytes` for this stream.
-unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64) -> Result<Served> {
+/// As [`enqueue`]; `base` holds `plan.scratch_bytes` for this stream.
+unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64, route: Route) -> Result<Served> {
     let esize = |c: &Copy| {
         let prec = r.problem.precision();
         if c.which == crate::Which::C { prec.output() } else { prec.input() }.size_bytes()
@@ -126,7 +80,7 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64
         ..*r
     };
     // SAFETY: the copies hold the operands; the rest is the caller's.
-    let served = unsafe { dispatch::route(st, &aligned) }?;
+    let served = unsafe { route(st, &aligned) }?;
     if let Some(c) = plan.c {
         // SAFETY: the logical m×n of the staged C back into the caller's C.
         unsafe { copy_pitched(&pitched(&c, base + c.offset as u64, r.abc.2, esize(&c), true), r.stream) }?;
