@@ -61,21 +61,43 @@ pub(crate) unsafe fn copy_pitched(c: &Pitched, stream: CUstream) -> Result<()> {
     if c.width_bytes == 0 || c.height == 0 || c.depth == 0 {
         return Ok(());
     }
-    // SAFETY: all-zero is a valid CUDA_MEMCPY3D (null pointers, offsets 0) to fill in.
-    let mut p: drv::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-    p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.srcDevice = c.src;
-    p.srcPitch = c.src_pitch;
-    p.srcHeight = c.src_slice.checked_div(c.src_pitch).unwrap_or(0).max(c.height);
-    p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.dstDevice = c.dst;
-    p.dstPitch = c.dst_pitch;
-    p.dstHeight = c.dst_slice.checked_div(c.dst_pitch).unwrap_or(0).max(c.height);
-    p.WidthInBytes = c.width_bytes;
-    p.Height = c.height;
-    p.Depth = c.depth;
+    let p = descriptor(c);
     // SAFETY: the caller's contract; `p` describes only those regions.
     unsafe { drv::cuMemcpy3DAsync_v2(&p, stream) }.result().map_err(status::driver("cuMemcpy3DAsync"))
+}
+
+/// The `CUDA_MEMCPY3D` of `c`: device to device, every field named (CUmemorytype has no zero
+/// value, so the struct cannot be zeroed); the slice heights are the slice strides in rows.
+fn descriptor(c: &Pitched) -> drv::CUDA_MEMCPY3D {
+    let null = std::ptr::null_mut();
+    let device = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    drv::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: device,
+        srcHost: std::ptr::null(),
+        srcDevice: c.src,
+        srcArray: null as _,
+        reserved0: null,
+        srcPitch: c.src_pitch,
+        srcHeight: c.src_slice.checked_div(c.src_pitch).unwrap_or(0).max(c.height),
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: device,
+        dstHost: null,
+        dstDevice: c.dst,
+        dstArray: null as _,
+        reserved1: null,
+        dstPitch: c.dst_pitch,
+        dstHeight: c.dst_slice.checked_div(c.dst_pitch).unwrap_or(0).max(c.height),
+        WidthInBytes: c.width_bytes,
+        Height: c.height,
+        Depth: c.depth,
+    }
 }
 
 /// Enqueues zeros into `height` rows of `width_bytes` bytes, `pitch` bytes apart, from `dst`
@@ -97,4 +119,36 @@ pub(crate) unsafe fn zero_pitched(
     unsafe { drv::cuMemsetD2D8Async(dst, pitch.max(width_bytes), 0, width_bytes, height, stream) }
         .result()
         .map_err(status::driver("cuMemsetD2D8Async"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_copy_descriptor_is_device_to_device_with_slice_heights_in_rows() {
+        let c = Pitched {
+            src: 0x1000,
+            src_pitch: 4094,
+            src_slice: 4094 * 70,
+            dst: 0x9000,
+            dst_pitch: 4096,
+            dst_slice: 4096 * 64,
+            width_bytes: 4094,
+            height: 64,
+            depth: 3,
+        };
+        let d = descriptor(&c);
+        assert_eq!((d.srcDevice, d.dstDevice), (0x1000, 0x9000));
+        assert_eq!(
+            (d.srcMemoryType, d.dstMemoryType),
+            (CUmemorytype::CU_MEMORYTYPE_DEVICE, CUmemorytype::CU_MEMORYTYPE_DEVICE)
+        );
+        assert_eq!((d.srcPitch, d.srcHeight, d.dstPitch, d.dstHeight), (4094, 70, 4096, 64));
+        assert_eq!((d.WidthInBytes, d.Height, d.Depth), (4094, 64, 3));
+        assert!(d.srcArray.is_null() && d.dstArray.is_null() && d.srcHost.is_null() && d.dstHost.is_null());
+        // one matrix: a slice stride of 0 (batch stride of a single matrix) still gives height
+        let one = descriptor(&Pitched { src_slice: 0, dst_slice: 0, depth: 1, ..c });
+        assert_eq!((one.srcHeight, one.dstHeight), (64, 64));
+    }
 }
