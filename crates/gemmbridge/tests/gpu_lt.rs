@@ -300,29 +300,35 @@ fn graph_capture_after_prewarm() {
     let _lock = exclusive();
     let gpu = gpu();
     let s = gpu.stream().clone();
-    // `_device` is bound (not `..`): the device buffers live to the end of the test
-    let GeluBiasCall { p, a, w, bias, dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s, (64, 96, 80));
+    let call = gelu_bias_call(&s, (64, 96, 80));
     // thread-local: other tests run on other threads of this process meanwhile, and global
     // mode would forbid their allocations
-    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-
-    s.begin_capture(mode).unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
     // SAFETY: buffers of this context, alive for the whole test, used on `s` only.
-    let e = unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) }.unwrap_err();
+    let e = unsafe { gpu.gemm_raw_fused(&call.p, 1.0, call.ra, call.rw, 0.0, call.rc, call.extras, s.cu_stream()) }
+        .unwrap_err();
     let _ = s.end_capture(CUgraphInstantiate_flags(0));
     assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
 
+    let err = prewarm_capture_replay(&gpu, call, 64);
+    assert!(err <= 1e-2, "graph replay: {err:e}");
+}
+
+/// Prewarms `call`'s problem, captures `n` of its calls on the Gpu's stream (thread-local
+/// mode), launches the graph, and returns C's error against the f64 reference.
+fn prewarm_capture_replay(gpu: &Gpu, call: GeluBiasCall, n: usize) -> f64 {
+    let GeluBiasCall { p, a, w, bias, dc, ra, rw, rc, extras, _device } = call;
+    let s = gpu.stream();
     gpu.prewarm(&[p]).unwrap();
-    s.begin_capture(mode).unwrap();
-    for _ in 0..64 {
-        // SAFETY: as above.
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    for _ in 0..n {
+        // SAFETY: buffers of this context, alive until the end of this function, used on `s` only.
         unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) }.unwrap();
     }
     let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
     graph.launch().unwrap();
     s.synchronize().unwrap();
-    let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
-    assert!(err <= 1e-2, "graph replay: {err:e}");
+    error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias))
 }
 
 /// A misaligned call (odd n and k: A, W and C copied) on aligned copies is capturable after
@@ -334,19 +340,8 @@ fn padded_call_captures_after_prewarm() {
     let _lock = exclusive();
     let gpu = gpu();
     gpu.set_padding(Padding::default().with_min_macs(0, 0, 0));
-    let s = gpu.stream().clone();
-    let GeluBiasCall { p, a, w, bias, dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s, (64, 95, 79));
-    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    gpu.prewarm(&[p]).unwrap();
-    s.begin_capture(mode).unwrap();
-    for _ in 0..8 {
-        // SAFETY: buffers of this context, alive for the whole test, used on `s` only.
-        unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) }.unwrap();
-    }
-    let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
-    graph.launch().unwrap();
-    s.synchronize().unwrap();
-    let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
+    let call = gelu_bias_call(gpu.stream(), (64, 95, 79));
+    let err = prewarm_capture_replay(&gpu, call, 8);
     assert!(err <= 1e-2, "padded graph replay: {err:e}");
 }
 

@@ -411,42 +411,29 @@ fn check_writable_matches_what_save_refuses() {
     assert!(e.to_string().contains("format 3"), "{e}");
 }
 
-/// The repository's tuned database: `tactics/h200.json` is what a save of the format-1 record
-/// `docs/results/2026-11-30/call27-tactics-merged-h200.json` writes, entry by entry and byte
-/// by byte.
+/// The repository's tuned database `tactics/h200.json` began as the conversion of the format-1
+/// record `docs/results/2026-11-30/call27-tactics-merged-h200.json` and grows by later tuning
+/// (`gemmbridge tune` merges: an entry is only replaced by a faster one). Every signature of the
+/// record is still there, with the record's tactic or a faster one of the same library
+/// version, and the file is exactly what `save` writes.
 #[test]
-fn repository_db_is_the_conversion_of_its_v1_record() {
+fn repository_db_holds_its_v1_record() {
     let h200 = identity();
     let (v1, warnings) = TacticDb::load(&repo_path(V1_RECORD), &h200);
     assert!(warnings.is_empty(), "{warnings:?}");
     let (v2, warnings) = TacticDb::load(&repo_path(REPO_DB), &h200);
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(v1.entries.len(), 160);
-    assert_eq!(v2, v1);
+    for (sig, old) in &v1.entries {
+        let now = v2.entries.get(sig).unwrap_or_else(|| panic!("{REPO_DB} lost {sig}"));
+        assert!(now == old || (now.version == old.version && now.tuned_ms < old.tuned_ms), "{sig}: {old:?} → {now:?}");
+    }
     let path = tmp("repo");
-    v1.save(&path).unwrap();
+    v2.save(&path).unwrap();
     assert!(
         std::fs::read_to_string(&path).unwrap() == std::fs::read_to_string(repo_path(REPO_DB)).unwrap(),
-        "{REPO_DB} differs from a save of {V1_RECORD}: regenerate it with \
-         `GEMMBRIDGE_WRITE_REPO_DB=1 cargo test -p gemmbridge --test tactics -- --ignored write_repository_db`"
+        "{REPO_DB} is not what save writes"
     );
-}
-
-/// Writes `tactics/h200.json` from its format-1 record (run once; see the test above). A tool,
-/// not a check: it does nothing unless GEMMBRIDGE_WRITE_REPO_DB=1 (so that a run with
-/// `--include-ignored` never rewrites the repository).
-#[test]
-#[ignore = "writes tactics/h200.json"]
-fn write_repository_db() {
-    if std::env::var("GEMMBRIDGE_WRITE_REPO_DB").as_deref() != Ok("1") {
-        return;
-    }
-    let (v1, warnings) = TacticDb::load(&repo_path(V1_RECORD), &identity());
-    assert!(warnings.is_empty() && !v1.entries.is_empty(), "{warnings:?}");
-    let path = tmp("write-repo");
-    v1.save(&path).unwrap();
-    std::fs::create_dir_all(repo_path("tactics")).unwrap();
-    std::fs::copy(&path, repo_path(REPO_DB)).unwrap();
 }
 
 const V1_RECORD: &str = "docs/results/2026-11-30/call27-tactics-merged-h200.json";
