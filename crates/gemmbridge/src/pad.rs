@@ -10,18 +10,16 @@
 //! bytes, stages C the same way when C is off (copied in first when β ≠ 0, its logical part
 //! copied back after), and runs the aligned problem on the copies.
 //!
-//! Where padding is legal: the copies hold the same logical elements, so the product is the
-//! same as long as the pad elements are never read or contribute nothing. Pad columns beyond a
-//! matrix's `cols` are never read (the GEMM reads `cols` of each row). Extending K itself —
-//! K rounded up, the extra K-range zero in *both* A and B — keeps the result exact (each extra
-//! product is 0·0) and is done when both A and B are copied anyway, so that the kernels see an
-//! aligned K too; it is not done when only one is copied (the other's memory beyond K is the
-//! caller's and may hold anything, NaN included). M and N are never extended: a pad row of A or
-//! pad column of B would produce rows or columns of C that the caller did not ask for. The
-//! epilogue operands are untouched: the bias is indexed by N (unchanged), an aux has its own
-//! layout (ld a multiple of 8 elements), and bias gradients sum over K, where the extra range
-//! adds zeros.
+//! Where padding is legal: the copies hold the same logical elements, and the pad elements
+//! either contribute nothing or land where nobody reads them. K is extended with zeros in both
+//! A and B (each extra product is 0·0, so C is exact); N is extended with zeros in B and the
+//! bias, and C is staged, so the extra columns are computed into scratch and never copied back;
+//! pad columns beyond a matrix's `cols` are never read. M is not extended (an odd M where it is
+//! a row count is harmless; where it runs along A stored transposed, the call runs directly), and
+//! neither is N for an epilogue that writes aux or a bias gradient (the caller's buffers, sized
+//! for N). Bias gradients sum over K, where the extra range adds zeros.
 
+use crate::epilogue::VectorUse;
 use crate::error::Which;
 use crate::layout::{MatrixLayout, Op, Operand};
 use crate::problem::GemmProblem;
@@ -55,11 +53,13 @@ pub(crate) struct Copy {
     pub depth: usize,
     /// Byte offset of the copy in the scratch buffer (a multiple of 256).
     pub offset: usize,
-    /// The range to zero before the GEMM, when K is extended.
-    pub zero: Option<ZeroPad>,
+    /// The ranges to zero before the GEMM: the extended columns (of every row) and the
+    /// extended rows (of every matrix), where the copy is wider or taller than its source.
+    pub zero: [Option<ZeroPad>; 2],
 }
 
-/// What a padded call does: copies A and/or B in, stages C, runs `problem` on the copies.
+/// What a padded call does: copies A and/or B in, stages C (and the bias), runs `problem` on
+/// the copies.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct PadPlan {
     /// The aligned problem: the same m, n, ops, precision, epilogue and aux layout, with the
@@ -69,6 +69,8 @@ pub(crate) struct PadPlan {
     pub b: Option<Copy>,
     /// C staged in scratch: copied in before the GEMM when β ≠ 0, copied back after.
     pub c: Option<Copy>,
+    /// The bias staged in scratch with N extended (zeros beyond n).
+    pub bias: Option<Copy>,
     /// Bytes of scratch the copies need.
     pub scratch_bytes: usize,
 }
@@ -82,57 +84,75 @@ pub(crate) fn misaligned(l: &MatrixLayout, address: u64, esize: usize, batch: us
         || (batch > 1 && !(l.batch_stride * esize).is_multiple_of(ALIGN_BYTES))
 }
 
-/// The plan for `p` with its operands at `addresses` (A, B, C), or `None` when nothing is
-/// misaligned, the problem is empty, or a misaligned operand's batch cannot be copied in one
-/// strided copy (its batch stride is not a multiple of its ld: such a call runs directly).
+/// The plan for `p` with its operands at `addresses` (A, B, C), or `None` when nothing needs
+/// it, the problem is empty, a misaligned operand's batch cannot be copied in one strided copy
+/// (its batch stride is not a multiple of its ld), or what is off cannot be fixed by copies:
+/// M when it runs along a stored matrix's rows (A entering transposed), N with an epilogue that
+/// writes aux or a bias gradient (their buffers are the caller's, sized for N). Such calls run
+/// directly.
+///
+/// What the fast kernels need (measured on the H200, docs/PERFORMANCE.md "Misaligned shapes"):
+/// aligned leading dimensions and bases, and an aligned K and N themselves — a copy with an
+/// aligned ld but K or N still odd ran as slowly as the direct call. So an odd K is extended
+/// with zeros in both A and B, and an odd N is extended in B (zeros), C (staged; the extra
+/// columns are computed into scratch and never copied back) and the bias (zeros). An odd M is
+/// harmless where M is a row count (A as stored), and not handled where it is not.
 pub(crate) fn plan(p: &GemmProblem, [a, b, c]: [u64; 3]) -> Option<PadPlan> {
     if p.is_empty() || p.k() == 0 {
         return None;
     }
     let prec = p.precision();
     let (ein, eout) = (prec.input().size_bytes(), prec.output().size_bytes());
-    let batch = p.batch();
-    let pad_a = misaligned(&p.a().layout, a, ein, batch);
-    let pad_b = misaligned(&p.b().layout, b, ein, batch);
-    let pad_c = misaligned(&p.c(), c, eout, batch);
-    if !(pad_a || pad_b || pad_c) {
+    let (m, n, k, batch) = (p.m(), p.n(), p.k(), p.batch());
+    let off = |elems: usize, esize: usize| !(elems * esize).is_multiple_of(ALIGN_BYTES);
+    let (a_op, b_op, e) = (p.a().op, p.b().op, p.epilogue());
+    let n_off = off(n, eout) || (b_op == Op::N && off(n, ein));
+    if (a_op == Op::T && off(m, ein)) || (n_off && (p.uses_aux() || e.vector() == VectorUse::WritesGrad)) {
         return None;
     }
-    let align_in = ALIGN_BYTES / ein;
-    // K is extended only when both inputs are copied (their pad K-range is then ours to zero).
-    let k2 = if pad_a && pad_b { p.k().next_multiple_of(align_in) } else { p.k() };
+    let k2 = if off(k, ein) { k.next_multiple_of(ALIGN_BYTES / ein) } else { k };
+    let n2 = if n_off { n.next_multiple_of((ALIGN_BYTES / ein).max(ALIGN_BYTES / eout)) } else { n };
+    let copy_a = k2 != k || misaligned(&p.a().layout, a, ein, batch);
+    let copy_b = k2 != k || n2 != n || misaligned(&p.b().layout, b, ein, batch);
+    let copy_c = n2 != n || misaligned(&p.c(), c, eout, batch);
+    if !(copy_a || copy_b || copy_c) {
+        return None;
+    }
     let mut offset = 0;
-    let mut place = |which, src: MatrixLayout, k_along_rows: bool, esize: usize| {
-        let copy = copy_of(which, src, k_along_rows, (p.k(), k2), esize, batch, offset)?;
+    let mut place = |which, src: MatrixLayout, size: (usize, usize), esize: usize| {
+        let copy = copy_of(which, src, size, esize, batch, offset)?;
         offset = (offset + copy.dst.required_elems(copy.depth)? * esize).next_multiple_of(SCRATCH_ALIGN);
         Some(copy)
     };
-    // A: op N stored [m, k] (K along each row), op T stored [k, m] (K down the columns);
-    // B: op N stored [k, n] (K down the columns), op T stored [n, k] (K along each row).
-    let ca = if pad_a { Some(place(Which::A, p.a().layout, p.a().op == Op::N, ein)?) } else { None };
-    let cb = if pad_b { Some(place(Which::B, p.b().layout, p.b().op == Op::T, ein)?) } else { None };
-    let cc = if pad_c { Some(place(Which::C, p.c(), false, eout)?) } else { None };
+    // stored shapes: A [m, k] (N) or [k, m] (T); B [k, n] (N) or [n, k] (T); C [m, n]
+    let a_size = if a_op == Op::N { (m, k2) } else { (k2, m) };
+    let b_size = if b_op == Op::N { (k2, n2) } else { (n2, k2) };
+    let ca = if copy_a { Some(place(Which::A, p.a().layout, a_size, ein)?) } else { None };
+    let cb = if copy_b { Some(place(Which::B, p.b().layout, b_size, ein)?) } else { None };
+    let cc = if copy_c { Some(place(Which::C, p.c(), (m, n2), eout)?) } else { None };
+    let bias = (n2 != n && e.vector() == VectorUse::ReadsBias)
+        .then(|| place(Which::Bias, MatrixLayout::row_major(1, n).with_batch_stride(0), (1, n2), eout))
+        .flatten();
     let operand = |copy: Option<Copy>, o: Operand| Operand { layout: copy.map_or(o.layout, |c| c.dst), op: o.op };
     let mut aligned =
         GemmProblem::new(operand(ca, p.a()), operand(cb, p.b()), cc.map_or(p.c(), |c| c.dst), batch, prec)
             .ok()?
-            .with_epilogue(p.epilogue())
+            .with_epilogue(e)
             .ok()?;
     if p.uses_aux() {
         aligned = aligned.with_aux_layout(p.aux()).ok()?;
     }
-    Some(PadPlan { problem: aligned, a: ca, b: cb, c: cc, scratch_bytes: offset })
+    Some(PadPlan { problem: aligned, a: ca, b: cb, c: cc, bias, scratch_bytes: offset })
 }
 
-/// The copy of one stored matrix `src` into scratch at `offset`: ld rounded up to 16 bytes,
-/// K extended from `k` to `k2` (zeroed) when it differs; `k_along_rows`: whether K is the
-/// stored matrix's column count (else its row count). `None` where one strided copy cannot
-/// express the batch.
+/// The copy of one stored matrix `src` into scratch at `offset`, `rows × cols` (at least the
+/// source's; the extra rows and columns are zeroed, except in C, whose extra columns are only
+/// ever written), ld rounded up to 16 bytes. `None` where one strided copy cannot express the
+/// batch.
 fn copy_of(
     which: Which,
     src: MatrixLayout,
-    k_along_rows: bool,
-    (k, k2): (usize, usize),
+    (rows, cols): (usize, usize),
     esize: usize,
     batch: usize,
     offset: usize,
@@ -143,19 +163,13 @@ fn copy_of(
     if depth > 1 && (src.ld == 0 || !src.batch_stride.is_multiple_of(src.ld) || src.batch_stride / src.ld < src.rows) {
         return None;
     }
-    let extend = which != Which::C && k2 != k;
-    let (rows, cols) = match (extend, k_along_rows) {
-        (true, true) => (src.rows, k2),
-        (true, false) => (k2, src.cols),
-        (false, _) => (src.rows, src.cols),
-    };
     let ld = cols.next_multiple_of(align).max(align);
     let dst = MatrixLayout { rows, cols, ld, batch_stride: if broadcast { 0 } else { rows * ld } };
-    let zero = extend.then_some(if k_along_rows {
-        ZeroPad::Cols { from: k, to: k2 }
-    } else {
-        ZeroPad::Rows { from: k, to: k2 }
-    });
+    let zero = |extended: bool, pad: ZeroPad| (extended && which != Which::C).then_some(pad);
+    let zero = [
+        zero(cols > src.cols, ZeroPad::Cols { from: src.cols, to: cols }),
+        zero(rows > src.rows, ZeroPad::Rows { from: src.rows, to: rows }),
+    ];
     Some(Copy { which, src, dst, depth, offset, zero })
 }
 
@@ -185,43 +199,69 @@ mod tests {
         assert_eq!((plan.problem.m(), plan.problem.n()), (4096, 4096));
         let a = plan.a.unwrap();
         assert_eq!(a.dst, MatrixLayout::row_major(4096, 2048));
-        assert_eq!(a.zero, Some(ZeroPad::Cols { from: 2047, to: 2048 }));
+        assert_eq!(a.zero, [Some(ZeroPad::Cols { from: 2047, to: 2048 }), None]);
         // w[n, k] enters transposed: K along its rows too
         let b = plan.b.unwrap();
         assert_eq!(b.dst, MatrixLayout::row_major(4096, 2048));
-        assert_eq!(b.zero, Some(ZeroPad::Cols { from: 2047, to: 2048 }));
+        assert_eq!(b.zero, [Some(ZeroPad::Cols { from: 2047, to: 2048 }), None]);
         assert_eq!(plan.c, None, "C[4096, 4096] is aligned");
         assert_eq!(b.offset, 4096 * 2048 * 2);
         assert_eq!(plan.scratch_bytes, 2 * 4096 * 2048 * 2);
     }
 
     #[test]
-    fn odd_k_matmul_pads_a_only_and_keeps_k() {
-        // x[m, k]·w[k, n]: x has ld = k (off), w has ld = n (aligned): K cannot grow
+    fn odd_k_matmul_extends_k_in_both_inputs() {
+        // x[m, k]·w[k, n]: x has ld = k (off), w has an aligned ld but K rows: both are copied
+        // (an aligned ld with K still odd ran as slowly as the direct call)
         let p = GemmProblem::matmul(4096, 4096, 4095, Precision::F16).unwrap();
         let plan = plan(&p, [AL, AL, AL]).unwrap();
-        assert_eq!(plan.problem.k(), 4095);
-        assert_eq!(plan.a.unwrap().dst, MatrixLayout::row_major(4096, 4095).with_ld(4096));
-        assert_eq!(plan.a.unwrap().zero, None);
-        assert_eq!((plan.b, plan.c), (None, None));
+        assert_eq!(plan.problem.k(), 4096);
+        assert_eq!(plan.a.unwrap().dst, MatrixLayout::row_major(4096, 4096));
+        assert_eq!(plan.a.unwrap().zero, [Some(ZeroPad::Cols { from: 4095, to: 4096 }), None]);
+        assert_eq!(plan.b.unwrap().dst, MatrixLayout::row_major(4096, 4096));
+        assert_eq!(plan.b.unwrap().zero, [None, Some(ZeroPad::Rows { from: 4095, to: 4096 })]);
+        assert_eq!((plan.c, plan.bias), (None, None));
     }
 
     #[test]
-    fn odd_n_pads_the_operand_along_n_and_c() {
-        // matmul: w[k, n] with n = 4095 and C[m, n]
+    fn odd_n_extends_n_in_b_c_and_the_bias() {
+        // matmul: w[k, n] with n = 4095 and C[m, n]: N becomes 4096, C is staged
         let p = GemmProblem::matmul(4096, 4095, 4096, Precision::BF16).unwrap();
         let plan = plan(&p, [AL, AL, AL]).unwrap();
         assert_eq!(plan.a, None);
-        assert_eq!(plan.b.unwrap().dst, MatrixLayout::row_major(4096, 4095).with_ld(4096));
+        assert_eq!(plan.problem.n(), 4096);
+        let b = plan.b.unwrap();
+        assert_eq!(b.dst, MatrixLayout::row_major(4096, 4096));
+        assert_eq!(b.zero, [Some(ZeroPad::Cols { from: 4095, to: 4096 }), None]);
         let c = plan.c.unwrap();
-        assert_eq!(c.dst, MatrixLayout::row_major(4096, 4095).with_ld(4096));
+        assert_eq!((c.src, c.dst), (MatrixLayout::row_major(4096, 4095), MatrixLayout::row_major(4096, 4096)));
+        assert_eq!(c.zero, [None, None], "C's extra columns are only written");
         assert_eq!(c.offset, (4096 * 4096 * 2usize).next_multiple_of(256));
-        assert_eq!(plan.problem.c(), c.dst);
-        // linear: w[n, k] has ld = k (aligned): only C
-        let p = GemmProblem::linear(4096, 4095, 4096, Precision::BF16).unwrap();
+        // linear with a bias: w[n, k] gets zero rows, the bias zeros beyond n
+        let p = GemmProblem::linear(4096, 4095, 4096, Precision::BF16).unwrap().with_epilogue(Epilogue::Bias).unwrap();
         let plan = super::plan(&p, [AL, AL, AL]).unwrap();
-        assert_eq!((plan.a, plan.b), (None, None));
-        assert!(plan.c.is_some());
+        assert_eq!(plan.a, None);
+        assert_eq!(plan.b.unwrap().zero, [None, Some(ZeroPad::Rows { from: 4095, to: 4096 })]);
+        let bias = plan.bias.unwrap();
+        assert_eq!((bias.dst.cols, bias.depth), (4096, 1));
+        assert_eq!(bias.zero, [Some(ZeroPad::Cols { from: 4095, to: 4096 }), None]);
+        // f16 in, f32 out: N aligned to 8 (the inputs' 16 bytes)
+        let p = GemmProblem::matmul(64, 100, 64, Precision::F16_F32OUT).unwrap();
+        assert_eq!(super::plan(&p, [AL, AL, AL]).unwrap().problem.n(), 104);
+    }
+
+    #[test]
+    fn what_copies_cannot_fix_runs_directly() {
+        // an odd N with an epilogue that writes aux or a bias gradient (the caller's buffers)
+        for e in [Epilogue::GeluAux, Epilogue::GeluAuxBias, Epilogue::BiasGradB] {
+            let p = GemmProblem::linear(512, 1001, 512, Precision::BF16).unwrap().with_epilogue(e).unwrap();
+            assert_eq!(plan(&p, [AL, AL, AL]), None, "{e}");
+        }
+        // an odd M along the rows of A stored [k, m] (A transposed)
+        let a = Operand::t(MatrixLayout::row_major(256, 511));
+        let b = Operand::n(MatrixLayout::row_major(256, 256));
+        let p = GemmProblem::new(a, b, MatrixLayout::row_major(511, 256), 1, Precision::F16).unwrap();
+        assert_eq!(plan(&p, [AL, AL, AL]), None);
     }
 
     #[test]
@@ -255,10 +295,10 @@ mod tests {
         assert_eq!(plan.problem.k(), 2048);
         let ca = plan.a.unwrap();
         assert_eq!(ca.dst, MatrixLayout::row_major(2048, 512));
-        assert_eq!(ca.zero, Some(ZeroPad::Rows { from: 2047, to: 2048 }));
+        assert_eq!(ca.zero, [None, Some(ZeroPad::Rows { from: 2047, to: 2048 })]);
         let cb = plan.b.unwrap();
         assert_eq!(cb.dst, MatrixLayout::row_major(2048, 256));
-        assert_eq!(cb.zero, Some(ZeroPad::Rows { from: 2047, to: 2048 }));
+        assert_eq!(cb.zero, [None, Some(ZeroPad::Rows { from: 2047, to: 2048 })]);
         assert_eq!(plan.problem.a().op, Op::T);
     }
 

@@ -60,10 +60,11 @@ pub(crate) unsafe fn enqueue(
 unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64, route: Route) -> Result<Served> {
     let esize = |c: &Copy| {
         let prec = r.problem.precision();
-        if c.which == crate::Which::C { prec.output() } else { prec.input() }.size_bytes()
+        let vector_or_c = matches!(c.which, crate::Which::C | crate::Which::Bias);
+        if vector_or_c { prec.output() } else { prec.input() }.size_bytes()
     };
     let at = |c: Option<Copy>, user: u64| c.map_or(user, |c| base + c.offset as u64);
-    for (copy, user) in [(plan.a, r.abc.0), (plan.b, r.abc.1)] {
+    for (copy, user) in [(plan.a, r.abc.0), (plan.b, r.abc.1), (plan.bias, r.bias.unwrap_or(0))] {
         if let Some(c) = copy {
             // SAFETY: validated user buffer; scratch sized by the plan.
             unsafe { copy_in(&c, user, base, esize(&c), r.stream) }?;
@@ -77,6 +78,7 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64
         problem: &plan.problem,
         cm: column_major_call(&plan.problem),
         abc: (at(plan.a, r.abc.0), at(plan.b, r.abc.1), at(plan.c, r.abc.2)),
+        bias: r.bias.map(|user| at(plan.bias, user)),
         ..*r
     };
     // SAFETY: the copies hold the operands; the rest is the caller's.
@@ -129,17 +131,18 @@ unsafe fn copy_in(c: &Copy, user: u64, base: u64, esize: usize, stream: cudarc::
     let ours = base + c.offset as u64;
     let d = c.dst;
     let (pitch, slice) = (d.ld * esize, d.batch_stride.max(d.rows * d.ld) * esize);
-    // SAFETY (both): inside the scratch region the plan sized.
-    match c.zero {
-        Some(ZeroPad::Cols { from, to }) => unsafe {
-            // columns from..to of every row of every matrix (matrices are contiguous rows)
-            zero_pitched(ours + (from * esize) as u64, pitch, (to - from) * esize, d.rows * c.depth, stream)
-        }?,
-        Some(ZeroPad::Rows { from, to }) => unsafe {
-            // rows from..to of each matrix: one block per matrix, `slice` apart
-            zero_pitched(ours + (from * pitch) as u64, slice, (to - from) * pitch, c.depth, stream)
-        }?,
-        None => {}
+    for zero in c.zero.into_iter().flatten() {
+        // SAFETY (both): inside the scratch region the plan sized.
+        match zero {
+            ZeroPad::Cols { from, to } => unsafe {
+                // columns from..to of every row of every matrix (matrices are contiguous rows)
+                zero_pitched(ours + (from * esize) as u64, pitch, (to - from) * esize, d.rows * c.depth, stream)
+            }?,
+            ZeroPad::Rows { from, to } => unsafe {
+                // rows from..to of each matrix: one block per matrix, `slice` apart
+                zero_pitched(ours + (from * pitch) as u64, slice, (to - from) * pitch, c.depth, stream)
+            }?,
+        }
     }
     // SAFETY: the caller's contract.
     unsafe { copy_pitched(&pitched(c, ours, user, esize, false), stream) }
