@@ -1,10 +1,10 @@
-//! `gemmbridge compare`: several alternated benchmark runs against torch_peer.py, summarised
+//! `gemmbridge compare`: several alternated benchmark runs against bench/peer.py, summarised
 //! row by row.
 //!
 //! One run of a large row differs by 3–8 % from the next run of the same side on the H200
 //! (docs/PERFORMANCE.md §2.2), more than the 3 % margin of a "no row below 0.97" bound, so a
 //! single pair of runs cannot settle such a bound either way. Given N pairs (ours i, peer i),
-//! taken alternately in one device call, this prints for every row present in all pairs the
+//! taken alternately on one machine, this prints for every row present in all pairs the
 //! ratio peer time / our time of each pair and their median (the row's estimate), and per
 //! dtype and op over the square + llm suites: the geometric mean of the row medians, the rows
 //! whose median is below the bound, and each pair's own geometric mean and count below the
@@ -24,11 +24,11 @@ pub struct Args {
     /// Comma-separated JSON-lines files written by `gemmbridge bench --out`, one per run.
     #[arg(long)]
     ours: String,
-    /// Comma-separated torch_peer.py JSON-lines files, as many as `--ours`: the i-th is paired
-    /// with the i-th of `--ours` (take them alternately, in one device call).
+    /// Comma-separated bench/peer.py JSON-lines files, as many as `--ours`: the i-th is paired
+    /// with the i-th of `--ours` (take them alternately, on one warm machine).
     #[arg(long)]
     peer: String,
-    /// A row whose median ratio is below this is listed (the bound: 0.97).
+    /// A row whose median ratio is below this is listed (default 0.97).
     #[arg(long, default_value_t = 0.97, allow_negative_numbers = true)]
     bound: f64,
 }
@@ -142,10 +142,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if ours.len() != peer.len() {
         bail!("--ours names {} files and --peer {}: give the same number, paired in order", ours.len(), peer.len());
     }
-    let mut named = std::collections::BTreeSet::new();
+    // the same file under two spellings (./a and a, a link) counts as named twice
+    let mut named = std::collections::BTreeMap::new();
     for f in ours.iter().chain(&peer) {
-        if !named.insert(f) {
-            bail!("{f} is named twice: every run is its own file, on one side only");
+        let key = std::fs::canonicalize(f).unwrap_or_else(|_| std::path::PathBuf::from(f));
+        if let Some(first) = named.insert(key, f) {
+            bail!("{f} is named twice (also as {first}): every run is its own file, on one side only");
         }
     }
     if !(args.bound.is_finite() && args.bound > 0.0) {

@@ -1,5 +1,5 @@
 //! `gemmbridge`: device info, a correctness probe, and the benchmark that stands beside
-//! PyTorch's (`shared/bench/torch_peer.py`).
+//! PyTorch's (`bench/peer.py`).
 
 mod bench;
 mod compare;
@@ -37,13 +37,13 @@ enum Command {
     /// calls, exactly one must match) and every offered precision against float64. Exits
     /// non-zero if anything is wrong.
     Probe,
-    /// Times GEMMs on the torch_peer.py suites and writes JSON lines in its schema.
+    /// Times GEMMs on the bench/peer.py suites and writes JSON lines in its schema.
     Bench(bench::Args),
     /// Autotunes cuBLASLt algorithms for a suite and stores the winners in a tactic database.
     Tune(tune::Args),
     /// Measures the first GEMM of this (fresh) process, with or without prewarm.
     Firstcall(firstcall::Args),
-    /// Summarises several alternated `bench --out` / torch_peer.py runs row by row: each
+    /// Summarises several alternated `bench --out` / bench/peer.py runs row by row: each
     /// row's median ratio over the pairs, and per dtype and op the geometric mean and the
     /// rows below a bound (no GPU needed).
     Compare(compare::Args),

@@ -1,4 +1,4 @@
-//! The GEMM ops as torch_peer.py names them, the dtypes it takes, and the problem each
+//! The GEMM ops as bench/peer.py names them, the dtypes it takes, and the problem each
 //! (op, shape, precision) names: shared by `bench`, `tune` and `firstcall`.
 
 use anyhow::bail;
@@ -6,15 +6,15 @@ use gemmbridge::{Epilogue, GemmProblem, Precision};
 
 use crate::suites::Shape;
 
-/// The GEMM ops, as torch_peer.py names them.
+/// The GEMM ops, as bench/peer.py names them.
 pub const OPS: [&str; 4] = ["matmul", "linear", "linear_bias", "linear_bias_gelu"];
 
-/// Whether torch_peer.py runs `op` for `dtype` (the fused linear ops only for f16/bf16).
+/// Whether bench/peer.py runs `op` for `dtype` (the fused linear ops only for f16/bf16).
 pub fn op_applies(op: &str, dtype: &str) -> bool {
     !(op.starts_with("linear_bias") && (dtype == "f32" || dtype == "tf32"))
 }
 
-/// The precision a torch_peer.py dtype name stands for (`None` for an unknown name).
+/// The precision a bench/peer.py dtype name stands for (`None` for an unknown name).
 pub fn precision_of(dtype: &str) -> Option<Precision> {
     Some(match dtype {
         "f32" => Precision::F32,

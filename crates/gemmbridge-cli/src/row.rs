@@ -1,9 +1,9 @@
-//! One benchmark row in torch_peer.py's fields: written by `bench`, read back by its report
+//! One benchmark row in bench/peer.py's fields: written by `bench`, read back by its report
 //! and by `compare`.
 
 use serde::{Deserialize, Serialize};
 
-/// One benchmark row, in torch_peer.py's fields.
+/// One benchmark row, in bench/peer.py's fields.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Row {
     /// "matmul" (x[m,k]·w[k,n]) or "linear" (x[m,k]·w[n,k]ᵀ).

@@ -77,7 +77,8 @@ pub fn validate(args: &Args) -> anyhow::Result<Settings> {
             bail!("--json {path:?} is not a file name");
         }
         if let Some(dir) = dir.filter(|d| !d.is_dir()) {
-            bail!("--json {path}: the directory {} does not exist", dir.display());
+            let what = if dir.exists() { "is not a directory" } else { "does not exist" };
+            bail!("--json {path}: the directory {} {what}", dir.display());
         }
     }
     let seed = args.seed.unwrap_or_else(|| {
@@ -112,6 +113,10 @@ fn open() -> anyhow::Result<(Gpu, Gpu, Gpu)> {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let cfg = validate(&args)?;
+    if let Some(path) = &cfg.json {
+        // created now, so that a path that cannot be written fails before the run, not after
+        std::fs::File::create(path).with_context(|| format!("--json {path}: cannot create the file"))?;
+    }
     let cases = cases::all()?;
     let (auto, lt, blas) = open()?;
     let info = auto.info()?;

@@ -1,4 +1,4 @@
-//! The benchmark suites (`gemmbridge::suites`, torch_peer.py's shapes), with the CLI's error
+//! The benchmark suites (`gemmbridge::suites`, bench/peer.py's shapes), with the CLI's error
 //! for an unknown name.
 
 pub use gemmbridge::suites::{is_square_or_llm, Shape, CPU, NAMES};

@@ -1,4 +1,4 @@
-//! Timing as torch_peer.py's `time_fn` does it, so the two sides measure the same thing.
+//! Timing as bench/peer.py's `time_fn` does it, so the two sides measure the same thing.
 //!
 //! Warm-up calls, then one timed call to size a sample: each of `reps` samples times `inner`
 //! back-to-back calls between two CUDA events, with `inner` chosen so a sample spans about
@@ -6,7 +6,7 @@
 //!
 //! One option on the GPU: before the samples, [`Sampling::heat_ms`] of back-to-back calls
 //! (GPU time), so that a row is timed at the sustained, power-limited clock rather than in a
-//! short burst as torch_peer.py times it. Off in `bench` by default: the clock of a burst and
+//! short burst as bench/peer.py times it. Off in `bench` by default: the clock of a burst and
 //! the sustained clock differ (a fused row took 1.37× as long with heat, docs/PERFORMANCE.md
 //! §2.3), so only rows timed the same way may be compared.
 

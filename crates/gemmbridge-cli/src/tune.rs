@@ -15,7 +15,7 @@ use crate::suites;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Shape suite (as `bench`): default, square, llm, small, cpu.
+    /// Shape suite (as `bench`): default, square, llm, small, misaligned, cpu.
     #[arg(long, default_value = "default")]
     suite: String,
     /// Comma-separated dtypes: f32, tf32, f16, bf16.
@@ -56,9 +56,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         bail!("--candidates must be 1..=32 and --reps at least 1");
     }
     let db_path = Path::new(&args.db);
+    if args.db.is_empty() || db_path.is_dir() {
+        bail!("--db {:?} is not a file name", args.db);
+    }
     if let Some(dir) = db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.is_dir() {
-            bail!("--db {}: the directory {} does not exist", args.db, dir.display());
+            let what = if dir.exists() { "is not a directory" } else { "does not exist" };
+            bail!("--db {}: the directory {} {what}", args.db, dir.display());
         }
     }
     let gpu = Gpu::new(0).context("tune needs a CUDA GPU")?;
@@ -72,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     // checked before any GPU time is spent: a file that save() would refuse to overwrite
     // (entries of another cuBLASLt version are no reason: save keeps them)
     if let Err(e) = TacticDb::check_writable(db_path, &db.identity) {
-        bail!("--db {}: {e}; it is never overwritten: remove it or choose another path", args.db);
+        bail!("--db {}: {e}", args.db);
     }
     println!(
         "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>5} {:>6} {:>6}",

@@ -53,9 +53,10 @@ impl MatrixLayout {
         MatrixLayout { rows, cols, ld: cols, batch_stride: rows.saturating_mul(cols) }
     }
 
-    /// The same matrix with leading dimension `ld`. A batch stride still at its default
-    /// (`rows·ld` of the old ld) follows to `rows·ld` of the new one; an explicit batch stride
-    /// (such as 0 for broadcasting) is kept, whatever the order of the calls.
+    /// The same matrix with leading dimension `ld`. A batch stride equal to `rows·ld` of the
+    /// old ld (the default, or an explicit one that happens to equal it) follows to `rows·ld`
+    /// of the new one; any other batch stride (such as 0 for broadcasting) is kept. To keep a
+    /// stride that equals `rows·ld`, call [`MatrixLayout::with_batch_stride`] after this.
     pub const fn with_ld(self, ld: usize) -> MatrixLayout {
         let batch_stride = if self.batch_stride == self.rows.saturating_mul(self.ld) {
             self.rows.saturating_mul(ld)

@@ -287,7 +287,8 @@ impl GemmProblem {
     }
 
     /// A one-line description for error messages and logs, e.g.
-    /// `m=256 n=512 k=128 A[256x128 ld 128]·N B[128x512 ld 512]·N C[256x512 ld 512] batch 1 bf16`.
+    /// `m=256 n=512 k=128 A[256x128 ld 128]·N B[128x512 ld 512]·N C[256x512 ld 512] batch 1 bf16
+    /// epilogue none`.
     pub fn describe(&self) -> String {
         let l = |x: &MatrixLayout| format!("{}x{} ld {}", x.rows, x.cols, x.ld);
         let op = |o: Op| o.to_string();

@@ -1,4 +1,4 @@
-//! The benchmark suites: the same shapes as `shared/bench/torch_peer.py` (copied from its
+//! The benchmark suites: the same shapes as `bench/peer.py` (copied from its
 //! SUITES), so every row can be set beside PyTorch's. Used by the `gemmbridge` and
 //! `gemmbridge-burn` benchmark commands.
 
@@ -41,7 +41,7 @@ pub const CPU: [Shape; 4] = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (51
 /// The suite names `--suite` accepts.
 pub const NAMES: [&str; 6] = ["default", "square", "llm", "small", "misaligned", "cpu"];
 
-/// Shapes of a suite; `default` is square + llm + small, as in torch_peer.py. `None` for a
+/// Shapes of a suite; `default` is square + llm + small, as in bench/peer.py. `None` for a
 /// name not in [`NAMES`].
 pub fn shapes(name: &str) -> Option<Vec<Shape>> {
     Some(match name {

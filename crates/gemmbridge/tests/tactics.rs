@@ -1,7 +1,7 @@
 //! The tactic database survives what happens to files: truncation, another GPU's file, a
 //! stale cuBLASLt version, garbage, and several writers at once.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use gemmbridge::cuda::tactics::{m_bucket, Identity, Library, ProblemKind, Tactic, TacticDb, FORMAT};
 
@@ -468,4 +468,30 @@ fn times_round_trip_exactly() {
     for (sig, t) in &db.entries {
         assert_eq!(back.entries[sig].tuned_ms.to_bits(), t.tuned_ms.to_bits(), "{sig}: {}", t.tuned_ms);
     }
+}
+
+/// An entry with a negative or non-finite time is left out on load with a warning (so that the
+/// loaded database can be saved again), and bad paths are named before anything is written.
+#[test]
+fn bad_times_and_bad_paths_are_named() {
+    let path = tmp("bad-time");
+    let mut db = TacticDb::new(identity());
+    db.entries.insert("sig-a".into(), tactic(0.5, 1));
+    db.entries.insert("sig-b".into(), tactic(0.7, 2));
+    db.save(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap().replacen("\"tuned_ms\": 0.5", "\"tuned_ms\": -0.5", 1);
+    std::fs::write(&path, text).unwrap();
+    let (back, warnings) = TacticDb::load(&path, &identity());
+    assert_eq!(back.entries.keys().collect::<Vec<_>>(), vec!["sig-b"]);
+    assert!(warnings.len() == 1 && warnings[0].contains("negative"), "{warnings:?}");
+    back.save(&tmp("bad-time-resaved")).unwrap();
+
+    let kind = |r: std::io::Result<()>| r.unwrap_err().kind();
+    assert_eq!(kind(TacticDb::check_writable(Path::new(""), &identity())), std::io::ErrorKind::InvalidInput);
+    assert_eq!(kind(db.save(Path::new(""))), std::io::ErrorKind::InvalidInput);
+    let dir = tmp("dir").parent().unwrap().to_path_buf();
+    assert_eq!(kind(TacticDb::check_writable(&dir, &identity())), std::io::ErrorKind::InvalidInput);
+    let missing = dir.join("no-such-dir").join("db.json");
+    let e = TacticDb::check_writable(&missing, &identity()).unwrap_err();
+    assert!(e.kind() == std::io::ErrorKind::NotFound && e.to_string().contains("no-such-dir"), "{e}");
 }

@@ -1,7 +1,7 @@
 //! The "launch" row: what one tiny (64³) GEMM costs on the host and on the GPU, eagerly and
 //! replayed from a CUDA graph, beside the bare library calls gemmbridge wraps.
 //!
-//! Fields as torch_peer.py's launch row (`host_us`, `wall_us`, `graph_us`), plus
+//! Fields as bench/peer.py's launch row (`host_us`, `wall_us`, `graph_us`), plus
 //! `bare_lt_us` (bare `cublasLtMatmul` with a prebuilt plan), `bare_blas_us` (bare
 //! `cublasGemmEx`), `host_raw_us` (gemmbridge's raw-pointer path), and `host_direct_us` /
 //! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so

@@ -1,5 +1,5 @@
 //! `gemmbridge bench`: the suites, shapes and JSON-lines fields of
-//! `shared/bench/torch_peer.py`, timed the same way, with an optional side-by-side ratio.
+//! `bench/peer.py`, timed the same way, with an optional side-by-side ratio.
 
 pub mod launch;
 pub mod report;
@@ -24,10 +24,11 @@ use crate::timing;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Shape suite: default (square + llm + small), square, llm, small, cpu.
+    /// Shape suite: default (square + llm + small), square, llm, small, misaligned (leading
+    /// dimensions off 16 bytes), cpu.
     #[arg(long, default_value = "default")]
     suite: String,
-    /// Comma-separated dtypes, as torch_peer.py names them: f32, tf32, f16, bf16
+    /// Comma-separated dtypes, as bench/peer.py names them: f32, tf32, f16, bf16
     /// (fp8_e4m3 is accepted and skipped: not offered yet).
     #[arg(long, default_value = "f32,tf32,f16,bf16")]
     dtypes: String,
@@ -36,7 +37,7 @@ pub struct Args {
     #[arg(long, default_value_t = 30)]
     reps: usize,
     /// GPU time of back-to-back calls before each row's samples, ms. Default 0: only the 5
-    /// warm-up calls, as torch_peer.py, so both sides time a short burst. Heat times the row
+    /// warm-up calls, as bench/peer.py, so both sides time a short burst. Heat times the row
     /// at the sustained, power-limited clock instead (f16 linear_bias_gelu 4096×4096×14336
     /// took 1.37× as long, docs/PERFORMANCE.md §2.3): do not compare such rows with the
     /// peer's.
@@ -45,7 +46,7 @@ pub struct Args {
     /// Write JSON lines here ("-": stdout, and the table goes to stderr).
     #[arg(long)]
     out: Option<String>,
-    /// torch_peer.py's JSON lines from the same machine: adds peer time / our time per row
+    /// bench/peer.py's JSON lines from the same machine: adds peer time / our time per row
     /// and the geometric mean per dtype.
     #[arg(long)]
     peer: Option<String>,
@@ -61,7 +62,7 @@ pub struct Args {
     #[arg(long, default_value = "on")]
     padding: String,
     /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu (the last two only
-    /// for f16/bf16, as torch_peer.py), launch (tiny-GEMM host cost and graph replay).
+    /// for f16/bf16, as bench/peer.py), launch (tiny-GEMM host cost and graph replay).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
 }
@@ -86,7 +87,7 @@ pub fn parse_backend(s: &str) -> anyhow::Result<Backend> {
     })
 }
 
-/// Input sets to rotate through, as torch_peer.py's `rotation`: as many as fit 512 MiB,
+/// Input sets to rotate through, as bench/peer.py's `rotation`: as many as fit 512 MiB,
 /// between 1 and 8, so repeated calls do not all hit L2.
 fn rotation_count((m, n, k): Shape, elem_bytes: usize) -> usize {
     let per = (m * k + k * n) * elem_bytes;
@@ -308,7 +309,7 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
     let (m, n, k) = shape;
     let s = gpu.stream();
     let count = rotation_count(shape, precision.input().size_bytes());
-    // As torch_peer.py, every op gets its own rotation of random buffers and bias, made on the
+    // As bench/peer.py, every op gets its own rotation of random buffers and bias, made on the
     // GPU just before it is timed (the peer draws them with torch.randn on the GPU) and
     // dropped after: the GPU sees the same short, memory-bound pause before every row as the
     // peer's. A row's clock depends on what ran just before it (docs/PERFORMANCE.md §2.3).

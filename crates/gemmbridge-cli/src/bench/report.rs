@@ -13,7 +13,7 @@ fn key(r: &Row) -> Key {
     (r.op.clone(), r.dtype.clone(), r.m, r.n, r.k, r.batch)
 }
 
-/// Reads torch_peer.py's JSON lines, keeping the timed rows (skips "env", "launch", rows
+/// Reads bench/peer.py's JSON lines, keeping the timed rows (skips "env", "launch", rows
 /// with an "error", and anything else without a median), and warns when an "env" row names
 /// another device than `our_device`.
 ///
@@ -28,7 +28,7 @@ pub fn read_peer(path: &str, our_device: &str) -> anyhow::Result<Vec<Row>> {
 }
 
 /// The devices its "env" rows name (a file of several runs concatenated has several; listed
-/// once each) and the timed rows of a JSON-lines file in torch_peer.py's schema (ours or the
+/// once each) and the timed rows of a JSON-lines file in bench/peer.py's schema (ours or the
 /// peer's), as [`read_peer`].
 ///
 /// # Errors
@@ -73,7 +73,7 @@ pub fn read_rows(path: &str) -> anyhow::Result<(Vec<String>, Vec<Row>)> {
     Ok((devices, rows))
 }
 
-/// Reads torch_peer.py's "launch" rows.
+/// Reads bench/peer.py's "launch" rows.
 pub fn read_peer_launch(path: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     let text = std::fs::read_to_string(path)?;
     Ok(text

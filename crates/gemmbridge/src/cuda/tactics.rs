@@ -3,8 +3,8 @@
 //!
 //! # File format 2 ([`FORMAT`])
 //! A file is JSON, written by [`TacticDb::save`] (pretty-printed, one trailing newline). The
-//! first entry of the repository's `tactics/h200.json` (tuned on an H200 in device call 27;
-//! arrays folded and times shortened here):
+//! entry of the repository's `tactics/h200.json` (tuned on an H200; arrays folded and times
+//! shortened here):
 //!
 //! ```json
 //! {
@@ -295,6 +295,9 @@ impl TacticDb {
                 false
             }
         });
+        let invalid = db.entries.len();
+        db.entries.retain(|_, t| valid(t));
+        let invalid = invalid - db.entries.len();
         if unused > 0 {
             tracing::debug!(
                 "tactic database {}: {unused} entries of libraries this build does not use",
@@ -302,6 +305,14 @@ impl TacticDb {
             );
         }
         let mut warnings = Vec::new();
+        if invalid > 0 {
+            let w = format!(
+                "tactic database {}: {invalid} {} with a non-finite or negative time; ignored",
+                path.display(),
+                if invalid == 1 { "entry" } else { "entries" }
+            );
+            warnings.extend(warn(w));
+        }
         for (lib, (n, versions, current)) in stale {
             let versions: Vec<String> = versions.iter().map(usize::to_string).collect();
             let w = format!(
@@ -335,12 +346,26 @@ impl TacticDb {
     }
 
     /// Whether [`save`](TacticDb::save) would write over `path` for this `identity`: `Ok` for a
-    /// missing file or one of this machine in a format this build reads (whatever its entries'
-    /// library versions); otherwise the `AlreadyExists` error `save` would give. Takes no lock.
+    /// missing file in an existing directory, or a file of this machine in a format this build
+    /// reads (whatever its entries' library versions); otherwise the error `save` would give.
+    /// Takes no lock.
     ///
     /// # Errors
+    /// `InvalidInput` for an empty path or one naming a directory; `NotFound` when the
+    /// directory it would be written in does not exist (or is not a directory);
     /// `AlreadyExists` naming the path and why (corrupt, unreadable, unknown format, foreign).
     pub fn check_writable(path: &Path, identity: &Identity) -> std::io::Result<()> {
+        use std::io::{Error, ErrorKind};
+        if path.as_os_str().is_empty() || path.is_dir() {
+            let msg = format!("{:?} is not a file name", path.display().to_string());
+            return Err(Error::new(ErrorKind::InvalidInput, msg));
+        }
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if !dir.is_dir() {
+            let what = if dir.exists() { "is not a directory" } else { "does not exist" };
+            let msg = format!("{}: the directory {} {what}", path.display(), dir.display());
+            return Err(Error::new(ErrorKind::NotFound, msg));
+        }
         read_all(path, identity).map(drop).map_err(refusal)
     }
 
@@ -353,17 +378,29 @@ impl TacticDb {
     /// An entry with a non-finite or negative time (`InvalidInput`); an existing file at
     /// `path` that is unreadable, corrupt, of an unknown format or foreign (`AlreadyExists`:
     /// it is never overwritten — remove it or choose another path); I/O errors creating,
-    /// locking, writing or renaming. Every message names the path.
+    /// locking, writing or renaming. Every message names the path (the lock file's, for a
+    /// failure to create or lock it). The lock file `<path>.lock` is left in place (removing it
+    /// would race with another writer waiting on it).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
         if let Some((sig, _)) = self.entries.iter().find(|(_, t)| !valid(t)) {
             let msg = format!("{}: tactic {sig} has a non-finite or negative time", path.display());
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
         }
+        if path.as_os_str().is_empty() {
+            let msg = "an empty path is not a file name".to_string();
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+        }
         let lock_path = sibling(path, ".lock");
-        let lock =
-            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(named)?;
-        lock.lock().map_err(named)?;
+        let named_lock =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("{} (lock file): {e}", lock_path.display()));
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(named_lock)?;
+        lock.lock().map_err(named_lock)?;
         let mut merged =
             read_all(path, &self.identity).map_err(refusal)?.unwrap_or_else(|| TacticDb::new(self.identity.clone()));
         merged.format = FORMAT;
@@ -426,7 +463,10 @@ fn read_all(path: &Path, identity: &Identity) -> Result<Option<TacticDb>, String
 }
 
 fn refusal(w: String) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("refusing to overwrite: {w}"))
+    std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("refusing to overwrite (remove it or choose another path): {w}"),
+    )
 }
 
 fn valid(t: &Tactic) -> bool {

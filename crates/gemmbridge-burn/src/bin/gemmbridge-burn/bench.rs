@@ -31,7 +31,7 @@ type Plain = CubeBackend<CudaRuntime, f32, i32, u8>;
 /// Arguments of `gemmbridge-burn bench`.
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Suites of torch_peer.py's shapes, comma-separated (square, llm, small, default).
+    /// Suites of the peer's (bench/peer.py) shapes, comma-separated (square, llm, small, default).
     #[arg(long, default_value = "square,llm")]
     suite: String,
     /// Extra shapes `MxNxK`, comma-separated (e.g. the GEMMs of a training step), measured after
