@@ -93,33 +93,21 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64
 /// The pitched copy of `c`'s logical elements: caller's buffer → scratch, or back (`out`).
 fn pitched(c: &Copy, scratch: u64, user: u64, esize: usize, out: bool) -> Pitched {
     let (s, d) = (c.src, c.dst);
-    let (user_pitch, user_slice) = (s.ld * esize, s.batch_stride * esize);
-    let (ours_pitch, ours_slice) = (d.ld * esize, d.batch_stride * esize);
-    let (width_bytes, height, depth) = (s.cols * esize, s.rows, c.depth);
+    let copy_in = Pitched {
+        src: user,
+        src_pitch: s.ld * esize,
+        src_slice: s.batch_stride * esize,
+        dst: scratch,
+        dst_pitch: d.ld * esize,
+        dst_slice: d.batch_stride * esize,
+        width_bytes: s.cols * esize,
+        height: s.rows,
+        depth: c.depth,
+    };
     if out {
-        Pitched {
-            src: scratch,
-            src_pitch: ours_pitch,
-            src_slice: ours_slice,
-            dst: user,
-            dst_pitch: user_pitch,
-            dst_slice: user_slice,
-            width_bytes,
-            height,
-            depth,
-        }
+        copy_in.reversed()
     } else {
-        Pitched {
-            src: user,
-            src_pitch: user_pitch,
-            src_slice: user_slice,
-            dst: scratch,
-            dst_pitch: ours_pitch,
-            dst_slice: ours_slice,
-            width_bytes,
-            height,
-            depth,
-        }
+        copy_in
     }
 }
 

@@ -52,6 +52,21 @@ pub(crate) struct Pitched {
     pub depth: usize,
 }
 
+impl Pitched {
+    /// The same copy the other way (destination to source).
+    pub fn reversed(self) -> Pitched {
+        Pitched {
+            src: self.dst,
+            src_pitch: self.dst_pitch,
+            src_slice: self.dst_slice,
+            dst: self.src,
+            dst_pitch: self.src_pitch,
+            dst_slice: self.src_slice,
+            ..self
+        }
+    }
+}
+
 /// Enqueues `c` on `stream` (one `cuMemcpy3DAsync`).
 ///
 /// # Safety
@@ -150,5 +165,10 @@ mod tests {
         // one matrix: a slice stride of 0 (batch stride of a single matrix) still gives height
         let one = descriptor(&Pitched { src_slice: 0, dst_slice: 0, depth: 1, ..c });
         assert_eq!((one.srcHeight, one.dstHeight), (64, 64));
+        // reversed: the same rows, from the destination back to the source
+        let back = descriptor(&c.reversed());
+        assert_eq!((back.srcDevice, back.srcPitch, back.srcHeight), (0x9000, 4096, 64));
+        assert_eq!((back.dstDevice, back.dstPitch, back.dstHeight), (0x1000, 4094, 70));
+        assert_eq!((back.WidthInBytes, back.Height, back.Depth), (4094, 64, 3));
     }
 }
