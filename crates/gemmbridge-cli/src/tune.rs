@@ -56,14 +56,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         bail!("--candidates must be 1..=32 and --reps at least 1");
     }
     let db_path = Path::new(&args.db);
-    if args.db.is_empty() || db_path.is_dir() {
-        bail!("--db {:?} is not a file name", args.db);
-    }
-    if let Some(dir) = db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            let what = if dir.exists() { "is not a directory" } else { "does not exist" };
-            bail!("--db {}: the directory {} {what}", args.db, dir.display());
-        }
+    if let Err(e) = TacticDb::check_path(db_path) {
+        bail!("--db: {e}");
     }
     let gpu = Gpu::new(0).context("tune needs a CUDA GPU")?;
     if !gpu.has_lt() {

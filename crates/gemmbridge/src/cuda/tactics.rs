@@ -355,6 +355,18 @@ impl TacticDb {
     /// directory it would be written in does not exist (or is not a directory);
     /// `AlreadyExists` naming the path and why (corrupt, unreadable, unknown format, foreign).
     pub fn check_writable(path: &Path, identity: &Identity) -> std::io::Result<()> {
+        TacticDb::check_path(path)?;
+        read_all(path, identity).map(drop).map_err(refusal)
+    }
+
+    /// The path half of [`check_writable`](TacticDb::check_writable), which needs no machine
+    /// identity (so a command can check its `--db` before it opens a GPU): `path` names a file
+    /// in an existing directory.
+    ///
+    /// # Errors
+    /// `InvalidInput` for an empty path or one naming a directory; `NotFound` when the
+    /// directory it would be written in does not exist (or is not a directory).
+    pub fn check_path(path: &Path) -> std::io::Result<()> {
         use std::io::{Error, ErrorKind};
         if path.as_os_str().is_empty() || path.is_dir() {
             let msg = format!("{:?} is not a file name", path.display().to_string());
@@ -366,7 +378,7 @@ impl TacticDb {
             let msg = format!("{}: the directory {} {what}", path.display(), dir.display());
             return Err(Error::new(ErrorKind::NotFound, msg));
         }
-        read_all(path, identity).map(drop).map_err(refusal)
+        Ok(())
     }
 
     /// Writes the database to `path` atomically as format 2, merged (as [`merge`](TacticDb::merge)
