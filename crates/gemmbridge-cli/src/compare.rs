@@ -40,7 +40,7 @@ type Key = (String, String, usize, usize, usize, usize);
 type Group<'a> = Vec<(&'a Key, &'a Vec<f64>)>;
 
 fn key(r: &Row) -> Key {
-    (r.dtype.clone(), r.op.clone(), r.m, r.n, r.k, r.batch)
+    (r.dtype.clone(), r.label(), r.m, r.n, r.k, r.batch)
 }
 
 /// Median of a non-empty list (the mean of the two middle values for an even count).

@@ -5,9 +5,11 @@ mod bench;
 mod compare;
 mod db;
 mod firstcall;
+mod fp8cmd;
 mod info;
 mod ops;
 mod probe;
+mod probe_fp8;
 mod random;
 mod row;
 mod soak;
@@ -21,7 +23,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "gemmbridge",
     version,
-    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall, compare, soak"
+    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall, compare, soak, fp8"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -34,8 +36,8 @@ enum Command {
     /// (or, without a GPU, which CPU backend serves).
     Info,
     /// Checks this machine: the row-major→column-major convention table (16 direct cuBLAS
-    /// calls, exactly one must match) and every offered precision against float64. Exits
-    /// non-zero if anything is wrong.
+    /// calls, exactly one must match), every offered precision against float64, and every
+    /// FP8 recipe the GPU offers. Exits non-zero if anything is wrong.
     Probe,
     /// Times GEMMs on the bench/peer.py suites and writes JSON lines in its schema.
     Bench(bench::Args),
@@ -56,6 +58,10 @@ enum Command {
     /// Passes (exit 0) when every checked call is within its precision's band and no call
     /// failed; exit 1 otherwise, 2 without a CUDA GPU or on bad arguments.
     Soak(soak::Args),
+    /// FP8: accuracy of every recipe beside PyTorch's (`accuracy`), bandwidth of the
+    /// quantisation kernels (`quantize`).
+    #[command(subcommand)]
+    Fp8(fp8cmd::Action),
 }
 
 fn main() {
@@ -75,6 +81,7 @@ fn main() {
         Command::Firstcall(args) => firstcall::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Soak(args) => soak::run(args),
+        Command::Fp8(action) => fp8cmd::run(action),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -7,8 +7,9 @@
 //!    it must be the call gemmbridge's mapping produces.
 //! 2. The precision table: every precision the library offers, its error against float64 on a
 //!    small problem and its TFLOP/s on a large one.
+//! 3. The FP8 table (`probe_fp8.rs`): every FP8 recipe the GPU offers, the same way.
 //!
-//! Exit status 1 if either table shows a problem.
+//! Exit status 1 if any table shows a problem.
 
 use anyhow::Context;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
@@ -42,7 +43,9 @@ pub fn run() -> anyhow::Result<i32> {
     let convention_ok = convention_table(&gpu)?;
     println!();
     let precision_ok = precision_table(&gpu)?;
-    let ok = convention_ok && precision_ok;
+    println!();
+    let fp8_ok = crate::probe_fp8::table(&gpu)?;
+    let ok = convention_ok && precision_ok && fp8_ok;
     println!("\nprobe: {}", if ok { "OK" } else { "FAILED" });
     Ok(if ok { 0 } else { 1 })
 }

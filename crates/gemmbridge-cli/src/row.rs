@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 /// One benchmark row, in bench/peer.py's fields.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Row {
-    /// "matmul" (x[m,k]·w[k,n]) or "linear" (x[m,k]·w[n,k]ᵀ).
+    /// "matmul" (x[m,k]·w[k,n]), "linear" (x[m,k]·w[n,k]ᵀ), the fused linear ops, or
+    /// "scaled_mm" (FP8, with [`Row::scaling`]).
     pub op: String,
     /// Input dtype name: f32, tf32, f16, bf16.
     pub dtype: String,
@@ -20,10 +21,34 @@ pub struct Row {
     pub min_ms: f64,
     /// 2·m·n·k·batch / median time, in TFLOP/s.
     pub tflops: f64,
+    /// FP8 rows: the scaling recipe (tensorwise, rowwise, block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<String>,
+}
+
+impl Row {
+    /// The op as rows are told apart: `scaled_mm/rowwise` for FP8 rows, the op otherwise.
+    pub fn label(&self) -> String {
+        match &self.scaling {
+            Some(s) => format!("{}/{s}", self.op),
+            None => self.op.clone(),
+        }
+    }
 }
 
 /// A row of an m³ problem (tests).
 #[cfg(test)]
 pub fn square_row(op: &str, dtype: &str, m: usize, median_ms: f64) -> Row {
-    Row { op: op.into(), dtype: dtype.into(), m, n: m, k: m, batch: 1, median_ms, min_ms: median_ms, tflops: 1.0 }
+    Row {
+        op: op.into(),
+        dtype: dtype.into(),
+        m,
+        n: m,
+        k: m,
+        batch: 1,
+        median_ms,
+        min_ms: median_ms,
+        tflops: 1.0,
+        scaling: None,
+    }
 }

@@ -18,9 +18,13 @@ pub struct Args {
     /// Shape suite (as `bench`): default, square, llm, small, misaligned, cpu.
     #[arg(long, default_value = "default")]
     suite: String,
-    /// Comma-separated dtypes: f32, tf32, f16, bf16.
+    /// Comma-separated dtypes: f32, tf32, f16, bf16, fp8_e4m3 (FP8 `scaled_mm` problems,
+    /// one per --scalings recipe, bf16 output; --ops does not apply to them).
     #[arg(long, default_value = "f32,tf32,f16,bf16")]
     dtypes: String,
+    /// FP8 recipes to tune for fp8_e4m3 (as `bench --scalings`).
+    #[arg(long, default_value = "tensorwise,rowwise,block")]
+    scalings: String,
     /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu")]
     ops: String,
@@ -38,8 +42,15 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let shapes = suites::shapes(&args.suite)?;
     let mut jobs: Vec<(&str, Precision, &str)> = Vec::new();
+    let mut fp8_scalings: Vec<String> = Vec::new();
     for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        let Some(prec) = precision_of(d) else { bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16") };
+        if d == "fp8_e4m3" {
+            fp8_scalings = crate::bench::fp8::parse_scalings(&args.scalings)?;
+            continue;
+        }
+        let Some(prec) = precision_of(d) else {
+            bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16, fp8_e4m3")
+        };
         for op in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
             if !OPS.contains(&op) {
                 bail!("unknown op {op:?}; choose from {}", OPS.join(", "));
@@ -49,7 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         }
     }
-    if jobs.is_empty() {
+    if jobs.is_empty() && fp8_scalings.is_empty() {
         bail!("nothing to tune: --dtypes and --ops select no problem");
     }
     if args.candidates == 0 || args.candidates > 32 || args.reps == 0 {
@@ -76,50 +87,73 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>5} {:>6} {:>6}",
         "op", "dtype", "m", "n", "k", "heur. ms", "tuned ms", "gain", "cands", "added", "wrong", "kept"
     );
+    let mut problems: Vec<(String, &str, suites::Shape, Option<Precision>)> = Vec::new();
     for &(d, prec, op) in &jobs {
-        {
-            for &shape in &shapes {
-                let (report, sig, tactic) = match prec.input() {
-                    DType::F32 => tune_one::<f32>(&gpu, op, shape, prec, opts)?,
-                    DType::F16 => tune_one::<half::f16>(&gpu, op, shape, prec, opts)?,
-                    _ => tune_one::<half::bf16>(&gpu, op, shape, prec, opts)?,
-                };
-                println!(
-                    "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10.4} {:>10.4} {:>6.1}% {:>5} {:>5} {:>6} {:>6}",
-                    op,
-                    d,
-                    shape.0,
-                    shape.1,
-                    shape.2,
-                    report.heuristic_ms,
-                    report.best_ms,
-                    (report.heuristic_ms / report.best_ms - 1.0) * 100.0,
-                    report.candidates,
-                    report.added,
-                    report.mismatched,
-                    format!(
-                        "{}{}",
-                        match (report.improved, report.kept_added) {
-                            (false, _) => "no",
-                            (true, false) => "yes",
-                            (true, true) => "added",
-                        },
-                        if report.timed_in_graph { " (graph)" } else { "" }
-                    )
-                );
-                if report.graph_failed {
-                    // launch-bound eager time: not a measurement to keep or merge on
-                    println!("  not stored: graph capture failed twice, so the candidates were not timed");
-                    continue;
-                }
-                db.entries.insert(sig, tactic);
-                // saved after every problem, so an interrupted run keeps what it tuned
-                db.save(db_path).with_context(|| format!("writing {}", args.db))?;
-            }
+        problems.extend(shapes.iter().map(|&s| (op.to_string(), d, s, Some(prec))));
+    }
+    for sc in &fp8_scalings {
+        problems.extend(shapes.iter().map(|&s| (format!("scaled_mm/{sc}"), "fp8_e4m3", s, None)));
+    }
+    for (op, d, shape, prec) in &problems {
+        let (op, d, shape) = (op.as_str(), *d, *shape);
+        let (report, sig, tactic) = match prec.map(|p| (p, p.input())) {
+            None => tune_fp8(&gpu, op.trim_start_matches("scaled_mm/"), shape, opts)?,
+            Some((prec, DType::F32)) => tune_one::<f32>(&gpu, op, shape, prec, opts)?,
+            Some((prec, DType::F16)) => tune_one::<half::f16>(&gpu, op, shape, prec, opts)?,
+            Some((prec, _)) => tune_one::<half::bf16>(&gpu, op, shape, prec, opts)?,
+        };
+        println!(
+            "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10.4} {:>10.4} {:>6.1}% {:>5} {:>5} {:>6} {:>6}",
+            op,
+            d,
+            shape.0,
+            shape.1,
+            shape.2,
+            report.heuristic_ms,
+            report.best_ms,
+            (report.heuristic_ms / report.best_ms - 1.0) * 100.0,
+            report.candidates,
+            report.added,
+            report.mismatched,
+            format!(
+                "{}{}",
+                match (report.improved, report.kept_added) {
+                    (false, _) => "no",
+                    (true, false) => "yes",
+                    (true, true) => "added",
+                },
+                if report.timed_in_graph { " (graph)" } else { "" }
+            )
+        );
+        if report.graph_failed {
+            // launch-bound eager time: not a measurement to keep or merge on
+            println!("  not stored: graph capture failed twice, so the candidates were not timed");
+            continue;
         }
+        db.entries.insert(sig, tactic);
+        // saved after every problem, so an interrupted run keeps what it tuned
+        db.save(db_path).with_context(|| format!("writing {}", args.db))?;
     }
     println!("{} tactics written to {} (merged with what was there)", db.entries.len(), args.db);
     Ok(0)
+}
+
+/// Tunes one FP8 problem: E4M3 operands of a recipe quantised from random bf16, bf16 output.
+fn tune_fp8(
+    gpu: &Gpu,
+    scaling: &str,
+    (m, n, k): suites::Shape,
+    opts: TuneOptions,
+) -> anyhow::Result<(gemmbridge::cuda::TuneReport, String, gemmbridge::cuda::tactics::Tactic)> {
+    use gemmbridge::fp8::{Fp8Format, Source};
+    let (xs, ws) = crate::bench::fp8::recipe(scaling)?;
+    let s = gpu.stream();
+    let xh: CudaSlice<half::bf16> = s.clone_htod(&normal::<half::bf16>(m * k))?;
+    let wh: CudaSlice<half::bf16> = s.clone_htod(&normal::<half::bf16>(n * k))?;
+    let x = gpu.quantize(&xh, m, k, Source::RowMajor, Fp8Format::E4M3, xs)?;
+    let w = gpu.quantize(&wh, n, k, Source::RowMajor, Fp8Format::E4M3, ws)?;
+    let mut y: CudaSlice<half::bf16> = s.alloc_zeros(m * n)?;
+    Ok(gpu.autotune_fp8(&x, &w, &mut y, gemmbridge::cuda::Fp8Options::default(), opts)?)
 }
 
 fn tune_one<T: Element + DeviceRepr + ValidAsZeroBits>(

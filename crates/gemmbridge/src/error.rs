@@ -294,6 +294,16 @@ pub enum Error {
         hint: &'static str,
     },
 
+    /// An FP8 GEMM or quantisation broke one of the hardware's or cuBLASLt's FP8 rules
+    /// ([`crate::fp8`] lists them, with where each comes from).
+    #[error("FP8 rule broken ({rule}): {detail}")]
+    Fp8 {
+        /// The rule.
+        rule: crate::fp8::Fp8Rule,
+        /// The values that broke it, and what would not.
+        detail: String,
+    },
+
     /// The machine has no CUDA device.
     #[error("no CUDA device found ({detail}); the CPU backend (gemmbridge::cpu) works without one")]
     NoDevice {

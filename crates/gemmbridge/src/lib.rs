@@ -27,6 +27,7 @@ pub mod cuda;
 mod dtype;
 pub mod epilogue;
 mod error;
+pub mod fp8;
 mod layout;
 pub mod mapping;
 mod pad;

@@ -1,6 +1,7 @@
 //! `gemmbridge bench`: the suites, shapes and JSON-lines fields of
 //! `bench/peer.py`, timed the same way, with an optional side-by-side ratio.
 
+pub mod fp8;
 pub mod launch;
 pub mod report;
 
@@ -28,10 +29,15 @@ pub struct Args {
     /// dimensions off 16 bytes), cpu.
     #[arg(long, default_value = "default")]
     suite: String,
-    /// Comma-separated dtypes, as bench/peer.py names them: f32, tf32, f16, bf16
-    /// (fp8_e4m3 is accepted and skipped: not offered yet).
+    /// Comma-separated dtypes, as bench/peer.py names them: f32, tf32, f16, bf16, fp8_e4m3
+    /// (FP8: `scaled_mm` rows, one per --scalings recipe, E4M3 operands quantised before the
+    /// timing, bf16 output; GPU only).
     #[arg(long, default_value = "f32,tf32,f16,bf16")]
     dtypes: String,
+    /// FP8 recipes for fp8_e4m3 rows: tensorwise, rowwise, block (x 1×128, w 128×128),
+    /// block_1x128, block_128x128_1x128.
+    #[arg(long, default_value = "tensorwise,rowwise,block")]
+    scalings: String,
     /// Timed samples per row (each ~1 ms of back-to-back calls), median reported (at most 10
     /// on the CPU backend).
     #[arg(long, default_value_t = 30)]
@@ -112,17 +118,19 @@ impl Sink {
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut shapes = suites::shapes(&args.suite)?;
     let mut dtypes: Vec<(String, Precision)> = Vec::new();
+    let mut with_fp8 = false;
     for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
         match precision_of(d) {
             Some(_) if dtypes.iter().any(|(n, _)| n == d) => {} // listed twice
             Some(p) => dtypes.push((d.to_string(), p)),
-            None if d == "fp8_e4m3" => eprintln!("note: fp8_e4m3 is not offered yet (cuBLASLt FP8 path); skipped"),
-            None => bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16"),
+            None if d == "fp8_e4m3" => with_fp8 = true,
+            None => bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16, fp8_e4m3"),
         }
     }
-    if dtypes.is_empty() {
-        bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16");
+    if dtypes.is_empty() && !with_fp8 {
+        bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
     }
+    let scalings = if with_fp8 { fp8::parse_scalings(&args.scalings)? } else { Vec::new() };
     let mut ops: Vec<String> = Vec::new();
     let mut launch = false;
     for o in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
@@ -143,7 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         bail!("--heat-ms {} is not between 0 and 60000 (milliseconds)", args.heat_ms);
     }
     let sampling = timing::Sampling { warmup: 5, reps: args.reps, heat_ms: args.heat_ms };
-    if ops.is_empty() && !launch {
+    if ops.is_empty() && !launch && !with_fp8 {
         bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
     }
     let backend = parse_backend(&args.backend)?;
@@ -179,7 +187,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             shapes = suites::CPU.to_vec();
             ops.retain(|o| o == "matmul" || o == "linear");
             launch = false;
-            if ops.is_empty() {
+            if with_fp8 {
+                eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
+                with_fp8 = false;
+            }
+            if ops.is_empty() || dtypes.is_empty() {
                 bail!("nothing to run on the CPU backend: it runs only the matmul and linear ops");
             }
             None
@@ -212,7 +224,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut sink = Sink { json };
     sink.emit(&env)?;
 
-    let per_shape: u64 = dtypes.iter().map(|(d, _)| ops.iter().filter(|o| op_applies(o, d)).count() as u64).sum();
+    let per_shape: u64 =
+        dtypes.iter().map(|(d, _)| ops.iter().filter(|o| op_applies(o, d)).count() as u64).sum::<u64>()
+            + if with_fp8 { scalings.len() as u64 } else { 0 };
     let bar = ProgressBar::new(per_shape * shapes.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -228,6 +242,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 None => bench_cpu_dispatch(name, *precision, shape, &ops, args.reps)?,
             };
             for r in new {
+                sink.emit(&r)?;
+                rows.push(r);
+                bar.inc(1);
+            }
+        }
+    }
+    if let (true, Some(g)) = (with_fp8, &gpu) {
+        for &shape in &shapes {
+            bar.set_message(format!("fp8_e4m3 {shape:?}"));
+            for r in fp8::bench(g, &mut pools, shape, &scalings, sampling)? {
                 sink.emit(&r)?;
                 rows.push(r);
                 bar.inc(1);
@@ -294,6 +318,7 @@ fn row(op: &str, name: &str, p: &GemmProblem, t: timing::Timing) -> Row {
         median_ms: t.median_ms,
         min_ms: t.min_ms,
         tflops: p.flops() / (t.median_ms * 1e-3) / 1e12,
+        scaling: None,
     }
 }
 

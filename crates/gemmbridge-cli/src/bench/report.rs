@@ -6,11 +6,11 @@ use std::fmt::Write;
 use crate::row::Row;
 use crate::suites::is_square_or_llm;
 
-/// (op, dtype, m, n, k, batch)
+/// (op, dtype, m, n, k, batch), the op with its FP8 scaling ([`Row::label`])
 type Key = (String, String, usize, usize, usize, usize);
 
 fn key(r: &Row) -> Key {
-    (r.op.clone(), r.dtype.clone(), r.m, r.n, r.k, r.batch)
+    (r.label(), r.dtype.clone(), r.m, r.n, r.k, r.batch)
 }
 
 /// Reads bench/peer.py's JSON lines, keeping the timed rows (skips "env", "launch", rows
@@ -49,7 +49,7 @@ pub fn read_rows(path: &str) -> anyhow::Result<(Vec<String>, Vec<Row>)> {
                 devices.push(d);
             }
         }
-        if v.get("median_ms").is_none() || v.get("error").is_some() || v.get("scaling").is_some() {
+        if v.get("median_ms").is_none() || v.get("error").is_some() {
             continue;
         }
         let r: Row = serde_json::from_value(v).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
@@ -60,7 +60,7 @@ pub fn read_rows(path: &str) -> anyhow::Result<(Vec<String>, Vec<Row>)> {
             anyhow::bail!(
                 "line {}: the row {} {} {}×{}×{} (batch {}) already appeared on line {first}",
                 i + 1,
-                r.op,
+                r.label(),
                 r.dtype,
                 r.m,
                 r.n,
@@ -182,7 +182,7 @@ pub fn table(rows: &[Row], peer: Option<&[Row]>) -> String {
         let _ = writeln!(
             s,
             "{:<7} {:<5} {:>6} {:>6} {:>6} {:>10.4} {:>9} {:>10} {:>9} {:>7}",
-            r.op,
+            r.label(),
             r.dtype,
             r.m,
             r.n,
@@ -266,8 +266,10 @@ mod tests {
         .unwrap();
         let rows = read_peer(dir.to_str().unwrap(), "cpu").unwrap();
         std::fs::remove_file(&dir).unwrap();
-        assert_eq!(rows.len(), 1);
+        assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].op, "matmul");
         assert_eq!(rows[0].median_ms, 0.01);
+        // FP8 rows are told apart by their scaling
+        assert_eq!((rows[1].label(), rows[1].scaling.as_deref()), ("scaled_mm/rowwise".to_string(), Some("rowwise")));
     }
 }

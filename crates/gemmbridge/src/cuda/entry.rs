@@ -209,7 +209,7 @@ impl Gpu {
 }
 
 /// [`Error::WrongContext`] unless `s` belongs to `ctx`.
-fn same_context(which: Which, s: &Arc<CudaStream>, ctx: &Arc<CudaContext>) -> Result<()> {
+pub(crate) fn same_context(which: Which, s: &Arc<CudaStream>, ctx: &Arc<CudaContext>) -> Result<()> {
     if s.context() == ctx {
         Ok(())
     } else {

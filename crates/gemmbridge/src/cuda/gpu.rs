@@ -258,7 +258,9 @@ impl Gpu {
     /// are dropped so that they are rebuilt.
     pub fn load_tactics(&self, db: &tactics::TacticDb) {
         self.with_lt(|lt| {
-            for (sig, t) in db.entries.iter().filter(|(_, t)| t.kind == tactics::ProblemKind::Gemm) {
+            // GEMM and FP8 GEMM keys share the map: their prefixes never collide (tactics docs)
+            let lt_kinds = [tactics::ProblemKind::Gemm, tactics::ProblemKind::Fp8Gemm];
+            for (sig, t) in db.entries.iter().filter(|(_, t)| lt_kinds.contains(&t.kind)) {
                 if let Some((data, workspace)) = t.lt_algo() {
                     lt.tuned.insert(sig.clone(), Algorithm { data, workspace });
                 }

@@ -60,3 +60,16 @@ pub fn has_runtime() -> bool {
     // SAFETY: as in ensure_driver.
     unsafe { cudarc::runtime::sys::is_culib_present() }
 }
+
+/// Checks that NVRTC (libnvrtc), which compiles gemmbridge's own kernels, can be loaded.
+///
+/// # Errors
+/// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
+pub fn ensure_nvrtc() -> Result<()> {
+    // SAFETY: as in ensure_driver.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::LibraryNotFound { library: "NVRTC (libnvrtc)", tried: tried("nvrtc"), hint: HINT_TOOLKIT })
+    }
+}

@@ -17,6 +17,8 @@ mod device;
 mod diagnostics;
 mod dispatch;
 mod entry;
+mod fp8_gemm;
+mod fp8_tensor;
 mod gpu;
 mod info;
 pub mod library;
@@ -28,6 +30,8 @@ mod setup;
 mod status;
 pub mod tactics;
 
+pub use fp8_gemm::{Fp8Options, Fp8Out};
+pub use fp8_tensor::Fp8Tensor;
 pub use gpu::{Backend, Extras, Gpu, RawBuffer, RawExtras, Served};
 pub use info::{cuda_version_string, DeviceInfo};
 pub use lt::plan::Algorithm;

@@ -3,14 +3,20 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::entry::{check_all, raw_descs};
+use super::device::Scratch;
+use super::entry::{check_all, raw_descs, same_context};
+use super::fp8_gemm::{fp8_shape, Fp8Call, Fp8Options};
+use super::fp8_tensor::Fp8Tensor;
 use super::gpu::{Gpu, RawBuffer, RawExtras};
+use super::lt::fp8::Fp8Key;
+use super::lt::fp8_tune::{autotune_fp8, Fp8TuneJob};
 use super::lt::plan::{LtOperands, PlanKey};
 use super::lt::tune::{autotune, TuneJob, TuneOptions, TuneReport};
 use super::status;
 use super::tactics::Tactic;
-use crate::dtype::DType;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::fp8::OutputKind;
 use crate::mapping::column_major_call;
 use crate::problem::GemmProblem;
 
@@ -148,5 +154,80 @@ impl Gpu {
         let job = TuneJob { problem: p, key: PlanKey::of(p, cm, &ops, ws.matmul_bytes), ops, alpha, beta, ws, stream };
         // SAFETY: validated above; the rest is the caller's contract.
         unsafe { autotune(lt, &job, opts) }
+    }
+
+    /// Tunes the cuBLASLt algorithm of an FP8 GEMM ([`Gpu::fp8_gemm`]'s arguments, no bias)
+    /// on [`Gpu::stream`]: the heuristic's first `tune.candidates` algorithms, each checked
+    /// against the first choice's output (relative error ≤ 1e-2, 1e-3 for f32; NaN never
+    /// passes), timed interleaved with it (`tune.reps` rounds; the first choice twice per
+    /// round gives the noise), the fastest kept only if it beats the first choice by more
+    /// than max(`tune.min_gain`, noise). The result serves every M in the same bucket
+    /// ([`super::tactics`]); cached FP8 plans are rebuilt. `y` is overwritten many times.
+    /// Synchronises [`Gpu::stream`] and holds this `Gpu`'s lock throughout (seconds).
+    ///
+    /// Returns the report and the (signature, tactic) pair to store in a
+    /// [`super::tactics::TacticDb`] (kind `fp8_gemm`).
+    ///
+    /// # Errors
+    /// As [`Gpu::fp8_gemm`]; [`Error::Unsupported`] without cuBLASLt.
+    pub fn autotune_fp8<O: Element, Y: DevicePtrMut<O>>(
+        &self,
+        x: &Fp8Tensor,
+        w: &Fp8Tensor,
+        y: &mut Y,
+        opts: Fp8Options,
+        tune: TuneOptions,
+    ) -> Result<(TuneReport, String, Tactic)> {
+        same_context(crate::Which::C, y.stream(), self.context())?;
+        let s = self.stream();
+        let y_len = y.num_bytes();
+        let (py, _gy) = y.device_ptr_mut(s);
+        let call = Fp8Call {
+            x,
+            w,
+            y: (py, y_len),
+            out: OutputKind::Dense(O::DTYPE),
+            bias: None,
+            d_scale: None,
+            amax: None,
+            opts,
+        };
+        call.validate(self.fp8_platform()?)?;
+        let shape = fp8_shape(&x.layout, &w.layout, O::DTYPE.size_bytes(), py, None);
+        self.device().bind()?;
+        // a shape that runs staged is tuned on a scratch output of the staged size
+        let scratch = if shape.staged {
+            // SAFETY: a live stream of the bound context.
+            Some(unsafe { Scratch::alloc(shape.m_used * shape.n_used * O::DTYPE.size_bytes(), s.cu_stream())? })
+        } else {
+            None
+        };
+        let d = scratch.as_ref().map_or(py, |t| t.ptr);
+        let beta = if shape.staged { 0.0 } else { opts.beta };
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(lt) = st.libs.lt.as_mut() else {
+            return Err(Error::Unsupported {
+                backend: "autotune",
+                what: "FP8 without cuBLASLt (libcublasLt not found)".into(),
+            });
+        };
+        let key = call.key(shape);
+        let ws = st.dev.workspaces.get(s.cu_stream(), &|| format!("FP8 {key:?}"))?;
+        let (xd, _gx) = x.data.device_ptr(s);
+        let (wd, _gw) = w.data.device_ptr(s);
+        let (xs, _gxs) = x.scales.device_ptr(s);
+        let (wsc, _gws) = w.scales.device_ptr(s);
+        let ops = call.operands([xd, wd, xs, wsc], d);
+        let job = Fp8TuneJob {
+            key: Fp8Key { workspace: ws.matmul_bytes, ..key },
+            ops,
+            alpha: opts.alpha,
+            beta,
+            ws,
+            stream: s,
+        };
+        // SAFETY: validated above; every address is a live allocation borrowed for the call.
+        unsafe { autotune_fp8(lt, &job, tune) }
     }
 }

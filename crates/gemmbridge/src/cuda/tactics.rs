@@ -214,6 +214,11 @@ impl Tactic {
         }
     }
 
+    /// A cuBLASLt FP8 GEMM tactic (kind [`ProblemKind::Fp8Gemm`]), as [`Tactic::lt_gemm`].
+    pub fn lt_fp8_gemm(algo: [u64; 8], workspace: usize, version: usize, heuristic_ms: f64, tuned_ms: f64) -> Tactic {
+        Tactic { kind: ProblemKind::Fp8Gemm, ..Tactic::lt_gemm(algo, workspace, version, heuristic_ms, tuned_ms) }
+    }
+
     /// The cuBLASLt algorithm data and its workspace (bytes), for a cuBLASLt entry (of any
     /// kind: check [`kind`](Tactic::kind)); `None` for another library's.
     pub fn lt_algo(&self) -> Option<([u64; 8], usize)> {

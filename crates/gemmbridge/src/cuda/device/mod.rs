@@ -6,15 +6,20 @@
 //! What the coming backends will find here (decided in docs/DESIGN.md):
 //! - handles that are not `Send` in cudarc's safe wrappers (cuDNN) are held as raw handles in
 //!   `L`, under the lock, bound to the call's stream per call, like cuBLAS's;
-//! - gemmbridge's own kernels (NVRTC) in a per-device module cache beside the workspaces;
+//! - gemmbridge's own kernels (NVRTC) in a per-device module cache beside the workspaces
+//!   ([`Kernels`]);
 //! - scratch beyond the fixed workspace from a stream-ordered pool beside the workspaces.
 
 mod capture;
 mod copy;
+mod fp8_cast;
+mod kernels;
 mod workspace;
 
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
 pub(crate) use copy::{copy_pitched, zero_pitched, Pitched, Scratch};
+pub(crate) use fp8_cast::{enqueue_cast, CastJob};
+pub(crate) use kernels::Kernels;
 pub(crate) use workspace::{Workspace, WorkspacePool};
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,6 +45,8 @@ pub(crate) struct DeviceState {
     pub workspaces: WorkspacePool,
     /// A private non-blocking stream to capture graphs on (created on first use).
     capture_stream: Option<CaptureStream>,
+    /// gemmbridge's own kernels (compiled on first use).
+    kernels: Option<Kernels>,
 }
 
 impl DeviceState {
@@ -51,6 +58,18 @@ impl DeviceState {
                 CaptureStream::new().map_err(|e| tracing::debug!(error = %e, "no private capture stream")).ok();
         }
         self.capture_stream.as_ref()
+    }
+
+    /// gemmbridge's own kernels for `ctx`'s device (compute capability `cc`), compiled on
+    /// first use. The caller has bound `ctx`.
+    ///
+    /// # Errors
+    /// As [`Kernels::compile`]; a failure is not cached (the next call tries again).
+    pub fn kernels(&mut self, ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<&Kernels> {
+        if self.kernels.is_none() {
+            self.kernels = Some(Kernels::compile(ctx, cc)?);
+        }
+        Ok(self.kernels.as_ref().expect("set above"))
     }
 }
 
@@ -71,7 +90,7 @@ impl<L: Resources> Device<L> {
     /// Wraps `stream` (and its context) with the backends' state `libs`; new streams get
     /// workspaces of `workspace_bytes`.
     pub fn new(stream: Arc<CudaStream>, libs: L, workspace_bytes: usize) -> Device<L> {
-        let dev = DeviceState { workspaces: WorkspacePool::new(workspace_bytes), capture_stream: None };
+        let dev = DeviceState { workspaces: WorkspacePool::new(workspace_bytes), capture_stream: None, kernels: None };
         Device { ctx: stream.context().clone(), stream, state: Mutex::new(Locked { dev, libs }) }
     }
 
@@ -105,6 +124,7 @@ impl<L: Resources> Drop for Device<L> {
             // driver without one.
             st.libs.leak();
             std::mem::forget(st.dev.capture_stream.take());
+            std::mem::forget(st.dev.kernels.take());
             return;
         }
         // Work still queued may use the workspaces: wait for it before freeing them. A
@@ -112,6 +132,7 @@ impl<L: Resources> Drop for Device<L> {
         let _ = self.ctx.synchronize();
         st.libs.release();
         st.dev.capture_stream = None;
+        st.dev.kernels = None;
         st.dev.workspaces.free_all();
     }
 }

@@ -1,10 +1,13 @@
 //! The cuBLASLt backend: plans and plan keys ([`plan`]), the bindings' small safe wrappers
 //! ([`sys`]), the launch of a validated call with its epilogue operands and bias staging
 //! (here), graph replay of repeated small calls ([`replay`]), and tuning ([`tune`],
-//! [`search`], [`timing`]). FP8 will be a mode of this backend. It borrows the stream's
+//! [`search`], [`timing`]). FP8 is a mode of this backend ([`fp8`]: its plans and launch,
+//! cached beside the others). It borrows the stream's
 //! workspace and the capture stream from the device layer and knows nothing of the entry
 //! points above it.
 
+pub(crate) mod fp8;
+pub(crate) mod fp8_tune;
 pub(crate) mod plan;
 pub(crate) mod replay;
 mod search;
@@ -22,6 +25,7 @@ use crate::epilogue::VectorUse;
 use crate::error::{Error, Result, Which};
 use crate::mapping::ColMajorCall;
 use crate::problem::GemmProblem;
+use fp8::{fp8_signature, Fp8Key, Fp8Operands, Fp8Plan};
 use plan::{Algorithm, LtOperands, Plan, PlanKey};
 use replay::{Cached, ReplayCache, ReplayKey};
 use sys::LtHandle;
@@ -34,6 +38,8 @@ pub(crate) const PLAN_CAPACITY: usize = 4096;
 pub(crate) struct LtState {
     pub handle: LtHandle,
     pub plans: HashMap<PlanKey, Plan>,
+    /// FP8 plans (at most [`PLAN_CAPACITY`] too).
+    pub fp8_plans: HashMap<Fp8Key, Fp8Plan>,
     /// Problems cuBLASLt's heuristic had no algorithm for (Auto then uses cuBLAS).
     pub unsupported: HashSet<PlanKey>,
     /// Tuned algorithms by bucketed signature (see [`plan::signature`]).
@@ -86,6 +92,7 @@ impl LtState {
         Ok(LtState {
             handle: LtHandle::new()?,
             plans: HashMap::default(),
+            fp8_plans: HashMap::default(),
             unsupported: HashSet::default(),
             tuned: HashMap::default(),
             replay: ReplayCache::default(),
@@ -94,8 +101,10 @@ impl LtState {
 
     /// Forgets cached plans matching `drop` and every cached graph (a graph bakes in its
     /// plan's algorithm). The caller has bound the context (graphs are destroyed here).
+    /// FP8 plans are all dropped (they are few, and rebuilt on next use).
     pub fn forget_plans(&mut self, drop: impl Fn(&PlanKey) -> bool) {
         self.plans.retain(|k, _| !drop(k));
+        self.fp8_plans.clear();
         self.replay.clear();
     }
 
@@ -182,6 +191,54 @@ impl LtState {
         }
         self.plans.insert(*key, plan);
         Ok(())
+    }
+}
+
+impl LtState {
+    /// Enqueues one FP8 GEMM of `key` (its `workspace` field is filled in here) with the
+    /// plan built on first use (never while `stream` is capturing), with a tuned algorithm
+    /// where one is stored and cuBLASLt accepts it.
+    ///
+    /// # Safety
+    /// `ops` were validated for `key` and stay valid until the GEMM has run on `stream`, a
+    /// live stream of the current context.
+    pub unsafe fn enqueue_fp8(
+        &mut self,
+        dev: &mut DeviceState,
+        key: Fp8Key,
+        ops: &Fp8Operands,
+        (alpha, beta): (f32, f32),
+        stream: CUstream,
+    ) -> Result<()> {
+        let describe = || fp8_signature(&key);
+        let ws = dev.workspaces.get(stream, &describe)?;
+        let key = Fp8Key { workspace: ws.matmul_bytes, ..key };
+        if !self.fp8_plans.contains_key(&key) {
+            if crate::cuda::device::is_capturing(stream)? {
+                return Err(Error::NotCapturable {
+                    action: "build a cuBLASLt FP8 plan (heuristic query)",
+                    problem: describe(),
+                });
+            }
+            let mut plan = Fp8Plan::build(&self.handle, &key, ops, 1)?;
+            if let Some(algo) = self.tuned.get(&fp8_signature(&key)) {
+                match plan.check_algo(&self.handle, algo) {
+                    Some(need) if need <= key.workspace => plan.algo = Algorithm { workspace: need, ..*algo },
+                    _ => {
+                        tracing::warn!(problem = %describe(), "tuned FP8 algorithm not valid here; using the heuristic's")
+                    }
+                }
+            }
+            if self.fp8_plans.len() >= PLAN_CAPACITY {
+                if let Some(old) = self.fp8_plans.keys().next().copied() {
+                    self.fp8_plans.remove(&old);
+                }
+            }
+            self.fp8_plans.insert(key, plan);
+        }
+        let plan = &self.fp8_plans[&key];
+        // SAFETY: the caller's contract; `ws` is this stream's workspace.
+        unsafe { plan.launch(&self.handle, &plan.algo, alpha, beta, ops, &ws, stream as _) }
     }
 }
 

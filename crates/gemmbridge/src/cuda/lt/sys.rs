@@ -93,16 +93,20 @@ impl Desc {
 }
 
 impl Layout {
+    /// A single column-major `rows × cols` matrix of the library type `dtype` (FP8 included)
+    /// with leading dimension `ld` (elements).
+    pub fn plain(dtype: lt::cudaDataType, rows: u64, cols: u64, ld: i64) -> Result<Layout> {
+        let mut l = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check(unsafe { lt::cublasLtMatrixLayoutCreate(&mut l, dtype, rows, cols, ld) }, "cublasLtMatrixLayoutCreate")?;
+        Ok(Layout(l))
+    }
+
     /// A column-major `rows × cols` layout of `dtype` with leading dimension `ld`, and for
     /// `batch > 1` the batch count and stride (elements).
     pub fn new(dtype: DType, rows: i32, cols: i32, ld: i32, batch: i32, stride: i64) -> Result<Layout> {
-        let mut l = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; sizes are non-negative i32s from the mapping.
-        check(
-            unsafe { lt::cublasLtMatrixLayoutCreate(&mut l, lt_dtype(dtype), rows as u64, cols as u64, ld as i64) },
-            "cublasLtMatrixLayoutCreate",
-        )?;
-        let l = Layout(l);
+        // sizes are non-negative i32s from the mapping
+        let l = Layout::plain(lt_dtype(dtype), rows as u64, cols as u64, ld as i64)?;
         if batch > 1 {
             let set = |attr, v: *const c_void, n| {
                 // SAFETY: v points to a value of n bytes of the attribute's type (i32 count, i64 stride).

@@ -304,7 +304,7 @@ fn logical_elements(span: Vec<u8>, c: MatrixLayout, batch: usize, size: usize) -
 
 /// ‖got − want‖ / ‖want‖ over two outputs stored as little-endian `d` elements (∞ if `got`
 /// has a non-finite element), summed in f64 on all host cores.
-fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
+pub(super) fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
     fn decode(d: DType) -> fn(&[u8]) -> f64 {
         match d {
             DType::F32 => |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,

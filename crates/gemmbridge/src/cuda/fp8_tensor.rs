@@ -1,0 +1,147 @@
+//! [`Fp8Tensor`] and [`Gpu::quantize`]: FP8 operands made on the GPU from f32/f16/bf16 data by
+//! gemmbridge's own kernels, with their scales in the layout cuBLASLt reads. Reads
+//! validate → allocate → enqueue (the launch sequence is in the device layer, `fp8_cast.rs`).
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+
+use super::device::{enqueue_cast, CastJob};
+use super::entry::same_context;
+use super::gpu::Gpu;
+use super::{library, status};
+use crate::dtype::Element;
+use crate::error::{Error, Result, Which};
+use crate::fp8::{check_support, Fp8Format, Fp8Layout, Fp8Rule, Quantized, Scaling, Source};
+use crate::problem::MAX_DIM;
+
+/// An FP8 operand on the GPU: data row-major `[rows_alloc, ld]` bytes and f32 scales, in the
+/// layouts [`Fp8Layout`] documents (zeros in the padding). Made by [`Gpu::quantize`]; used by
+/// [`Gpu::fp8_gemm`] as `x[M, K]` (rows = M) or `w[N, K]` (rows = N). Owns its memory, in the
+/// context of the `Gpu` that made it.
+pub struct Fp8Tensor {
+    pub(crate) data: CudaSlice<u8>,
+    pub(crate) scales: CudaSlice<f32>,
+    pub(crate) layout: Fp8Layout,
+    pub(crate) format: Fp8Format,
+}
+
+impl std::fmt::Debug for Fp8Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fp8Tensor").field("layout", &self.layout).field("format", &self.format).finish()
+    }
+}
+
+impl Fp8Tensor {
+    /// The layout: rows, columns (K), leading dimension, scaling.
+    pub fn layout(&self) -> Fp8Layout {
+        self.layout
+    }
+
+    /// The FP8 format of the data.
+    pub fn format(&self) -> Fp8Format {
+        self.format
+    }
+
+    /// The data, `layout().data_len()` bytes.
+    pub fn data(&self) -> &CudaSlice<u8> {
+        &self.data
+    }
+
+    /// The dequantisation scales, `layout().scale_len()` f32s.
+    pub fn scales(&self) -> &CudaSlice<f32> {
+        &self.scales
+    }
+
+    /// Copies data and scales to the host (waits for the tensor's stream).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from the copies.
+    pub fn to_host(&self) -> Result<Quantized> {
+        let s = self.data.stream();
+        let data = s.clone_dtoh(&self.data).map_err(status::driver("cuMemcpyDtoHAsync"))?;
+        let scales = s.clone_dtoh(&self.scales).map_err(status::driver("cuMemcpyDtoHAsync"))?;
+        s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
+        Ok(Quantized { layout: self.layout, format: self.format, data, scales })
+    }
+}
+
+fn fp8_error(rule: Fp8Rule, detail: String) -> Error {
+    Error::Fp8 { rule, detail }
+}
+
+impl Gpu {
+    /// The GPU's compute capability and the loaded cuBLASLt's version (0 without cuBLASLt).
+    pub(crate) fn fp8_platform(&self) -> Result<((i32, i32), usize)> {
+        let cc = self.context().compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
+        // SAFETY: a version query; the library is loaded (checked).
+        let v = if library::has_cublaslt() { unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() } } else { 0 };
+        Ok((cc, v))
+    }
+
+    /// Quantises a `[rows, cols]` operand (`cols` = K) into `format` with `scaling`, on
+    /// [`Gpu::stream`], with the rounding [`crate::fp8::quantize`] specifies (the GPU's result
+    /// is the CPU's, bit for bit). `src` is contiguous: row-major `[rows, cols]` for
+    /// [`Source::RowMajor`], `[cols, rows]` for [`Source::Transposed`] (a weight stored
+    /// `[K, N]`), of f32, f16 or bf16. Enqueued, not waited for; the result is usable in
+    /// stream order. The first call compiles gemmbridge's kernels (NVRTC, tens of ms).
+    ///
+    /// Cost (kernel passes over the source): tensor-wise 2 (amax, then cast, or fused
+    /// cast-transpose), row-wise 2 (the second mostly from L2), 1×128 1, 128×128 2 (the second
+    /// from L1/L2); a transposed source with row or block scales adds a transpose pass.
+    ///
+    /// # Errors
+    /// Before anything is enqueued: [`Error::WrongContext`]; [`Error::BufferTooSmall`] when
+    /// `src` holds fewer than `rows · cols` elements; [`Error::Fp8`] for an empty operand
+    /// ([`Fp8Rule::Empty`]) or a GPU / cuBLASLt that does not offer the scaling
+    /// ([`Fp8Rule::ComputeCapability`], [`Fp8Rule::LibraryVersion`]);
+    /// [`Error::DimensionTooLarge`] past 2³¹ − 1 rows or columns. Later:
+    /// [`Error::LibraryNotFound`] without NVRTC, [`Error::Driver`].
+    pub fn quantize<T: Element, S: DevicePtr<T>>(
+        &self,
+        src: &S,
+        rows: usize,
+        cols: usize,
+        source: Source,
+        format: Fp8Format,
+        scaling: Scaling,
+    ) -> Result<Fp8Tensor> {
+        same_context(Which::A, src.stream(), self.context())?;
+        if rows == 0 || cols == 0 {
+            return Err(fp8_error(Fp8Rule::Empty, format!("a [{rows}, {cols}] operand")));
+        }
+        for (what, v) in [("rows", rows), ("cols", cols)] {
+            if v > MAX_DIM {
+                return Err(Error::DimensionTooLarge { what, value: v, max: MAX_DIM });
+            }
+        }
+        let elem_bytes = T::DTYPE.size_bytes();
+        let need = rows * cols;
+        if src.num_bytes() < need * elem_bytes {
+            return Err(Error::BufferTooSmall {
+                operand: Which::A,
+                len_bytes: src.num_bytes(),
+                needed_bytes: need * elem_bytes,
+                needed_elems: need,
+                elem_bytes,
+            });
+        }
+        let (cc, lt_version) = self.fp8_platform()?;
+        check_support(cc, lt_version, scaling)?;
+        let layout = Fp8Layout::new(rows, cols, scaling);
+        let s = self.stream();
+        // SAFETY: every byte of `data` is written by the cast kernels (padding included).
+        let mut data = unsafe { s.alloc::<u8>(layout.data_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
+        let mut scales = s.alloc_zeros::<f32>(layout.scale_len()).map_err(status::driver("cuMemAllocAsync"))?;
+        self.device().bind()?;
+        let mut st = self.lock();
+        let kernels = st.dev.kernels(self.context(), cc)?;
+        let (x, _gx) = src.device_ptr(s);
+        let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut data, s);
+        let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut scales, s);
+        let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout, data: q, scales: sc };
+        // SAFETY: `src` holds rows·cols elements (checked), `data` and `scales` were allocated
+        // for the layout above; all on `s`, a live stream of the bound context.
+        unsafe { enqueue_cast(kernels, &job, s.cu_stream())? };
+        drop((_gx, _gq, _gs));
+        Ok(Fp8Tensor { data, scales, layout, format })
+    }
+}

@@ -1,0 +1,105 @@
+//! Autotuning of FP8 GEMMs: the heuristic's candidates for the call's [`Fp8Key`], checked
+//! against its first choice and timed interleaved with it, as for the other GEMMs
+//! ([`super::tune`]); the winner is kept under the key's FP8 signature.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+use super::fp8::{fp8_signature, Fp8Key, Fp8Operands, Fp8Plan};
+use super::plan::Algorithm;
+use super::timing::{time_interleaved, Call, Timed};
+use super::tune::{rel_error_bytes, TuneOptions, TuneReport};
+use super::LtState;
+use crate::cuda::device::Workspace;
+use crate::cuda::status;
+use crate::cuda::tactics::Tactic;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::fp8::OutputKind;
+
+/// One FP8 problem to tune: its key (workspace filled in), validated operands, scalars, the
+/// stream's workspace.
+pub(crate) struct Fp8TuneJob<'a> {
+    pub key: Fp8Key,
+    pub ops: Fp8Operands,
+    pub alpha: f32,
+    pub beta: f32,
+    pub ws: Workspace,
+    pub stream: &'a Arc<CudaStream>,
+}
+
+/// Tunes `job`, keeps the winner in `lt` (its FP8 plans are dropped), and returns the report
+/// and the (signature, tactic) pair to store.
+///
+/// # Safety
+/// The job's operands are valid for its key on its stream (validated by the caller).
+pub(crate) unsafe fn autotune_fp8(
+    lt: &mut LtState,
+    job: &Fp8TuneJob,
+    opts: TuneOptions,
+) -> Result<(TuneReport, String, Tactic)> {
+    let OutputKind::Dense(out) = job.key.out else {
+        return Err(Error::Unsupported { backend: "autotune", what: "an FP8 GEMM with an FP8 output".into() });
+    };
+    let plan = Fp8Plan::build(&lt.handle, &job.key, &job.ops, opts.candidates)?;
+    let cands: Vec<Algorithm> =
+        plan.candidates.iter().copied().filter(|c| c.workspace <= job.ws.matmul_bytes).collect();
+    let handle = &lt.handle;
+    let run = |algo: &Algorithm, beta: f32| {
+        // SAFETY: validated operands (the caller's contract); workspace of this stream.
+        unsafe { plan.launch(handle, algo, job.alpha, beta, &job.ops, &job.ws, job.stream.cu_stream() as _) }
+    };
+    let bytes = job.key.m * job.key.n * out.size_bytes();
+    let output = |algo: &Algorithm| -> Result<Vec<u8>> {
+        run(algo, 0.0)?;
+        job.stream.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
+        let mut host = vec![0u8; bytes];
+        // SAFETY: D holds m·n elements (validated); the stream is idle.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, job.ops.d) }
+            .map_err(status::driver("cuMemcpyDtoH"))?;
+        Ok(host)
+    };
+    // correctness first: only candidates whose output matches the first choice's are timed
+    let want = output(&cands[0])?;
+    let band = if out == DType::F32 { 1e-3 } else { 1e-2 };
+    let mut timed: Vec<usize> = vec![0];
+    for (i, c) in cands.iter().enumerate().skip(1) {
+        if rel_error_bytes(&output(c)?, &want, out) <= band {
+            timed.push(i);
+        }
+    }
+    let mismatched = cands.len() - timed.len();
+    timed.push(0); // the first choice twice: the noise
+    let (cands_ref, run_ref) = (&cands, &run);
+    let runs: Vec<Call<'_>> =
+        timed.iter().map(|&i| Box::new(move || run_ref(&cands_ref[i], job.beta)) as Call<'_>).collect();
+    let Timed { medians: ms, in_graph, graph_failed } = time_interleaved(job.stream, opts.reps, &runs)?;
+    let (first, again) = (ms[0], ms[ms.len() - 1]);
+    let threshold = opts.min_gain.max((first - again).abs() / first.min(again));
+    let base = first.min(again);
+    let best = (1..ms.len() - 1).min_by(|&x, &y| ms[x].total_cmp(&ms[y]));
+    let (algo, best_ms, improved) = match best {
+        Some(j) if !graph_failed && ms[j] < base * (1.0 - threshold) => (cands[timed[j]], ms[j], true),
+        _ => (cands[0], base, false),
+    };
+    let sig = fp8_signature(&job.key);
+    lt.tuned.insert(sig.clone(), algo);
+    lt.fp8_plans.clear();
+    let report = TuneReport {
+        heuristic_ms: base,
+        best_ms,
+        candidates: cands.len(),
+        added: 0,
+        kept_added: false,
+        timed_in_graph: in_graph,
+        graph_failed,
+        mismatched,
+        threshold,
+        improved,
+        algorithm: algo,
+    };
+    // SAFETY: takes no arguments; libcublasLt is loaded (an LtState exists).
+    let version = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
+    Ok((report, sig, Tactic::lt_fp8_gemm(algo.data, algo.workspace, version, base, best_ms)))
+}
