@@ -15,7 +15,17 @@ name, reps). Then one row per (dtype, shape, op), in that order:
   m, n, k    row-major problem, out[m,n]; batch is always 1
   median_ms, min_ms  device time per call (CUDA events), after 5 warm-up calls
   tflops     2*m*n*k / median time, in TFLOP/s
-and, last, one "launch" row per dtype (tf32 excepted, as gemmbridge): a tiny 64^3 matmul's
+For dtype fp8_e4m3 the ops do not apply: one row per (shape, scaling) instead, op
+"scaled_mm", with a "scaling" field naming the recipe (--scalings): x[m,k] and w[n,k]
+quantised to float8_e4m3fn by PyTorch ops before the timing starts, then only
+torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16) is timed:
+  tensorwise  one float32 scale per tensor
+  rowwise     one scale per row of x ([m,1]) and per row of w (passed as [1,n])
+  block       DeepSeek-style: x in 1x128 blocks along k, w in 128x128 blocks
+(block_1x128 and block_128x128_1x128 pair the block shapes otherwise). Shapes whose m, n
+or k is not a multiple of 16 are skipped with a note: _scaled_mm needs 16-multiples.
+And, last, one "launch" row per dtype (tf32 and fp8_e4m3 excepted, as gemmbridge): a tiny
+64^3 matmul's
   host_us    host time per call, median of 40 batches of 256 calls
   wall_us    the same, waiting for the GPU at the end of each batch
   graph_us   GPU time per GEMM when 256 calls captured in one CUDA graph are replayed
@@ -25,14 +35,22 @@ and the exit status is then 1.
 Timing: each sample times `inner` back-to-back calls between two CUDA events, `inner`
 chosen so that a sample spans about 1 ms (1 to 1000 calls); --reps samples; median and
 minimum per call. Inputs are drawn with torch.randn on the GPU (never zeros) and rotated
-across up to 8 buffer sets within 512 MiB, drawn afresh for every row, so that repeated
-calls do not all hit L2.
+across up to 8 buffer sets within 512 MiB (FP8 operands count 1 byte an element), drawn
+afresh for every row, so that repeated calls do not all hit L2.
+
+--accuracy DIR instead compares FP8 accuracy with gemmbridge's: DIR holds meta.json
+({"m", "n", "k", "recipes"}), x.f32 [m,k] and w.f32 [n,k] (raw little-endian float32,
+row-major) and ours_R.f32 [m,n] per recipe R (gemmbridge's bf16 result widened to
+float32). Per recipe, PyTorch quantises x and w itself and runs _scaled_mm; both results
+are measured against the float64 product x @ w.t() (relative Frobenius error), and one
+"fp8_accuracy" line per recipe is written.
 
 Needs only PyTorch and the standard library (Python 3.10+).
 """
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -67,12 +85,28 @@ SUITES = {
 SUITES["default"] = SUITES["square"] + SUITES["llm"] + SUITES["small"]
 SUITE_ORDER = ["default", "square", "llm", "small", "misaligned"]
 
-DTYPES = ["f32", "tf32", "f16", "bf16"]
-# accepted, as `gemmbridge bench` accepts it, and skipped with a note
-SKIPPED_DTYPES = ["fp8_e4m3"]
+# the default --dtypes, as `gemmbridge bench`'s; fp8_e4m3 runs when asked for
+DEFAULT_DTYPES = ["f32", "tf32", "f16", "bf16"]
+FP8 = "fp8_e4m3"
+DTYPES = DEFAULT_DTYPES + [FP8]
 OPS = ["matmul", "linear", "linear_bias", "linear_bias_gelu"]
 ALL_OPS = OPS + ["launch"]
-ELEM_BYTES = {"f32": 4, "tf32": 4, "f16": 2, "bf16": 2}
+ELEM_BYTES = {"f32": 4, "tf32": 4, "f16": 2, "bf16": 2, FP8: 1}
+
+# FP8 recipes: how x [m,k] and w [n,k] are scaled. "tensor": one scale; "row": one per row;
+# "1x128": one per row and 128-wide block of k; "128x128": one per 128x128 block.
+RECIPES = {
+    "tensorwise": ("tensor", "tensor"),
+    "rowwise": ("row", "row"),
+    "block": ("1x128", "128x128"),  # DeepSeek style
+    "block_1x128": ("1x128", "1x128"),
+    "block_128x128_1x128": ("128x128", "1x128"),
+}
+SCALINGS = list(RECIPES)
+DEFAULT_SCALINGS = ["tensorwise", "rowwise", "block"]  # the benchmark's (and gemmbridge's) default
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_BLOCK = 128
+FP8_MULTIPLE = 16  # _scaled_mm needs m, n and k multiples of 16
 
 WARMUP = 5
 SAMPLE_MS = 1.0
@@ -94,14 +128,11 @@ def op_applies(op, dtype):
     return not (op.startswith("linear_bias") and dtype in ("f32", "tf32"))
 
 
-def split_list(flag, text, known, skipped=()):
+def split_list(flag, text, known):
     """A comma list, in the order given, each name once; unknown names are a usage error."""
     out = []
     for name in (s.strip() for s in text.split(",")):
         if not name:
-            continue
-        if name in skipped:
-            print(f"note: {flag} {name} is not offered by this peer; skipped", file=sys.stderr)
             continue
         if name not in known:
             raise UsageError(f"unknown {flag[2:].rstrip('s')} {name!r}; choose from {', '.join(known)}")
@@ -116,6 +147,45 @@ def rotation_count(m, n, k, elem_bytes):
     """Buffer sets to rotate through: as many (x, w) pairs as fit 512 MiB, 1 to 8."""
     per = (m * k + k * n) * elem_bytes
     return max(1, min(ROTATION_MAX, ROTATION_BYTES // max(per, 1)))
+
+
+def fp8_shape_ok(m, n, k):
+    """Whether _scaled_mm takes the shape: m, n and k all multiples of 16."""
+    return all(v > 0 and v % FP8_MULTIPLE == 0 for v in (m, n, k))
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def round_up(a, b):
+    return ceil_div(a, b) * b
+
+
+def scale_layout(recipe_side, rows, k):
+    """The scale tensor of one FP8 operand as _scaled_mm takes it: (shape, strides, storage),
+    storage being the elements to allocate (padding included). `recipe_side` is (recipe,
+    "x" or "w"); the operand is [rows, k] row-major (x: rows = m, w: rows = n). x's scale is
+    scale_a; w's is scale_b, which belongs to wq.t() [k, n], hence the transposed layouts:
+      tensor   () both
+      row      x [m,1]; w [1,n] contiguous
+      1x128    x [m, kb] strides (1, m); w [kb, n] strides (n, 1)   (kb = ceil(k/128))
+      128x128  x [mb, kb] strides (kb4, 1); w [kb, nb] strides (1, kb4), the columns
+               kb..kb4 of each row (k-blocks padded to kb4 = round_up(kb, 4)) zero.
+    (PyTorch 2.11 takes the 128x128 layouts only where kb is a multiple of 4, the padding
+    then empty, or the operand is one 128-row block. Elsewhere it wants them unpadded, and
+    then computes wrong results, so these are kept and its refusal becomes an error row.)"""
+    recipe, side = recipe_side
+    kind = RECIPES[recipe][0 if side == "x" else 1]
+    kb = ceil_div(k, FP8_BLOCK)
+    if kind == "tensor":
+        return (), (), 1
+    if kind == "row":
+        return ((rows, 1), (1, 1), rows) if side == "x" else ((1, rows), (rows, 1), rows)
+    if kind == "1x128":
+        return ((rows, kb), (1, rows), rows * kb) if side == "x" else ((kb, rows), (rows, 1), rows * kb)
+    rb, kb4 = ceil_div(rows, FP8_BLOCK), round_up(kb, 4)
+    return ((rb, kb), (kb4, 1), rb * kb4) if side == "x" else ((kb, rb), (1, kb4), rb * kb4)
 
 
 def leading_dims(op, m, n, k):
@@ -149,8 +219,12 @@ def list_suites(out):
             else:
                 note = f"ld not a 16-byte multiple: f16/bf16 {', '.join(b16) or '-'}; f32 {', '.join(b32) or '-'}"
             out.write(f"  m={m:<6} n={n:<6} k={k:<6} {note}\n")
-    out.write("dtypes: " + ", ".join(DTYPES) + " (linear_bias, linear_bias_gelu: f16, bf16 only)\n")
-    out.write("ops: " + ", ".join(ALL_OPS) + " (launch: 64x64x64, once per dtype but tf32, whatever the suite)\n")
+    out.write("dtypes: " + ", ".join(DTYPES) + " (default " + ",".join(DEFAULT_DTYPES)
+              + "; linear_bias, linear_bias_gelu: f16, bf16 only; fp8_e4m3: scaled_mm rows, one per "
+              + "scaling, for shapes whose m, n, k are multiples of 16)\n")
+    out.write("scalings: " + ", ".join(SCALINGS) + " (default " + ",".join(DEFAULT_SCALINGS) + ")\n")
+    out.write("ops: " + ", ".join(ALL_OPS) + " (launch: 64x64x64, once per dtype but tf32 and fp8_e4m3, "
+              "whatever the suite)\n")
 
 
 def emit(out, rec):
@@ -267,6 +341,101 @@ def bench_row(op, name, m, n, k, reps, device):
         raise RuntimeError(f"time per call {med} ms is not positive")
     return dict(op=op, dtype=name, m=m, n=n, k=k, batch=1, median_ms=med, min_ms=mn,
                 tflops=2 * m * n * k / (med * 1e-3) / 1e12)
+
+
+def fp8_cast(v):
+    """`v` (already divided by its scales) clamped to the E4M3 range and cast to it."""
+    return v.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def dequant_factor(amax):
+    """The scale of a group whose largest magnitude is `amax`: amax / 448, or 1 for an
+    all-zero group."""
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
+def quantize(t, recipe_side):
+    """One operand `t` ([rows, k]: x, or w as [n, k]) quantised per `recipe_side` = (recipe,
+    "x" or "w"): (q, scale), q float8_e4m3fn [rows, k] contiguous, scale the float32
+    dequantisation factors (amax / 448 per group) in the layout of scale_layout(), as
+    _scaled_mm takes it for that side. q = clamp(t / scale, -448, 448) cast to E4M3."""
+    recipe, side = recipe_side
+    kind = RECIPES[recipe][0 if side == "x" else 1]
+    t = t.float()
+    rows, k = t.shape
+    kb, rb = ceil_div(k, FP8_BLOCK), ceil_div(rows, FP8_BLOCK)
+    if kind == "tensor":
+        s = dequant_factor(t.abs().amax())
+        q = fp8_cast(t / s)
+    elif kind == "row":
+        s = dequant_factor(t.abs().amax(dim=1, keepdim=True))  # [rows, 1]
+        q = fp8_cast(t / s)
+    elif kind == "1x128":
+        p = torch.nn.functional.pad(t, (0, kb * FP8_BLOCK - k)).view(rows, kb, FP8_BLOCK)
+        s = dequant_factor(p.abs().amax(dim=2))  # [rows, kb]
+        q = fp8_cast(p / s[:, :, None]).view(rows, kb * FP8_BLOCK)[:, :k].contiguous()
+    else:
+        p = torch.nn.functional.pad(t, (0, kb * FP8_BLOCK - k, 0, rb * FP8_BLOCK - rows))
+        p = p.view(rb, FP8_BLOCK, kb, FP8_BLOCK)
+        s = dequant_factor(p.abs().amax(dim=(1, 3)))  # [rb, kb]
+        q = fp8_cast(p / s[:, None, :, None]).view(rb * FP8_BLOCK, kb * FP8_BLOCK)[:rows, :k].contiguous()
+    shape, strides, storage = scale_layout(recipe_side, rows, k)
+    scale = torch.zeros(storage, dtype=torch.float32, device=t.device).as_strided(shape, strides)
+    scale.copy_(s if side == "x" or kind == "tensor" else s.t())
+    return q, scale
+
+
+def operand_scales(scale, recipe_side, rows, k):
+    """The inverse of quantize()'s layout: the dequantisation factor of every element of the
+    [rows, k] operand (for checks: q.float() * operand_scales(...) is the dequantised
+    operand)."""
+    recipe, side = recipe_side
+    kind = RECIPES[recipe][0 if side == "x" else 1]
+    s = scale if side == "x" or kind == "tensor" else scale.t()
+    if kind in ("tensor", "row"):
+        return s.expand(rows, k)
+    s = s.repeat_interleave(FP8_BLOCK, dim=1)[:, :k]
+    if kind == "128x128":
+        s = s.repeat_interleave(FP8_BLOCK, dim=0)[:rows]
+    return s
+
+
+def scaled_mm(xq, sx, wq, sw):
+    """y[m,n] = (xq * sx) @ (wq * sw).t() in bf16: torch._scaled_mm with w's transpose
+    (column-major [k, n]) as mat2, f32 accumulation (use_fast_accum off)."""
+    return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
+
+
+def fp8_rotation(m, n, k, scaling, device):
+    """Quantised input sets for one scaled_mm row: x [m,k] and w [n,k] drawn with torch.randn
+    (f32) on `device` and quantised per `scaling`; (xq, sx, wq, sw) each."""
+    sets = []
+    for _ in range(rotation_count(m, n, k, ELEM_BYTES[FP8])):
+        xq, sx = quantize(torch.randn(m, k, device=device), (scaling, "x"))
+        wq, sw = quantize(torch.randn(n, k, device=device), (scaling, "w"))
+        sets.append((xq, sx, wq, sw))
+    return sets
+
+
+def fp8_row(scaling, m, n, k, reps, device):
+    """One timed scaled_mm row: only the _scaled_mm call is timed."""
+    sets = fp8_rotation(m, n, k, scaling, device)
+    it = [0]
+
+    def call():
+        i = it[0] = (it[0] + 1) % len(sets)
+        return scaled_mm(*sets[i])
+
+    def check(y):
+        if tuple(y.shape) != (m, n) or y.stride() != (n, 1) or y.dtype != torch.bfloat16:
+            raise RuntimeError(f"scaled_mm {scaling} {m}x{n}x{k} returned {y.dtype} of shape "
+                               f"{tuple(y.shape)} strides {y.stride()}, expected bf16 ({m}, {n}) strides ({n}, 1)")
+
+    med, mn = time_fn(call, Clock(device), reps, check=check)
+    if not (med > 0 and mn > 0):
+        raise RuntimeError(f"time per call {med} ms is not positive")
+    return dict(op="scaled_mm", dtype=FP8, scaling=scaling, m=m, n=n, k=k, batch=1, median_ms=med,
+                min_ms=mn, tflops=2 * m * n * k / (med * 1e-3) / 1e12)
 
 
 def launch_row(name):
@@ -389,55 +558,224 @@ def env_row(device, reps, suite):
     return row
 
 
+class InputError(Exception):
+    """A missing or malformed --accuracy input: message, exit status 2."""
+
+
+def accuracy_inputs(d):
+    """meta.json of an --accuracy folder, checked: (m, n, k, recipes)."""
+    if not os.path.isdir(d):
+        raise InputError(f"--accuracy {d}: no such directory")
+    path = os.path.join(d, "meta.json")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise InputError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: expected a JSON object with m, n, k and recipes")
+    dims = []
+    for key in ("m", "n", "k"):
+        v = meta.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise InputError(f"{path}: {key!r} must be a positive integer, got {v!r}")
+        dims.append(v)
+    recipes = meta.get("recipes")
+    if not isinstance(recipes, list) or not recipes:
+        raise InputError(f"{path}: 'recipes' must be a non-empty list of recipe names")
+    for r in recipes:
+        if r not in RECIPES:
+            raise InputError(f"{path}: unknown recipe {r!r}; this peer knows {', '.join(SCALINGS)}")
+    return dims[0], dims[1], dims[2], list(dict.fromkeys(recipes))
+
+
+def accuracy_files(d, m, n, k, recipes):
+    """The float32 files an --accuracy folder must hold: (path, rows, cols) each."""
+    files = [(os.path.join(d, "x.f32"), m, k), (os.path.join(d, "w.f32"), n, k)]
+    return files + [(os.path.join(d, f"ours_{r}.f32"), m, n) for r in recipes]
+
+
+def check_files(files):
+    """Every file present with exactly rows * cols * 4 bytes, else an InputError naming it."""
+    for path, rows, cols in files:
+        want = rows * cols * 4
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            raise InputError(f"{path} is missing: expected {want} bytes ([{rows}, {cols}] float32)") from None
+        if size != want:
+            raise InputError(f"{path} has {size} bytes, expected {want} ([{rows}, {cols}] float32)")
+
+
+def read_f32(path, rows, cols, device):
+    """A raw row-major float32 file (little-endian, as the host) as a [rows, cols] tensor."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    return torch.frombuffer(data, dtype=torch.float32).reshape(rows, cols).to(device)
+
+
+def rel_err(got, ref):
+    """||got - ref|| / ||ref|| (Frobenius, float64); None where it is not finite."""
+    e = (torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref)).item()
+    return e if math.isfinite(e) else None
+
+
+def accuracy_row(recipe, x, w, ours, ref):
+    """One "fp8_accuracy" line: PyTorch's and gemmbridge's relative errors for `recipe`."""
+    (m, k), n = x.shape, w.shape[0]
+    row = dict(op="fp8_accuracy", scaling=recipe, m=m, n=n, k=k)
+    try:
+        xq, sx = quantize(x, (recipe, "x"))
+        wq, sw = quantize(w, (recipe, "w"))
+        theirs = rel_err(scaled_mm(xq, sx, wq, sw), ref)
+        del xq, wq
+    except (RuntimeError, NotImplementedError) as e:
+        theirs = None
+        row["torch_error"] = first_line(e)
+    ours_err = rel_err(ours, ref)
+    if "torch_error" not in row:
+        row["torch_rel_err"] = theirs
+    row["ours_rel_err"] = ours_err
+    if "torch_error" not in row:
+        row["ratio"] = ours_err / theirs if ours_err is not None and theirs else None
+    return row
+
+
+def run_accuracy(a):
+    """--accuracy DIR: one fp8_accuracy line per recipe of DIR/meta.json."""
+    m, n, k, recipes = accuracy_inputs(a.accuracy)
+    files = accuracy_files(a.accuracy, m, n, k, recipes)
+    check_files(files)
+    rc = import_torch(a.device)
+    if rc:
+        return rc
+    if a.device == "cpu":
+        print("note: --device cpu exercises the code paths only; _scaled_mm may not run there",
+              file=sys.stderr)
+    try:
+        out = sys.stdout if a.out == "-" else open(a.out, "w")
+    except OSError as e:
+        print(f"error: cannot write {a.out}: {e}", file=sys.stderr)
+        return 2
+    try:
+        x = read_f32(files[0][0], m, k, a.device)
+        w = read_f32(files[1][0], n, k, a.device)
+        ref = x.double() @ w.double().t()
+        for recipe, (path, _, _) in zip(recipes, files[2:]):
+            emit(out, accuracy_row(recipe, x, w, read_f32(path, m, n, a.device), ref))
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="peer.py",
         description="PyTorch peer for `gemmbridge bench`: times PyTorch's GEMMs on the same suites "
-        "and writes the same JSON lines.",
-        epilog="Unknown suites, dtypes or ops, and a missing CUDA GPU, exit with status 2.",
+        "and writes the same JSON lines; with --accuracy, compares FP8 accuracy with gemmbridge's.",
+        epilog="Unknown suites, dtypes, scalings or ops, a missing or malformed --accuracy input, and "
+        "a missing CUDA GPU, exit with status 2.",
     )
     ap.add_argument("--suite", default="default", metavar="NAME", help=f"shape suite: {', '.join(SUITE_ORDER)} (default: default)")
-    ap.add_argument("--dtypes", default=",".join(DTYPES), metavar="LIST",
-                    help="comma list of f32, tf32, f16, bf16 (default: all); fp8_e4m3 is accepted and skipped")
+    ap.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES), metavar="LIST",
+                    help=f"comma list of {', '.join(DTYPES)} (default: {','.join(DEFAULT_DTYPES)}); "
+                    "fp8_e4m3 times torch._scaled_mm (op scaled_mm, bf16 output), one row per "
+                    "--scalings recipe, on shapes whose m, n and k are multiples of 16; --ops does "
+                    "not apply to it")
+    ap.add_argument("--scalings", default=",".join(DEFAULT_SCALINGS), metavar="LIST",
+                    help="FP8 recipes for fp8_e4m3 rows, comma list of tensorwise (one scale per "
+                    "tensor), rowwise (per row of x and of w), block (x in 1x128, w in 128x128 "
+                    "blocks), block_1x128, block_128x128_1x128 (x 128x128, w 1x128) "
+                    f"(default: {','.join(DEFAULT_SCALINGS)})")
     ap.add_argument("--ops", default=",".join(ALL_OPS), metavar="LIST",
                     help="comma list of matmul, linear, linear_bias, linear_bias_gelu, launch (default: all; "
-                    "the linear_bias ops run only for f16/bf16; launch runs once per dtype but tf32, "
-                    "whatever the suite)")
+                    "the linear_bias ops run only for f16/bf16; launch runs once per dtype but tf32 and "
+                    "fp8_e4m3, whatever the suite)")
     ap.add_argument("--reps", type=int, default=30, metavar="N", help="timed samples per row, ~1 ms each (default 30)")
     ap.add_argument("--out", default="-", metavar="FILE", help="write the JSON lines to FILE (default: stdout)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cuda (default). cpu only exercises the code paths: its timings are NOT "
-                    "meaningful and must not be compared; launch rows are skipped there")
-    ap.add_argument("--list", action="store_true", help="print the suites' shapes and exit (needs no PyTorch)")
+                    "meaningful and must not be compared; launch and fp8_e4m3 rows are skipped there")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--list", action="store_true", help="print the suites' shapes and exit (needs no PyTorch)")
+    mode.add_argument("--accuracy", metavar="DIR",
+                      help="instead of timing, compare FP8 accuracy: DIR holds meta.json, x.f32, w.f32 "
+                      "and ours_RECIPE.f32 per recipe, as gemmbridge writes them; one fp8_accuracy line "
+                      "per recipe, PyTorch's and gemmbridge's relative error against the float64 product "
+                      "(--suite, --dtypes, --scalings, --ops and --reps are ignored)")
     return ap.parse_args(argv)
 
 
-def run(a):
+def first_line(e):
+    """An exception's message, first line, at most 300 characters (its type if empty)."""
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def import_torch(device):
+    """Imports PyTorch into the module; 0, or 2 (with a message) where it or the GPU is missing."""
     global torch
-    if a.list:
-        list_suites(sys.stdout)
-        return 0
-    if a.suite not in SUITES:
-        raise UsageError(f"unknown suite {a.suite!r}; choose one of {', '.join(SUITE_ORDER)}")
-    dtypes = split_list("--dtypes", a.dtypes, DTYPES, SKIPPED_DTYPES)
-    ops = split_list("--ops", a.ops, ALL_OPS)
-    if not 1 <= a.reps <= 100_000:
-        raise UsageError(f"--reps {a.reps} is not between 1 and 100000")
     try:
         import torch as _torch
     except ImportError as e:
         print(f"error: PyTorch is not installed ({e})", file=sys.stderr)
         return 2
     torch = _torch
-    if a.device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA GPU visible to PyTorch (torch.cuda.is_available() is False; "
               f"torch {torch.__version__}, built for CUDA {torch.version.cuda})", file=sys.stderr)
         return 2
+    return 0
+
+
+def fp8_rows(out, shapes, scalings, reps, device):
+    """The scaled_mm rows of the suite's `shapes`, in order, one per scaling; the number of
+    rows that failed."""
+    failed = 0
+    for (m, n, k) in shapes:
+        if not fp8_shape_ok(m, n, k):
+            print(f"note: {FP8} {m}x{n}x{k} skipped: _scaled_mm needs m, n and k multiples of "
+                  f"{FP8_MULTIPLE}", file=sys.stderr)
+            continue
+        for scaling in scalings:
+            try:
+                rec = fp8_row(scaling, m, n, k, reps, device)
+            except (RuntimeError, NotImplementedError) as e:
+                failed += 1
+                msg = first_line(e)
+                print(f"error: scaled_mm {FP8} {scaling} {m}x{n}x{k}: {msg}", file=sys.stderr)
+                rec = dict(op="scaled_mm", dtype=FP8, scaling=scaling, m=m, n=n, k=k, batch=1, error=msg)
+            emit(out, rec)
+    return failed
+
+
+def run(a):
+    if a.list:
+        list_suites(sys.stdout)
+        return 0
+    if a.accuracy is not None:
+        return run_accuracy(a)
+    if a.suite not in SUITES:
+        raise UsageError(f"unknown suite {a.suite!r}; choose one of {', '.join(SUITE_ORDER)}")
+    dtypes = split_list("--dtypes", a.dtypes, DTYPES)
+    scalings = split_list("--scalings", a.scalings, SCALINGS)
+    ops = split_list("--ops", a.ops, ALL_OPS)
+    if not 1 <= a.reps <= 100_000:
+        raise UsageError(f"--reps {a.reps} is not between 1 and 100000")
+    rc = import_torch(a.device)
+    if rc:
+        return rc
     launch = "launch" in ops
     ops = [o for o in ops if o != "launch"]
     if launch and a.device == "cpu":
         print("note: launch rows need a GPU; skipped on --device cpu", file=sys.stderr)
         launch = False
+    if FP8 in dtypes and a.device == "cpu":
+        print(f"note: {FP8} rows need torch._scaled_mm on a CUDA GPU; skipped on --device cpu", file=sys.stderr)
+        dtypes.remove(FP8)
     if a.device == "cpu":
         print("note: --device cpu exercises the code paths only; its timings are not meaningful",
               file=sys.stderr)
@@ -452,6 +790,9 @@ def run(a):
         emit(out, env_row(a.device, a.reps, a.suite))
         for name in dtypes:
             set_tf32(name == "tf32")
+            if name == FP8:
+                failed += fp8_rows(out, SUITES[a.suite], scalings, a.reps, a.device)
+                continue
             for (m, n, k) in SUITES[a.suite]:
                 for op in ops:
                     if not op_applies(op, name):
@@ -460,14 +801,14 @@ def run(a):
                         rec = bench_row(op, name, m, n, k, a.reps, a.device)
                     except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
                         failed += 1
-                        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                        msg = first_line(e)
                         print(f"error: {op} {name} {m}x{n}x{k}: {msg}", file=sys.stderr)
                         rec = dict(op=op, dtype=name, m=m, n=n, k=k, batch=1, error=msg)
                     emit(out, rec)
         set_tf32(False)
         if launch:
             for name in dtypes:
-                if name == "tf32":
+                if name in ("tf32", FP8):
                     continue
                 emit(out, launch_row(name))
     finally:
@@ -479,7 +820,7 @@ def run(a):
 def main(argv=None):
     try:
         return run(parse_args(argv))
-    except UsageError as e:
+    except (UsageError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

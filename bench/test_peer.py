@@ -2,9 +2,13 @@
 """Checks of bench/peer.py that need no GPU: `python3 bench/test_peer.py`.
 
 Without PyTorch: the suites against crates/gemmbridge/src/suites.rs, the op/dtype rules,
-the rotation count, --list, and the usage errors (exit 2). With PyTorch installed (any
-build), also a `--device cpu --reps 1` run on small shapes, including misaligned ones: the
-rows' fields and types, the operands' strides, and the env row.
+the rotation count, --list, the usage errors (exit 2), the FP8 rules (--scalings, the
+16-multiple shape rule, the scale layouts) and --accuracy's input checks (exit 2). With
+PyTorch installed (any build), also a `--device cpu --reps 1` run on small shapes,
+including misaligned ones: the rows' fields and types, the operands' strides, and the env
+row; each recipe's quantisation; and an --accuracy run on the CPU. With a CUDA GPU that
+runs FP8, also torch._scaled_mm with every recipe's scales, fp8_e4m3 rows and --accuracy
+on the GPU.
 """
 
 import importlib.util
@@ -12,6 +16,7 @@ import io
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,6 +37,18 @@ try:
 except ImportError:
     HAVE_TORCH = False
 
+
+def have_fp8_gpu():
+    """A CUDA GPU of compute capability 8.9 or later (FP8 tensor cores)."""
+    return HAVE_TORCH and torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 9)
+
+
+def gpu_recipes():
+    """The recipes _scaled_mm runs on this GPU: the block ones (1x128, 128x128) on SM90 only."""
+    if torch.cuda.get_device_capability(0)[0] == 9:
+        return list(peer.SCALINGS)
+    return ["tensorwise", "rowwise"]
+
 GEMM_FIELDS = {"op": str, "dtype": str, "m": int, "n": int, "k": int, "batch": int,
                "median_ms": float, "min_ms": float, "tflops": float}
 
@@ -39,6 +56,55 @@ GEMM_FIELDS = {"op": str, "dtype": str, "m": int, "n": int, "k": int, "batch": i
 def run_peer(*args):
     p = subprocess.run([sys.executable, PEER, *args], capture_output=True, text=True)
     return p.returncode, p.stdout, p.stderr
+
+
+def run_main(args, shapes=None):
+    """peer.main(args) in this process, --out to a temporary file, with the "small" suite
+    replaced by `shapes` if given: (exit status, rows, stderr)."""
+    saved = peer.SUITES.get("small")
+    if shapes is not None:
+        peer.SUITES["small"] = shapes
+    err = io.StringIO()
+    old = sys.stderr
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "p.jsonl")
+            sys.stderr = err
+            rc = peer.main([*args, "--out", path])
+            rows = []
+            if os.path.exists(path):
+                with open(path) as f:
+                    rows = [json.loads(line) for line in f]
+    finally:
+        sys.stderr = old
+        peer.SUITES["small"] = saved
+    return rc, rows, err.getvalue()
+
+
+def write_accuracy_dir(d, m, n, k, recipes, ours=None, skip=(), sizes=None):
+    """An --accuracy folder: meta.json, x.f32, w.f32 and ours_R.f32 per recipe, as
+    gemmbridge writes them. x and w are small integers (exact in f32); `ours(x, w)` gives
+    the [m*n] values written for each recipe (zeros by default). Files named in `skip` are
+    left out, `sizes` maps a file name to a byte count to truncate it to."""
+    x = [float((i * 7) % 11 - 5) for i in range(m * k)]
+    w = [float((i * 5) % 13 - 6) for i in range(n * k)]
+    y = ours(x, w) if ours else [0.0] * (m * n)
+    files = {"x.f32": x, "w.f32": w}
+    files.update({f"ours_{r}.f32": y for r in recipes})
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump({"m": m, "n": n, "k": k, "seed": 1, "recipes": recipes}, f)
+    for name, vals in files.items():
+        if name in skip:
+            continue
+        data = struct.pack(f"<{len(vals)}f", *vals)
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data[: (sizes or {}).get(name, len(data))])
+    return x, w
+
+
+def product(x, w, m, n, k):
+    """x[m,k] @ w[n,k]^T in plain Python (float64), row-major [m*n]."""
+    return [sum(x[i * k + p] * w[j * k + p] for p in range(k)) for i in range(m) for j in range(n)]
 
 
 def rust_suite(name):
@@ -83,6 +149,119 @@ class NoTorch(unittest.TestCase):
         self.assertEqual(peer.rotation_count(8192, 8192, 8192, 4), 1)  # 512 MiB exactly
         self.assertEqual(peer.rotation_count(4096, 28672, 4096, 2), 2)
 
+    def test_rotation_count_fp8(self):
+        # FP8 operands count 1 byte an element
+        self.assertEqual(peer.ELEM_BYTES["fp8_e4m3"], 1)
+        self.assertEqual(peer.rotation_count(4096, 28672, 4096, peer.ELEM_BYTES["fp8_e4m3"]), 4)  # 128 MiB a set
+        self.assertEqual(peer.rotation_count(8192, 8192, 8192, 1), 4)
+        self.assertEqual(peer.rotation_count(16384, 16384, 16384, 1), 1)  # 512 MiB exactly
+        self.assertEqual(peer.rotation_count(32768, 32768, 32768, 1), 1)  # more than fits: still one
+        self.assertEqual(peer.rotation_count(4096, 4096, 4096, 1), 8)
+
+    def test_fp8_dtype(self):
+        self.assertIn("fp8_e4m3", peer.DTYPES)
+        self.assertFalse(hasattr(peer, "SKIPPED_DTYPES"))
+        self.assertEqual(peer.split_list("--dtypes", "fp8_e4m3,bf16", peer.DTYPES), ["fp8_e4m3", "bf16"])
+        # the default stays gemmbridge bench's
+        self.assertEqual(peer.parse_args([]).dtypes, "f32,tf32,f16,bf16")
+
+    def test_scalings(self):
+        self.assertEqual(peer.parse_args([]).scalings, "tensorwise,rowwise,block")
+        self.assertEqual(peer.SCALINGS, ["tensorwise", "rowwise", "block", "block_1x128", "block_128x128_1x128"])
+        self.assertEqual(peer.split_list("--scalings", " rowwise, block,rowwise ", peer.SCALINGS), ["rowwise", "block"])
+        with self.assertRaises(peer.UsageError) as cm:
+            peer.split_list("--scalings", "rowwise,columnwise", peer.SCALINGS)
+        self.assertIn("unknown scaling 'columnwise'", str(cm.exception))
+        self.assertEqual(peer.RECIPES["block"], ("1x128", "128x128"))
+        self.assertEqual(peer.RECIPES["block_128x128_1x128"], ("128x128", "1x128"))
+
+    def test_fp8_shape_rule(self):
+        self.assertTrue(peer.fp8_shape_ok(16, 16, 16))
+        self.assertTrue(peer.fp8_shape_ok(5120, 2048, 768))
+        for shape in ((1, 4096, 4096), (3537, 12288, 2048), (4096, 4095, 4096), (4096, 4096, 2047),
+                      (8, 64, 64), (64, 64, 8), (0, 16, 16)):
+            self.assertFalse(peer.fp8_shape_ok(*shape), shape)
+        # which suite shapes get fp8_e4m3 rows
+        self.assertEqual([s for s in peer.SUITES["small"] if peer.fp8_shape_ok(*s)],
+                         [(16, 4096, 4096), (128, 4096, 4096), (64, 64, 64), (256, 256, 256)])
+        self.assertEqual([s for s in peer.SUITES["misaligned"] if peer.fp8_shape_ok(*s)], [])
+        self.assertEqual(len([s for s in peer.SUITES["llm"] if peer.fp8_shape_ok(*s)]), 5)
+
+    def test_scale_layouts(self):
+        L = peer.scale_layout
+        # x in 1x128 blocks: [m, ceil(k/128)], strides (1, m)
+        self.assertEqual(L(("block", "x"), 256, 384), ((256, 3), (1, 256), 768))
+        self.assertEqual(L(("block", "x"), 48, 400), ((48, 4), (1, 48), 192))
+        # w in 128x128 blocks, as scale_b (for wq.t()): [kb, nb] strides (1, round4(kb)), the
+        # k-blocks of each n-block padded to 4
+        self.assertEqual(L(("block", "w"), 512, 384), ((3, 4), (1, 4), 16))
+        self.assertEqual(L(("block", "w"), 512, 512), ((4, 4), (1, 4), 16))
+        self.assertEqual(L(("block", "w"), 640, 1152), ((9, 5), (1, 12), 60))
+        # w in 1x128 blocks, as scale_b: the transpose of [n, kb] strides (1, n)
+        self.assertEqual(L(("block_1x128", "w"), 512, 384), ((3, 512), (512, 1), 1536))
+        self.assertEqual(L(("block_1x128", "x"), 256, 384), ((256, 3), (1, 256), 768))
+        # x in 128x128 blocks, as scale_a: [mb, kb] strides (round4(kb), 1)
+        self.assertEqual(L(("block_128x128_1x128", "x"), 256, 384), ((2, 3), (4, 1), 8))
+        self.assertEqual(L(("block_128x128_1x128", "w"), 512, 384), ((3, 512), (512, 1), 1536))
+        # tensorwise and rowwise
+        self.assertEqual(L(("tensorwise", "x"), 256, 384), ((), (), 1))
+        self.assertEqual(L(("tensorwise", "w"), 512, 384), ((), (), 1))
+        self.assertEqual(L(("rowwise", "x"), 256, 384), ((256, 1), (1, 1), 256))
+        self.assertEqual(L(("rowwise", "w"), 512, 384), ((1, 512), (512, 1), 512))
+        # every layout's elements fit its storage, none overlapping
+        for recipe in peer.SCALINGS:
+            for side, rows in (("x", 272), ("w", 400)):
+                shape, strides, storage = L((recipe, side), rows, 1040)
+                offsets = {0}
+                for size, stride in zip(shape, strides):
+                    offsets = {o + i * stride for o in offsets for i in range(size)}
+                self.assertLess(max(offsets), storage, (recipe, side))
+                n = 1
+                for size in shape:
+                    n *= size
+                self.assertEqual(len(offsets), n, (recipe, side))
+
+    def test_accuracy_input_errors_exit_2(self):
+        with tempfile.TemporaryDirectory() as d:
+            missing = os.path.join(d, "nowhere")
+            rc, out, err = run_peer("--accuracy", missing)
+            self.assertEqual((rc, out), (2, ""), err)
+            self.assertIn("no such directory", err)
+            rc, _, err = run_peer("--accuracy", d)  # no meta.json
+            self.assertEqual(rc, 2, err)
+            self.assertIn("meta.json", err)
+            with open(os.path.join(d, "meta.json"), "w") as f:
+                f.write("{not json")
+            rc, _, err = run_peer("--accuracy", d)
+            self.assertEqual(rc, 2, err)
+            self.assertIn("meta.json is not valid JSON", err)
+            for meta, msg in (({"m": 16, "n": 16, "recipes": ["block"]}, "'k' must be a positive integer"),
+                              ({"m": 16, "n": 16, "k": 0, "recipes": ["block"]}, "'k' must be a positive integer"),
+                              ({"m": 16, "n": 16, "k": 16, "recipes": []}, "'recipes' must be"),
+                              ({"m": 16, "n": 16, "k": 16, "recipes": ["colwise"]}, "unknown recipe 'colwise'")):
+                with open(os.path.join(d, "meta.json"), "w") as f:
+                    json.dump(meta, f)
+                rc, out, err = run_peer("--accuracy", d)
+                self.assertEqual((rc, out), (2, ""), (meta, err))
+                self.assertIn(msg, err, meta)
+        recipes = ["tensorwise", "block"]
+        for skip, sizes, name, msg in (
+            (("x.f32",), None, "x.f32", "is missing: expected 1024 bytes ([16, 16] float32)"),
+            (("ours_block.f32",), None, "ours_block.f32", "is missing: expected 2048 bytes ([16, 32] float32)"),
+            ((), {"w.f32": 2044}, "w.f32", "has 2044 bytes, expected 2048 ([32, 16] float32)"),
+        ):
+            with tempfile.TemporaryDirectory() as d:
+                write_accuracy_dir(d, 16, 32, 16, recipes, skip=skip, sizes=sizes)
+                rc, out, err = run_peer("--accuracy", d)
+                self.assertEqual((rc, out), (2, ""), err)
+                self.assertIn(os.path.join(d, name), err)
+                self.assertIn(msg, err)
+
+    def test_accuracy_excludes_list(self):
+        rc, out, err = run_peer("--list", "--accuracy", "somewhere")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertIn("not allowed with", err)
+
     def test_leading_dims(self):
         self.assertEqual(peer.leading_dims("matmul", 4096, 4095, 4096), {"x": 4096, "w": 4095, "out": 4095})
         self.assertEqual(peer.leading_dims("linear", 4096, 4096, 2047), {"x": 2047, "w": 2047, "out": 4096})
@@ -100,7 +279,10 @@ class NoTorch(unittest.TestCase):
             (["--dtypes", "f16,f64"], "unknown dtype 'f64'"),
             (["--ops", "matmul,conv"], "unknown op 'conv'"),
             (["--dtypes", ","], "no dtypes to run"),
-            (["--dtypes", "fp8_e4m3"], "no dtypes to run"),
+            (["--dtypes", "fp8_e4m3,fp8_e5m2"], "unknown dtype 'fp8_e5m2'"),
+            (["--dtypes", "fp8_e4m3", "--scalings", "columnwise"], "unknown scaling 'columnwise'"),
+            (["--scalings", "rowwise,blockwise"], "unknown scaling 'blockwise'"),
+            (["--scalings", " , "], "no scalings to run"),
             (["--reps", "0"], "--reps 0"),
             (["--device", "tpu"], "invalid choice"),
         ):
@@ -138,7 +320,7 @@ class CpuDryRun(unittest.TestCase):
         self.assertEqual(env["op"], "env")
         self.assertEqual(env["device"], "cpu")
         self.assertNotIn("median_ms", env)
-        want = [(d, s, o) for d in peer.DTYPES for s in shapes for o in peer.OPS if peer.op_applies(o, d)]
+        want = [(d, s, o) for d in peer.DEFAULT_DTYPES for s in shapes for o in peer.OPS if peer.op_applies(o, d)]
         self.assertEqual([(r["dtype"], (r["m"], r["n"], r["k"]), r["op"]) for r in rest], want)
         for r in rest:
             for f, t in GEMM_FIELDS.items():
@@ -165,6 +347,210 @@ class CpuDryRun(unittest.TestCase):
         self.assertEqual((ws[0].shape, ws[0].stride()), ((255, 127), (127, 1)))
         xs, ws = peer.rotation(33, 255, 127, "f32", "matmul", "cpu")
         self.assertEqual((ws[0].shape, ws[0].stride()), ((127, 255), (255, 1)))
+
+    def test_fp8_skipped_on_cpu(self):
+        rc, rows, err = run_main(["--suite", "small", "--dtypes", "fp8_e4m3,bf16", "--ops", "matmul",
+                                  "--device", "cpu", "--reps", "1"], [(64, 64, 64)])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("fp8_e4m3 rows need torch._scaled_mm on a CUDA GPU", err)
+        self.assertEqual([(r["op"], r.get("dtype")) for r in rows], [("env", None), ("matmul", "bf16")])
+
+
+def dequantised(q, scale, recipe_side):
+    rows, k = q.shape
+    return q.float() * peer.operand_scales(scale, recipe_side, rows, k)
+
+
+def check_quantize(test, t, recipe_side):
+    """quantize(t, recipe_side): E4M3 [rows, k] contiguous, the scale in scale_layout()'s
+    layout, each group's largest magnitude mapped to 448, and every element within E4M3's
+    rounding (1/16 relative; subnormals: half their step, 2^-10 of the scale)."""
+    rows, k = t.shape
+    q, scale = peer.quantize(t, recipe_side)
+    test.assertEqual((q.dtype, tuple(q.shape), q.stride()), (torch.float8_e4m3fn, (rows, k), (k, 1)))
+    shape, strides, _ = peer.scale_layout(recipe_side, rows, k)
+    test.assertEqual((scale.dtype, tuple(scale.shape), scale.stride()), (torch.float32, shape, strides), recipe_side)
+    test.assertEqual(scale.device, t.device)
+    per = peer.operand_scales(scale, recipe_side, rows, k)
+    got = q.float() * per
+    bound = (t.abs() / 16 + per * 2.0 ** -10) * (1 + 1e-6)
+    worst = ((got - t).abs() - bound).max().item()
+    test.assertLessEqual(worst, 0.0, recipe_side)
+    test.assertEqual(q.float().abs().max().item(), 448.0, recipe_side)
+    return q, scale
+
+
+@unittest.skipUnless(HAVE_TORCH, "PyTorch not installed")
+class Quantize(unittest.TestCase):
+    def setUp(self):
+        peer.torch = torch
+        g = torch.Generator().manual_seed(7)
+        # rows of different magnitudes, k not a multiple of 128, rows not a multiple of 128
+        self.x = torch.randn(200, 300, generator=g) * (2.0 ** (torch.arange(200) % 9 - 4))[:, None]
+        self.w = torch.randn(144, 300, generator=g)
+
+    def test_each_recipe(self):
+        for recipe in peer.SCALINGS:
+            check_quantize(self, self.x, (recipe, "x"))
+            check_quantize(self, self.w, (recipe, "w"))
+
+    def test_scales(self):
+        x = self.x
+        f = lambda t: (t.abs().max() / 448.0).item()  # noqa: E731  (in float32, as quantize)
+        _, s = peer.quantize(x, ("tensorwise", "x"))
+        self.assertEqual(s.item(), f(x))
+        _, s = peer.quantize(x, ("rowwise", "x"))
+        self.assertTrue(torch.equal(s[:, 0], x.abs().amax(dim=1) / 448.0))
+        _, s = peer.quantize(self.w, ("rowwise", "w"))
+        self.assertTrue(s.is_contiguous())
+        self.assertTrue(torch.equal(s[0], self.w.abs().amax(dim=1) / 448.0))
+        _, s = peer.quantize(x, ("block", "x"))  # 1x128: [200, 3]
+        self.assertEqual(s[5, 2].item(), f(x[5, 256:]))
+        _, s = peer.quantize(self.w, ("block", "w"))  # 128x128 as scale_b: [kb=3, nb=2]
+        self.assertEqual(s[1, 1].item(), f(self.w[128:, 128:256]))
+        # the padding of each n-block's k-blocks (to 4) is zero
+        self.assertEqual(torch.as_strided(s, (2, 4), (4, 1))[:, 3].tolist(), [0.0, 0.0])
+        _, s = peer.quantize(x, ("block_128x128_1x128", "x"))  # 128x128 as scale_a: [mb=2, kb=3]
+        self.assertEqual(s[1, 0].item(), f(x[128:, :128]))
+        _, s = peer.quantize(self.w, ("block_1x128", "w"))  # 1x128 as scale_b: [kb=3, n]
+        self.assertEqual(s[2, 7].item(), f(self.w[7, 256:]))
+
+    def test_zero_groups_scale_1(self):
+        t = torch.randn(256, 256)
+        t[:128, :128] = 0
+        for recipe, side, where in (("block", "x", (0, 0)), ("block", "w", (0, 0)),
+                                    ("block_128x128_1x128", "x", (0, 0))):
+            q, s = peer.quantize(t, (recipe, side))
+            self.assertEqual(s[where].item(), 1.0, (recipe, side))
+            self.assertEqual(q[:128, :128].float().abs().max().item(), 0.0)
+        q, s = peer.quantize(torch.zeros(32, 16), ("tensorwise", "x"))
+        self.assertEqual(s.item(), 1.0)
+        q, s = peer.quantize(torch.zeros(32, 16), ("rowwise", "w"))
+        self.assertEqual(s.tolist(), [[1.0] * 32])
+
+    def test_saturates_not_overflows(self):
+        # a value rounding above 448 after the division stays finite
+        t = torch.tensor([[448.0, -448.0] + [1e-3] * 14] * 16)
+        q, _ = peer.quantize(t, ("tensorwise", "x"))
+        self.assertTrue(torch.isfinite(q.float()).all())
+
+    def test_accuracy_cpu(self):
+        m, n, k = 16, 32, 48
+        recipes = ["tensorwise", "rowwise", "block", "block_1x128", "block_128x128_1x128"]
+        exact = lambda x, w: product(x, w, m, n, k)  # noqa: E731
+        with tempfile.TemporaryDirectory() as d:
+            write_accuracy_dir(d, m, n, k, recipes, ours=exact)
+            out = os.path.join(d, "acc.jsonl")
+            err = io.StringIO()
+            old = sys.stderr
+            sys.stderr = err
+            try:
+                rc = peer.main(["--accuracy", d, "--device", "cpu", "--out", out])
+            finally:
+                sys.stderr = old
+            self.assertEqual(rc, 0, err.getvalue())
+            with open(out) as f:
+                rows = [json.loads(line) for line in f]
+        self.assertEqual([r["scaling"] for r in rows], recipes)
+        for r in rows:
+            self.assertEqual((r["op"], r["m"], r["n"], r["k"]), ("fp8_accuracy", m, n, k))
+            self.assertEqual(r["ours_rel_err"], 0.0)  # the exact product
+            if "torch_error" in r:
+                self.assertNotIn("torch_rel_err", r)
+            else:
+                self.assertLess(r["torch_rel_err"], 0.1)
+                self.assertEqual(r["ratio"], 0.0)
+
+
+@unittest.skipUnless(have_fp8_gpu(), "no CUDA GPU with FP8 (compute capability 8.9+)")
+class Fp8Gpu(unittest.TestCase):
+    def setUp(self):
+        peer.torch = torch
+
+    def test_scaled_mm_every_recipe(self):
+        """_scaled_mm takes every recipe's scales and computes the product of the dequantised
+        operands. k = 384: 3 k-blocks, padded to 4 in the 128x128 layouts; k = 1152: 9, to
+        12. Some PyTorch versions (2.11) refuse padded 128x128 scales: those are skipped, but
+        wherever _scaled_mm runs, its result must be right."""
+        ran = set()
+        for m, n, k in ((256, 512, 384), (128, 384, 1152), (272, 144, 512), (64, 64, 64), (512, 256, 2048)):
+            g = torch.Generator(device="cuda").manual_seed(1)
+            x = torch.randn(m, k, device="cuda", generator=g)
+            w = torch.randn(n, k, device="cuda", generator=g)
+            for recipe in gpu_recipes():
+                xq, sx = check_quantize(self, x, (recipe, "x"))
+                wq, sw = check_quantize(self, w, (recipe, "w"))
+                try:
+                    y = peer.scaled_mm(xq, sx, wq, sw)
+                except RuntimeError as e:
+                    padded = "128x128" in peer.RECIPES[recipe] and peer.ceil_div(k, 128) % 4
+                    self.assertTrue(padded and "Invalid scaling configuration" in str(e), (recipe, m, n, k, e))
+                    continue
+                self.assertEqual((y.dtype, tuple(y.shape)), (torch.bfloat16, (m, n)))
+                want = dequantised(xq, sx, (recipe, "x")).double() @ dequantised(wq, sw, (recipe, "w")).double().t()
+                e = peer.rel_err(y, want)
+                self.assertLess(e, 1e-2, (recipe, m, n, k, e))
+                ran.add((recipe, (m, n, k)))
+        # k-blocks a multiple of 4: every version takes every recipe
+        for shape in ((272, 144, 512), (64, 64, 64), (512, 256, 2048)):
+            self.assertEqual({r for r, s in ran if s == shape}, set(gpu_recipes()), shape)
+
+    def test_fp8_rows(self):
+        shapes = [(256, 512, 512), (100, 256, 256), (64, 64, 64)]
+        rc, rows, err = run_main(["--suite", "small", "--dtypes", "fp8_e4m3", "--scalings",
+                                  ",".join(gpu_recipes()), "--reps", "2"], shapes)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("fp8_e4m3 100x256x256 skipped", err)
+        rest = rows[1:]
+        want = [(s, sc) for s in (shapes[0], shapes[2]) for sc in gpu_recipes()]
+        self.assertEqual([((r["m"], r["n"], r["k"]), r["scaling"]) for r in rest], want)
+        for r in rest:
+            self.assertEqual((r["op"], r["dtype"], r["batch"]), ("scaled_mm", "fp8_e4m3", 1))
+            for f, t in GEMM_FIELDS.items():
+                self.assertIsInstance(r[f], t, (f, r))
+            self.assertLessEqual(r["min_ms"], r["median_ms"])
+
+    def test_fp8_refused_shape(self):
+        # 3 k-blocks: PyTorch versions that refuse padded 128x128 scales give an error row
+        rc, rows, err = run_main(["--suite", "small", "--dtypes", "fp8_e4m3", "--scalings", "block,rowwise",
+                                  "--reps", "2"], [(256, 512, 384)])
+        rows = rows[1:]
+        self.assertEqual([r["scaling"] for r in rows], ["block", "rowwise"], err)
+        self.assertNotIn("error", rows[1])
+        self.assertEqual(rc, 1 if "error" in rows[0] else 0, err)
+        if "error" in rows[0]:
+            self.assertEqual((rows[0]["op"], rows[0]["dtype"], rows[0]["m"]), ("scaled_mm", "fp8_e4m3", 256))
+            self.assertNotIn("median_ms", rows[0])
+
+    def test_accuracy_gpu(self):
+        m, n, k = 32, 48, 512
+        recipes = gpu_recipes()
+        with tempfile.TemporaryDirectory() as d:
+            write_accuracy_dir(d, m, n, k, recipes, ours=lambda x, w: product(x, w, m, n, k))
+            rc, out, err = run_peer("--accuracy", d)
+        self.assertEqual(rc, 0, err)
+        rows = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual([r["scaling"] for r in rows], recipes)
+        for r in rows:
+            self.assertNotIn("torch_error", r)
+            self.assertLess(r["torch_rel_err"], 0.1)
+            self.assertGreater(r["torch_rel_err"], 0.0)
+            self.assertEqual((r["ours_rel_err"], r["ratio"]), (0.0, 0.0))
+
+    def test_accuracy_gpu_refused(self):
+        # 3 k-blocks: where PyTorch refuses a recipe, its line says why and still has ours
+        m, n, k = 32, 48, 384
+        with tempfile.TemporaryDirectory() as d:
+            write_accuracy_dir(d, m, n, k, gpu_recipes())
+            rc, out, err = run_peer("--accuracy", d)
+        self.assertEqual(rc, 0, err)
+        for r in (json.loads(line) for line in out.splitlines()):
+            self.assertEqual(r["ours_rel_err"], 1.0)  # zeros written for ours
+            if "torch_error" in r:
+                self.assertIn("128x128", peer.RECIPES[r["scaling"]])
+                self.assertNotIn("torch_rel_err", r)
+            else:
+                self.assertLess(r["torch_rel_err"], 0.1)
 
 
 if __name__ == "__main__":
