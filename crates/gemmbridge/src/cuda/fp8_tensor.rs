@@ -85,8 +85,9 @@ impl Gpu {
     /// stream order. The first call compiles gemmbridge's kernels (NVRTC, tens of ms).
     ///
     /// Cost (kernel passes over the source): tensor-wise 2 (amax, then cast, or fused
-    /// cast-transpose), row-wise 2 (the second mostly from L2), 1×128 1, 128×128 2 (the second
-    /// from L1/L2); a transposed source with row or block scales adds a transpose pass.
+    /// cast-transpose), row-wise 1 (rows of up to 16384 columns; longer rows' rest is read
+    /// twice), 1×128 1, 128×128 1; a transposed source with row or block scales adds a
+    /// transpose pass. docs/PERFORMANCE.md gives the measured bandwidth of each.
     ///
     /// # Errors
     /// Before anything is enqueued: [`Error::WrongContext`]; [`Error::BufferTooSmall`] when

@@ -4,9 +4,12 @@
 //! | scaling | row-major source | `[K, rows]` source |
 //! |---|---|---|
 //! | tensor | amax, then cast | amax, then fused cast-transpose |
-//! | row | cast_rows (one block per row, amax and cast) | transpose, then as row-major |
-//! | 1×128 | cast_vec128 (one warp per block: amax and cast in one pass) | transpose, then as row-major |
-//! | 128×128 | cast_blk128 (one CTA per block) | transpose, then as row-major |
+//! | row | cast_rows (one CTA per row, kept in registers up to 16384 columns) | transpose, then as row-major |
+//! | 1×128 | cast_vec128 (one half-warp per block) | transpose, then as row-major |
+//! | 128×128 | cast_blk128 (one CTA per block, kept in registers) | transpose, then as row-major |
+//!
+//! Every kernel but the transposes reads its source once (the row kernel: rows up to 16384
+//! columns) with 16-byte loads where the row allows, and writes 8 FP8 bytes per store.
 
 use std::ffi::c_void;
 
@@ -74,7 +77,7 @@ pub(crate) unsafe fn enqueue_cast(k: &Kernels, job: &CastJob, stream: CUstream) 
         // SAFETY: the caller's contract (live stream of the current context).
         let t = unsafe { Scratch::alloc(l.rows * l.cols * job.dtype.size_bytes(), stream)? };
         let mut dst = t.ptr;
-        let grid = ((l.cols as u32).div_ceil(32), (l.rows as u32).div_ceil(32), 1);
+        let grid = ((l.cols as u32).div_ceil(64), (l.rows as u32).div_ceil(64), 1);
         // SAFETY: transpose_T(const T* src, long rows, long cols, T* dst); src holds
         // rows·cols elements (caller), dst was just allocated for as many.
         unsafe {
@@ -146,8 +149,8 @@ pub(crate) unsafe fn enqueue_cast(k: &Kernels, job: &CastJob, stream: CUstream) 
         }
         Scaling::Block1x128 => {
             let groups = (l.rows_alloc * l.k_blocks()) as u64;
-            let grid = (groups.div_ceil(u64::from(THREADS / 32)) as u32, 1, 1);
-            // SAFETY: cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2); one warp per group.
+            let grid = (groups.div_ceil(u64::from(THREADS / 16)) as u32, 1, 1);
+            // SAFETY: cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2); one half-warp per group.
             unsafe {
                 k.launch(
                     &name("cast_vec128"),

@@ -22,6 +22,30 @@ __device__ __forceinline__ float to_f(F16 v) {
 }
 __device__ __forceinline__ float to_f(BF16 v) { return __uint_as_float(((u32)v.b) << 16); }
 
+// The two 16-bit values of a 32-bit word (low half first) as floats.
+__device__ __forceinline__ void unpack2(u32 w, F16, float* v) {
+    asm("{.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;}"
+        : "=f"(v[0]), "=f"(v[1]) : "r"(w));
+}
+__device__ __forceinline__ void unpack2(u32 w, BF16, float* v) {
+    v[0] = __uint_as_float(w << 16);
+    v[1] = __uint_as_float(w & 0xffff0000u);
+}
+
+// 8 consecutive elements from a 16-byte-aligned address, as floats.
+__device__ __forceinline__ void load8v(const float* p, float* v) {
+    float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+template <typename T>
+__device__ __forceinline__ void load8v(const T* p, float* v) {
+    uint4 r = *reinterpret_cast<const uint4*>(p);
+    unpack2(r.x, T(), v);
+    unpack2(r.y, T(), v + 2);
+    unpack2(r.z, T(), v + 4);
+    unpack2(r.w, T(), v + 6);
+}
+
 // Two values to two FP8 bytes, packed little-endian: lo in the low byte.
 __device__ __forceinline__ u16 pack2(float lo, float hi, int e5m2) {
     u16 r;
@@ -66,20 +90,28 @@ __device__ __forceinline__ float block_max(float m) {
     return warp_max(m);
 }
 
-// Loads n (<= 8) consecutive elements from p into v; the rest 0. `vec`: p is 16-byte aligned
-// and n == 8 (f16/bf16: one 16-byte load; f32: two).
+__device__ __forceinline__ float max8(const float* v) {
+    float m = 0.0f;
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
+    return m;
+}
+
+// Elements [c, c + 8) of row r of a row-major [rows, cols] source, zeros outside it: one
+// vector load where the 8 are inside and 16-byte aligned.
 template <typename T>
-__device__ __forceinline__ void load(const T* p, int n, bool vec, float* v) {
-    if (vec && sizeof(T) == 2) {
-        uint4 raw = *reinterpret_cast<const uint4*>(p);
-        const T* e = reinterpret_cast<const T*>(&raw);
-        for (int j = 0; j < 8; j++) v[j] = to_f(e[j]);
-    } else if (vec) {
-        float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+__device__ __forceinline__ void load_row8(const T* x, long rows, long cols, long r, long c, float* v) {
+    if (r < rows && c + 8 <= cols && ((unsigned long)(x + r * cols + c) & 15) == 0) {
+        load8v(x + r * cols + c, v);
     } else {
-        for (int j = 0; j < 8; j++) v[j] = j < n ? to_f(p[j]) : 0.0f;
+        for (int j = 0; j < 8; j++) v[j] = (r < rows && c + j < cols) ? to_f(x[r * cols + c + j]) : 0.0f;
     }
+}
+
+__device__ __forceinline__ void store8(u8* q, const float* v, float inv, int e5m2) {
+    uint2 o;
+    o.x = pack4(v, inv, e5m2);
+    o.y = pack4(v + 4, inv, e5m2);
+    *reinterpret_cast<uint2*>(q) = o;
 }
 
 // Largest magnitude of x[0..n) into *out (u32 bits of a non-negative float; zeroed before).
@@ -91,31 +123,15 @@ __device__ void amax_impl(const T* x, long n, u32* out) {
     long tid = blockIdx.x * (long)blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
     for (long i = tid; i < n8; i += stride) {
         float v[8];
-        load(x + i * 8, 8, true, v);
-        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
+        load8v(x + i * 8, v);
+        m = fmaxf(m, max8(v));
     }
     for (long i = n8 * 8 + tid; i < n; i += stride) m = fmaxf(m, fabsf(to_f(x[i])));
     m = block_max(m);
     if (threadIdx.x == 0) atomicMax(out, __float_as_uint(m));
 }
 
-// Writes the 8 FP8 bytes at columns [c0, c0 + 8) of row r (zeros past cols or rows).
-template <typename T>
-__device__ __forceinline__ void cast8(const T* x, long rows, long cols, u8* q, long ld, long r, long c0, float inv, int e5m2) {
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (r < rows && c0 < cols) {
-        const T* p = x + r * cols + c0;
-        int n = cols - c0 < 8 ? (int)(cols - c0) : 8;
-        bool vec = n == 8 && ((unsigned long)p & 15) == 0;
-        load(p, n, vec, v);
-    }
-    uint2 o;
-    o.x = pack4(v, inv, e5m2);
-    o.y = pack4(v + 4, inv, e5m2);
-    *reinterpret_cast<uint2*>(q + r * ld + c0) = o;
-}
-
-// Tensor-wise: one scale from the amax pass.
+// Tensor-wise: one scale from the amax pass; each thread casts 8 elements at a time.
 template <typename T>
 __device__ void cast_tensor_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                  const u32* amax, float* scale, float fmax, int e5m2) {
@@ -124,85 +140,123 @@ __device__ void cast_tensor_impl(const T* x, long rows, long rows_alloc, long co
     long chunks = ld / 8, total = rows_alloc * chunks;
     long tid = blockIdx.x * (long)blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
     if (tid == 0) scale[0] = s;
-    for (long i = tid; i < total; i += stride) cast8(x, rows, cols, q, ld, i / chunks, (i % chunks) * 8, inv, e5m2);
+    for (long i = tid; i < total; i += stride) {
+        long r = i / chunks, c = (i % chunks) * 8;
+        float v[8];
+        load_row8(x, rows, cols, r, c, v);
+        store8(q + r * ld + c, v, inv, e5m2);
+    }
 }
 
-// Row-wise: one block per row; the row is read twice (the second time from L2).
+// Row-wise: one CTA per row. The first ROW_CACHE chunks of 8 per thread (16384 columns at 256
+// threads) stay in registers between the amax and the cast; a longer row's rest is read again.
+#define ROW_CACHE 8
 template <typename T>
 __device__ void cast_rows_impl(const T* x, long rows, long cols, u8* q, long ld, float* scale, float fmax, int e5m2) {
     long r = blockIdx.x;
+    long step = blockDim.x * 8L;
+    float cache[ROW_CACHE][8];
     float m = 0.0f;
-    if (r < rows) {
-        const T* row = x + r * cols;
-        for (long c = threadIdx.x * 8L; c < cols; c += blockDim.x * 8L) {
-            float v[8];
-            int n = cols - c < 8 ? (int)(cols - c) : 8;
-            load(row + c, n, n == 8 && ((unsigned long)(row + c) & 15) == 0, v);
-            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
-        }
+#pragma unroll
+    for (int it = 0; it < ROW_CACHE; it++) {
+        long c = it * step + threadIdx.x * 8L;
+        load_row8(x, rows, cols, r, c, cache[it]);
+        m = fmaxf(m, max8(cache[it]));
+    }
+    for (long c = ROW_CACHE * step + threadIdx.x * 8L; c < cols; c += step) {
+        float v[8];
+        load_row8(x, rows, cols, r, c, v);
+        m = fmaxf(m, max8(v));
     }
     m = block_max(m);
     float s, inv;
     scale_of(m, fmax, &s, &inv);
     if (threadIdx.x == 0) scale[r] = s;
-    for (long c = threadIdx.x * 8L; c < ld; c += blockDim.x * 8L) cast8(x, rows, cols, q, ld, r, c, inv, e5m2);
+#pragma unroll
+    for (int it = 0; it < ROW_CACHE; it++) {
+        long c = it * step + threadIdx.x * 8L;
+        if (c < ld) store8(q + r * ld + c, cache[it], inv, e5m2);
+    }
+    for (long c = ROW_CACHE * step + threadIdx.x * 8L; c < ld; c += step) {
+        float v[8];
+        load_row8(x, rows, cols, r, c, v);
+        store8(q + r * ld + c, v, inv, e5m2);
+    }
 }
 
-// Four elements at columns [c, c + 4) of row r (zeros outside the source).
-template <typename T>
-__device__ __forceinline__ void load4(const T* x, long rows, long cols, long r, long c, float* v) {
-    for (int j = 0; j < 4; j++) v[j] = (r < rows && c + j < cols) ? to_f(x[r * cols + c + j]) : 0.0f;
-}
-
-// 1x128 blocks: one warp per (row, K block); lane l holds columns kb*128 + 4l .. +3.
+// 1x128 blocks: one half-warp per (row, K block); lane l of the half holds columns
+// kb*128 + 8l .. +7 (one vector load, one 8-byte store).
 template <typename T>
 __device__ void cast_vec128_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                  float* scale, float fmax, int e5m2) {
     long kblocks = (cols + 127) / 128;
-    long g = blockIdx.x * (long)(blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (g >= rows_alloc * kblocks) return;  // whole warps leave together
-    long r = g / kblocks, kb = g % kblocks;
-    int lane = threadIdx.x & 31;
-    long c = kb * 128 + lane * 4;
-    float v[4];
-    load4(x, rows, cols, r, c, v);
-    float m = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    m = warp_max(m);
+    long g = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 4;
+    bool live = g < rows_alloc * kblocks;  // dead lanes still join the shuffles
+    long r = live ? g / kblocks : 0, kb = live ? g % kblocks : 0;
+    int lane = threadIdx.x & 15;
+    long c = kb * 128 + lane * 8;
+    float v[8];
+    load_row8(x, live ? rows : 0, cols, r, c, v);
+    float m = max8(v);
+    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float s, inv;
     scale_of(m, fmax, &s, &inv);
-    if (lane == 0) scale[kb * rows_alloc + r] = s;
-    if (c < ld) *reinterpret_cast<u32*>(q + r * ld + c) = pack4(v, inv, e5m2);
+    if (live && lane == 0) scale[kb * rows_alloc + r] = s;
+    if (live && c < ld) store8(q + r * ld + c, v, inv, e5m2);
 }
 
-// 128x128 blocks: one block of 256 threads per (row block, K block); warp w holds rows
-// w, w + 8, ..., lane l columns 4l .. 4l + 3 of the block. Read twice (the second from L1/L2).
+// 128x128 blocks: one CTA of 256 threads per (row block, K block); thread t holds columns
+// 8(t mod 16) .. +7 of rows t/16 + 16i (i < 8): 64 values kept in registers between the amax
+// and the cast, so the tile is read once.
 template <typename T>
 __device__ void cast_blk128_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                  float* scale, long scale_ld, float fmax, int e5m2) {
     long rb = blockIdx.y, kb = blockIdx.x;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    long c = kb * 128 + lane * 4;
+    long c = kb * 128 + (threadIdx.x & 15) * 8;
+    long r0 = rb * 128 + (threadIdx.x >> 4);
+    float v[8][8];
     float m = 0.0f;
-    for (int i = warp; i < 128; i += 8) {
-        float v[4];
-        load4(x, rows, cols, rb * 128 + i, c, v);
-        m = fmaxf(m, fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        load_row8(x, rows, cols, r0 + 16 * i, c, v[i]);
+        m = fmaxf(m, max8(v[i]));
     }
     m = block_max(m);
     float s, inv;
     scale_of(m, fmax, &s, &inv);
     if (threadIdx.x == 0) scale[rb * scale_ld + kb] = s;
-    for (int i = warp; i < 128; i += 8) {
-        long r = rb * 128 + i;
-        if (r >= rows_alloc || c >= ld) continue;
-        float v[4];
-        load4(x, rows, cols, r, c, v);
-        *reinterpret_cast<u32*>(q + r * ld + c) = pack4(v, inv, e5m2);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        long r = r0 + 16 * i;
+        if (r < rows_alloc && c < ld) store8(q + r * ld + c, v[i], inv, e5m2);
+    }
+}
+
+// (float sources take the other branch of load_pair; this overload only lets it compile)
+__device__ __forceinline__ void unpack2(u32, float, float*) {}
+
+// Two consecutive elements of a row-major [cols, rows] source at (c, r), (c, r + 1), zeros
+// outside it: one 4- or 8-byte load where both are inside and the pair is aligned.
+template <typename T>
+__device__ __forceinline__ void load_pair(const T* x, long rows, long cols, long c, long r, float* v) {
+    const T* p = x + c * rows + r;
+    if (c < cols && r + 1 < rows && ((unsigned long)p & (2 * sizeof(T) - 1)) == 0) {
+        if (sizeof(T) == 4) {
+            float2 f = *reinterpret_cast<const float2*>(p);
+            v[0] = f.x;
+            v[1] = f.y;
+        } else {
+            unpack2(*reinterpret_cast<const u32*>(p), T(), v);
+        }
+    } else {
+        v[0] = (c < cols && r < rows) ? to_f(p[0]) : 0.0f;
+        v[1] = (c < cols && r + 1 < rows) ? to_f(p[1]) : 0.0f;
     }
 }
 
 // Fused cast-transpose, tensor-wise: the source is [cols, rows] row-major (src[c*rows + r]);
-// q[r, c] = fp8(src[c, r] * inv). 64x64 tiles through shared memory; grid (ld/64, rows_alloc/64).
+// q[r, c] = fp8(src[c, r] * inv). 64x64 tiles through shared memory, read two elements and
+// written eight bytes per thread; grid (ld/64, rows_alloc/64).
 template <typename T>
 __device__ void cast_transpose_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                     const u32* amax, float* scale, float fmax, int e5m2) {
@@ -211,37 +265,45 @@ __device__ void cast_transpose_impl(const T* x, long rows, long rows_alloc, long
     scale_of(__uint_as_float(*amax), fmax, &s, &inv);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = s;
     long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 64L;
-    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    for (int cc = ty; cc < 64; cc += 8) {
-        for (int rr = tx; rr < 64; rr += 32) {
-            long c = c0 + cc, r = r0 + rr;
-            tile[cc][rr] = (c < cols && r < rows) ? to_f(x[c * rows + r]) : 0.0f;
-        }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int cc = warp; cc < 64; cc += 8) {
+        float v[2];
+        load_pair(x, rows, cols, c0 + cc, r0 + 2 * lane, v);
+        tile[cc][2 * lane] = v[0];
+        tile[cc][2 * lane + 1] = v[1];
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) {
-        int rr = i / 16, cc = (i % 16) * 4;
+    for (int i = threadIdx.x; i < 64 * 8; i += blockDim.x) {
+        int rr = i / 8, cc = (i % 8) * 8;
         long r = r0 + rr, c = c0 + cc;
         if (r >= rows_alloc || c >= ld) continue;
-        float v[4] = {tile[cc][rr], tile[cc + 1][rr], tile[cc + 2][rr], tile[cc + 3][rr]};
-        *reinterpret_cast<u32*>(q + r * ld + c) = pack4(v, inv, e5m2);
+        float v[8];
+        for (int j = 0; j < 8; j++) v[j] = tile[cc + j][rr];
+        store8(q + r * ld + c, v, inv, e5m2);
     }
 }
 
-// dst[r, c] = src[c, r] for a [cols, rows] row-major source; 32x32 tiles, grid (cols/32, rows/32).
+// dst[r, c] = src[c, r] for a [cols, rows] row-major source; 64x64 tiles, two elements per
+// thread per access; grid (cols/64, rows/64).
 template <typename T>
 __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
-    __shared__ T tile[32][33];
-    long c0 = blockIdx.x * 32L, r0 = blockIdx.y * 32L;
-    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    for (int cc = ty; cc < 32; cc += 8) {
-        long c = c0 + cc, r = r0 + tx;
-        if (c < cols && r < rows) tile[cc][tx] = src[c * rows + r];
+    __shared__ T tile[64][66];
+    long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 64L;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int cc = warp; cc < 64; cc += 8) {
+        long c = c0 + cc;
+        for (int j = 0; j < 2; j++) {
+            long r = r0 + 2 * lane + j;
+            if (c < cols && r < rows) tile[cc][2 * lane + j] = src[c * rows + r];
+        }
     }
     __syncthreads();
-    for (int rr = ty; rr < 32; rr += 8) {
-        long r = r0 + rr, c = c0 + tx;
-        if (c < cols && r < rows) dst[r * cols + c] = tile[tx][rr];
+    for (int rr = warp; rr < 64; rr += 8) {
+        long r = r0 + rr;
+        for (int j = 0; j < 2; j++) {
+            long c = c0 + 2 * lane + j;
+            if (c < cols && r < rows) dst[r * cols + c] = tile[2 * lane + j][rr];
+        }
     }
 }
 
