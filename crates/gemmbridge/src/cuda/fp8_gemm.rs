@@ -123,7 +123,8 @@ impl Fp8Call<'_> {
         }
     }
 
-    /// The plan key for the sizes of `shape` (workspace filled in by the backend).
+    /// The plan key for the sizes of `shape` (workspace and C/D alignment filled in by the
+    /// backend from the launch's addresses).
     pub(crate) fn key(&self, shape: Fp8Shape) -> Fp8Key {
         Fp8Key {
             m: shape.m_used,
@@ -134,6 +135,7 @@ impl Fp8Call<'_> {
             out: self.out,
             bias: self.bias.map(|b| b.2),
             fast_accum: self.opts.fast_accum,
+            align: 16,
             workspace: 0,
         }
     }

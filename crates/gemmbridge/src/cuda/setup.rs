@@ -220,7 +220,7 @@ impl Gpu {
         let (wsc, _gws) = w.scales.device_ptr(s);
         let ops = call.operands([xd, wd, xs, wsc], d);
         let job = Fp8TuneJob {
-            key: Fp8Key { workspace: ws.matmul_bytes, ..key },
+            key: Fp8Key { workspace: ws.matmul_bytes, align: super::lt::plan::alignment(d), ..key },
             ops,
             alpha: opts.alpha,
             beta,

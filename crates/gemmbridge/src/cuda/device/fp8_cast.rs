@@ -5,11 +5,12 @@
 //! |---|---|---|
 //! | tensor | amax, then cast | amax, then fused cast-transpose |
 //! | row | cast_rows (one CTA per row, kept in registers up to 16384 columns) | transpose, then as row-major |
-//! | 1×128 | cast_vec128 (one half-warp per block) | transpose, then as row-major |
+//! | 1×128 | cast_vec128 (a half-warp per block, a warp for f32) | transpose, then as row-major |
 //! | 128×128 | cast_blk128 (one CTA per block, kept in registers) | transpose, then as row-major |
 //!
 //! Every kernel but the transposes reads its source once (the row kernel: rows up to 16384
-//! columns) with 16-byte loads where the row allows, and writes 8 FP8 bytes per store.
+//! columns of a 16-bit source, 8192 of f32) with 16-byte loads where the row allows, keeping
+//! what it needs twice in registers as raw 16-byte chunks.
 
 use std::ffi::c_void;
 
@@ -149,8 +150,10 @@ pub(crate) unsafe fn enqueue_cast(k: &Kernels, job: &CastJob, stream: CUstream) 
         }
         Scaling::Block1x128 => {
             let groups = (l.rows_alloc * l.k_blocks()) as u64;
-            let grid = (groups.div_ceil(u64::from(THREADS / 16)) as u32, 1, 1);
-            // SAFETY: cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2); one half-warp per group.
+            // 128 / E lanes per group, E = 16 / element size (kernels/fp8.cu, `Chunk`)
+            let per_cta = u64::from(THREADS) * (16 / job.dtype.size_bytes()) as u64 / 128;
+            let grid = (groups.div_ceil(per_cta) as u32, 1, 1);
+            // SAFETY: cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2); 128 / E lanes per group.
             unsafe {
                 k.launch(
                     &name("cast_vec128"),

@@ -33,6 +33,9 @@ pub(crate) struct Fp8Key {
     /// The bias's dtype when the BIAS epilogue runs.
     pub bias: Option<DType>,
     pub fast_accum: bool,
+    /// Alignment class of C/D (bytes, ≤ 256: [`super::plan::alignment`]), told to the
+    /// heuristic; the operands and scales are gemmbridge's own 256-byte-aligned allocations.
+    pub align: u32,
     /// Workspace the algorithm may use, in bytes.
     pub workspace: usize,
 }
@@ -41,7 +44,7 @@ pub(crate) struct Fp8Key {
 /// keys start with `fp8_gemm `; M bucketed as for GEMMs).
 pub(crate) fn fp8_signature(k: &Fp8Key) -> String {
     format!(
-        "fp8_gemm m{} n{} k{} x{}/{} w{}/{} out{} bias{} fast{} ws{}",
+        "fp8_gemm m{} n{} k{} x{}/{} w{}/{} out{} bias{} fast{} al{} ws{}",
         crate::cuda::tactics::m_bucket(k.m),
         k.n,
         k.k,
@@ -52,6 +55,7 @@ pub(crate) fn fp8_signature(k: &Fp8Key) -> String {
         k.out,
         k.bias.map_or("none", |d| d.name()),
         u8::from(k.fast_accum),
+        k.align,
         k.workspace
     )
 }
@@ -169,7 +173,7 @@ impl Fp8Plan {
         };
         let c = Layout::plain(c_type, n, m, key.n as i64)?;
         let d = Layout::plain(d_type, n, m, key.n as i64)?;
-        let pref = Pref::new(key.workspace, [256, 256, 16])?;
+        let pref = Pref::new(key.workspace, [256, 256, key.align])?;
         let want = candidates.clamp(1, 32);
         // SAFETY: zeroed heuristic results are valid plain data.
         let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; want];

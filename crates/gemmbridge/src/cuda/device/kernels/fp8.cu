@@ -32,20 +32,6 @@ __device__ __forceinline__ void unpack2(u32 w, BF16, float* v) {
     v[1] = __uint_as_float(w & 0xffff0000u);
 }
 
-// 8 consecutive elements from a 16-byte-aligned address, as floats.
-__device__ __forceinline__ void load8v(const float* p, float* v) {
-    float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-template <typename T>
-__device__ __forceinline__ void load8v(const T* p, float* v) {
-    uint4 r = *reinterpret_cast<const uint4*>(p);
-    unpack2(r.x, T(), v);
-    unpack2(r.y, T(), v + 2);
-    unpack2(r.z, T(), v + 4);
-    unpack2(r.w, T(), v + 6);
-}
-
 // Two values to two FP8 bytes, packed little-endian: lo in the low byte.
 __device__ __forceinline__ u16 pack2(float lo, float hi, int e5m2) {
     u16 r;
@@ -96,17 +82,6 @@ __device__ __forceinline__ float max8(const float* v) {
     return m;
 }
 
-// Elements [c, c + 8) of row r of a row-major [rows, cols] source, zeros outside it: one
-// vector load where the 8 are inside and 16-byte aligned.
-template <typename T>
-__device__ __forceinline__ void load_row8(const T* x, long rows, long cols, long r, long c, float* v) {
-    if (r < rows && c + 8 <= cols && ((unsigned long)(x + r * cols + c) & 15) == 0) {
-        load8v(x + r * cols + c, v);
-    } else {
-        for (int j = 0; j < 8; j++) v[j] = (r < rows && c + j < cols) ? to_f(x[r * cols + c + j]) : 0.0f;
-    }
-}
-
 __device__ __forceinline__ void store8(u8* q, const float* v, float inv, int e5m2) {
     uint2 o;
     o.x = pack4(v, inv, e5m2);
@@ -114,59 +89,123 @@ __device__ __forceinline__ void store8(u8* q, const float* v, float inv, int e5m
     *reinterpret_cast<uint2*>(q) = o;
 }
 
+// A chunk: the 16 bytes one vector load brings, E = 16 / sizeof(T) elements (8 for the 16-bit
+// types, 4 for f32). Kernels keep chunks raw in registers (4 registers each) and widen them
+// to floats where they are used.
+template <typename T>
+struct Chunk {
+    static const int E = 16 / sizeof(T);
+};
+
+__device__ __forceinline__ void widen(uint4 r, float, float* v) {
+    v[0] = __uint_as_float(r.x);
+    v[1] = __uint_as_float(r.y);
+    v[2] = __uint_as_float(r.z);
+    v[3] = __uint_as_float(r.w);
+    v[4] = v[5] = v[6] = v[7] = 0.0f;
+}
+template <typename T>
+__device__ __forceinline__ void widen(uint4 r, T, float* v) {
+    unpack2(r.x, T(), v);
+    unpack2(r.y, T(), v + 2);
+    unpack2(r.z, T(), v + 4);
+    unpack2(r.w, T(), v + 6);
+}
+
+template <typename T>
+union Raw {
+    uint4 u;
+    T e[Chunk<T>::E];
+};
+
+// The chunk at columns [c, c + E) of row r of a row-major [rows, cols] source, zeros outside
+// it: one 16-byte load where the chunk is inside and aligned.
+template <typename T>
+__device__ __forceinline__ uint4 load_chunk(const T* x, long rows, long cols, long r, long c) {
+    const int E = Chunk<T>::E;
+    const T* p = x + r * cols + c;
+    if (r < rows && c + E <= cols && ((unsigned long)p & 15) == 0) return *reinterpret_cast<const uint4*>(p);
+    Raw<T> t;
+    t.u = make_uint4(0, 0, 0, 0);  // +0.0 in every format
+    if (r < rows) {
+        for (int j = 0; j < E; j++) {
+            if (c + j < cols) t.e[j] = p[j];
+        }
+    }
+    return t.u;
+}
+
+// Largest magnitude in a widened chunk (the unused lanes of an f32 chunk are zeros).
+__device__ __forceinline__ float chunk_max(const float* v) { return max8(v); }
+
+// The E FP8 bytes of a widened chunk at q (8 bytes for 16-bit sources, 4 for f32).
+template <typename T>
+__device__ __forceinline__ void store_chunk(u8* q, const float* v, float inv, int e5m2) {
+    if (Chunk<T>::E == 8) {
+        store8(q, v, inv, e5m2);
+    } else {
+        *reinterpret_cast<u32*>(q) = pack4(v, inv, e5m2);
+    }
+}
+
 // Largest magnitude of x[0..n) into *out (u32 bits of a non-negative float; zeroed before).
 template <typename T>
 __device__ void amax_impl(const T* x, long n, u32* out) {
+    const int E = Chunk<T>::E;
     float m = 0.0f;
     bool vec = ((unsigned long)x & 15) == 0;
-    long n8 = vec ? n / 8 : 0;
+    long nc = vec ? n / E : 0;
     long tid = blockIdx.x * (long)blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
-    for (long i = tid; i < n8; i += stride) {
+    for (long i = tid; i < nc; i += stride) {
         float v[8];
-        load8v(x + i * 8, v);
-        m = fmaxf(m, max8(v));
+        widen(reinterpret_cast<const uint4*>(x)[i], T(), v);
+        m = fmaxf(m, chunk_max(v));
     }
-    for (long i = n8 * 8 + tid; i < n; i += stride) m = fmaxf(m, fabsf(to_f(x[i])));
+    for (long i = nc * E + tid; i < n; i += stride) m = fmaxf(m, fabsf(to_f(x[i])));
     m = block_max(m);
     if (threadIdx.x == 0) atomicMax(out, __float_as_uint(m));
 }
 
-// Tensor-wise: one scale from the amax pass; each thread casts 8 elements at a time.
+// Tensor-wise: one scale from the amax pass; each thread casts a chunk at a time.
 template <typename T>
 __device__ void cast_tensor_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                  const u32* amax, float* scale, float fmax, int e5m2) {
+    const int E = Chunk<T>::E;
     float s, inv;
     scale_of(__uint_as_float(*amax), fmax, &s, &inv);
-    long chunks = ld / 8, total = rows_alloc * chunks;
+    long chunks = ld / E, total = rows_alloc * chunks;
     long tid = blockIdx.x * (long)blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
     if (tid == 0) scale[0] = s;
     for (long i = tid; i < total; i += stride) {
-        long r = i / chunks, c = (i % chunks) * 8;
+        long r = i / chunks, c = (i % chunks) * E;
         float v[8];
-        load_row8(x, rows, cols, r, c, v);
-        store8(q + r * ld + c, v, inv, e5m2);
+        widen(load_chunk(x, rows, cols, r, c), T(), v);
+        store_chunk<T>(q + r * ld + c, v, inv, e5m2);
     }
 }
 
-// Row-wise: one CTA per row. The first ROW_CACHE chunks of 8 per thread (16384 columns at 256
-// threads) stay in registers between the amax and the cast; a longer row's rest is read again.
+// Row-wise: one CTA per row. The first ROW_CACHE chunks per thread (16384 columns of a 16-bit
+// source, 8192 of f32, at 256 threads) stay in registers between the amax and the cast; a
+// longer row's rest is read again.
 #define ROW_CACHE 8
 template <typename T>
 __device__ void cast_rows_impl(const T* x, long rows, long cols, u8* q, long ld, float* scale, float fmax, int e5m2) {
+    const int E = Chunk<T>::E;
     long r = blockIdx.x;
-    long step = blockDim.x * 8L;
-    float cache[ROW_CACHE][8];
+    long step = blockDim.x * (long)E, first = threadIdx.x * (long)E;
+    uint4 cache[ROW_CACHE];
     float m = 0.0f;
 #pragma unroll
     for (int it = 0; it < ROW_CACHE; it++) {
-        long c = it * step + threadIdx.x * 8L;
-        load_row8(x, rows, cols, r, c, cache[it]);
-        m = fmaxf(m, max8(cache[it]));
-    }
-    for (long c = ROW_CACHE * step + threadIdx.x * 8L; c < cols; c += step) {
+        cache[it] = load_chunk(x, rows, cols, r, first + it * step);
         float v[8];
-        load_row8(x, rows, cols, r, c, v);
-        m = fmaxf(m, max8(v));
+        widen(cache[it], T(), v);
+        m = fmaxf(m, chunk_max(v));
+    }
+    for (long c = first + ROW_CACHE * step; c < cols; c += step) {
+        float v[8];
+        widen(load_chunk(x, rows, cols, r, c), T(), v);
+        m = fmaxf(m, chunk_max(v));
     }
     m = block_max(m);
     float s, inv;
@@ -174,61 +213,69 @@ __device__ void cast_rows_impl(const T* x, long rows, long cols, u8* q, long ld,
     if (threadIdx.x == 0) scale[r] = s;
 #pragma unroll
     for (int it = 0; it < ROW_CACHE; it++) {
-        long c = it * step + threadIdx.x * 8L;
-        if (c < ld) store8(q + r * ld + c, cache[it], inv, e5m2);
-    }
-    for (long c = ROW_CACHE * step + threadIdx.x * 8L; c < ld; c += step) {
+        long c = first + it * step;
         float v[8];
-        load_row8(x, rows, cols, r, c, v);
-        store8(q + r * ld + c, v, inv, e5m2);
+        widen(cache[it], T(), v);
+        if (c < ld) store_chunk<T>(q + r * ld + c, v, inv, e5m2);
+    }
+    for (long c = first + ROW_CACHE * step; c < ld; c += step) {
+        float v[8];
+        widen(load_chunk(x, rows, cols, r, c), T(), v);
+        store_chunk<T>(q + r * ld + c, v, inv, e5m2);
     }
 }
 
-// 1x128 blocks: one half-warp per (row, K block); lane l of the half holds columns
-// kb*128 + 8l .. +7 (one vector load, one 8-byte store).
+// 1x128 blocks: G = 128 / E lanes per (row, K block) (a half-warp for 16-bit sources, a warp
+// for f32), one chunk each.
 template <typename T>
 __device__ void cast_vec128_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                  float* scale, float fmax, int e5m2) {
+    const int E = Chunk<T>::E, G = 128 / E;
     long kblocks = (cols + 127) / 128;
-    long g = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 4;
+    long g = (blockIdx.x * (long)blockDim.x + threadIdx.x) / G;
     bool live = g < rows_alloc * kblocks;  // dead lanes still join the shuffles
     long r = live ? g / kblocks : 0, kb = live ? g % kblocks : 0;
-    int lane = threadIdx.x & 15;
-    long c = kb * 128 + lane * 8;
+    int lane = threadIdx.x % G;
+    long c = kb * 128 + lane * E;
     float v[8];
-    load_row8(x, live ? rows : 0, cols, r, c, v);
-    float m = max8(v);
-    for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    widen(load_chunk(x, live ? rows : 0, cols, r, c), T(), v);
+    float m = chunk_max(v);
+    for (int o = G / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float s, inv;
     scale_of(m, fmax, &s, &inv);
     if (live && lane == 0) scale[kb * rows_alloc + r] = s;
-    if (live && c < ld) store8(q + r * ld + c, v, inv, e5m2);
+    if (live && c < ld) store_chunk<T>(q + r * ld + c, v, inv, e5m2);
 }
 
-// 128x128 blocks: one CTA of 256 threads per (row block, K block); thread t holds columns
-// 8(t mod 16) .. +7 of rows t/16 + 16i (i < 8): 64 values kept in registers between the amax
-// and the cast, so the tile is read once.
+// 128x128 blocks: one CTA of 256 threads per (row block, K block); 128 / E threads per row, so
+// 2E rows per pass and 64 / E passes; every chunk stays in registers between the amax and the
+// cast, so the tile is read once.
 template <typename T>
 __device__ void cast_blk128_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                  float* scale, long scale_ld, float fmax, int e5m2) {
+    const int E = Chunk<T>::E, PER_ROW = 128 / E, ROWS = 256 / PER_ROW, PASSES = 128 / ROWS;
     long rb = blockIdx.y, kb = blockIdx.x;
-    long c = kb * 128 + (threadIdx.x & 15) * 8;
-    long r0 = rb * 128 + (threadIdx.x >> 4);
-    float v[8][8];
+    long c = kb * 128 + (threadIdx.x % PER_ROW) * E;
+    long r0 = rb * 128 + threadIdx.x / PER_ROW;
+    uint4 cache[PASSES];
     float m = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        load_row8(x, rows, cols, r0 + 16 * i, c, v[i]);
-        m = fmaxf(m, max8(v[i]));
+    for (int i = 0; i < PASSES; i++) {
+        cache[i] = load_chunk(x, rows, cols, r0 + ROWS * i, c);
+        float v[8];
+        widen(cache[i], T(), v);
+        m = fmaxf(m, chunk_max(v));
     }
     m = block_max(m);
     float s, inv;
     scale_of(m, fmax, &s, &inv);
     if (threadIdx.x == 0) scale[rb * scale_ld + kb] = s;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        long r = r0 + 16 * i;
-        if (r < rows_alloc && c < ld) store8(q + r * ld + c, v[i], inv, e5m2);
+    for (int i = 0; i < PASSES; i++) {
+        long r = r0 + ROWS * i;
+        float v[8];
+        widen(cache[i], T(), v);
+        if (r < rows_alloc && c < ld) store_chunk<T>(q + r * ld + c, v, inv, e5m2);
     }
 }
 
