@@ -81,9 +81,11 @@ SUITES = {
         (512, 512, 511),
         (256, 256, 255),
     ],
+    # DeepSeek-V3's block-scaled FP8 shape that DeepGEMM publishes a figure for
+    "deepgemm": [(4096, 7168, 16384)],
 }
 SUITES["default"] = SUITES["square"] + SUITES["llm"] + SUITES["small"]
-SUITE_ORDER = ["default", "square", "llm", "small", "misaligned"]
+SUITE_ORDER = ["default", "square", "llm", "small", "misaligned", "deepgemm"]
 
 # the default --dtypes, as `gemmbridge bench`'s; fp8_e4m3 runs when asked for
 DEFAULT_DTYPES = ["f32", "tf32", "f16", "bf16"]

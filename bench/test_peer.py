@@ -121,7 +121,7 @@ def rust_suite(name):
 class NoTorch(unittest.TestCase):
     @unittest.skipUnless(os.path.exists(RUST_SUITES), "crates/gemmbridge/src/suites.rs not found")
     def test_suites_match_gemmbridge(self):
-        for name in ("square", "llm", "small"):
+        for name in ("square", "llm", "small", "deepgemm"):
             self.assertEqual(peer.SUITES[name], rust_suite(name.upper()), name)
         self.assertEqual(peer.SUITES["default"], rust_suite("SQUARE") + rust_suite("LLM") + rust_suite("SMALL"))
         # gemmbridge bench may not have the misaligned suite; where it does, the shapes agree

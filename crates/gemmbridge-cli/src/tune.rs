@@ -15,7 +15,7 @@ use crate::suites;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Shape suite (as `bench`): default, square, llm, small, misaligned, cpu.
+    /// Shape suite (as `bench`): default, square, llm, small, misaligned, deepgemm, cpu.
     #[arg(long, default_value = "default")]
     suite: String,
     /// Comma-separated dtypes: f32, tf32, f16, bf16, fp8_e4m3 (FP8 `scaled_mm` problems,

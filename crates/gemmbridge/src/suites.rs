@@ -35,11 +35,14 @@ pub const MISALIGNED: [Shape; 9] = [
     (256, 256, 255),
 ];
 
+/// DeepSeek-V3's block-scaled FP8 projection that DeepGEMM publishes a figure for.
+pub const DEEPGEMM: [Shape; 1] = [(4096, 7168, 16384)];
+
 /// For the CPU backend, where the GPU suites would take hours.
 pub const CPU: [Shape; 4] = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512)];
 
 /// The suite names `--suite` accepts.
-pub const NAMES: [&str; 6] = ["default", "square", "llm", "small", "misaligned", "cpu"];
+pub const NAMES: [&str; 7] = ["default", "square", "llm", "small", "misaligned", "deepgemm", "cpu"];
 
 /// Shapes of a suite; `default` is square + llm + small, as in bench/peer.py. `None` for a
 /// name not in [`NAMES`].
@@ -49,6 +52,7 @@ pub fn shapes(name: &str) -> Option<Vec<Shape>> {
         "llm" => LLM.to_vec(),
         "small" => SMALL.to_vec(),
         "misaligned" => MISALIGNED.to_vec(),
+        "deepgemm" => DEEPGEMM.to_vec(),
         "cpu" => CPU.to_vec(),
         "default" => [&SQUARE[..], &LLM[..], &SMALL[..]].concat(),
         _ => return None,

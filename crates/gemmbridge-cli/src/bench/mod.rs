@@ -26,7 +26,8 @@ use crate::timing;
 #[derive(clap::Args)]
 pub struct Args {
     /// Shape suite: default (square + llm + small), square, llm, small, misaligned (leading
-    /// dimensions off 16 bytes), cpu.
+    /// dimensions off 16 bytes), deepgemm (4096×7168×16384, the block-scaled FP8 shape DeepGEMM
+    /// reports), cpu.
     #[arg(long, default_value = "default")]
     suite: String,
     /// Comma-separated dtypes, as bench/peer.py names them: f32, tf32, f16, bf16, fp8_e4m3

@@ -15,17 +15,23 @@ struct F16 { u16 b; };
 struct BF16 { u16 b; };
 
 __device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(F16 v) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.b));
-    return f;
-}
+__device__ __forceinline__ float f16_to_f32(u32 h);
+__device__ __forceinline__ float to_f(F16 v) { return f16_to_f32(v.b); }
 __device__ __forceinline__ float to_f(BF16 v) { return __uint_as_float(((u32)v.b) << 16); }
 
 // The two 16-bit values of a 32-bit word (low half first) as floats.
+// f16 bits to f32, exactly, with integer operations (the conversion unit is the slower path
+// here): normal numbers re-biased, subnormals as m·2^-24, infinities and NaNs kept.
+__device__ __forceinline__ float f16_to_f32(u32 h) {
+    u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    u32 normal = sign | (((h & 0x7fffu) << 13) + 0x38000000u);
+    u32 special = sign | 0x7f800000u | (m << 13);
+    u32 sub = sign | __float_as_uint((float)m * 5.9604644775390625e-8f);
+    return __uint_as_float(e == 0 ? sub : (e == 31 ? special : normal));
+}
 __device__ __forceinline__ void unpack2(u32 w, F16, float* v) {
-    asm("{.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;}"
-        : "=f"(v[0]), "=f"(v[1]) : "r"(w));
+    v[0] = f16_to_f32(w & 0xffffu);
+    v[1] = f16_to_f32(w >> 16);
 }
 __device__ __forceinline__ void unpack2(u32 w, BF16, float* v) {
     v[0] = __uint_as_float(w << 16);
