@@ -1,6 +1,13 @@
-//! Autotuning of FP8 GEMMs: the heuristic's candidates for the call's [`Fp8Key`], checked
-//! against its first choice and timed interleaved with it, as for the other GEMMs
-//! ([`super::tune`]); the winner is kept under the key's FP8 signature.
+//! Autotuning of FP8 GEMMs: the heuristic's candidates for the call's [`Fp8Key`] and for its
+//! neighbouring queries, checked against its first choice and timed interleaved with it, as
+//! for the other GEMMs ([`super::tune`]); the winner is kept under the key's FP8 signature.
+//!
+//! The neighbouring queries matter more here: with row-wise and block scales cuBLASLt 13.1's
+//! heuristic offers one algorithm per query, and the one it offers depends on the workspace
+//! limit and the C/D alignment it is told (row-wise 4096³ ran 7–9 % slower with the 256-byte
+//! class than with the 16-byte one, docs/PERFORMANCE.md). So the heuristic is also asked with
+//! 1 MiB and 4 MiB of workspace (PyTorch's limits) and with a 16-byte C/D class, and every
+//! algorithm cuBLASLt accepts for the real call (`cublasLtMatmulAlgoCheck`) is a candidate.
 
 use std::sync::Arc;
 
@@ -17,6 +24,36 @@ use crate::cuda::tactics::Tactic;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::fp8::OutputKind;
+
+/// Workspace limits and C/D alignment classes of the neighbouring queries.
+const OTHER_WORKSPACES: [usize; 2] = [1 << 20, 4 << 20];
+const OTHER_ALIGN: u32 = 16;
+
+/// The heuristic's candidates for the job's key (within its workspace), then those of the
+/// neighbouring queries that cuBLASLt accepts for the key. Returns them and how many were
+/// added (at the end).
+fn candidates(h: &super::sys::LtHandle, plan: &Fp8Plan, job: &Fp8TuneJob, n: usize) -> (Vec<Algorithm>, usize) {
+    let ws = job.ws.matmul_bytes;
+    let mut list: Vec<Algorithm> = plan.candidates.iter().copied().filter(|c| c.workspace <= ws).collect();
+    let before = list.len();
+    let mut queries: Vec<Fp8Key> = OTHER_WORKSPACES.iter().map(|&w| Fp8Key { workspace: w, ..job.key }).collect();
+    if job.key.align > OTHER_ALIGN {
+        queries.push(Fp8Key { align: OTHER_ALIGN, ..job.key });
+    }
+    for q in &queries {
+        let Ok(other) = Fp8Plan::build(h, q, &job.ops, n) else { continue };
+        for cand in &other.candidates {
+            if list.iter().any(|c| c.data == cand.data) {
+                continue;
+            }
+            if let Some(need) = plan.check_algo(h, cand).filter(|&need| need <= ws) {
+                list.push(Algorithm { data: cand.data, workspace: need });
+            }
+        }
+    }
+    let added = list.len() - before;
+    (list, added)
+}
 
 /// One FP8 problem to tune: its key (workspace filled in), validated operands, scalars, the
 /// stream's workspace.
@@ -43,8 +80,7 @@ pub(crate) unsafe fn autotune_fp8(
         return Err(Error::Unsupported { backend: "autotune", what: "an FP8 GEMM with an FP8 output".into() });
     };
     let plan = Fp8Plan::build(&lt.handle, &job.key, &job.ops, opts.candidates)?;
-    let cands: Vec<Algorithm> =
-        plan.candidates.iter().copied().filter(|c| c.workspace <= job.ws.matmul_bytes).collect();
+    let (cands, added) = candidates(&lt.handle, &plan, job, opts.candidates);
     let handle = &lt.handle;
     let run = |algo: &Algorithm, beta: f32| {
         // SAFETY: validated operands (the caller's contract); workspace of this stream.
@@ -90,8 +126,8 @@ pub(crate) unsafe fn autotune_fp8(
         heuristic_ms: base,
         best_ms,
         candidates: cands.len(),
-        added: 0,
-        kept_added: false,
+        added,
+        kept_added: improved && cands.len() - added <= cands.iter().position(|c| c.data == algo.data).unwrap_or(0),
         timed_in_graph: in_graph,
         graph_failed,
         mismatched,

@@ -20,18 +20,24 @@ __device__ __forceinline__ float to_f(F16 v) { return f16_to_f32(v.b); }
 __device__ __forceinline__ float to_f(BF16 v) { return __uint_as_float(((u32)v.b) << 16); }
 
 // The two 16-bit values of a 32-bit word (low half first) as floats.
-// f16 bits to f32, exactly, with integer operations (the conversion unit is the slower path
-// here): normal numbers re-biased, subnormals as m·2^-24, infinities and NaNs kept.
+// f16 bits to f32, exactly: one conversion instruction.
 __device__ __forceinline__ float f16_to_f32(u32 h) {
-    u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    u32 normal = sign | (((h & 0x7fffu) << 13) + 0x38000000u);
-    u32 special = sign | 0x7f800000u | (m << 13);
-    u32 sub = sign | __float_as_uint((float)m * 5.9604644775390625e-8f);
-    return __uint_as_float(e == 0 ? sub : (e == 31 ? special : normal));
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)h));
+    return f;
 }
+// Two f16 values of a word. Where both are normal numbers the widening is integer arithmetic
+// (re-biasing the exponent: 3 operations each), else the conversion instruction: the
+// conversion unit also does the FP8 rounding and is the busier one.
 __device__ __forceinline__ void unpack2(u32 w, F16, float* v) {
-    v[0] = f16_to_f32(w & 0xffffu);
-    v[1] = f16_to_f32(w >> 16);
+    u32 e0 = w & 0x7c00u, e1 = w & 0x7c000000u;
+    if (e0 != 0 && e0 != 0x7c00u && e1 != 0 && e1 != 0x7c000000u) {
+        v[0] = __uint_as_float(((w & 0x8000u) << 16) | (((w & 0x7fffu) << 13) + 0x38000000u));
+        v[1] = __uint_as_float((w & 0x80000000u) | ((((w >> 16) & 0x7fffu) << 13) + 0x38000000u));
+    } else {
+        v[0] = f16_to_f32(w & 0xffffu);
+        v[1] = f16_to_f32(w >> 16);
+    }
 }
 __device__ __forceinline__ void unpack2(u32 w, BF16, float* v) {
     v[0] = __uint_as_float(w << 16);
