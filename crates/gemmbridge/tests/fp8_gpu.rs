@@ -17,6 +17,14 @@ fn gpu() -> Gpu {
     Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
 }
 
+/// The capture test takes this exclusively, the others share it: another thread's first kernel
+/// launch or module load (CUDA's lazy loading synchronises the device) invalidates a capture.
+static CAPTURE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    CAPTURE.read().unwrap_or_else(|p| p.into_inner())
+}
+
 const SCALINGS: [Scaling; 4] = [Scaling::Tensor, Scaling::Row, Scaling::Block1x128, Scaling::Block128x128];
 
 /// The recipes cuBLASLt offers, as (x scaling, w scaling).
@@ -90,6 +98,7 @@ fn kernels_match<T: Element + DeviceRepr>(gpu: &Gpu, rng: &mut rand::rngs::StdRn
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn quantisation_kernels_match_the_cpu_specification_bit_for_bit() {
+    let _lock = shared();
     let gpu = gpu();
     let mut rng = rng();
     kernels_match::<f32>(&gpu, &mut rng);
@@ -172,6 +181,7 @@ fn every_recipe<O: Element + DeviceRepr>(gpu: &Gpu, rng: &mut rand::rngs::StdRng
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_recipe_matches_the_dequantised_product_on_awkward_shapes() {
+    let _lock = shared();
     let gpu = gpu();
     let mut rng = rng();
     every_recipe::<bf16>(&gpu, &mut rng);
@@ -182,6 +192,7 @@ fn every_recipe_matches_the_dequantised_product_on_awkward_shapes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_weight_given_k_by_n_is_transposed_while_it_is_quantised() {
+    let _lock = shared();
     let gpu = gpu();
     let mut rng = rng();
     let (n, k) = (136, 200);
@@ -207,6 +218,7 @@ fn a_weight_given_k_by_n_is_transposed_while_it_is_quantised() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn an_fp8_output_has_its_d_scale_and_amax() {
+    let _lock = shared();
     let gpu = gpu();
     let mut rng = rng();
     let (m, n, k) = (70, 144, 256);
@@ -241,6 +253,7 @@ fn rule_of(e: Error) -> Fp8Rule {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn broken_rules_are_named_errors_and_the_engine_stays_usable() {
+    let _lock = shared();
     let gpu = gpu();
     let mut rng = rng();
     let (m, n, k) = (64, 128, 256);
@@ -289,6 +302,7 @@ fn broken_rules_are_named_errors_and_the_engine_stays_usable() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn fast_accumulation_costs_little_accuracy_where_it_is_offered() {
+    let _lock = shared();
     let gpu = gpu();
     let mut rng = rng();
     let (m, n, k) = (256, 256, 8192);
@@ -313,4 +327,50 @@ fn fast_accumulation_costs_little_accuracy_where_it_is_offered() {
         assert!(errs[0] <= 1e-3 && errs[1] <= 1e-2, "{scaling}: {errs:?}");
         let _ = rng.random::<u8>();
     }
+}
+
+/// Before the kernels exist a quantisation inside a capture is a named error; after
+/// `prepare_fp8` and one eager call (the plan), a quantisation and an FP8 GEMM captured into one
+/// graph and launched give the eager result, bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantisation_and_fp8_gemm_are_capturable_once_prepared() {
+    let _lock = CAPTURE.write().unwrap_or_else(|p| p.into_inner());
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let mut rng = rng();
+    let (m, n, k) = (128, 256, 512);
+    let xh: Vec<bf16> = normal(&mut rng, m * k);
+    let wh: Vec<bf16> = normal(&mut rng, n * k);
+    // a fresh Gpu: its kernels are not compiled yet
+    let fresh = gpu();
+    let s = fresh.stream().clone();
+    let xd = upload(&fresh, &xh);
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let e = fresh.quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap_err();
+    let _ = s.end_capture(CUgraphInstantiate_flags(0));
+    assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
+
+    fresh.prepare_fp8().unwrap();
+    let wd = upload(&fresh, &wh);
+    let w = fresh.quantize(&wd, n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap();
+    let x = fresh.quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap();
+    let mut eager: CudaSlice<bf16> = upload(&fresh, &vec![bf16::NAN; m * n]);
+    fresh.fp8_gemm(&x, &w, &mut eager, None, Fp8Options::default()).unwrap();
+    let want = download(&fresh, &eager);
+
+    let mut y: CudaSlice<bf16> = upload(&fresh, &vec![bf16::NAN; m * n]);
+    s.synchronize().unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let x2 = fresh.quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row);
+    let r = x2.as_ref().map(|x2| fresh.fp8_gemm(x2, &w, &mut y, None, Fp8Options::default()));
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    r.unwrap().unwrap();
+    let x2 = x2.unwrap();
+    graph.unwrap().expect("a graph").launch().unwrap();
+    let got = download(&fresh, &y);
+    assert_eq!(
+        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    drop(x2);
 }

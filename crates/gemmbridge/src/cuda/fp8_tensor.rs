@@ -77,12 +77,28 @@ impl Gpu {
         Ok((cc, v))
     }
 
+    /// Compiles gemmbridge's FP8 kernels now (NVRTC, tens of ms) rather than on the first
+    /// [`Gpu::quantize`], which a CUDA graph capture then may contain.
+    ///
+    /// # Errors
+    /// [`Error::Fp8`] when the GPU has no FP8 ([`Fp8Rule::ComputeCapability`]);
+    /// [`Error::LibraryNotFound`] without NVRTC; [`Error::Driver`].
+    pub fn prepare_fp8(&self) -> Result<()> {
+        let (cc, lt_version) = self.fp8_platform()?;
+        check_support(cc, lt_version, Scaling::Tensor)?;
+        self.device().bind()?;
+        self.lock().dev.kernels(self.context(), cc, self.stream().cu_stream()).map(|_| ())
+    }
+
     /// Quantises a `[rows, cols]` operand (`cols` = K) into `format` with `scaling`, on
     /// [`Gpu::stream`], with the rounding [`crate::fp8::quantize`] specifies (the GPU's result
     /// is the CPU's, bit for bit). `src` is contiguous: row-major `[rows, cols]` for
     /// [`Source::RowMajor`], `[cols, rows]` for [`Source::Transposed`] (a weight stored
     /// `[K, N]`), of f32, f16 or bf16. Enqueued, not waited for; the result is usable in
-    /// stream order. The first call compiles gemmbridge's kernels (NVRTC, tens of ms).
+    /// stream order. The first call compiles gemmbridge's kernels (NVRTC, tens of ms; or
+    /// [`Gpu::prepare_fp8`] first): a first call inside a graph capture is
+    /// [`Error::NotCapturable`]. The output's memory comes from the stream-ordered pool, so a
+    /// quantisation can be captured once the kernels exist.
     ///
     /// Cost (kernel passes over the source): tensor-wise 2 (amax, then cast, or fused
     /// cast-transpose), row-wise 1 (rows of up to 16384 columns; longer rows' rest is read
@@ -94,7 +110,8 @@ impl Gpu {
     /// `src` holds fewer than `rows · cols` elements; [`Error::Fp8`] for an empty operand
     /// ([`Fp8Rule::Empty`]) or a GPU / cuBLASLt that does not offer the scaling
     /// ([`Fp8Rule::ComputeCapability`], [`Fp8Rule::LibraryVersion`]);
-    /// [`Error::DimensionTooLarge`] past 2³¹ − 1 rows or columns. Later:
+    /// [`Error::DimensionTooLarge`] past 2³¹ − 1 rows or columns; [`Error::NotCapturable`]
+    /// (see above). Later:
     /// [`Error::LibraryNotFound`] without NVRTC, [`Error::Driver`].
     pub fn quantize<T: Element, S: DevicePtr<T>>(
         &self,
@@ -134,7 +151,7 @@ impl Gpu {
         let mut scales = s.alloc_zeros::<f32>(layout.scale_len()).map_err(status::driver("cuMemAllocAsync"))?;
         self.device().bind()?;
         let mut st = self.lock();
-        let kernels = st.dev.kernels(self.context(), cc)?;
+        let kernels = st.dev.kernels(self.context(), cc, s.cu_stream())?;
         let (x, _gx) = src.device_ptr(s);
         let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut data, s);
         let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut scales, s);

@@ -61,12 +61,24 @@ impl DeviceState {
     }
 
     /// gemmbridge's own kernels for `ctx`'s device (compute capability `cc`), compiled on
-    /// first use. The caller has bound `ctx`.
+    /// first use — never while `stream` is capturing. The caller has bound `ctx`.
     ///
     /// # Errors
-    /// As [`Kernels::compile`]; a failure is not cached (the next call tries again).
-    pub fn kernels(&mut self, ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<&Kernels> {
+    /// [`crate::Error::NotCapturable`] when they would be compiled during a capture; as
+    /// [`Kernels::compile`]; a failure is not cached (the next call tries again).
+    pub fn kernels(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        cc: (i32, i32),
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<&Kernels> {
         if self.kernels.is_none() {
+            if is_capturing(stream)? {
+                return Err(crate::Error::NotCapturable {
+                    action: "compile gemmbridge's kernels (NVRTC)",
+                    problem: "the first FP8 quantisation; call Gpu::prepare_fp8 before capturing".into(),
+                });
+            }
             self.kernels = Some(Kernels::compile(ctx, cc)?);
         }
         Ok(self.kernels.as_ref().expect("set above"))
