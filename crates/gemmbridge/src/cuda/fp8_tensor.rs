@@ -131,6 +131,19 @@ impl Gpu {
                 return Err(Error::DimensionTooLarge { what, value: v, max: MAX_DIM });
             }
         }
+        // the kernels' second grid dimension (at most 65535 CTAs) covers 64 rows per CTA for a
+        // transposed source and 128 for 128×128 blocks (`device/fp8_cast.rs`)
+        let rows_per_cta = match (source, scaling) {
+            (Source::Transposed, _) => Some(64),
+            (_, Scaling::Block128x128) => Some(128),
+            _ => None,
+        };
+        if let Some(per) = rows_per_cta {
+            let max = 65535 * per;
+            if rows > max {
+                return Err(Error::DimensionTooLarge { what: "rows of this quantisation's grid", value: rows, max });
+            }
+        }
         let elem_bytes = T::DTYPE.size_bytes();
         let need = rows * cols;
         if src.num_bytes() < need * elem_bytes {

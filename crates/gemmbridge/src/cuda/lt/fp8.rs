@@ -60,7 +60,7 @@ pub(crate) fn fp8_signature(k: &Fp8Key) -> String {
     )
 }
 
-fn fp8_type(f: Fp8Format) -> lt::cudaDataType {
+pub(super) fn fp8_type(f: Fp8Format) -> lt::cudaDataType {
     match f {
         Fp8Format::E4M3 => lt::cudaDataType::CUDA_R_8F_E4M3,
         Fp8Format::E5M2 => lt::cudaDataType::CUDA_R_8F_E5M2,

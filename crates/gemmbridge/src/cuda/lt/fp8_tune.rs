@@ -8,6 +8,8 @@
 //! class than with the 16-byte one, docs/PERFORMANCE.md). So the heuristic is also asked with
 //! 1 MiB and 4 MiB of workspace (PyTorch's limits) and with a 16-byte C/D class, and every
 //! algorithm cuBLASLt accepts for the real call (`cublasLtMatmulAlgoCheck`) is a candidate.
+//! Where that still leaves fewer than 8, the configuration search of [`super::search`] adds
+//! up to 48 (tiles, stages, split-K, swizzling of each FP8 algorithm id).
 
 use std::sync::Arc;
 
@@ -28,6 +30,11 @@ use crate::fp8::OutputKind;
 /// Workspace limits and C/D alignment classes of the neighbouring queries.
 const OTHER_WORKSPACES: [usize; 2] = [1 << 20, 4 << 20];
 const OTHER_ALIGN: u32 = 16;
+/// Below this many candidates, the configuration search adds up to `SEARCH_LIMIT` more (after
+/// at most `SEARCH_CHECKS` checks): row-wise and block scales get one from the heuristic.
+const SEARCH_BELOW: usize = 8;
+const SEARCH_LIMIT: usize = 48;
+const SEARCH_CHECKS: usize = 20_000;
 
 /// The heuristic's candidates for the job's key (within its workspace), then those of the
 /// neighbouring queries that cuBLASLt accepts for the key. Returns them and how many were
@@ -48,6 +55,24 @@ fn candidates(h: &super::sys::LtHandle, plan: &Fp8Plan, job: &Fp8TuneJob, n: usi
             }
             if let Some(need) = plan.check_algo(h, cand).filter(|&need| need <= ws) {
                 list.push(Algorithm { data: cand.data, workspace: need });
+            }
+        }
+    }
+    if list.len() < SEARCH_BELOW {
+        let types = super::search::Types {
+            compute: cudarc::cublaslt::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            scale: cudarc::cublaslt::sys::cudaDataType::CUDA_R_32F,
+            input: super::fp8::fp8_type(job.key.w.0),
+            input_b: super::fp8::fp8_type(job.key.x.0),
+            output: match job.key.out {
+                OutputKind::Dense(d) => super::sys::lt_dtype(d),
+                OutputKind::Fp8(f) => super::fp8::fp8_type(f),
+            },
+        };
+        let check = |c: &Algorithm| plan.check_algo(h, c);
+        for cand in super::search::search_algos(h, &types, &check, ws, SEARCH_LIMIT, SEARCH_CHECKS) {
+            if !list.iter().any(|c| c.data == cand.data) {
+                list.push(cand);
             }
         }
     }

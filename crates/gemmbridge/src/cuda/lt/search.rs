@@ -9,12 +9,13 @@ use lt::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
 use super::plan::{Algorithm, Plan, PlanKey};
 use super::sys::{lt_compute, lt_dtype, LtHandle};
 
-/// The types an algorithm id is queried and initialised with.
-struct Types {
-    compute: lt::cublasComputeType_t,
-    scale: lt::cudaDataType,
-    input: lt::cudaDataType,
-    output: lt::cudaDataType,
+/// The types an algorithm id is queried and initialised with (A, B, then C and D).
+pub(super) struct Types {
+    pub compute: lt::cublasComputeType_t,
+    pub scale: lt::cudaDataType,
+    pub input: lt::cudaDataType,
+    pub input_b: lt::cudaDataType,
+    pub output: lt::cudaDataType,
 }
 
 /// The algorithm ids cuBLASLt offers for `t` (`cublasLtMatmulAlgoGetIds`; none on failure).
@@ -28,7 +29,7 @@ fn algo_ids(h: &LtHandle, t: &Types) -> Vec<i32> {
             t.compute,
             t.scale,
             t.input,
-            t.input,
+            t.input_b,
             t.output,
             t.output,
             256,
@@ -48,7 +49,7 @@ fn init(h: &LtHandle, t: &Types, id: i32) -> Option<lt::cublasLtMatmulAlgo_t> {
     let mut base: lt::cublasLtMatmulAlgo_t = unsafe { std::mem::zeroed() };
     // SAFETY: out-pointer to a local; the handle is live.
     let s = unsafe {
-        lt::cublasLtMatmulAlgoInit(h.0, t.compute, t.scale, t.input, t.input, t.output, t.output, id, &mut base)
+        lt::cublasLtMatmulAlgoInit(h.0, t.compute, t.scale, t.input, t.input_b, t.output, t.output, id, &mut base)
     };
     (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(base)
 }
@@ -161,64 +162,77 @@ struct Budget {
 }
 
 impl Plan {
-    /// Configurations cuBLASLt offers for this plan's types beyond the heuristic's list: for
-    /// each algorithm id (`cublasLtMatmulAlgoGetIds`), its tiles × stages × custom options ×
-    /// split-K 1, 2, 4, 8 (where supported, with each supported reduction scheme) × CTA
-    /// swizzling, kept where `cublasLtMatmulAlgoCheck` accepts it for this plan with at most
-    /// `workspace` bytes. Cluster and inner shapes are left at the algorithm's default.
-    /// Bounded: each id in turn gets an equal share of what is left of `limit` accepted
-    /// configurations and of `checks` checks (each a host call of a few µs), so what one id
-    /// leaves unused goes to the next. Meant for tiny problems, where the heuristic offers few
-    /// candidates and a kernel's launch overhead is its run time.
+    /// Configurations cuBLASLt offers for this plan's types beyond the heuristic's list
+    /// ([`search_algos`], with `cublasLtMatmulAlgoCheck` against this plan). Meant for tiny
+    /// problems, where the heuristic offers few candidates and a kernel's launch overhead is
+    /// its run time.
     pub fn search(&self, h: &LtHandle, key: &PlanKey, workspace: usize, limit: usize, checks: usize) -> Vec<Algorithm> {
         let p = key.precision;
         let types = Types {
             compute: lt_compute(p.compute()),
             scale: lt::cudaDataType::CUDA_R_32F,
             input: lt_dtype(p.input()),
+            input_b: lt_dtype(p.input()),
             output: lt_dtype(p.output()),
         };
-        let ids = algo_ids(h, &types);
-        let (mut found, mut checks_used) = (Vec::new(), 0usize);
-        for (i, &id) in ids.iter().enumerate() {
-            let left = ids.len() - i;
-            let budget =
-                Budget { accept: (limit - found.len()).div_ceil(left), checks: (checks - checks_used).div_ceil(left) };
-            let Some(base) = init(h, &types, id) else { continue };
-            match self.search_id(h, &base, workspace, limit, &budget, &mut found) {
-                Some(checked) => checks_used += checked,
-                None => return found,
-            }
-        }
-        found
+        search_algos(h, &types, &|c| self.check_algo(h, c), workspace, limit, checks)
     }
+}
 
-    /// Adds to `found` the accepted configurations of one id within `budget`; returns the
-    /// checks made, or `None` once `found` holds `limit`.
-    fn search_id(
-        &self,
-        h: &LtHandle,
-        base: &lt::cublasLtMatmulAlgo_t,
-        workspace: usize,
-        limit: usize,
-        budget: &Budget,
-        found: &mut Vec<Algorithm>,
-    ) -> Option<usize> {
-        let (found_before, mut checked) = (found.len(), 0usize);
-        for settings in Caps::of(base).configs() {
-            if found.len() >= limit {
-                return None;
-            }
-            if checked >= budget.checks || found.len() - found_before >= budget.accept {
-                return Some(checked);
-            }
-            let Some(algo) = configured(base, &settings) else { continue };
-            checked += 1;
-            let cand = Algorithm { data: algo.data, workspace: 0 };
-            if let Some(need) = self.check_algo(h, &cand).filter(|&need| need <= workspace) {
-                found.push(Algorithm { data: algo.data, workspace: need });
-            }
+/// Configurations cuBLASLt offers for `types`: for each algorithm id
+/// (`cublasLtMatmulAlgoGetIds`), its tiles × stages × custom options × split-K 1, 2, 4, 8
+/// (where supported, with each supported reduction scheme) × CTA swizzling, kept where `check`
+/// (`cublasLtMatmulAlgoCheck` for the caller's plan) accepts it with at most `workspace` bytes.
+/// Cluster and inner shapes are left at the algorithm's default. Bounded: each id in turn gets
+/// an equal share of what is left of `limit` accepted configurations and of `checks` checks
+/// (each a host call of a few µs), so what one id leaves unused goes to the next.
+pub(super) fn search_algos(
+    h: &LtHandle,
+    types: &Types,
+    check: &dyn Fn(&Algorithm) -> Option<usize>,
+    workspace: usize,
+    limit: usize,
+    checks: usize,
+) -> Vec<Algorithm> {
+    let ids = algo_ids(h, types);
+    let (mut found, mut checks_used) = (Vec::new(), 0usize);
+    for (i, &id) in ids.iter().enumerate() {
+        let left = ids.len() - i;
+        let budget =
+            Budget { accept: (limit - found.len()).div_ceil(left), checks: (checks - checks_used).div_ceil(left) };
+        let Some(base) = init(h, types, id) else { continue };
+        match search_id(check, &base, workspace, limit, &budget, &mut found) {
+            Some(checked) => checks_used += checked,
+            None => return found,
         }
-        Some(checked)
     }
+    found
+}
+
+/// Adds to `found` the accepted configurations of one id within `budget`; returns the checks
+/// made, or `None` once `found` holds `limit`.
+fn search_id(
+    check: &dyn Fn(&Algorithm) -> Option<usize>,
+    base: &lt::cublasLtMatmulAlgo_t,
+    workspace: usize,
+    limit: usize,
+    budget: &Budget,
+    found: &mut Vec<Algorithm>,
+) -> Option<usize> {
+    let (found_before, mut checked) = (found.len(), 0usize);
+    for settings in Caps::of(base).configs() {
+        if found.len() >= limit {
+            return None;
+        }
+        if checked >= budget.checks || found.len() - found_before >= budget.accept {
+            return Some(checked);
+        }
+        let Some(algo) = configured(base, &settings) else { continue };
+        checked += 1;
+        let cand = Algorithm { data: algo.data, workspace: 0 };
+        if let Some(need) = check(&cand).filter(|&need| need <= workspace) {
+            found.push(Algorithm { data: algo.data, workspace: need });
+        }
+    }
+    Some(checked)
 }
