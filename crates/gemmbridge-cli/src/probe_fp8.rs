@@ -40,7 +40,7 @@ fn check(gpu: &Gpu, name: &str, wf: Fp8Format) -> Result<(f64, f64, f64), Error>
     let mut y: CudaSlice<half::bf16> = s.clone_htod(&vec![half::bf16::NAN; M * N]).expect("upload");
     gpu.fp8_gemm(&x, &w, &mut y, None, Fp8Options::default())?;
     let got: Vec<f64> = s.clone_dtoh(&y).expect("download").iter().map(|v| v.to_f64()).collect();
-    let deq = product(&dequantize(&x.to_host()?), &dequantize(&w.to_host()?), (M, N, K));
+    let deq = product(&dequantize(&x.to_host()?)?, &dequantize(&w.to_host()?)?, (M, N, K));
     let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
     let exact = product(&wide(&xh), &wide(&wh), (M, N, K));
     let big = 8192;

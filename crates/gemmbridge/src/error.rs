@@ -21,6 +21,10 @@ pub enum Which {
     Bias,
     /// The epilogue's aux matrix `[m, n]`.
     Aux,
+    /// The high-precision source of an FP8 quantisation.
+    Source,
+    /// An FP8 output's D scale or amax (one f32 each).
+    Scale,
 }
 
 impl std::fmt::Display for Which {
@@ -31,6 +35,8 @@ impl std::fmt::Display for Which {
             Which::C => "C",
             Which::Bias => "bias",
             Which::Aux => "aux",
+            Which::Source => "quantisation source",
+            Which::Scale => "FP8 output scale/amax",
         })
     }
 }

@@ -12,11 +12,8 @@ use crate::row::Row;
 use crate::suites::Shape;
 use crate::timing;
 
-/// The recipes the benchmark times, as bench/peer.py names them.
-pub const SCALINGS: [&str; 3] = ["tensorwise", "rowwise", "block"];
-
-/// Every recipe name gemmbridge runs (the benchmark's three, and the other block pairings),
-/// with its (x, w) scalings.
+/// Every recipe name gemmbridge runs (as bench/peer.py names them: the benchmark's default
+/// three, then the other block pairings), with its (x, w) scalings.
 pub const RECIPES: [(&str, (Scaling, Scaling)); 5] = [
     ("tensorwise", (Scaling::Tensor, Scaling::Tensor)),
     ("rowwise", (Scaling::Row, Scaling::Row)),
@@ -46,7 +43,8 @@ pub fn parse_scalings(list: &str) -> anyhow::Result<Vec<String>> {
         }
     }
     if out.is_empty() {
-        bail!("no scaling to run: give --scalings with at least one of {}", SCALINGS.join(", "));
+        let names: Vec<&str> = RECIPES.iter().map(|(n, _)| *n).collect();
+        bail!("no scaling to run: give --scalings with at least one of {}", names.join(", "));
     }
     Ok(out)
 }
@@ -69,7 +67,15 @@ fn operands(
     Ok(out)
 }
 
-/// One row per recipe in `scalings` for `shape`.
+/// Whether `e` says the GPU or the loaded cuBLASLt does not offer a recipe (the benchmark
+/// then skips it with a note rather than stopping).
+pub fn not_offered(e: &gemmbridge::Error) -> bool {
+    use gemmbridge::fp8::Fp8Rule;
+    matches!(e, gemmbridge::Error::Fp8 { rule: Fp8Rule::ComputeCapability | Fp8Rule::LibraryVersion, .. })
+}
+
+/// One row per recipe in `scalings` for `shape` (recipes this GPU does not offer are skipped
+/// with a note).
 pub fn bench(
     gpu: &Gpu,
     pools: &mut Pools,
@@ -84,6 +90,14 @@ pub fn bench(
     let mut out = Vec::new();
     for name in scalings {
         let (xs, ws) = recipe(name)?;
+        if let Err(e) =
+            gpu.quantize(&gpu.stream().alloc_zeros::<half::bf16>(1)?, 1, 1, Source::RowMajor, Fp8Format::E4M3, xs)
+        {
+            if not_offered(&e) {
+                eprintln!("note: {name} skipped: {e}");
+                continue;
+            }
+        }
         let x = operands(gpu, pools, m, k, xs, count)?;
         let w = operands(gpu, pools, n, k, ws, count)?;
         let mut i = 0;

@@ -192,7 +192,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
                 with_fp8 = false;
             }
-            if ops.is_empty() || dtypes.is_empty() {
+            if dtypes.is_empty() {
+                bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
+            }
+            if ops.is_empty() {
                 bail!("nothing to run on the CPU backend: it runs only the matmul and linear ops");
             }
             None

@@ -196,7 +196,7 @@ impl Fp8Call<'_> {
             check_extent(Which::Bias, addr, len, n, d)?;
         }
         for (addr, len) in [self.d_scale, self.amax].into_iter().flatten() {
-            check_extent(Which::Bias, addr, len, 1, DType::F32)?;
+            check_extent(Which::Scale, addr, len, 1, DType::F32)?;
         }
         Ok(())
     }
@@ -215,7 +215,8 @@ impl Gpu {
     /// # Errors
     /// Before anything is enqueued: [`Error::Fp8`] (the rule broken, with the values),
     /// [`Error::BufferTooSmall`] / [`Error::Misaligned`] for `y` or the bias,
-    /// [`Error::WrongContext`], [`Error::LibraryNotFound`] without cuBLASLt. From the launch:
+    /// [`Error::WrongContext`] (an operand, `y` or the bias from another context),
+    /// [`Error::LibraryNotFound`] without cuBLASLt. From the launch:
     /// [`Error::Cublas`], [`Error::NotCapturable`], [`Error::Driver`].
     pub fn fp8_gemm<O: Element, Y: DevicePtrMut<O>>(
         &self,
@@ -226,6 +227,8 @@ impl Gpu {
         opts: Fp8Options,
     ) -> Result<()> {
         let ctx = self.context();
+        same_context(Which::A, x.data.stream(), ctx)?;
+        same_context(Which::B, w.data.stream(), ctx)?;
         same_context(Which::C, y.stream(), ctx)?;
         if let Some(b) = bias {
             same_context(Which::Bias, b.stream(), ctx)?;
@@ -269,9 +272,11 @@ impl Gpu {
             ));
         }
         let ctx = self.context();
+        same_context(Which::A, x.data.stream(), ctx)?;
+        same_context(Which::B, w.data.stream(), ctx)?;
         same_context(Which::C, y.stream(), ctx)?;
-        same_context(Which::Bias, out.d_scale.stream(), ctx)?;
-        same_context(Which::Bias, out.amax.stream(), ctx)?;
+        same_context(Which::Scale, out.d_scale.stream(), ctx)?;
+        same_context(Which::Scale, out.amax.stream(), ctx)?;
         if let Some(b) = bias {
             same_context(Which::Bias, b.stream(), ctx)?;
         }

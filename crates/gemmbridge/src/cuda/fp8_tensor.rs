@@ -10,8 +10,7 @@ use super::gpu::Gpu;
 use super::{library, status};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
-use crate::fp8::{check_support, Fp8Format, Fp8Layout, Fp8Rule, Quantized, Scaling, Source};
-use crate::problem::MAX_DIM;
+use crate::fp8::{check_dims, check_support, Fp8Format, Fp8Layout, Quantized, Scaling, Source};
 
 /// An FP8 operand on the GPU: data row-major `[rows_alloc, ld]` bytes and f32 scales, in the
 /// layouts [`Fp8Layout`] documents (zeros in the padding). Made by [`Gpu::quantize`]; used by
@@ -64,10 +63,6 @@ impl Fp8Tensor {
     }
 }
 
-fn fp8_error(rule: Fp8Rule, detail: String) -> Error {
-    Error::Fp8 { rule, detail }
-}
-
 impl Gpu {
     /// The GPU's compute capability and the loaded cuBLASLt's version (0 without cuBLASLt).
     pub(crate) fn fp8_platform(&self) -> Result<((i32, i32), usize)> {
@@ -77,11 +72,21 @@ impl Gpu {
         Ok((cc, v))
     }
 
+    /// Whether this GPU and the loaded cuBLASLt offer FP8 with `scaling` ([`check_support`]).
+    ///
+    /// # Errors
+    /// [`Error::Fp8`] with [`crate::fp8::Fp8Rule::ComputeCapability`] or
+    /// [`crate::fp8::Fp8Rule::LibraryVersion`]; [`Error::Driver`].
+    pub fn check_fp8(&self, scaling: Scaling) -> Result<()> {
+        let (cc, lt_version) = self.fp8_platform()?;
+        check_support(cc, lt_version, scaling)
+    }
+
     /// Compiles gemmbridge's FP8 kernels now (NVRTC, tens of ms) rather than on the first
     /// [`Gpu::quantize`], which a CUDA graph capture then may contain.
     ///
     /// # Errors
-    /// [`Error::Fp8`] when the GPU has no FP8 ([`Fp8Rule::ComputeCapability`]);
+    /// [`Error::Fp8`] when the GPU has no FP8 ([`crate::fp8::Fp8Rule::ComputeCapability`]);
     /// [`Error::LibraryNotFound`] without NVRTC; [`Error::Driver`].
     pub fn prepare_fp8(&self) -> Result<()> {
         let (cc, lt_version) = self.fp8_platform()?;
@@ -108,9 +113,10 @@ impl Gpu {
     /// # Errors
     /// Before anything is enqueued: [`Error::WrongContext`]; [`Error::BufferTooSmall`] when
     /// `src` holds fewer than `rows · cols` elements; [`Error::Fp8`] for an empty operand
-    /// ([`Fp8Rule::Empty`]) or a GPU / cuBLASLt that does not offer the scaling
-    /// ([`Fp8Rule::ComputeCapability`], [`Fp8Rule::LibraryVersion`]);
-    /// [`Error::DimensionTooLarge`] past 2³¹ − 1 rows or columns; [`Error::NotCapturable`]
+    /// ([`crate::fp8::Fp8Rule::Empty`]) or a GPU / cuBLASLt that does not offer the scaling
+    /// ([`crate::fp8::Fp8Rule::ComputeCapability`], [`crate::fp8::Fp8Rule::LibraryVersion`]);
+    /// [`Error::DimensionTooLarge`] past [`crate::fp8::MAX_ROWS`] rows or columns (or 65535 ·
+    /// 64 rows of a transposed source, 65535 · 128 with 128×128 blocks); [`Error::NotCapturable`]
     /// (see above). Later:
     /// [`Error::LibraryNotFound`] without NVRTC, [`Error::Driver`].
     pub fn quantize<T: Element, S: DevicePtr<T>>(
@@ -122,15 +128,8 @@ impl Gpu {
         format: Fp8Format,
         scaling: Scaling,
     ) -> Result<Fp8Tensor> {
-        same_context(Which::A, src.stream(), self.context())?;
-        if rows == 0 || cols == 0 {
-            return Err(fp8_error(Fp8Rule::Empty, format!("a [{rows}, {cols}] operand")));
-        }
-        for (what, v) in [("rows", rows), ("cols", cols)] {
-            if v > MAX_DIM {
-                return Err(Error::DimensionTooLarge { what, value: v, max: MAX_DIM });
-            }
-        }
+        same_context(Which::Source, src.stream(), self.context())?;
+        check_dims(rows, cols)?;
         // the kernels' second grid dimension (at most 65535 CTAs) covers 64 rows per CTA for a
         // transposed source and 128 for 128×128 blocks (`device/fp8_cast.rs`)
         let rows_per_cta = match (source, scaling) {
@@ -148,7 +147,7 @@ impl Gpu {
         let need = rows * cols;
         if src.num_bytes() < need * elem_bytes {
             return Err(Error::BufferTooSmall {
-                operand: Which::A,
+                operand: Which::Source,
                 len_bytes: src.num_bytes(),
                 needed_bytes: need * elem_bytes,
                 needed_elems: need,

@@ -178,6 +178,8 @@ impl Gpu {
         opts: Fp8Options,
         tune: TuneOptions,
     ) -> Result<(TuneReport, String, Tactic)> {
+        same_context(crate::Which::A, x.data.stream(), self.context())?;
+        same_context(crate::Which::B, w.data.stream(), self.context())?;
         same_context(crate::Which::C, y.stream(), self.context())?;
         let s = self.stream();
         let y_len = y.num_bytes();

@@ -145,13 +145,32 @@ pub struct Fp8Layout {
     pub scaling: Scaling,
 }
 
+/// The most rows or columns an FP8 operand may have: 2³¹ − 16, so that its rows and leading
+/// dimension rounded up to 16 still fit cuBLASLt's 32-bit `int` (and a kernel grid).
+pub const MAX_ROWS: usize = (i32::MAX as usize) & !15;
+
+/// [`Fp8Rule::Empty`] for no rows or columns, [`Error::DimensionTooLarge`] past [`MAX_ROWS`].
+pub(crate) fn check_dims(rows: usize, cols: usize) -> crate::error::Result<()> {
+    if rows == 0 || cols == 0 {
+        return Err(crate::error::Error::Fp8 { rule: Fp8Rule::Empty, detail: format!("a [{rows}, {cols}] operand") });
+    }
+    for (what, v) in [("rows of an FP8 operand", rows), ("columns (K) of an FP8 operand", cols)] {
+        if v > MAX_ROWS {
+            return Err(crate::error::Error::DimensionTooLarge { what, value: v, max: MAX_ROWS });
+        }
+    }
+    Ok(())
+}
+
 /// `x` rounded up to a multiple of `m`.
 pub(crate) fn round_up(x: usize, m: usize) -> usize {
     x.div_ceil(m) * m
 }
 
 impl Fp8Layout {
-    /// The layout of a `[rows, cols]` operand with `scaling`.
+    /// The layout of a `[rows, cols]` operand with `scaling`. Sizes up to [`MAX_ROWS`] (what
+    /// [`quantize`] and [`crate::cuda::Gpu::quantize`] accept); the size methods overflow
+    /// beyond.
     pub fn new(rows: usize, cols: usize, scaling: Scaling) -> Fp8Layout {
         Fp8Layout { rows, rows_alloc: round_up(rows, 16), cols, ld: round_up(cols, 16), scaling }
     }

@@ -4,7 +4,9 @@
 //! For each group (see [`Scaling::group`]) with largest magnitude `amax` (NaNs ignored, as
 //! `fmaxf` does):
 //! - the stored scale is `s = amax / fmax` and the quantisation multiplier `inv = fmax / amax`
-//!   (both one correctly rounded f32 division; `s = inv = 1` for an all-zero group), with
+//!   (both one correctly rounded f32 division; `s = inv = 1` for an all-zero group; where
+//!   the division overflows, for groups below `fmax / f32::MAX`, `inv = f32::MAX` and
+//!   `s = 1 / f32::MAX`), with
 //!   `fmax` = 448 (E4M3) or 57344 (E5M2);
 //! - each element becomes `q = fp8(x · inv)` (one f32 multiplication), rounded to nearest-even
 //!   and saturated to ±fmax (CUDA's `cvt.rn.satfinite`; NaN becomes the NaN `0x7F`, ±∞
@@ -60,7 +62,15 @@ pub(crate) fn scale_of(amax: f32, format: Fp8Format) -> (f32, f32) {
     if amax == 0.0 {
         (1.0, 1.0)
     } else {
-        (amax / format.max(), format.max() / amax)
+        let inv = format.max() / amax;
+        if inv == f32::INFINITY {
+            // a group so small that fmax / amax overflows (amax < fmax / f32::MAX): the largest
+            // finite multiplier still maps it inside ±fmax (its zeros stay zeros), and the
+            // scale is its reciprocal, as Transformer Engine does
+            (1.0 / f32::MAX, f32::MAX)
+        } else {
+            (amax / format.max(), inv)
+        }
     }
 }
 
@@ -68,6 +78,8 @@ pub(crate) fn scale_of(amax: f32, format: Fp8Format) -> (f32, f32) {
 /// `[cols, rows]` row-major for [`Source::Transposed`]) into `format` with `scaling`.
 ///
 /// # Errors
+/// [`Error::Fp8`] ([`super::Fp8Rule::Empty`]) for no rows or columns;
+/// [`Error::DimensionTooLarge`] past [`super::MAX_ROWS`] rows or columns;
 /// [`Error::BufferTooSmall`] when `src` holds fewer than `rows · cols` elements.
 pub fn quantize<T: Element>(
     src: &[T],
@@ -77,11 +89,12 @@ pub fn quantize<T: Element>(
     format: Fp8Format,
     scaling: Scaling,
 ) -> Result<Quantized> {
-    let need = rows * cols;
+    super::check_dims(rows, cols)?;
+    let need = rows * cols; // < 2⁶² after check_dims
     if src.len() < need {
         let elem_bytes = T::DTYPE.size_bytes();
         return Err(Error::BufferTooSmall {
-            operand: Which::A,
+            operand: Which::Source,
             len_bytes: src.len() * elem_bytes,
             needed_bytes: need * elem_bytes,
             needed_elems: need,
@@ -122,8 +135,24 @@ pub fn quantize<T: Element>(
 }
 
 /// The dequantised operand `[rows, cols]` row-major: `q · s` per element, in f64.
-pub fn dequantize(q: &Quantized) -> Vec<f64> {
+///
+/// # Errors
+/// [`Error::BufferTooSmall`] when `data` or `scales` is shorter than the layout says
+/// (a hand-built [`Quantized`]); [`Error::DimensionTooLarge`] as [`quantize`].
+pub fn dequantize(q: &Quantized) -> Result<Vec<f64>> {
     let l = &q.layout;
+    super::check_dims(l.rows, l.cols)?;
+    for (len, need, elem_bytes) in [(q.data.len(), l.data_len(), 1), (q.scales.len(), l.scale_len(), 4)] {
+        if len < need {
+            return Err(Error::BufferTooSmall {
+                operand: Which::Source,
+                len_bytes: len * elem_bytes,
+                needed_bytes: need * elem_bytes,
+                needed_elems: need,
+                elem_bytes,
+            });
+        }
+    }
     let mut out = vec![0.0f64; l.rows * l.cols];
     for r in 0..l.rows {
         for c in 0..l.cols {
@@ -131,7 +160,7 @@ pub fn dequantize(q: &Quantized) -> Vec<f64> {
             out[r * l.cols + c] = v * q.scales[l.scale_index(r, c)] as f64;
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -162,7 +191,7 @@ mod tests {
         for scaling in [Scaling::Tensor, Scaling::Row, Scaling::Block1x128, Scaling::Block128x128] {
             for f in [Fp8Format::E4M3, Fp8Format::E5M2] {
                 let q = quantize(&src, rows, cols, Source::RowMajor, f, scaling).unwrap();
-                let back = dequantize(&q);
+                let back = dequantize(&q).unwrap();
                 // relative step of the format: 2^-3 (E4M3), 2^-2 (E5M2); half of it per element
                 let tol = if f == Fp8Format::E4M3 { 1.0 / 16.0 } else { 1.0 / 8.0 };
                 for (i, (&x, &y)) in src.iter().zip(&back).enumerate() {
@@ -202,5 +231,26 @@ mod tests {
         assert!(q.data.iter().all(|&b| b == 0));
         let e = quantize(&src[..10], 4, 20, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap_err();
         assert!(matches!(e, Error::BufferTooSmall { .. }));
+        // sizes are checked before any arithmetic on them
+        let e = quantize::<f32>(&[], 1 << 33, 1 << 31, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor).unwrap_err();
+        assert!(matches!(e, Error::DimensionTooLarge { .. }), "{e}");
+        let e = quantize::<f32>(&[], 0, 5, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap_err();
+        assert!(matches!(e, Error::Fp8 { rule: super::super::Fp8Rule::Empty, .. }), "{e}");
+        let mut short = q.clone();
+        short.scales.truncate(3);
+        assert!(matches!(dequantize(&short), Err(Error::BufferTooSmall { .. })));
+    }
+
+    #[test]
+    fn tiny_groups_stay_finite() {
+        // fmax / amax overflows f32 below amax ≈ 1.3e-36 (E4M3): the multiplier is f32::MAX
+        let src = [1e-37f32, 0.0, -5e-38, 0.0];
+        for f in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            let q = quantize(&src, 1, 4, Source::RowMajor, f, Scaling::Tensor).unwrap();
+            let back = dequantize(&q).unwrap();
+            assert!(back.iter().all(|v| v.is_finite()), "{f}: {back:?}");
+            assert_eq!((back[1], back[3]), (0.0, 0.0));
+            assert!((back[0] - 1e-37).abs() <= 0.13 * 1e-37 && back[2] < 0.0, "{f}: {back:?}");
+        }
     }
 }

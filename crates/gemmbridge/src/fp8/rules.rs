@@ -135,11 +135,20 @@ pub fn check_pair(
         }
         _ => {}
     }
-    if let (OutputKind::Dense(DType::F32), Some(b)) = (out, bias) {
-        return Err(broken(
-            Fp8Rule::Bias,
-            format!("an f32 output with a {b} bias is not offered; add the bias separately"),
-        ));
+    match (out, bias) {
+        (OutputKind::Dense(DType::F32), Some(b)) => {
+            return Err(broken(
+                Fp8Rule::Bias,
+                format!("an f32 output with an {b} bias is not offered; add the bias separately"),
+            ))
+        }
+        (OutputKind::Dense(d), Some(b)) if b != d => {
+            return Err(broken(Fp8Rule::Bias, format!("a {d} output takes a {d} bias, not {b}")))
+        }
+        (OutputKind::Fp8(_), Some(b)) if b != DType::BF16 => {
+            return Err(broken(Fp8Rule::Bias, format!("an FP8 output takes a bf16 bias, not {b}")))
+        }
+        _ => {}
     }
     if fast_accum && blocks {
         return Err(broken(Fp8Rule::FastAccum, format!("fast accumulation with {}·{} block scales", x.1, w.1)));
@@ -214,6 +223,10 @@ mod tests {
         assert!(check_pair((E4M3, Row), (E4M3, Row), bf16, Some(DType::BF16), true).is_ok());
         let f32_out = OutputKind::Dense(DType::F32);
         assert_eq!(rule(check_pair((E4M3, Tensor), (E4M3, Tensor), f32_out, Some(DType::F32), false)), Fp8Rule::Bias);
+        assert_eq!(rule(check_pair((E4M3, Row), (E4M3, Row), bf16, Some(DType::F16), false)), Fp8Rule::Bias);
+        let e4m3_out = OutputKind::Fp8(E4M3);
+        assert!(check_pair((E4M3, Tensor), (E4M3, Tensor), e4m3_out, Some(DType::BF16), false).is_ok());
+        assert_eq!(rule(check_pair((E4M3, Tensor), (E4M3, Tensor), e4m3_out, Some(DType::F32), false)), Fp8Rule::Bias);
     }
 
     #[test]

@@ -152,7 +152,12 @@ pub(crate) unsafe fn enqueue_cast(k: &Kernels, job: &CastJob, stream: CUstream) 
             let groups = (l.rows_alloc * l.k_blocks()) as u64;
             // 128 / E lanes per group, E = 16 / element size (kernels/fp8.cu, `Chunk`)
             let per_cta = u64::from(THREADS) * (16 / job.dtype.size_bytes()) as u64 / 128;
-            let grid = (groups.div_ceil(per_cta) as u32, 1, 1);
+            let ctas = u32::try_from(groups.div_ceil(per_cta)).map_err(|_| crate::error::Error::DimensionTooLarge {
+                what: "1×128 groups of an FP8 quantisation",
+                value: groups as usize,
+                max: u32::MAX as usize,
+            })?;
+            let grid = (ctas, 1, 1);
             // SAFETY: cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2); 128 / E lanes per group.
             unsafe {
                 k.launch(

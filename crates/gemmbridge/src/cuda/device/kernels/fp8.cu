@@ -2,7 +2,8 @@
 // plain transpose. Compiled at run time with NVRTC for the device's architecture (sm_89+:
 // the cvt.rn.satfinite FP8 instructions). The rounding they implement is specified, and
 // tested bit for bit, by src/fp8/quant.rs:
-//   group scale s = amax / fmax, multiplier inv = fmax / amax (1 and 1 for amax == 0),
+//   group scale s = amax / fmax, multiplier inv = fmax / amax (1 and 1 for amax == 0; inv
+//   = FLT_MAX and s = 1 / FLT_MAX where the division overflows),
 //   q = cvt.rn.satfinite(x * inv): round to nearest even, saturate to +-fmax, NaN stays NaN.
 // Operands are row-major [rows, cols] sources written into [rows_alloc, ld] FP8 buffers whose
 // padding (rows >= rows, cols >= cols) is written as zeros.
@@ -68,6 +69,12 @@ __device__ __forceinline__ void scale_of(float amax, float fmax, float* s, float
     } else {
         *s = __fdiv_rn(amax, fmax);
         *inv = __fdiv_rn(fmax, amax);
+        // a group below fmax / FLT_MAX: the largest finite multiplier (zeros stay zeros), and
+        // its reciprocal as the scale
+        if (*inv == __int_as_float(0x7f800000)) {
+            *inv = __int_as_float(0x7f7fffff);
+            *s = __fdiv_rn(1.0f, *inv);
+        }
     }
 }
 
