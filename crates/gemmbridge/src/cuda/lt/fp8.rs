@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use cudarc::cublaslt::sys as lt;
 
 use super::plan::Algorithm;
-use super::sys::{check, lt_dtype, Desc, DescAttr as A, Layout, LtHandle, Pref};
+use super::sys::{algo_check, check, heuristic, lt_dtype, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
 use crate::dtype::{Compute, DType};
 use crate::error::{Error, Result};
@@ -174,32 +174,9 @@ impl Fp8Plan {
         let c = Layout::plain(c_type, n, m, key.n as i64)?;
         let d = Layout::plain(d_type, n, m, key.n as i64)?;
         let pref = Pref::new(key.workspace, [256, 256, key.align])?;
-        let want = candidates.clamp(1, 32);
-        // SAFETY: zeroed heuristic results are valid plain data.
-        let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; want];
-        let mut found = 0;
-        // SAFETY: every descriptor is live; results has `want` slots.
-        check(
-            unsafe {
-                lt::cublasLtMatmulAlgoGetHeuristic(
-                    h.0,
-                    desc.0,
-                    a.0,
-                    b.0,
-                    c.0,
-                    d.0,
-                    pref.0,
-                    want as i32,
-                    results.as_mut_ptr(),
-                    &mut found,
-                )
-            },
-            "cublasLtMatmulAlgoGetHeuristic",
-        )?;
-        let list: Vec<Algorithm> = results[..found.max(0) as usize]
-            .iter()
-            .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-            .map(|r| Algorithm { data: r.algo.data, workspace: r.workspaceSize })
+        let list: Vec<Algorithm> = heuristic(h, &desc, [&a, &b, &c, &d], &pref, candidates)?
+            .into_iter()
+            .map(|(data, workspace)| Algorithm { data, workspace })
             .collect();
         let Some(&best) = list.first() else {
             return Err(Error::Cublas {
@@ -214,13 +191,7 @@ impl Fp8Plan {
 
     /// Whether `algo` is valid for this plan (cublasLtMatmulAlgoCheck), and its workspace.
     pub fn check_algo(&self, h: &LtHandle, algo: &Algorithm) -> Option<usize> {
-        let a = lt::cublasLtMatmulAlgo_t { data: algo.data };
-        // SAFETY: zeroed heuristic result is valid plain data; descriptors are live.
-        let mut r: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
-        let s = unsafe {
-            lt::cublasLtMatmulAlgoCheck(h.0, self.desc.0, self.a.0, self.b.0, self.c.0, self.d.0, &a, &mut r)
-        };
-        (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(r.workspaceSize)
+        algo_check(h, &self.desc, [&self.a, &self.b, &self.c, &self.d], algo.data)
     }
 
     /// Enqueues the GEMM with `algo` on `stream`.

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::sys as lt;
 
-use super::sys::{check, lt_dtype, lt_op, Desc, DescAttr as A, Layout, LtHandle, Pref};
+use super::sys::{algo_check, check, heuristic, lt_dtype, lt_op, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
 use crate::cuda::tactics::m_bucket;
 use crate::epilogue::{AuxUse, Epilogue, VectorUse};
@@ -182,33 +182,9 @@ impl Plan {
         let desc = descriptor(key)?;
         let [a, b, c] = layouts(key)?;
         let pref = Pref::new(key.workspace, [key.align[0], key.align[1], key.align[2]])?;
-        let want = candidates.clamp(1, 32);
-        // SAFETY: cublasLtMatmulHeuristicResult_t is plain data; zeroed is a valid value.
-        let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; want];
-        let mut found = 0;
-        // SAFETY: every descriptor is live; results has `want` slots.
-        check(
-            unsafe {
-                lt::cublasLtMatmulAlgoGetHeuristic(
-                    h.0,
-                    desc.0,
-                    a.0,
-                    b.0,
-                    c.0,
-                    c.0,
-                    pref.0,
-                    want as i32,
-                    results.as_mut_ptr(),
-                    &mut found,
-                )
-            },
-            "cublasLtMatmulAlgoGetHeuristic",
-        )?;
-        let ok = |r: &lt::cublasLtMatmulHeuristicResult_t| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
-        let list: Vec<Algorithm> = results[..found.max(0) as usize]
-            .iter()
-            .filter(|r| ok(r))
-            .map(|r| Algorithm { data: r.algo.data, workspace: r.workspaceSize })
+        let list: Vec<Algorithm> = heuristic(h, &desc, [&a, &b, &c, &c], &pref, candidates)?
+            .into_iter()
+            .map(|(data, workspace)| Algorithm { data, workspace })
             .collect();
         let Some(&best) = list.first() else {
             return Err(Error::Cublas {
@@ -222,13 +198,7 @@ impl Plan {
 
     /// Whether `algo` is valid for this plan (cublasLtMatmulAlgoCheck), and its workspace.
     pub fn check_algo(&self, h: &LtHandle, algo: &Algorithm) -> Option<usize> {
-        let a = lt::cublasLtMatmulAlgo_t { data: algo.data };
-        // SAFETY: zeroed heuristic result is valid plain data; descriptors are live.
-        let mut r: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
-        let s = unsafe {
-            lt::cublasLtMatmulAlgoCheck(h.0, self.desc.0, self.a.0, self.b.0, self.c.0, self.c.0, &a, &mut r)
-        };
-        (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(r.workspaceSize)
+        algo_check(h, &self.desc, [&self.a, &self.b, &self.c, &self.c], algo.data)
     }
 
     /// Enqueues `D = epilogue(α·opa(A)·opb(B) + β·C)` with C = D in place, with `algo` and

@@ -152,6 +152,58 @@ impl Pref {
     }
 }
 
+/// cuBLASLt's heuristic for one matmul (`cublasLtMatmulAlgoGetHeuristic`): up to `want`
+/// (clamped to 1..=32) algorithms it marks usable, best first, as (opaque data, workspace
+/// bytes). Layouts in the order A, B, C, D.
+///
+/// # Errors
+/// [`Error::Cublas`] naming the status.
+pub(crate) fn heuristic(
+    h: &LtHandle,
+    desc: &Desc,
+    [a, b, c, d]: [&Layout; 4],
+    pref: &Pref,
+    want: usize,
+) -> Result<Vec<([u64; 8], usize)>> {
+    let want = want.clamp(1, 32);
+    // SAFETY: cublasLtMatmulHeuristicResult_t is plain data; zeroed is a valid value.
+    let mut results: Vec<lt::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; want];
+    let mut found = 0;
+    // SAFETY: every descriptor is live; results has `want` slots.
+    check(
+        unsafe {
+            lt::cublasLtMatmulAlgoGetHeuristic(
+                h.0,
+                desc.0,
+                a.0,
+                b.0,
+                c.0,
+                d.0,
+                pref.0,
+                want as i32,
+                results.as_mut_ptr(),
+                &mut found,
+            )
+        },
+        "cublasLtMatmulAlgoGetHeuristic",
+    )?;
+    Ok(results[..found.clamp(0, want as i32) as usize]
+        .iter()
+        .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+        .map(|r| (r.algo.data, r.workspaceSize))
+        .collect())
+}
+
+/// Whether cuBLASLt accepts the algorithm `data` for one matmul (`cublasLtMatmulAlgoCheck`),
+/// and the workspace it needs. Layouts in the order A, B, C, D.
+pub(crate) fn algo_check(h: &LtHandle, desc: &Desc, [a, b, c, d]: [&Layout; 4], data: [u64; 8]) -> Option<usize> {
+    let algo = lt::cublasLtMatmulAlgo_t { data };
+    // SAFETY: zeroed heuristic result is valid plain data; descriptors are live.
+    let mut r: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+    let s = unsafe { lt::cublasLtMatmulAlgoCheck(h.0, desc.0, a.0, b.0, c.0, d.0, &algo, &mut r) };
+    (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(r.workspaceSize)
+}
+
 pub(crate) fn lt_dtype(d: DType) -> lt::cudaDataType {
     match d {
         DType::F32 => lt::cudaDataType::CUDA_R_32F,
