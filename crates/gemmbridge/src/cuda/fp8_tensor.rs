@@ -103,7 +103,10 @@ impl Gpu {
     /// stream order. The first call compiles gemmbridge's kernels (NVRTC, tens of ms; or
     /// [`Gpu::prepare_fp8`] first): a first call inside a graph capture is
     /// [`Error::NotCapturable`]. The output's memory comes from the stream-ordered pool, so a
-    /// quantisation can be captured once the kernels exist.
+    /// quantisation can be captured once the kernels exist — with cudarc's event tracking off
+    /// (`CudaContext::disable_event_tracking`): with it on, cudarc makes the stream wait for
+    /// the source's last write, an event recorded before the capture, which a capture refuses
+    /// (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`).
     ///
     /// Cost (kernel passes over the source): tensor-wise 2 (amax, then cast, or fused
     /// cast-transpose), row-wise 1 (rows of up to 16384 columns; longer rows' rest is read
