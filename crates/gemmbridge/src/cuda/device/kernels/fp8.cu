@@ -27,18 +27,11 @@ __device__ __forceinline__ float f16_to_f32(u32 h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)h));
     return f;
 }
-// Two f16 values of a word. Where both are normal numbers the widening is integer arithmetic
-// (re-biasing the exponent: 3 operations each), else the conversion instruction: the
-// conversion unit also does the FP8 rounding and is the busier one.
+// Two f16 values of a word (the conversion instruction: widening them with integer
+// arithmetic instead measured slower on the H200, 20-46 % of a copy against 35-59 %).
 __device__ __forceinline__ void unpack2(u32 w, F16, float* v) {
-    u32 e0 = w & 0x7c00u, e1 = w & 0x7c000000u;
-    if (e0 != 0 && e0 != 0x7c00u && e1 != 0 && e1 != 0x7c000000u) {
-        v[0] = __uint_as_float(((w & 0x8000u) << 16) | (((w & 0x7fffu) << 13) + 0x38000000u));
-        v[1] = __uint_as_float((w & 0x80000000u) | ((((w >> 16) & 0x7fffu) << 13) + 0x38000000u));
-    } else {
-        v[0] = f16_to_f32(w & 0xffffu);
-        v[1] = f16_to_f32(w >> 16);
-    }
+    v[0] = f16_to_f32(w & 0xffffu);
+    v[1] = f16_to_f32(w >> 16);
 }
 __device__ __forceinline__ void unpack2(u32 w, BF16, float* v) {
     v[0] = __uint_as_float(w << 16);
