@@ -91,8 +91,12 @@ SUITE_ORDER = ["default", "square", "llm", "small", "misaligned", "deepgemm"]
 DEFAULT_DTYPES = ["f32", "tf32", "f16", "bf16"]
 FP8 = "fp8_e4m3"
 DTYPES = DEFAULT_DTYPES + [FP8]
-OPS = ["matmul", "linear", "linear_bias", "linear_bias_gelu"]
+OPS = ["matmul", "linear", "linear_bias", "linear_bias_gelu", "bmm"]
 ALL_OPS = OPS + ["launch"]
+# what runs without --ops, as `gemmbridge bench`'s default: bmm only when asked for
+DEFAULT_OPS = ["matmul", "linear", "linear_bias", "linear_bias_gelu", "launch"]
+# bmm: torch.bmm over this many contiguous [m,k] @ [k,n] pairs, as gemmbridge's bmm op
+BMM_BATCH = 4
 ELEM_BYTES = {"f32": 4, "tf32": 4, "f16": 2, "bf16": 2, FP8: 1}
 
 # FP8 recipes: how x [m,k] and w [n,k] are scaled. "tensor": one scale; "row": one per row;
@@ -286,23 +290,35 @@ def time_fn(fn, clock, reps, warmup=WARMUP, sample_ms=SAMPLE_MS, check=None):
     return times[len(times) // 2], times[0]
 
 
+def op_batch(op):
+    """The batch count of `op`'s rows (BMM_BATCH for bmm, else 1)."""
+    return BMM_BATCH if op == "bmm" else 1
+
+
 def rotation(m, n, k, name, op, device):
     """Input sets for one row: x [m,k], w [k,n] (matmul) or [n,k] (linear ops), contiguous,
-    drawn with torch.randn (in f32, then converted) on `device`."""
+    each with a leading batch dimension for bmm, drawn with torch.randn (in f32, then
+    converted) on `device`."""
     dtype = torch_dtype(name)
-    count = rotation_count(m, n, k, ELEM_BYTES[name])
-    wshape = (k, n) if op == "matmul" else (n, k)
-    xs = [torch.randn(m, k, device=device).to(dtype) for _ in range(count)]
-    ws = [torch.randn(*wshape, device=device).to(dtype) for _ in range(count)]
+    b = op_batch(op)
+    count = rotation_count(m, n, k, ELEM_BYTES[name] * b)
+    wshape = (k, n) if op in ("matmul", "bmm") else (n, k)
+    lead = (b,) if op == "bmm" else ()
+    xs = [torch.randn(*lead, m, k, device=device).to(dtype) for _ in range(count)]
+    ws = [torch.randn(*lead, *wshape, device=device).to(dtype) for _ in range(count)]
     return xs, ws
 
 
 def check_layout(op, m, n, k, x, w, y):
     """The operands have exactly the row-major leading dimensions of the problem: nothing
     padded or transposed behind our back."""
-    ld = leading_dims(op, m, n, k)
-    wshape = (k, n) if op == "matmul" else (n, k)
+    ld = leading_dims("matmul" if op == "bmm" else op, m, n, k)
+    wshape = (k, n) if op in ("matmul", "bmm") else (n, k)
     for what, t, shape, want in (("x", x, (m, k), ld["x"]), ("w", w, wshape, ld["w"]), ("out", y, (m, n), ld["out"])):
+        if op == "bmm":  # a contiguous batch: each entry one matrix after the other
+            if tuple(t.shape[1:]) != shape or t.stride() != (shape[0] * shape[1], want, 1):
+                raise RuntimeError(f"{what} of bmm {m}x{n}x{k} has shape {tuple(t.shape)} strides {t.stride()}")
+            continue
         if tuple(t.shape) != shape or t.stride() != (want, 1):
             raise RuntimeError(
                 f"{what} of {op} {m}x{n}x{k} has shape {tuple(t.shape)} strides {t.stride()}, "
@@ -325,6 +341,9 @@ def bench_row(op, name, m, n, k, reps, device):
     elif op == "linear_bias":
         def gemm(x, w):
             return torch.addmm(bias, x, w.t())
+    elif op == "bmm":
+        def gemm(x, w):
+            return torch.bmm(x, w)
     else:
         def gemm(x, w):
             return torch._addmm_activation(bias, x, w.t(), use_gelu=True)
@@ -341,8 +360,9 @@ def bench_row(op, name, m, n, k, reps, device):
     med, mn = time_fn(call, Clock(device), reps, check=check)
     if not (med > 0 and mn > 0):
         raise RuntimeError(f"time per call {med} ms is not positive")
-    return dict(op=op, dtype=name, m=m, n=n, k=k, batch=1, median_ms=med, min_ms=mn,
-                tflops=2 * m * n * k / (med * 1e-3) / 1e12)
+    b = op_batch(op)
+    return dict(op=op, dtype=name, m=m, n=n, k=k, batch=b, median_ms=med, min_ms=mn,
+                tflops=2 * m * n * k * b / (med * 1e-3) / 1e12)
 
 
 def fp8_cast(v):
@@ -692,7 +712,7 @@ def parse_args(argv):
                     "tensor), rowwise (per row of x and of w), block (x in 1x128, w in 128x128 "
                     "blocks), block_1x128, block_128x128_1x128 (x 128x128, w 1x128) "
                     f"(default: {','.join(DEFAULT_SCALINGS)})")
-    ap.add_argument("--ops", default=",".join(ALL_OPS), metavar="LIST",
+    ap.add_argument("--ops", default=",".join(DEFAULT_OPS), metavar="LIST",
                     help="comma list of matmul, linear, linear_bias, linear_bias_gelu, launch (default: all; "
                     "the linear_bias ops run only for f16/bf16; launch runs once per dtype but tf32 and "
                     "fp8_e4m3, whatever the suite)")
@@ -805,7 +825,7 @@ def run(a):
                         failed += 1
                         msg = first_line(e)
                         print(f"error: {op} {name} {m}x{n}x{k}: {msg}", file=sys.stderr)
-                        rec = dict(op=op, dtype=name, m=m, n=n, k=k, batch=1, error=msg)
+                        rec = dict(op=op, dtype=name, m=m, n=n, k=k, batch=op_batch(op), error=msg)
                     emit(out, rec)
         set_tf32(False)
         if launch:

@@ -142,7 +142,7 @@ class NoTorch(unittest.TestCase):
         for d in ("f16", "bf16"):
             self.assertTrue(all(peer.op_applies(o, d) for o in peer.OPS))
         for d in ("f32", "tf32"):
-            self.assertEqual([o for o in peer.OPS if peer.op_applies(o, d)], ["matmul", "linear"])
+            self.assertEqual([o for o in peer.OPS if peer.op_applies(o, d)], ["matmul", "linear", "bmm"])
 
     def test_rotation_count(self):
         self.assertEqual(peer.rotation_count(64, 64, 64, 2), 8)
@@ -320,7 +320,8 @@ class CpuDryRun(unittest.TestCase):
         self.assertEqual(env["op"], "env")
         self.assertEqual(env["device"], "cpu")
         self.assertNotIn("median_ms", env)
-        want = [(d, s, o) for d in peer.DEFAULT_DTYPES for s in shapes for o in peer.OPS if peer.op_applies(o, d)]
+        ops = [o for o in peer.DEFAULT_OPS if o != "launch"]
+        want = [(d, s, o) for d in peer.DEFAULT_DTYPES for s in shapes for o in ops if peer.op_applies(o, d)]
         self.assertEqual([(r["dtype"], (r["m"], r["n"], r["k"]), r["op"]) for r in rest], want)
         for r in rest:
             for f, t in GEMM_FIELDS.items():

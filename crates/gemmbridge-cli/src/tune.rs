@@ -25,7 +25,8 @@ pub struct Args {
     /// FP8 recipes to tune for fp8_e4m3 (as `bench --scalings`).
     #[arg(long, default_value = "tensorwise,rowwise,block")]
     scalings: String,
-    /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu.
+    /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu, bmm (a strided batch
+    /// of 4 matmuls, as `bench --ops bmm`; not tuned by default).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu")]
     ops: String,
     /// The tactic database to fill (created, or merged into).
@@ -172,13 +173,14 @@ fn tune_one<T: Element + DeviceRepr + ValidAsZeroBits>(
     let (m, n, k) = shape;
     let p = problem(op, shape, prec)?;
     let s = gpu.stream();
-    let x: CudaSlice<T> = s.clone_htod(&normal::<T>(m * k))?;
-    let w: CudaSlice<T> = s.clone_htod(&normal::<T>(k * n))?;
+    let b = p.batch();
+    let x: CudaSlice<T> = s.clone_htod(&normal::<T>(m * k * b))?;
+    let w: CudaSlice<T> = s.clone_htod(&normal::<T>(k * n * b))?;
     let bias: CudaSlice<T> = s.clone_htod(&normal::<T>(n))?;
-    let mut c: CudaSlice<T> = s.alloc_zeros(m * n)?;
+    let mut c: CudaSlice<T> = s.alloc_zeros(m * n * b)?;
     let sz = std::mem::size_of::<T>();
     let r = |b: &CudaSlice<T>| RawBuffer { address: b.device_ptr(s).0, len_bytes: b.len() * sz };
-    let rc = RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: m * n * sz };
+    let rc = RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: m * n * b * sz };
     let extras = RawExtras { bias: (p.epilogue() != Epilogue::None).then(|| r(&bias)), aux: None };
     // f32/tf32 inputs with f32 outputs, half inputs with half outputs: T serves both.
     // SAFETY: live buffers of this context, sized by the problem, used on gpu.stream() only.

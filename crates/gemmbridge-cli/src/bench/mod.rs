@@ -69,7 +69,8 @@ pub struct Args {
     #[arg(long, default_value = "on")]
     padding: String,
     /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu (the last two only
-    /// for f16/bf16, as bench/peer.py), launch (tiny-GEMM host cost and graph replay).
+    /// for f16/bf16, as bench/peer.py), bmm (a strided batch of 4 matmuls; not run by
+    /// default), launch (tiny-GEMM host cost and graph replay).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
 }
@@ -337,21 +338,26 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
 ) -> anyhow::Result<Vec<Row>> {
     let (m, n, k) = shape;
     let s = gpu.stream();
-    let count = rotation_count(shape, precision.input().size_bytes());
+    // sized for the largest batch among the ops (bmm's)
+    let mut batch = 1;
+    for &op in ops {
+        batch = batch.max(problem(op, shape, precision)?.batch());
+    }
+    let count = rotation_count(shape, precision.input().size_bytes() * batch);
     // As bench/peer.py, every op gets its own rotation of random buffers and bias, made on the
     // GPU just before it is timed (the peer draws them with torch.randn on the GPU) and
     // dropped after: the GPU sees the same short, memory-bound pause before every row as the
     // peer's. A row's clock depends on what ran just before it (docs/PERFORMANCE.md §2.3).
     let pool = pools.get::<TI>(s)?;
-    let mut c: CudaSlice<TO> = s.alloc_zeros(m * n)?;
+    let mut c: CudaSlice<TO> = s.alloc_zeros(m * n * batch)?;
     let mut out = Vec::new();
     for &op in ops {
         let p = problem(op, shape, precision)?;
         let mut xs: Vec<CudaSlice<TI>> = Vec::with_capacity(count);
         let mut ws: Vec<CudaSlice<TI>> = Vec::with_capacity(count);
         for _ in 0..count {
-            xs.push(rotate(s, pool, m * k)?);
-            ws.push(rotate(s, pool, k * n)?);
+            xs.push(rotate(s, pool, m * k * p.batch())?);
+            ws.push(rotate(s, pool, k * n * p.batch())?);
         }
         let bias: CudaSlice<TO> = s.clone_htod(&normal::<TO>(n))?;
         let mut i = 0;
