@@ -163,9 +163,7 @@ impl Gpu {
         let s = self.stream();
         // SAFETY: every byte of `data` is written by the cast kernels (padding included).
         let mut data = unsafe { s.alloc::<u8>(layout.data_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
-        // SAFETY: every scale is written by the cast kernels (the 128×128 layout's padding
-        // by a memset of its own, `device/fp8_cast.rs`), so no zeroing here.
-        let mut scales = unsafe { s.alloc::<f32>(layout.scale_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
+        let mut scales = s.alloc_zeros::<f32>(layout.scale_len()).map_err(status::driver("cuMemAllocAsync"))?;
         self.device().bind()?;
         let mut st = self.lock();
         let kernels = st.dev.kernels(self.context(), cc, s.cu_stream())?;
