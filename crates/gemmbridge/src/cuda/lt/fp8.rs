@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use cudarc::cublaslt::sys as lt;
 
 use super::plan::Algorithm;
-use super::sys::{algo_check, heuristic, lt_dtype, matmul, Desc, DescAttr as A, Layout, LtHandle, Pref};
+use super::sys::{algo_check, check, heuristic, lt_dtype, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
 use crate::dtype::{Compute, DType};
 use crate::error::{Error, Result};
@@ -211,21 +211,35 @@ impl Fp8Plan {
         ws: &Workspace,
         stream: lt::cudaStream_t,
     ) -> Result<()> {
+        let ptr = |v: u64| v as *const c_void;
         set_pointers(&self.desc, ops)?;
         // An FP8 D has a bf16 C of another type: C may not alias D then (cuBLASLt answers
         // INVALID_VALUE), and with β = 0 it is never read, so it points at the workspace.
         let c = if ops.c == ops.d && self.fp8_out { ws.ptr } else { ops.c };
-        // SAFETY: see the function's contract.
-        unsafe {
-            matmul(
-                h,
-                &self.desc,
-                (alpha, beta),
-                [(ops.w, &self.a), (ops.x, &self.b), (c, &self.c), (ops.d, &self.d)],
-                algo.data,
-                (ws.ptr, ws.matmul_bytes),
-                stream,
-            )
-        }
+        let a = lt::cublasLtMatmulAlgo_t { data: algo.data };
+        // SAFETY: see the function's contract; α and β are f32 host scalars (scale type 32F).
+        check(
+            unsafe {
+                lt::cublasLtMatmul(
+                    h.0,
+                    self.desc.0,
+                    &alpha as *const f32 as *const c_void,
+                    ptr(ops.w),
+                    self.a.0,
+                    ptr(ops.x),
+                    self.b.0,
+                    &beta as *const f32 as *const c_void,
+                    ptr(c),
+                    self.c.0,
+                    ops.d as *mut c_void,
+                    self.d.0,
+                    &a,
+                    ws.ptr as *mut c_void,
+                    ws.matmul_bytes,
+                    stream,
+                )
+            },
+            "cublasLtMatmul",
+        )
     }
 }

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::sys as lt;
 
-use super::sys::{algo_check, heuristic, lt_dtype, lt_op, matmul, Desc, DescAttr as A, Layout, LtHandle, Pref};
+use super::sys::{algo_check, check, heuristic, lt_dtype, lt_op, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
 use crate::cuda::tactics::m_bucket;
 use crate::epilogue::{AuxUse, Epilogue, VectorUse};
@@ -228,18 +228,31 @@ impl Plan {
                 self.desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &(x as *const c_void))?;
             }
         }
-        let c = (ops.c, &self.c);
-        // SAFETY: see the function's contract (C is D, in place).
-        unsafe {
-            matmul(
-                h,
-                &self.desc,
-                (alpha, beta),
-                [(ops.first, &self.a), (ops.second, &self.b), c, c],
-                algo.data,
-                (ws.ptr, ws.matmul_bytes),
-                stream,
-            )
-        }
+        let a = lt::cublasLtMatmulAlgo_t { data: algo.data };
+        let ptr = |v: u64| v as *const c_void;
+        // SAFETY: see the function's contract; alpha/beta are f32 host scalars (scale type 32F).
+        check(
+            unsafe {
+                lt::cublasLtMatmul(
+                    h.0,
+                    self.desc.0,
+                    &alpha as *const f32 as *const c_void,
+                    ptr(ops.first),
+                    self.a.0,
+                    ptr(ops.second),
+                    self.b.0,
+                    &beta as *const f32 as *const c_void,
+                    ptr(ops.c),
+                    self.c.0,
+                    ops.c as *mut c_void,
+                    self.c.0,
+                    &a,
+                    ws.ptr as *mut c_void,
+                    ws.matmul_bytes,
+                    stream,
+                )
+            },
+            "cublasLtMatmul",
+        )
     }
 }

@@ -204,50 +204,6 @@ pub(crate) fn algo_check(h: &LtHandle, desc: &Desc, [a, b, c, d]: [&Layout; 4], 
     (s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(r.workspaceSize)
 }
 
-/// One `cublasLtMatmul`: `D = α·op(A)·op(B) + β·C` with `desc`, the operands as (device
-/// address, layout) in the order A, B, C, D, the algorithm `algo` and the workspace
-/// `(address, bytes)`; α and β are f32 host scalars (scale type 32F).
-///
-/// # Safety
-/// Every address is valid for its layout (and the descriptor's pointer attributes for theirs);
-/// the workspace is used by nothing else meanwhile; `stream` belongs to the handle's context.
-pub(crate) unsafe fn matmul(
-    h: &LtHandle,
-    desc: &Desc,
-    (alpha, beta): (f32, f32),
-    [(a, la), (b, lb), (c, lc), (d, ld)]: [(u64, &Layout); 4],
-    algo: [u64; 8],
-    (ws, ws_bytes): (u64, usize),
-    stream: lt::cudaStream_t,
-) -> Result<()> {
-    let algo = lt::cublasLtMatmulAlgo_t { data: algo };
-    let ptr = |v: u64| v as *const c_void;
-    // SAFETY: the caller's contract.
-    check(
-        unsafe {
-            lt::cublasLtMatmul(
-                h.0,
-                desc.0,
-                &alpha as *const f32 as *const c_void,
-                ptr(a),
-                la.0,
-                ptr(b),
-                lb.0,
-                &beta as *const f32 as *const c_void,
-                ptr(c),
-                lc.0,
-                d as *mut c_void,
-                ld.0,
-                &algo,
-                ws as *mut c_void,
-                ws_bytes,
-                stream,
-            )
-        },
-        "cublasLtMatmul",
-    )
-}
-
 pub(crate) fn lt_dtype(d: DType) -> lt::cudaDataType {
     match d {
         DType::F32 => lt::cudaDataType::CUDA_R_32F,
