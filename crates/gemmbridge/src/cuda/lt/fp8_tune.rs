@@ -18,7 +18,7 @@ use cudarc::driver::CudaStream;
 use super::fp8::{fp8_signature, Fp8Key, Fp8Operands, Fp8Plan};
 use super::plan::Algorithm;
 use super::timing::{time_interleaved, Call, Timed};
-use super::tune::{rel_error_bytes, verdict, TuneOptions, TuneReport, Verdict};
+use super::tune::{rel_error_bytes, TuneOptions, TuneReport};
 use super::LtState;
 use crate::cuda::device::Workspace;
 use crate::cuda::status;
@@ -136,10 +136,13 @@ pub(crate) unsafe fn autotune_fp8(
     let runs: Vec<Call<'_>> =
         timed.iter().map(|&i| Box::new(move || run_ref(&cands_ref[i], job.beta)) as Call<'_>).collect();
     let Timed { medians: ms, in_graph, graph_failed } = time_interleaved(job.stream, opts.reps, &runs)?;
-    let Verdict { kept, base, threshold } = verdict(&ms, opts.min_gain, graph_failed);
-    let (algo, best_ms, improved, kept_added) = match kept {
-        Some(j) => (cands[timed[j]], ms[j], true, timed[j] >= cands.len() - added),
-        None => (cands[0], base, false, false),
+    let (first, again) = (ms[0], ms[ms.len() - 1]);
+    let threshold = opts.min_gain.max((first - again).abs() / first.min(again));
+    let base = first.min(again);
+    let best = (1..ms.len() - 1).min_by(|&x, &y| ms[x].total_cmp(&ms[y]));
+    let (algo, best_ms, improved) = match best {
+        Some(j) if !graph_failed && ms[j] < base * (1.0 - threshold) => (cands[timed[j]], ms[j], true),
+        _ => (cands[0], base, false),
     };
     let sig = fp8_signature(&job.key);
     lt.tuned.insert(sig.clone(), algo);
@@ -149,7 +152,7 @@ pub(crate) unsafe fn autotune_fp8(
         best_ms,
         candidates: cands.len(),
         added,
-        kept_added,
+        kept_added: improved && cands.len() - added <= cands.iter().position(|c| c.data == algo.data).unwrap_or(0),
         timed_in_graph: in_graph,
         graph_failed,
         mismatched,

@@ -123,10 +123,16 @@ pub(crate) unsafe fn autotune(
         // kernels: keep the heuristic's choice rather than store a misleading winner
         tracing::warn!(problem = %job.problem.describe(), "graph capture failed twice; keeping the heuristic's algorithm");
     }
-    let Verdict { kept, base, threshold } = verdict(&ms, opts.min_gain, graph_failed);
-    let (algo, best_ms, improved, kept_added) = match kept {
-        Some(j) => (cands[timed[j]], ms[j], true, timed[j] >= cands.len() - added),
-        None => (cands[0], base, false, false),
+    let (first_ms, again) = (ms[0], ms[ms.len() - 1]);
+    let noise = (first_ms - again).abs() / first_ms.min(again);
+    let threshold = opts.min_gain.max(noise);
+    let base = first_ms.min(again);
+    let best = (1..ms.len() - 1).min_by(|&x, &y| ms[x].total_cmp(&ms[y]));
+    let (algo, best_ms, improved, kept_added) = match best {
+        Some(j) if !graph_failed && ms[j] < base * (1.0 - threshold) => {
+            (cands[timed[j]], ms[j], true, timed[j] >= cands.len() - added)
+        }
+        _ => (cands[0], base, false, false),
     };
     let sig = signature(&job.key);
     lt.tuned.insert(sig.clone(), algo);
@@ -148,28 +154,6 @@ pub(crate) unsafe fn autotune(
     let version = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
     let tactic = Tactic::lt_gemm(algo.data, algo.workspace, version, base, best_ms);
     Ok((report, sig, tactic))
-}
-
-/// What the timing decided (step 4 of [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)).
-pub(super) struct Verdict {
-    /// The index into the medians of the candidate kept, `None` for the first choice.
-    pub kept: Option<usize>,
-    /// The first choice's time: the smaller of its two medians.
-    pub base: f64,
-    /// max(`min_gain`, the relative difference of the first choice's two medians).
-    pub threshold: f64,
-}
-
-/// Reads medians of interleaved rounds in which the first choice was timed first and last
-/// (`ms[0]`, `ms[last]`, the others between): the fastest other is kept only if it beats the
-/// first choice by more than the threshold, and never when graph timing failed.
-pub(super) fn verdict(ms: &[f64], min_gain: f64, graph_failed: bool) -> Verdict {
-    let (first, again) = (ms[0], ms[ms.len() - 1]);
-    let threshold = min_gain.max((first - again).abs() / first.min(again));
-    let base = first.min(again);
-    let best = (1..ms.len() - 1).min_by(|&x, &y| ms[x].total_cmp(&ms[y]));
-    let kept = best.filter(|&j| !graph_failed && ms[j] < base * (1.0 - threshold));
-    Verdict { kept, base, threshold }
 }
 
 /// The indices of the candidates whose C (β = 0) matches the first choice's within the
