@@ -59,8 +59,57 @@ impl BlasHandle {
     /// # Safety
     /// The addresses are valid for the call; `stream` is a live stream of this context.
     pub unsafe fn gemm(&mut self, dev: &mut DeviceState, g: &BlasGemm, stream: CUstream) -> Result<()> {
+        self.bind(dev, stream, &|| format!("{:?}", g.call))?;
+        // SAFETY: forwarded.
+        unsafe { launch(self, g) }
+    }
+
+    /// `y[i] += alpha·x[i]` for `n` contiguous elements of `dtype` (`cublasAxpyEx`, computed in
+    /// f32: alpha and the execution type are `CUDA_R_32F` for every dtype, as cuBLAS's table
+    /// for `cublasAxpyEx` offers them), on `stream`.
+    ///
+    /// # Safety
+    /// `x` and `y` are device addresses valid for `n` elements, not overlapping; `stream` is a
+    /// live stream of this context.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn axpy(
+        &mut self,
+        dev: &mut DeviceState,
+        dtype: DType,
+        n: usize,
+        alpha: f32,
+        x: u64,
+        y: u64,
+        stream: CUstream,
+    ) -> Result<()> {
+        let describe = || format!("axpy of {n} {dtype} elements");
+        self.bind(dev, stream, &describe)?;
+        let t = cuda_dtype(dtype);
+        let f32t = cublas_sys::cudaDataType::CUDA_R_32F;
+        // SAFETY: live handle bound to `stream`; alpha points to an f32 host scalar (alpha type
+        // CUDA_R_32F); the vectors are the caller's contract; n fits i64 (a usize length).
+        let s = unsafe {
+            cublas_sys::cublasAxpyEx_64(
+                self.raw,
+                n as i64,
+                &alpha as *const f32 as *const _,
+                f32t,
+                x as *const _,
+                t,
+                1,
+                y as *mut _,
+                t,
+                1,
+                f32t,
+            )
+        };
+        status::cublas(s, "cublasAxpyEx_64", describe)
+    }
+
+    /// Binds the handle to `stream` and its workspace, unless it is bound to it already.
+    fn bind(&mut self, dev: &mut DeviceState, stream: CUstream, describe: &dyn Fn() -> String) -> Result<()> {
         if self.bound != stream || self.bound.is_null() {
-            let ws = dev.workspaces.get(stream, &|| format!("{:?}", g.call))?;
+            let ws = dev.workspaces.get(stream, describe)?;
             // SAFETY: live handle; the workspace belongs to `stream` alone (cublasSetWorkspace
             // documentation: it must not be used by another stream concurrently).
             unsafe {
@@ -77,8 +126,7 @@ impl BlasHandle {
             }
             self.bound = stream;
         }
-        // SAFETY: forwarded.
-        unsafe { launch(self, g) }
+        Ok(())
     }
 }
 

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr};
 
-use super::device::{enqueue_cast, CastJob};
+use super::device::{enqueue_cast, CastJob, KernelSet};
 use super::entry::same_context;
 use super::gpu::Gpu;
 use super::{library, status};
@@ -92,7 +92,7 @@ impl Gpu {
         let (cc, lt_version) = self.fp8_platform()?;
         check_support(cc, lt_version, Scaling::Tensor)?;
         self.device().bind()?;
-        self.lock().dev.kernels(self.context(), cc, self.stream().cu_stream()).map(|_| ())
+        self.lock().dev.kernels(self.context(), cc, self.stream().cu_stream(), KernelSet::Fp8).map(|_| ())
     }
 
     /// Quantises a `[rows, cols]` operand (`cols` = K) into `format` with `scaling`, on
@@ -166,7 +166,7 @@ impl Gpu {
         let mut scales = s.alloc_zeros::<f32>(layout.scale_len()).map_err(status::driver("cuMemAllocAsync"))?;
         self.device().bind()?;
         let mut st = self.lock();
-        let kernels = st.dev.kernels(self.context(), cc, s.cu_stream())?;
+        let kernels = st.dev.kernels(self.context(), cc, s.cu_stream(), KernelSet::Fp8)?;
         let (x, _gx) = src.device_ptr(s);
         let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut data, s);
         let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut scales, s);

@@ -12,10 +12,9 @@
 //! columns of a 16-bit source, 8192 of f32) with 16-byte loads where the row allows, keeping
 //! what it needs twice in registers as raw 16-byte chunks.
 
-use std::ffi::c_void;
-
 use cudarc::driver::sys::CUstream;
 
+use super::kernels::{arg, suffix};
 use super::{Kernels, Scratch};
 use crate::cuda::status;
 use crate::dtype::DType;
@@ -39,19 +38,6 @@ pub(crate) struct CastJob {
     pub layout: Fp8Layout,
     pub data: u64,
     pub scales: u64,
-}
-
-fn suffix(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-    }
-}
-
-/// A kernel argument: the address of a local, as `cuLaunchKernel` takes it.
-fn arg<T>(v: &mut T) -> *mut c_void {
-    v as *mut T as *mut c_void
 }
 
 fn ctas(units: u64, per_cta: u64) -> u32 {

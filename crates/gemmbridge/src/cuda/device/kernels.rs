@@ -12,17 +12,64 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 use crate::cuda::{library, status};
 use crate::error::{Error, Result};
 
-/// The FP8 quantisation kernels' source.
-const FP8_SOURCE: &str = include_str!("kernels/fp8.cu");
+/// The suffix of a kernel's instance for a source dtype (`amax_bf16`, `gelu_erf_f32`, …).
+pub(crate) fn suffix(d: crate::dtype::DType) -> &'static str {
+    match d {
+        crate::dtype::DType::F32 => "f32",
+        crate::dtype::DType::F16 => "f16",
+        crate::dtype::DType::BF16 => "bf16",
+    }
+}
 
-/// The virtual architecture NVRTC compiles for: the device's own where NVRTC knows it, else
-/// the oldest with FP8 conversions (8.9), which the driver compiles forward.
-fn arch((major, minor): (i32, i32)) -> &'static str {
-    match (major, minor) {
-        (9, _) => "compute_90",
-        (10, _) => "compute_100",
-        (12, _) => "compute_120",
-        _ => "compute_89",
+/// A kernel argument: the address of a local, as `cuLaunchKernel` takes it.
+pub(crate) fn arg<T>(v: &mut T) -> *mut c_void {
+    v as *mut T as *mut c_void
+}
+
+/// A module of gemmbridge's own kernels, compiled on its first use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KernelSet {
+    /// FP8 quantisation (`kernels/fp8.cu`; needs compute capability 8.9).
+    Fp8,
+    /// The training layers' elementwise kernels (`kernels/act.cu`; any GPU).
+    Train,
+}
+
+impl KernelSet {
+    /// Index into the device state's module slots.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    fn source(self) -> (&'static str, &'static str) {
+        match self {
+            KernelSet::Fp8 => (include_str!("kernels/fp8.cu"), "gemmbridge_fp8.cu"),
+            KernelSet::Train => (include_str!("kernels/act.cu"), "gemmbridge_act.cu"),
+        }
+    }
+
+    /// Every kernel's name (each is instantiated per source dtype: `_f32`, `_f16`, `_bf16`).
+    fn kernels(self) -> &'static [&'static str] {
+        match self {
+            KernelSet::Fp8 => {
+                &["amax", "cast_tensor", "cast_rows", "cast_vec128", "cast_blk128", "cast_transpose", "transpose"]
+            }
+            KernelSet::Train => &["dact_relu", "dact_gelu_tanh", "dact_gelu_erf", "gelu_erf", "gelu_tanh"],
+        }
+    }
+
+    /// The virtual architecture NVRTC compiles for: the device's own where NVRTC knows it,
+    /// else the oldest the set needs (FP8 conversions: 8.9; the training kernels: 7.0),
+    /// which the driver compiles forward.
+    fn arch(self, (major, _minor): (i32, i32)) -> &'static str {
+        match (major, self) {
+            (9, _) => "compute_90",
+            (10, _) => "compute_100",
+            (12, _) => "compute_120",
+            (8, KernelSet::Train) => "compute_80",
+            (_, KernelSet::Fp8) => "compute_89",
+            (_, KernelSet::Train) => "compute_70",
+        }
     }
 }
 
@@ -33,17 +80,17 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    /// Compiles the kernels for the context's device (compute capability `cc`, ≥ 8.9:
-    /// checked by the caller) and loads them.
+    /// Compiles a set of kernels for the context's device (compute capability `cc`; ≥ 8.9 for
+    /// FP8, checked by the caller) and loads them.
     ///
     /// # Errors
     /// [`Error::LibraryNotFound`] without libnvrtc; [`Error::Driver`] naming NVRTC's or the
     /// driver's failure (with NVRTC's log).
-    pub fn compile(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Kernels> {
+    pub fn compile(ctx: &Arc<CudaContext>, cc: (i32, i32), set: KernelSet) -> Result<Kernels> {
         library::ensure_nvrtc()?;
-        let opts =
-            CompileOptions { arch: Some(arch(cc)), name: Some("gemmbridge_fp8.cu".into()), ..Default::default() };
-        let ptx = compile_ptx_with_opts(FP8_SOURCE, opts).map_err(|e| Error::Driver {
+        let (source, name) = set.source();
+        let opts = CompileOptions { arch: Some(set.arch(cc)), name: Some(name.into()), ..Default::default() };
+        let ptx = compile_ptx_with_opts(source, opts).map_err(|e| Error::Driver {
             operation: "nvrtcCompileProgram",
             status: match e {
                 CompileError::CompileError { nvrtc, log, .. } => format!("{nvrtc:?}: {}", log.to_string_lossy()),
@@ -52,8 +99,7 @@ impl Kernels {
         })?;
         let module = ctx.load_module(ptx).map_err(status::driver("cuModuleLoadData"))?;
         let mut functions = HashMap::new();
-        for kernel in ["amax", "cast_tensor", "cast_rows", "cast_vec128", "cast_blk128", "cast_transpose", "transpose"]
-        {
+        for kernel in set.kernels() {
             for suffix in ["f32", "f16", "bf16"] {
                 let name = format!("{kernel}_{suffix}");
                 let f = module.load_function(&name).map_err(status::driver("cuModuleGetFunction"))?;

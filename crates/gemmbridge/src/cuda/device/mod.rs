@@ -19,7 +19,7 @@ mod workspace;
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
 pub(crate) use copy::{copy_pitched, zero_pitched, Pitched, Scratch};
 pub(crate) use fp8_cast::{enqueue_cast, CastJob};
-pub(crate) use kernels::Kernels;
+pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
 pub(crate) use workspace::{Workspace, WorkspacePool};
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -45,8 +45,8 @@ pub(crate) struct DeviceState {
     pub workspaces: WorkspacePool,
     /// A private non-blocking stream to capture graphs on (created on first use).
     capture_stream: Option<CaptureStream>,
-    /// gemmbridge's own kernels (compiled on first use).
-    kernels: Option<Kernels>,
+    /// gemmbridge's own kernels, one module per [`KernelSet`] (compiled on first use).
+    kernels: [Option<Kernels>; 2],
 }
 
 impl DeviceState {
@@ -60,8 +60,8 @@ impl DeviceState {
         self.capture_stream.as_ref()
     }
 
-    /// gemmbridge's own kernels for `ctx`'s device (compute capability `cc`), compiled on
-    /// first use — never while `stream` is capturing. The caller has bound `ctx`.
+    /// A set of gemmbridge's own kernels for `ctx`'s device (compute capability `cc`),
+    /// compiled on first use — never while `stream` is capturing. The caller has bound `ctx`.
     ///
     /// # Errors
     /// [`crate::Error::NotCapturable`] when they would be compiled during a capture; as
@@ -71,17 +71,23 @@ impl DeviceState {
         ctx: &Arc<CudaContext>,
         cc: (i32, i32),
         stream: cudarc::driver::sys::CUstream,
+        set: KernelSet,
     ) -> Result<&Kernels> {
-        if self.kernels.is_none() {
+        let slot = &mut self.kernels[set.index()];
+        if slot.is_none() {
             if is_capturing(stream)? {
                 return Err(crate::Error::NotCapturable {
                     action: "compile gemmbridge's kernels (NVRTC)",
-                    problem: "the first FP8 quantisation; call Gpu::prepare_fp8 before capturing".into(),
+                    problem: match set {
+                        KernelSet::Fp8 => "the first FP8 quantisation; call Gpu::prepare_fp8 before capturing",
+                        KernelSet::Train => "the first training step; run one step before capturing",
+                    }
+                    .into(),
                 });
             }
-            self.kernels = Some(Kernels::compile(ctx, cc)?);
+            *slot = Some(Kernels::compile(ctx, cc, set)?);
         }
-        Ok(self.kernels.as_ref().expect("set above"))
+        Ok(slot.as_ref().expect("set above"))
     }
 }
 
@@ -102,7 +108,11 @@ impl<L: Resources> Device<L> {
     /// Wraps `stream` (and its context) with the backends' state `libs`; new streams get
     /// workspaces of `workspace_bytes`.
     pub fn new(stream: Arc<CudaStream>, libs: L, workspace_bytes: usize) -> Device<L> {
-        let dev = DeviceState { workspaces: WorkspacePool::new(workspace_bytes), capture_stream: None, kernels: None };
+        let dev = DeviceState {
+            workspaces: WorkspacePool::new(workspace_bytes),
+            capture_stream: None,
+            kernels: [None, None],
+        };
         Device { ctx: stream.context().clone(), stream, state: Mutex::new(Locked { dev, libs }) }
     }
 
@@ -136,7 +146,7 @@ impl<L: Resources> Drop for Device<L> {
             // driver without one.
             st.libs.leak();
             std::mem::forget(st.dev.capture_stream.take());
-            std::mem::forget(st.dev.kernels.take());
+            std::mem::forget(std::mem::take(&mut st.dev.kernels));
             return;
         }
         // Work still queued may use the workspaces: wait for it before freeing them. A
@@ -144,7 +154,7 @@ impl<L: Resources> Drop for Device<L> {
         let _ = self.ctx.synchronize();
         st.libs.release();
         st.dev.capture_stream = None;
-        st.dev.kernels = None;
+        st.dev.kernels = [None, None];
         st.dev.workspaces.free_all();
     }
 }

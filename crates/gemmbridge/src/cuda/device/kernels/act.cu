@@ -1,0 +1,89 @@
+// gemmbridge's own elementwise kernels for the training layers, where no cuBLASLt epilogue
+// applies (src/train/mod.rs says where): activation backward and the exact (erf) GELU.
+// Compiled at run time with NVRTC for the device's architecture. Every value is computed in
+// f32 from the stored values and rounded once to the storage type (round to nearest even):
+//   dact_relu_T(dy, y, out, n, cols, ld):       out = y > 0 ? dy : 0   (y: the layer's output)
+//   dact_gelu_tanh_T(dy, pre, out, n, cols, ld): out = dy * gelu_tanh'(pre)
+//   dact_gelu_erf_T(dy, pre, out, n, cols, ld):  out = dy * gelu_erf'(pre)
+//   gelu_erf_T(pre, y, n):                      y = 0.5 * pre * (1 + erf(pre / sqrt(2)))
+//   gelu_tanh_T(pre, y, n):                     y = 0.5 * pre * (1 + tanh(sqrt(2/pi) * (pre + 0.044715 pre^3)))
+// dy and out are contiguous [n / cols, cols]; the saved y or pre is [n / cols, cols] with row
+// stride ld (cuBLASLt's aux rows are padded to a multiple of 8). `out` may be `dy` (in place).
+// The GPU tests check them against float64 references (tests/train_gpu.rs).
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+struct F16 { u16 b; };
+struct BF16 { u16 b; };
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(F16 v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.b));
+    return f;
+}
+__device__ __forceinline__ float to_f(BF16 v) { return __uint_as_float(((u32)v.b) << 16); }
+
+__device__ __forceinline__ void from_f(float v, float* out) { *out = v; }
+__device__ __forceinline__ void from_f(float v, F16* out) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    out->b = h;
+}
+__device__ __forceinline__ void from_f(float v, BF16* out) {
+    u32 u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        out->b = (u16)((u >> 16) | 0x40u); // NaN stays a (quiet) NaN
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u); // round to nearest even
+        out->b = (u16)(u >> 16);
+    }
+}
+
+#define K_SQRT_2_OVER_PI 0.7978845608028654f
+#define K_INV_SQRT_2 0.7071067811865476f
+#define K_INV_SQRT_2PI 0.3989422804014327f
+
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+    float u = K_SQRT_2_OVER_PI * (x + 0.044715f * x * x * x);
+    float t = tanhf(u);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * K_SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(K_SQRT_2_OVER_PI * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * K_INV_SQRT_2)); }
+
+__device__ __forceinline__ float gelu_erf_grad(float x) {
+    float cdf = 0.5f * (1.0f + erff(x * K_INV_SQRT_2));
+    return cdf + x * K_INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+
+#define GRID_STRIDE(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
+// the saved value of element i of a [rows, cols] matrix stored with row stride ld
+#define SAVED(s, i) to_f(s[((i) / cols) * ld + (i) % cols])
+
+#define DEFINE(T, S)                                                                        \
+    extern "C" __global__ void dact_relu_##S(const T* dy, const T* y, T* out, long n, long cols, long ld) { \
+        GRID_STRIDE(i, n) { from_f(SAVED(y, i) > 0.0f ? to_f(dy[i]) : 0.0f, &out[i]); }    \
+    }                                                                                       \
+    extern "C" __global__ void dact_gelu_tanh_##S(const T* dy, const T* pre, T* out, long n, long cols, long ld) { \
+        GRID_STRIDE(i, n) { from_f(to_f(dy[i]) * gelu_tanh_grad(SAVED(pre, i)), &out[i]); } \
+    }                                                                                       \
+    extern "C" __global__ void dact_gelu_erf_##S(const T* dy, const T* pre, T* out, long n, long cols, long ld) { \
+        GRID_STRIDE(i, n) { from_f(to_f(dy[i]) * gelu_erf_grad(SAVED(pre, i)), &out[i]); } \
+    }                                                                                       \
+    extern "C" __global__ void gelu_erf_##S(const T* pre, T* y, long n) {                  \
+        GRID_STRIDE(i, n) { from_f(gelu_erf(to_f(pre[i])), &y[i]); }                         \
+    }                                                                                       \
+    extern "C" __global__ void gelu_tanh_##S(const T* pre, T* y, long n) {                 \
+        GRID_STRIDE(i, n) { from_f(gelu_tanh(to_f(pre[i])), &y[i]); }                        \
+    }
+
+DEFINE(float, f32)
+DEFINE(F16, f16)
+DEFINE(BF16, bf16)
