@@ -310,6 +310,27 @@ pub enum Error {
         detail: String,
     },
 
+    /// A training layer's shapes or buffers do not agree ([`crate::train`]).
+    #[error("layer {layer}: {what} is {got}, expected {expected}")]
+    LayerShape {
+        /// The layer's index in its sequence (0 first).
+        layer: usize,
+        /// What was wrong, e.g. "input length (tokens × in_features)".
+        what: &'static str,
+        /// The value given.
+        got: usize,
+        /// The value required.
+        expected: usize,
+    },
+
+    /// A training call that does not follow the previous one, e.g. a backward without a
+    /// training forward, or with another input than that forward's ([`crate::train`]).
+    #[error("{problem}")]
+    TrainingOrder {
+        /// What was out of order, and what is required.
+        problem: String,
+    },
+
     /// The machine has no CUDA device.
     #[error("no CUDA device found ({detail}); the CPU backend (gemmbridge::cpu) works without one")]
     NoDevice {

@@ -35,6 +35,7 @@ mod precision;
 mod problem;
 pub mod reference;
 pub mod suites;
+pub mod train;
 pub mod validate;
 
 pub use dtype::{Compute, DType, Element};
