@@ -56,7 +56,7 @@ impl Gpu {
     /// As [`Gpu::gemm`]; [`Error::EpilogueOperand`] when an operand the epilogue needs is
     /// missing, one it does not use is given, or one it writes is passed read-only;
     /// [`Error::Misaligned`] for an aux off 16 bytes; [`Error::Unsupported`] with
-    /// [`Backend::Blas`] or past the staging limit; [`Error::LibraryNotFound`] without
+    /// [`Backend::Blas`](super::Backend::Blas) or past the staging limit; [`Error::LibraryNotFound`] without
     /// libcublasLt.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_fused<TI, TO, A, B, C>(

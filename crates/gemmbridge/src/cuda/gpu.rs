@@ -31,7 +31,7 @@ pub struct RawBuffer {
 pub struct RawExtras {
     /// The bias `[n]` an epilogue reads, or the bias gradient (`[m]` or `[n]`) it writes.
     pub bias: Option<RawBuffer>,
-    /// The aux `[m, n]` matrix (layout [`GemmProblem::aux`]) an epilogue writes or reads.
+    /// The aux `[m, n]` matrix (layout [`GemmProblem::aux`](crate::GemmProblem::aux)) an epilogue writes or reads.
     pub aux: Option<RawBuffer>,
 }
 

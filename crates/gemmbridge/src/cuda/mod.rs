@@ -7,6 +7,7 @@
 //! - [`Gpu::prewarm`], [`Gpu::autotune_raw`] and the [`tactics`] database.
 //! - [`DeviceInfo`]: what `gemmbridge info` prints.
 //! - [`library`]: checks that the shared libraries load, with named errors.
+//! - [`train::Mlp`]: linear layers forward and backward on fused GEMMs ([`crate::train`]).
 //!
 //! Inside (docs/DESIGN.md): the entry points (`entry.rs`, `setup.rs`, `diagnostics.rs`) call
 //! the dispatch (`dispatch.rs`), which calls one room per library (`blas.rs`, `lt/`), which
@@ -29,6 +30,7 @@ mod request;
 mod setup;
 mod status;
 pub mod tactics;
+pub mod train;
 
 pub use fp8_gemm::{Fp8Options, Fp8Out};
 pub use fp8_tensor::Fp8Tensor;

@@ -1,0 +1,89 @@
+//! Every GEMM of the training layers goes through [`gemm`]: the call itself, timed with CUDA
+//! events when timing is on, autotuned first when a tuning step is running.
+
+use cudarc::driver::{CudaEvent, DevicePtr, DevicePtrMut};
+
+use super::super::gpu::{Extras, Gpu, RawBuffer, RawExtras};
+use super::super::lt::tune::{TuneOptions, TuneReport};
+use super::super::status;
+use super::super::tactics::Tactic;
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::problem::GemmProblem;
+
+/// Which GEMM of a step: the layer and its role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmRole {
+    /// `y = act(x·wᵀ + b)`.
+    Forward,
+    /// `dw = dpreᵀ·x` (and `db`).
+    WeightGrad,
+    /// `dx = dpre·w` (and the previous layer's activation backward).
+    DataGrad,
+}
+
+/// One tuned GEMM of a step: the layer, its role, cuBLASLt's report and the entry to store in
+/// a [`super::super::tactics::TacticDb`].
+pub type Tuned = (usize, GemmRole, TuneReport, String, Tactic);
+
+/// Timing and tuning state.
+#[derive(Default)]
+pub(super) struct Instruments {
+    pub timing: Option<Vec<(usize, GemmRole, CudaEvent, CudaEvent)>>,
+    pub tune: Option<(TuneOptions, Vec<Tuned>)>,
+}
+
+fn event(gpu: &Gpu) -> Result<CudaEvent> {
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    gpu.stream().record_event(flags).map_err(status::driver("cuEventRecord"))
+}
+
+/// `c = a·b` per `p` (α = 1) with `extras`, on [`Gpu::stream`]: tuned first in a tuning step,
+/// timed when timing is on.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm<T: Element, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut<T>>(
+    gpu: &Gpu,
+    ins: &mut Instruments,
+    (layer, role): (usize, GemmRole),
+    p: &GemmProblem,
+    a: &A,
+    b: &B,
+    beta: f32,
+    c: &mut C,
+    mut extras: Extras<'_, T>,
+) -> Result<()> {
+    if let Some((opts, tuned)) = ins.tune.as_mut() {
+        let s = gpu.stream();
+        let raw = |address, len_bytes| RawBuffer { address, len_bytes };
+        let (ra, rb) = (raw(a.device_ptr(s).0, a.num_bytes()), raw(b.device_ptr(s).0, b.num_bytes()));
+        let c_len = c.num_bytes();
+        let rc = raw(c.device_ptr_mut(s).0, c_len);
+        let bias = match (&extras.bias, &mut extras.bias_grad) {
+            (Some(v), _) => Some(raw(v.device_ptr(s).0, v.num_bytes())),
+            (None, Some(v)) => {
+                let len = v.num_bytes();
+                Some(raw(v.device_ptr_mut(s).0, len))
+            }
+            _ => None,
+        };
+        let aux = match (&extras.aux_in, &mut extras.aux_out) {
+            (Some(v), _) => Some(raw(v.device_ptr(s).0, v.num_bytes())),
+            (None, Some(v)) => {
+                let len = v.num_bytes();
+                Some(raw(v.device_ptr_mut(s).0, len))
+            }
+            _ => None,
+        };
+        // SAFETY: every address is a live buffer of this context borrowed for this call, on
+        // the Gpu's own stream, which autotune_raw synchronises before returning.
+        let (report, sig, tactic) =
+            unsafe { gpu.autotune_raw(p, 1.0, ra, rb, beta, rc, RawExtras { bias, aux }, *opts) }?;
+        tuned.push((layer, role, report, sig, tactic));
+    }
+    let start = if ins.timing.is_some() { Some(event(gpu)?) } else { None };
+    gpu.gemm_fused(p, 1.0, a, b, beta, c, extras)?;
+    if let (Some(t), Some(start)) = (ins.timing.as_mut(), start) {
+        t.push((layer, role, start, event(gpu)?));
+    }
+    Ok(())
+}

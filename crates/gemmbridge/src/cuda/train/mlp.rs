@@ -1,0 +1,583 @@
+//! [`Mlp`]: a sequence of linear layers on the GPU, forward and backward on cuBLASLt GEMMs with
+//! fused epilogues (the plan is in [`crate::train`]).
+
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+
+use super::super::gpu::{Extras, Gpu};
+use super::super::lt::tune::TuneOptions;
+use super::super::status;
+use super::instruments::{gemm, GemmRole, Instruments, Tuned};
+use crate::dtype::Element;
+use crate::epilogue::Epilogue;
+use crate::error::{Error, Result, Which};
+use crate::layout::{MatrixLayout, Operand};
+use crate::precision::Precision;
+use crate::problem::{GemmProblem, AUX_LD_MULTIPLE};
+use crate::train::{check_layers, check_len, check_params, Activation, GradMode, LayerParams, LinearSpec, Params};
+
+/// Activations and gradients for one token count.
+struct Buffers<T> {
+    tokens: usize,
+    /// Per layer: its output `act(pre)`, `[tokens, out]`.
+    out: Vec<CudaSlice<T>>,
+    /// Per GELU layer: the pre-activation, `[tokens, ld]` ([`pre_ld`]).
+    pre: Vec<Option<CudaSlice<T>>>,
+    /// Per layer: the gradient of its output, or of its pre-activation where the next layer's
+    /// GEMM or a kernel has applied the activation's backward (`[tokens, out]`). The last
+    /// layer has one only when it has an activation (the caller's dy is left untouched).
+    grad: Vec<Option<CudaSlice<T>>>,
+}
+
+/// What the last forward was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Forward {
+    tokens: usize,
+    train: bool,
+    /// The input's address and length, to check the backward gets the same buffer.
+    x: (u64, usize),
+}
+
+/// A sequence of linear layers on the GPU, one dtype throughout (the precision's), parameters
+/// and activations in device memory it owns, every call enqueued on [`Gpu::stream`] without a
+/// host wait (except the `*_to_host` copies and [`Mlp::gemm_ms`]).
+///
+/// Per step: [`Mlp::forward`] (`train = true` keeps what the backward needs: every layer's
+/// output and, for GELU layers, the pre-activation), the caller's loss gradient `dy`, then
+/// [`Mlp::backward`] with the same input, then an update ([`Mlp::sgd_step`], or the caller's
+/// own optimiser over [`Mlp::weight_grad`] / [`Mlp::bias_grad`]). The GEMMs per layer: one
+/// forward, one weight gradient (bias gradient fused), one data gradient (the previous layer's
+/// GELU-tanh backward fused); not the first layer's data gradient unless `dx` is asked for.
+///
+/// Buffers for a token count are kept between steps and reallocated (stream-ordered) when it
+/// changes.
+pub struct Mlp<T: Element> {
+    layers: Vec<LinearSpec>,
+    precision: Precision,
+    w: Vec<CudaSlice<T>>,
+    b: Vec<Option<CudaSlice<T>>>,
+    dw: Vec<CudaSlice<T>>,
+    db: Vec<Option<CudaSlice<T>>>,
+    /// Per layer with a bias, under [`GradMode::Accumulate`]: the fused bias gradient before
+    /// it is added to `db`.
+    db_tmp: Vec<Option<CudaSlice<T>>>,
+    bufs: Option<Buffers<T>>,
+    last: Option<Forward>,
+    /// GEMM timing ([`Mlp::set_gemm_timing`]) and tuning ([`Mlp::autotune`]).
+    ins: Instruments,
+}
+
+impl<T: Element> std::fmt::Debug for Mlp<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mlp")
+            .field("layers", &self.layers)
+            .field("precision", &self.precision)
+            .field("tokens", &self.bufs.as_ref().map(|b| b.tokens))
+            .finish()
+    }
+}
+
+/// Whether cuBLASLt's GELU epilogues apply the tanh GELU at `precision`: not in strict f32,
+/// where they are less accurate than f32 arithmetic (measured on the H200 with cuBLASLt 13.1:
+/// an MLP block's output 11× PyTorch's error against float64, its gradients 11–21×; tf32,
+/// f16 and bf16 at or below PyTorch's), so f32 layers apply it with gemmbridge's kernels.
+fn gelu_epilogues(precision: Precision) -> bool {
+    precision != Precision::F32
+}
+
+/// Whether the layer's activation runs as a kernel after its GEMM (GELU-erf always, GELU-tanh
+/// where the epilogue is not used), the GEMM writing the pre-activation.
+fn act_kernel(l: &LinearSpec, precision: Precision) -> bool {
+    match l.activation {
+        Activation::GeluErf => true,
+        Activation::GeluTanh => !gelu_epilogues(precision),
+        Activation::None | Activation::Relu => false,
+    }
+}
+
+/// The pre-activation's row stride: cuBLASLt's rule for an epilogue's aux
+/// ([`AUX_LD_MULTIPLE`]), or the GEMM's own contiguous C when a kernel applies the activation.
+fn pre_ld(l: &LinearSpec, precision: Precision) -> usize {
+    if act_kernel(l, precision) {
+        l.out_features
+    } else {
+        l.out_features.next_multiple_of(AUX_LD_MULTIPLE)
+    }
+}
+
+/// The epilogue that applies `l`'s activation backward in the next layer's data-gradient GEMM.
+fn fused_backward(l: &LinearSpec, precision: Precision) -> Option<Epilogue> {
+    l.activation.fused_backward().filter(|_| gelu_epilogues(precision))
+}
+
+fn alloc<T: Element + DeviceRepr>(gpu: &Gpu, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: every buffer allocated here is written before it is read (the forward writes
+    // outputs and pre-activations, the backward gradients) — except the accumulate-mode
+    // gradients, which are zeroed at creation (`alloc_zeros` in Mlp::new).
+    unsafe { gpu.stream().alloc::<T>(n.max(1)) }.map_err(status::driver("cuMemAllocAsync"))
+}
+
+impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
+    /// Uploads `params` (f32 on the host, rounded to T) for `layers`; gradients start at zero.
+    ///
+    /// # Errors
+    /// [`Error::LayerShape`] when the layers do not chain or a parameter has the wrong length;
+    /// [`Error::DTypeMismatch`] when T is not the precision's input dtype;
+    /// [`Error::Unsupported`] for a precision whose output dtype differs from its input's
+    /// (layers keep one dtype); [`Error::Driver`].
+    pub fn new(gpu: &Gpu, layers: &[LinearSpec], precision: Precision, params: &[LayerParams]) -> Result<Mlp<T>> {
+        check_layers(layers)?;
+        check_params(layers, params)?;
+        if T::DTYPE != precision.input() {
+            return Err(Error::DTypeMismatch { operand: Which::A, expected: precision.input(), got: T::DTYPE });
+        }
+        if precision.output() != precision.input() {
+            return Err(Error::Unsupported {
+                backend: "the training layers",
+                what: format!("precision {precision} (a layer's output feeds the next: one dtype throughout)"),
+            });
+        }
+        let s = gpu.stream();
+        let up = |v: &[f32]| -> Result<CudaSlice<T>> {
+            let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
+            s.clone_htod(&host).map_err(status::driver("cuMemcpyHtoDAsync"))
+        };
+        let zeros = |n: usize| s.alloc_zeros::<T>(n.max(1)).map_err(status::driver("cuMemAllocAsync"));
+        let mut mlp = Mlp {
+            layers: layers.to_vec(),
+            precision,
+            w: Vec::new(),
+            b: Vec::new(),
+            dw: Vec::new(),
+            db: Vec::new(),
+            db_tmp: Vec::new(),
+            bufs: None,
+            last: None,
+            ins: Instruments::default(),
+        };
+        for (l, p) in layers.iter().zip(params) {
+            mlp.w.push(up(&p.w)?);
+            mlp.b.push(if l.bias { Some(up(&p.b)?) } else { None });
+            mlp.dw.push(zeros(p.w.len())?);
+            mlp.db.push(if l.bias { Some(zeros(l.out_features)?) } else { None });
+            mlp.db_tmp.push(None);
+        }
+        Ok(mlp)
+    }
+
+    /// The layers.
+    pub fn layers(&self) -> &[LinearSpec] {
+        &self.layers
+    }
+
+    /// The precision every GEMM runs in.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Layer `i`'s weight `w[out, in]`. Panics if `i` is not a layer.
+    pub fn weight(&self, i: usize) -> &CudaSlice<T> {
+        &self.w[i]
+    }
+
+    /// Layer `i`'s bias `b[out]`, if it has one.
+    pub fn bias(&self, i: usize) -> Option<&CudaSlice<T>> {
+        self.b[i].as_ref()
+    }
+
+    /// Layer `i`'s weight gradient `dw[out, in]` from the last backward.
+    pub fn weight_grad(&self, i: usize) -> &CudaSlice<T> {
+        &self.dw[i]
+    }
+
+    /// Layer `i`'s bias gradient `db[out]` from the last backward.
+    pub fn bias_grad(&self, i: usize) -> Option<&CudaSlice<T>> {
+        self.db[i].as_ref()
+    }
+
+    /// The parameters, copied to the host as f32 (waits for the stream).
+    ///
+    /// # Errors
+    /// [`Error::Driver`].
+    pub fn params_to_host(&self, gpu: &Gpu) -> Result<Params> {
+        to_host(gpu, &self.w, &self.b)
+    }
+
+    /// The gradients of the last backward, copied to the host as f32 (waits for the stream).
+    ///
+    /// # Errors
+    /// [`Error::Driver`].
+    pub fn grads_to_host(&self, gpu: &Gpu) -> Result<Params> {
+        to_host(gpu, &self.dw, &self.db)
+    }
+
+    /// Turns GEMM timing on or off: while on, CUDA events are recorded around every GEMM the
+    /// layers enqueue, and [`Mlp::gemm_ms`] sums them. Off by default (events cost host time).
+    pub fn set_gemm_timing(&mut self, on: bool) {
+        self.ins.timing = on.then(Vec::new);
+    }
+
+    /// Milliseconds the GEMMs enqueued since the last call took on the GPU (waits for them);
+    /// 0 with timing off.
+    ///
+    /// # Errors
+    /// [`Error::Driver`].
+    pub fn gemm_ms(&mut self) -> Result<f64> {
+        Ok(self.gemm_breakdown()?.iter().map(|g| g.2).sum())
+    }
+
+    /// Each GEMM enqueued since the last call, in order: its layer, its role and its GPU
+    /// time in ms (waits for them); empty with timing off.
+    ///
+    /// # Errors
+    /// [`Error::Driver`].
+    pub fn gemm_breakdown(&mut self) -> Result<Vec<(usize, GemmRole, f64)>> {
+        let Some(t) = self.ins.timing.as_mut() else { return Ok(Vec::new()) };
+        let mut out = Vec::with_capacity(t.len());
+        for (layer, role, a, b) in t.drain(..) {
+            b.synchronize().map_err(status::driver("cuEventSynchronize"))?;
+            out.push((layer, role, f64::from(a.elapsed_ms(&b).map_err(status::driver("cuEventElapsedTime"))?)));
+        }
+        Ok(out)
+    }
+
+    /// Autotunes every GEMM of one training step at this token count ([`Gpu::autotune_raw`]
+    /// per GEMM, with the step's own buffers: `x`, `dy` and, if given, `dx` as a step would
+    /// use them), running the step as it goes. Tuned algorithms are used by every later call
+    /// of the same problems on `gpu`; the returned entries can be stored in a
+    /// [`crate::cuda::tactics::TacticDb`]. Gradients are overwritten. Synchronises the stream
+    /// once per GEMM and takes seconds.
+    ///
+    /// # Errors
+    /// As [`Mlp::forward`] and [`Mlp::backward`]; as [`Gpu::autotune_raw`].
+    pub fn autotune<X, D, DX>(
+        &mut self,
+        gpu: &Gpu,
+        x: &X,
+        tokens: usize,
+        dy: &D,
+        dx: Option<&mut DX>,
+        opts: TuneOptions,
+    ) -> Result<Vec<Tuned>>
+    where
+        X: DevicePtr<T>,
+        D: DevicePtr<T>,
+        DX: DevicePtrMut<T>,
+    {
+        self.ins.tune = Some((opts, Vec::new()));
+        let r = self.forward(gpu, x, tokens, true).and_then(|()| self.backward(gpu, x, dy, dx, GradMode::Overwrite));
+        let tuned = self.ins.tune.take().map(|t| t.1).unwrap_or_default();
+        r.map(|()| tuned)
+    }
+
+    /// The last forward's output `y[tokens, out]` (a view of the layers' own buffer: valid
+    /// until the next forward).
+    ///
+    /// # Errors
+    /// [`Error::TrainingOrder`] before any forward.
+    pub fn output(&self) -> Result<CudaView<'_, T>> {
+        let (Some(f), Some(bufs)) = (self.last, self.bufs.as_ref()) else {
+            return Err(Error::TrainingOrder { problem: "no forward has run yet".into() });
+        };
+        let last = self.layers.len() - 1;
+        Ok(bufs.out[last].slice(..f.tokens * self.layers[last].out_features))
+    }
+
+    /// `y[tokens, out] = layers(x[tokens, in])` on [`Gpu::stream`]; the result is
+    /// [`Mlp::output`]. With `train`, keeps what [`Mlp::backward`] needs.
+    ///
+    /// # Errors
+    /// [`Error::LayerShape`] when `x` does not hold `tokens × in_features` elements (checked
+    /// before anything is enqueued); [`Error::WrongContext`]; as [`Gpu::gemm_fused`].
+    pub fn forward<X: DevicePtr<T>>(&mut self, gpu: &Gpu, x: &X, tokens: usize, train: bool) -> Result<()> {
+        let x_len = x.len();
+        check_len(0, "input length (tokens × in_features)", x_len, tokens, self.layers[0].in_features)?;
+        self.last = None;
+        self.ensure_buffers(gpu, tokens)?;
+        let bufs = self.bufs.as_mut().expect("allocated above");
+        let prec = self.precision;
+        for i in 0..self.layers.len() {
+            let l = self.layers[i];
+            let kernel = act_kernel(&l, prec);
+            let fwd = match kernel {
+                true => Activation::None.fused_forward(l.bias, false),
+                false => l.activation.fused_forward(l.bias, train && l.activation.saves_pre()),
+            };
+            let p = GemmProblem::linear(tokens, l.out_features, l.in_features, prec)?.with_epilogue(fwd)?;
+            let (done, rest) = bufs.out.split_at_mut(i);
+            let out = &mut rest[0];
+            let bias = self.b[i].as_ref().map(|b| b as &dyn DevicePtr<T>);
+            let pre = bufs.pre[i].as_mut();
+            match (kernel, pre) {
+                (true, Some(pre)) => {
+                    // the GEMM writes the pre-activation (bias fused), a kernel applies the GELU
+                    let extras = Extras { bias, ..Extras::default() };
+                    gemm_in(gpu, &mut self.ins, &p, i, x, done, &self.w[i], pre, extras)?;
+                    let n = tokens * l.out_features;
+                    let (pp, _g1) = pre.device_ptr(gpu.stream());
+                    let (po, _g2) = out.device_ptr_mut(gpu.stream());
+                    // SAFETY: pre and out hold n elements of T (allocated for `tokens`).
+                    unsafe { gpu.enqueue_act(l.activation, T::DTYPE, pp, po, n) }?;
+                }
+                (_, pre) => {
+                    let p = if p.uses_aux() {
+                        p.with_aux_layout(MatrixLayout::row_major(tokens, l.out_features).with_ld(pre_ld(&l, prec)))?
+                    } else {
+                        p
+                    };
+                    let aux_out = if p.uses_aux() { pre.map(|v| v as &mut dyn DevicePtrMut<T>) } else { None };
+                    let extras = Extras { bias, aux_out, ..Extras::default() };
+                    gemm_in(gpu, &mut self.ins, &p, i, x, done, &self.w[i], out, extras)?;
+                }
+            }
+        }
+        let (px, _g) = x.device_ptr(gpu.stream());
+        self.last = Some(Forward { tokens, train, x: (px, x_len) });
+        Ok(())
+    }
+
+    /// The backward of the last training forward, on [`Gpu::stream`]: every layer's weight
+    /// and bias gradient (overwritten or accumulated per `mode`) and, if `dx` is given, the
+    /// input gradient `dx[tokens, in]`. `x` is the forward's input (the same buffer),
+    /// `dy[tokens, out]` the gradient of its output (not modified).
+    ///
+    /// # Errors
+    /// Before anything is enqueued: [`Error::TrainingOrder`] without a training forward or
+    /// with another `x`; [`Error::LayerShape`] for `dy` or `dx` of the wrong length. Then as
+    /// [`Gpu::gemm_fused`].
+    pub fn backward<X, D, DX>(&mut self, gpu: &Gpu, x: &X, dy: &D, dx: Option<&mut DX>, mode: GradMode) -> Result<()>
+    where
+        X: DevicePtr<T>,
+        D: DevicePtr<T>,
+        DX: DevicePtrMut<T>,
+    {
+        let f = match self.last {
+            Some(f) if f.train => f,
+            _ => {
+                return Err(Error::TrainingOrder {
+                    problem: "backward needs the last forward to have run with train = true".into(),
+                })
+            }
+        };
+        let (px, guard) = x.device_ptr(gpu.stream());
+        drop(guard);
+        if (px, x.len()) != f.x {
+            return Err(Error::TrainingOrder {
+                problem: format!(
+                    "backward was given another input ({px:#x}, {} elements) than the training forward read ({:#x}, {})",
+                    x.len(),
+                    f.x.0,
+                    f.x.1
+                ),
+            });
+        }
+        let (tokens, last) = (f.tokens, self.layers.len() - 1);
+        check_len(last, "dy length (tokens × out_features)", dy.len(), tokens, self.layers[last].out_features)?;
+        if let Some(dx) = dx.as_ref() {
+            check_len(0, "dx length (tokens × in_features)", dx.len(), tokens, self.layers[0].in_features)?;
+        }
+        if mode == GradMode::Accumulate {
+            for (i, l) in self.layers.iter().enumerate() {
+                if l.bias && self.db_tmp[i].is_none() {
+                    self.db_tmp[i] = Some(alloc(gpu, l.out_features)?);
+                }
+            }
+        }
+        let mut dx = dx;
+        for i in (0..self.layers.len()).rev() {
+            self.layer_backward(gpu, i, x, dy, dx.as_deref_mut(), mode)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `i`'s backward: its activation's backward unless the GEMM of layer `i + 1`
+    /// applied it, then its weight gradient (bias gradient fused), then its data gradient
+    /// (layer `i - 1`'s tanh-GELU backward fused) into `grad[i - 1]` or `dx`.
+    fn layer_backward<X, D, DX>(
+        &mut self,
+        gpu: &Gpu,
+        i: usize,
+        x: &X,
+        dy: &D,
+        dx: Option<&mut DX>,
+        mode: GradMode,
+    ) -> Result<()>
+    where
+        X: DevicePtr<T>,
+        D: DevicePtr<T>,
+        DX: DevicePtrMut<T>,
+    {
+        let bufs = self.bufs.as_mut().expect("a training forward allocated them");
+        let (tokens, prec, l) = (bufs.tokens, self.precision, self.layers[i]);
+        let last = i + 1 == self.layers.len();
+        let s = gpu.stream();
+        // 1. dpre: the gradient of the pre-activation
+        let fused_by_next = !last && fused_backward(&l, prec).is_some();
+        if l.activation != Activation::None && !fused_by_next {
+            let (saved, ld) = match l.activation {
+                Activation::Relu => (&bufs.out[i], l.out_features),
+                _ => (bufs.pre[i].as_ref().expect("GELU layers keep pre"), pre_ld(&l, prec)),
+            };
+            let (ps, _gs) = saved.device_ptr(s);
+            let g = bufs.grad[i].as_mut().expect("allocated for every layer with an activation");
+            let (pg, _gg) = g.device_ptr_mut(s);
+            let (pd, _gd) = if last {
+                let (p, g) = dy.device_ptr(s);
+                (p, Some(g))
+            } else {
+                (pg, None)
+            };
+            // SAFETY: dy (or grad[i], in place) and grad[i] hold tokens × out elements; saved
+            // holds tokens rows of ld; all of this context.
+            unsafe { gpu.enqueue_dact(l.activation, T::DTYPE, pd, ps, pg, (tokens, l.out_features, ld)) }?;
+        }
+        let dpre: &dyn DevicePtr<T> = match (&bufs.grad[i], last) {
+            (Some(g), _) => g,
+            (None, true) => dy,
+            (None, false) => unreachable!("every layer but the last has a gradient buffer"),
+        };
+        // 2. dw[out, in] = dpreᵀ·x (β = 1 accumulates), db = Σ_tokens dpre (BiasGradA)
+        let input: &dyn DevicePtr<T> = if i == 0 { x } else { &bufs.out[i - 1] };
+        let pw = GemmProblem::new(
+            Operand::t(MatrixLayout::row_major(tokens, l.out_features)),
+            Operand::n(MatrixLayout::row_major(tokens, l.in_features)),
+            MatrixLayout::row_major(l.out_features, l.in_features),
+            1,
+            prec,
+        )?
+        .with_epilogue(if l.bias { Epilogue::BiasGradA } else { Epilogue::None })?;
+        let beta = if mode == GradMode::Accumulate { 1.0 } else { 0.0 };
+        let db = match mode {
+            GradMode::Overwrite => self.db[i].as_mut(),
+            GradMode::Accumulate => self.db_tmp[i].as_mut(),
+        };
+        let extras = Extras { bias_grad: db.map(|v| v as &mut dyn DevicePtrMut<T>), ..Extras::default() };
+        let role = (i, GemmRole::WeightGrad);
+        gemm(gpu, &mut self.ins, role, &pw, &DynRef(dpre), &DynRef(input), beta, &mut self.dw[i], extras)?;
+        if let (GradMode::Accumulate, Some(tmp), Some(db)) = (mode, &self.db_tmp[i], self.db[i].as_mut()) {
+            let (pt, _gt) = tmp.device_ptr(s);
+            let (pb, _gb) = db.device_ptr_mut(s);
+            // SAFETY: both hold out_features elements of T, distinct allocations.
+            unsafe { gpu.enqueue_axpy(T::DTYPE, l.out_features, 1.0, pt, pb) }?;
+        }
+        // 3. the data gradient dpre·w[out, in] → [tokens, in]
+        if i == 0 && dx.is_none() {
+            return Ok(());
+        }
+        let prev = (i > 0).then(|| self.layers[i - 1]);
+        let e = prev.and_then(|p| fused_backward(&p, prec)).unwrap_or(Epilogue::None);
+        let mut px = GemmProblem::matmul(tokens, l.in_features, l.out_features, prec)?.with_epilogue(e)?;
+        let (before, rest) = bufs.grad.split_at_mut(i);
+        let dpre: &dyn DevicePtr<T> = match (&rest[0], last) {
+            (Some(g), _) => g,
+            _ => dy,
+        };
+        match (i, dx) {
+            (0, Some(dx)) => {
+                let role = (i, GemmRole::DataGrad);
+                gemm(gpu, &mut self.ins, role, &px, &DynRef(dpre), &self.w[i], 0.0, dx, Extras::default())
+            }
+            _ => {
+                let out = before[i - 1].as_mut().expect("every layer but the last has a gradient buffer");
+                let aux_in = if px.uses_aux() {
+                    let p = prev.expect("i > 0");
+                    px =
+                        px.with_aux_layout(MatrixLayout::row_major(tokens, p.out_features).with_ld(pre_ld(&p, prec)))?;
+                    bufs.pre[i - 1].as_ref().map(|v| v as &dyn DevicePtr<T>)
+                } else {
+                    None
+                };
+                let (role, extras) = ((i, GemmRole::DataGrad), Extras { aux_in, ..Extras::default() });
+                gemm(gpu, &mut self.ins, role, &px, &DynRef(dpre), &self.w[i], 0.0, out, extras)
+            }
+        }
+    }
+
+    /// Plain SGD on [`Gpu::stream`]: `w -= lr·dw`, `b -= lr·db` for every layer (cuBLAS
+    /// `axpy`, f32 arithmetic, rounded to T).
+    ///
+    /// # Errors
+    /// [`Error::Cublas`], [`Error::Driver`].
+    pub fn sgd_step(&mut self, gpu: &Gpu, lr: f32) -> Result<()> {
+        let s = gpu.stream();
+        let pairs = self.w.iter_mut().zip(&self.dw);
+        let bias_pairs = self.b.iter_mut().zip(&self.db).filter_map(|(p, g)| Some((p.as_mut()?, g.as_ref()?)));
+        for (p, g) in pairs.chain(bias_pairs) {
+            let n = p.len();
+            let (pg, _gg) = g.device_ptr(s);
+            let (pp, _gp) = p.device_ptr_mut(s);
+            // SAFETY: parameter and gradient hold n elements of T each, distinct allocations.
+            unsafe { gpu.enqueue_axpy(T::DTYPE, n, -lr, pg, pp) }?;
+        }
+        Ok(())
+    }
+
+    /// Allocates the activation and gradient buffers for `tokens` unless they exist.
+    fn ensure_buffers(&mut self, gpu: &Gpu, tokens: usize) -> Result<()> {
+        if self.bufs.as_ref().is_some_and(|b| b.tokens == tokens) {
+            return Ok(());
+        }
+        self.bufs = None; // freed in stream order before the new ones are allocated
+        let last = self.layers.len() - 1;
+        let mut b = Buffers { tokens, out: Vec::new(), pre: Vec::new(), grad: Vec::new() };
+        for (i, l) in self.layers.iter().enumerate() {
+            let n = tokens * l.out_features;
+            b.out.push(alloc(gpu, n)?);
+            let pre = l.activation.saves_pre().then(|| alloc(gpu, tokens * pre_ld(l, self.precision))).transpose()?;
+            b.pre.push(pre);
+            let needs_grad = i < last || l.activation != Activation::None;
+            b.grad.push(if needs_grad { Some(alloc(gpu, n)?) } else { None });
+        }
+        self.bufs = Some(b);
+        Ok(())
+    }
+}
+
+/// One forward GEMM of layer `i`: input `x` (i = 0) or the previous layer's output.
+#[allow(clippy::too_many_arguments)]
+fn gemm_in<T: Element, X: DevicePtr<T>, C: DevicePtrMut<T>>(
+    gpu: &Gpu,
+    ins: &mut Instruments,
+    p: &GemmProblem,
+    i: usize,
+    x: &X,
+    outs: &[CudaSlice<T>],
+    w: &CudaSlice<T>,
+    c: &mut C,
+    extras: Extras<'_, T>,
+) -> Result<()> {
+    let role = (i, GemmRole::Forward);
+    match i {
+        0 => gemm(gpu, ins, role, p, x, w, 0.0, c, extras),
+        _ => gemm(gpu, ins, role, p, &outs[i - 1], w, 0.0, c, extras),
+    }
+}
+
+/// A `&dyn DevicePtr` as a sized `DevicePtr` (the entry points take sized operands).
+struct DynRef<'a, T>(&'a dyn DevicePtr<T>);
+
+impl<T> DevicePtr<T> for DynRef<'_, T> {
+    fn device_ptr<'a>(&'a self, stream: &'a cudarc::driver::CudaStream) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
+        self.0.device_ptr(stream)
+    }
+}
+
+impl<T> cudarc::driver::DeviceSlice<T> for DynRef<'_, T> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
+        self.0.stream()
+    }
+}
+
+fn to_host<T: Element + DeviceRepr>(gpu: &Gpu, w: &[CudaSlice<T>], b: &[Option<CudaSlice<T>>]) -> Result<Params> {
+    let s = gpu.stream();
+    let down = |v: &CudaSlice<T>| -> Result<Vec<f32>> {
+        let h: Vec<T> = s.clone_dtoh(v).map_err(status::driver("cuMemcpyDtoH"))?;
+        Ok(h.iter().map(|v| v.to_f32()).collect())
+    };
+    w.iter()
+        .zip(b)
+        .map(|(w, b)| Ok(LayerParams { w: down(w)?, b: b.as_ref().map(down).transpose()?.unwrap_or_default() }))
+        .collect()
+}

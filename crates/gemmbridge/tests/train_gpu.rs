@@ -1,0 +1,341 @@
+//! GPU tests of the training layers ([`gemmbridge::cuda::train::Mlp`]):
+//! - against PyTorch autograd: every case of the two oracle directories (the team's single-layer
+//!   oracle, `GEMMBRIDGE_TORCH_ORACLE`; the repository's MLP-block and tf32 oracle
+//!   `bench/train_oracle.py`, `GEMMBRIDGE_TRAIN_ORACLE`), our error against float64 at most 2×
+//!   PyTorch's on every tensor. A GPU run without the directories fails, loudly.
+//! - against a float64 reference on random odd shapes, every precision and activation, with
+//!   outputs poisoned with NaN first; gradient accumulation; named errors, engine usable after.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use common::{normal, rng};
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use gemmbridge::cuda::train::Mlp;
+use gemmbridge::cuda::Gpu;
+use gemmbridge::half::{bf16, f16};
+use gemmbridge::reference::rel_error;
+use gemmbridge::train::{init_params, Activation, GradMode, LayerParams, LinearSpec, Params};
+use gemmbridge::{Element, Error, Precision};
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
+}
+
+/// One oracle case: layers, token count, dtype name and every tensor widened to f64.
+struct Case {
+    name: String,
+    tokens: usize,
+    dtype: String,
+    layers: Vec<LinearSpec>,
+    t: HashMap<String, Vec<f64>>,
+}
+
+fn widen(view: &safetensors::tensor::TensorView<'_>) -> Vec<f64> {
+    use safetensors::Dtype;
+    let d = view.data();
+    match view.dtype() {
+        Dtype::F64 => d.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+        Dtype::F32 => d.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        Dtype::F16 => d.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+        Dtype::BF16 => d.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+        other => panic!("unexpected tensor dtype {other:?}"),
+    }
+}
+
+/// Reads every `*.safetensors` case of `dir`. The team's single-layer files (metadata m, n, k,
+/// act, bias; tensors w, b, dw, db) become one-layer cases with layer-0 names.
+fn read_cases(dir: &Path) -> Vec<Case> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("oracle directory {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .safetensors cases in {}", dir.display());
+    files
+        .iter()
+        .map(|path| {
+            let bytes = std::fs::read(path).unwrap();
+            let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+            let meta = meta.metadata().clone().expect("metadata");
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let act = |s: &str| Activation::from_name(s).unwrap_or_else(|| panic!("activation {s}"));
+            let (tokens, layers, rename): (usize, Vec<LinearSpec>, &[(&str, &str)]) = if let Some(l) =
+                meta.get("layers")
+            {
+                let l: Vec<(usize, usize, String, bool)> = serde_json::from_str(l).unwrap();
+                let layers = l
+                    .into_iter()
+                    .map(|(i, o, a, b)| LinearSpec { in_features: i, out_features: o, bias: b, activation: act(&a) })
+                    .collect();
+                (meta["tokens"].parse().unwrap(), layers, &[])
+            } else {
+                let n = |k: &str| meta[k].parse::<usize>().unwrap();
+                let spec = LinearSpec {
+                    in_features: n("k"),
+                    out_features: n("n"),
+                    bias: meta["bias"] == "true",
+                    activation: act(&meta["act"]),
+                };
+                (n("m"), vec![spec], &[("w", "w0"), ("b", "b0"), ("dw", "dw0"), ("db", "db0")])
+            };
+            let mut t = HashMap::new();
+            for (name, view) in st.tensors() {
+                let (base, tag) = name.strip_suffix("_ref").map_or((name.as_str(), ""), |b| (b, "_ref"));
+                let base = rename.iter().find(|(from, _)| *from == base).map_or(base, |(_, to)| to);
+                t.insert(format!("{base}{tag}"), widen(&view));
+            }
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            Case { name, tokens, dtype: meta["dtype"].clone(), layers, t }
+        })
+        .collect()
+}
+
+fn upload<T: Element + DeviceRepr>(gpu: &Gpu, v: &[f64]) -> CudaSlice<T> {
+    let h: Vec<T> = v.iter().map(|&x| T::from_f64(x)).collect();
+    gpu.stream().clone_htod(&h).unwrap()
+}
+
+fn download<T: Element + DeviceRepr>(gpu: &Gpu, v: &CudaSlice<T>) -> Vec<f64> {
+    gpu.stream().clone_dtoh(v).unwrap().iter().map(|x| x.to_f64()).collect()
+}
+
+/// Runs a case's forward and backward; returns our y, dx and per-layer dw, db as f64.
+fn run_case<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    c: &Case,
+    prec: Precision,
+) -> HashMap<String, Vec<f64>> {
+    let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
+    let params: Params = (0..c.layers.len())
+        .map(|i| LayerParams {
+            w: f32s(&c.t[&format!("w{i}")]),
+            b: c.t.get(&format!("b{i}")).map(|b| f32s(b)).unwrap_or_default(),
+        })
+        .collect();
+    let mut mlp = Mlp::<T>::new(gpu, &c.layers, prec, &params).unwrap();
+    let x = upload::<T>(gpu, &c.t["x"]);
+    let dy = upload::<T>(gpu, &c.t["dy"]);
+    let mut dx = upload::<T>(gpu, &vec![f64::NAN; c.t["x"].len()]);
+    mlp.forward(gpu, &x, c.tokens, true).unwrap();
+    let y: Vec<f64> = gpu.stream().clone_dtoh(&mlp.output().unwrap()).unwrap().iter().map(|v: &T| v.to_f64()).collect();
+    mlp.backward(gpu, &x, &dy, Some(&mut dx), GradMode::Overwrite).unwrap();
+    let mut out = HashMap::from([("y".to_string(), y), ("dx".to_string(), download(gpu, &dx))]);
+    for (i, g) in mlp.grads_to_host(gpu).unwrap().into_iter().enumerate() {
+        out.insert(format!("dw{i}"), g.w.iter().map(|&v| v as f64).collect());
+        if !g.b.is_empty() {
+            out.insert(format!("db{i}"), g.b.iter().map(|&v| v as f64).collect());
+        }
+    }
+    out
+}
+
+/// Every case of the directory an environment variable names: our error ≤ 2× PyTorch's.
+fn oracle(var: &str) {
+    let dir = std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: point it at a directory of PyTorch oracle cases (see this file's header); this test cannot pass without them")
+    });
+    let gpu = gpu();
+    let mut failures = Vec::new();
+    for c in read_cases(Path::new(&dir)) {
+        let ours = match c.dtype.as_str() {
+            "f32" => run_case::<f32>(&gpu, &c, Precision::F32),
+            "tf32" => run_case::<f32>(&gpu, &c, Precision::TF32),
+            "f16" => run_case::<f16>(&gpu, &c, Precision::F16),
+            "bf16" => run_case::<bf16>(&gpu, &c, Precision::BF16),
+            d => panic!("{}: dtype {d}", c.name),
+        };
+        let mut names: Vec<&String> = ours.keys().collect();
+        names.sort();
+        for k in names {
+            let reference = &c.t[&format!("{k}_ref")];
+            let (e_ours, e_torch) = (rel_error(&ours[k], reference), rel_error(&c.t[k], reference));
+            let ok = e_ours <= 2.0 * e_torch;
+            eprintln!(
+                "{:<44} {k:<4} ours {e_ours:.3e} torch {e_torch:.3e} ratio {:.2} {}",
+                c.name,
+                e_ours / e_torch,
+                if ok { "ok" } else { "FAIL" }
+            );
+            if !ok {
+                failures.push(format!("{} {k}: {e_ours:e} > 2 x {e_torch:e}", c.name));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} tensors worse than 2x PyTorch's error:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn torch_oracle_single_layers() {
+    oracle("GEMMBRIDGE_TORCH_ORACLE");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn train_oracle_mlp_blocks_and_tf32() {
+    oracle("GEMMBRIDGE_TRAIN_ORACLE");
+}
+
+/// Float64 forward and backward of `layers` (the definition, no tricks): y, dx, dw, db.
+fn reference(layers: &[LinearSpec], p: &Params, x: &[f64], dy: &[f64], tokens: usize) -> HashMap<String, Vec<f64>> {
+    let mut inputs = vec![x.to_vec()];
+    let mut pres = Vec::new();
+    for (l, lp) in layers.iter().zip(p) {
+        let (i_f, o_f) = (l.in_features, l.out_features);
+        let h = inputs.last().unwrap();
+        let mut pre = vec![0.0; tokens * o_f];
+        for t in 0..tokens {
+            for o in 0..o_f {
+                let s: f64 = (0..i_f).map(|i| h[t * i_f + i] * lp.w[o * i_f + i] as f64).sum();
+                pre[t * o_f + o] = s + lp.b.get(o).map_or(0.0, |&b| b as f64);
+            }
+        }
+        inputs.push(pre.iter().map(|&v| l.activation.apply(v)).collect());
+        pres.push(pre);
+    }
+    let mut out = HashMap::from([("y".to_string(), inputs.last().unwrap().clone())]);
+    let mut g = dy.to_vec();
+    for (li, l) in layers.iter().enumerate().rev() {
+        let (i_f, o_f) = (l.in_features, l.out_features);
+        g.iter_mut().zip(&pres[li]).for_each(|(v, &pre)| *v *= l.activation.grad(pre));
+        let h = &inputs[li];
+        let mut dw = vec![0.0; o_f * i_f];
+        for o in 0..o_f {
+            for i in 0..i_f {
+                dw[o * i_f + i] = (0..tokens).map(|t| g[t * o_f + o] * h[t * i_f + i]).sum();
+            }
+        }
+        out.insert(format!("dw{li}"), dw);
+        if l.bias {
+            out.insert(format!("db{li}"), (0..o_f).map(|o| (0..tokens).map(|t| g[t * o_f + o]).sum()).collect());
+        }
+        let mut next = vec![0.0; tokens * i_f];
+        for t in 0..tokens {
+            for i in 0..i_f {
+                next[t * i_f + i] = (0..o_f).map(|o| g[t * o_f + o] * p[li].w[o * i_f + i] as f64).sum();
+            }
+        }
+        g = next;
+    }
+    out.insert("dx".into(), g);
+    out
+}
+
+fn random_mlp_case<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    prec: Precision,
+    rng: &mut rand::rngs::StdRng,
+) {
+    let acts = Activation::ALL;
+    for (n, tokens) in [(0usize, 37usize), (1, 1), (2, 64)] {
+        // three layers, odd feature counts, every activation on a hidden layer and the last
+        let layers = [
+            LinearSpec::new(33, 65).with_activation(acts[(n + 2) % 4]),
+            LinearSpec::new(65, 17).with_activation(acts[(n + 3) % 4]).without_bias(),
+            LinearSpec::new(17, 24).with_activation(acts[n % 4]),
+        ];
+        // parameters rounded to T, so the reference sees exactly what the GPU does
+        let round = |v: &[f32]| v.iter().map(|&x| T::from_f32(x).to_f32()).collect::<Vec<_>>();
+        let params: Params = init_params(&layers, rng_seed(rng))
+            .into_iter()
+            .map(|p| LayerParams { w: round(&p.w), b: round(&p.b) })
+            .collect();
+        let x: Vec<T> = normal(rng, tokens * 33);
+        let dy: Vec<T> = normal(rng, tokens * 24);
+        let wide = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+        let want = reference(&layers, &params, &wide(&x), &wide(&dy), tokens);
+        let mut mlp = Mlp::<T>::new(gpu, &layers, prec, &params).unwrap();
+        let xd = gpu.stream().clone_htod(&x).unwrap();
+        let dyd = gpu.stream().clone_htod(&dy).unwrap();
+        let mut dx = gpu.stream().clone_htod(&common::poison::<T>(x.len())).unwrap();
+        mlp.forward(gpu, &xd, tokens, true).unwrap();
+        let y: Vec<T> = gpu.stream().clone_dtoh(&mlp.output().unwrap()).unwrap();
+        mlp.backward(gpu, &xd, &dyd, Some(&mut dx), GradMode::Overwrite).unwrap();
+        let grads = mlp.grads_to_host(gpu).unwrap();
+        // the precision's band per GEMM, times the three layers a gradient passes through:
+        // every layer rounds its output (and its gradient) to T once, which a float64
+        // reference does not (the PyTorch oracle tests hold the layers to PyTorch's error)
+        let tol = prec.tolerance() * layers.len() as f64;
+        let check = |what: &str, got: Vec<f64>| {
+            let e = rel_error(&got, &want[what]);
+            assert!(e <= tol, "{prec} tokens {tokens} layers {layers:?}: {what} rel error {e:e} > {tol:e}");
+        };
+        check("y", wide(&y));
+        check("dx", wide(&gpu.stream().clone_dtoh(&dx).unwrap()));
+        for (i, g) in grads.iter().enumerate() {
+            check(&format!("dw{i}"), g.w.iter().map(|&v| v as f64).collect());
+            if layers[i].bias {
+                check(&format!("db{i}"), g.b.iter().map(|&v| v as f64).collect());
+            }
+        }
+        // accumulate: a second backward adds the same gradients (dw by β = 1, db by axpy)
+        mlp.backward(gpu, &xd, &dyd, None::<&mut CudaSlice<T>>, GradMode::Accumulate).unwrap();
+        let twice = mlp.grads_to_host(gpu).unwrap();
+        for (i, (a, b)) in twice.iter().zip(&grads).enumerate() {
+            let doubled = |v: &[f32]| v.iter().map(|&x| 2.0 * x as f64).collect::<Vec<_>>();
+            let wide32 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+            let e = rel_error(&wide32(&a.w), &doubled(&b.w));
+            assert!(e <= tol, "{prec} accumulate dw{i}: {e:e}");
+            let e = rel_error(&wide32(&a.b), &doubled(&b.b));
+            assert!(e <= tol, "{prec} accumulate db{i}: {e:e}");
+        }
+    }
+}
+
+fn rng_seed(rng: &mut rand::rngs::StdRng) -> u64 {
+    rand::Rng::random(rng)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn random_mlps_match_float64_in_every_precision() {
+    let gpu = gpu();
+    let mut rng = rng();
+    random_mlp_case::<f32>(&gpu, Precision::F32, &mut rng);
+    random_mlp_case::<f32>(&gpu, Precision::TF32, &mut rng);
+    random_mlp_case::<f16>(&gpu, Precision::F16, &mut rng);
+    random_mlp_case::<bf16>(&gpu, Precision::BF16, &mut rng);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn named_errors_and_usable_after() {
+    let gpu = gpu();
+    let layers = [LinearSpec::new(8, 16).with_activation(Activation::GeluTanh), LinearSpec::new(16, 8)];
+    let params = init_params(&layers, 5);
+    let e = Mlp::<f16>::new(&gpu, &layers, Precision::BF16, &params).unwrap_err();
+    assert!(matches!(e, Error::DTypeMismatch { .. }), "{e}");
+    let e = Mlp::<f16>::new(&gpu, &layers, Precision::F16_F32OUT, &params).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    let mut mlp = Mlp::<f32>::new(&gpu, &layers, Precision::F32, &params).unwrap();
+    let x = gpu.stream().clone_htod(&vec![0.5f32; 4 * 8]).unwrap();
+    let dy = gpu.stream().clone_htod(&vec![1.0f32; 4 * 8]).unwrap();
+    let none = None::<&mut CudaSlice<f32>>;
+    let e = mlp.backward(&gpu, &x, &dy, none, GradMode::Overwrite).unwrap_err();
+    assert!(matches!(e, Error::TrainingOrder { .. }), "{e}");
+    let e = mlp.forward(&gpu, &x, 5, true).unwrap_err();
+    assert!(matches!(e, Error::LayerShape { got: 32, expected: 40, .. }), "{e}");
+    mlp.forward(&gpu, &x, 4, false).unwrap();
+    let e = mlp.backward(&gpu, &x, &dy, None::<&mut CudaSlice<f32>>, GradMode::Overwrite).unwrap_err();
+    assert!(matches!(e, Error::TrainingOrder { .. }), "inference forward, then backward: {e}");
+    mlp.forward(&gpu, &x, 4, true).unwrap();
+    let other = gpu.stream().clone_htod(&vec![0.5f32; 4 * 8]).unwrap();
+    let e = mlp.backward(&gpu, &other, &dy, None::<&mut CudaSlice<f32>>, GradMode::Overwrite).unwrap_err();
+    assert!(matches!(e, Error::TrainingOrder { .. }), "{e}");
+    let short = gpu.stream().clone_htod(&vec![1.0f32; 31]).unwrap();
+    let e = mlp.backward(&gpu, &x, &short, None::<&mut CudaSlice<f32>>, GradMode::Overwrite).unwrap_err();
+    assert!(matches!(e, Error::LayerShape { got: 31, expected: 32, .. }), "{e}");
+    let mut short_dx = gpu.stream().clone_htod(&vec![0.0f32; 31]).unwrap();
+    let e = mlp.backward(&gpu, &x, &dy, Some(&mut short_dx), GradMode::Overwrite).unwrap_err();
+    assert!(matches!(e, Error::LayerShape { got: 31, expected: 32, .. }), "{e}");
+    // still usable: a full step, and the step moved the parameters
+    mlp.backward(&gpu, &x, &dy, None::<&mut CudaSlice<f32>>, GradMode::Overwrite).unwrap();
+    mlp.sgd_step(&gpu, 0.1).unwrap();
+    let after = mlp.params_to_host(&gpu).unwrap();
+    assert_ne!(after, params);
+    assert!(after.iter().all(|p| p.w.iter().chain(&p.b).all(|v| v.is_finite())));
+}
