@@ -15,6 +15,7 @@ mod row;
 mod soak;
 mod suites;
 mod timing;
+mod train_bench;
 mod tune;
 
 use clap::{Parser, Subcommand};
@@ -23,7 +24,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "gemmbridge",
     version,
-    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall, compare, soak, fp8"
+    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -62,6 +63,9 @@ enum Command {
     /// quantisation kernels (`quantize`).
     #[command(subcommand)]
     Fp8(fp8cmd::Action),
+    /// Step time (forward + backward) of the training layers — an MLP block and single bias
+    /// Linears — with the share spent in GEMMs, as JSON lines beside bench/train_peer.py.
+    TrainBench(train_bench::Args),
 }
 
 fn main() {
@@ -82,6 +86,7 @@ fn main() {
         Command::Compare(args) => compare::run(args),
         Command::Soak(args) => soak::run(args),
         Command::Fp8(action) => fp8cmd::run(action),
+        Command::TrainBench(args) => train_bench::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

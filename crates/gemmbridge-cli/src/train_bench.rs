@@ -1,0 +1,208 @@
+//! `gemmbridge train-bench`: the step time (forward + backward) of the training layers, in the
+//! benchmark's JSON-lines schema, beside `bench/train_peer.py` (PyTorch `nn.Linear` + autograd).
+//!
+//! Rows (`m` = tokens, `n` = the layer's out / the block's hidden width f, `k` = in / d):
+//! - `mlp_train`: `Linear(d, f) → GELU-tanh → Linear(f, d)`, both with biases;
+//! - `linear_train`: one `Linear(in, out)` with a bias.
+//!
+//! One step: the training forward, then the backward with the input gradient (the block's input
+//! comes from an earlier layer in a real model), gradients overwritten. Timed like every bench
+//! row (`timing::time_gpu`). Then, over 10 further steps, CUDA events around each GEMM and
+//! around the 10 steps: `gemm_ms` (the step's GEMMs alone), `pass_ms` (the step in that pass)
+//! and `beyond_ms = pass_ms − gemm_ms`, what the step costs beyond its GEMMs (taken from one
+//! pass: the GPU's clock differs between passes by more than the difference).
+
+use anyhow::bail;
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use gemmbridge::cuda::train::Mlp;
+use gemmbridge::cuda::Gpu;
+use gemmbridge::train::{init_params, Activation, GradMode, LinearSpec};
+use gemmbridge::{Element, Precision};
+use serde::Serialize;
+
+use crate::db::load_db;
+use crate::ops::precision_of;
+use crate::timing;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Comma-separated dtypes: f32, tf32, f16, bf16.
+    #[arg(long, default_value = "bf16,f16")]
+    dtypes: String,
+    /// Comma-separated ops: mlp_train (d×f = 4096×14336 and 4096×16384), linear_train (4096³
+    /// and the llm suite's 8B-class projections, 4096 tokens).
+    #[arg(long, default_value = "mlp_train,linear_train")]
+    ops: String,
+    /// Tokens per step.
+    #[arg(long, default_value_t = 4096)]
+    tokens: usize,
+    /// Timed samples per row (median reported).
+    #[arg(long, default_value_t = 30)]
+    reps: usize,
+    /// Tactic database from `gemmbridge tune` to use.
+    #[arg(long)]
+    db: Option<String>,
+    /// Autotune every GEMM of a step (cuBLASLt's candidates, timed) before timing the row.
+    #[arg(long)]
+    tune: bool,
+    /// Print each GEMM's time (layer, role) beside the row.
+    #[arg(long)]
+    breakdown: bool,
+    /// Write JSON lines here ("-": stdout).
+    #[arg(long)]
+    out: Option<String>,
+}
+
+/// A row: the bench schema's fields plus the GEMM split.
+#[derive(Serialize)]
+struct Row {
+    op: &'static str,
+    dtype: String,
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    median_ms: f64,
+    min_ms: f64,
+    tflops: f64,
+    gemm_ms: f64,
+    pass_ms: f64,
+    beyond_ms: f64,
+}
+
+/// (op, n, k): the block's f and d, or the layer's out and in.
+const SHAPES: [(&str, usize, usize); 6] = [
+    ("mlp_train", 14336, 4096),
+    ("mlp_train", 16384, 4096),
+    ("linear_train", 4096, 4096),
+    ("linear_train", 6144, 4096),
+    ("linear_train", 28672, 4096),
+    ("linear_train", 4096, 14336),
+];
+
+fn layers(op: &str, n: usize, k: usize) -> Vec<LinearSpec> {
+    match op {
+        "mlp_train" => vec![LinearSpec::new(k, n).with_activation(Activation::GeluTanh), LinearSpec::new(n, k)],
+        _ => vec![LinearSpec::new(k, n)],
+    }
+}
+
+fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    op: &'static str,
+    dtype: &str,
+    precision: Precision,
+    (tokens, n, k): (usize, usize, usize),
+    args: &Args,
+) -> anyhow::Result<Row> {
+    let reps = args.reps;
+    let layers = layers(op, n, k);
+    let mut mlp = Mlp::<T>::new(gpu, &layers, precision, &init_params(&layers, 1))?;
+    let s = gpu.stream();
+    let x: CudaSlice<T> = s.clone_htod(&crate::random::normal::<T>(tokens * k))?;
+    let out = layers.last().map_or(0, |l| l.out_features);
+    let dy: CudaSlice<T> = s.clone_htod(&crate::random::normal::<T>(tokens * out))?;
+    let mut dx: CudaSlice<T> = s.alloc_zeros(tokens * k)?;
+    if args.tune {
+        let opts = gemmbridge::cuda::TuneOptions::default();
+        for (layer, role, r, _, _) in mlp.autotune(gpu, &x, tokens, &dy, Some(&mut dx), opts)? {
+            eprintln!(
+                "  tuned layer {layer} {role:?}: first choice {:.3} ms, kept {:.3} ms",
+                r.heuristic_ms, r.best_ms
+            );
+        }
+    }
+    let mut step = |mlp: &mut Mlp<T>| -> gemmbridge::Result<()> {
+        mlp.forward(gpu, &x, tokens, true)?;
+        mlp.backward(gpu, &x, &dy, Some(&mut dx), GradMode::Overwrite)
+    };
+    let sampling = timing::Sampling { warmup: 5, reps, heat_ms: 0.0 };
+    let t = timing::time_gpu(gpu, sampling, &mut || step(&mut mlp))?;
+    // the split, in one pass: the steps' time and their GEMMs' time from the same steps
+    mlp.set_gemm_timing(true);
+    const STEPS: usize = 10;
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = s.record_event(flags)?;
+    for _ in 0..STEPS {
+        step(&mut mlp)?;
+    }
+    let end = s.record_event(flags)?;
+    let each = mlp.gemm_breakdown()?;
+    let gemm_ms = each.iter().map(|g| g.2).sum::<f64>() / STEPS as f64;
+    if args.breakdown {
+        let per_step = each.len() / STEPS;
+        for (layer, role, _) in each.iter().take(per_step) {
+            let ms: f64 =
+                each.iter().filter(|g| (g.0, g.1) == (*layer, *role)).map(|g| g.2).sum::<f64>() / STEPS as f64;
+            eprintln!("  layer {layer} {role:?}: {ms:.3} ms");
+        }
+    }
+    let pass_ms = f64::from(start.elapsed_ms(&end)?) / STEPS as f64;
+    let flops = 6.0 * tokens as f64 * n as f64 * k as f64 * layers.len() as f64;
+    Ok(Row {
+        op,
+        dtype: dtype.into(),
+        m: tokens,
+        n,
+        k,
+        batch: 1,
+        median_ms: t.median_ms,
+        min_ms: t.min_ms,
+        tflops: flops / (t.median_ms * 1e-3) / 1e12,
+        gemm_ms,
+        pass_ms,
+        beyond_ms: pass_ms - gemm_ms,
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let ops: Vec<&str> = args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()).collect();
+    for o in &ops {
+        if *o != "mlp_train" && *o != "linear_train" {
+            bail!("unknown op {o:?}; choose from mlp_train, linear_train");
+        }
+    }
+    let mut dtypes = Vec::new();
+    for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        match precision_of(d) {
+            Some(p) => dtypes.push((d.to_string(), p)),
+            None => bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16"),
+        }
+    }
+    if ops.is_empty() || dtypes.is_empty() {
+        bail!("nothing to run: give --ops and --dtypes");
+    }
+    if !(1..=100_000).contains(&args.reps) || args.tokens == 0 {
+        bail!("--reps must be 1..=100000 and --tokens at least 1");
+    }
+    let gpu = Gpu::new(0).map_err(|e| anyhow::anyhow!("train-bench needs a CUDA GPU: {e}"))?;
+    // SAFETY: every buffer here is created, used and dropped on the one stream gpu.stream().
+    unsafe { gpu.context().disable_event_tracking() };
+    if let Some(db) = &args.db {
+        eprintln!("tactic database {db}: {} tuned entries loaded", load_db(&gpu, db)?);
+    }
+    let mut out: Box<dyn std::io::Write> = match args.out.as_deref() {
+        None | Some("-") => Box::new(std::io::stdout()),
+        Some(path) => Box::new(std::fs::File::create(path)?),
+    };
+    let i = gpu.info()?;
+    let env = serde_json::json!({"op": "env", "backend": "gemmbridge-train", "device": i.name,
+        "cublaslt": i.cublaslt_version, "reps": args.reps, "tokens": args.tokens});
+    writeln!(out, "{env}")?;
+    for (dtype, precision) in &dtypes {
+        for &(op, n, k) in SHAPES.iter().filter(|(op, _, _)| ops.contains(op)) {
+            let shape = (args.tokens, n, k);
+            let r = match precision.input() {
+                gemmbridge::DType::F16 => row::<gemmbridge::half::f16>(&gpu, op, dtype, *precision, shape, &args),
+                gemmbridge::DType::BF16 => row::<gemmbridge::half::bf16>(&gpu, op, dtype, *precision, shape, &args),
+                _ => row::<f32>(&gpu, op, dtype, *precision, shape, &args),
+            }?;
+            eprintln!(
+                "{op:<13} {dtype:<5} {:>5}x{:>5}x{:>5}  {:>8.3} ms  {:>6.1} TF/s  GEMMs {:>8.3} of {:>8.3} ms  beyond {:>7.3} ms",
+                r.m, r.n, r.k, r.median_ms, r.tflops, r.gemm_ms, r.pass_ms, r.beyond_ms
+            );
+            writeln!(out, "{}", serde_json::to_string(&r)?)?;
+        }
+    }
+    Ok(0)
+}
