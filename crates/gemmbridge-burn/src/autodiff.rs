@@ -3,8 +3,8 @@
 //! over the batch dimensions an input was broadcast along.
 //!
 //! `linear` without an activation is one node: forward `x·W + b` with the bias fused;
-//! backward `dx = dy·Wᵀ` and `dW = xᵀ·dy` (x and dy viewed as `[m, ·]` matrices) through
-//! gemmbridge, `db` = dy summed over rows by burn. With an activation, a tracked call is that
+//! backward `dx = dy·Wᵀ`, and `dW = xᵀ·dy` with `db = Σ dy` fused into the same GEMM's
+//! epilogue (x and dy viewed as `[m, ·]` matrices), through gemmbridge. With an activation, a tracked call is that
 //! node followed by burn's activation op (whose backward burn owns); an untracked call (no
 //! gradient needed, e.g. inference) fuses the activation into the GEMM's epilogue too.
 
@@ -76,23 +76,41 @@ impl<B: GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
     }
 }
 
-/// `dx = dy·Wᵀ` (shape of x) and `dW = xᵀ·dy` summed over x's leading dims (shape `[d_in,
-/// d_out]`), each computed only when its node is tracked.
+/// `x` and `dy` as the 2-D `[m, d_in]` and `[m, d_out]` matrices the weight gradient needs
+/// (x's leading dims folded into m).
+fn fold<B: GemmOps>(x: FloatTensor<B>, grad: &FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
+    let (xs, gs) = (x.shape(), grad.shape());
+    let (d_in, d_out) = (xs[xs.num_dims() - 1], gs[gs.num_dims() - 1]);
+    let m: usize = (0..xs.num_dims() - 1).map(|i| xs[i]).product();
+    (B::float_reshape(x, Shape::from([m, d_in])), B::float_reshape(grad.clone(), Shape::from([m, d_out])))
+}
+
+/// `dx = dy·Wᵀ` (shape of x), `dW = xᵀ·dy` summed over x's leading dims (shape `[d_in,
+/// d_out]`) and, with `bias`, `db = Σ dy` over the same dims — the weight and bias gradients
+/// from one GEMM with the bias gradient fused ([`GemmOps::gemm_linear_param_grads`]). Each is
+/// computed only when it is asked for (`x` given: dW; `weight` given: dx).
 fn linear_grads<B: GemmOps>(
     grad: &FloatTensor<B>,
     x: Option<FloatTensor<B>>,
     weight: Option<FloatTensor<B>>,
-) -> (Option<FloatTensor<B>>, Option<FloatTensor<B>>) {
+    bias: bool,
+) -> [Option<FloatTensor<B>>; 3] {
     let dx = weight.map(|w| B::gemm_linear(grad.clone(), B::float_transpose(w), None, Activation::None));
-    let dw = x.map(|x| {
-        let (xs, gs) = (x.shape(), grad.shape());
-        let (d_in, d_out) = (xs[xs.num_dims() - 1], gs[gs.num_dims() - 1]);
-        let m: usize = (0..xs.num_dims() - 1).map(|i| xs[i]).product();
-        let x2 = B::float_reshape(x, Shape::from([m, d_in]));
-        let g2 = B::float_reshape(grad.clone(), Shape::from([m, d_out]));
-        B::gemm_matmul(B::float_transpose(x2), g2)
-    });
-    (dx, dw)
+    let (dw, db) = match (x, bias) {
+        (Some(x), true) if crate::fused_bias_grad() => {
+            let (x2, g2) = fold::<B>(x, grad);
+            let (dw, db) = B::gemm_linear_param_grads(x2, g2);
+            (Some(dw), Some(db))
+        }
+        (Some(x), bias) => {
+            let (x2, g2) = fold::<B>(x, grad);
+            let db = bias.then(|| B::linear_bias_backward(grad.clone()));
+            (Some(B::gemm_matmul(B::float_transpose(x2), g2)), db)
+        }
+        (None, true) => (None, Some(B::linear_bias_backward(grad.clone()))),
+        (None, false) => (None, None),
+    };
+    [dx, dw, db]
 }
 
 #[derive(Debug)]
@@ -105,18 +123,19 @@ fn retrieve<B: GemmOps>(checkpointer: &mut Checkpointer, id: Option<NodeId>) -> 
     id.map(|id| checkpointer.retrieve_node_output(id))
 }
 
-/// Registers `dx` and `dW` for the linear node's x and weight parents (the ids of the tracked
-/// ones), from the checkpointed inputs in `state`.
+/// Registers `dx`, `dW` and `db` for the linear node's x, weight and bias parents (the ids of
+/// the tracked ones), from the checkpointed inputs in `state`.
 fn register_linear_grads<B: GemmOps>(
-    [id_x, id_w]: [Option<NodeId>; 2],
+    ids: [Option<NodeId>; 3],
     grad: &FloatTensor<B>,
     state: LinearState,
     grads: &mut Gradients,
     checkpointer: &mut Checkpointer,
 ) {
+    let [id_x, id_w, id_b] = ids;
     let (x, w) = (retrieve::<B>(checkpointer, state.0), retrieve::<B>(checkpointer, state.1));
-    let (dx, dw) = linear_grads::<B>(grad, x.filter(|_| id_w.is_some()), w.filter(|_| id_x.is_some()));
-    for (id, g) in [(id_x, dx), (id_w, dw)] {
+    let g = linear_grads::<B>(grad, x.filter(|_| id_w.is_some()), w.filter(|_| id_x.is_some()), id_b.is_some());
+    for (id, g) in ids.into_iter().zip(g) {
         if let (Some(id), Some(g)) = (id, g) {
             grads.register::<B>(id, g);
         }
@@ -129,11 +148,8 @@ impl<B: GemmOps> Backward<B, 3> for GemmLinearBackward {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
         let [node_x, node_w, node_b] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let ids = [node_x.map(|n| n.id), node_w.map(|n| n.id)];
+        let ids = [node_x.map(|n| n.id), node_w.map(|n| n.id), node_b.map(|n| n.id)];
         register_linear_grads::<B>(ids, &grad, ops.state, grads, checkpointer);
-        if let Some(node) = node_b {
-            grads.register::<B>(node.id, B::linear_bias_backward(grad));
-        }
     }
 }
 
@@ -143,7 +159,7 @@ impl<B: GemmOps> Backward<B, 2> for GemmLinearBackward {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
         let [node_x, node_w] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let ids = [node_x.map(|n| n.id), node_w.map(|n| n.id)];
+        let ids = [node_x.map(|n| n.id), node_w.map(|n| n.id), None];
         register_linear_grads::<B>(ids, &grad, ops.state, grads, checkpointer);
     }
 }

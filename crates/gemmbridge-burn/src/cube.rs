@@ -14,7 +14,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::cuda::CudaRuntime;
 use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras};
-use gemmbridge::Precision;
+use gemmbridge::{Epilogue, Precision};
 
 use crate::layout::{plan, plan_linear, Fallback, MatmulPlan};
 use crate::{burn_linear, Activation, GemmOps};
@@ -53,7 +53,8 @@ fn same_precision(ts: &[&Cuda]) -> Result<Precision, Fallback> {
         .ok_or_else(|| Fallback::Problem(format!("dtypes {:?}", ts.iter().map(|t| t.dtype).collect::<Vec<_>>())))
 }
 
-/// Runs a planned GEMM on burn's buffers: `out = epilogue(a·b [+ bias])`.
+/// Runs a planned GEMM on burn's buffers: `out = epilogue(a·b [+ bias])`; `bias` is the
+/// epilogue's vector, read (a bias) or written (a bias gradient, `BiasGradB`).
 ///
 /// Ordering (cubecl 0.10 exposes no CUstream, see README.md): the host waits for the calling
 /// thread's cubecl stream before the GEMM, and for gemmbridge's stream after it. Both waits and
@@ -110,6 +111,29 @@ fn try_matmul(lhs: &Cuda, rhs: &Cuda) -> Result<Cuda, Fallback> {
     let prec = same_precision(&[lhs, rhs])?;
     let p = plan(lhs.meta.shape(), lhs.meta.strides(), rhs.meta.shape(), rhs.meta.strides(), prec)?;
     run(&p, lhs, rhs, None)
+}
+
+/// `(xᵀ·dy, Σ_rows dy)` for 2-D `x[m, d_in]` and `dy[m, d_out]`: one GEMM with the bias
+/// gradient epilogue (`BiasGradB`: the column sums of op(B) = dy over k = m), both outputs
+/// from burn's allocator.
+fn try_param_grads(x: &Cuda, dy: &Cuda) -> Result<(Cuda, Cuda), Fallback> {
+    let prec = same_precision(&[x, dy])?;
+    let (xs, xst) = (x.meta.shape(), x.meta.strides());
+    if xs.len() != 2 || dy.meta.shape().len() != 2 {
+        return Err(Fallback::Shape(format!("ranks {xs:?} and {:?} (2-D expected)", dy.meta.shape())));
+    }
+    // xᵀ as a view: shape [d_in, m], strides swapped
+    let mut p = plan(&[xs[1], xs[0]], &[xst[1], xst[0]], dy.meta.shape(), dy.meta.strides(), prec)?;
+    p.problem = p.problem.with_epilogue(Epilogue::BiasGradB).map_err(|e| Fallback::Problem(e.to_string()))?;
+    let d_out = dy.meta.shape()[1];
+    let db = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
+        dy.client.clone(),
+        dy.device.clone(),
+        Shape::from([d_out]),
+        dy.dtype,
+    );
+    let dw = run(&p, x, dy, Some(&db))?;
+    Ok((dw, db))
 }
 
 fn try_linear(x: &Cuda, w: &Cuda, bias: Option<&Cuda>, act: Activation) -> Result<Cuda, Fallback> {
@@ -174,5 +198,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GemmOps fo
             _ => Err(Fallback::Problem("not a CUDA backend".into())),
         };
         served("linear", &shapes, attempt).unwrap_or_else(|| burn_linear::<Self>(x, weight, bias, act))
+    }
+
+    fn gemm_linear_param_grads(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let shapes: [&[usize]; 2] = [x.meta.shape(), dy.meta.shape()];
+        let attempt = || match (as_cuda(&x), as_cuda(&dy)) {
+            (Some(x), Some(g)) => try_param_grads(x, g).map(|(w, b)| (from_cuda::<R>(w), from_cuda::<R>(b))),
+            _ => Err(Fallback::Problem("not a CUDA backend".into())),
+        };
+        served("linear weight and bias gradients", &shapes, attempt).unwrap_or_else(|| {
+            let dw = Self::gemm_matmul(<Self as FloatTensorOps<Self>>::float_transpose(x), dy.clone());
+            (dw, <Self as burn::tensor::ops::ModuleOps<Self>>::linear_bias_backward(dy))
+        })
     }
 }

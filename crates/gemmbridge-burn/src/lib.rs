@@ -41,6 +41,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
 static TF32: AtomicBool = AtomicBool::new(false);
+static FUSED_BIAS_GRAD: AtomicBool = AtomicBool::new(true);
 static SERVED: AtomicUsize = AtomicUsize::new(0);
 static FELL_BACK: AtomicUsize = AtomicUsize::new(0);
 
@@ -76,6 +77,17 @@ pub fn set_tf32(on: bool) {
 
 pub(crate) fn tf32() -> bool {
     TF32.load(Ordering::Relaxed)
+}
+
+/// Under `Autodiff`, computes a linear layer's bias gradient inside its weight-gradient GEMM
+/// (cuBLASLt's bias-gradient epilogue; on by default), or (off) as burn's own reduction after
+/// a plain GEMM, as earlier versions of this crate did. For A/B measurements.
+pub fn set_fused_bias_grad(on: bool) {
+    FUSED_BIAS_GRAD.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn fused_bias_grad() -> bool {
+    FUSED_BIAS_GRAD.load(Ordering::Relaxed)
 }
 
 /// An activation fused into [`linear`]'s epilogue.
@@ -120,6 +132,15 @@ pub trait GemmOps: Backend {
         act: Activation,
     ) -> FloatTensor<Self> {
         burn_linear::<Self>(x, weight, bias, act)
+    }
+
+    /// A linear layer's weight and bias gradients from 2-D `x[m, d_in]` and `dy[m, d_out]`:
+    /// `(xᵀ·dy [d_in, d_out], Σ_rows dy [d_out])`, with the sum fused into the GEMM's epilogue
+    /// (cuBLASLt's bias-gradient epilogue) where gemmbridge serves; burn's matmul and
+    /// `linear_bias_backward` otherwise.
+    fn gemm_linear_param_grads(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let dw = Self::gemm_matmul(Self::float_transpose(x), dy.clone());
+        (dw, <Self as burn::tensor::ops::ModuleOps<Self>>::linear_bias_backward(dy))
     }
 }
 

@@ -58,7 +58,9 @@ pub struct TrainArgs {
     /// Seed of the initial weights and of the batch sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Modes, in order: `off` (burn's matmul), `on` (gemmbridge), `on-tf32` (gemmbridge, tf32).
+    /// Modes, in order: `off` (burn's matmul), `on` (gemmbridge), `on-tf32` (gemmbridge, tf32),
+    /// `on-tf32-unfused-bgrad` (gemmbridge, tf32, bias gradients by burn's reduction after the
+    /// weight-gradient GEMM instead of in its epilogue: the adapter's earlier backward).
     #[arg(long, value_delimiter = ',', default_value = "off,on")]
     modes: Vec<Mode>,
     /// JSON lines out: one per step, one summary per mode, one comparison.
@@ -75,6 +77,9 @@ enum Mode {
     On,
     /// gemmbridge, f32 through tf32 tensor cores.
     OnTf32,
+    /// gemmbridge, tf32, bias gradients by burn's own reduction (the adapter before its fused
+    /// backward).
+    OnTf32UnfusedBgrad,
 }
 
 impl Mode {
@@ -84,13 +89,15 @@ impl Mode {
             Mode::Off => "off",
             Mode::On => "on",
             Mode::OnTf32 => "on-tf32",
+            Mode::OnTf32UnfusedBgrad => "on-tf32-unfused-bgrad",
         }
     }
 
     /// Sets gemmbridge-burn's global switches for this mode.
     fn apply(self) {
         gemmbridge_burn::set_enabled(self != Mode::Off);
-        gemmbridge_burn::set_tf32(self == Mode::OnTf32);
+        gemmbridge_burn::set_tf32(matches!(self, Mode::OnTf32 | Mode::OnTf32UnfusedBgrad));
+        gemmbridge_burn::set_fused_bias_grad(self != Mode::OnTf32UnfusedBgrad);
     }
 }
 
