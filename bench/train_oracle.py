@@ -10,8 +10,11 @@ Each file holds, row-major and contiguous, layer i = 0, 1, ...:
   x [tokens, d]; w{i} [out_i, in_i]; b{i} [out_i]; dy [tokens, out_last]   inputs (case dtype)
   y, dx, dw{i}, db{i}        PyTorch's result on the GPU (autograd), case dtype
   y_ref, dx_ref, dw{i}_ref, db{i}_ref   the same in float64 on the CPU from the same inputs
-Metadata (__metadata__): tokens, dtype (f32 | tf32 | f16 | bf16; tf32 is float32 storage with
-TF32 tensor-core GEMMs), layers: JSON list of [in, out, act, bias] with act one of none, relu,
+Metadata (__metadata__): tokens, dtype (f32 | tf32 | f16 | bf16 | fp8; tf32 is float32 storage
+with TF32 tensor-core GEMMs; fp8 is bfloat16 storage with every GEMM in FP8 by per-tensor current
+scaling, as Transformer Engine's Linear does it: E4M3 x and w forward, E5M2 output gradients in
+the backward, each tensor quantised with scale = max_finite / amax, `torch._scaled_mm` with f32
+accumulation and a bfloat16 output, the bias gradient summed in f32), layers: JSON list of [in, out, act, bias] with act one of none, relu,
 gelu (erf, PyTorch's default), gelu_tanh.
 """
 import json
@@ -33,20 +36,69 @@ BLOCKS = [
     (512, 1024, 4096, "bf16", "gelu"),
     (100, 256, 512, "f16", "relu"),
     (1, 512, 1536, "bf16", "gelu_tanh"),
+    # FP8 (all sizes multiples of 16: torch._scaled_mm refuses others)
+    (512, 1024, 4096, "fp8", "gelu_tanh"),
+    (256, 256, 512, "fp8", "gelu"),
+    (128, 128, 384, "fp8", "relu"),
 ]
 # (tokens, in, out, dtype, act, bias): single layers the shared oracle lacks (tf32)
 SINGLE = [
     (64, 256, 128, "tf32", "none", True),
     (129, 77, 255, "tf32", "gelu_tanh", True),
     (50, 64, 96, "tf32", "relu", False),
+    (256, 512, 384, "fp8", "none", True),
+    (1024, 2048, 1024, "fp8", "none", True),
+    (64, 4096, 4096, "fp8", "none", False),
 ]
-DT = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+DT = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 ACT = {
     "none": lambda t: t,
     "relu": torch.relu,
     "gelu": torch.nn.functional.gelu,
     "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
 }
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def quantize(t, fmt):
+    """Per-tensor current scaling: (t * max/amax) rounded to nearest even and saturated, and
+    the dequantisation scale amax/max (f32, 0-dim, as _scaled_mm takes it)."""
+    fmax = torch.finfo(fmt).max
+    amax = t.abs().max().float()
+    scale = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    return (t.float() * scale).clamp(-fmax, fmax).to(fmt), scale.reciprocal()
+
+
+def fp8_mm(a, b_t, fa, fb, bias=None):
+    """a[M, K] @ b_t[N, K]^T through torch._scaled_mm (the second operand column-major)."""
+    qa, sa = quantize(a.contiguous(), fa)
+    qb, sb = quantize(b_t.contiguous(), fb)
+    return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=a.dtype)
+
+
+class Fp8Linear(torch.autograd.Function):
+    """y = x @ w^T + b with E4M3 x, w forward and E5M2 dy backward (per-tensor scaling)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return fp8_mm(x, w, E4M3, E4M3, b)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx = fp8_mm(dy, w.t(), E5M2, E4M3)  # dy[M, N] @ w[N, K]
+        dw = fp8_mm(dy.t(), x.t(), E5M2, E4M3)  # dy^T[N, M] @ x[M, K]
+        db = dy.float().sum(0).to(dy.dtype) if ctx.has_bias else None
+        return dx, dw, db
+
+
+def linear(dt, gpu):
+    if dt == "fp8" and gpu:
+        return lambda h, w, b: Fp8Linear.apply(h, w, b)
+    return torch.nn.functional.linear
 
 
 def run(tokens, layers, dt, device, seed):
@@ -66,9 +118,9 @@ def run(tokens, layers, dt, device, seed):
         for tag, dev, dtype in (("", device, d), ("_ref", "cpu", torch.float64)):
             x = x64.to(dev, dtype).requires_grad_()
             ps = [(w.to(dev, dtype).requires_grad_(), None if b is None else b.to(dev, dtype).requires_grad_()) for w, b in params]
-            h = x
+            h, lin = x, linear(dt, tag == "")
             for (w, b), (_i, _o, act, _bias) in zip(ps, layers):
-                h = ACT[act](torch.nn.functional.linear(h, w, b))
+                h = ACT[act](lin(h, w, b))
             h.backward(dy64.to(dev, dtype))
             out["y" + tag] = h.detach()
             out["dx" + tag] = x.grad

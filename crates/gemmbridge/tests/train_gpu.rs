@@ -3,8 +3,11 @@
 //!   oracle, `GEMMBRIDGE_TORCH_ORACLE`; the repository's MLP-block and tf32 oracle
 //!   `bench/train_oracle.py`, `GEMMBRIDGE_TRAIN_ORACLE`), our error against float64 at most 2×
 //!   PyTorch's on every tensor. A GPU run without the directories fails, loudly.
+//!   FP8 cases (the repository's oracle, dtype `fp8`): at most 1.5× PyTorch's FP8 error.
 //! - against a float64 reference on random odd shapes, every precision and activation, with
 //!   outputs poisoned with NaN first; gradient accumulation; named errors, engine usable after.
+//! - FP8 layers on random odd shapes against a CPU emulation of the same recipe (gemmbridge's
+//!   CPU quantisation, bit for bit the GPU's, then float64 GEMMs).
 
 mod common;
 
@@ -15,8 +18,10 @@ use common::{normal, rng};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use gemmbridge::cuda::train::Mlp;
 use gemmbridge::cuda::Gpu;
+use gemmbridge::fp8::{dequantize, quantize, Fp8Format, Fp8Rule, Scaling, Source};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::rel_error;
+use gemmbridge::train::fp8::Fp8Training;
 use gemmbridge::train::{init_params, Activation, GradMode, LayerParams, LinearSpec, Params};
 use gemmbridge::{Element, Error, Precision};
 
@@ -103,11 +108,13 @@ fn download<T: Element + DeviceRepr>(gpu: &Gpu, v: &CudaSlice<T>) -> Vec<f64> {
     gpu.stream().clone_dtoh(v).unwrap().iter().map(|x| x.to_f64()).collect()
 }
 
-/// Runs a case's forward and backward; returns our y, dx and per-layer dw, db as f64.
+/// Runs a case's forward and backward (FP8 layers with `fp8`); returns our y, dx and
+/// per-layer dw, db as f64.
 fn run_case<T: Element + DeviceRepr + ValidAsZeroBits>(
     gpu: &Gpu,
     c: &Case,
     prec: Precision,
+    fp8: Option<Fp8Training>,
 ) -> HashMap<String, Vec<f64>> {
     let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
     let params: Params = (0..c.layers.len())
@@ -116,7 +123,10 @@ fn run_case<T: Element + DeviceRepr + ValidAsZeroBits>(
             b: c.t.get(&format!("b{i}")).map(|b| f32s(b)).unwrap_or_default(),
         })
         .collect();
-    let mut mlp = Mlp::<T>::new(gpu, &c.layers, prec, &params).unwrap();
+    let mut mlp = match fp8 {
+        Some(r) => Mlp::<T>::new_fp8(gpu, &c.layers, r, &params).unwrap(),
+        None => Mlp::<T>::new(gpu, &c.layers, prec, &params).unwrap(),
+    };
     let x = upload::<T>(gpu, &c.t["x"]);
     let dy = upload::<T>(gpu, &c.t["dy"]);
     let mut dx = upload::<T>(gpu, &vec![f64::NAN; c.t["x"].len()]);
@@ -133,7 +143,8 @@ fn run_case<T: Element + DeviceRepr + ValidAsZeroBits>(
     out
 }
 
-/// Every case of the directory an environment variable names: our error ≤ 2× PyTorch's.
+/// Every case of the directory an environment variable names: our error ≤ 2× PyTorch's
+/// (FP8: ≤ 1.5× PyTorch's FP8 error).
 fn oracle(var: &str) {
     let dir = std::env::var(var).unwrap_or_else(|_| {
         panic!("{var} is not set: point it at a directory of PyTorch oracle cases (see this file's header); this test cannot pass without them")
@@ -142,18 +153,20 @@ fn oracle(var: &str) {
     let mut failures = Vec::new();
     for c in read_cases(Path::new(&dir)) {
         let ours = match c.dtype.as_str() {
-            "f32" => run_case::<f32>(&gpu, &c, Precision::F32),
-            "tf32" => run_case::<f32>(&gpu, &c, Precision::TF32),
-            "f16" => run_case::<f16>(&gpu, &c, Precision::F16),
-            "bf16" => run_case::<bf16>(&gpu, &c, Precision::BF16),
+            "f32" => run_case::<f32>(&gpu, &c, Precision::F32, None),
+            "tf32" => run_case::<f32>(&gpu, &c, Precision::TF32, None),
+            "f16" => run_case::<f16>(&gpu, &c, Precision::F16, None),
+            "bf16" => run_case::<bf16>(&gpu, &c, Precision::BF16, None),
+            "fp8" => run_case::<bf16>(&gpu, &c, Precision::BF16, Some(Fp8Training::default())),
             d => panic!("{}: dtype {d}", c.name),
         };
+        let bound = if c.dtype == "fp8" { 1.5 } else { 2.0 };
         let mut names: Vec<&String> = ours.keys().collect();
         names.sort();
         for k in names {
             let reference = &c.t[&format!("{k}_ref")];
             let (e_ours, e_torch) = (rel_error(&ours[k], reference), rel_error(&c.t[k], reference));
-            let ok = e_ours <= 2.0 * e_torch;
+            let ok = e_ours <= bound * e_torch;
             eprintln!(
                 "{:<44} {k:<4} ours {e_ours:.3e} torch {e_torch:.3e} ratio {:.2} {}",
                 c.name,
@@ -161,11 +174,16 @@ fn oracle(var: &str) {
                 if ok { "ok" } else { "FAIL" }
             );
             if !ok {
-                failures.push(format!("{} {k}: {e_ours:e} > 2 x {e_torch:e}", c.name));
+                failures.push(format!("{} {k}: {e_ours:e} > {bound} x {e_torch:e}", c.name));
             }
         }
     }
-    assert!(failures.is_empty(), "{} tensors worse than 2x PyTorch's error:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} tensors worse than PyTorch's error allows:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -311,6 +329,11 @@ fn named_errors_and_usable_after() {
     assert!(matches!(e, Error::DTypeMismatch { .. }), "{e}");
     let e = Mlp::<f16>::new(&gpu, &layers, Precision::F16_F32OUT, &params).unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    let e = Mlp::<f32>::new_fp8(&gpu, &layers, Fp8Training::default(), &params).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "FP8 layers of f32 tensors: {e}");
+    let e5 = Fp8Training { activations: Fp8Format::E5M2, ..Fp8Training::default() };
+    let e = Mlp::<bf16>::new_fp8(&gpu, &layers, e5, &params).unwrap_err();
+    assert!(matches!(e, Error::Fp8 { rule: Fp8Rule::NoE5m2Pair, .. }), "{e}");
     let mut mlp = Mlp::<f32>::new(&gpu, &layers, Precision::F32, &params).unwrap();
     let x = gpu.stream().clone_htod(&vec![0.5f32; 4 * 8]).unwrap();
     let dy = gpu.stream().clone_htod(&vec![1.0f32; 4 * 8]).unwrap();
@@ -338,4 +361,119 @@ fn named_errors_and_usable_after() {
     let after = mlp.params_to_host(&gpu).unwrap();
     assert_ne!(after, params);
     assert!(after.iter().all(|p| p.w.iter().chain(&p.b).all(|v| v.is_finite())));
+}
+
+/// `c[m, n] = a[m, k]·b[n, k]ᵀ` in float64.
+fn nt(a: &[f64], b: &[f64], (m, n, k): (usize, usize, usize)) -> Vec<f64> {
+    (0..m * n).map(|i| (0..k).map(|j| a[(i / n) * k + j] * b[(i % n) * k + j]).sum()).collect()
+}
+
+/// The FP8 layers' step (default recipe, [`gemmbridge::train::fp8`]) emulated on the CPU:
+/// every operand quantised by gemmbridge's CPU specification (the GPU kernels match it bit
+/// for bit) and dequantised, the GEMMs in float64, every tensor rounded to T where the GPU
+/// rounds it (pre-activations, outputs, gradients).
+fn fp8_reference<T: Element>(
+    layers: &[LinearSpec],
+    p: &Params,
+    x: &[T],
+    dy: &[T],
+    tokens: usize,
+) -> HashMap<String, Vec<f64>> {
+    let round = |v: Vec<f64>| v.into_iter().map(T::from_f64).collect::<Vec<T>>();
+    let wide = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+    let deq = |src: &[T], rows: usize, cols: usize, source: Source, format: Fp8Format| {
+        dequantize(&quantize(src, rows, cols, source, format, Scaling::Tensor).unwrap()).unwrap()
+    };
+    let (e4, e5, row, tr) = (Fp8Format::E4M3, Fp8Format::E5M2, Source::RowMajor, Source::Transposed);
+    let ws: Vec<Vec<T>> = p.iter().map(|lp| lp.w.iter().map(|&v| T::from_f32(v)).collect()).collect();
+    let (mut hs, mut pres) = (vec![x.to_vec()], Vec::new());
+    for (li, l) in layers.iter().enumerate() {
+        let (i_f, o_f) = (l.in_features, l.out_features);
+        let mut pre = nt(&deq(&hs[li], tokens, i_f, row, e4), &deq(&ws[li], o_f, i_f, row, e4), (tokens, o_f, i_f));
+        for (j, v) in pre.iter_mut().enumerate() {
+            *v += p[li].b.get(j % o_f).map_or(0.0, |&b| T::from_f32(b).to_f64());
+        }
+        let pre = round(pre);
+        hs.push(round(pre.iter().map(|v| l.activation.apply(v.to_f64())).collect()));
+        pres.push(pre);
+    }
+    let mut out = HashMap::from([("y".to_string(), wide(hs.last().unwrap()))]);
+    let mut g = dy.to_vec();
+    for (li, l) in layers.iter().enumerate().rev() {
+        let (i_f, o_f) = (l.in_features, l.out_features);
+        g = round(g.iter().zip(&pres[li]).map(|(g, pre)| g.to_f64() * l.activation.grad(pre.to_f64())).collect());
+        let dw = nt(&deq(&g, o_f, tokens, tr, e5), &deq(&hs[li], i_f, tokens, tr, e4), (o_f, i_f, tokens));
+        out.insert(format!("dw{li}"), wide(&round(dw)));
+        if l.bias {
+            let db = (0..o_f).map(|o| (0..tokens).map(|t| g[t * o_f + o].to_f64()).sum()).collect();
+            out.insert(format!("db{li}"), wide(&round(db)));
+        }
+        g = round(nt(&deq(&g, tokens, o_f, row, e5), &deq(&ws[li], i_f, o_f, tr, e4), (tokens, i_f, o_f)));
+    }
+    out.insert("dx".into(), wide(&g));
+    out
+}
+
+/// FP8 layers on odd shapes against the CPU emulation (2e-2: what is left is f32
+/// accumulation against float64, and the rare element it moves across a rounding boundary),
+/// every activation, dx poisoned first, and accumulation.
+fn random_fp8_case<T: Element + DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, rng: &mut rand::rngs::StdRng) {
+    let acts = Activation::ALL;
+    for (n, tokens) in [(0usize, 37usize), (1, 1), (2, 64)] {
+        let layers = [
+            LinearSpec::new(33, 65).with_activation(acts[(n + 2) % 4]),
+            LinearSpec::new(65, 17).with_activation(acts[(n + 1) % 4]).without_bias(),
+            LinearSpec::new(17, 24).with_activation(acts[n % 4]),
+        ];
+        let round = |v: &[f32]| v.iter().map(|&x| T::from_f32(x).to_f32()).collect::<Vec<_>>();
+        let params: Params = init_params(&layers, rng_seed(rng))
+            .into_iter()
+            .map(|p| LayerParams { w: round(&p.w), b: round(&p.b) })
+            .collect();
+        let x: Vec<T> = normal(rng, tokens * 33);
+        let dy: Vec<T> = normal(rng, tokens * 24);
+        let want = fp8_reference(&layers, &params, &x, &dy, tokens);
+        let mut mlp = Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params).unwrap();
+        let xd = gpu.stream().clone_htod(&x).unwrap();
+        let dyd = gpu.stream().clone_htod(&dy).unwrap();
+        let mut dx = gpu.stream().clone_htod(&common::poison::<T>(x.len())).unwrap();
+        mlp.forward(gpu, &xd, tokens, true).unwrap();
+        let y: Vec<T> = gpu.stream().clone_dtoh(&mlp.output().unwrap()).unwrap();
+        mlp.backward(gpu, &xd, &dyd, Some(&mut dx), GradMode::Overwrite).unwrap();
+        let grads = mlp.grads_to_host(gpu).unwrap();
+        let mut got = HashMap::from([
+            ("y".to_string(), y.iter().map(|v| v.to_f64()).collect::<Vec<_>>()),
+            ("dx".to_string(), gpu.stream().clone_dtoh(&dx).unwrap().iter().map(|v| v.to_f64()).collect()),
+        ]);
+        for (i, g) in grads.iter().enumerate() {
+            got.insert(format!("dw{i}"), g.w.iter().map(|&v| v as f64).collect());
+            if layers[i].bias {
+                got.insert(format!("db{i}"), g.b.iter().map(|&v| v as f64).collect());
+            }
+        }
+        for (k, v) in &got {
+            let e = rel_error(v, &want[k]);
+            eprintln!("fp8 {} tokens {tokens} {k}: {e:.2e} against the emulation", T::DTYPE);
+            assert!(e <= 2e-2, "fp8 {} tokens {tokens} layers {layers:?}: {k} rel error {e:e}", T::DTYPE);
+        }
+        mlp.backward(gpu, &xd, &dyd, None::<&mut CudaSlice<T>>, GradMode::Accumulate).unwrap();
+        let twice = mlp.grads_to_host(gpu).unwrap();
+        for (i, (a, b)) in twice.iter().zip(&grads).enumerate() {
+            let doubled = |v: &[f32]| v.iter().map(|&x| 2.0 * x as f64).collect::<Vec<_>>();
+            let wide32 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+            for (what, a, b) in [("dw", &a.w, &b.w), ("db", &a.b, &b.b)] {
+                let e = rel_error(&wide32(a), &doubled(b));
+                assert!(e <= 1e-2, "fp8 {} accumulate {what}{i}: {e:e}", T::DTYPE);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_mlps_match_the_cpu_emulation() {
+    let gpu = gpu();
+    let mut rng = rng();
+    random_fp8_case::<bf16>(&gpu, &mut rng);
+    random_fp8_case::<f16>(&gpu, &mut rng);
 }

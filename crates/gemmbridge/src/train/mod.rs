@@ -33,8 +33,14 @@
 //! - [`Activation::GeluErf`]: `0.5·x·(1 + erf(x/√2))`, PyTorch's default `F.gelu(x)`; never
 //!   swapped for the tanh form: the GEMM writes `pre` (bias epilogue) and a kernel applies it.
 //! - [`Activation::Relu`]: fused forward (`ReluBias`); backward `dy ⊙ [y > 0]` by kernel.
+//!
+//! # FP8
+//! [`fp8::Fp8Training`] runs every GEMM of the layers in FP8 (bf16 or f16 tensors, operands
+//! quantised per GEMM); its module says which operand is quantised how. There the activations
+//! (forward and backward) and the bias gradients run in high precision by kernel and GEMM.
 
 pub mod cpu;
+pub mod fp8;
 
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};

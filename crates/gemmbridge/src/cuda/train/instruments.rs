@@ -20,6 +20,9 @@ pub enum GemmRole {
     WeightGrad,
     /// `dx = dpre·w` (and the previous layer's activation backward).
     DataGrad,
+    /// `db = ones·dpre`: the bias gradient as a GEMM of its own (FP8 layers, whose weight
+    /// gradient GEMM has no bias-gradient epilogue; [`crate::train::fp8`]).
+    BiasGrad,
 }
 
 /// One tuned GEMM of a step: the layer, its role, cuBLASLt's report and the entry to store in
@@ -80,10 +83,39 @@ pub(super) fn gemm<T: Element, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut
             unsafe { gpu.autotune_raw(p, 1.0, ra, rb, beta, rc, RawExtras { bias, aux }, *opts) }?;
         tuned.push((layer, role, report, sig, tactic));
     }
+    timed(gpu, ins, (layer, role), || gpu.gemm_fused(p, 1.0, a, b, beta, c, extras))
+}
+
+/// Runs `launch` (one GEMM enqueued on [`Gpu::stream`]) between two CUDA events when timing
+/// is on.
+pub(super) fn timed(
+    gpu: &Gpu,
+    ins: &mut Instruments,
+    (layer, role): (usize, GemmRole),
+    launch: impl FnOnce() -> Result<()>,
+) -> Result<()> {
     let start = if ins.timing.is_some() { Some(event(gpu)?) } else { None };
-    gpu.gemm_fused(p, 1.0, a, b, beta, c, extras)?;
+    launch()?;
     if let (Some(t), Some(start)) = (ins.timing.as_mut(), start) {
         t.push((layer, role, start, event(gpu)?));
     }
     Ok(())
+}
+
+/// A `&dyn DevicePtr` as a sized `DevicePtr` (the entry points take sized operands).
+pub(super) struct DynRef<'a, T>(pub &'a dyn DevicePtr<T>);
+
+impl<T> DevicePtr<T> for DynRef<'_, T> {
+    fn device_ptr<'a>(&'a self, stream: &'a cudarc::driver::CudaStream) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
+        self.0.device_ptr(stream)
+    }
+}
+
+impl<T> cudarc::driver::DeviceSlice<T> for DynRef<'_, T> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
+        self.0.stream()
+    }
 }

@@ -76,15 +76,18 @@ impl Gpu {
     }
 
     /// `y[i] = act(pre[i])` for `n` contiguous elements, on [`Gpu::stream`]: the GELUs
-    /// (erf or tanh form) where no epilogue applies them. Other activations: nothing to do.
+    /// (erf or tanh form) and ReLU where no epilogue applies them (ReLU in place, `y = pre`,
+    /// for FP8 layers). The identity: nothing to do.
     ///
     /// # Safety
-    /// `pre` and `y` are device memory of this context holding `n` elements of `dtype`.
+    /// `pre` and `y` are device memory of this context holding `n` elements of `dtype`, the
+    /// same memory or not overlapping.
     pub(crate) unsafe fn enqueue_act(&self, act: Activation, dtype: DType, pre: u64, y: u64, n: usize) -> Result<()> {
         let kernel = match act {
             Activation::GeluErf => "gelu_erf",
             Activation::GeluTanh => "gelu_tanh",
-            Activation::None | Activation::Relu => return Ok(()),
+            Activation::Relu => "relu",
+            Activation::None => return Ok(()),
         };
         let name = format!("{kernel}_{}", suffix(dtype));
         let (mut pre, mut y, mut n64) = (pre, y, n as i64);

@@ -4,15 +4,16 @@
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::super::gpu::{Extras, Gpu};
-use super::super::lt::tune::TuneOptions;
 use super::super::status;
-use super::instruments::{gemm, GemmRole, Instruments, Tuned};
-use crate::dtype::Element;
+use super::fp8::{self, Fp8Step};
+use super::instruments::{gemm, DynRef, GemmRole, Instruments};
+use crate::dtype::{DType, Element};
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result, Which};
 use crate::layout::{MatrixLayout, Operand};
 use crate::precision::Precision;
 use crate::problem::{GemmProblem, AUX_LD_MULTIPLE};
+use crate::train::fp8::Fp8Training;
 use crate::train::{check_layers, check_len, check_params, Activation, GradMode, LayerParams, LinearSpec, Params};
 
 /// Activations and gradients for one token count.
@@ -26,6 +27,8 @@ struct Buffers<T> {
     /// GEMM or a kernel has applied the activation's backward (`[tokens, out]`). The last
     /// layer has one only when it has an activation (the caller's dy is left untouched).
     grad: Vec<Option<CudaSlice<T>>>,
+    /// FP8 layers with a bias: `[tokens]` ones, the bias gradient GEMM's `A`.
+    ones: Option<CudaSlice<T>>,
 }
 
 /// What the last forward was.
@@ -50,9 +53,15 @@ struct Forward {
 ///
 /// Buffers for a token count are kept between steps and reallocated (stream-ordered) when it
 /// changes.
+///
+/// FP8 layers ([`Mlp::new_fp8`]): the same calls, with every GEMM in FP8 and the tensors in
+/// bf16 or f16 ([`crate::train::fp8`] says what is quantised how).
 pub struct Mlp<T: Element> {
     layers: Vec<LinearSpec>,
     precision: Precision,
+    /// FP8 layers: the recipe; `precision` is then the tensors' own (bf16 or f16), that of
+    /// the bias-gradient GEMMs.
+    fp8: Option<Fp8Training>,
     w: Vec<CudaSlice<T>>,
     b: Vec<Option<CudaSlice<T>>>,
     dw: Vec<CudaSlice<T>>,
@@ -63,7 +72,7 @@ pub struct Mlp<T: Element> {
     bufs: Option<Buffers<T>>,
     last: Option<Forward>,
     /// GEMM timing ([`Mlp::set_gemm_timing`]) and tuning ([`Mlp::autotune`]).
-    ins: Instruments,
+    pub(super) ins: Instruments,
 }
 
 impl<T: Element> std::fmt::Debug for Mlp<T> {
@@ -95,18 +104,20 @@ fn act_kernel(l: &LinearSpec, precision: Precision) -> bool {
 }
 
 /// The pre-activation's row stride: cuBLASLt's rule for an epilogue's aux
-/// ([`AUX_LD_MULTIPLE`]), or the GEMM's own contiguous C when a kernel applies the activation.
-fn pre_ld(l: &LinearSpec, precision: Precision) -> usize {
-    if act_kernel(l, precision) {
+/// ([`AUX_LD_MULTIPLE`]), or the GEMM's own contiguous C when a kernel applies the activation
+/// (always in FP8 layers, `fp8`).
+fn pre_ld(l: &LinearSpec, precision: Precision, fp8: bool) -> usize {
+    if fp8 || act_kernel(l, precision) {
         l.out_features
     } else {
         l.out_features.next_multiple_of(AUX_LD_MULTIPLE)
     }
 }
 
-/// The epilogue that applies `l`'s activation backward in the next layer's data-gradient GEMM.
-fn fused_backward(l: &LinearSpec, precision: Precision) -> Option<Epilogue> {
-    l.activation.fused_backward().filter(|_| gelu_epilogues(precision))
+/// The epilogue that applies `l`'s activation backward in the next layer's data-gradient GEMM
+/// (none in FP8 layers, `fp8`: a kernel applies it).
+fn fused_backward(l: &LinearSpec, precision: Precision, fp8: bool) -> Option<Epilogue> {
+    l.activation.fused_backward().filter(|_| !fp8 && gelu_epilogues(precision))
 }
 
 fn alloc<T: Element + DeviceRepr>(gpu: &Gpu, n: usize) -> Result<CudaSlice<T>> {
@@ -125,8 +136,6 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     /// [`Error::Unsupported`] for a precision whose output dtype differs from its input's
     /// (layers keep one dtype); [`Error::Driver`].
     pub fn new(gpu: &Gpu, layers: &[LinearSpec], precision: Precision, params: &[LayerParams]) -> Result<Mlp<T>> {
-        check_layers(layers)?;
-        check_params(layers, params)?;
         if T::DTYPE != precision.input() {
             return Err(Error::DTypeMismatch { operand: Which::A, expected: precision.input(), got: T::DTYPE });
         }
@@ -135,6 +144,48 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 backend: "the training layers",
                 what: format!("precision {precision} (a layer's output feeds the next: one dtype throughout)"),
             });
+        }
+        Mlp::build(gpu, layers, precision, None, params)
+    }
+
+    /// FP8 layers: uploads `params` (rounded to T, bf16 or f16) for `layers`, every GEMM of
+    /// a step to run in FP8 by `recipe` ([`crate::train::fp8`]); gradients start at zero.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when T is neither bf16 nor f16; [`Error::LayerShape`] as
+    /// [`Mlp::new`]; [`Error::Fp8`] when the recipe breaks an FP8 rule for a layer
+    /// ([`Fp8Training::check`]) or this GPU / cuBLASLt does not offer its scalings;
+    /// [`Error::Driver`].
+    pub fn new_fp8(gpu: &Gpu, layers: &[LinearSpec], recipe: Fp8Training, params: &[LayerParams]) -> Result<Mlp<T>> {
+        let precision = match T::DTYPE {
+            DType::BF16 => Precision::BF16,
+            DType::F16 => Precision::F16,
+            d => {
+                return Err(Error::Unsupported {
+                    backend: "the FP8 training layers",
+                    what: format!("{d} tensors (FP8 layers keep bf16 or f16 tensors)"),
+                })
+            }
+        };
+        Mlp::build(gpu, layers, precision, Some(recipe), params)
+    }
+
+    /// Checks and uploads (the part [`Mlp::new`] and [`Mlp::new_fp8`] share).
+    fn build(
+        gpu: &Gpu,
+        layers: &[LinearSpec],
+        precision: Precision,
+        fp8: Option<Fp8Training>,
+        params: &[LayerParams],
+    ) -> Result<Mlp<T>> {
+        check_layers(layers)?;
+        check_params(layers, params)?;
+        if let Some(r) = fp8 {
+            for l in layers {
+                r.check(T::DTYPE, l.bias)?;
+            }
+            gpu.check_fp8(r.x_scaling)?;
+            gpu.check_fp8(r.w_scaling)?;
         }
         let s = gpu.stream();
         let up = |v: &[f32]| -> Result<CudaSlice<T>> {
@@ -145,6 +196,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         let mut mlp = Mlp {
             layers: layers.to_vec(),
             precision,
+            fp8,
             w: Vec::new(),
             b: Vec::new(),
             dw: Vec::new(),
@@ -169,9 +221,15 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         &self.layers
     }
 
-    /// The precision every GEMM runs in.
+    /// The precision every GEMM runs in (FP8 layers: the tensors' precision, that of the
+    /// bias-gradient GEMMs; see [`Mlp::fp8`]).
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// FP8 layers' recipe; `None` for high-precision layers.
+    pub fn fp8(&self) -> Option<Fp8Training> {
+        self.fp8
     }
 
     /// Layer `i`'s weight `w[out, in]`. Panics if `i` is not a layer.
@@ -210,65 +268,6 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         to_host(gpu, &self.dw, &self.db)
     }
 
-    /// Turns GEMM timing on or off: while on, CUDA events are recorded around every GEMM the
-    /// layers enqueue, and [`Mlp::gemm_ms`] sums them. Off by default (events cost host time).
-    pub fn set_gemm_timing(&mut self, on: bool) {
-        self.ins.timing = on.then(Vec::new);
-    }
-
-    /// Milliseconds the GEMMs enqueued since the last call took on the GPU (waits for them);
-    /// 0 with timing off.
-    ///
-    /// # Errors
-    /// [`Error::Driver`].
-    pub fn gemm_ms(&mut self) -> Result<f64> {
-        Ok(self.gemm_breakdown()?.iter().map(|g| g.2).sum())
-    }
-
-    /// Each GEMM enqueued since the last call, in order: its layer, its role and its GPU
-    /// time in ms (waits for them); empty with timing off.
-    ///
-    /// # Errors
-    /// [`Error::Driver`].
-    pub fn gemm_breakdown(&mut self) -> Result<Vec<(usize, GemmRole, f64)>> {
-        let Some(t) = self.ins.timing.as_mut() else { return Ok(Vec::new()) };
-        let mut out = Vec::with_capacity(t.len());
-        for (layer, role, a, b) in t.drain(..) {
-            b.synchronize().map_err(status::driver("cuEventSynchronize"))?;
-            out.push((layer, role, f64::from(a.elapsed_ms(&b).map_err(status::driver("cuEventElapsedTime"))?)));
-        }
-        Ok(out)
-    }
-
-    /// Autotunes every GEMM of one training step at this token count ([`Gpu::autotune_raw`]
-    /// per GEMM, with the step's own buffers: `x`, `dy` and, if given, `dx` as a step would
-    /// use them), running the step as it goes. Tuned algorithms are used by every later call
-    /// of the same problems on `gpu`; the returned entries can be stored in a
-    /// [`crate::cuda::tactics::TacticDb`]. Gradients are overwritten. Synchronises the stream
-    /// once per GEMM and takes seconds.
-    ///
-    /// # Errors
-    /// As [`Mlp::forward`] and [`Mlp::backward`]; as [`Gpu::autotune_raw`].
-    pub fn autotune<X, D, DX>(
-        &mut self,
-        gpu: &Gpu,
-        x: &X,
-        tokens: usize,
-        dy: &D,
-        dx: Option<&mut DX>,
-        opts: TuneOptions,
-    ) -> Result<Vec<Tuned>>
-    where
-        X: DevicePtr<T>,
-        D: DevicePtr<T>,
-        DX: DevicePtrMut<T>,
-    {
-        self.ins.tune = Some((opts, Vec::new()));
-        let r = self.forward(gpu, x, tokens, true).and_then(|()| self.backward(gpu, x, dy, dx, GradMode::Overwrite));
-        let tuned = self.ins.tune.take().map(|t| t.1).unwrap_or_default();
-        r.map(|()| tuned)
-    }
-
     /// The last forward's output `y[tokens, out]` (a view of the layers' own buffer: valid
     /// until the next forward).
     ///
@@ -297,6 +296,16 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         let prec = self.precision;
         for i in 0..self.layers.len() {
             let l = self.layers[i];
+            if let Some(recipe) = self.fp8 {
+                let (done, rest) = bufs.out.split_at_mut(i);
+                let st = Fp8Step { recipe, layer: i, spec: l, tokens };
+                let (w, b, pre, out) = (&self.w[i], self.b[i].as_ref(), bufs.pre[i].as_mut(), &mut rest[0]);
+                match i {
+                    0 => fp8::layer_forward(gpu, &mut self.ins, st, x, w, b, pre, out)?,
+                    _ => fp8::layer_forward(gpu, &mut self.ins, st, &done[i - 1], w, b, pre, out)?,
+                }
+                continue;
+            }
             let kernel = act_kernel(&l, prec);
             let fwd = match kernel {
                 true => Activation::None.fused_forward(l.bias, false),
@@ -320,7 +329,9 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 }
                 (_, pre) => {
                     let p = if p.uses_aux() {
-                        p.with_aux_layout(MatrixLayout::row_major(tokens, l.out_features).with_ld(pre_ld(&l, prec)))?
+                        p.with_aux_layout(
+                            MatrixLayout::row_major(tokens, l.out_features).with_ld(pre_ld(&l, prec, false)),
+                        )?
                     } else {
                         p
                     };
@@ -375,7 +386,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         if let Some(dx) = dx.as_ref() {
             check_len(0, "dx length (tokens × in_features)", dx.len(), tokens, self.layers[0].in_features)?;
         }
-        if mode == GradMode::Accumulate {
+        if mode == GradMode::Accumulate && self.fp8.is_none() {
             for (i, l) in self.layers.iter().enumerate() {
                 if l.bias && self.db_tmp[i].is_none() {
                     self.db_tmp[i] = Some(alloc(gpu, l.out_features)?);
@@ -407,15 +418,15 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         DX: DevicePtrMut<T>,
     {
         let bufs = self.bufs.as_mut().expect("a training forward allocated them");
-        let (tokens, prec, l) = (bufs.tokens, self.precision, self.layers[i]);
+        let (tokens, prec, l, fp8) = (bufs.tokens, self.precision, self.layers[i], self.fp8);
         let last = i + 1 == self.layers.len();
         let s = gpu.stream();
         // 1. dpre: the gradient of the pre-activation
-        let fused_by_next = !last && fused_backward(&l, prec).is_some();
+        let fused_by_next = !last && fused_backward(&l, prec, fp8.is_some()).is_some();
         if l.activation != Activation::None && !fused_by_next {
             let (saved, ld) = match l.activation {
                 Activation::Relu => (&bufs.out[i], l.out_features),
-                _ => (bufs.pre[i].as_ref().expect("GELU layers keep pre"), pre_ld(&l, prec)),
+                _ => (bufs.pre[i].as_ref().expect("GELU layers keep pre"), pre_ld(&l, prec, fp8.is_some())),
             };
             let (ps, _gs) = saved.device_ptr(s);
             let g = bufs.grad[i].as_mut().expect("allocated for every layer with an activation");
@@ -437,6 +448,25 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         };
         // 2. dw[out, in] = dpreᵀ·x (β = 1 accumulates), db = Σ_tokens dpre (BiasGradA)
         let input: &dyn DevicePtr<T> = if i == 0 { x } else { &bufs.out[i - 1] };
+        let beta = if mode == GradMode::Accumulate { 1.0 } else { 0.0 };
+        if let Some(recipe) = fp8 {
+            // 2.–3. in FP8: dw, db (its own GEMM, β accumulates), then the data gradient
+            let st = Fp8Step { recipe, layer: i, spec: l, tokens };
+            let ones = bufs.ones.as_ref();
+            let db = self.db[i].as_mut().map(|d| (d, ones.expect("allocated for FP8 layers with a bias")));
+            let (ins, dw) = (&mut self.ins, &mut self.dw[i]);
+            fp8::weight_grads(gpu, ins, st, prec, &DynRef(dpre), &DynRef(input), beta, dw, db)?;
+            let (before, rest) = bufs.grad.split_at_mut(i);
+            let dpre = rest[0].as_ref().map_or(dy as &dyn DevicePtr<T>, |g| g as &dyn DevicePtr<T>);
+            return match (i, dx) {
+                (0, None) => Ok(()),
+                (0, Some(dx)) => fp8::data_grad(gpu, ins, st, &DynRef(dpre), &self.w[i], dx),
+                _ => {
+                    let out = before[i - 1].as_mut().expect("every layer but the last has a gradient buffer");
+                    fp8::data_grad(gpu, ins, st, &DynRef(dpre), &self.w[i], out)
+                }
+            };
+        }
         let pw = GemmProblem::new(
             Operand::t(MatrixLayout::row_major(tokens, l.out_features)),
             Operand::n(MatrixLayout::row_major(tokens, l.in_features)),
@@ -445,7 +475,6 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             prec,
         )?
         .with_epilogue(if l.bias { Epilogue::BiasGradA } else { Epilogue::None })?;
-        let beta = if mode == GradMode::Accumulate { 1.0 } else { 0.0 };
         let db = match mode {
             GradMode::Overwrite => self.db[i].as_mut(),
             GradMode::Accumulate => self.db_tmp[i].as_mut(),
@@ -464,7 +493,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             return Ok(());
         }
         let prev = (i > 0).then(|| self.layers[i - 1]);
-        let e = prev.and_then(|p| fused_backward(&p, prec)).unwrap_or(Epilogue::None);
+        let e = prev.and_then(|p| fused_backward(&p, prec, false)).unwrap_or(Epilogue::None);
         let mut px = GemmProblem::matmul(tokens, l.in_features, l.out_features, prec)?.with_epilogue(e)?;
         let (before, rest) = bufs.grad.split_at_mut(i);
         let dpre: &dyn DevicePtr<T> = match (&rest[0], last) {
@@ -480,8 +509,9 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 let out = before[i - 1].as_mut().expect("every layer but the last has a gradient buffer");
                 let aux_in = if px.uses_aux() {
                     let p = prev.expect("i > 0");
-                    px =
-                        px.with_aux_layout(MatrixLayout::row_major(tokens, p.out_features).with_ld(pre_ld(&p, prec)))?;
+                    px = px.with_aux_layout(
+                        MatrixLayout::row_major(tokens, p.out_features).with_ld(pre_ld(&p, prec, false)),
+                    )?;
                     bufs.pre[i - 1].as_ref().map(|v| v as &dyn DevicePtr<T>)
                 } else {
                     None
@@ -518,11 +548,20 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         }
         self.bufs = None; // freed in stream order before the new ones are allocated
         let last = self.layers.len() - 1;
-        let mut b = Buffers { tokens, out: Vec::new(), pre: Vec::new(), grad: Vec::new() };
+        let ones = match self.fp8.is_some() && self.layers.iter().any(|l| l.bias) {
+            true => Some(
+                gpu.stream()
+                    .clone_htod(&vec![T::from_f32(1.0); tokens])
+                    .map_err(status::driver("cuMemcpyHtoDAsync"))?,
+            ),
+            false => None,
+        };
+        let mut b = Buffers { tokens, out: Vec::new(), pre: Vec::new(), grad: Vec::new(), ones };
         for (i, l) in self.layers.iter().enumerate() {
             let n = tokens * l.out_features;
             b.out.push(alloc(gpu, n)?);
-            let pre = l.activation.saves_pre().then(|| alloc(gpu, tokens * pre_ld(l, self.precision))).transpose()?;
+            let ld = pre_ld(l, self.precision, self.fp8.is_some());
+            let pre = l.activation.saves_pre().then(|| alloc(gpu, tokens * ld)).transpose()?;
             b.pre.push(pre);
             let needs_grad = i < last || l.activation != Activation::None;
             b.grad.push(if needs_grad { Some(alloc(gpu, n)?) } else { None });
@@ -549,24 +588,6 @@ fn gemm_in<T: Element, X: DevicePtr<T>, C: DevicePtrMut<T>>(
     match i {
         0 => gemm(gpu, ins, role, p, x, w, 0.0, c, extras),
         _ => gemm(gpu, ins, role, p, &outs[i - 1], w, 0.0, c, extras),
-    }
-}
-
-/// A `&dyn DevicePtr` as a sized `DevicePtr` (the entry points take sized operands).
-struct DynRef<'a, T>(&'a dyn DevicePtr<T>);
-
-impl<T> DevicePtr<T> for DynRef<'_, T> {
-    fn device_ptr<'a>(&'a self, stream: &'a cudarc::driver::CudaStream) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
-        self.0.device_ptr(stream)
-    }
-}
-
-impl<T> cudarc::driver::DeviceSlice<T> for DynRef<'_, T> {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
-        self.0.stream()
     }
 }
 

@@ -1,9 +1,12 @@
-//! The training layers on the GPU ([`crate::train`] says what fuses where): [`Mlp`], and the
-//! launches that are not GEMMs (`kernels.rs`).
+//! The training layers on the GPU ([`crate::train`] says what fuses where): [`Mlp`], its FP8
+//! mode's GEMMs (`fp8.rs`, [`crate::train::fp8`] says what runs in FP8), and the launches that
+//! are not GEMMs (`kernels.rs`).
 
+mod fp8;
 mod instruments;
 mod kernels;
 mod mlp;
+mod timing;
 
 pub use instruments::{GemmRole, Tuned};
 pub use mlp::Mlp;

@@ -7,6 +7,7 @@
 //   dact_gelu_erf_T(dy, pre, out, n, cols, ld):  out = dy * gelu_erf'(pre)
 //   gelu_erf_T(pre, y, n):                      y = 0.5 * pre * (1 + erf(pre / sqrt(2)))
 //   gelu_tanh_T(pre, y, n):                     y = 0.5 * pre * (1 + tanh(sqrt(2/pi) * (pre + 0.044715 pre^3)))
+//   relu_T(pre, y, n):                          y = pre < 0 ? 0 : pre   (NaN stays NaN; y may be pre)
 // dy and out are contiguous [n / cols, cols]; the saved y or pre is [n / cols, cols] with row
 // stride ld (cuBLASLt's aux rows are padded to a multiple of 8). `out` may be `dy` (in place).
 // The GPU tests check them against float64 references (tests/train_gpu.rs).
@@ -82,6 +83,9 @@ __device__ __forceinline__ float gelu_erf_grad(float x) {
     }                                                                                       \
     extern "C" __global__ void gelu_tanh_##S(const T* pre, T* y, long n) {                 \
         GRID_STRIDE(i, n) { from_f(gelu_tanh(to_f(pre[i])), &y[i]); }                        \
+    }                                                                                       \
+    extern "C" __global__ void relu_##S(const T* pre, T* y, long n) {                      \
+        GRID_STRIDE(i, n) { float v = to_f(pre[i]); from_f(v < 0.0f ? 0.0f : v, &y[i]); }    \
     }
 
 DEFINE(float, f32)

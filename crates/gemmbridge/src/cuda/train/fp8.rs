@@ -1,0 +1,117 @@
+//! The GEMMs of [`super::Mlp`]'s FP8 mode: each operand quantised on [`Gpu::stream`] just
+//! before its GEMM ([`crate::train::fp8`] gives the table of which operand is which), the GEMM
+//! on cuBLASLt's FP8 mode ([`Gpu::fp8_gemm`]), the bias gradient as a high-precision GEMM.
+//! The quantised operands live in the stream-ordered pool and are freed, in stream order,
+//! when the call returns.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+use super::super::fp8_gemm::Fp8Options;
+use super::super::gpu::{Extras, Gpu};
+use super::instruments::{gemm, timed, GemmRole, Instruments};
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::fp8::Source;
+use crate::precision::Precision;
+use crate::problem::GemmProblem;
+use crate::train::fp8::Fp8Training;
+use crate::train::LinearSpec;
+
+/// One FP8 layer's fixed facts for a step: the recipe, the layer, its index and the tokens.
+#[derive(Clone, Copy)]
+pub(super) struct Fp8Step {
+    pub recipe: Fp8Training,
+    pub layer: usize,
+    pub spec: LinearSpec,
+    pub tokens: usize,
+}
+
+/// `out[tokens, out] = h[tokens, in]·w[out, in]ᵀ (+ b)`.
+pub(super) fn forward<T: Element, H: DevicePtr<T>, O: DevicePtrMut<T>>(
+    gpu: &Gpu,
+    ins: &mut Instruments,
+    st: Fp8Step,
+    h: &H,
+    w: &CudaSlice<T>,
+    b: Option<&CudaSlice<T>>,
+    out: &mut O,
+) -> Result<()> {
+    let (r, l) = (st.recipe, st.spec);
+    let hq = gpu.quantize(h, st.tokens, l.in_features, Source::RowMajor, r.activations, r.x_scaling)?;
+    let wq = gpu.quantize(w, l.out_features, l.in_features, Source::RowMajor, r.activations, r.w_scaling)?;
+    let bias = b.map(|b| b as &dyn DevicePtr<T>);
+    timed(gpu, ins, (st.layer, GemmRole::Forward), || gpu.fp8_gemm(&hq, &wq, out, bias, Fp8Options::default()))
+}
+
+/// `dw[out, in] = gᵀ·h` (`β·dw +` with β = 1 to accumulate) and, with `db`, the bias
+/// gradient `db[out] = ones[1, tokens]·g` in `precision` (same β), where `g[tokens, out]` is
+/// the pre-activation's gradient and `h[tokens, in]` the layer's input.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn weight_grads<T: Element, G: DevicePtr<T>, H: DevicePtr<T>>(
+    gpu: &Gpu,
+    ins: &mut Instruments,
+    st: Fp8Step,
+    precision: Precision,
+    g: &G,
+    h: &H,
+    beta: f32,
+    dw: &mut CudaSlice<T>,
+    db: Option<(&mut CudaSlice<T>, &CudaSlice<T>)>,
+) -> Result<()> {
+    let (r, l, tokens) = (st.recipe, st.spec, st.tokens);
+    let gt = gpu.quantize(g, l.out_features, tokens, Source::Transposed, r.gradients, r.x_scaling)?;
+    let ht = gpu.quantize(h, l.in_features, tokens, Source::Transposed, r.activations, r.w_scaling)?;
+    let opts = Fp8Options { beta, ..Fp8Options::default() };
+    timed(gpu, ins, (st.layer, GemmRole::WeightGrad), || gpu.fp8_gemm(&gt, &ht, dw, None, opts))?;
+    if let Some((db, ones)) = db {
+        let p = GemmProblem::matmul(1, l.out_features, tokens, precision)?;
+        gemm(gpu, ins, (st.layer, GemmRole::BiasGrad), &p, ones, g, beta, db, Extras::default())?;
+    }
+    Ok(())
+}
+
+/// `out[tokens, in] = g[tokens, out]·w[out, in]`.
+pub(super) fn data_grad<T: Element, G: DevicePtr<T>, O: DevicePtrMut<T>>(
+    gpu: &Gpu,
+    ins: &mut Instruments,
+    st: Fp8Step,
+    g: &G,
+    w: &CudaSlice<T>,
+    out: &mut O,
+) -> Result<()> {
+    let (r, l) = (st.recipe, st.spec);
+    let gq = gpu.quantize(g, st.tokens, l.out_features, Source::RowMajor, r.gradients, r.x_scaling)?;
+    let wt = gpu.quantize(w, l.in_features, l.out_features, Source::Transposed, r.activations, r.w_scaling)?;
+    timed(gpu, ins, (st.layer, GemmRole::DataGrad), || gpu.fp8_gemm(&gq, &wt, out, None, Fp8Options::default()))
+}
+
+/// Layer `st.layer`'s forward: the FP8 GEMM into `pre` (GELU layers; a kernel then writes the
+/// activation into `out`) or into `out` (ReLU, applied in place by a kernel; the identity).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn layer_forward<T: Element, H: DevicePtr<T>>(
+    gpu: &Gpu,
+    ins: &mut Instruments,
+    st: Fp8Step,
+    h: &H,
+    w: &CudaSlice<T>,
+    b: Option<&CudaSlice<T>>,
+    pre: Option<&mut CudaSlice<T>>,
+    out: &mut CudaSlice<T>,
+) -> Result<()> {
+    let (act, n, s) = (st.spec.activation, st.tokens * st.spec.out_features, gpu.stream());
+    match pre {
+        Some(pre) => {
+            forward(gpu, ins, st, h, w, b, pre)?;
+            let (pp, _g1) = pre.device_ptr(s);
+            let (po, _g2) = out.device_ptr_mut(s);
+            // SAFETY: pre and out hold n elements of T (allocated for the token count), apart.
+            unsafe { gpu.enqueue_act(act, T::DTYPE, pp, po, n) }
+        }
+        None => {
+            forward(gpu, ins, st, h, w, b, out)?;
+            let (po, _g) = out.device_ptr_mut(s);
+            // SAFETY: out holds n elements of T; ReLU in place, the identity does nothing.
+            unsafe { gpu.enqueue_act(act, T::DTYPE, po, po, n) }
+        }
+    }
+}
