@@ -54,7 +54,7 @@ impl KernelSet {
             KernelSet::Fp8 => {
                 &["amax", "cast_tensor", "cast_rows", "cast_vec128", "cast_blk128", "cast_transpose", "transpose"]
             }
-            KernelSet::Train => &["dact_relu", "dact_gelu_tanh", "dact_gelu_erf", "gelu_erf", "gelu_tanh"],
+            KernelSet::Train => &["dact_relu", "dact_gelu_tanh", "dact_gelu_erf", "gelu_erf", "gelu_tanh", "relu"],
         }
     }
 
