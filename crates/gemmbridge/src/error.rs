@@ -25,6 +25,12 @@ pub enum Which {
     Source,
     /// An FP8 output's D scale or amax (one f32 each).
     Scale,
+    /// A convolution's input-shaped tensor: `x[N, C, H, W]` (or its gradient `dx`).
+    ConvX,
+    /// A convolution's filter-shaped tensor: `w[K, C/groups, R, S]` (or its gradient `dw`).
+    ConvW,
+    /// A convolution's output-shaped tensor: `y[N, K, P, Q]` (or its gradient `dy`).
+    ConvY,
 }
 
 impl std::fmt::Display for Which {
@@ -37,6 +43,9 @@ impl std::fmt::Display for Which {
             Which::Aux => "aux",
             Which::Source => "quantisation source",
             Which::Scale => "FP8 output scale/amax",
+            Which::ConvX => "convolution input x (or dx)",
+            Which::ConvW => "convolution filter w (or dw)",
+            Which::ConvY => "convolution output y (or dy)",
         })
     }
 }
@@ -254,6 +263,26 @@ pub enum Error {
         /// What would have been needed.
         action: &'static str,
         /// The problem.
+        problem: String,
+    },
+
+    /// A convolution's description breaks a rule ([`crate::conv::Conv2d::validate`]).
+    #[error("convolution: {what} ({detail})")]
+    ConvShape {
+        /// The rule broken, e.g. "channels are not a multiple of the groups".
+        what: &'static str,
+        /// The values that broke it.
+        detail: String,
+    },
+
+    /// A cuDNN call returned a status other than success.
+    #[error("{operation} failed with {status} ({problem})")]
+    Cudnn {
+        /// The cuDNN function called.
+        operation: &'static str,
+        /// The status's name, e.g. `CUDNN_STATUS_NOT_SUPPORTED`.
+        status: String,
+        /// The problem it was called for.
         problem: String,
     },
 

@@ -22,6 +22,7 @@
 //! device addresses on the caller's stream, with the same [`GemmProblem`].
 #![warn(missing_docs)]
 
+pub mod conv;
 pub mod cpu;
 pub mod cuda;
 mod dtype;

@@ -8,6 +8,7 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::blas::BlasHandle;
 use super::device::{Device, Locked, Resources};
+use super::dnn::{ConvSearch, DnnState};
 use super::lt::plan::Algorithm;
 use super::lt::replay::GraphReplay;
 use super::lt::LtState;
@@ -87,17 +88,26 @@ pub(crate) struct Libraries {
     pub lt: Option<LtState>,
     /// When misaligned calls run on aligned copies.
     pub padding: Padding,
+    /// cuDNN (created on the first convolution) and how it chooses algorithms.
+    pub dnn: Option<DnnState>,
+    pub conv_search: ConvSearch,
 }
 
 impl Resources for Libraries {
     fn release(&mut self) {
         self.lt = None; // plans, graphs and the handle
         self.blas.destroy();
+        if let Some(d) = self.dnn.as_mut() {
+            d.release();
+        }
     }
 
     fn leak(&mut self) {
         if let Some(lt) = self.lt.as_mut() {
             std::mem::forget(std::mem::take(&mut lt.replay.graphs));
+        }
+        if let Some(d) = self.dnn.as_mut() {
+            d.leak();
         }
     }
 }
@@ -194,7 +204,14 @@ impl Gpu {
         // cuBLASLt's documentation recommends 32 MiB of workspace on Hopper and later, 4 MiB
         // before.
         let workspace_bytes = if major >= 9 { 32 << 20 } else { 4 << 20 };
-        let libs = Libraries { backend: Backend::Auto, blas, lt, padding: Padding::default() };
+        let libs = Libraries {
+            backend: Backend::Auto,
+            blas,
+            lt,
+            padding: Padding::default(),
+            dnn: None,
+            conv_search: ConvSearch::default(),
+        };
         Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })
     }
 

@@ -8,6 +8,8 @@ use crate::error::{Error, Result};
 
 const HINT_DRIVER: &str = "install the NVIDIA driver (it provides libcuda.so.1); on a machine \
                            without a GPU use the CPU backend (gemmbridge::cpu)";
+const HINT_CUDNN: &str = "install cuDNN 9 (the libcudnn9 package or the nvidia-cudnn-cu13 wheel) \
+                          and add the folder that holds libcudnn.so.9 to LD_LIBRARY_PATH";
 const HINT_TOOLKIT: &str = "install the CUDA 13 toolkit or the nvidia-cublas wheel, and add the \
                             folder that holds it (usually /usr/local/cuda/lib64) to \
                             LD_LIBRARY_PATH";
@@ -59,6 +61,19 @@ pub fn has_cublaslt() -> bool {
 pub fn has_runtime() -> bool {
     // SAFETY: as in ensure_driver.
     unsafe { cudarc::runtime::sys::is_culib_present() }
+}
+
+/// Checks that cuDNN (libcudnn, major version 9) can be loaded.
+///
+/// # Errors
+/// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
+pub fn ensure_cudnn() -> Result<()> {
+    // SAFETY: as in ensure_driver.
+    if unsafe { cudarc::cudnn::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::LibraryNotFound { library: "cuDNN (libcudnn)", tried: tried("cudnn"), hint: HINT_CUDNN })
+    }
 }
 
 /// Checks that NVRTC (libnvrtc), which compiles gemmbridge's own kernels, can be loaded.

@@ -14,9 +14,11 @@
 //! borrow from the device layer (`device/`), which sits on cudarc's bindings.
 
 mod blas;
+mod conv;
 mod device;
 mod diagnostics;
 mod dispatch;
+mod dnn;
 mod entry;
 mod fp8_gemm;
 mod fp8_tensor;
@@ -32,6 +34,7 @@ mod status;
 pub mod tactics;
 pub mod train;
 
+pub use dnn::{cudnn_version, ConvSearch};
 pub use fp8_gemm::{Fp8Options, Fp8Out};
 pub use fp8_tensor::Fp8Tensor;
 pub use gpu::{Backend, Extras, Gpu, RawBuffer, RawExtras, Served};

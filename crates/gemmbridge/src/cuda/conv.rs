@@ -1,0 +1,242 @@
+//! The convolution entry points on cuDNN: validate (the problem, every buffer's dtype, length,
+//! alignment, context and overlap, before anything is enqueued) → plan (once per problem and
+//! direction, `dnn/plan.rs`) → launch on [`Gpu::stream`], no host synchronisation (except a
+//! measured search's first call, [`ConvSearch::Measured`]).
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+use super::device::is_capturing;
+use super::dnn::{ConvBuffers, ConvOp, ConvSearch, DnnState};
+use super::entry::same_context;
+use super::gpu::Gpu;
+use crate::conv::{Conv2d, ConvActivation};
+use crate::dtype::Element;
+use crate::error::{Error, Result, Which};
+
+/// One operand of a call: which, device address, length in bytes, elements needed.
+struct Buf {
+    which: Which,
+    addr: u64,
+    bytes: usize,
+    elems: usize,
+}
+
+/// The checks every direction shares once the problem is valid: each buffer (dtype by the
+/// caller's type, length, element alignment), then that the output overlaps no input.
+fn check<T: Element>(p: &Conv2d, inputs: &[Buf], out: &Buf) -> Result<()> {
+    if T::DTYPE != p.precision.input() {
+        return Err(Error::DTypeMismatch { operand: out.which, expected: p.precision.input(), got: T::DTYPE });
+    }
+    let elem = T::DTYPE.size_bytes();
+    for b in inputs.iter().chain([out]) {
+        if b.bytes < b.elems * elem {
+            return Err(Error::BufferTooSmall {
+                operand: b.which,
+                len_bytes: b.bytes,
+                needed_bytes: b.elems * elem,
+                needed_elems: b.elems,
+                elem_bytes: elem,
+            });
+        }
+        if !b.addr.is_multiple_of(elem as u64) {
+            return Err(Error::Misaligned { operand: b.which, address: b.addr, align: elem });
+        }
+    }
+    let (o0, o1) = (out.addr, out.addr + (out.elems * elem) as u64);
+    for b in inputs {
+        let (i0, i1) = (b.addr, b.addr + (b.elems * elem) as u64);
+        if o0 < i1 && i0 < o1 {
+            return Err(Error::OutputOverlapsInput {
+                output: out.which,
+                input: b.which,
+                out_start: o0,
+                out_end: o1,
+                in_start: i0,
+                in_end: i1,
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Gpu {
+    /// `y = x ⋆ w` (PyTorch's `F.conv2d(x, w)` with `p`'s stride, padding, dilation and groups)
+    /// on [`Gpu::stream`], through cuDNN: `x[N, C, H, W]`, `w[K, C/groups, R, S]`,
+    /// `y[N, K, P, Q]` in `p.layout` ([`crate::conv`] gives the shapes and layouts), all of
+    /// `p.precision`'s input dtype. `y` is overwritten.
+    ///
+    /// The first call of a problem makes its plan (descriptors and algorithm,
+    /// [`Gpu::set_conv_search`]); later calls only launch, and can be captured into a CUDA
+    /// graph. The algorithm's workspace is this stream's ([`Gpu::set_workspace_bytes`]).
+    ///
+    /// # Errors
+    /// Before anything is enqueued: [`Error::ConvShape`] / [`Error::Unsupported`] from
+    /// [`Conv2d::validate`]; [`Error::DTypeMismatch`], [`Error::BufferTooSmall`],
+    /// [`Error::Misaligned`], [`Error::OutputOverlapsInput`], [`Error::WrongContext`] for a
+    /// buffer; [`Error::LibraryNotFound`] without libcudnn; [`Error::NotCapturable`] for a
+    /// first call inside a capture. From cuDNN: [`Error::Cudnn`] naming the call and status.
+    pub fn conv2d_forward<T: Element, X: DevicePtr<T>, W: DevicePtr<T>, Y: DevicePtrMut<T>>(
+        &self,
+        p: &Conv2d,
+        x: &X,
+        w: &W,
+        y: &mut Y,
+    ) -> Result<()> {
+        self.conv::<T>(p, ConvOp::Forward, [Some(x as &dyn DevicePtr<T>), Some(w), None], y)
+    }
+
+    /// `y = act(x ⋆ w + b)` with `b[K]` (one value per output channel) and `act` ReLU or the
+    /// identity: PyTorch's `relu(F.conv2d(x, w, b))` in one cuDNN call
+    /// (`cudnnConvolutionBiasActivationForward`) where cuDNN offers it for the problem, else
+    /// as the convolution, `cudnnAddTensor` and `cudnnActivationForward` (the choice is
+    /// logged once per problem at `info` level, and [`Gpu::conv2d_fused_path`] reports it).
+    /// Otherwise as [`Gpu::conv2d_forward`].
+    ///
+    /// # Errors
+    /// As [`Gpu::conv2d_forward`], the bias included ([`Which::Bias`]).
+    pub fn conv2d_fused<T: Element, X: DevicePtr<T>, W: DevicePtr<T>, B: DevicePtr<T>, Y: DevicePtrMut<T>>(
+        &self,
+        p: &Conv2d,
+        x: &X,
+        w: &W,
+        bias: &B,
+        act: ConvActivation,
+        y: &mut Y,
+    ) -> Result<()> {
+        self.conv::<T>(p, ConvOp::Fused(act), [Some(x as &dyn DevicePtr<T>), Some(w), Some(bias)], y)
+    }
+
+    /// The gradient of the input, `dx = ∂L/∂x` from `dy = ∂L/∂y` and the filter `w`
+    /// (PyTorch's `conv2d` backward for `x`), on [`Gpu::stream`]: `dx` has x's shape and is
+    /// overwritten.
+    ///
+    /// # Errors
+    /// As [`Gpu::conv2d_forward`].
+    pub fn conv2d_backward_data<T: Element, W: DevicePtr<T>, D: DevicePtr<T>, DX: DevicePtrMut<T>>(
+        &self,
+        p: &Conv2d,
+        w: &W,
+        dy: &D,
+        dx: &mut DX,
+    ) -> Result<()> {
+        self.conv::<T>(p, ConvOp::BackwardData, [Some(w as &dyn DevicePtr<T>), Some(dy), None], dx)
+    }
+
+    /// The gradient of the filter, `dw = ∂L/∂w` from the input `x` and `dy` (PyTorch's
+    /// `conv2d` backward for `w`), on [`Gpu::stream`]: `dw` has w's shape and is
+    /// overwritten.
+    ///
+    /// # Errors
+    /// As [`Gpu::conv2d_forward`].
+    pub fn conv2d_backward_filter<T: Element, X: DevicePtr<T>, D: DevicePtr<T>, DW: DevicePtrMut<T>>(
+        &self,
+        p: &Conv2d,
+        x: &X,
+        dy: &D,
+        dw: &mut DW,
+    ) -> Result<()> {
+        self.conv::<T>(p, ConvOp::BackwardFilter, [Some(x as &dyn DevicePtr<T>), Some(dy), None], dw)
+    }
+
+    /// How convolution algorithms are chosen from now on (problems already planned keep
+    /// theirs). Default [`ConvSearch::Heuristic`].
+    pub fn set_conv_search(&self, search: ConvSearch) {
+        let mut st = self.lock();
+        st.libs.conv_search = search;
+        if let Some(d) = st.libs.dnn.as_mut() {
+            d.search = search;
+        }
+    }
+
+    /// After a call of [`Gpu::conv2d_fused`] with `p` and `act`: whether it ran as one fused
+    /// cuDNN call (`Some(true)`) or unfused (`Some(false)`); `None` before.
+    pub fn conv2d_fused_path(&self, p: &Conv2d, act: ConvActivation) -> Option<bool> {
+        self.lock().libs.dnn.as_ref().and_then(|d| d.fused_used(p, act))
+    }
+
+    /// The algorithm planned for a direction of `p` (name, math type, workspace), once its
+    /// first call has run: `forward`, `fused`, `backward_data` or `backward_filter`.
+    pub fn conv2d_plan(&self, p: &Conv2d, direction: &str) -> Option<String> {
+        let op = match direction {
+            "forward" => ConvOp::Forward,
+            "fused" => ConvOp::Fused(ConvActivation::Relu),
+            "fused_identity" => ConvOp::Fused(ConvActivation::Identity),
+            "backward_data" => ConvOp::BackwardData,
+            "backward_filter" => ConvOp::BackwardFilter,
+            _ => return None,
+        };
+        self.lock().libs.dnn.as_ref().and_then(|d| d.describe_plan(p, op))
+    }
+
+    /// Validate → plan → launch for one direction: `ins` are (forward) x, w, bias; (backward
+    /// data) w, dy; (backward filter) x, dy; `out` is y, dx or dw.
+    fn conv<T: Element>(
+        &self,
+        p: &Conv2d,
+        op: ConvOp,
+        ins: [Option<&dyn DevicePtr<T>>; 3],
+        out: &mut dyn DevicePtrMut<T>,
+    ) -> Result<()> {
+        p.validate()?;
+        let [lx, lw, ly] = p.lens();
+        let (in_which, out_which, out_elems) = match op {
+            ConvOp::Forward | ConvOp::Fused(_) => {
+                ([(Which::ConvX, lx), (Which::ConvW, lw), (Which::Bias, p.k)], Which::ConvY, ly)
+            }
+            ConvOp::BackwardData => ([(Which::ConvW, lw), (Which::ConvY, ly), (Which::Bias, 0)], Which::ConvX, lx),
+            ConvOp::BackwardFilter => ([(Which::ConvX, lx), (Which::ConvY, ly), (Which::Bias, 0)], Which::ConvW, lw),
+        };
+        let (ctx, s) = (self.context(), self.stream());
+        for (b, (which, _)) in ins.iter().zip(in_which) {
+            if let Some(b) = b {
+                same_context(which, b.stream(), ctx)?;
+            }
+        }
+        same_context(out_which, out.stream(), ctx)?;
+        let mut guards = Vec::with_capacity(3);
+        let mut bufs = Vec::with_capacity(3);
+        for (b, (which, elems)) in ins.iter().zip(in_which) {
+            if let Some(b) = b {
+                let (addr, g) = b.device_ptr(s);
+                guards.push(g);
+                bufs.push(Buf { which, addr, bytes: b.num_bytes(), elems });
+            }
+        }
+        let out_bytes = out.num_bytes();
+        let (out_addr, out_guard) = out.device_ptr_mut(s);
+        let o = Buf { which: out_which, addr: out_addr, bytes: out_bytes, elems: out_elems };
+        check::<T>(p, &bufs, &o)?;
+        let addr = |w: Which| bufs.iter().find(|b| b.which == w).map_or(0, |b| b.addr);
+        let b = match op {
+            ConvOp::Forward | ConvOp::Fused(_) => {
+                ConvBuffers { x: addr(Which::ConvX), w: addr(Which::ConvW), y: out_addr, bias: addr(Which::Bias) }
+            }
+            ConvOp::BackwardData => ConvBuffers { x: out_addr, w: addr(Which::ConvW), y: addr(Which::ConvY), bias: 0 },
+            ConvOp::BackwardFilter => {
+                ConvBuffers { x: addr(Which::ConvX), w: out_addr, y: addr(Which::ConvY), bias: 0 }
+            }
+        };
+        let stream = s.cu_stream();
+        self.device().bind()?;
+        let mut st = self.lock();
+        let st = &mut *st;
+        let planned = st.libs.dnn.as_ref().is_some_and(|d| d.has_plan(p, op));
+        if !planned && is_capturing(stream)? {
+            return Err(Error::NotCapturable {
+                action: "plan a convolution (cuDNN descriptors and algorithm choice)",
+                problem: format!("{} {op:?}", p.describe()),
+            });
+        }
+        if st.libs.dnn.is_none() {
+            st.libs.dnn = Some(DnnState::new(st.libs.conv_search)?);
+        }
+        let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
+        let dnn = st.libs.dnn.as_mut().expect("created above");
+        // SAFETY: every address was checked above against the problem's sizes and belongs to
+        // this context, borrowed (guards) until the call is enqueued; the workspace is this
+        // stream's; the stream is the Gpu's own, live.
+        let r = unsafe { dnn.run(p, op, b, (ws.ptr, ws.matmul_bytes), stream) };
+        drop((guards, out_guard));
+        r
+    }
+}

@@ -1,0 +1,234 @@
+//! The cuDNN room: one raw handle per `Gpu`, kept under the device's lock and bound per call
+//! to the call's stream (docs/DESIGN.md says why not cudarc's safe `Cudnn`), a plan per
+//! problem and direction (`plan.rs`), and the launches of cuDNN's convolution API:
+//! `cudnnConvolutionForward`, `cudnnConvolutionBiasActivationForward` (fused; the unfused
+//! sequence where cuDNN refuses it), `cudnnConvolutionBackwardData`,
+//! `cudnnConvolutionBackwardFilter`. Created on the first convolution, so a GEMM-only program
+//! never loads libcudnn.
+
+mod plan;
+mod sys;
+
+use std::ffi::c_void;
+
+use cudarc::cudnn::sys as raw;
+use cudarc::driver::sys::CUstream;
+use rustc_hash::FxHashMap as HashMap;
+
+use super::library;
+use crate::conv::{Conv2d, ConvActivation};
+use crate::error::{Error, Result};
+pub(crate) use plan::SearchBuffers;
+use plan::{Algo, ConvPlan};
+use sys::{check, Handle};
+
+/// One convolution direction (the fused forward with its activation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ConvOp {
+    Forward,
+    Fused(ConvActivation),
+    BackwardData,
+    BackwardFilter,
+}
+
+/// How a convolution's algorithm is chosen, once per problem and direction
+/// ([`crate::cuda::Gpu::set_conv_search`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ConvSearch {
+    /// cuDNN's heuristic (`cudnnGetConvolution*Algorithm_v7`): its best-ranked algorithm that
+    /// fits the workspace. No GPU work, no synchronisation.
+    #[default]
+    Heuristic,
+    /// A measured search (`cudnnFindConvolution*AlgorithmEx`, PyTorch's
+    /// `cudnn.benchmark = True`) on the first call's own buffers: every algorithm that fits the
+    /// workspace is run and timed, the fastest kept. That first call synchronises the stream
+    /// and takes milliseconds to seconds.
+    Measured,
+}
+
+/// Device addresses of one call: x (or dx), w (or dw), y (or dy), and the bias (fused; 0
+/// otherwise).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConvBuffers {
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+    pub bias: u64,
+}
+
+/// cuDNN's state under the device's lock.
+pub(crate) struct DnnState {
+    handle: Handle,
+    plans: HashMap<(Conv2d, ConvOp), ConvPlan>,
+    pub search: ConvSearch,
+}
+
+impl DnnState {
+    /// Loads libcudnn and creates the handle (the context bound by the caller).
+    ///
+    /// # Errors
+    /// [`Error::LibraryNotFound`] naming the files tried; [`Error::Cudnn`].
+    pub fn new(search: ConvSearch) -> Result<DnnState> {
+        library::ensure_cudnn()?;
+        Ok(DnnState { handle: Handle::new()?, plans: HashMap::default(), search })
+    }
+
+    /// Destroys the plans and the handle (context bound, device synchronised).
+    pub fn release(&mut self) {
+        self.plans.clear();
+        self.handle.destroy();
+    }
+
+    /// Forgets the handle without destroying it (no context to destroy it in).
+    pub fn leak(&mut self) {
+        self.handle.leak();
+    }
+
+    /// Whether a plan for `p` and `op` exists (a call is then capturable).
+    pub fn has_plan(&self, p: &Conv2d, op: ConvOp) -> bool {
+        self.plans.contains_key(&(*p, op))
+    }
+
+    /// Runs one convolution on `stream`: its plan (made on first use; the caller has checked
+    /// that the stream is not capturing then) and the launch, with `workspace` (address,
+    /// bytes) as cuDNN's workspace.
+    ///
+    /// # Safety
+    /// The addresses in `b` are device memory of this context holding the problem's tensors
+    /// (checked by the entry point), `workspace` is this stream's, `stream` is live.
+    pub unsafe fn run(
+        &mut self,
+        p: &Conv2d,
+        op: ConvOp,
+        b: ConvBuffers,
+        workspace: (u64, usize),
+        stream: CUstream,
+    ) -> Result<()> {
+        let h = self.handle.on(stream)?;
+        if !self.plans.contains_key(&(*p, op)) {
+            let search =
+                (self.search == ConvSearch::Measured).then_some(SearchBuffers { x: b.x, w: b.w, y: b.y, workspace });
+            // SAFETY: forwarded.
+            let plan = unsafe { plan::make(h, p, op, workspace.1, search)? };
+            self.plans.insert((*p, op), plan);
+        }
+        let plan = self.plans.get_mut(&(*p, op)).expect("inserted above");
+        // SAFETY: forwarded; the plan's workspace is at most `workspace.1`.
+        unsafe { launch(h, p, op, plan, b, workspace.0) }
+    }
+}
+
+/// The launch of one planned call (α = 1, β = 0: every output is overwritten).
+unsafe fn launch(
+    h: raw::cudnnHandle_t,
+    p: &Conv2d,
+    op: ConvOp,
+    plan: &mut ConvPlan,
+    b: ConvBuffers,
+    ws: u64,
+) -> Result<()> {
+    let (one, zero) = (1.0f32, 0.0f32);
+    let (a, z) = (&one as *const f32 as *const c_void, &zero as *const f32 as *const c_void);
+    let (wsp, wsb) = (ws as *mut c_void, plan.choice.workspace);
+    let (x, w, y, conv) = (plan.x.raw(), plan.w.raw(), plan.y.raw(), plan.conv.raw());
+    let (cx, cw, cy, my) = (b.x as *const c_void, b.w as *const c_void, b.y as *const c_void, b.y as *mut c_void);
+    let describe = || format!("{} {op:?} {}", p.describe(), plan.choice.algo.name());
+    // SAFETY (every call): live descriptors of the problem, device buffers of its sizes (the
+    // caller's contract), a workspace of at least `wsb` bytes, host scalars of f32 (cuDNN's
+    // scaling type for float, half and bfloat16 data).
+    unsafe {
+        match (op, plan.choice.algo) {
+            (ConvOp::Forward, Algo::Forward(algo)) => {
+                let st = raw::cudnnConvolutionForward(h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, my);
+                check(st, "cudnnConvolutionForward", describe)
+            }
+            (ConvOp::Fused(act), Algo::Forward(algo)) => {
+                let (bias, act_desc) =
+                    (plan.bias.as_ref().expect("fused plan").raw(), plan.act.as_ref().expect("fused plan").raw());
+                let cb = b.bias as *const c_void;
+                if plan.fused {
+                    // y = act(1·conv(x, w) + 0·z + bias), z = y (not read: α2 = 0)
+                    let st = raw::cudnnConvolutionBiasActivationForward(
+                        h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, cy, bias, cb, act_desc, y, my,
+                    );
+                    let refused = matches!(
+                        st,
+                        raw::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED | raw::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM
+                    );
+                    if !refused {
+                        return check(st, "cudnnConvolutionBiasActivationForward", describe);
+                    }
+                    plan.fused = false;
+                    tracing::info!(
+                        problem = %p.describe(), status = ?st,
+                        "cuDNN refused the fused convolution + bias + activation; running it unfused (3 calls)"
+                    );
+                }
+                let st = raw::cudnnConvolutionForward(h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, my);
+                check(st, "cudnnConvolutionForward", describe)?;
+                check(raw::cudnnAddTensor(h, a, bias, cb, a, y, my), "cudnnAddTensor", describe)?;
+                if act == ConvActivation::Relu {
+                    let st = raw::cudnnActivationForward(h, act_desc, a, y, cy, z, y, my);
+                    check(st, "cudnnActivationForward", describe)?;
+                }
+                Ok(())
+            }
+            (ConvOp::BackwardData, Algo::Data(algo)) => {
+                let st = raw::cudnnConvolutionBackwardData(
+                    h,
+                    a,
+                    w,
+                    cw,
+                    y,
+                    cy,
+                    conv,
+                    algo,
+                    wsp,
+                    wsb,
+                    z,
+                    x,
+                    b.x as *mut c_void,
+                );
+                check(st, "cudnnConvolutionBackwardData", describe)
+            }
+            (ConvOp::BackwardFilter, Algo::Filter(algo)) => {
+                let st = raw::cudnnConvolutionBackwardFilter(
+                    h,
+                    a,
+                    x,
+                    cx,
+                    y,
+                    cy,
+                    conv,
+                    algo,
+                    wsp,
+                    wsb,
+                    z,
+                    w,
+                    b.w as *mut c_void,
+                );
+                check(st, "cudnnConvolutionBackwardFilter", describe)
+            }
+            (op, algo) => Err(Error::Unsupported { backend: "cuDNN", what: format!("{op:?} with {}", algo.name()) }),
+        }
+    }
+}
+
+/// Whether the convolution's fused call was used for `p` (`None` before its first call).
+impl DnnState {
+    pub fn fused_used(&self, p: &Conv2d, act: ConvActivation) -> Option<bool> {
+        self.plans.get(&(*p, ConvOp::Fused(act))).map(|pl| pl.fused)
+    }
+
+    /// The chosen algorithm's name, math type and workspace for `p` and `op`, once planned.
+    pub fn describe_plan(&self, p: &Conv2d, op: ConvOp) -> Option<String> {
+        self.plans
+            .get(&(*p, op))
+            .map(|pl| format!("{} {:?} workspace {} B", pl.choice.algo.name(), pl.choice.math, pl.choice.workspace))
+    }
+}
+
+/// The loaded libcudnn's version (e.g. 91400), or `None` when it cannot be loaded.
+pub fn cudnn_version() -> Option<usize> {
+    library::ensure_cudnn().ok().map(|()| sys::version())
+}

@@ -1,0 +1,315 @@
+//! A convolution's plan: its descriptors and the algorithm chosen for it, once per problem.
+//!
+//! The choice: cuDNN's heuristic (`cudnnGetConvolution*Algorithm_v7`, its ranked list) by
+//! default, or a measured search on request (`cudnnFindConvolution*AlgorithmEx` on the call's
+//! own buffers: cuDNN times every algorithm once; it synchronises and overwrites the output).
+//! Of the ranked candidates the first is taken that succeeded, fits the stream's workspace and
+//! keeps the precision's promise (strict f32: `CUDNN_FMA_MATH` only); its math type is then
+//! set on the convolution descriptor, because cuDNN picks the kernel from the pair (PyTorch
+//! measured a 10× slowdown when the heuristic's math type is ignored, as cudarc's safe
+//! `pick_algorithm` does).
+
+use std::ffi::c_void;
+
+use cudarc::cudnn::sys;
+
+use super::sys::{check, math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
+use super::ConvOp;
+use crate::conv::{Conv2d, ConvActivation};
+use crate::error::{Error, Result};
+
+/// The algorithm chosen, in its direction's enum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Algo {
+    Forward(sys::cudnnConvolutionFwdAlgo_t),
+    Data(sys::cudnnConvolutionBwdDataAlgo_t),
+    Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+impl Algo {
+    /// cuDNN's name for it, e.g. `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`.
+    pub fn name(&self) -> String {
+        match self {
+            Algo::Forward(a) => format!("{a:?}"),
+            Algo::Data(a) => format!("{a:?}"),
+            Algo::Filter(a) => format!("{a:?}"),
+        }
+    }
+}
+
+/// The chosen algorithm, its math type and its workspace in bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Choice {
+    pub algo: Algo,
+    pub math: sys::cudnnMathType_t,
+    pub workspace: usize,
+}
+
+/// Descriptors and choice of one problem and direction.
+pub(crate) struct ConvPlan {
+    pub x: TensorDesc,
+    pub w: FilterDesc,
+    pub y: TensorDesc,
+    pub conv: ConvDesc,
+    pub choice: Choice,
+    /// Fused forward: the bias `[1, K, 1, 1]` and the activation.
+    pub bias: Option<TensorDesc>,
+    pub act: Option<ActivationDesc>,
+    /// Fused forward: whether `cudnnConvolutionBiasActivationForward` runs it (set false the
+    /// first time cuDNN refuses; the convolution, `cudnnAddTensor` and
+    /// `cudnnActivationForward` then run it).
+    pub fused: bool,
+}
+
+/// The buffers a measured search runs on (device addresses) and the workspace it may use.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SearchBuffers {
+    /// x (or dx), w (or dw), y (or dy).
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+    pub workspace: (u64, usize),
+}
+
+/// What the three directions' performance records share.
+trait Perf: Copy {
+    fn status(&self) -> sys::cudnnStatus_t;
+    fn memory(&self) -> usize;
+    fn math(&self) -> sys::cudnnMathType_t;
+    fn algo(&self) -> Algo;
+}
+
+macro_rules! perf {
+    ($t:ty, $variant:ident) => {
+        impl Perf for $t {
+            fn status(&self) -> sys::cudnnStatus_t {
+                self.status
+            }
+            fn memory(&self) -> usize {
+                self.memory
+            }
+            fn math(&self) -> sys::cudnnMathType_t {
+                self.mathType
+            }
+            fn algo(&self) -> Algo {
+                Algo::$variant(self.algo)
+            }
+        }
+    };
+}
+
+perf!(sys::cudnnConvolutionFwdAlgoPerf_t, Forward);
+perf!(sys::cudnnConvolutionBwdDataAlgoPerf_t, Data);
+perf!(sys::cudnnConvolutionBwdFilterAlgoPerf_t, Filter);
+
+/// Room for every algorithm cuDNN has in a direction (8, 6 and 7 in cuDNN 9).
+const MAX_ALGOS: usize = 16;
+
+/// Makes the plan for `p` and `op`: descriptors, then the heuristic's (or, with `search`, the
+/// measured) ranking, then the first candidate that fits `workspace_limit` bytes.
+///
+/// # Safety
+/// `h` is a live handle bound to the call's stream; with `search`, its addresses are device
+/// memory of the problem's sizes (the search writes the output) and its workspace is valid.
+pub(crate) unsafe fn make(
+    h: sys::cudnnHandle_t,
+    p: &Conv2d,
+    op: ConvOp,
+    workspace_limit: usize,
+    search: Option<SearchBuffers>,
+) -> Result<ConvPlan> {
+    let (dtype, math) = types(p.precision);
+    let x = TensorDesc::new(dtype, p.x_dims(), p.layout)?;
+    let w = FilterDesc::new(dtype, p.w_dims(), p.layout)?;
+    let y = TensorDesc::new(dtype, p.y_dims(), p.layout)?;
+    let conv = ConvDesc::new(p, math)?;
+    let descs = (x.raw(), w.raw(), y.raw(), conv.raw());
+    // SAFETY: forwarded; the descriptors are live.
+    let candidates = unsafe { rank(h, op, descs, search)? };
+    let fits = |c: &&(Algo, sys::cudnnMathType_t, usize)| c.2 <= workspace_limit && math_ok(p.precision, c.1);
+    // the identity activation of the fused call exists only with IMPLICIT_PRECOMP_GEMM (cuDNN
+    // documentation, cudnnConvolutionBiasActivationForward): those first, then the rest
+    let precomp = Algo::Forward(sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+    let first =
+        |c: &&(Algo, sys::cudnnMathType_t, usize)| op == ConvOp::Fused(ConvActivation::Identity) && c.0 == precomp;
+    let ordered = candidates.iter().filter(first).chain(candidates.iter().filter(|c| !first(c)));
+    let mut chosen = None;
+    for &(algo, math, _) in ordered.filter(fits) {
+        conv.set_math(math)?;
+        // SAFETY: forwarded; the descriptors are live and the math type is set.
+        let workspace = unsafe { workspace_size(h, descs, algo)? };
+        if workspace <= workspace_limit {
+            chosen = Some(Choice { algo, math, workspace });
+            break;
+        }
+    }
+    let Some(choice) = chosen else {
+        return Err(Error::Unsupported {
+            backend: "cuDNN",
+            what: format!(
+                "{} {op:?}: no algorithm fits a workspace of {workspace_limit} bytes at this precision \
+                 (candidates: {candidates:?}); raise Gpu::set_workspace_bytes",
+                p.describe()
+            ),
+        });
+    };
+    let (bias, act) = match op {
+        ConvOp::Fused(a) => (Some(TensorDesc::new(dtype, [1, p.k, 1, 1], p.layout)?), Some(ActivationDesc::new(a)?)),
+        _ => (None, None),
+    };
+    tracing::debug!(problem = %p.describe(), ?op, algo = %choice.algo.name(), math = ?choice.math, workspace = choice.workspace, "cuDNN plan");
+    Ok(ConvPlan { x, w, y, conv, choice, bias, act, fused: true })
+}
+
+type Descs = (
+    sys::cudnnTensorDescriptor_t,
+    sys::cudnnFilterDescriptor_t,
+    sys::cudnnTensorDescriptor_t,
+    sys::cudnnConvolutionDescriptor_t,
+);
+
+/// The ranked candidates `(algorithm, math type, workspace bytes)` that succeeded.
+unsafe fn rank(
+    h: sys::cudnnHandle_t,
+    op: ConvOp,
+    (x, w, y, conv): Descs,
+    search: Option<SearchBuffers>,
+) -> Result<Vec<(Algo, sys::cudnnMathType_t, usize)>> {
+    fn keep<P: Perf>(v: &[P], n: i32) -> Vec<(Algo, sys::cudnnMathType_t, usize)> {
+        let ok = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
+        v[..n.clamp(0, v.len() as i32) as usize]
+            .iter()
+            .filter(|r| r.status() == ok)
+            .map(|r| (r.algo(), r.math(), r.memory()))
+            .collect()
+    }
+    let (mut n, req) = (0i32, MAX_ALGOS as i32);
+    let cv = |a: u64| a as *const c_void;
+    let mv = |a: u64| a as *mut c_void;
+    // SAFETY (every arm): live descriptors, out-arrays of MAX_ALGOS records, the search's
+    // buffers per the caller's contract.
+    unsafe {
+        match op {
+            ConvOp::Forward | ConvOp::Fused(_) => {
+                let mut r = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
+                let (st, name) = match search {
+                    None => (
+                        sys::cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, conv, y, req, &mut n, r.as_mut_ptr()),
+                        "cudnnGetConvolutionForwardAlgorithm_v7",
+                    ),
+                    Some(b) => (
+                        sys::cudnnFindConvolutionForwardAlgorithmEx(
+                            h,
+                            x,
+                            cv(b.x),
+                            w,
+                            cv(b.w),
+                            conv,
+                            y,
+                            mv(b.y),
+                            req,
+                            &mut n,
+                            r.as_mut_ptr(),
+                            mv(b.workspace.0),
+                            b.workspace.1,
+                        ),
+                        "cudnnFindConvolutionForwardAlgorithmEx",
+                    ),
+                };
+                check(st, name, String::new)?;
+                Ok(keep(&r, n))
+            }
+            ConvOp::BackwardData => {
+                let mut r = [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
+                let (st, name) = match search {
+                    None => (
+                        sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, conv, x, req, &mut n, r.as_mut_ptr()),
+                        "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                    ),
+                    Some(b) => (
+                        sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
+                            h,
+                            w,
+                            cv(b.w),
+                            y,
+                            cv(b.y),
+                            conv,
+                            x,
+                            mv(b.x),
+                            req,
+                            &mut n,
+                            r.as_mut_ptr(),
+                            mv(b.workspace.0),
+                            b.workspace.1,
+                        ),
+                        "cudnnFindConvolutionBackwardDataAlgorithmEx",
+                    ),
+                };
+                check(st, name, String::new)?;
+                Ok(keep(&r, n))
+            }
+            ConvOp::BackwardFilter => {
+                let mut r = [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
+                let (st, name) = match search {
+                    None => (
+                        sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                            h,
+                            x,
+                            y,
+                            conv,
+                            w,
+                            req,
+                            &mut n,
+                            r.as_mut_ptr(),
+                        ),
+                        "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                    ),
+                    Some(b) => (
+                        sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                            h,
+                            x,
+                            cv(b.x),
+                            y,
+                            cv(b.y),
+                            conv,
+                            w,
+                            mv(b.w),
+                            req,
+                            &mut n,
+                            r.as_mut_ptr(),
+                            mv(b.workspace.0),
+                            b.workspace.1,
+                        ),
+                        "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+                    ),
+                };
+                check(st, name, String::new)?;
+                Ok(keep(&r, n))
+            }
+        }
+    }
+}
+
+/// The exact workspace of `algo` with the descriptor's math type as set.
+unsafe fn workspace_size(h: sys::cudnnHandle_t, (x, w, y, conv): Descs, algo: Algo) -> Result<usize> {
+    let mut bytes = 0usize;
+    // SAFETY: live descriptors, a valid out-pointer.
+    let (st, name) = unsafe {
+        match algo {
+            Algo::Forward(a) => (
+                sys::cudnnGetConvolutionForwardWorkspaceSize(h, x, w, conv, y, a, &mut bytes),
+                "cudnnGetConvolutionForwardWorkspaceSize",
+            ),
+            Algo::Data(a) => (
+                sys::cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, conv, x, a, &mut bytes),
+                "cudnnGetConvolutionBackwardDataWorkspaceSize",
+            ),
+            Algo::Filter(a) => (
+                sys::cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, conv, w, a, &mut bytes),
+                "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+            ),
+        }
+    };
+    check(st, name, || algo.name())?;
+    Ok(bytes)
+}
