@@ -103,12 +103,13 @@ pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
     if left_out > 0 {
         let _ = writeln!(s, "({left_out} rows left out: missing from at least one file)");
     }
-    // per (dtype, op), square + llm rows only
+    // per (dtype, op), square + llm rows only; convolution rows per op, layout and batch
     let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
-    for (k, v) in rows.iter().filter(|(k, _)| is_square_or_llm((k.2, k.3, k.4))) {
-        groups.entry((k.0.clone(), k.1.clone())).or_default().push((k, v));
+    for (k, v) in rows.iter().filter(|(k, _)| k.1.starts_with("conv") || is_square_or_llm((k.2, k.3, k.4))) {
+        let op = if k.1.starts_with("conv") { format!("{}/n{}", k.1, k.5) } else { k.1.clone() };
+        groups.entry((k.0.clone(), op)).or_default().push((k, v));
     }
-    let _ = writeln!(s, "\nsquare + llm, per dtype and op: geometric mean of the row medians; rows whose median < {bound}; each pair's own geometric mean / rows < {bound}");
+    let _ = writeln!(s, "\nsquare + llm (convolutions: per layout and batch N), per dtype and op: geometric mean of the row medians; rows whose median < {bound}; each pair's own geometric mean / rows < {bound}");
     let _ = writeln!(s, "{:<5} {:<16} {:>4} {:>8} {:>7}  per pair", "dtype", "op", "rows", "geomean", "< bound");
     for ((dtype, op), members) in &groups {
         let medians: Vec<f64> = members.iter().map(|(_, v)| median(v)).collect();

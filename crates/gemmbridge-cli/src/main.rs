@@ -9,6 +9,7 @@ mod fp8cmd;
 mod info;
 mod ops;
 mod probe;
+mod probe_conv;
 mod probe_fp8;
 mod random;
 mod row;

@@ -8,6 +8,7 @@
 //! 2. The precision table: every precision the library offers, its error against float64 on a
 //!    small problem and its TFLOP/s on a large one.
 //! 3. The FP8 table (`probe_fp8.rs`): every FP8 recipe the GPU offers, the same way.
+//! 4. The convolution table (`probe_conv.rs`): cuDNN's convolutions per precision.
 //!
 //! Exit status 1 if any table shows a problem.
 
@@ -45,7 +46,9 @@ pub fn run() -> anyhow::Result<i32> {
     let precision_ok = precision_table(&gpu)?;
     println!();
     let fp8_ok = crate::probe_fp8::table(&gpu)?;
-    let ok = convention_ok && precision_ok && fp8_ok;
+    println!();
+    let conv_ok = crate::probe_conv::table(&gpu)?;
+    let ok = convention_ok && precision_ok && fp8_ok && conv_ok;
     println!("\nprobe: {}", if ok { "OK" } else { "FAILED" });
     Ok(if ok { 0 } else { 1 })
 }

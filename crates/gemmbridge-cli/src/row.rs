@@ -24,14 +24,19 @@ pub struct Row {
     /// FP8 rows: the scaling recipe (tensorwise, rowwise, block).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaling: Option<String>,
+    /// Convolution rows: the tensors' layout (nhwc, nchw). Their m is P·Q, n is K, k is
+    /// C/groups·R·S and batch is N, so that 2·m·n·k·batch is the convolution's flop count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
 }
 
 impl Row {
-    /// The op as rows are told apart: `scaled_mm/rowwise` for FP8 rows, the op otherwise.
+    /// The op as rows are told apart: `scaled_mm/rowwise` for FP8 rows, `conv_fwd/nhwc` for
+    /// convolution rows, the op otherwise.
     pub fn label(&self) -> String {
-        match &self.scaling {
-            Some(s) => format!("{}/{s}", self.op),
-            None => self.op.clone(),
+        match (&self.scaling, &self.layout) {
+            (Some(s), _) | (None, Some(s)) => format!("{}/{s}", self.op),
+            (None, None) => self.op.clone(),
         }
     }
 }
@@ -50,5 +55,6 @@ pub fn square_row(op: &str, dtype: &str, m: usize, median_ms: f64) -> Row {
         min_ms: median_ms,
         tflops: 1.0,
         scaling: None,
+        layout: None,
     }
 }

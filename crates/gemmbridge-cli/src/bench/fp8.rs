@@ -116,6 +116,7 @@ pub fn bench(
             min_ms: t.min_ms,
             tflops: 2.0 * (m * n * k) as f64 / (t.median_ms * 1e-3) / 1e12,
             scaling: Some(name.clone()),
+            layout: None,
         });
     }
     Ok(out)

@@ -1,6 +1,7 @@
 //! `gemmbridge bench`: the suites, shapes and JSON-lines fields of
 //! `bench/peer.py`, timed the same way, with an optional side-by-side ratio.
 
+pub mod conv;
 pub mod fp8;
 pub mod launch;
 pub mod report;
@@ -70,9 +71,24 @@ pub struct Args {
     padding: String,
     /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu (the last two only
     /// for f16/bf16, as bench/peer.py), bmm (a strided batch of 4 matmuls; not run by
-    /// default), launch (tiny-GEMM host cost and graph replay).
+    /// default), launch (tiny-GEMM host cost and graph replay). Convolutions (cuDNN, on
+    /// ResNet-50's 11 convolutions, GPU only; not run by default; their peer is
+    /// bench/conv_peer.py): conv_fwd, conv_bias_relu (bias and ReLU fused where cuDNN offers
+    /// it), conv_bias_relu_unfused (the convolution, then cuDNN's bias add and ReLU),
+    /// conv_dgrad, conv_wgrad.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
+    /// Convolution rows: the layouts, nhwc and/or nchw.
+    #[arg(long, default_value = "nhwc,nchw")]
+    conv_layouts: String,
+    /// Convolution rows: the batch sizes N.
+    #[arg(long, default_value = "32,1")]
+    conv_batches: String,
+    /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
+    /// as PyTorch's cudnn.benchmark = True, the peer's setting) or "heuristic" (the library's
+    /// default).
+    #[arg(long, default_value = "measured")]
+    conv_search: String,
 }
 
 /// `--padding` parsed.
@@ -134,16 +150,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let scalings = if with_fp8 { fp8::parse_scalings(&args.scalings)? } else { Vec::new() };
     let mut ops: Vec<String> = Vec::new();
+    let mut conv_ops: Vec<String> = Vec::new();
     let mut launch = false;
     for o in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
         if o == "launch" {
             launch = true;
+        } else if conv::OPS.contains(&o) {
+            if !conv_ops.iter().any(|x| x == o) {
+                conv_ops.push(o.to_string());
+            }
         } else if OPS.contains(&o) {
             if !ops.iter().any(|x| x == o) {
                 ops.push(o.to_string());
             }
         } else {
-            bail!("unknown op {o:?}; choose from {}, launch", OPS.join(", "));
+            bail!("unknown op {o:?}; choose from {}, launch, {}", OPS.join(", "), conv::OPS.join(", "));
         }
     }
     if !(1..=100_000).contains(&args.reps) {
@@ -153,7 +174,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         bail!("--heat-ms {} is not between 0 and 60000 (milliseconds)", args.heat_ms);
     }
     let sampling = timing::Sampling { warmup: 5, reps: args.reps, heat_ms: args.heat_ms };
-    if ops.is_empty() && !launch && !with_fp8 {
+    let conv_layouts = conv::parse_layouts(&args.conv_layouts)?;
+    let conv_batches = conv::parse_batches(&args.conv_batches)?;
+    let conv_search = conv::parse_search(&args.conv_search)?;
+    if ops.is_empty() && !launch && !with_fp8 && conv_ops.is_empty() {
         bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
     }
     let backend = parse_backend(&args.backend)?;
@@ -192,6 +216,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             if with_fp8 {
                 eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
                 with_fp8 = false;
+            }
+            if !conv_ops.is_empty() {
+                eprintln!("  (the convolution ops run on cuDNN and need a GPU: skipped)");
+                conv_ops.clear();
             }
             if dtypes.is_empty() {
                 bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
@@ -264,6 +292,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
     }
     bar.finish_and_clear();
+    if let (false, Some(g)) = (conv_ops.is_empty(), &gpu) {
+        let plan = conv::Plan {
+            ops: &conv_ops,
+            dtypes: &dtypes,
+            layouts: conv_layouts,
+            batches: conv_batches,
+            search: conv_search,
+        };
+        rows.extend(conv::bench(g, &plan, sampling, &mut |r| sink.emit(r))?);
+    }
     let mut table = report::table(&rows, peer.as_deref());
     if let (true, Some(g)) = (launch, &gpu) {
         let mut launches = Vec::new();
@@ -324,6 +362,7 @@ fn row(op: &str, name: &str, p: &GemmProblem, t: timing::Timing) -> Row {
         min_ms: t.min_ms,
         tflops: p.flops() / (t.median_ms * 1e-3) / 1e12,
         scaling: None,
+        layout: None,
     }
 }
 

@@ -148,6 +148,17 @@ impl Gpu {
         }
     }
 
+    /// Whether [`Gpu::conv2d_fused`] tries cuDNN's fused call (default, on) or runs the
+    /// unfused sequence (the convolution, `cudnnAddTensor`, `cudnnActivationForward`) from
+    /// now on: for comparisons.
+    pub fn set_conv_fusion(&self, on: bool) {
+        let mut st = self.lock();
+        st.libs.conv_fuse = on;
+        if let Some(d) = st.libs.dnn.as_mut() {
+            d.fuse = on;
+        }
+    }
+
     /// After a call of [`Gpu::conv2d_fused`] with `p` and `act`: whether it ran as one fused
     /// cuDNN call (`Some(true)`) or unfused (`Some(false)`); `None` before.
     pub fn conv2d_fused_path(&self, p: &Conv2d, act: ConvActivation) -> Option<bool> {
@@ -228,7 +239,7 @@ impl Gpu {
             });
         }
         if st.libs.dnn.is_none() {
-            st.libs.dnn = Some(DnnState::new(st.libs.conv_search)?);
+            st.libs.dnn = Some(DnnState::new(st.libs.conv_search, st.libs.conv_fuse)?);
         }
         let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
         let dnn = st.libs.dnn.as_mut().expect("created above");

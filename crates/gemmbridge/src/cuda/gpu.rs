@@ -91,6 +91,7 @@ pub(crate) struct Libraries {
     /// cuDNN (created on the first convolution) and how it chooses algorithms.
     pub dnn: Option<DnnState>,
     pub conv_search: ConvSearch,
+    pub conv_fuse: bool,
 }
 
 impl Resources for Libraries {
@@ -211,6 +212,7 @@ impl Gpu {
             padding: Padding::default(),
             dnn: None,
             conv_search: ConvSearch::default(),
+            conv_fuse: true,
         };
         Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })
     }

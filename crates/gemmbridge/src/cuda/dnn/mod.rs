@@ -59,8 +59,11 @@ pub(crate) struct ConvBuffers {
 /// cuDNN's state under the device's lock.
 pub(crate) struct DnnState {
     handle: Handle,
-    plans: HashMap<(Conv2d, ConvOp), ConvPlan>,
+    /// By problem, direction, and (fused forward) whether the fused call is tried.
+    plans: HashMap<(Conv2d, ConvOp, bool), ConvPlan>,
     pub search: ConvSearch,
+    /// Whether a fused forward tries cuDNN's fused call (else: the unfused sequence).
+    pub fuse: bool,
 }
 
 impl DnnState {
@@ -68,9 +71,13 @@ impl DnnState {
     ///
     /// # Errors
     /// [`Error::LibraryNotFound`] naming the files tried; [`Error::Cudnn`].
-    pub fn new(search: ConvSearch) -> Result<DnnState> {
+    pub fn new(search: ConvSearch, fuse: bool) -> Result<DnnState> {
         library::ensure_cudnn()?;
-        Ok(DnnState { handle: Handle::new()?, plans: HashMap::default(), search })
+        Ok(DnnState { handle: Handle::new()?, plans: HashMap::default(), search, fuse })
+    }
+
+    fn key(&self, p: &Conv2d, op: ConvOp) -> (Conv2d, ConvOp, bool) {
+        (*p, op, matches!(op, ConvOp::Fused(_)) && self.fuse)
     }
 
     /// Destroys the plans and the handle (context bound, device synchronised).
@@ -86,7 +93,7 @@ impl DnnState {
 
     /// Whether a plan for `p` and `op` exists (a call is then capturable).
     pub fn has_plan(&self, p: &Conv2d, op: ConvOp) -> bool {
-        self.plans.contains_key(&(*p, op))
+        self.plans.contains_key(&self.key(p, op))
     }
 
     /// Runs one convolution on `stream`: its plan (made on first use; the caller has checked
@@ -105,14 +112,16 @@ impl DnnState {
         stream: CUstream,
     ) -> Result<()> {
         let h = self.handle.on(stream)?;
-        if !self.plans.contains_key(&(*p, op)) {
+        let key = self.key(p, op);
+        if !self.plans.contains_key(&key) {
             let search =
                 (self.search == ConvSearch::Measured).then_some(SearchBuffers { x: b.x, w: b.w, y: b.y, workspace });
             // SAFETY: forwarded.
-            let plan = unsafe { plan::make(h, p, op, workspace.1, search)? };
-            self.plans.insert((*p, op), plan);
+            let mut plan = unsafe { plan::make(h, p, op, workspace.1, search)? };
+            plan.fused = key.2;
+            self.plans.insert(key, plan);
         }
-        let plan = self.plans.get_mut(&(*p, op)).expect("inserted above");
+        let plan = self.plans.get_mut(&key).expect("inserted above");
         // SAFETY: forwarded; the plan's workspace is at most `workspace.1`.
         unsafe { launch(h, p, op, plan, b, workspace.0) }
     }
@@ -214,16 +223,16 @@ unsafe fn launch(
     }
 }
 
-/// Whether the convolution's fused call was used for `p` (`None` before its first call).
 impl DnnState {
+    /// Whether the fused call ran `p`'s fused forward (`None` before its first call).
     pub fn fused_used(&self, p: &Conv2d, act: ConvActivation) -> Option<bool> {
-        self.plans.get(&(*p, ConvOp::Fused(act))).map(|pl| pl.fused)
+        self.plans.get(&self.key(p, ConvOp::Fused(act))).map(|pl| pl.fused)
     }
 
     /// The chosen algorithm's name, math type and workspace for `p` and `op`, once planned.
     pub fn describe_plan(&self, p: &Conv2d, op: ConvOp) -> Option<String> {
         self.plans
-            .get(&(*p, op))
+            .get(&self.key(p, op))
             .map(|pl| format!("{} {:?} workspace {} B", pl.choice.algo.name(), pl.choice.math, pl.choice.workspace))
     }
 }

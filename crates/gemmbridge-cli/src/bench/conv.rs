@@ -1,0 +1,171 @@
+//! The convolution rows of `gemmbridge bench` (`--ops conv_fwd,conv_bias_relu,…`): ResNet-50's
+//! convolutions, timed as the GEMM rows are, in `bench/conv_peer.py`'s fields (m = P·Q,
+//! n = K, k = C/groups·R·S, batch = N, the layout in `layout`).
+
+use anyhow::{bail, Context};
+use cudarc::driver::{CudaSlice, DeviceRepr};
+use gemmbridge::conv::{Conv2d, ConvActivation, ConvLayout};
+use gemmbridge::cuda::{ConvSearch, Gpu};
+use gemmbridge::{DType, Element, Precision};
+
+use crate::random::normal;
+use crate::row::Row;
+use crate::timing;
+
+/// The convolution ops: the forward; bias + ReLU fused (one cuDNN call where cuDNN offers
+/// it); the same unfused (the convolution, then cuDNN's bias add and ReLU); the input and the
+/// filter gradients.
+pub const OPS: [&str; 5] = ["conv_fwd", "conv_bias_relu", "conv_bias_relu_unfused", "conv_dgrad", "conv_wgrad"];
+
+/// One convolution of the suite: (C, H, W, K, R, S, stride, pad), square strides and pads.
+pub type ConvShape = (usize, usize, usize, usize, usize, usize, usize, usize);
+
+/// ResNet-50's convolutions.
+pub const RESNET50: [ConvShape; 11] = [
+    (3, 224, 224, 64, 7, 7, 2, 3),
+    (64, 56, 56, 64, 1, 1, 1, 0),
+    (64, 56, 56, 64, 3, 3, 1, 1),
+    (64, 56, 56, 256, 1, 1, 1, 0),
+    (256, 56, 56, 128, 1, 1, 1, 0),
+    (128, 28, 28, 128, 3, 3, 1, 1),
+    (512, 28, 28, 256, 1, 1, 1, 0),
+    (256, 14, 14, 256, 3, 3, 1, 1),
+    (1024, 14, 14, 512, 1, 1, 1, 0),
+    (512, 7, 7, 512, 3, 3, 1, 1),
+    (2048, 7, 7, 512, 1, 1, 1, 0),
+];
+
+/// What the convolution rows run over.
+pub struct Plan<'a> {
+    pub ops: &'a [String],
+    pub dtypes: &'a [(String, Precision)],
+    pub layouts: Vec<ConvLayout>,
+    pub batches: Vec<usize>,
+    pub search: ConvSearch,
+}
+
+/// `--conv-layouts` parsed.
+pub fn parse_layouts(s: &str) -> anyhow::Result<Vec<ConvLayout>> {
+    let mut out = Vec::new();
+    for l in s.split(',').map(str::trim).filter(|l| !l.is_empty()) {
+        let layout = match l {
+            "nhwc" => ConvLayout::Nhwc,
+            "nchw" => ConvLayout::Nchw,
+            other => bail!("unknown layout {other:?}; choose nhwc or nchw"),
+        };
+        if !out.contains(&layout) {
+            out.push(layout);
+        }
+    }
+    if out.is_empty() {
+        bail!("--conv-layouts names no layout; give nhwc, nchw or both");
+    }
+    Ok(out)
+}
+
+/// `--conv-batches` parsed: batch sizes from 1 to 1024.
+pub fn parse_batches(s: &str) -> anyhow::Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for b in s.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+        let n: usize = b.parse().with_context(|| format!("--conv-batches: {b:?} is not a number"))?;
+        if !(1..=1024).contains(&n) {
+            bail!("--conv-batches: {n} is not between 1 and 1024");
+        }
+        if !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    if out.is_empty() {
+        bail!("--conv-batches names no batch size");
+    }
+    Ok(out)
+}
+
+/// `--conv-search` parsed.
+pub fn parse_search(s: &str) -> anyhow::Result<ConvSearch> {
+    Ok(match s {
+        "heuristic" => ConvSearch::Heuristic,
+        "measured" => ConvSearch::Measured,
+        other => bail!("unknown --conv-search {other:?}; choose heuristic or measured"),
+    })
+}
+
+/// Every row of `plan`, in the peer's order (dtype, layout, batch, shape, op); `each` is
+/// called with every row as it is made.
+pub fn bench(
+    gpu: &Gpu,
+    plan: &Plan<'_>,
+    sampling: timing::Sampling,
+    each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Row>> {
+    gpu.set_conv_search(plan.search);
+    let mut rows = Vec::new();
+    for (name, precision) in plan.dtypes {
+        for &layout in &plan.layouts {
+            for &n in &plan.batches {
+                for &(c, h, w, k, r, s, stride, pad) in &RESNET50 {
+                    let p = Conv2d::new(n, c, h, w, k, r, s, *precision)
+                        .with_stride(stride, stride)
+                        .with_pad(pad, pad)
+                        .with_layout(layout);
+                    let new = match precision.input() {
+                        DType::F32 => shape_rows::<f32>(gpu, &p, name, plan.ops, sampling)?,
+                        DType::F16 => shape_rows::<half::f16>(gpu, &p, name, plan.ops, sampling)?,
+                        DType::BF16 => shape_rows::<half::bf16>(gpu, &p, name, plan.ops, sampling)?,
+                        other => bail!("no convolution benchmark for dtype {other}"),
+                    };
+                    for row in new {
+                        each(&row)?;
+                        rows.push(row);
+                    }
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The rows of one problem: its buffers made once, every op timed on them.
+fn shape_rows<T: Element + DeviceRepr>(
+    gpu: &Gpu,
+    p: &Conv2d,
+    name: &str,
+    ops: &[String],
+    sampling: timing::Sampling,
+) -> anyhow::Result<Vec<Row>> {
+    let s = gpu.stream();
+    let [lx, lw, ly] = p.lens();
+    let up = |v: Vec<T>| -> anyhow::Result<CudaSlice<T>> { Ok(s.clone_htod(&v)?) };
+    let (x, wt, b, dy) = (up(normal(lx))?, up(normal(lw))?, up(normal(p.k))?, up(normal(ly))?);
+    let (mut y, mut dx, mut dw) = (up(normal(ly))?, up(normal(lx))?, up(normal(lw))?);
+    let [_, _, pp, q] = p.y_dims();
+    let mut rows = Vec::new();
+    for op in ops {
+        gpu.set_conv_fusion(op != "conv_bias_relu_unfused");
+        let t = match op.as_str() {
+            "conv_fwd" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_forward(p, &x, &wt, &mut y))?,
+            "conv_bias_relu" | "conv_bias_relu_unfused" => {
+                timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_fused(p, &x, &wt, &b, ConvActivation::Relu, &mut y))?
+            }
+            "conv_dgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_data(p, &wt, &dy, &mut dx))?,
+            "conv_wgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_filter(p, &x, &dy, &mut dw))?,
+            other => bail!("unknown convolution op {other:?}"),
+        };
+        let (m, kk) = (pp * q, p.c_per_group() * p.r * p.s);
+        rows.push(Row {
+            op: op.clone(),
+            dtype: name.to_string(),
+            m,
+            n: p.k,
+            k: kk,
+            batch: p.n,
+            median_ms: t.median_ms,
+            min_ms: t.min_ms,
+            tflops: 2.0 * p.macs() / (t.median_ms * 1e-3) / 1e12,
+            scaling: None,
+            layout: Some(p.layout.name().to_string()),
+        });
+    }
+    gpu.set_conv_fusion(true);
+    Ok(rows)
+}

@@ -1,0 +1,159 @@
+//! GPU tests of the convolutions on cuDNN ([`Gpu::conv2d_forward`], the fused forward and
+//! both backwards): small odd shapes with every feature (1×1, 3×3 stride 2, 7×7 stride 2
+//! padding 3, dilation 2, groups, depthwise, batch 1 and 3), NHWC and NCHW, f32, tf32, f16
+//! and bf16, against the float64 definitions (`gemmbridge::conv::reference`) within the
+//! precision's band, outputs poisoned with NaN first; the measured search; bad input named
+//! before anything is written, the engine usable after.
+
+mod common;
+
+use common::{normal, poison, rng};
+use cudarc::driver::{CudaSlice, DeviceRepr};
+use gemmbridge::conv::{reference, Conv2d, ConvActivation, ConvLayout};
+use gemmbridge::cuda::{ConvSearch, Gpu};
+use gemmbridge::half::{bf16, f16};
+use gemmbridge::reference::rel_error;
+use gemmbridge::{Element, Error, Precision, Which};
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
+}
+
+/// The test shapes (N, C, H, W, K, R, S) with their stride, padding, dilation and groups.
+fn shapes(precision: Precision) -> Vec<Conv2d> {
+    let c = |n, c, h, w, k, r, s| Conv2d::new(n, c, h, w, k, r, s, precision);
+    vec![
+        c(3, 5, 9, 11, 7, 1, 1),
+        c(1, 6, 13, 12, 5, 3, 3).with_stride(2, 2).with_pad(1, 1),
+        c(3, 3, 17, 15, 8, 7, 7).with_stride(2, 2).with_pad(3, 3),
+        c(1, 4, 12, 13, 6, 3, 3).with_dilation(2, 2).with_pad(2, 2),
+        c(3, 8, 10, 9, 12, 3, 3).with_pad(1, 1).with_groups(4),
+        c(1, 6, 11, 10, 6, 3, 3).with_pad(1, 1).with_groups(6),
+    ]
+}
+
+fn wide<T: Element>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+fn down<T: Element + DeviceRepr>(gpu: &Gpu, v: &CudaSlice<T>) -> Vec<f64> {
+    wide(&gpu.stream().clone_dtoh(v).unwrap())
+}
+
+/// Every direction of `p` against float64, within the precision's band.
+fn check_problem<T: Element + DeviceRepr>(gpu: &Gpu, p: &Conv2d, rng: &mut rand::rngs::StdRng) {
+    let [lx, lw, ly] = p.lens();
+    let (x, w, dy, b): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) =
+        (normal(rng, lx), normal(rng, lw), normal(rng, ly), normal(rng, p.k));
+    let s = gpu.stream();
+    let (xd, wd, dyd, bd) =
+        (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&dy).unwrap(), s.clone_htod(&b).unwrap());
+    let tol = p.precision.tolerance();
+    let what = p.describe();
+    let verdict = |name: &str, got: &[f64], want: &[f64]| {
+        let e = rel_error(got, want);
+        assert!(e <= tol, "{what} {name}: rel error {e:e} > {tol:e}");
+    };
+    let mut y = s.clone_htod(&poison::<T>(ly)).unwrap();
+    gpu.conv2d_forward(p, &xd, &wd, &mut y).unwrap();
+    verdict("forward", &down(gpu, &y), &reference::forward(p, &wide(&x), &wide(&w)));
+    for act in [ConvActivation::Relu, ConvActivation::Identity] {
+        let mut y = s.clone_htod(&poison::<T>(ly)).unwrap();
+        gpu.conv2d_fused(p, &xd, &wd, &bd, act, &mut y).unwrap();
+        let want = reference::forward_fused(p, &wide(&x), &wide(&w), &wide(&b), act == ConvActivation::Relu);
+        verdict(&format!("fused {act:?} (fused call: {:?})", gpu.conv2d_fused_path(p, act)), &down(gpu, &y), &want);
+    }
+    let mut dx = s.clone_htod(&poison::<T>(lx)).unwrap();
+    gpu.conv2d_backward_data(p, &wd, &dyd, &mut dx).unwrap();
+    verdict("backward data", &down(gpu, &dx), &reference::backward_data(p, &wide(&w), &wide(&dy)));
+    let mut dw = s.clone_htod(&poison::<T>(lw)).unwrap();
+    gpu.conv2d_backward_filter(p, &xd, &dyd, &mut dw).unwrap();
+    verdict("backward filter", &down(gpu, &dw), &reference::backward_filter(p, &wide(&x), &wide(&dy)));
+    eprintln!(
+        "ok {what}: forward {:?}, backward data {:?}, backward filter {:?}",
+        gpu.conv2d_plan(p, "forward"),
+        gpu.conv2d_plan(p, "backward_data"),
+        gpu.conv2d_plan(p, "backward_filter")
+    );
+}
+
+fn every_shape<T: Element + DeviceRepr>(gpu: &Gpu, precision: Precision, rng: &mut rand::rngs::StdRng) {
+    for layout in [ConvLayout::Nhwc, ConvLayout::Nchw] {
+        for p in shapes(precision) {
+            check_problem::<T>(gpu, &p.with_layout(layout), rng);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_direction_matches_float64() {
+    let gpu = gpu();
+    let mut rng = rng();
+    every_shape::<f32>(&gpu, Precision::F32, &mut rng);
+    every_shape::<f32>(&gpu, Precision::TF32, &mut rng);
+    every_shape::<f16>(&gpu, Precision::F16, &mut rng);
+    every_shape::<bf16>(&gpu, Precision::BF16, &mut rng);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn measured_search_matches_float64() {
+    let gpu = gpu();
+    gpu.set_conv_search(ConvSearch::Measured);
+    let mut rng = rng();
+    for p in shapes(Precision::BF16).into_iter().take(3) {
+        check_problem::<bf16>(&gpu, &p, &mut rng);
+    }
+    for p in shapes(Precision::F32).into_iter().take(2) {
+        check_problem::<f32>(&gpu, &p.with_layout(ConvLayout::Nchw), &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bad_input_is_named_and_nothing_is_written() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let p = Conv2d::new(2, 4, 6, 6, 8, 3, 3, Precision::F16).with_pad(1, 1);
+    let [lx, lw, ly] = p.lens();
+    let x = s.clone_htod(&vec![f16::ONE; lx]).unwrap();
+    let w = s.clone_htod(&vec![f16::ONE; lw]).unwrap();
+    let b = s.clone_htod(&vec![f16::ONE; p.k]).unwrap();
+    let mut y = s.clone_htod(&poison::<f16>(ly)).unwrap();
+    let untouched = |y: &CudaSlice<f16>| s.clone_dtoh(y).unwrap().iter().all(|v| v.is_nan());
+    // the problem itself
+    let e = gpu.conv2d_forward(&p.with_groups(3), &x, &w, &mut y).unwrap_err();
+    assert!(matches!(e, Error::ConvShape { what: "channels are not a multiple of the groups", .. }), "{e}");
+    let e = gpu.conv2d_forward(&Conv2d { r: 9, ..p.with_pad(0, 0) }, &x, &w, &mut y).unwrap_err();
+    assert!(matches!(e, Error::ConvShape { .. }), "{e}");
+    let e = gpu.conv2d_forward(&p.with_precision(Precision::F16_F32OUT), &x, &w, &mut y).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    // buffers: dtype, lengths
+    let e = gpu.conv2d_forward(&p.with_precision(Precision::BF16), &x, &w, &mut y).unwrap_err();
+    assert!(matches!(e, Error::DTypeMismatch { .. }), "{e}");
+    let short = s.clone_htod(&vec![f16::ONE; lx - 1]).unwrap();
+    let e = gpu.conv2d_forward(&p, &short, &w, &mut y).unwrap_err();
+    assert!(
+        matches!(e, Error::BufferTooSmall { operand: Which::ConvX, needed_elems, .. } if needed_elems == lx),
+        "{e}"
+    );
+    let e = gpu.conv2d_fused(&p, &x, &w, &s.clone_htod(&vec![f16::ONE; 7]).unwrap(), ConvActivation::Relu, &mut y);
+    assert!(matches!(e, Err(Error::BufferTooSmall { operand: Which::Bias, .. })), "{e:?}");
+    let mut short_y = s.clone_htod(&poison::<f16>(ly - 1)).unwrap();
+    let e = gpu.conv2d_forward(&p, &x, &w, &mut short_y).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { operand: Which::ConvY, .. }), "{e}");
+    let mut short_dw = s.clone_htod(&poison::<f16>(lw - 1)).unwrap();
+    let e = gpu.conv2d_backward_filter(&p, &x, &y, &mut short_dw).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { operand: Which::ConvW, .. }), "{e}");
+    // a misaligned view: one element in
+    let e = gpu.conv2d_forward(&p, &x.slice(1..), &w, &mut y).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { .. } | Error::Misaligned { .. }), "{e}");
+    assert!(untouched(&y), "a refused call wrote its output");
+    assert!(untouched(&short_dw), "a refused call wrote its output");
+    // still usable
+    gpu.conv2d_fused(&p, &x, &w, &b, ConvActivation::Relu, &mut y).unwrap();
+    let got = s.clone_dtoh(&y).unwrap();
+    // every output sees at most 3·3·4 ones plus the bias: interior points 37, corners 17
+    assert!(got.iter().all(|v| (17.0..=37.0).contains(&v.to_f64())), "{:?}", &got[..8]);
+}
