@@ -237,7 +237,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 "cublas": format!("{}.{}.{}", i.cublas_version.0, i.cublas_version.1, i.cublas_version.2),
                 "cublaslt": i.cublaslt_version,
                 "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
-                "reps": args.reps, "heat_ms": args.heat_ms, "padding": args.padding})
+                "reps": args.reps, "heat_ms": args.heat_ms, "padding": args.padding,
+                "cudnn": gemmbridge::cuda::cudnn_version()})
         }
         None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu"}),
     };
