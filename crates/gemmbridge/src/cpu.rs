@@ -42,7 +42,8 @@ fn widen<T: Element>(buf: &[T], len: usize) -> std::borrow::Cow<'_, [f32]> {
 ///
 /// BLAS semantics: `β = 0` never reads C; `α = 0` never reads A or B; `k = 0` gives
 /// `C = β·C`; m, n or batch 0 is a no-op (and then only the dtypes of the slices are
-/// checked). Non-finite α or β are applied as given. f16/bf16 inputs are widened into
+/// checked); `α = 0` (or `k = 0`) with `β = 1` returns without touching C, as reference BLAS
+/// does (a signalling NaN in C stays signalling). Non-finite α or β are applied as given. f16/bf16 inputs are widened into
 /// temporary f32 copies on every call (this backend is the fallback, not the fast path).
 /// Epilogues are not offered on the CPU ([`Error::Unsupported`](crate::Error::Unsupported)).
 ///
@@ -65,7 +66,8 @@ pub fn gemm<TI: Element, TO: Element>(
             what: format!("epilogue {}", p.epilogue()),
         });
     }
-    if p.is_empty() {
+    if p.is_empty() || ((alpha == 0.0 || p.k() == 0) && beta == 1.0) {
+        // nothing to compute: C = 1·C, left as it is (reference BLAS's quick return)
         return Ok(());
     }
     let (oa, ob, lc) = (p.a(), p.b(), p.c());

@@ -71,6 +71,28 @@ fn k_zero_scales_c_by_beta() {
     assert!(c.iter().all(|v| v.to_f32() == 0.0));
 }
 
+/// α = 0 (or k = 0) with β = 1 leaves C bit for bit as it was, a signalling NaN included
+/// (reference BLAS's quick return); with β = 2 C is scaled and A, B are still not read.
+#[test]
+fn alpha_zero_beta_one_leaves_c_untouched() {
+    let signalling = f32::from_bits(0x7f80_0001);
+    assert!(signalling.is_nan());
+    let p = GemmProblem::matmul(2, 3, 4, Precision::F32).unwrap();
+    let a = vec![f32::NAN; 8];
+    let b = vec![f32::INFINITY; 12];
+    let mut c: Vec<f32> = (0..6).map(|i| i as f32 - 2.5).collect();
+    c[3] = signalling;
+    let before: Vec<u32> = c.iter().map(|v| v.to_bits()).collect();
+    cpu::gemm(&p, 0.0, &a, &b, 1.0, &mut c).unwrap();
+    assert_eq!(c.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), before);
+    let k0 = GemmProblem::matmul(2, 3, 0, Precision::F32).unwrap();
+    cpu::gemm::<f32, f32>(&k0, 1.0, &[], &[], 1.0, &mut c).unwrap();
+    assert_eq!(c.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), before);
+    c[3] = 1.0;
+    cpu::gemm(&p, 0.0, &a, &b, 2.0, &mut c).unwrap();
+    assert_eq!(c, vec![-5.0, -3.0, -1.0, 2.0, 3.0, 5.0]);
+}
+
 #[test]
 fn empty_problems_are_no_ops() {
     for (m, n) in [(0, 4), (3, 0)] {

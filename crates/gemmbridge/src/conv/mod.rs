@@ -1,8 +1,8 @@
 //! 2-D convolution as data: [`Conv2d`] (PyTorch's `F.conv2d`: cross-correlation, stride,
 //! zero padding, dilation, groups), its tensors' layouts ([`ConvLayout`]), the output shape and
 //! every rule a problem must meet, checked on the CPU before anything is launched. The GPU
-//! runs it on cuDNN ([`crate::cuda::Gpu::conv2d_forward`] and the backwards); [`reference`]
-//! holds the float64 definitions the tests check against.
+//! runs it on cuDNN ([`crate::cuda::Gpu::conv2d_forward`] and the backwards); the module
+//! [`self::reference`] holds the float64 definitions the tests check against.
 //!
 //! Shapes, in PyTorch's names (logical NCHW order whatever the layout):
 //! - input `x[N, C, H, W]`;

@@ -26,7 +26,10 @@ impl Gpu {
     ///   `&mut` (the real storage; never a copy). Padding between rows is not touched.
     ///
     /// BLAS semantics: `β = 0` never reads C (NaN in C does not leak); `k = 0` gives
-    /// `C = β·C`; m, n or batch 0 launches nothing. cudarc's own cross-stream event tracking
+    /// `C = β·C`; m, n or batch 0 launches nothing. One difference from reference BLAS: with
+    /// `α = 0` (or `k = 0`) and `β = 1` C is still rewritten as `1·C` (reference BLAS returns
+    /// without touching it), so a signalling NaN in C comes back as a quiet NaN; every other
+    /// value is unchanged. cudarc's own cross-stream event tracking
     /// (if the buffers were last used on another stream) is honoured; no host synchronisation.
     /// For a problem with an epilogue use [`Gpu::gemm_fused`].
     ///
