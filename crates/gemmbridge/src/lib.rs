@@ -49,6 +49,11 @@ pub use problem::{GemmProblem, AUX_LD_MULTIPLE, MAX_DIM};
 /// Re-exported so callers use the same element types: [`half::f16`], [`half::bf16`].
 pub use half;
 
+/// The cudarc crate gemmbridge is built with (0.19): its buffers (`cudarc::driver::CudaSlice`,
+/// views) and streams are what the GPU API takes, so a user needs no cudarc dependency of
+/// their own.
+pub use cudarc;
+
 /// The README's examples, compiled as doctests so that they cannot drift from the API.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
