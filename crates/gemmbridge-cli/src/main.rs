@@ -41,7 +41,10 @@ enum Command {
     /// calls, exactly one must match), every offered precision against float64, and every
     /// FP8 recipe the GPU offers. Exits non-zero if anything is wrong.
     Probe,
-    /// Times GEMMs on the bench/peer.py suites and writes JSON lines in its schema.
+    /// Times GEMMs (and, with --ops conv_…, cuDNN convolutions) on the suites of the PyTorch
+    /// peer bench/peer.py and writes JSON lines in its schema. Without a CUDA GPU it runs
+    /// gemmbridge's CPU backend instead (the matrixmultiply crate) on the small "cpu" suite,
+    /// matmul and linear only, rates in GFLOP/s; GPU-only options are then ignored with a note.
     Bench(bench::Args),
     /// Autotunes cuBLASLt algorithms for a suite and stores the winners in a tactic database.
     Tune(tune::Args),

@@ -40,10 +40,10 @@ pub struct Args {
     /// block_1x128, block_128x128_1x128.
     #[arg(long, default_value = "tensorwise,rowwise,block")]
     scalings: String,
-    /// Timed samples per row (each ~1 ms of back-to-back calls), median reported (at most 10
-    /// on the CPU backend).
-    #[arg(long, default_value_t = 30)]
-    reps: usize,
+    /// Timed samples per row (each ~1 ms of back-to-back calls), median reported. Default 30
+    /// on the GPU, 10 on the CPU backend (at most 10 there).
+    #[arg(long)]
+    reps: Option<usize>,
     /// GPU time of back-to-back calls before each row's samples, ms. Default 0: only the 5
     /// warm-up calls, as bench/peer.py, so both sides time a short burst. Heat times the row
     /// at the sustained, power-limited clock instead (f16 linear_bias_gelu 4096×4096×14336
@@ -167,13 +167,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             bail!("unknown op {o:?}; choose from {}, launch, {}", OPS.join(", "), conv::OPS.join(", "));
         }
     }
-    if !(1..=100_000).contains(&args.reps) {
-        bail!("--reps {} is not between 1 and 100000", args.reps);
+    let reps = args.reps.unwrap_or(30);
+    if !(1..=100_000).contains(&reps) {
+        bail!("--reps {reps} is not between 1 and 100000");
     }
     if !(args.heat_ms.is_finite() && (0.0..=60_000.0).contains(&args.heat_ms)) {
         bail!("--heat-ms {} is not between 0 and 60000 (milliseconds)", args.heat_ms);
     }
-    let sampling = timing::Sampling { warmup: 5, reps: args.reps, heat_ms: args.heat_ms };
+    let sampling = timing::Sampling { warmup: 5, reps, heat_ms: args.heat_ms };
     let conv_layouts = conv::parse_layouts(&args.conv_layouts)?;
     let conv_batches = conv::parse_batches(&args.conv_batches)?;
     let conv_search = conv::parse_search(&args.conv_search)?;
@@ -206,8 +207,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             if args.backend != "auto" || args.db.is_some() || args.heat_ms > 0.0 || args.padding != "on" {
                 eprintln!("  (--backend, --db, --heat-ms and --padding apply to the GPU only and are ignored here)");
             }
-            if args.reps > 10 {
-                eprintln!("  (--reps {} is capped at 10 on the CPU backend)", args.reps);
+            if let Some(r) = args.reps.filter(|&r| r > 10) {
+                eprintln!("  (--reps {r} is capped at 10 on the CPU backend)");
             }
             eprintln!("  reason: {e}");
             shapes = suites::CPU.to_vec();
@@ -237,10 +238,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 "cublas": format!("{}.{}.{}", i.cublas_version.0, i.cublas_version.1, i.cublas_version.2),
                 "cublaslt": i.cublaslt_version,
                 "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
-                "reps": args.reps, "heat_ms": args.heat_ms, "padding": args.padding,
+                "reps": reps, "heat_ms": args.heat_ms, "padding": args.padding,
                 "cudnn": gemmbridge::cuda::cudnn_version()})
         }
-        None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu"}),
+        None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu",
+            "reps": reps.min(10), "heat_ms": 0.0}),
     };
     let device = env.get("device").and_then(|d| d.as_str()).unwrap_or("cpu").to_string();
     let peer = match &args.peer {
@@ -273,7 +275,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             bar.set_message(format!("{name} {shape:?}"));
             let new = match &gpu {
                 Some(g) => bench_gpu_dispatch(g, &mut pools, name, *precision, shape, &ops, sampling)?,
-                None => bench_cpu_dispatch(name, *precision, shape, &ops, args.reps)?,
+                None => bench_cpu_dispatch(name, *precision, shape, &ops, reps.min(10))?,
             };
             for r in new {
                 sink.emit(&r)?;
@@ -303,7 +305,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         };
         rows.extend(conv::bench(g, &plan, sampling, &mut |r| sink.emit(r))?);
     }
-    let mut table = report::table(&rows, peer.as_deref());
+    let mut table = match &gpu {
+        Some(_) => format!("device: {device}\n{}", report::table(&rows, peer.as_deref(), false)),
+        None => format!(
+            "device: CPU (gemmbridge's CPU backend, the matrixmultiply crate; no CUDA GPU found)\n{}",
+            report::table(&rows, peer.as_deref(), true)
+        ),
+    };
     if let (true, Some(g)) = (launch, &gpu) {
         let mut launches = Vec::new();
         for (name, _) in dtypes.iter().filter(|(n, _)| n != "tf32") {

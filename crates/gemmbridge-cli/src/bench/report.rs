@@ -160,13 +160,15 @@ pub fn geomean(v: &[f64]) -> Option<f64> {
 /// Formats our rows (and the peer's, where given) as a table; ratio = peer time / our time
 /// (> 1: gemmbridge is faster). Ends with the geometric mean of the ratio per dtype, over all
 /// matched rows and over the square + llm suites.
-pub fn table(rows: &[Row], peer: Option<&[Row]>) -> String {
+pub fn table(rows: &[Row], peer: Option<&[Row]>, cpu: bool) -> String {
     let peer: HashMap<Key, &Row> = peer.unwrap_or(&[]).iter().map(|r| (key(r), r)).collect();
     let mut s = String::new();
+    // the CPU's rates read better in GFLOP/s
+    let (unit, scale) = if cpu { ("GFLOP/s", 1e3) } else { ("TFLOP/s", 1.0) };
     let _ = writeln!(
         s,
         "{:<7} {:<5} {:>6} {:>6} {:>6} {:>10} {:>9} {:>10} {:>9} {:>7}",
-        "op", "dtype", "m", "n", "k", "ours ms", "TFLOP/s", "peer ms", "TFLOP/s", "ratio"
+        "op", "dtype", "m", "n", "k", "ours ms", unit, "peer ms", unit, "ratio"
     );
     let mut ratios: Vec<(String, bool, f64)> = Vec::new();
     for r in rows {
@@ -175,7 +177,7 @@ pub fn table(rows: &[Row], peer: Option<&[Row]>) -> String {
             Some(p) => {
                 let ratio = p.median_ms / r.median_ms;
                 ratios.push((r.dtype.clone(), is_square_or_llm((r.m, r.n, r.k)), ratio));
-                (format!("{:.4}", p.median_ms), tf(p.tflops), format!("{ratio:.3}"))
+                (format!("{:.4}", p.median_ms), tf(p.tflops * scale), format!("{ratio:.3}"))
             }
             None => ("-".into(), "-".into(), "-".into()),
         };
@@ -188,7 +190,7 @@ pub fn table(rows: &[Row], peer: Option<&[Row]>) -> String {
             r.n,
             r.k,
             r.median_ms,
-            tf(r.tflops),
+            tf(r.tflops * scale),
             pm,
             pt,
             ratio
@@ -224,7 +226,7 @@ mod tests {
     fn ratio_and_geomean() {
         let ours = [r("matmul", "bf16", 1024, 1.0), r("linear", "bf16", 1024, 2.0), r("matmul", "bf16", 64, 1.0)];
         let peer = [r("matmul", "bf16", 1024, 2.0), r("linear", "bf16", 1024, 1.0), r("matmul", "bf16", 64, 4.0)];
-        let t = table(&ours, Some(&peer));
+        let t = table(&ours, Some(&peer), false);
         assert!(t.contains(" 2.000"), "{t}");
         assert!(t.contains(" 0.500"), "{t}");
         // all rows: (2·0.5·4)^(1/3) = 4^(1/3) = 1.587; square+llm: (2·0.5)^(1/2) = 1
