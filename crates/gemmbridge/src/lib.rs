@@ -20,6 +20,21 @@
 //!
 //! On a GPU, [`cuda::Gpu::gemm`] takes cudarc device buffers and [`cuda::Gpu::gemm_raw`] raw
 //! device addresses on the caller's stream, with the same [`GemmProblem`].
+//!
+//! # What is where
+//! For users:
+//! - the problem: [`GemmProblem`], [`MatrixLayout`], [`Operand`], [`Op`], [`Precision`],
+//!   [`Epilogue`] ([`epilogue`] says what each computes), [`Error`];
+//! - the backends: [`cuda::Gpu`] (cuBLASLt / cuBLAS, FP8 on Hopper, cuDNN convolutions,
+//!   prewarm, tuning, [`cuda::tactics`]) and [`cpu`];
+//! - FP8 formats, recipes and rules: [`fp8`]; convolutions as data: [`conv`]; training
+//!   layers: [`train`] (CPU) and [`cuda::train`] (GPU).
+//!
+//! Public because the command-line tool, the tests and the probe use them, and documented,
+//! but not needed to use the library: [`mapping`] (the row-major → column-major translation,
+//! for inspection), [`validate`] (the buffer checks every entry point already runs),
+//! [`reference`] (float64 reference GEMMs and error measures), [`suites`] (the benchmark's
+//! shapes).
 #![warn(missing_docs)]
 
 pub mod conv;
