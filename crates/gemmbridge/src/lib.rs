@@ -33,7 +33,7 @@
 //! Public because the command-line tool, the tests and the probe use them, and documented,
 //! but not needed to use the library: [`mapping`] (the row-major → column-major translation,
 //! for inspection), [`validate`] (the buffer checks every entry point already runs),
-//! [`reference`] (float64 reference GEMMs and error measures), [`suites`] (the benchmark's
+//! [`mod@reference`] (float64 reference GEMMs and error measures), [`suites`] (the benchmark's
 //! shapes).
 #![warn(missing_docs)]
 
