@@ -34,7 +34,7 @@ pub struct Args {
 }
 
 /// (dtype, op, m, n, k, batch)
-type Key = (String, String, usize, usize, usize, usize);
+pub type Key = (String, String, usize, usize, usize, usize);
 
 /// The rows of one (dtype, op): each row's key and its ratio per pair.
 type Group<'a> = Vec<(&'a Key, &'a Vec<f64>)>;
@@ -44,7 +44,7 @@ fn key(r: &Row) -> Key {
 }
 
 /// Median of a non-empty list (the mean of the two middle values for an even count).
-fn median(v: &[f64]) -> f64 {
+pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let h = s.len() / 2;
@@ -61,7 +61,7 @@ fn geomean(v: &[f64]) -> f64 {
 
 /// Per row present in every pair: the ratio (peer median ms / our median ms) of each pair, in
 /// pair order. Also returns how many rows some pair lacked (left out).
-fn ratios(pairs: &[(Vec<Row>, Vec<Row>)]) -> (BTreeMap<Key, Vec<f64>>, usize) {
+pub fn ratios(pairs: &[(Vec<Row>, Vec<Row>)]) -> (BTreeMap<Key, Vec<f64>>, usize) {
     let mut all: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
     let mut seen: BTreeMap<Key, usize> = BTreeMap::new();
     for (ours, peer) in pairs {
@@ -143,21 +143,37 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if ours.len() != peer.len() {
         bail!("--ours names {} files and --peer {}: give the same number, paired in order", ours.len(), peer.len());
     }
+    if !(args.bound.is_finite() && args.bound > 0.0) {
+        bail!("--bound {} is not a positive number", args.bound);
+    }
+    let pairs = load(&ours, &peer)?;
+    let (rows, _) = ratios(&pairs);
+    if rows.is_empty() {
+        bail!("no row (op, dtype, m, n, k, batch) is present in every file: nothing to compare");
+    }
+    print!("{}", summary(&pairs, args.bound));
+    Ok(0)
+}
+
+/// Reads alternated runs, `ours[i]` paired with `peer[i]`: every file once, every file with
+/// timed rows, all from one device (its "env" rows).
+///
+/// # Errors
+/// A file named twice (under any spelling), unreadable, without timed rows, or files of
+/// different devices.
+pub fn load(ours: &[String], peer: &[String]) -> anyhow::Result<Vec<(Vec<Row>, Vec<Row>)>> {
     // the same file under two spellings (./a and a, a link) counts as named twice
     let mut named = std::collections::BTreeMap::new();
-    for f in ours.iter().chain(&peer) {
+    for f in ours.iter().chain(peer) {
         let key = std::fs::canonicalize(f).unwrap_or_else(|_| std::path::PathBuf::from(f));
         if let Some(first) = named.insert(key, f) {
             bail!("{f} is named twice (also as {first}): every run is its own file, on one side only");
         }
     }
-    if !(args.bound.is_finite() && args.bound > 0.0) {
-        bail!("--bound {} is not a positive number", args.bound);
-    }
     // device name -> the files that name it
     let mut devices: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut pairs = Vec::new();
-    for (o, p) in ours.iter().zip(&peer) {
+    for (o, p) in ours.iter().zip(peer) {
         let (od, orows) = read_rows(o).with_context(|| format!("reading {o}"))?;
         let (pd, prows) = read_rows(p).with_context(|| format!("reading {p}"))?;
         for (file, names) in [(o, od), (p, pd)] {
@@ -179,12 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         let list: Vec<String> = devices.iter().map(|(d, files)| format!("{d:?} in {}", files.join(", "))).collect();
         bail!("the files name different devices ({}): the ratios would compare different machines", list.join("; "));
     }
-    let (rows, _) = ratios(&pairs);
-    if rows.is_empty() {
-        bail!("no row (op, dtype, m, n, k, batch) is present in every file: nothing to compare");
-    }
-    print!("{}", summary(&pairs, args.bound));
-    Ok(0)
+    Ok(pairs)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ mod probe;
 mod probe_conv;
 mod probe_fp8;
 mod random;
+mod report;
 mod row;
 mod soak;
 mod suites;
@@ -54,6 +55,11 @@ enum Command {
     /// row's median ratio over the pairs, and per dtype and op the geometric mean and the
     /// rows below a bound (no GPU needed).
     Compare(compare::Args),
+    /// Regenerates the comparison tables (printed, Markdown) and SVG plots of
+    /// docs/PERFORMANCE.md from the runs a manifest lists (default docs/results/report.json);
+    /// `--check docs/PERFORMANCE.md` fails unless the page holds every table and links every
+    /// plot. No GPU needed.
+    Report(report::Args),
     /// Stress run: N threads (default 8), each on its own stream, issue mixed GEMMs (1×1×1 to
     /// 4096³, batched, padded, transposed, every precision, plain and fused epilogues, β = 0
     /// and β ≠ 0) for --seconds (default 180) through one shared Gpu (Auto) and two more on
@@ -88,6 +94,7 @@ fn main() {
         Command::Tune(args) => tune::run(args),
         Command::Firstcall(args) => firstcall::run(args),
         Command::Compare(args) => compare::run(args),
+        Command::Report(args) => report::run(args),
         Command::Soak(args) => soak::run(args),
         Command::Fp8(action) => fp8cmd::run(action),
         Command::TrainBench(args) => train_bench::run(args),

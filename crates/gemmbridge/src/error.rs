@@ -23,7 +23,7 @@ pub enum Which {
     Aux,
     /// The high-precision source of an FP8 quantisation.
     Source,
-    /// An FP8 output's D scale or amax (one f32 each).
+    /// FP8 scales: an operand's dequantisation scales, or an FP8 output's D scale or amax.
     Scale,
     /// A convolution's input-shaped tensor: `x[N, C, H, W]` (or its gradient `dx`).
     ConvX,
@@ -42,7 +42,7 @@ impl std::fmt::Display for Which {
             Which::Bias => "bias",
             Which::Aux => "aux",
             Which::Source => "quantisation source",
-            Which::Scale => "FP8 output scale/amax",
+            Which::Scale => "FP8 scales (an operand's, or an FP8 output's D scale/amax)",
             Which::ConvX => "convolution input x (or dx)",
             Which::ConvW => "convolution filter w (or dw)",
             Which::ConvY => "convolution output y (or dy)",

@@ -42,11 +42,12 @@ impl ConvLayout {
     }
 
     /// Element strides of a tensor with logical dims `[d0, d1, d2, d3]` (N, C, H, W order),
-    /// in the same order.
+    /// in the same order (saturating at `usize::MAX` for dims no tensor can have).
     pub const fn strides(self, [_, d1, d2, d3]: [usize; 4]) -> [usize; 4] {
+        let d123 = d1.saturating_mul(d2).saturating_mul(d3);
         match self {
-            ConvLayout::Nchw => [d1 * d2 * d3, d2 * d3, d3, 1],
-            ConvLayout::Nhwc => [d1 * d2 * d3, 1, d3 * d1, d1],
+            ConvLayout::Nchw => [d123, d2.saturating_mul(d3), d3, 1],
+            ConvLayout::Nhwc => [d123, 1, d3.saturating_mul(d1), d1],
         }
     }
 }
@@ -171,13 +172,17 @@ impl Conv2d {
         Conv2d { precision, ..self }
     }
 
-    /// The output's spatial size `[P, Q]` (module documentation), or `None` when the dilated
-    /// filter is larger than the padded input.
+    /// The output's spatial size `[P, Q]` (module documentation), or `None` when there is
+    /// none: a filter size, stride or dilation of 0, the dilated filter larger than the padded
+    /// input, or sizes whose arithmetic overflows.
     pub fn output_hw(&self) -> Option<[usize; 2]> {
         let dim = |i: usize, size: usize, taps: usize| {
+            if self.stride[i] == 0 || self.dilation[i] == 0 {
+                return None;
+            }
             let span = self.dilation[i].checked_mul(taps.checked_sub(1)?)?.checked_add(1)?;
             let padded = size.checked_add(self.pad[i].checked_mul(2)?)?;
-            Some(padded.checked_sub(span)? / self.stride[i].max(1) + 1)
+            Some(padded.checked_sub(span)? / self.stride[i] + 1)
         };
         Some([dim(0, self.h, self.r)?, dim(1, self.w, self.s)?])
     }
@@ -204,15 +209,17 @@ impl Conv2d {
         [self.n, self.k, p, q]
     }
 
-    /// Elements of x, of w and of y.
+    /// Elements of x, of w and of y (saturating at `usize::MAX` for a problem
+    /// [`Conv2d::validate`] refuses as too large).
     pub fn lens(&self) -> [usize; 3] {
-        [self.x_dims(), self.w_dims(), self.y_dims()].map(|d| d.iter().product())
+        [self.x_dims(), self.w_dims(), self.y_dims()].map(|d| d.iter().fold(1usize, |a, &x| a.saturating_mul(x)))
     }
 
-    /// Multiply-adds of the forward (each backward does as many): `N·K·P·Q·(C/groups)·R·S`.
+    /// Multiply-adds of the forward (each backward does as many): `N·K·P·Q·(C/groups)·R·S`,
+    /// computed in f64 (no overflow).
     pub fn macs(&self) -> f64 {
         let [n, k, p, q] = self.y_dims();
-        (n * k * p * q) as f64 * (self.c_per_group() * self.r * self.s) as f64
+        [n, k, p, q, self.c_per_group(), self.r, self.s].iter().map(|&v| v as f64).product()
     }
 
     /// A short description: `n32 c64 h56 w56 k64 r3 s3 stride 1,1 pad 1,1 dil 1,1 g1 nhwc bf16`.
@@ -266,11 +273,22 @@ impl Conv2d {
                 return bad("a size is zero", format!("{name} = 0 ({})", self.describe()));
             }
             if v > MAX_DIM {
-                return bad("a size is too large", format!("{name} = {v} > {MAX_DIM}"));
+                return bad("a size is too large", format!("{name} = {v} > {MAX_DIM} ({})", self.describe()));
             }
         }
         if self.pad.iter().any(|&p| p > MAX_DIM) {
-            return bad("padding is too large", format!("pad {:?} > {MAX_DIM}", self.pad));
+            return bad("padding is too large", format!("pad {:?} > {MAX_DIM} ({})", self.pad, self.describe()));
+        }
+        // cuDNN computes the padded input and the dilated filter in C int too
+        for (axis, size, taps, i) in [("height", self.h, self.r, 0), ("width", self.w, self.s, 1)] {
+            let padded = size as u128 + 2 * self.pad[i] as u128;
+            let span = self.dilation[i] as u128 * (taps as u128 - 1) + 1;
+            if padded > MAX_DIM as u128 || span > MAX_DIM as u128 {
+                return bad(
+                    "a padded or dilated size is too large",
+                    format!("{axis}: padded input {padded}, dilated filter {span}, at most {MAX_DIM} ({})", self.describe()),
+                );
+            }
         }
         if !self.c.is_multiple_of(self.groups) || !self.k.is_multiple_of(self.groups) {
             return bad(
@@ -279,20 +297,16 @@ impl Conv2d {
             );
         }
         if self.output_hw().is_none() {
+            let axis = |name, size: usize, pad: usize, dil: usize, taps: usize| {
+                let (padded, span) = (size + 2 * pad, dil * (taps - 1) + 1);
+                (padded < span).then(|| format!("{name}: padded input {padded} < dilated filter {span}"))
+            };
+            let h = axis("height", self.h, self.pad[0], self.dilation[0], self.r);
+            let w = axis("width", self.w, self.pad[1], self.dilation[1], self.s);
+            let which: Vec<String> = [h, w].into_iter().flatten().collect();
             return bad(
                 "the dilated filter is larger than the padded input",
-                format!(
-                    "H + 2·pad_h = {} + 2·{}, dil_h·(R − 1) + 1 = {}·{} + 1; W + 2·pad_w = {} + 2·{}, \
-                     dil_w·(S − 1) + 1 = {}·{} + 1",
-                    self.h,
-                    self.pad[0],
-                    self.dilation[0],
-                    self.r - 1,
-                    self.w,
-                    self.pad[1],
-                    self.dilation[1],
-                    self.s - 1
-                ),
+                format!("{} ({})", which.join("; "), self.describe()),
             );
         }
         for (name, dims) in [("x", self.x_dims()), ("w", self.w_dims()), ("y", self.y_dims())] {
@@ -311,24 +325,28 @@ impl Conv2d {
         Ok(())
     }
 
-    /// The offset of input element `[n, c, h, w]` in the layout.
+    /// The offset of input element `[n, c, h, w]` in the layout. For a valid problem
+    /// ([`Conv2d::validate`]) and indices within the dims: no bounds check (an index past its
+    /// dim lands on another element).
     pub fn x_index(&self, [n, c, h, w]: [usize; 4]) -> usize {
         dot(self.layout.strides(self.x_dims()), [n, c, h, w])
     }
 
-    /// The offset of filter element `[k, c, r, s]` (c within the group) in the layout.
+    /// The offset of filter element `[k, c, r, s]` (c within the group) in the layout; as
+    /// [`Conv2d::x_index`], unchecked.
     pub fn w_index(&self, [k, c, r, s]: [usize; 4]) -> usize {
         dot(self.layout.strides(self.w_dims()), [k, c, r, s])
     }
 
-    /// The offset of output element `[n, k, p, q]` in the layout.
+    /// The offset of output element `[n, k, p, q]` in the layout; as [`Conv2d::x_index`],
+    /// unchecked.
     pub fn y_index(&self, [n, k, p, q]: [usize; 4]) -> usize {
         dot(self.layout.strides(self.y_dims()), [n, k, p, q])
     }
 }
 
 fn dot(a: [usize; 4], b: [usize; 4]) -> usize {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    a.iter().zip(b).fold(0usize, |acc, (x, y)| acc.saturating_add(x.saturating_mul(y)))
 }
 
 #[cfg(test)]
@@ -365,6 +383,16 @@ mod tests {
         ok.with_dilation(3, 3).with_pad(2, 2).validate().unwrap();
         assert_eq!(what(Conv2d { h: 1 << 31, ..ok }), "a size is too large");
         assert_eq!(what(Conv2d { n: 1 << 20, c: 1 << 12, ..ok }), "a tensor has too many elements");
+        let huge = Conv2d::new(1, 1, 2, 1, 1, 3, 1, Precision::F32).with_dilation(1 << 30, 1).with_pad(1 << 30, 0);
+        assert_eq!(what(huge), "a padded or dilated size is too large");
+        // no panic and no wrap on problems validate refuses
+        let wild = Conv2d { h: usize::MAX, n: 1 << 40, c: 1 << 40, ..ok };
+        assert_eq!(wild.lens()[0], usize::MAX);
+        assert!(wild.macs().is_finite() && wild.x_index([1, 7, 0, 0]) == usize::MAX);
+        assert_eq!(ok.with_stride(0, 0).output_hw(), None);
+        assert_eq!(ok.with_dilation(0, 1).output_hw(), None);
+        let e = Conv2d { r: 7, ..ok }.validate().unwrap_err().to_string();
+        assert!(e.contains("height: padded input 5 < dilated filter 7"), "{e}");
         let e = ok.with_precision(Precision::F16_F32OUT).validate().unwrap_err();
         assert!(matches!(e, Error::Unsupported { .. }), "{e}");
         // the message carries the numbers

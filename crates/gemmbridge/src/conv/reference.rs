@@ -1,6 +1,11 @@
 //! Float64 definitions of the three convolution directions, straight from the sum in
 //! [`super`]'s documentation (no im2col, no tricks), for tests and the probe. Every tensor in
-//! the problem's layout; O(N·K·P·Q·C/groups·R·S) work, for small problems.
+//! the problem's layout, of the lengths [`Conv2d::lens`] gives (the bias: K);
+//! O(N·K·P·Q·C/groups·R·S) work, for small problems.
+//!
+//! # Panics
+//! Every function panics, naming the rule, on a problem [`Conv2d::validate`] refuses or a
+//! slice of the wrong length (these are test references, not an API that returns errors).
 
 use super::Conv2d;
 
@@ -32,8 +37,22 @@ fn for_each_tap(p: &Conv2d, mut f: impl FnMut([usize; 4], [usize; 4], [usize; 4]
     }
 }
 
+/// Panics unless `p` is valid and the slices have its lengths (`[x, w, y]`, `None` for a
+/// tensor the function does not take).
+fn expect(p: &Conv2d, lens: [Option<usize>; 3]) {
+    if let Err(e) = p.validate() {
+        panic!("conv::reference on an invalid problem: {e}");
+    }
+    for ((name, got), want) in ["x (or dx)", "w (or dw)", "y (or dy)"].into_iter().zip(lens).zip(p.lens()) {
+        if let Some(got) = got {
+            assert_eq!(got, want, "conv::reference: {name} has {got} elements, the problem's is {want}");
+        }
+    }
+}
+
 /// `y = x ⋆ w` (the forward).
 pub fn forward(p: &Conv2d, x: &[f64], w: &[f64]) -> Vec<f64> {
+    expect(p, [Some(x.len()), Some(w.len()), None]);
     let mut y = vec![0.0; p.lens()[2]];
     for_each_tap(p, |yi, wi, xi| y[p.y_index(yi)] += x[p.x_index(xi)] * w[p.w_index(wi)]);
     y
@@ -41,6 +60,7 @@ pub fn forward(p: &Conv2d, x: &[f64], w: &[f64]) -> Vec<f64> {
 
 /// `y = act(x ⋆ w + b)` with `relu` or the identity (the fused forward).
 pub fn forward_fused(p: &Conv2d, x: &[f64], w: &[f64], b: &[f64], relu: bool) -> Vec<f64> {
+    assert_eq!(b.len(), p.k, "conv::reference: the bias has {} elements, K is {}", b.len(), p.k);
     let mut y = forward(p, x, w);
     let [n_, k_, p_, q_] = p.y_dims();
     for n in 0..n_ {
@@ -61,6 +81,7 @@ pub fn forward_fused(p: &Conv2d, x: &[f64], w: &[f64], b: &[f64], relu: bool) ->
 
 /// `dx` from the output gradient `dy` (the backward-data direction).
 pub fn backward_data(p: &Conv2d, w: &[f64], dy: &[f64]) -> Vec<f64> {
+    expect(p, [None, Some(w.len()), Some(dy.len())]);
     let mut dx = vec![0.0; p.lens()[0]];
     for_each_tap(p, |yi, wi, xi| dx[p.x_index(xi)] += dy[p.y_index(yi)] * w[p.w_index(wi)]);
     dx
@@ -68,6 +89,7 @@ pub fn backward_data(p: &Conv2d, w: &[f64], dy: &[f64]) -> Vec<f64> {
 
 /// `dw` from the input `x` and the output gradient `dy` (the backward-filter direction).
 pub fn backward_filter(p: &Conv2d, x: &[f64], dy: &[f64]) -> Vec<f64> {
+    expect(p, [Some(x.len()), None, Some(dy.len())]);
     let mut dw = vec![0.0; p.lens()[1]];
     for_each_tap(p, |yi, wi, xi| dw[p.w_index(wi)] += dy[p.y_index(yi)] * x[p.x_index(xi)]);
     dw
@@ -93,6 +115,21 @@ mod tests {
         assert_eq!(backward_filter(&p, &x, &[1.0; 4]), vec![12.0, 16.0, 24.0, 28.0]);
         assert_eq!(forward_fused(&p, &x, &w, &[5.0], true), vec![1.0; 4]);
         assert_eq!(forward_fused(&p, &x, &w, &[1.0], true), vec![0.0; 4]);
+    }
+
+    #[test]
+    #[should_panic(expected = "channels are not a multiple of the groups")]
+    fn an_invalid_problem_is_refused_by_name() {
+        let p = Conv2d::new(1, 6, 4, 4, 4, 3, 3, Precision::F32).with_groups(3);
+        let [lx, lw, _] = p.lens();
+        forward(&p, &vec![1.0; lx], &vec![1.0; lw]);
+    }
+
+    #[test]
+    #[should_panic(expected = "x (or dx) has 31 elements")]
+    fn a_short_slice_is_refused_by_name() {
+        let p = Conv2d::new(2, 1, 4, 4, 1, 3, 3, Precision::F32);
+        forward(&p, &[0.0; 31], &[0.0; 9]);
     }
 
     /// Every logical index of a tensor with `dims`.

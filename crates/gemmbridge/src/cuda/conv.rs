@@ -88,7 +88,7 @@ impl Gpu {
     /// `y = act(x ⋆ w + b)` with `b[K]` (one value per output channel) and `act` ReLU or the
     /// identity: PyTorch's `relu(F.conv2d(x, w, b))` in one cuDNN call
     /// (`cudnnConvolutionBiasActivationForward`) where cuDNN offers it for the problem, else
-    /// as the convolution, `cudnnAddTensor` and `cudnnActivationForward` (the choice is
+    /// as the convolution, `cudnnAddTensor` and (ReLU) `cudnnActivationForward` (the choice is
     /// logged once per problem at `info` level, and [`Gpu::conv2d_fused_path`] reports it).
     /// Otherwise as [`Gpu::conv2d_forward`].
     ///
@@ -166,7 +166,8 @@ impl Gpu {
     }
 
     /// The algorithm planned for a direction of `p` (name, math type, workspace), once its
-    /// first call has run: `forward`, `fused`, `backward_data` or `backward_filter`.
+    /// first call has run: `forward`, `fused` (bias + ReLU), `fused_identity` (bias only),
+    /// `backward_data` or `backward_filter`; `None` for another name or before the first call.
     pub fn conv2d_plan(&self, p: &Conv2d, direction: &str) -> Option<String> {
         let op = match direction {
             "forward" => ConvOp::Forward,

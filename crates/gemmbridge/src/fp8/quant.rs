@@ -142,10 +142,29 @@ pub fn quantize<T: Element>(
 pub fn dequantize(q: &Quantized) -> Result<Vec<f64>> {
     let l = &q.layout;
     super::check_dims(l.rows, l.cols)?;
-    for (len, need, elem_bytes) in [(q.data.len(), l.data_len(), 1), (q.scales.len(), l.scale_len(), 4)] {
+    // a hand-built layout must agree with itself (what Fp8Layout::new makes always does)
+    let own = super::Fp8Layout::new(l.rows, l.cols, l.scaling);
+    if l.ld < l.cols || l.rows_alloc < l.rows || l.scale_len() < own.scale_len() {
+        return Err(Error::Fp8 {
+            rule: super::Fp8Rule::Layout,
+            detail: format!(
+                "layout {l:?}: ld {} < cols {}, rows_alloc {} < rows {}, or {} scales where {} \
+                 are needed; build it with Fp8Layout::new",
+                l.ld,
+                l.cols,
+                l.rows_alloc,
+                l.rows,
+                l.scale_len(),
+                own.scale_len()
+            ),
+        });
+    }
+    for (which, len, need, elem_bytes) in
+        [(Which::Source, q.data.len(), l.data_len(), 1), (Which::Scale, q.scales.len(), l.scale_len(), 4)]
+    {
         if len < need {
             return Err(Error::BufferTooSmall {
-                operand: Which::Source,
+                operand: which,
                 len_bytes: len * elem_bytes,
                 needed_bytes: need * elem_bytes,
                 needed_elems: need,
@@ -252,5 +271,21 @@ mod tests {
             assert_eq!((back[1], back[3]), (0.0, 0.0));
             assert!((back[0] - 1e-37).abs() <= 0.13 * 1e-37 && back[2] < 0.0, "{f}: {back:?}");
         }
+    }
+
+    #[test]
+    fn a_layout_that_contradicts_itself_is_refused() {
+        let v = [1.0f32, -2.0, 3.5, 1000.0, 0.001, -448.0];
+        let good = quantize(&v, 2, 3, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor).unwrap();
+        let mut q = good.clone();
+        q.layout.rows_alloc = 0;
+        q.data.clear();
+        assert!(matches!(dequantize(&q), Err(Error::Fp8 { rule: super::super::Fp8Rule::Layout, .. })));
+        let mut q = good.clone();
+        q.layout.ld = 1;
+        assert!(matches!(dequantize(&q), Err(Error::Fp8 { rule: super::super::Fp8Rule::Layout, .. })));
+        let mut q = good;
+        q.scales.clear();
+        assert!(matches!(dequantize(&q), Err(Error::BufferTooSmall { operand: Which::Scale, .. })));
     }
 }

@@ -45,6 +45,9 @@ pub enum Fp8Rule {
     InnerDimension,
     /// An operand has no rows or columns.
     Empty,
+    /// A hand-built [`super::Fp8Layout`] contradicts itself (leading dimension below the
+    /// columns, allocated rows below the rows, too few scales).
+    Layout,
 }
 
 impl std::fmt::Display for Fp8Rule {
@@ -59,6 +62,7 @@ impl std::fmt::Display for Fp8Rule {
             Fp8Rule::LibraryVersion => "cuBLASLt version",
             Fp8Rule::InnerDimension => "shared K",
             Fp8Rule::Empty => "empty operand",
+            Fp8Rule::Layout => "operand layout",
         })
     }
 }

@@ -56,15 +56,32 @@ impl Default for Fp8Training {
 }
 
 impl Fp8Training {
-    /// Checks the three GEMMs of a layer against FP8's pairing rules for outputs (and biases)
-    /// of `dtype`: the forward (`activations` × `activations`, with a bias when `bias`) and
-    /// the two gradients (`gradients` × `activations`, no bias).
+    /// Checks the three GEMMs of a layer with tensors of `dtype` (bf16 or f16) against FP8's
+    /// pairing rules: the forward (`activations` × `activations`, with a bias when `bias`)
+    /// and the two gradients (`gradients` × `activations`, no bias).
     ///
     /// # Errors
-    /// [`crate::Error::Fp8`] naming the rule: E5M2 × E5M2 ([`crate::fp8::Fp8Rule::NoE5m2Pair`],
-    /// when both formats are E5M2), a scaling pair cuBLASLt does not offer, an output or bias
-    /// dtype the recipe cannot write (e.g. a bias with an f32 output).
+    /// [`crate::Error::Unsupported`] for a `dtype` other than bf16 or f16 (the layers keep
+    /// their tensors in those); [`crate::Error::Fp8`] naming the rule:
+    /// [`crate::fp8::Fp8Rule::NoE5m2Pair`] when `activations` is E5M2 (the forward GEMM would
+    /// be E5M2 × E5M2, which has no kernel), a scaling pair cuBLASLt does not offer, a bias
+    /// dtype the recipe cannot take.
     pub fn check(&self, dtype: DType, bias: bool) -> Result<()> {
+        if !matches!(dtype, DType::BF16 | DType::F16) {
+            return Err(crate::error::Error::Unsupported {
+                backend: "the FP8 training layers",
+                what: format!("{dtype} tensors (FP8 layers keep bf16 or f16 tensors)"),
+            });
+        }
+        if self.activations == Fp8Format::E5M2 {
+            return Err(crate::error::Error::Fp8 {
+                rule: crate::fp8::Fp8Rule::NoE5m2Pair,
+                detail: "activations = e5m2: the forward GEMM multiplies the input by the weight, both in the \
+                         activations' format, and e5m2 × e5m2 has no kernel; use e4m3 activations (e5m2 is \
+                         for the gradients)"
+                    .into(),
+            });
+        }
         let out = OutputKind::Dense(dtype);
         let fwd = (self.activations, self.x_scaling);
         let w = (self.activations, self.w_scaling);
@@ -91,7 +108,10 @@ mod tests {
         let e = mixed.check(DType::BF16, false).unwrap_err();
         assert!(matches!(e, Error::Fp8 { rule: Fp8Rule::ScalingPair, .. }), "{e}");
         let e = r.check(DType::F32, true).unwrap_err();
-        assert!(matches!(e, Error::Fp8 { rule: Fp8Rule::Bias, .. }), "{e}");
+        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+        let e2 = Fp8Training { gradients: Fp8Format::E4M3, ..e5 };
+        let e = e2.check(DType::F16, false).unwrap_err();
+        assert!(e.to_string().contains("use e4m3 activations"), "{e}");
         let rows = Fp8Training { x_scaling: Scaling::Row, w_scaling: Scaling::Row, ..r };
         rows.check(DType::BF16, false).unwrap();
         let blocks = Fp8Training { x_scaling: Scaling::Block1x128, w_scaling: Scaling::Block128x128, ..r };
