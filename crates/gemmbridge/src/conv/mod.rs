@@ -286,7 +286,10 @@ impl Conv2d {
             if padded > MAX_DIM as u128 || span > MAX_DIM as u128 {
                 return bad(
                     "a padded or dilated size is too large",
-                    format!("{axis}: padded input {padded}, dilated filter {span}, at most {MAX_DIM} ({})", self.describe()),
+                    format!(
+                        "{axis}: padded input {padded}, dilated filter {span}, at most {MAX_DIM} ({})",
+                        self.describe()
+                    ),
                 );
             }
         }
