@@ -204,3 +204,24 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The repository's own page holds every table its manifest makes, and links every plot.
+    #[test]
+    fn performance_page_matches_its_runs() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let out = std::env::temp_dir().join(format!("gemmbridge-report-test-{}", std::process::id()));
+        let args = Args {
+            manifest: root.join("docs/results/report.json").to_string_lossy().into_owned(),
+            out: out.to_string_lossy().into_owned(),
+            check: Some(root.join("docs/PERFORMANCE.md").to_string_lossy().into_owned()),
+        };
+        assert_eq!(run(args).unwrap(), 0, "docs/PERFORMANCE.md is out of date: run gemmbridge report");
+        let svg = std::fs::read_to_string(out.join("conv-forward.svg")).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("bf16"), "{}", &svg[..200.min(svg.len())]);
+        let _ = std::fs::remove_dir_all(out);
+    }
+}
