@@ -243,27 +243,38 @@ fn reference(layers: &[LinearSpec], p: &Params, x: &[f64], dy: &[f64], tokens: u
     out
 }
 
+/// Case `n`'s three layers (odd feature counts 33 → 65 → 17 → 24; every activation on a
+/// hidden layer and the last as `n` varies, the middle one `(n + middle) % 4`, without a
+/// bias), parameters rounded to T (so a reference sees exactly what the GPU does), and random
+/// `x[tokens, 33]`, `dy[tokens, 24]`.
+fn random_inputs<T: Element>(
+    n: usize,
+    middle: usize,
+    tokens: usize,
+    rng: &mut rand::rngs::StdRng,
+) -> ([LinearSpec; 3], Params, Vec<T>, Vec<T>) {
+    let acts = Activation::ALL;
+    let layers = [
+        LinearSpec::new(33, 65).with_activation(acts[(n + 2) % 4]),
+        LinearSpec::new(65, 17).with_activation(acts[(n + middle) % 4]).without_bias(),
+        LinearSpec::new(17, 24).with_activation(acts[n % 4]),
+    ];
+    let round = |v: &[f32]| v.iter().map(|&x| T::from_f32(x).to_f32()).collect::<Vec<_>>();
+    let params: Params = init_params(&layers, rng_seed(rng))
+        .into_iter()
+        .map(|p| LayerParams { w: round(&p.w), b: round(&p.b) })
+        .collect();
+    let (x, dy) = (normal(rng, tokens * 33), normal(rng, tokens * 24));
+    (layers, params, x, dy)
+}
+
 fn random_mlp_case<T: Element + DeviceRepr + ValidAsZeroBits>(
     gpu: &Gpu,
     prec: Precision,
     rng: &mut rand::rngs::StdRng,
 ) {
-    let acts = Activation::ALL;
     for (n, tokens) in [(0usize, 37usize), (1, 1), (2, 64)] {
-        // three layers, odd feature counts, every activation on a hidden layer and the last
-        let layers = [
-            LinearSpec::new(33, 65).with_activation(acts[(n + 2) % 4]),
-            LinearSpec::new(65, 17).with_activation(acts[(n + 3) % 4]).without_bias(),
-            LinearSpec::new(17, 24).with_activation(acts[n % 4]),
-        ];
-        // parameters rounded to T, so the reference sees exactly what the GPU does
-        let round = |v: &[f32]| v.iter().map(|&x| T::from_f32(x).to_f32()).collect::<Vec<_>>();
-        let params: Params = init_params(&layers, rng_seed(rng))
-            .into_iter()
-            .map(|p| LayerParams { w: round(&p.w), b: round(&p.b) })
-            .collect();
-        let x: Vec<T> = normal(rng, tokens * 33);
-        let dy: Vec<T> = normal(rng, tokens * 24);
+        let (layers, params, x, dy) = random_inputs::<T>(n, 3, tokens, rng);
         let wide = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
         let exact = reference(&layers, &params, &wide(&x), &wide(&dy), tokens);
         let want = rounded_reference(&layers, &params, &x, &dy, tokens, false);
@@ -428,20 +439,8 @@ fn rounded_reference<T: Element>(
 /// accumulation against float64, and the rare element it moves across a rounding boundary),
 /// every activation, dx poisoned first, and accumulation.
 fn random_fp8_case<T: Element + DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, rng: &mut rand::rngs::StdRng) {
-    let acts = Activation::ALL;
     for (n, tokens) in [(0usize, 37usize), (1, 1), (2, 64)] {
-        let layers = [
-            LinearSpec::new(33, 65).with_activation(acts[(n + 2) % 4]),
-            LinearSpec::new(65, 17).with_activation(acts[(n + 1) % 4]).without_bias(),
-            LinearSpec::new(17, 24).with_activation(acts[n % 4]),
-        ];
-        let round = |v: &[f32]| v.iter().map(|&x| T::from_f32(x).to_f32()).collect::<Vec<_>>();
-        let params: Params = init_params(&layers, rng_seed(rng))
-            .into_iter()
-            .map(|p| LayerParams { w: round(&p.w), b: round(&p.b) })
-            .collect();
-        let x: Vec<T> = normal(rng, tokens * 33);
-        let dy: Vec<T> = normal(rng, tokens * 24);
+        let (layers, params, x, dy) = random_inputs::<T>(n, 1, tokens, rng);
         let want = rounded_reference(&layers, &params, &x, &dy, tokens, true);
         let mut mlp = Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params).unwrap();
         let xd = gpu.stream().clone_htod(&x).unwrap();
