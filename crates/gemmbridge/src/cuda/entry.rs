@@ -81,7 +81,7 @@ impl Gpu {
     {
         let Extras { bias, bias_grad, aux_in, aux_out } = extras;
         // Every operand in this Gpu's context (checked without allocating: this is the
-        // per-call path, docs/PERFORMANCE.md §3.1).
+        // per-call path, docs/notes/performance-history.md §3.1).
         let ctx = self.context();
         let same = |which: Which, s: &Arc<CudaStream>| same_context(which, s, ctx);
         same(Which::A, a.stream())?;

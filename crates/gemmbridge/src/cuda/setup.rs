@@ -71,7 +71,7 @@ impl Gpu {
     /// 1. Candidates: the heuristic's first `opts.candidates` algorithms for `p`, then those
     ///    it gives for the same GEMM without its epilogue and with smaller workspace limits
     ///    that cuBLASLt accepts for `p` (the heuristic ranks fused kernels separately and can
-    ///    miss faster tiles; docs/PERFORMANCE.md §2.1). Problems of at most 256³ multiply-adds
+    ///    miss faster tiles; docs/notes/performance-history.md §2.1). Problems of at most 256³ multiply-adds
     ///    also get up to 160 configurations from a search of cuBLASLt's algorithm ids (each
     ///    id's tiles, stages, custom options and split-K settings; `cublasLtMatmulAlgoGetIds`,
     ///    accepted by `cublasLtMatmulAlgoCheck`; see `Plan::search` for its bounds).

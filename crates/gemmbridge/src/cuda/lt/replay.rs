@@ -3,7 +3,7 @@
 //!
 //! Why: on a tiny GEMM the host cost of the launch is the whole cost. A bare `cublasLtMatmul`
 //! with a prebuilt plan took 6.2–9.9 µs of host time per 64³ call on the H200 hosts
-//! (docs/PERFORMANCE.md §3), most of it cuBLASLt's own work before the kernel launch; a
+//! (docs/notes/performance-history.md §3), most of it cuBLASLt's own work before the kernel launch; a
 //! `cuGraphLaunch` of the same captured kernel skips that work.
 //!
 //! What makes a replay equal to the direct call: the [`ReplayKey`] holds everything the

@@ -54,7 +54,7 @@ const HEAT_MS: f64 = 300.0;
 /// A problem whose first candidate takes less than this per call (ms, the fastest of three
 /// samples of ~1 ms of back-to-back calls between CUDA events) is timed in graph replay:
 /// eager back-to-back calls of it are bound by the host's launch cost (6–11 µs per call on the
-/// H200 hosts, docs/PERFORMANCE.md §3), which would hide every difference between the
+/// H200 hosts, docs/notes/performance-history.md §3), which would hide every difference between the
 /// kernels, while in a graph — and behind any caller that keeps the GPU busy — the kernel's
 /// own duration is what counts.
 const GRAPH_BELOW_MS: f64 = 0.02;
@@ -64,7 +64,7 @@ const GRAPH_CALLS: usize = 64;
 const GRAPH_LAUNCHES: usize = 4;
 
 /// Captures [`GRAPH_CALLS`] calls of `f` on `stream` into a graph (thread-local capture, which
-/// leaves other threads' CUDA calls alone; docs/PERFORMANCE.md §6). `None` when the stream
+/// leaves other threads' CUDA calls alone; docs/notes/performance-history.md §6). `None` when the stream
 /// cannot be captured at all (the legacy default stream cannot) or the capture failed: the
 /// caller times eagerly.
 fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Option<CudaGraph> {
