@@ -50,8 +50,9 @@ struct Figure {
     /// Label prefixes of the rows kept (all rows when empty).
     #[serde(default)]
     ops: Vec<String>,
-    /// GEMM rows kept by shape: "square+llm" (the GPU-bound suites), "other" (the rest, e.g.
-    /// the host-bound small suite); all when absent.
+    /// GEMM rows kept by shape: "square+llm" (those suites), "gpu-bound" (those suites above
+    /// 1024³ multiply-adds), "other" (the rest, e.g. the host-bound small suite); all when
+    /// absent.
     #[serde(default)]
     shapes: Option<String>,
     /// Rows whose median is below this are counted.
@@ -95,8 +96,9 @@ fn medians(fig: &Figure, base: &Path) -> anyhow::Result<Vec<Kept>> {
     let shape_ok = |k: &Key| match fig.shapes.as_deref() {
         None => Ok(true),
         Some("square+llm") => Ok(is_square_or_llm((k.2, k.3, k.4))),
+        Some("gpu-bound") => Ok(is_square_or_llm((k.2, k.3, k.4)) && k.2 * k.3 * k.4 > 1 << 30),
         Some("other") => Ok(!is_square_or_llm((k.2, k.3, k.4))),
-        Some(other) => Err(anyhow::anyhow!("figure {}: shapes {other:?}: give square+llm or other", fig.id)),
+        Some(other) => Err(anyhow::anyhow!("figure {}: shapes {other:?}: give square+llm, gpu-bound or other", fig.id)),
     };
     let op_ok = |k: &Key| fig.ops.is_empty() || fig.ops.iter().any(|o| k.1.starts_with(o.as_str()));
     let mut kept = Vec::new();
