@@ -136,9 +136,11 @@ fn table(fig: &Figure, rows: &[Kept]) -> String {
     s
 }
 
-/// The figure's plot: every row's median ratio as a bar, one colour per dtype, the line at 1.
+/// The figure's plot: every row's median ratio as a bar, the line at 1; one colour per group
+/// (dtype and op) where there are at most ten groups, else one per dtype, named in the legend.
 fn plot(fig: &Figure, rows: &[Kept], path: &Path) -> anyhow::Result<()> {
-    let top = rows.iter().map(|r| r.2).fold(1.2f64, f64::max) * 1.1;
+    // headroom above the tallest bar for the legend
+    let top = rows.iter().map(|r| r.2).fold(1.2f64, f64::max) * 1.45;
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -151,26 +153,46 @@ fn plot(fig: &Figure, rows: &[Kept], path: &Path) -> anyhow::Result<()> {
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(0)
-        .x_desc("rows (shapes), grouped by dtype and op as in the table")
+        .x_desc("rows (shapes), in the table's order, one colour per legend entry")
         .y_desc("PyTorch time / gemmbridge time")
         .draw()?;
-    let palette = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
-    let mut dtypes: Vec<&str> = rows.iter().map(|r| r.1 .0.as_str()).collect();
-    dtypes.dedup();
-    for (c, dtype) in dtypes.iter().enumerate() {
+    let palette = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+    ];
+    let mut groups: Vec<&(String, String)> = rows.iter().map(|r| &r.0).collect();
+    groups.dedup();
+    let by_group = groups.len() <= palette.len();
+    let name = |r: &Kept| if by_group { format!("{} {}", r.0 .0, r.0 .1) } else { r.0 .0.clone() };
+    let mut names: Vec<String> = rows.iter().map(name).collect();
+    names.dedup();
+    for (c, entry) in names.iter().enumerate() {
         let colour = palette[c % palette.len()];
         let bars = rows
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.1 .0 == *dtype)
+            .filter(|(_, r)| name(r) == *entry)
             .map(move |(i, r)| Rectangle::new([(i as f64 + 0.1, 0.0), (i as f64 + 0.9, r.2)], colour.filled()));
         chart
             .draw_series(bars)?
-            .label(*dtype)
+            .label(entry.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
     }
     chart.draw_series(LineSeries::new([(0.0, 1.0), (rows.len() as f64, 1.0)], BLACK.stroke_width(1)))?;
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()?;
     root.present().with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
