@@ -3,12 +3,15 @@
 F.gelu(approximate="tanh") and autograd, written as the same JSON lines, so that the two can
 be compared row by row (`gemmbridge compare --ours ... --peer ...`).
 
-Usage (CUDA machine):  python3 bench/train_peer.py [--dtypes bf16,f16] [--ops mlp_train,linear_train]
+Usage (CUDA machine):  python3 bench/train_peer.py [--dtypes bf16,f16,fp8] [--ops mlp_train,linear_train]
                                                   [--tokens 4096] [--reps 30] [--out FILE]
 
 Rows (m = tokens, n = the layer's out / the block's hidden width f, k = in / d):
   mlp_train     Linear(d, f) -> GELU-tanh -> Linear(f, d), both with biases
   linear_train  one Linear(in, out) with a bias
+dtype fp8: bf16 tensors, every Linear through train_oracle.py's Fp8Linear (torch._scaled_mm with
+E4M3 forward operands and E5M2 gradients, per-tensor current scaling: gemmbridge's default FP8
+recipe); the activation in bf16.
 One step: grads set to None (as optimizer.zero_grad() does), the forward on an input that
 requires grad, then y.backward(dy): dx, dW and db of every layer.
   median_ms, min_ms  device time per step (CUDA events; 5 warm-up steps, then `reps` samples
@@ -23,8 +26,13 @@ import argparse
 import json
 import sys
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_oracle import Fp8Linear  # noqa: E402  (the FP8 recipe, shared with the oracle)
 
 SHAPES = [
     ("mlp_train", 14336, 4096),
@@ -34,19 +42,21 @@ SHAPES = [
     ("linear_train", 28672, 4096),
     ("linear_train", 4096, 14336),
 ]
-DT = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+DT = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 GEMM_NAMES = ("gemm", "nvjet", "cutlass", "xmma")
 
 
-def build(op, n, k, tokens, dtype):
+def build(op, n, k, tokens, dtype, fp8=False):
     dev = "cuda"
+    # a layer applied: nn.Linear itself, or its weight and bias through the FP8 recipe
+    lin = (lambda l, h: Fp8Linear.apply(h, l.weight, l.bias)) if fp8 else (lambda l, h: l(h))
     if op == "mlp_train":
         layers = [torch.nn.Linear(k, n, device=dev, dtype=dtype), torch.nn.Linear(n, k, device=dev, dtype=dtype)]
-        fwd = lambda x: layers[1](F.gelu(layers[0](x), approximate="tanh"))
+        fwd = lambda x: lin(layers[1], F.gelu(lin(layers[0], x), approximate="tanh"))
         out = k
     else:
         layers = [torch.nn.Linear(k, n, device=dev, dtype=dtype)]
-        fwd = layers[0]
+        fwd = lambda x: lin(layers[0], x)
         out = n
     x = torch.randn(tokens, k, device=dev).to(dtype).requires_grad_()
     dy = torch.randn(tokens, out, device=dev).to(dtype)
@@ -117,7 +127,7 @@ def main():
         for op, n, k in SHAPES:
             if op not in ops:
                 continue
-            step, nlayers = build(op, n, k, a.tokens, DT[name])
+            step, nlayers = build(op, n, k, a.tokens, DT[name], fp8=name == "fp8")
             med, mn = time_step(step, a.reps)
             g, pass_ms = gemm_ms(step)
             flops = 6.0 * a.tokens * n * k * nlayers

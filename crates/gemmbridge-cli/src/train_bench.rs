@@ -16,6 +16,7 @@ use anyhow::bail;
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use gemmbridge::cuda::train::Mlp;
 use gemmbridge::cuda::Gpu;
+use gemmbridge::train::fp8::Fp8Training;
 use gemmbridge::train::{init_params, Activation, GradMode, LinearSpec};
 use gemmbridge::{Element, Precision};
 use serde::Serialize;
@@ -26,7 +27,9 @@ use crate::timing;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Comma-separated dtypes: f32, tf32, f16, bf16.
+    /// Comma-separated dtypes: f32, tf32, f16, bf16, and fp8 (FP8 layers, `Mlp::new_fp8`:
+    /// bf16 tensors, every GEMM in FP8 with the default recipe; its peer is train_peer.py's fp8,
+    /// a `torch._scaled_mm` autograd function with the same recipe).
     #[arg(long, default_value = "bf16,f16")]
     dtypes: String,
     /// Comma-separated ops: mlp_train (d×f = 4096×14336 and 4096×16384), linear_train (4096³
@@ -97,7 +100,11 @@ fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
 ) -> anyhow::Result<Row> {
     let reps = args.reps;
     let layers = layers(op, n, k);
-    let mut mlp = Mlp::<T>::new(gpu, &layers, precision, &init_params(&layers, 1))?;
+    let params = init_params(&layers, 1);
+    let mut mlp = match dtype {
+        "fp8" => Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params)?,
+        _ => Mlp::<T>::new(gpu, &layers, precision, &params)?,
+    };
     let s = gpu.stream();
     let x: CudaSlice<T> = s.clone_htod(&crate::random::normal::<T>(tokens * k))?;
     let out = layers.last().map_or(0, |l| l.out_features);
@@ -164,9 +171,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let mut dtypes = Vec::new();
     for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        match precision_of(d) {
-            Some(p) => dtypes.push((d.to_string(), p)),
-            None => bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16"),
+        match (d, precision_of(d)) {
+            ("fp8", _) => dtypes.push((d.to_string(), Precision::BF16)),
+            (_, Some(p)) => dtypes.push((d.to_string(), p)),
+            (_, None) => bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16, fp8"),
         }
     }
     if ops.is_empty() || dtypes.is_empty() {
