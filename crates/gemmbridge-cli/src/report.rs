@@ -58,6 +58,14 @@ struct Figure {
     /// Rows whose median is below this are counted.
     #[serde(default = "default_bound")]
     bound: f64,
+    /// Runs that carry their own ratio (e.g. `gemmbridge-burn bench`'s `speedup_vs_burn`):
+    /// the field's name. Then `peer` stays empty, each of `ours` is one group, named by the
+    /// same position in `labels`, and a row's value is that field.
+    #[serde(default)]
+    field: Option<String>,
+    /// With `field`: each run's group name.
+    #[serde(default)]
+    labels: Vec<String>,
 }
 
 fn default_bound() -> f64 {
@@ -80,6 +88,9 @@ type Kept = ((String, String), Key, f64);
 
 /// The rows a figure keeps, each with its median ratio, in the groups' order.
 fn medians(fig: &Figure, base: &Path) -> anyhow::Result<Vec<Kept>> {
+    if let Some(field) = &fig.field {
+        return field_rows(fig, base, field);
+    }
     if fig.ours.is_empty() || fig.ours.len() != fig.peer.len() {
         bail!(
             "figure {}: {} runs of ours and {} of the peer; give as many of each, at least one",
@@ -115,6 +126,32 @@ fn medians(fig: &Figure, base: &Path) -> anyhow::Result<Vec<Kept>> {
     Ok(out)
 }
 
+/// A `field` figure's rows: every row of each run that has the field, in the run's group.
+fn field_rows(fig: &Figure, base: &Path, field: &str) -> anyhow::Result<Vec<Kept>> {
+    if fig.ours.is_empty() || fig.labels.len() != fig.ours.len() || !fig.peer.is_empty() {
+        bail!("figure {}: a field figure names runs in ours, one label each, and no peer", fig.id);
+    }
+    let mut out = Vec::new();
+    for (file, label) in fig.ours.iter().zip(&fig.labels) {
+        let path = base.join(file);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let v: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("{} line {}", path.display(), i + 1))?;
+            let Some(x) = v.get(field).and_then(|x| x.as_f64()) else { continue };
+            let dim = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0) as usize;
+            let dtype = v.get("dtype").and_then(|d| d.as_str()).unwrap_or("?").to_string();
+            let key = (dtype.clone(), label.clone(), dim("m"), dim("n"), dim("k"), 1);
+            out.push(((dtype, label.clone()), key, x));
+        }
+    }
+    if out.is_empty() {
+        bail!("figure {}: no row has the field {field:?}", fig.id);
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    Ok(out)
+}
+
 /// The figure's Markdown table (see the module documentation).
 fn table(fig: &Figure, rows: &[Kept]) -> String {
     let mut groups: BTreeMap<&(String, String), Vec<f64>> = BTreeMap::new();
@@ -131,8 +168,16 @@ fn table(fig: &Figure, rows: &[Kept]) -> String {
         let gm = geomean(&v).unwrap_or(f64::NAN);
         let _ = writeln!(s, "| {dtype} | {op} | {} | {gm:.3} | {lo:.3} | {hi:.3} | {below} |", v.len());
     }
-    let plural = if pairs == 1 { "" } else { "s" };
-    let _ = writeln!(s, "\n(PyTorch's time / gemmbridge's, the median of {pairs} alternated pair{plural} per row)");
+    match &fig.field {
+        Some(f) => {
+            let _ = writeln!(s, "\n(each row's `{f}`, one run per group)");
+        }
+        None => {
+            let plural = if pairs == 1 { "" } else { "s" };
+            let _ =
+                writeln!(s, "\n(PyTorch's time / gemmbridge's, the median of {pairs} alternated pair{plural} per row)");
+        }
+    }
     s
 }
 
@@ -154,7 +199,7 @@ fn plot(fig: &Figure, rows: &[Kept], path: &Path) -> anyhow::Result<()> {
         .disable_x_mesh()
         .x_labels(0)
         .x_desc("rows (shapes), in the table's order, one colour per legend entry")
-        .y_desc("PyTorch time / gemmbridge time")
+        .y_desc(if fig.field.is_some() { "ratio (see the table)" } else { "PyTorch time / gemmbridge time" })
         .draw()?;
     let palette = [
         RGBColor(31, 119, 180),
