@@ -23,20 +23,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peer  # noqa: E402  (Clock, time_fn: the dense peer's timing)
 
-# (C, H, W, K, R, S, stride, pad): ResNet-50's convolutions
-RESNET50 = [
-    (3, 224, 224, 64, 7, 7, 2, 3),
-    (64, 56, 56, 64, 1, 1, 1, 0),
-    (64, 56, 56, 64, 3, 3, 1, 1),
-    (64, 56, 56, 256, 1, 1, 1, 0),
-    (256, 56, 56, 128, 1, 1, 1, 0),
-    (128, 28, 28, 128, 3, 3, 1, 1),
-    (512, 28, 28, 256, 1, 1, 1, 0),
-    (256, 14, 14, 256, 3, 3, 1, 1),
-    (1024, 14, 14, 512, 1, 1, 1, 0),
-    (512, 7, 7, 512, 3, 3, 1, 1),
-    (2048, 7, 7, 512, 1, 1, 1, 0),
-]
+# (C, H, W, K, R, S, stride, pad): ResNet-50's convolutions, shared with gemmbridge's bench
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "resnet50.json")) as fh:
+    RESNET50 = [tuple(x) for x in json.load(fh)["shapes"]]
 OPS = ["conv_fwd", "conv_bias_relu", "conv_dgrad", "conv_wgrad"]
 DTYPES = ["f32", "tf32", "f16", "bf16"]
 

@@ -20,20 +20,16 @@ pub const OPS: [&str; 5] = ["conv_fwd", "conv_bias_relu", "conv_bias_relu_unfuse
 /// One convolution of the suite: (C, H, W, K, R, S, stride, pad), square strides and pads.
 pub type ConvShape = (usize, usize, usize, usize, usize, usize, usize, usize);
 
-/// ResNet-50's convolutions.
-pub const RESNET50: [ConvShape; 11] = [
-    (3, 224, 224, 64, 7, 7, 2, 3),
-    (64, 56, 56, 64, 1, 1, 1, 0),
-    (64, 56, 56, 64, 3, 3, 1, 1),
-    (64, 56, 56, 256, 1, 1, 1, 0),
-    (256, 56, 56, 128, 1, 1, 1, 0),
-    (128, 28, 28, 128, 3, 3, 1, 1),
-    (512, 28, 28, 256, 1, 1, 1, 0),
-    (256, 14, 14, 256, 3, 3, 1, 1),
-    (1024, 14, 14, 512, 1, 1, 1, 0),
-    (512, 7, 7, 512, 3, 3, 1, 1),
-    (2048, 7, 7, 512, 1, 1, 1, 0),
-];
+/// ResNet-50's convolutions, from `bench/resnet50.json` (the file `bench/conv_peer.py` reads
+/// too, so both sides time the same shapes).
+pub fn resnet50() -> anyhow::Result<Vec<ConvShape>> {
+    #[derive(serde::Deserialize)]
+    struct Suite {
+        shapes: Vec<ConvShape>,
+    }
+    let suite: Suite = serde_json::from_str(include_str!("../../../../bench/resnet50.json"))?;
+    Ok(suite.shapes)
+}
 
 /// What the convolution rows run over.
 pub struct Plan<'a> {
@@ -99,11 +95,12 @@ pub fn bench(
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
     gpu.set_conv_search(plan.search);
+    let shapes = resnet50()?;
     let mut rows = Vec::new();
     for (name, precision) in plan.dtypes {
         for &layout in &plan.layouts {
             for &n in &plan.batches {
-                for &(c, h, w, k, r, s, stride, pad) in &RESNET50 {
+                for &(c, h, w, k, r, s, stride, pad) in &shapes {
                     let p = Conv2d::new(n, c, h, w, k, r, s, *precision)
                         .with_stride(stride, stride)
                         .with_pad(pad, pad)
@@ -168,4 +165,17 @@ fn shape_rows<T: Element + DeviceRepr>(
     }
     gpu.set_conv_fusion(true);
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_suite_is_resnet50s_eleven_convolutions() {
+        let shapes = resnet50().unwrap();
+        assert_eq!(shapes.len(), 11);
+        assert_eq!(shapes[0], (3, 224, 224, 64, 7, 7, 2, 3));
+        assert_eq!(shapes[10], (2048, 7, 7, 512, 1, 1, 1, 0));
+    }
 }
