@@ -43,6 +43,13 @@ fn key(r: &Row) -> Key {
     (r.dtype.clone(), r.label(), r.m, r.n, r.k, r.batch)
 }
 
+/// The group a row is summarised in: its dtype and its op, convolution rows also by batch
+/// size N (`conv_fwd/nhwc/n32`).
+pub fn group(k: &Key) -> (String, String) {
+    let op = if k.1.starts_with("conv") { format!("{}/n{}", k.1, k.5) } else { k.1.clone() };
+    (k.0.clone(), op)
+}
+
 /// Median of a non-empty list (the mean of the two middle values for an even count).
 pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
@@ -106,8 +113,7 @@ pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
     // per (dtype, op), square + llm rows only; convolution rows per op, layout and batch
     let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
     for (k, v) in rows.iter().filter(|(k, _)| k.1.starts_with("conv") || is_square_or_llm((k.2, k.3, k.4))) {
-        let op = if k.1.starts_with("conv") { format!("{}/n{}", k.1, k.5) } else { k.1.clone() };
-        groups.entry((k.0.clone(), op)).or_default().push((k, v));
+        groups.entry(group(k)).or_default().push((k, v));
     }
     let _ = writeln!(s, "\nsquare + llm (convolutions: per layout and batch N), per dtype and op: geometric mean of the row medians; rows whose median < {bound}; each pair's own geometric mean / rows < {bound}");
     let _ = writeln!(s, "{:<5} {:<16} {:>4} {:>8} {:>7}  per pair", "dtype", "op", "rows", "geomean", "< bound");

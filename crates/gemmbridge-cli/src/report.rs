@@ -19,7 +19,7 @@ use plotters::prelude::*;
 use serde::Deserialize;
 
 use crate::bench::report::geomean;
-use crate::compare::{load, median, ratios, Key};
+use crate::compare::{group, load, median, ratios, Key};
 use crate::suites::is_square_or_llm;
 
 #[derive(clap::Args)]
@@ -75,12 +75,6 @@ fn default_bound() -> f64 {
 #[derive(Deserialize)]
 struct Manifest {
     figures: Vec<Figure>,
-}
-
-/// The group a row belongs to: its dtype and its op (convolutions also by batch size).
-fn group(k: &Key) -> (String, String) {
-    let op = if k.1.starts_with("conv") { format!("{}/n{}", k.1, k.5) } else { k.1.clone() };
-    (k.0.clone(), op)
 }
 
 /// A row a figure keeps: its group (dtype, op), its key and its median ratio.
