@@ -108,6 +108,53 @@ fn download<T: Element + DeviceRepr>(gpu: &Gpu, v: &CudaSlice<T>) -> Vec<f64> {
     gpu.stream().clone_dtoh(v).unwrap().iter().map(|x| x.to_f64()).collect()
 }
 
+/// One training step of `mlp` on `x` and `dy`, dx into a NaN-poisoned buffer: y, dx and every
+/// layer's dw (and db, for a layer with a bias) as f64, and the gradients as the layers hold
+/// them.
+fn step<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    mlp: &mut Mlp<T>,
+    x: &CudaSlice<T>,
+    dy: &CudaSlice<T>,
+    tokens: usize,
+) -> (HashMap<String, Vec<f64>>, Params) {
+    let mut dx = gpu.stream().clone_htod(&common::poison::<T>(x.len())).unwrap();
+    mlp.forward(gpu, x, tokens, true).unwrap();
+    let y: Vec<f64> = gpu.stream().clone_dtoh(&mlp.output().unwrap()).unwrap().iter().map(|v: &T| v.to_f64()).collect();
+    mlp.backward(gpu, x, dy, Some(&mut dx), GradMode::Overwrite).unwrap();
+    let grads = mlp.grads_to_host(gpu).unwrap();
+    let mut out = HashMap::from([("y".to_string(), y), ("dx".to_string(), download(gpu, &dx))]);
+    for (i, g) in grads.iter().enumerate() {
+        out.insert(format!("dw{i}"), g.w.iter().map(|&v| v as f64).collect());
+        if !g.b.is_empty() {
+            out.insert(format!("db{i}"), g.b.iter().map(|&v| v as f64).collect());
+        }
+    }
+    (out, grads)
+}
+
+/// A second backward with [`GradMode::Accumulate`] after [`step`] doubles every gradient
+/// (dw by β = 1, db by the axpy or the ones GEMM), within `tol`.
+fn check_accumulates<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    mlp: &mut Mlp<T>,
+    (x, dy): (&CudaSlice<T>, &CudaSlice<T>),
+    first: &Params,
+    tol: f64,
+    what: &str,
+) {
+    mlp.backward(gpu, x, dy, None::<&mut CudaSlice<T>>, GradMode::Accumulate).unwrap();
+    let twice = mlp.grads_to_host(gpu).unwrap();
+    let doubled = |v: &[f32]| v.iter().map(|&x| 2.0 * x as f64).collect::<Vec<_>>();
+    let wide32 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    for (i, (a, b)) in twice.iter().zip(first).enumerate() {
+        for (name, a, b) in [("dw", &a.w, &b.w), ("db", &a.b, &b.b)] {
+            let e = rel_error(&wide32(a), &doubled(b));
+            assert!(e <= tol, "{what} accumulate {name}{i}: {e:e}");
+        }
+    }
+}
+
 /// Runs a case's forward and backward (FP8 layers with `fp8`); returns our y, dx and
 /// per-layer dw, db as f64.
 fn run_case<T: Element + DeviceRepr + ValidAsZeroBits>(
@@ -129,18 +176,7 @@ fn run_case<T: Element + DeviceRepr + ValidAsZeroBits>(
     };
     let x = upload::<T>(gpu, &c.t["x"]);
     let dy = upload::<T>(gpu, &c.t["dy"]);
-    let mut dx = upload::<T>(gpu, &vec![f64::NAN; c.t["x"].len()]);
-    mlp.forward(gpu, &x, c.tokens, true).unwrap();
-    let y: Vec<f64> = gpu.stream().clone_dtoh(&mlp.output().unwrap()).unwrap().iter().map(|v: &T| v.to_f64()).collect();
-    mlp.backward(gpu, &x, &dy, Some(&mut dx), GradMode::Overwrite).unwrap();
-    let mut out = HashMap::from([("y".to_string(), y), ("dx".to_string(), download(gpu, &dx))]);
-    for (i, g) in mlp.grads_to_host(gpu).unwrap().into_iter().enumerate() {
-        out.insert(format!("dw{i}"), g.w.iter().map(|&v| v as f64).collect());
-        if !g.b.is_empty() {
-            out.insert(format!("db{i}"), g.b.iter().map(|&v| v as f64).collect());
-        }
-    }
-    out
+    step(gpu, &mut mlp, &x, &dy, c.tokens).0
 }
 
 /// Every case of the directory an environment variable names: our error ≤ 2× PyTorch's
@@ -281,40 +317,18 @@ fn random_mlp_case<T: Element + DeviceRepr + ValidAsZeroBits>(
         let mut mlp = Mlp::<T>::new(gpu, &layers, prec, &params).unwrap();
         let xd = gpu.stream().clone_htod(&x).unwrap();
         let dyd = gpu.stream().clone_htod(&dy).unwrap();
-        let mut dx = gpu.stream().clone_htod(&common::poison::<T>(x.len())).unwrap();
-        mlp.forward(gpu, &xd, tokens, true).unwrap();
-        let y: Vec<T> = gpu.stream().clone_dtoh(&mlp.output().unwrap()).unwrap();
-        mlp.backward(gpu, &xd, &dyd, Some(&mut dx), GradMode::Overwrite).unwrap();
-        let grads = mlp.grads_to_host(gpu).unwrap();
+        let (got, grads) = step(gpu, &mut mlp, &xd, &dyd, tokens);
         // the precision's band per GEMM, times the three layers a gradient passes through,
         // against the reference that rounds to T where the GPU does (y also against plain
         // float64; the PyTorch oracle tests hold the layers to PyTorch's error)
         let tol = prec.tolerance() * layers.len() as f64;
-        let check = |what: &str, got: Vec<f64>| {
-            let e = rel_error(&got, &want[what]);
-            assert!(e <= tol, "{prec} tokens {tokens} layers {layers:?}: {what} rel error {e:e} > {tol:e}");
-        };
-        let e = rel_error(&wide(&y), &exact["y"]);
+        let e = rel_error(&got["y"], &exact["y"]);
         assert!(e <= tol, "{prec} tokens {tokens} layers {layers:?}: y rel error {e:e} > {tol:e} against float64");
-        check("y", wide(&y));
-        check("dx", wide(&gpu.stream().clone_dtoh(&dx).unwrap()));
-        for (i, g) in grads.iter().enumerate() {
-            check(&format!("dw{i}"), g.w.iter().map(|&v| v as f64).collect());
-            if layers[i].bias {
-                check(&format!("db{i}"), g.b.iter().map(|&v| v as f64).collect());
-            }
+        for (what, v) in &got {
+            let e = rel_error(v, &want[what]);
+            assert!(e <= tol, "{prec} tokens {tokens} layers {layers:?}: {what} rel error {e:e} > {tol:e}");
         }
-        // accumulate: a second backward adds the same gradients (dw by β = 1, db by axpy)
-        mlp.backward(gpu, &xd, &dyd, None::<&mut CudaSlice<T>>, GradMode::Accumulate).unwrap();
-        let twice = mlp.grads_to_host(gpu).unwrap();
-        for (i, (a, b)) in twice.iter().zip(&grads).enumerate() {
-            let doubled = |v: &[f32]| v.iter().map(|&x| 2.0 * x as f64).collect::<Vec<_>>();
-            let wide32 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
-            let e = rel_error(&wide32(&a.w), &doubled(&b.w));
-            assert!(e <= tol, "{prec} accumulate dw{i}: {e:e}");
-            let e = rel_error(&wide32(&a.b), &doubled(&b.b));
-            assert!(e <= tol, "{prec} accumulate db{i}: {e:e}");
-        }
+        check_accumulates(gpu, &mut mlp, (&xd, &dyd), &grads, tol, &prec.to_string());
     }
 }
 
@@ -445,36 +459,13 @@ fn random_fp8_case<T: Element + DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, rng: &m
         let mut mlp = Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params).unwrap();
         let xd = gpu.stream().clone_htod(&x).unwrap();
         let dyd = gpu.stream().clone_htod(&dy).unwrap();
-        let mut dx = gpu.stream().clone_htod(&common::poison::<T>(x.len())).unwrap();
-        mlp.forward(gpu, &xd, tokens, true).unwrap();
-        let y: Vec<T> = gpu.stream().clone_dtoh(&mlp.output().unwrap()).unwrap();
-        mlp.backward(gpu, &xd, &dyd, Some(&mut dx), GradMode::Overwrite).unwrap();
-        let grads = mlp.grads_to_host(gpu).unwrap();
-        let mut got = HashMap::from([
-            ("y".to_string(), y.iter().map(|v| v.to_f64()).collect::<Vec<_>>()),
-            ("dx".to_string(), gpu.stream().clone_dtoh(&dx).unwrap().iter().map(|v| v.to_f64()).collect()),
-        ]);
-        for (i, g) in grads.iter().enumerate() {
-            got.insert(format!("dw{i}"), g.w.iter().map(|&v| v as f64).collect());
-            if layers[i].bias {
-                got.insert(format!("db{i}"), g.b.iter().map(|&v| v as f64).collect());
-            }
-        }
+        let (got, grads) = step(gpu, &mut mlp, &xd, &dyd, tokens);
         for (k, v) in &got {
             let e = rel_error(v, &want[k]);
             eprintln!("fp8 {} tokens {tokens} {k}: {e:.2e} against the emulation", T::DTYPE);
             assert!(e <= 2e-2, "fp8 {} tokens {tokens} layers {layers:?}: {k} rel error {e:e}", T::DTYPE);
         }
-        mlp.backward(gpu, &xd, &dyd, None::<&mut CudaSlice<T>>, GradMode::Accumulate).unwrap();
-        let twice = mlp.grads_to_host(gpu).unwrap();
-        for (i, (a, b)) in twice.iter().zip(&grads).enumerate() {
-            let doubled = |v: &[f32]| v.iter().map(|&x| 2.0 * x as f64).collect::<Vec<_>>();
-            let wide32 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
-            for (what, a, b) in [("dw", &a.w, &b.w), ("db", &a.b, &b.b)] {
-                let e = rel_error(&wide32(a), &doubled(b));
-                assert!(e <= 1e-2, "fp8 {} accumulate {what}{i}: {e:e}", T::DTYPE);
-            }
-        }
+        check_accumulates(gpu, &mut mlp, (&xd, &dyd), &grads, 1e-2, &format!("fp8 {}", T::DTYPE));
     }
 }
 
