@@ -56,12 +56,25 @@ fn check_problem<T: Element + DeviceRepr>(gpu: &Gpu, p: &Conv2d, rng: &mut rand:
     };
     let mut y = s.clone_htod(&poison::<T>(ly)).unwrap();
     gpu.conv2d_forward(p, &xd, &wd, &mut y).unwrap();
-    verdict("forward", &down(gpu, &y), &reference::forward(p, &wide(&x), &wide(&w)));
+    let first = down(gpu, &y);
+    verdict("forward", &first, &reference::forward(p, &wide(&x), &wide(&w)));
+    // the same call again (captured into a graph on the second, replayed on the third): the
+    // same result, bit for bit, into a re-poisoned output
+    for call in [2, 3] {
+        s.memcpy_htod(&poison::<T>(ly), &mut y).unwrap();
+        gpu.conv2d_forward(p, &xd, &wd, &mut y).unwrap();
+        let again = down(gpu, &y);
+        assert!(again.iter().zip(&first).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: call {call} differs");
+    }
     for act in [ConvActivation::Relu, ConvActivation::Identity] {
         let mut y = s.clone_htod(&poison::<T>(ly)).unwrap();
-        gpu.conv2d_fused(p, &xd, &wd, &bd, act, &mut y).unwrap();
         let want = reference::forward_fused(p, &wide(&x), &wide(&w), &wide(&b), act == ConvActivation::Relu);
-        verdict(&format!("fused {act:?} (fused call: {:?})", gpu.conv2d_fused_path(p, act)), &down(gpu, &y), &want);
+        for call in 1..=3 {
+            s.memcpy_htod(&poison::<T>(ly), &mut y).unwrap();
+            gpu.conv2d_fused(p, &xd, &wd, &bd, act, &mut y).unwrap();
+            let path = gpu.conv2d_fused_path(p, act);
+            verdict(&format!("fused {act:?} call {call} (fused call: {path:?})"), &down(gpu, &y), &want);
+        }
     }
     let mut dx = s.clone_htod(&poison::<T>(lx)).unwrap();
     gpu.conv2d_backward_data(p, &wd, &dyd, &mut dx).unwrap();

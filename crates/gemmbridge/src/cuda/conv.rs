@@ -9,6 +9,7 @@ use super::device::is_capturing;
 use super::dnn::{ConvBuffers, ConvOp, ConvSearch, DnnState};
 use super::entry::same_context;
 use super::gpu::Gpu;
+use super::lt::replay::GraphReplay;
 use crate::conv::{Conv2d, ConvActivation};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
@@ -67,7 +68,11 @@ impl Gpu {
     ///
     /// The first call of a problem makes its plan (descriptors and algorithm,
     /// [`Gpu::set_conv_search`]); later calls only launch, and can be captured into a CUDA
-    /// graph. The algorithm's workspace is this stream's ([`Gpu::set_workspace_bytes`]).
+    /// graph. A call repeated with the same buffers on the same stream is captured into a
+    /// graph once (on its second call, by default) and from then on launched as that graph,
+    /// which costs the host a few µs instead of cuDNN's tens of µs ([`Gpu::set_graph_replay`]
+    /// governs it as for GEMMs, at every size). The algorithm's workspace is this stream's
+    /// ([`Gpu::set_workspace_bytes`]).
     ///
     /// # Errors
     /// Before anything is enqueued: [`Error::ConvShape`] / [`Error::Unsupported`] from
@@ -243,11 +248,13 @@ impl Gpu {
             st.libs.dnn = Some(DnnState::new(st.libs.conv_search, st.libs.conv_fuse)?);
         }
         let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
+        let replay = st.libs.lt.as_ref().map_or_else(GraphReplay::default, |lt| lt.replay.options);
+        let cap = if replay.enabled { st.dev.capture_stream().map(|c| c.raw()) } else { None };
         let dnn = st.libs.dnn.as_mut().expect("created above");
         // SAFETY: every address was checked above against the problem's sizes and belongs to
         // this context, borrowed (guards) until the call is enqueued; the workspace is this
-        // stream's; the stream is the Gpu's own, live.
-        let r = unsafe { dnn.run(p, op, b, (ws.ptr, ws.matmul_bytes), stream) };
+        // stream's; the stream is the Gpu's own, live; `cap` is the device's capture stream.
+        let r = unsafe { dnn.run(p, op, b, (ws.ptr, ws.matmul_bytes), stream, replay, cap) };
         drop((guards, out_guard));
         r
     }

@@ -15,7 +15,9 @@ use cudarc::cudnn::sys as raw;
 use cudarc::driver::sys::CUstream;
 use rustc_hash::FxHashMap as HashMap;
 
+use super::device::{capture, is_capturing, GraphExec};
 use super::library;
+use super::lt::replay::GraphReplay;
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
 pub(crate) use plan::SearchBuffers;
@@ -56,11 +58,21 @@ pub(crate) struct ConvBuffers {
     pub bias: u64,
 }
 
+/// A plan's key: problem, direction, and (fused forward) whether the fused call is tried.
+type PlanKey = (Conv2d, ConvOp, bool);
+
+/// A replayable call: its plan, its buffers, its workspace and its stream (as an integer).
+type ReplayKey = (PlanKey, [u64; 4], u64, usize);
+
 /// cuDNN's state under the device's lock.
 pub(crate) struct DnnState {
     handle: Handle,
-    /// By problem, direction, and (fused forward) whether the fused call is tried.
-    plans: HashMap<(Conv2d, ConvOp, bool), ConvPlan>,
+    plans: HashMap<PlanKey, ConvPlan>,
+    /// Graph replay of repeated calls (the GEMMs' [`GraphReplay`] settings, every size: the
+    /// legacy API's host cost per call is tens of µs): captured graphs, and how often each
+    /// call has been seen (cleared past 4 × capacity keys).
+    graphs: HashMap<ReplayKey, GraphExec>,
+    seen: HashMap<ReplayKey, u32>,
     pub search: ConvSearch,
     /// Whether a fused forward tries cuDNN's fused call (else: the unfused sequence).
     pub fuse: bool,
@@ -73,7 +85,8 @@ impl DnnState {
     /// [`Error::LibraryNotFound`] naming the files tried; [`Error::Cudnn`].
     pub fn new(search: ConvSearch, fuse: bool) -> Result<DnnState> {
         library::ensure_cudnn()?;
-        Ok(DnnState { handle: Handle::new()?, plans: HashMap::default(), search, fuse })
+        let (plans, graphs, seen) = (HashMap::default(), HashMap::default(), HashMap::default());
+        Ok(DnnState { handle: Handle::new()?, plans, graphs, seen, search, fuse })
     }
 
     fn key(&self, p: &Conv2d, op: ConvOp) -> (Conv2d, ConvOp, bool) {
@@ -82,12 +95,14 @@ impl DnnState {
 
     /// Destroys the plans and the handle (context bound, device synchronised).
     pub fn release(&mut self) {
+        self.graphs.clear();
         self.plans.clear();
         self.handle.destroy();
     }
 
     /// Forgets the handle without destroying it (no context to destroy it in).
     pub fn leak(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.graphs));
         self.handle.leak();
     }
 
@@ -98,11 +113,16 @@ impl DnnState {
 
     /// Runs one convolution on `stream`: its plan (made on first use; the caller has checked
     /// that the stream is not capturing then) and the launch, with `workspace` (address,
-    /// bytes) as cuDNN's workspace.
+    /// bytes) as cuDNN's workspace. With `replay` on and a private capture stream `cap`, a
+    /// call seen `after_calls` times with the same buffers, workspace and stream is captured
+    /// into a CUDA graph (on `cap`) and from then on launched as that graph; a capture that
+    /// fails leaves the call to run directly.
     ///
     /// # Safety
     /// The addresses in `b` are device memory of this context holding the problem's tensors
-    /// (checked by the entry point), `workspace` is this stream's, `stream` is live.
+    /// (checked by the entry point), `workspace` is this stream's, `stream` is live; `cap`
+    /// is the device's private capture stream.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn run(
         &mut self,
         p: &Conv2d,
@@ -110,9 +130,44 @@ impl DnnState {
         b: ConvBuffers,
         workspace: (u64, usize),
         stream: CUstream,
+        replay: GraphReplay,
+        cap: Option<CUstream>,
     ) -> Result<()> {
-        let h = self.handle.on(stream)?;
         let key = self.key(p, op);
+        let rkey = (key, [b.x, b.w, b.y, b.bias], workspace.0, stream as usize);
+        if let (true, Some(g)) = (replay.enabled, self.graphs.get(&rkey)) {
+            // SAFETY: the graph was captured for exactly these buffers, workspace and stream.
+            return unsafe { g.launch(stream) };
+        }
+        if replay.enabled && self.plans.contains_key(&key) {
+            if self.seen.len() > 4 * replay.capacity.max(1) {
+                self.seen.clear();
+            }
+            let n = self.seen.entry(rkey).or_insert(0);
+            *n = n.saturating_add(1);
+            // this call is the (n + 1)-th with this key: the first one planned it
+            let due = *n + 1 >= replay.after_calls.max(1) && self.graphs.len() < replay.capacity;
+            if let (true, Some(cap)) = (due, cap) {
+                if !is_capturing(stream)? {
+                    let h = self.handle.on(cap)?;
+                    let plan = self.plans.get_mut(&key).expect("checked above");
+                    // SAFETY: the capture stream is private and idle; the launch enqueues only
+                    // on it; the buffers stay the caller's contract for every replay (the key).
+                    match unsafe { capture(cap, |_| launch(h, p, op, plan, b, workspace.0)) } {
+                        Ok(g) => {
+                            self.seen.remove(&rkey);
+                            let g = self.graphs.entry(rkey).or_insert(g);
+                            // SAFETY: as for a cached graph above.
+                            return unsafe { g.launch(stream) };
+                        }
+                        Err(e) => {
+                            tracing::debug!(problem = %p.describe(), error = %e, "convolution capture failed; direct call")
+                        }
+                    }
+                }
+            }
+        }
+        let h = self.handle.on(stream)?;
         if !self.plans.contains_key(&key) {
             let search =
                 (self.search == ConvSearch::Measured).then_some(SearchBuffers { x: b.x, w: b.w, y: b.y, workspace });
