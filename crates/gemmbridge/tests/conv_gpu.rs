@@ -2,7 +2,8 @@
 //! both backwards): small odd shapes with every feature (1×1, 3×3 stride 2, 7×7 stride 2
 //! padding 3, dilation 2, groups, depthwise, batch 1 and 3), NHWC and NCHW, f32, tf32, f16
 //! and bf16, against the float64 definitions (`gemmbridge::conv::reference`) within the
-//! precision's band, outputs poisoned with NaN first; the measured search; bad input named
+//! precision's band, outputs poisoned with NaN first; the measured search; the legacy API and
+//! the unfused graph; element-aligned views; bad input named
 //! before anything is written, the engine usable after.
 
 mod common;
@@ -10,7 +11,7 @@ mod common;
 use common::{normal, poison, rng};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use gemmbridge::conv::{reference, Conv2d, ConvActivation, ConvLayout};
-use gemmbridge::cuda::{ConvSearch, Gpu};
+use gemmbridge::cuda::{ConvApi, ConvSearch, Gpu};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::rel_error;
 use gemmbridge::{Element, Error, Precision, Which};
@@ -120,6 +121,51 @@ fn measured_search_matches_float64() {
     }
     for p in shapes(Precision::F32).into_iter().take(2) {
         check_problem::<f32>(&gpu, &p.with_layout(ConvLayout::Nchw), &mut rng);
+    }
+}
+
+/// The legacy API (the room's fallback) on every shape in two precisions, and the graph API's
+/// fused forward run unfused (its convolution, then the bias add and activation).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn legacy_api_and_unfused_graph_match_float64() {
+    let mut rng = rng();
+    let gpu = gpu();
+    gpu.set_conv_api(ConvApi::Legacy);
+    every_shape::<f16>(&gpu, Precision::F16, &mut rng);
+    every_shape::<f32>(&gpu, Precision::F32, &mut rng);
+    let gpu = self::gpu();
+    gpu.set_conv_fusion(false);
+    for p in shapes(Precision::BF16).into_iter().take(4) {
+        check_problem::<bf16>(&gpu, &p, &mut rng);
+        assert_eq!(gpu.conv2d_fused_path(&p, ConvActivation::Relu), Some(false));
+    }
+}
+
+/// Buffers aligned to their element only (a view one element in): the graph API plans for
+/// that alignment (cuDNN's BYTE_ALIGNMENT), apart from the aligned plan of the same problem.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn element_aligned_views_match_float64() {
+    let gpu = gpu();
+    let s = gpu.stream();
+    let mut rng = rng();
+    let p = Conv2d::new(2, 8, 9, 9, 16, 3, 3, Precision::F16).with_pad(1, 1);
+    let [lx, lw, ly] = p.lens();
+    let (x, w): (Vec<f16>, Vec<f16>) = (normal(&mut rng, lx + 1), normal(&mut rng, lw + 1));
+    let (xd, wd) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap());
+    for offset in [0usize, 1] {
+        let want = reference::forward(&p, &wide(&x[offset..offset + lx]), &wide(&w[offset..offset + lw]));
+        let mut y = s.clone_htod(&poison::<f16>(ly + 1)).unwrap();
+        {
+            let (xv, wv) = (xd.slice(offset..offset + lx), wd.slice(offset..offset + lw));
+            let mut yv = y.slice_mut(offset..offset + ly);
+            gpu.conv2d_forward(&p, &xv, &wv, &mut yv).unwrap();
+        }
+        let got = down(&gpu, &y);
+        let e = rel_error(&got[offset..offset + ly], &want);
+        assert!(e <= p.precision.tolerance(), "offset {offset}: rel error {e:e}");
+        eprintln!("offset {offset}: {:?}", gpu.conv2d_plan(&p, "forward"));
     }
 }
 

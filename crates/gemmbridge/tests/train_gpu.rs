@@ -313,9 +313,11 @@ fn random_mlp_case<T: Element + DeviceRepr + ValidAsZeroBits>(
         let (layers, params, x, dy) = random_inputs::<T>(n, 3, tokens, rng);
         let wide = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
         let exact = reference(&layers, &params, &wide(&x), &wide(&dy), tokens);
-        let want = rounded_reference(&layers, &params, &x, &dy, tokens, false);
         let mut mlp = Mlp::<T>::new(gpu, &layers, prec, &params).unwrap();
         let xd = gpu.stream().clone_htod(&x).unwrap();
+        let make = |l: &[LinearSpec], p: &[LayerParams]| Mlp::<T>::new(gpu, l, prec, p).unwrap();
+        let masks = gpu_relu_masks(gpu, (&layers, &params), &xd, tokens, &make);
+        let want = rounded_reference(&layers, &params, (&x, &dy), tokens, false, &masks);
         let dyd = gpu.stream().clone_htod(&dy).unwrap();
         let (got, grads) = step(gpu, &mut mlp, &xd, &dyd, tokens);
         // the precision's band per GEMM, times the three layers a gradient passes through,
@@ -392,6 +394,33 @@ fn named_errors_and_usable_after() {
 }
 
 /// `c[m, n] = a[m, k]·b[n, k]ᵀ` in float64.
+/// Makes an MLP of the given layers and parameters.
+type MakeMlp<'a, T> = dyn Fn(&[LinearSpec], &[LayerParams]) -> Mlp<T> + 'a;
+
+/// For each ReLU layer of `mlp`'s layers, the mask `[pre > 0]` of the GPU's own forward on `x`
+/// (the output of a copy of the layers up to that one, made by `make`); `None` for the other
+/// layers. Where the GPU's f32 accumulation and the reference's float64 put a pre-activation on
+/// opposite sides of 0, ReLU's derivative differs by the whole element and either side is
+/// right; with the GPU's mask the reference checks the GEMMs and epilogues, not that coin.
+fn gpu_relu_masks<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    (layers, params): (&[LinearSpec], &Params),
+    x: &CudaSlice<T>,
+    tokens: usize,
+    make: &MakeMlp<'_, T>,
+) -> Vec<Option<Vec<bool>>> {
+    (0..layers.len())
+        .map(|k| {
+            (layers[k].activation == Activation::Relu).then(|| {
+                let mut prefix = make(&layers[..=k], &params[..=k]);
+                prefix.forward(gpu, x, tokens, true).unwrap();
+                let h = gpu.stream().clone_dtoh(&prefix.output().unwrap()).unwrap();
+                h.iter().map(|v| v.to_f64() > 0.0).collect()
+            })
+        })
+        .collect()
+}
+
 fn nt(a: &[f64], b: &[f64], (m, n, k): (usize, usize, usize)) -> Vec<f64> {
     (0..m * n).map(|i| (0..k).map(|j| a[(i / n) * k + j] * b[(i % n) * k + j]).sum()).collect()
 }
@@ -402,14 +431,15 @@ fn nt(a: &[f64], b: &[f64], (m, n, k): (usize, usize, usize)) -> Vec<f64> {
 /// pre-activation a rounding away from 0 flips one gradient element whole: about 3 % of a
 /// 64-token gradient's norm). With `fp8`, the FP8 layers' step (default recipe,
 /// [`gemmbridge::train::fp8`]): every GEMM operand quantised by gemmbridge's CPU
-/// specification (the GPU kernels match it bit for bit) and dequantised first.
+/// specification (the GPU kernels match it bit for bit) and dequantised first. A ReLU layer's
+/// derivative is taken from `masks` where given ([`gpu_relu_masks`]).
 fn rounded_reference<T: Element>(
     layers: &[LinearSpec],
     p: &Params,
-    x: &[T],
-    dy: &[T],
+    (x, dy): (&[T], &[T]),
     tokens: usize,
     fp8: bool,
+    masks: &[Option<Vec<bool>>],
 ) -> HashMap<String, Vec<f64>> {
     let round = |v: Vec<f64>| v.into_iter().map(T::from_f64).collect::<Vec<T>>();
     let wide = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
@@ -436,7 +466,10 @@ fn rounded_reference<T: Element>(
     let mut g = dy.to_vec();
     for (li, l) in layers.iter().enumerate().rev() {
         let (i_f, o_f) = (l.in_features, l.out_features);
-        g = round(g.iter().zip(&pres[li]).map(|(g, pre)| g.to_f64() * l.activation.grad(pre.to_f64())).collect());
+        let grad = |i: usize, pre: T| {
+            masks[li].as_ref().map_or(l.activation.grad(pre.to_f64()), |m| f64::from(u8::from(m[i])))
+        };
+        g = round(g.iter().zip(&pres[li]).enumerate().map(|(i, (g, &pre))| g.to_f64() * grad(i, pre)).collect());
         let dw = nt(&deq(&g, o_f, tokens, tr, e5), &deq(&hs[li], i_f, tokens, tr, e4), (o_f, i_f, tokens));
         out.insert(format!("dw{li}"), wide(&round(dw)));
         if l.bias {
@@ -455,9 +488,11 @@ fn rounded_reference<T: Element>(
 fn random_fp8_case<T: Element + DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, rng: &mut rand::rngs::StdRng) {
     for (n, tokens) in [(0usize, 37usize), (1, 1), (2, 64)] {
         let (layers, params, x, dy) = random_inputs::<T>(n, 1, tokens, rng);
-        let want = rounded_reference(&layers, &params, &x, &dy, tokens, true);
         let mut mlp = Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params).unwrap();
         let xd = gpu.stream().clone_htod(&x).unwrap();
+        let make = |l: &[LinearSpec], p: &[LayerParams]| Mlp::<T>::new_fp8(gpu, l, Fp8Training::default(), p).unwrap();
+        let masks = gpu_relu_masks(gpu, (&layers, &params), &xd, tokens, &make);
+        let want = rounded_reference(&layers, &params, (&x, &dy), tokens, true, &masks);
         let dyd = gpu.stream().clone_htod(&dy).unwrap();
         let (got, grads) = step(gpu, &mut mlp, &xd, &dyd, tokens);
         for (k, v) in &got {

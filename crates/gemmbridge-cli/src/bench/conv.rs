@@ -5,7 +5,7 @@
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use gemmbridge::conv::{Conv2d, ConvActivation, ConvLayout};
-use gemmbridge::cuda::{ConvSearch, Gpu};
+use gemmbridge::cuda::{ConvApi, ConvSearch, Gpu};
 use gemmbridge::{DType, Element, Precision};
 
 use crate::random::normal;
@@ -38,6 +38,7 @@ pub struct Plan<'a> {
     pub layouts: Vec<ConvLayout>,
     pub batches: Vec<usize>,
     pub search: ConvSearch,
+    pub api: ConvApi,
 }
 
 /// `--conv-layouts` parsed.
@@ -77,6 +78,15 @@ pub fn parse_batches(s: &str) -> anyhow::Result<Vec<usize>> {
     Ok(out)
 }
 
+/// `--conv-api` parsed.
+pub fn parse_api(s: &str) -> anyhow::Result<ConvApi> {
+    Ok(match s {
+        "graph" => ConvApi::Graph,
+        "legacy" => ConvApi::Legacy,
+        other => bail!("unknown --conv-api {other:?}; choose graph or legacy"),
+    })
+}
+
 /// `--conv-search` parsed.
 pub fn parse_search(s: &str) -> anyhow::Result<ConvSearch> {
     Ok(match s {
@@ -95,6 +105,7 @@ pub fn bench(
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
     gpu.set_conv_search(plan.search);
+    gpu.set_conv_api(plan.api);
     let shapes = resnet50()?;
     let mut rows = Vec::new();
     for (name, precision) in plan.dtypes {
@@ -148,6 +159,13 @@ fn shape_rows<T: Element + DeviceRepr>(
             "conv_wgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_filter(p, &x, &dy, &mut dw))?,
             other => bail!("unknown convolution op {other:?}"),
         };
+        let direction = match op.as_str() {
+            "conv_fwd" => "forward",
+            "conv_dgrad" => "backward_data",
+            "conv_wgrad" => "backward_filter",
+            _ => "fused",
+        };
+        tracing::info!(problem = %p.describe(), op = %op, plan = ?gpu.conv2d_plan(p, direction), "convolution row");
         let (m, kk) = (pp * q, p.c_per_group() * p.r * p.s);
         rows.push(Row {
             op: op.clone(),

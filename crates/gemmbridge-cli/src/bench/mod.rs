@@ -89,6 +89,10 @@ pub struct Args {
     /// default).
     #[arg(long, default_value = "measured")]
     conv_search: String,
+    /// Convolution rows: which cuDNN API runs them, "graph" (the backend API with execution
+    /// plans, the library's default) or "legacy" (cudnnConvolutionForward and the like).
+    #[arg(long, default_value = "graph")]
+    conv_api: String,
 }
 
 /// `--padding` parsed.
@@ -178,6 +182,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let conv_layouts = conv::parse_layouts(&args.conv_layouts)?;
     let conv_batches = conv::parse_batches(&args.conv_batches)?;
     let conv_search = conv::parse_search(&args.conv_search)?;
+    let conv_api = conv::parse_api(&args.conv_api)?;
     if ops.is_empty() && !launch && !with_fp8 && conv_ops.is_empty() {
         bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
     }
@@ -239,7 +244,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 "cublaslt": i.cublaslt_version,
                 "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
                 "reps": reps, "heat_ms": args.heat_ms, "padding": args.padding,
-                "cudnn": gemmbridge::cuda::cudnn_version()})
+                "cudnn": gemmbridge::cuda::cudnn_version(), "conv_api": args.conv_api,
+                "conv_search": args.conv_search})
         }
         None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu",
             "reps": reps.min(10), "heat_ms": 0.0}),
@@ -302,6 +308,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             layouts: conv_layouts,
             batches: conv_batches,
             search: conv_search,
+            api: conv_api,
         };
         rows.extend(conv::bench(g, &plan, sampling, &mut |r| sink.emit(r))?);
     }

@@ -6,7 +6,7 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::device::is_capturing;
-use super::dnn::{ConvBuffers, ConvOp, ConvSearch, DnnState};
+use super::dnn::{ConvApi, ConvBuffers, ConvOp, ConvSearch, DnnState};
 use super::entry::same_context;
 use super::gpu::Gpu;
 use super::lt::replay::GraphReplay;
@@ -153,6 +153,16 @@ impl Gpu {
         }
     }
 
+    /// Which cuDNN API runs convolutions planned from now on (problems already planned keep
+    /// theirs). Default [`ConvApi::Graph`]; [`ConvApi::Legacy`] is there for comparisons.
+    pub fn set_conv_api(&self, api: ConvApi) {
+        let mut st = self.lock();
+        st.libs.conv_api = api;
+        if let Some(d) = st.libs.dnn.as_mut() {
+            d.api = api;
+        }
+    }
+
     /// Whether [`Gpu::conv2d_fused`] tries cuDNN's fused call (default, on) or runs the
     /// unfused sequence (the convolution, `cudnnAddTensor`, `cudnnActivationForward`) from
     /// now on: for comparisons.
@@ -237,7 +247,7 @@ impl Gpu {
         self.device().bind()?;
         let mut st = self.lock();
         let st = &mut *st;
-        let planned = st.libs.dnn.as_ref().is_some_and(|d| d.has_plan(p, op));
+        let planned = st.libs.dnn.as_ref().is_some_and(|d| d.has_plan(p, op, &b));
         if !planned && is_capturing(stream)? {
             return Err(Error::NotCapturable {
                 action: "plan a convolution (cuDNN descriptors and algorithm choice)",
@@ -245,7 +255,7 @@ impl Gpu {
             });
         }
         if st.libs.dnn.is_none() {
-            st.libs.dnn = Some(DnnState::new(st.libs.conv_search, st.libs.conv_fuse)?);
+            st.libs.dnn = Some(DnnState::new(st.libs.conv_search, st.libs.conv_fuse, st.libs.conv_api)?);
         }
         let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
         let replay = st.libs.lt.as_ref().map_or_else(GraphReplay::default, |lt| lt.replay.options);

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
 use super::blas::BlasHandle;
 use super::device::{Device, Locked, Resources};
-use super::dnn::{ConvSearch, DnnState};
+use super::dnn::{ConvApi, ConvSearch, DnnState};
 use super::lt::plan::Algorithm;
 use super::lt::replay::GraphReplay;
 use super::lt::LtState;
@@ -92,6 +92,7 @@ pub(crate) struct Libraries {
     pub dnn: Option<DnnState>,
     pub conv_search: ConvSearch,
     pub conv_fuse: bool,
+    pub conv_api: ConvApi,
 }
 
 impl Resources for Libraries {
@@ -213,6 +214,7 @@ impl Gpu {
             dnn: None,
             conv_search: ConvSearch::default(),
             conv_fuse: true,
+            conv_api: ConvApi::default(),
         };
         Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })
     }

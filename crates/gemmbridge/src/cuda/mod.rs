@@ -34,7 +34,7 @@ mod status;
 pub mod tactics;
 pub mod train;
 
-pub use dnn::{cudnn_version, ConvSearch};
+pub use dnn::{cudnn_version, ConvApi, ConvSearch};
 pub use fp8_gemm::{Fp8Options, Fp8Out};
 pub use fp8_tensor::Fp8Tensor;
 pub use gpu::{Backend, Extras, Gpu, RawBuffer, RawExtras, Served};

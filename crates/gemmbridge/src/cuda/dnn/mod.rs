@@ -1,15 +1,15 @@
 //! The cuDNN room: one raw handle per `Gpu`, kept under the device's lock and bound per call
 //! to the call's stream (docs/DESIGN.md says why not cudarc's safe `Cudnn`), a plan per
-//! problem and direction (`plan.rs`), and the launches of cuDNN's convolution API:
-//! `cudnnConvolutionForward`, `cudnnConvolutionBiasActivationForward` (fused; the unfused
-//! sequence where cuDNN refuses it), `cudnnConvolutionBackwardData`,
-//! `cudnnConvolutionBackwardFilter`. Created on the first convolution, so a GEMM-only program
-//! never loads libcudnn.
+//! problem, direction and alignment, and its launch. Two cuDNN APIs: the graph (backend) API
+//! (`graph.rs`, the default: an execution plan per problem, `cudnnBackendExecute` per call) and
+//! the legacy API (`legacy.rs`: `cudnnConvolutionForward`, `cudnnConvolutionBiasActivationForward`,
+//! `cudnnConvolutionBackwardData`, `cudnnConvolutionBackwardFilter`), taken where the graph API
+//! has no engine and on request ([`ConvApi`]). Created on the first convolution, so a GEMM-only
+//! program never loads libcudnn.
 
-mod plan;
+mod graph;
+mod legacy;
 mod sys;
-
-use std::ffi::c_void;
 
 use cudarc::cudnn::sys as raw;
 use cudarc::driver::sys::CUstream;
@@ -19,10 +19,10 @@ use super::device::{capture, is_capturing, GraphExec};
 use super::library;
 use super::lt::replay::GraphReplay;
 use crate::conv::{Conv2d, ConvActivation};
-use crate::error::{Error, Result};
-pub(crate) use plan::SearchBuffers;
-use plan::{Algo, ConvPlan};
-use sys::{check, Handle};
+use crate::error::Result;
+use graph::GraphPlan;
+use legacy::{ConvPlan, SearchBuffers};
+use sys::{types, ActivationDesc, Handle, TensorDesc};
 
 /// One convolution direction (the fused forward with its activation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,15 +37,32 @@ pub(crate) enum ConvOp {
 /// ([`crate::cuda::Gpu::set_conv_search`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ConvSearch {
-    /// cuDNN's heuristic (`cudnnGetConvolution*Algorithm_v7`): its best-ranked algorithm that
-    /// fits the workspace. No GPU work, no synchronisation.
+    /// cuDNN's heuristic: the graph API's best-ranked engine configuration (heuristic mode A,
+    /// then its fallback list) that finalizes, fits the workspace and keeps the precision's
+    /// promise (the legacy API: `cudnnGetConvolution*Algorithm_v7`'s). No GPU work, no
+    /// synchronisation.
     #[default]
     Heuristic,
-    /// A measured search (`cudnnFindConvolution*AlgorithmEx`, PyTorch's
-    /// `cudnn.benchmark = True`) on the first call's own buffers: every algorithm that fits the
-    /// workspace is run and timed, the fastest kept. That first call synchronises the stream
-    /// and takes milliseconds to seconds.
+    /// A measured search on the first call's own buffers (PyTorch's `cudnn.benchmark =
+    /// True`): up to 10 of the graph API's ranked configurations are run and timed, the
+    /// fastest kept (the legacy API: `cudnnFindConvolution*AlgorithmEx`, every algorithm).
+    /// That first call synchronises the stream, overwrites the output and takes milliseconds
+    /// to seconds.
     Measured,
+}
+
+/// Which cuDNN API runs the convolutions ([`crate::cuda::Gpu::set_conv_api`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ConvApi {
+    /// The graph (backend) API, as PyTorch uses it: an operation graph per problem (the fused
+    /// forward as one graph of convolution, bias add and ReLU), cuDNN's engine heuristics, a
+    /// finalized execution plan kept per problem; the legacy API where no engine qualifies
+    /// (logged).
+    #[default]
+    Graph,
+    /// The legacy API (`cudnnConvolutionForward` and the like, `cudnnFind…`/`cudnnGet…_v7` for
+    /// the algorithm), for comparisons.
+    Legacy,
 }
 
 /// Device addresses of one call: x (or dx), w (or dw), y (or dy), and the bias (fused; 0
@@ -58,39 +75,77 @@ pub(crate) struct ConvBuffers {
     pub bias: u64,
 }
 
-/// A plan's key: problem, direction, and (fused forward) whether the fused call is tried.
-type PlanKey = (Conv2d, ConvOp, bool);
+/// A plan's key: problem, direction, whether a fused forward is fused, the API, and (graph
+/// API) the buffers' common alignment (cuDNN's `BYTE_ALIGNMENT`; 0 for the legacy API).
+type PlanKey = (Conv2d, ConvOp, bool, ConvApi, u8);
 
 /// A replayable call: its plan, its buffers, its workspace and its stream (as an integer).
 type ReplayKey = (PlanKey, [u64; 4], u64, usize);
 
+/// A planned call of either API.
+enum Planned {
+    /// A graph-API plan; for a fused forward run unfused, the bias add and activation
+    /// that follow its convolution (legacy calls: [`legacy::bias_activation`]).
+    Graph(GraphPlan, Option<Tail>),
+    Legacy(ConvPlan),
+}
+
+/// The unfused tail of a fused forward: the bias `[1, K, 1, 1]`, y, and the activation.
+struct Tail {
+    bias: TensorDesc,
+    y: TensorDesc,
+    act: ActivationDesc,
+}
+
+impl Tail {
+    fn new(p: &Conv2d, act: ConvActivation) -> Result<Tail> {
+        let (dtype, _) = types(p.precision);
+        Ok(Tail {
+            bias: TensorDesc::new(dtype, [1, p.k, 1, 1], p.layout)?,
+            y: TensorDesc::new(dtype, p.y_dims(), p.layout)?,
+            act: ActivationDesc::new(act)?,
+        })
+    }
+}
+
 /// cuDNN's state under the device's lock.
 pub(crate) struct DnnState {
     handle: Handle,
-    plans: HashMap<PlanKey, ConvPlan>,
-    /// Graph replay of repeated calls (the GEMMs' [`GraphReplay`] settings, every size: the
-    /// legacy API's host cost per call is tens of µs): captured graphs, and how often each
-    /// call has been seen (cleared past 4 × capacity keys).
+    plans: HashMap<PlanKey, Planned>,
+    /// Graph replay of repeated calls (the GEMMs' [`GraphReplay`] settings, every size: a
+    /// convolution call costs the host tens of µs): captured graphs, and how often each call
+    /// has been seen (cleared past 4 × capacity keys).
     graphs: HashMap<ReplayKey, GraphExec>,
     seen: HashMap<ReplayKey, u32>,
     pub search: ConvSearch,
-    /// Whether a fused forward tries cuDNN's fused call (else: the unfused sequence).
+    /// Whether a fused forward is fused (else: the convolution, then the bias add and the
+    /// activation as two more calls).
     pub fuse: bool,
+    pub api: ConvApi,
 }
 
 impl DnnState {
     /// Loads libcudnn and creates the handle (the context bound by the caller).
     ///
     /// # Errors
-    /// [`Error::LibraryNotFound`] naming the files tried; [`Error::Cudnn`].
-    pub fn new(search: ConvSearch, fuse: bool) -> Result<DnnState> {
+    /// [`crate::error::Error::LibraryNotFound`] naming the files tried;
+    /// [`crate::error::Error::Cudnn`].
+    pub fn new(search: ConvSearch, fuse: bool, api: ConvApi) -> Result<DnnState> {
         library::ensure_cudnn()?;
         let (plans, graphs, seen) = (HashMap::default(), HashMap::default(), HashMap::default());
-        Ok(DnnState { handle: Handle::new()?, plans, graphs, seen, search, fuse })
+        Ok(DnnState { handle: Handle::new()?, plans, graphs, seen, search, fuse, api })
     }
 
-    fn key(&self, p: &Conv2d, op: ConvOp) -> (Conv2d, ConvOp, bool) {
-        (*p, op, matches!(op, ConvOp::Fused(_)) && self.fuse)
+    fn key(&self, p: &Conv2d, op: ConvOp, b: &ConvBuffers) -> PlanKey {
+        let align = if self.api == ConvApi::Graph { graph::alignment(b) } else { 0 };
+        (*p, op, matches!(op, ConvOp::Fused(_)) && self.fuse, self.api, align)
+    }
+
+    /// The plan of `p` and `op` under the current settings, whatever the alignment it was
+    /// made for (the first found): for reports.
+    fn any_plan(&self, p: &Conv2d, op: ConvOp) -> Option<&Planned> {
+        let fused = matches!(op, ConvOp::Fused(_)) && self.fuse;
+        self.plans.iter().find(|(k, _)| k.0 == *p && k.1 == op && k.2 == fused && k.3 == self.api).map(|(_, v)| v)
     }
 
     /// Destroys the plans and the handle (context bound, device synchronised).
@@ -103,12 +158,13 @@ impl DnnState {
     /// Forgets the handle without destroying it (no context to destroy it in).
     pub fn leak(&mut self) {
         std::mem::forget(std::mem::take(&mut self.graphs));
+        std::mem::forget(std::mem::take(&mut self.plans));
         self.handle.leak();
     }
 
-    /// Whether a plan for `p` and `op` exists (a call is then capturable).
-    pub fn has_plan(&self, p: &Conv2d, op: ConvOp) -> bool {
-        self.plans.contains_key(&self.key(p, op))
+    /// Whether a plan for `p`, `op` and these buffers exists (a call is then capturable).
+    pub fn has_plan(&self, p: &Conv2d, op: ConvOp, b: &ConvBuffers) -> bool {
+        self.plans.contains_key(&self.key(p, op, b))
     }
 
     /// Runs one convolution on `stream`: its plan (made on first use; the caller has checked
@@ -133,7 +189,7 @@ impl DnnState {
         replay: GraphReplay,
         cap: Option<CUstream>,
     ) -> Result<()> {
-        let key = self.key(p, op);
+        let key = self.key(p, op, &b);
         let rkey = (key, [b.x, b.w, b.y, b.bias], workspace.0, stream as usize);
         if let (true, Some(g)) = (replay.enabled, self.graphs.get(&rkey)) {
             // SAFETY: the graph was captured for exactly these buffers, workspace and stream.
@@ -169,126 +225,115 @@ impl DnnState {
         }
         let h = self.handle.on(stream)?;
         if !self.plans.contains_key(&key) {
-            let search =
-                (self.search == ConvSearch::Measured).then_some(SearchBuffers { x: b.x, w: b.w, y: b.y, workspace });
             // SAFETY: forwarded.
-            let mut plan = unsafe { plan::make(h, p, op, workspace.1, search)? };
-            plan.fused = key.2;
+            let plan = unsafe { self.make(h, stream, p, op, key.2, &b, workspace)? };
             self.plans.insert(key, plan);
         }
         let plan = self.plans.get_mut(&key).expect("inserted above");
         // SAFETY: forwarded; the plan's workspace is at most `workspace.1`.
         unsafe { launch(h, p, op, plan, b, workspace.0) }
     }
+
+    /// Makes the plan of `p` and `op` (`fuse`: a fused forward runs fused): the graph API's
+    /// where it has an engine, else the legacy API's, each fallback logged.
+    ///
+    /// # Safety
+    /// As [`DnnState::run`]; `h` is bound to `stream`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn make(
+        &self,
+        h: raw::cudnnHandle_t,
+        stream: CUstream,
+        p: &Conv2d,
+        op: ConvOp,
+        fuse: bool,
+        b: &ConvBuffers,
+        workspace: (u64, usize),
+    ) -> Result<Planned> {
+        if self.api == ConvApi::Graph {
+            // SAFETY (both): forwarded.
+            if let ConvOp::Fused(act) = op {
+                if fuse {
+                    match unsafe { graph::make(h, stream, p, op, b, workspace, self.search) } {
+                        Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
+                        r => tracing::info!(
+                            problem = %p.describe(), ?op, error = ?r.err(),
+                            "no engine of cuDNN's graph API runs the fused convolution + bias + activation; \
+                             running it unfused (3 calls)"
+                        ),
+                    }
+                }
+                match unsafe { graph::make(h, stream, p, ConvOp::Forward, b, workspace, self.search) } {
+                    Ok(Some(g)) => return Ok(Planned::Graph(g, Some(Tail::new(p, act)?))),
+                    r => {
+                        tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")
+                    }
+                }
+            } else {
+                match unsafe { graph::make(h, stream, p, op, b, workspace, self.search) } {
+                    Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
+                    r => {
+                        tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")
+                    }
+                }
+            }
+        }
+        let search =
+            (self.search == ConvSearch::Measured).then_some(SearchBuffers { x: b.x, w: b.w, y: b.y, workspace });
+        // SAFETY: forwarded.
+        let mut plan = unsafe { legacy::make(h, p, op, workspace.1, search)? };
+        plan.fused = fuse;
+        Ok(Planned::Legacy(plan))
+    }
+
+    /// Whether the fused call ran `p`'s fused forward (`None` before its first call).
+    pub fn fused_used(&self, p: &Conv2d, act: ConvActivation) -> Option<bool> {
+        self.any_plan(p, ConvOp::Fused(act)).map(|pl| match pl {
+            Planned::Graph(_, tail) => tail.is_none(),
+            Planned::Legacy(pl) => pl.fused,
+        })
+    }
+
+    /// The chosen plan's API, engine or algorithm, math type and workspace for `p` and `op`,
+    /// once planned.
+    pub fn describe_plan(&self, p: &Conv2d, op: ConvOp) -> Option<String> {
+        self.any_plan(p, op).map(|pl| match pl {
+            Planned::Graph(g, tail) => {
+                let unfused = if tail.is_some() { ", then bias and activation unfused" } else { "" };
+                format!("graph API {}{unfused}, workspace {} B", g.name, g.workspace)
+            }
+            Planned::Legacy(pl) => {
+                format!("legacy API {} {:?} workspace {} B", pl.choice.algo.name(), pl.choice.math, pl.choice.workspace)
+            }
+        })
+    }
 }
 
 /// The launch of one planned call (α = 1, β = 0: every output is overwritten).
+///
+/// # Safety
+/// As [`DnnState::run`]; `h` is bound to the call's stream and `ws` holds the plan's workspace.
 unsafe fn launch(
     h: raw::cudnnHandle_t,
     p: &Conv2d,
     op: ConvOp,
-    plan: &mut ConvPlan,
+    plan: &mut Planned,
     b: ConvBuffers,
     ws: u64,
 ) -> Result<()> {
-    let (one, zero) = (1.0f32, 0.0f32);
-    let (a, z) = (&one as *const f32 as *const c_void, &zero as *const f32 as *const c_void);
-    let (wsp, wsb) = (ws as *mut c_void, plan.choice.workspace);
-    let (x, w, y, conv) = (plan.x.raw(), plan.w.raw(), plan.y.raw(), plan.conv.raw());
-    let (cx, cw, cy, my) = (b.x as *const c_void, b.w as *const c_void, b.y as *const c_void, b.y as *mut c_void);
-    let describe = || format!("{} {op:?} {}", p.describe(), plan.choice.algo.name());
-    // SAFETY (every call): live descriptors of the problem, device buffers of its sizes (the
-    // caller's contract), a workspace of at least `wsb` bytes, host scalars of f32 (cuDNN's
-    // scaling type for float, half and bfloat16 data).
-    unsafe {
-        match (op, plan.choice.algo) {
-            (ConvOp::Forward, Algo::Forward(algo)) => {
-                let st = raw::cudnnConvolutionForward(h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, my);
-                check(st, "cudnnConvolutionForward", describe)
-            }
-            (ConvOp::Fused(act), Algo::Forward(algo)) => {
-                let (bias, act_desc) =
-                    (plan.bias.as_ref().expect("fused plan").raw(), plan.act.as_ref().expect("fused plan").raw());
-                let cb = b.bias as *const c_void;
-                if plan.fused {
-                    // y = act(1·conv(x, w) + 0·z + bias), z = y (not read: α2 = 0)
-                    let st = raw::cudnnConvolutionBiasActivationForward(
-                        h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, cy, bias, cb, act_desc, y, my,
-                    );
-                    let refused = matches!(
-                        st,
-                        raw::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED | raw::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM
-                    );
-                    if !refused {
-                        return check(st, "cudnnConvolutionBiasActivationForward", describe);
-                    }
-                    plan.fused = false;
-                    tracing::info!(
-                        problem = %p.describe(), status = ?st,
-                        "cuDNN refused the fused convolution + bias + activation; running it unfused (3 calls)"
-                    );
-                }
-                let st = raw::cudnnConvolutionForward(h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, my);
-                check(st, "cudnnConvolutionForward", describe)?;
-                check(raw::cudnnAddTensor(h, a, bias, cb, a, y, my), "cudnnAddTensor", describe)?;
-                if act == ConvActivation::Relu {
-                    let st = raw::cudnnActivationForward(h, act_desc, a, y, cy, z, y, my);
-                    check(st, "cudnnActivationForward", describe)?;
-                }
-                Ok(())
-            }
-            (ConvOp::BackwardData, Algo::Data(algo)) => {
-                let st = raw::cudnnConvolutionBackwardData(
-                    h,
-                    a,
-                    w,
-                    cw,
-                    y,
-                    cy,
-                    conv,
-                    algo,
-                    wsp,
-                    wsb,
-                    z,
-                    x,
-                    b.x as *mut c_void,
-                );
-                check(st, "cudnnConvolutionBackwardData", describe)
-            }
-            (ConvOp::BackwardFilter, Algo::Filter(algo)) => {
-                let st = raw::cudnnConvolutionBackwardFilter(
-                    h,
-                    a,
-                    x,
-                    cx,
-                    y,
-                    cy,
-                    conv,
-                    algo,
-                    wsp,
-                    wsb,
-                    z,
-                    w,
-                    b.w as *mut c_void,
-                );
-                check(st, "cudnnConvolutionBackwardFilter", describe)
-            }
-            (op, algo) => Err(Error::Unsupported { backend: "cuDNN", what: format!("{op:?} with {}", algo.name()) }),
+    match plan {
+        // SAFETY (all arms): forwarded.
+        Planned::Legacy(pl) => unsafe { legacy::launch(h, p, op, pl, b, ws) },
+        Planned::Graph(g, None) => unsafe { g.launch(h, op, &b, ws) },
+        Planned::Graph(g, Some(t)) => {
+            let act = match op {
+                ConvOp::Fused(a) => a,
+                _ => ConvActivation::Identity,
+            };
+            unsafe { g.launch(h, ConvOp::Forward, &b, ws)? };
+            let describe = || format!("{} {op:?} (unfused tail)", p.describe());
+            unsafe { legacy::bias_activation(h, (&t.bias, b.bias), (&t.y, b.y), (&t.act, act), &describe) }
         }
-    }
-}
-
-impl DnnState {
-    /// Whether the fused call ran `p`'s fused forward (`None` before its first call).
-    pub fn fused_used(&self, p: &Conv2d, act: ConvActivation) -> Option<bool> {
-        self.plans.get(&self.key(p, ConvOp::Fused(act))).map(|pl| pl.fused)
-    }
-
-    /// The chosen algorithm's name, math type and workspace for `p` and `op`, once planned.
-    pub fn describe_plan(&self, p: &Conv2d, op: ConvOp) -> Option<String> {
-        self.plans
-            .get(&self.key(p, op))
-            .map(|pl| format!("{} {:?} workspace {} B", pl.choice.algo.name(), pl.choice.math, pl.choice.workspace))
     }
 }
 
