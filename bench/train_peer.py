@@ -91,7 +91,7 @@ def time_step(step, reps):
     return times[len(times) // 2], times[0]
 
 
-def gemm_ms(step, steps=10):
+def gemm_ms(step, steps=10, breakdown=False):
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -103,9 +103,15 @@ def gemm_ms(step, steps=10):
         end.record()
         torch.cuda.synchronize()
     total_us = 0.0
+    kernels = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and any(g in e.name.lower() for g in GEMM_NAMES):
             total_us += e.device_time
+            kernels.setdefault(e.name, []).append(e.device_time)
+    if breakdown:
+        # each GEMM kernel of one step: its mean device time and how often it ran per step
+        for name, ts in kernels.items():
+            print(f"  {sum(ts) / len(ts) / 1e3:8.3f} ms x{len(ts) / steps:.0f}  {name[:110]}", file=sys.stderr)
     return total_us / 1e3 / steps, start.elapsed_time(end) / steps
 
 
@@ -116,6 +122,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--breakdown", action="store_true", help="print each GEMM kernel's time (stderr)")
     a = ap.parse_args()
     out = open(a.out, "w") if a.out else sys.stdout
     ops = [o for o in a.ops.split(",") if o]
@@ -129,7 +136,7 @@ def main():
                 continue
             step, nlayers = build(op, n, k, a.tokens, DT[name], fp8=name == "fp8")
             med, mn = time_step(step, a.reps)
-            g, pass_ms = gemm_ms(step)
+            g, pass_ms = gemm_ms(step, breakdown=a.breakdown)
             flops = 6.0 * a.tokens * n * k * nlayers
             row = dict(op=op, dtype=name, m=a.tokens, n=n, k=k, batch=1, median_ms=med, min_ms=mn,
                        tflops=flops / (med * 1e-3) / 1e12, gemm_ms=g, pass_ms=pass_ms, beyond_ms=pass_ms - g)

@@ -8,6 +8,8 @@
 
 mod common;
 
+use std::sync::RwLock;
+
 use common::{normal, poison, rng};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use gemmbridge::conv::{reference, Conv2d, ConvActivation, ConvLayout};
@@ -15,6 +17,15 @@ use gemmbridge::cuda::{ConvApi, ConvSearch, Gpu};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::rel_error;
 use gemmbridge::{Element, Error, Precision, Which};
+
+/// The capture test takes this exclusively, the others share it: another thread's first
+/// kernel launch or module load (CUDA's lazy loading synchronises the device) invalidates a
+/// capture.
+static CAPTURE: RwLock<()> = RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    CAPTURE.read().unwrap_or_else(|p| p.into_inner())
+}
 
 fn gpu() -> Gpu {
     Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
@@ -102,6 +113,7 @@ fn every_shape<T: Element + DeviceRepr>(gpu: &Gpu, precision: Precision, rng: &m
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_direction_matches_float64() {
+    let _shared = shared();
     let gpu = gpu();
     let mut rng = rng();
     every_shape::<f32>(&gpu, Precision::F32, &mut rng);
@@ -113,6 +125,7 @@ fn every_direction_matches_float64() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn measured_search_matches_float64() {
+    let _shared = shared();
     let gpu = gpu();
     gpu.set_conv_search(ConvSearch::Measured);
     let mut rng = rng();
@@ -129,6 +142,7 @@ fn measured_search_matches_float64() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn legacy_api_and_unfused_graph_match_float64() {
+    let _shared = shared();
     let mut rng = rng();
     let gpu = gpu();
     gpu.set_conv_api(ConvApi::Legacy);
@@ -147,6 +161,7 @@ fn legacy_api_and_unfused_graph_match_float64() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn element_aligned_views_match_float64() {
+    let _shared = shared();
     let gpu = gpu();
     let s = gpu.stream();
     let mut rng = rng();
@@ -172,6 +187,7 @@ fn element_aligned_views_match_float64() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bad_input_is_named_and_nothing_is_written() {
+    let _shared = shared();
     let gpu = gpu();
     let s = gpu.stream();
     let p = Conv2d::new(2, 4, 6, 6, 8, 3, 3, Precision::F16).with_pad(1, 1);
@@ -215,4 +231,50 @@ fn bad_input_is_named_and_nothing_is_written() {
     let got = s.clone_dtoh(&y).unwrap();
     // every output sees at most 3·3·4 ones plus the bias: interior points 37, corners 17
     assert!(got.iter().all(|v| (17.0..=37.0).contains(&v.to_f64())), "{:?}", &got[..8]);
+}
+
+/// Before its plan exists a convolution inside a capture is a named error; after
+/// [`Gpu::prewarm_conv`], a fused forward and a backward-data call captured into one graph and
+/// launched give the eager results bit for bit. cudarc's event tracking is off on this context,
+/// as capturing cudarc buffers needs (see the FP8 capture test).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn prewarmed_convolutions_are_capturable() {
+    let _exclusive = CAPTURE.write().unwrap_or_else(|p| p.into_inner());
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let gpu = gpu();
+    // SAFETY: every buffer of this test is used on the Gpu's stream only, in order.
+    unsafe { gpu.context().disable_event_tracking() };
+    let s = gpu.stream().clone();
+    let mut rng = rng();
+    let p = Conv2d::new(2, 8, 9, 9, 16, 3, 3, Precision::F16).with_pad(1, 1);
+    let [lx, lw, ly] = p.lens();
+    let (x, w, b): (Vec<f16>, Vec<f16>, Vec<f16>) = (normal(&mut rng, lx), normal(&mut rng, lw), normal(&mut rng, p.k));
+    let (xd, wd, bd) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&b).unwrap());
+    let mut y = s.clone_htod(&poison::<f16>(ly)).unwrap();
+    s.begin_capture(mode).unwrap();
+    let e = gpu.conv2d_forward(&p, &xd, &wd, &mut y).unwrap_err();
+    let _ = s.end_capture(CUgraphInstantiate_flags(0));
+    assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
+
+    gpu.prewarm_conv(&[p]).unwrap();
+    let relu = ConvActivation::Relu;
+    let (mut ye, mut dxe) = (s.clone_htod(&poison::<f16>(ly)).unwrap(), s.clone_htod(&poison::<f16>(lx)).unwrap());
+    gpu.conv2d_fused(&p, &xd, &wd, &bd, relu, &mut ye).unwrap();
+    gpu.conv2d_backward_data(&p, &wd, &ye, &mut dxe).unwrap();
+    let (want_y, want_dx) = (s.clone_dtoh(&ye).unwrap(), s.clone_dtoh(&dxe).unwrap());
+
+    let (mut yc, mut dxc) = (s.clone_htod(&poison::<f16>(ly)).unwrap(), s.clone_htod(&poison::<f16>(lx)).unwrap());
+    s.synchronize().unwrap();
+    s.begin_capture(mode).unwrap();
+    let r1 = gpu.conv2d_fused(&p, &xd, &wd, &bd, relu, &mut yc);
+    let r2 = gpu.conv2d_backward_data(&p, &wd, &yc, &mut dxc);
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    r1.unwrap();
+    r2.unwrap();
+    graph.unwrap().expect("a graph").launch().unwrap();
+    let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&s.clone_dtoh(&yc).unwrap()), bits(&want_y), "captured fused forward");
+    assert_eq!(bits(&s.clone_dtoh(&dxc).unwrap()), bits(&want_dx), "captured backward data");
 }

@@ -3,15 +3,16 @@
 //! direction, `dnn/plan.rs`) → launch on [`Gpu::stream`], no host synchronisation (except a
 //! measured search's first call, [`ConvSearch::Measured`]).
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::device::is_capturing;
 use super::dnn::{ConvApi, ConvBuffers, ConvOp, ConvSearch, DnnState};
 use super::entry::same_context;
 use super::gpu::Gpu;
 use super::lt::replay::GraphReplay;
+use super::status;
 use crate::conv::{Conv2d, ConvActivation};
-use crate::dtype::Element;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, Which};
 
 /// One operand of a call: which, device address, length in bytes, elements needed.
@@ -153,6 +154,40 @@ impl Gpu {
         }
     }
 
+    /// Plans every direction of each problem — forward, fused forward with ReLU and with the
+    /// identity, backward data, backward filter — on zero-filled scratch buffers of the
+    /// problem's sizes (allocated and freed here), so that later calls with buffers aligned as
+    /// allocations are (16 bytes or more) only launch and can be captured into a CUDA graph.
+    /// A measured search ([`Gpu::set_conv_search`]) runs here. Synchronises the stream.
+    ///
+    /// # Errors
+    /// As the directions' entry points ([`Gpu::conv2d_forward`] and the rest) for each problem.
+    pub fn prewarm_conv(&self, problems: &[Conv2d]) -> Result<()> {
+        for p in problems {
+            p.validate()?;
+            match p.precision.input() {
+                DType::F16 => self.prewarm_one::<half::f16>(p)?,
+                DType::BF16 => self.prewarm_one::<half::bf16>(p)?,
+                _ => self.prewarm_one::<f32>(p)?,
+            }
+        }
+        self.stream().synchronize().map_err(status::driver("cuStreamSynchronize"))
+    }
+
+    fn prewarm_one<T: Element + DeviceRepr + ValidAsZeroBits>(&self, p: &Conv2d) -> Result<()> {
+        let s = self.stream();
+        let [lx, lw, ly] = p.lens();
+        let zeros = |n: usize| s.alloc_zeros::<T>(n.max(1)).map_err(status::driver("cuMemAllocAsync"));
+        let (x, w, b) = (zeros(lx)?, zeros(lw)?, zeros(p.k)?);
+        let (mut y, mut dx, mut dw) = (zeros(ly)?, zeros(lx)?, zeros(lw)?);
+        self.conv2d_forward(p, &x, &w, &mut y)?;
+        for act in [ConvActivation::Relu, ConvActivation::Identity] {
+            self.conv2d_fused(p, &x, &w, &b, act, &mut y)?;
+        }
+        self.conv2d_backward_data(p, &w, &y, &mut dx)?;
+        self.conv2d_backward_filter(p, &x, &y, &mut dw)
+    }
+
     /// Which cuDNN API runs convolutions planned from now on (problems already planned keep
     /// theirs). Default [`ConvApi::Graph`]; [`ConvApi::Legacy`] is there for comparisons.
     pub fn set_conv_api(&self, api: ConvApi) {
@@ -160,6 +195,19 @@ impl Gpu {
         st.libs.conv_api = api;
         if let Some(d) = st.libs.dnn.as_mut() {
             d.api = api;
+        }
+    }
+
+    /// The most workspace (bytes) a convolution planned from now on may use; default 1 GiB.
+    /// A plan that needs more than the stream's workspace ([`Gpu::set_workspace_bytes`], which
+    /// the GEMMs share) runs on the cuDNN room's own, allocated in stream order when the plan
+    /// is made and grown (never per call) when a later plan needs more; PyTorch lets cuDNN take
+    /// whatever memory is free. The legacy API keeps to the stream's workspace.
+    pub fn set_conv_workspace_limit(&self, bytes: usize) {
+        let mut st = self.lock();
+        st.libs.conv_ws_limit = bytes;
+        if let Some(d) = st.libs.dnn.as_mut() {
+            d.ws_limit = bytes;
         }
     }
 
@@ -255,7 +303,9 @@ impl Gpu {
             });
         }
         if st.libs.dnn.is_none() {
-            st.libs.dnn = Some(DnnState::new(st.libs.conv_search, st.libs.conv_fuse, st.libs.conv_api)?);
+            let mut d = DnnState::new(st.libs.conv_search, st.libs.conv_fuse, st.libs.conv_api)?;
+            d.ws_limit = st.libs.conv_ws_limit;
+            st.libs.dnn = Some(d);
         }
         let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
         let replay = st.libs.lt.as_ref().map_or_else(GraphReplay::default, |lt| lt.replay.options);

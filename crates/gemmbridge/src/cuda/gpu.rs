@@ -93,6 +93,7 @@ pub(crate) struct Libraries {
     pub conv_search: ConvSearch,
     pub conv_fuse: bool,
     pub conv_api: ConvApi,
+    pub conv_ws_limit: usize,
 }
 
 impl Resources for Libraries {
@@ -215,6 +216,7 @@ impl Gpu {
             conv_search: ConvSearch::default(),
             conv_fuse: true,
             conv_api: ConvApi::default(),
+            conv_ws_limit: super::dnn::CONV_WORKSPACE_LIMIT,
         };
         Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })
     }

@@ -7,11 +7,11 @@
 //! `cudnnBackendExecute`.
 //!
 //! Choice: [`ConvSearch::Heuristic`] takes the first configuration that finalizes, fits the
-//! workspace and keeps the precision's promise; [`ConvSearch::Measured`] times up to
-//! [`SEARCH_LIMIT`] of them on the call's own buffers (PyTorch's `cudnn.benchmark`, whose
-//! default limit is also 10) and keeps the fastest. Strict f32 refuses configurations with the
-//! `TENSOR_CORE` or `DOWN_CONVERT_INPUTS` numerical notes (on Ampere and later those are TF32),
-//! as PyTorch does with `allow_tf32` off.
+//! workspace limit and keeps the precision's promise; [`ConvSearch::Measured`] times up to
+//! [`SEARCH_LIMIT`] of each list on the call's own buffers (PyTorch's `cudnn.benchmark`, whose
+//! default limit is also 10) and keeps the fastest. No configuration with the
+//! `DOWN_CONVERT_INPUTS` numerical note, and for strict f32 none with `TENSOR_CORE` (on Ampere
+//! and later those are TF32): PyTorch's filter with `allow_tf32` off.
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -156,7 +156,8 @@ fn pointwise(mode: raw::cudnnPointwiseMode_t, x: &Desc, b: Option<&Desc>, out: &
     if let Some(b) = b {
         op = op.descs(A::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, &[b])?;
     }
-    let op = op.descs(A::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &[out])?.finalize(|| format!("pointwise op {mode:?}"))?;
+    let op =
+        op.descs(A::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &[out])?.finalize(|| format!("pointwise op {mode:?}"))?;
     Ok([op, pw])
 }
 
@@ -319,12 +320,14 @@ fn engine_of(cfg: &Desc) -> Result<(i64, Vec<u32>)> {
     Ok((index, notes[..n.min(16)].to_vec()))
 }
 
-/// Whether an engine with `notes` keeps `precision`'s promise: strict f32 takes no tensor-core
-/// (TF32) engine and none that down-converts its inputs.
+/// Whether an engine with `notes` keeps `precision`'s promise: none that down-converts its
+/// inputs (tf32 to half precision, say), and for strict f32 no tensor-core (TF32) engine —
+/// PyTorch's filter with `allow_tf32` off.
 fn notes_ok(precision: Precision, notes: &[u32]) -> bool {
     use raw::cudnnBackendNumericalNote_t::*;
-    let banned = [CUDNN_NUMERICAL_NOTE_TENSOR_CORE as u32, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS as u32];
-    precision != Precision::F32 || !notes.iter().any(|n| banned.contains(n))
+    let down = CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS as u32;
+    let tensor_core = CUDNN_NUMERICAL_NOTE_TENSOR_CORE as u32;
+    !notes.contains(&down) && (precision != Precision::F32 || !notes.contains(&tensor_core))
 }
 
 /// A finalized execution plan and what a call needs to run it.
@@ -382,7 +385,8 @@ impl GraphPlan {
     }
 }
 
-/// Device ms per call of `plan` on `stream` (one warm-up call, then 3 between events).
+/// Device ms per call of `plan` on `stream`: two warm-up calls, then the faster of two rounds
+/// of 3 calls between events.
 ///
 /// # Safety
 /// As [`GraphPlan::launch`]; `stream` is the handle's.
@@ -401,13 +405,18 @@ unsafe fn time(
     let r = unsafe {
         (|| -> Result<f64> {
             plan.launch(h, op, b, ws)?;
-            event::record(e0, stream).map_err(drv("cuEventRecord"))?;
-            for _ in 0..3 {
-                plan.launch(h, op, b, ws)?;
+            plan.launch(h, op, b, ws)?;
+            let mut best = f64::INFINITY;
+            for _ in 0..2 {
+                event::record(e0, stream).map_err(drv("cuEventRecord"))?;
+                for _ in 0..3 {
+                    plan.launch(h, op, b, ws)?;
+                }
+                event::record(e1, stream).map_err(drv("cuEventRecord"))?;
+                event::synchronize(e1).map_err(drv("cuEventSynchronize"))?;
+                best = best.min(event::elapsed(e0, e1).map_err(drv("cuEventElapsedTime"))? as f64 / 3.0);
             }
-            event::record(e1, stream).map_err(drv("cuEventRecord"))?;
-            event::synchronize(e1).map_err(drv("cuEventSynchronize"))?;
-            Ok(event::elapsed(e0, e1).map_err(drv("cuEventElapsedTime"))? as f64 / 3.0)
+            Ok(best)
         })()
     };
     // SAFETY: created above, not used after.
@@ -418,63 +427,92 @@ unsafe fn time(
     r
 }
 
+/// Where a plan's workspace comes from: `bytes` → the address of at least that many bytes,
+/// usable on the call's stream (the stream's workspace, or the room's larger one).
+pub(crate) type WorkspaceFor<'a> = dyn FnMut(usize) -> Result<u64> + 'a;
+
 /// Makes the plan for `p` and `op` with buffers aligned to `align` bytes: the graph, cuDNN's
-/// ranked configurations (mode A, then the fallback list), and the first that finalizes, fits
-/// `workspace.1` bytes and keeps the precision's promise — or, with `search` measured, the
-/// fastest of up to [`SEARCH_LIMIT`] such plans timed on `b` (that synchronises `stream`
-/// and overwrites the output). `Ok(None)` when no configuration qualifies (the caller then
-/// takes the legacy API).
+/// ranked configurations (mode A, then the fallback list), and the first that finalizes, needs
+/// at most `limit` bytes of workspace and keeps the precision's promise — or, with `search`
+/// measured, the fastest of up to [`SEARCH_LIMIT`] such plans from each list, timed on `b`
+/// (that synchronises `stream` and overwrites the output; `ws` gives each its workspace).
+/// `Ok(None)` when no configuration qualifies (the caller then takes the legacy API).
 ///
 /// # Safety
 /// `h` is live and bound to `stream`; with a measured search `b` holds device buffers of the
-/// problem's sizes and `workspace` is valid.
+/// problem's sizes and `ws` gives valid workspaces.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn make(
     h: raw::cudnnHandle_t,
     stream: CUstream,
     p: &Conv2d,
     op: ConvOp,
     b: &ConvBuffers,
-    workspace: (u64, usize),
+    ws: &mut WorkspaceFor<'_>,
+    limit: usize,
     search: ConvSearch,
 ) -> Result<Option<GraphPlan>> {
     let (g, mut parts) = graph(h, p, op, alignment(b))?;
     let (uids, _) = variant(op, b);
     let mut best: Option<(f64, GraphPlan)> = None;
-    let mut tried = 0usize;
+    let what = || format!("{} {op:?}", p.describe());
     use raw::cudnnBackendHeurMode_t::*;
     'modes: for mode in [CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK] {
         // a mode cuDNN cannot serve for this graph is skipped, not an error
-        let Ok(cfgs) = configs(&g, mode) else { continue };
+        let cfgs = match configs(&g, mode) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(problem = %what(), ?mode, error = %e, "cuDNN heuristic list unavailable");
+                continue;
+            }
+        };
+        let mut timed = 0usize;
         for cfg in cfgs {
             let Ok((index, notes)) = engine_of(&cfg) else { continue };
+            let name = format!("engine {index} ({mode:?}, notes {notes:?})");
             if !notes_ok(p.precision, &notes) {
+                tracing::debug!(problem = %what(), %name, "skipped: numerical notes break the precision");
                 continue;
             }
             let made = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
                 .and_then(|d| d.handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h))
                 .and_then(|d| d.descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg]))
                 .and_then(|d| d.finalize(String::new));
-            let Ok(plan) = made else { continue };
-            let Ok(ws) = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE) else { continue };
-            let ws = ws.max(0) as usize;
-            if ws > workspace.1 {
+            let Ok(plan) = made else {
+                tracing::debug!(problem = %what(), %name, "skipped: the plan does not finalize");
+                continue;
+            };
+            let Ok(bytes) = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE) else { continue };
+            let bytes = bytes.max(0) as usize;
+            if bytes > limit {
+                tracing::debug!(problem = %what(), %name, bytes, limit, "skipped: workspace over the limit");
                 continue;
             }
-            let name = format!("engine {index} ({mode:?}, notes {notes:?})");
-            let mut gp = GraphPlan { plan, _made_of: vec![cfg], workspace: ws, name, uids: uids.clone(), pack: None };
+            let mut gp =
+                GraphPlan { plan, _made_of: vec![cfg], workspace: bytes, name, uids: uids.clone(), pack: None };
             if search == ConvSearch::Heuristic {
                 best = Some((0.0, gp));
                 break 'modes;
             }
-            // SAFETY: forwarded.
-            let Ok(ms) = (unsafe { time(h, stream, &mut gp, op, b, workspace.0) }) else { continue };
+            let timing = ws(bytes).and_then(|addr| {
+                // SAFETY: forwarded; `addr` holds `bytes`.
+                unsafe { time(h, stream, &mut gp, op, b, addr) }
+            });
+            let ms = match timing {
+                Ok(ms) => ms,
+                Err(e) => {
+                    tracing::debug!(problem = %what(), name = %gp.name, error = %e, "skipped: the plan fails to run");
+                    continue;
+                }
+            };
+            tracing::debug!(problem = %what(), name = %gp.name, bytes, ms, "timed");
             gp.name = format!("{} {ms:.4} ms", gp.name);
             if best.as_ref().is_none_or(|(t, _)| ms < *t) {
                 best = Some((ms, gp));
             }
-            tried += 1;
-            if tried >= SEARCH_LIMIT {
-                break 'modes;
+            timed += 1;
+            if timed >= SEARCH_LIMIT {
+                continue 'modes;
             }
         }
     }

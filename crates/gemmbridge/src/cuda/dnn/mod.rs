@@ -15,7 +15,7 @@ use cudarc::cudnn::sys as raw;
 use cudarc::driver::sys::CUstream;
 use rustc_hash::FxHashMap as HashMap;
 
-use super::device::{capture, is_capturing, GraphExec};
+use super::device::{capture, is_capturing, GraphExec, Scratch};
 use super::library;
 use super::lt::replay::GraphReplay;
 use crate::conv::{Conv2d, ConvActivation};
@@ -108,6 +108,19 @@ impl Tail {
     }
 }
 
+impl Planned {
+    /// Workspace bytes the plan needs.
+    fn workspace(&self) -> usize {
+        match self {
+            Planned::Graph(g, _) => g.workspace,
+            Planned::Legacy(pl) => pl.choice.workspace,
+        }
+    }
+}
+
+/// The default of [`DnnState::ws_limit`]: 1 GiB.
+pub(crate) const CONV_WORKSPACE_LIMIT: usize = 1 << 30;
+
 /// cuDNN's state under the device's lock.
 pub(crate) struct DnnState {
     handle: Handle,
@@ -122,6 +135,47 @@ pub(crate) struct DnnState {
     /// activation as two more calls).
     pub fuse: bool,
     pub api: ConvApi,
+    /// The most workspace a graph-API plan may take ([`crate::cuda::Gpu::set_conv_workspace_limit`]).
+    pub ws_limit: usize,
+    /// The room's own workspace for plans that need more than the stream's: stream-ordered,
+    /// grown (never shrunk) when a new plan needs more, and its size.
+    big: Option<Big>,
+}
+
+/// The room's larger workspace and its size in bytes.
+struct Big(Scratch, usize);
+
+// SAFETY: the memory and the stream it is freed on are the Gpu's own; the value is used and
+// dropped only under the device's Mutex.
+unsafe impl Send for Big {}
+
+/// The address of `bytes` of workspace for a call on `stream`: the stream's own (`stream_ws`)
+/// when it is large enough, else the room's `big` one, grown first if needed (in stream order;
+/// the replay graphs captured with the old one are dropped, their key names its address).
+fn workspace_for(
+    (big, graphs): (&mut Option<Big>, &mut HashMap<ReplayKey, GraphExec>),
+    stream_ws: (u64, usize),
+    bytes: usize,
+    stream: CUstream,
+) -> Result<u64> {
+    if bytes <= stream_ws.1 {
+        return Ok(stream_ws.0);
+    }
+    if let Some(Big(s, n)) = big.as_ref() {
+        if *n >= bytes {
+            return Ok(s.ptr);
+        }
+    }
+    if let Some(Big(old, _)) = big.take() {
+        graphs.retain(|k, _| k.2 != old.ptr);
+    }
+    // SAFETY: the Gpu's live stream, context bound by the caller; every use of the memory is
+    // enqueued on this stream (or replayed on it) after this allocation.
+    let s = unsafe { Scratch::alloc(bytes, stream)? };
+    let ptr = s.ptr;
+    tracing::debug!(bytes, "convolution workspace grown beyond the stream's");
+    *big = Some(Big(s, bytes));
+    Ok(ptr)
 }
 
 impl DnnState {
@@ -133,7 +187,8 @@ impl DnnState {
     pub fn new(search: ConvSearch, fuse: bool, api: ConvApi) -> Result<DnnState> {
         library::ensure_cudnn()?;
         let (plans, graphs, seen) = (HashMap::default(), HashMap::default(), HashMap::default());
-        Ok(DnnState { handle: Handle::new()?, plans, graphs, seen, search, fuse, api })
+        let (ws_limit, big) = (CONV_WORKSPACE_LIMIT, None);
+        Ok(DnnState { handle: Handle::new()?, plans, graphs, seen, search, fuse, api, ws_limit, big })
     }
 
     fn key(&self, p: &Conv2d, op: ConvOp, b: &ConvBuffers) -> PlanKey {
@@ -152,6 +207,7 @@ impl DnnState {
     pub fn release(&mut self) {
         self.graphs.clear();
         self.plans.clear();
+        self.big = None;
         self.handle.destroy();
     }
 
@@ -159,6 +215,7 @@ impl DnnState {
     pub fn leak(&mut self) {
         std::mem::forget(std::mem::take(&mut self.graphs));
         std::mem::forget(std::mem::take(&mut self.plans));
+        std::mem::forget(self.big.take());
         self.handle.leak();
     }
 
@@ -190,10 +247,20 @@ impl DnnState {
         cap: Option<CUstream>,
     ) -> Result<()> {
         let key = self.key(p, op, &b);
-        let rkey = (key, [b.x, b.w, b.y, b.bias], workspace.0, stream as usize);
+        // a planned call's workspace: the stream's, or the room's when the plan needs more
+        // (grown when that plan was made)
+        let ws = match (self.plans.get(&key), self.big.as_ref()) {
+            (Some(pl), Some(Big(big, _))) if pl.workspace() > workspace.1 => big.ptr,
+            _ => workspace.0,
+        };
+        let rkey = (key, [b.x, b.w, b.y, b.bias], ws, stream as usize);
         if let (true, Some(g)) = (replay.enabled, self.graphs.get(&rkey)) {
-            // SAFETY: the graph was captured for exactly these buffers, workspace and stream.
-            return unsafe { g.launch(stream) };
+            // never a graph launch into the caller's capture (as for the GEMMs): the call is
+            // then captured directly below
+            if !is_capturing(stream)? {
+                // SAFETY: the graph was captured for exactly these buffers, workspace and stream.
+                return unsafe { g.launch(stream) };
+            }
         }
         if replay.enabled && self.plans.contains_key(&key) {
             if self.seen.len() > 4 * replay.capacity.max(1) {
@@ -209,7 +276,7 @@ impl DnnState {
                     let plan = self.plans.get_mut(&key).expect("checked above");
                     // SAFETY: the capture stream is private and idle; the launch enqueues only
                     // on it; the buffers stay the caller's contract for every replay (the key).
-                    match unsafe { capture(cap, |_| launch(h, p, op, plan, b, workspace.0)) } {
+                    match unsafe { capture(cap, |_| launch(h, p, op, plan, b, ws)) } {
                         Ok(g) => {
                             self.seen.remove(&rkey);
                             let g = self.graphs.entry(rkey).or_insert(g);
@@ -224,14 +291,16 @@ impl DnnState {
             }
         }
         let h = self.handle.on(stream)?;
+        let mut ws = ws;
         if !self.plans.contains_key(&key) {
             // SAFETY: forwarded.
             let plan = unsafe { self.make(h, stream, p, op, key.2, &b, workspace)? };
+            ws = workspace_for((&mut self.big, &mut self.graphs), workspace, plan.workspace(), stream)?;
             self.plans.insert(key, plan);
         }
         let plan = self.plans.get_mut(&key).expect("inserted above");
-        // SAFETY: forwarded; the plan's workspace is at most `workspace.1`.
-        unsafe { launch(h, p, op, plan, b, workspace.0) }
+        // SAFETY: forwarded; `ws` holds the plan's workspace.
+        unsafe { launch(h, p, op, plan, b, ws) }
     }
 
     /// Makes the plan of `p` and `op` (`fuse`: a fused forward runs fused): the graph API's
@@ -241,7 +310,7 @@ impl DnnState {
     /// As [`DnnState::run`]; `h` is bound to `stream`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn make(
-        &self,
+        &mut self,
         h: raw::cudnnHandle_t,
         stream: CUstream,
         p: &Conv2d,
@@ -251,10 +320,12 @@ impl DnnState {
         workspace: (u64, usize),
     ) -> Result<Planned> {
         if self.api == ConvApi::Graph {
-            // SAFETY (both): forwarded.
+            let (search, limit) = (self.search, self.ws_limit.max(workspace.1));
+            let mut ws = |bytes| workspace_for((&mut self.big, &mut self.graphs), workspace, bytes, stream);
+            // SAFETY (every call): forwarded.
             if let ConvOp::Fused(act) = op {
                 if fuse {
-                    match unsafe { graph::make(h, stream, p, op, b, workspace, self.search) } {
+                    match unsafe { graph::make(h, stream, p, op, b, &mut ws, limit, search) } {
                         Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
                         r => tracing::info!(
                             problem = %p.describe(), ?op, error = ?r.err(),
@@ -263,14 +334,14 @@ impl DnnState {
                         ),
                     }
                 }
-                match unsafe { graph::make(h, stream, p, ConvOp::Forward, b, workspace, self.search) } {
+                match unsafe { graph::make(h, stream, p, ConvOp::Forward, b, &mut ws, limit, search) } {
                     Ok(Some(g)) => return Ok(Planned::Graph(g, Some(Tail::new(p, act)?))),
                     r => {
                         tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")
                     }
                 }
             } else {
-                match unsafe { graph::make(h, stream, p, op, b, workspace, self.search) } {
+                match unsafe { graph::make(h, stream, p, op, b, &mut ws, limit, search) } {
                     Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
                     r => {
                         tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")
