@@ -1,6 +1,6 @@
 //! The convolution entry points on cuDNN: validate (the problem, every buffer's dtype, length,
 //! alignment, context and overlap, before anything is enqueued) → plan (once per problem and
-//! direction, `dnn/plan.rs`) → launch on [`Gpu::stream`], no host synchronisation (except a
+//! direction, `dnn/`) → launch on [`Gpu::stream`], no host synchronisation (except a
 //! measured search's first call, [`ConvSearch::Measured`]).
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
