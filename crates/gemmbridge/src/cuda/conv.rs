@@ -67,13 +67,15 @@ impl Gpu {
     /// `y[N, K, P, Q]` in `p.layout` ([`crate::conv`] gives the shapes and layouts), all of
     /// `p.precision`'s input dtype. `y` is overwritten.
     ///
-    /// The first call of a problem makes its plan (descriptors and algorithm,
-    /// [`Gpu::set_conv_search`]); later calls only launch, and can be captured into a CUDA
-    /// graph. A call repeated with the same buffers on the same stream is captured into a
-    /// graph once (on its second call, by default) and from then on launched as that graph,
-    /// which costs the host a few µs instead of cuDNN's tens of µs ([`Gpu::set_graph_replay`]
-    /// governs it as for GEMMs, at every size). The algorithm's workspace is this stream's
-    /// ([`Gpu::set_workspace_bytes`]).
+    /// The first call of a problem (per direction and buffer alignment) makes its plan: a cuDNN
+    /// graph-API execution plan, the engine chosen by [`Gpu::set_conv_search`] (the legacy
+    /// API's algorithm where no graph engine qualifies, or with [`Gpu::set_conv_api`]); later
+    /// calls only launch, and can be captured into a CUDA graph ([`Gpu::prewarm_conv`] plans
+    /// ahead). A call repeated with the same buffers on the same stream is captured into a
+    /// graph once (on its second call, by default) and from then on launched as that graph
+    /// ([`Gpu::set_graph_replay`] governs it as for GEMMs, at every size). The plan's
+    /// workspace is this stream's ([`Gpu::set_workspace_bytes`]) where it fits, else the cuDNN
+    /// room's own, up to [`Gpu::set_conv_workspace_limit`].
     ///
     /// # Errors
     /// Before anything is enqueued: [`Error::ConvShape`] / [`Error::Unsupported`] from
@@ -92,10 +94,11 @@ impl Gpu {
     }
 
     /// `y = act(x ⋆ w + b)` with `b[K]` (one value per output channel) and `act` ReLU or the
-    /// identity: PyTorch's `relu(F.conv2d(x, w, b))` in one cuDNN call
-    /// (`cudnnConvolutionBiasActivationForward`) where cuDNN offers it for the problem, else
-    /// as the convolution, `cudnnAddTensor` and (ReLU) `cudnnActivationForward` (the choice is
-    /// logged once per problem at `info` level, and [`Gpu::conv2d_fused_path`] reports it).
+    /// identity: PyTorch's `relu(F.conv2d(x, w, b))` as one cuDNN operation graph (convolution,
+    /// bias add, ReLU) where an engine takes it (the legacy API:
+    /// `cudnnConvolutionBiasActivationForward`), else as the convolution, `cudnnAddTensor`
+    /// and (ReLU) `cudnnActivationForward` (the choice is logged once per problem at `info`
+    /// level, and [`Gpu::conv2d_fused_path`] reports it).
     /// Otherwise as [`Gpu::conv2d_forward`].
     ///
     /// # Errors
