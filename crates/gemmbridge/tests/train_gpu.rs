@@ -393,7 +393,6 @@ fn named_errors_and_usable_after() {
     assert!(after.iter().all(|p| p.w.iter().chain(&p.b).all(|v| v.is_finite())));
 }
 
-/// `c[m, n] = a[m, k]·b[n, k]ᵀ` in float64.
 /// Makes an MLP of the given layers and parameters.
 type MakeMlp<'a, T> = dyn Fn(&[LinearSpec], &[LayerParams]) -> Mlp<T> + 'a;
 
@@ -421,6 +420,7 @@ fn gpu_relu_masks<T: Element + DeviceRepr + ValidAsZeroBits>(
         .collect()
 }
 
+/// `c[m, n] = a[m, k]·b[n, k]ᵀ` in float64.
 fn nt(a: &[f64], b: &[f64], (m, n, k): (usize, usize, usize)) -> Vec<f64> {
     (0..m * n).map(|i| (0..k).map(|j| a[(i / n) * k + j] * b[(i % n) * k + j]).sum()).collect()
 }

@@ -164,7 +164,8 @@ fn pointwise(mode: raw::cudnnPointwiseMode_t, x: &Desc, b: Option<&Desc>, out: &
 /// The largest power of two ≤ 16 that divides every address (cuDNN's BYTE_ALIGNMENT; part of
 /// the plan key, as PyTorch keys its plans on it).
 pub(crate) fn alignment(b: &ConvBuffers) -> u8 {
-    let all = b.x | b.w | b.y | if b.bias == 0 { 0 } else { b.bias };
+    // an absent bias is 0, which constrains nothing
+    let all = b.x | b.w | b.y | b.bias;
     1u8 << all.trailing_zeros().min(4)
 }
 

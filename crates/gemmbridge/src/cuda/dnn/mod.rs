@@ -19,7 +19,7 @@ use super::device::{capture, is_capturing, GraphExec, Scratch};
 use super::library;
 use super::lt::replay::GraphReplay;
 use crate::conv::{Conv2d, ConvActivation};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use graph::GraphPlan;
 use legacy::{ConvPlan, SearchBuffers};
 use sys::{types, ActivationDesc, Handle, TensorDesc};
@@ -44,8 +44,8 @@ pub enum ConvSearch {
     #[default]
     Heuristic,
     /// A measured search on the first call's own buffers (PyTorch's `cudnn.benchmark =
-    /// True`): up to 10 of the graph API's ranked configurations are run and timed, the
-    /// fastest kept (the legacy API: `cudnnFindConvolution*AlgorithmEx`, every algorithm).
+    /// True`): up to 10 plans of each of cuDNN's two heuristic lists (mode A, then the
+    /// fallback list; an engine in both may be timed twice) are run and timed, the fastest kept (the legacy API: `cudnnFindConvolution*AlgorithmEx`, every algorithm).
     /// That first call synchronises the stream, overwrites the output and takes milliseconds
     /// to seconds.
     Measured,
@@ -138,8 +138,8 @@ pub(crate) struct DnnState {
     /// The most workspace a graph-API plan may take ([`crate::cuda::Gpu::set_conv_workspace_limit`]).
     pub ws_limit: usize,
     /// The room's own workspace for plans that need more than the stream's: stream-ordered,
-    /// grown (never shrunk) when a new plan needs more, and its size.
-    big: Option<Big>,
+    /// grown (never shrunk) when a new plan needs more.
+    big: BigWorkspaces,
 }
 
 /// The room's larger workspace and its size in bytes.
@@ -149,33 +149,51 @@ struct Big(Scratch, usize);
 // dropped only under the device's Mutex.
 unsafe impl Send for Big {}
 
-/// The address of `bytes` of workspace for a call on `stream`: the stream's own (`stream_ws`)
-/// when it is large enough, else the room's `big` one, grown first if needed (in stream order;
-/// the replay graphs captured with the old one are dropped, their key names its address).
-fn workspace_for(
-    (big, graphs): (&mut Option<Big>, &mut HashMap<ReplayKey, GraphExec>),
-    stream_ws: (u64, usize),
-    bytes: usize,
-    stream: CUstream,
-) -> Result<u64> {
-    if bytes <= stream_ws.1 {
-        return Ok(stream_ws.0);
-    }
-    if let Some(Big(s, n)) = big.as_ref() {
-        if *n >= bytes {
-            return Ok(s.ptr);
+/// The room's workspaces: the one in use, and those it replaced, kept until the room is
+/// released (a graph the caller captured may still name one).
+#[derive(Default)]
+struct BigWorkspaces {
+    current: Option<Big>,
+    retired: Vec<Big>,
+}
+
+impl BigWorkspaces {
+    /// The address of `bytes` of workspace for a call on `stream`: the stream's own
+    /// (`stream_ws`) when it is large enough, else the room's, grown first if needed (a new
+    /// stream-ordered allocation; the old one is retired, not freed, and the room's replay
+    /// graphs that name it are dropped). Growing inside a capture is refused.
+    fn get(
+        &mut self,
+        graphs: &mut HashMap<ReplayKey, GraphExec>,
+        stream_ws: (u64, usize),
+        bytes: usize,
+        stream: CUstream,
+    ) -> Result<u64> {
+        if bytes <= stream_ws.1 {
+            return Ok(stream_ws.0);
         }
+        if let Some(Big(s, n)) = self.current.as_ref() {
+            if *n >= bytes {
+                return Ok(s.ptr);
+            }
+        }
+        if is_capturing(stream)? {
+            return Err(Error::NotCapturable {
+                action: "grow the convolution workspace",
+                problem: format!("{bytes} bytes of workspace"),
+            });
+        }
+        // SAFETY: the Gpu's live stream, context bound by the caller; every use of the memory is
+        // enqueued on this stream (or replayed on it) after this allocation.
+        let s = unsafe { Scratch::alloc(bytes, stream)? };
+        let ptr = s.ptr;
+        if let Some(old) = self.current.replace(Big(s, bytes)) {
+            graphs.retain(|k, _| k.2 != old.0.ptr);
+            self.retired.push(old);
+        }
+        tracing::debug!(bytes, "convolution workspace grown beyond the stream's");
+        Ok(ptr)
     }
-    if let Some(Big(old, _)) = big.take() {
-        graphs.retain(|k, _| k.2 != old.ptr);
-    }
-    // SAFETY: the Gpu's live stream, context bound by the caller; every use of the memory is
-    // enqueued on this stream (or replayed on it) after this allocation.
-    let s = unsafe { Scratch::alloc(bytes, stream)? };
-    let ptr = s.ptr;
-    tracing::debug!(bytes, "convolution workspace grown beyond the stream's");
-    *big = Some(Big(s, bytes));
-    Ok(ptr)
 }
 
 impl DnnState {
@@ -187,7 +205,7 @@ impl DnnState {
     pub fn new(search: ConvSearch, fuse: bool, api: ConvApi) -> Result<DnnState> {
         library::ensure_cudnn()?;
         let (plans, graphs, seen) = (HashMap::default(), HashMap::default(), HashMap::default());
-        let (ws_limit, big) = (CONV_WORKSPACE_LIMIT, None);
+        let (ws_limit, big) = (CONV_WORKSPACE_LIMIT, BigWorkspaces::default());
         Ok(DnnState { handle: Handle::new()?, plans, graphs, seen, search, fuse, api, ws_limit, big })
     }
 
@@ -196,18 +214,20 @@ impl DnnState {
         (*p, op, matches!(op, ConvOp::Fused(_)) && self.fuse, self.api, align)
     }
 
-    /// The plan of `p` and `op` under the current settings, whatever the alignment it was
-    /// made for (the first found): for reports.
+    /// The plan of `p` and `op` under the current settings, of the best alignment planned
+    /// (allocations are aligned to 256 bytes): for reports.
     fn any_plan(&self, p: &Conv2d, op: ConvOp) -> Option<&Planned> {
         let fused = matches!(op, ConvOp::Fused(_)) && self.fuse;
-        self.plans.iter().find(|(k, _)| k.0 == *p && k.1 == op && k.2 == fused && k.3 == self.api).map(|(_, v)| v)
+        // the best-aligned one: the plan buffers from allocations get
+        let mine = self.plans.iter().filter(|(k, _)| k.0 == *p && k.1 == op && k.2 == fused && k.3 == self.api);
+        mine.max_by_key(|(k, _)| k.4).map(|(_, v)| v)
     }
 
     /// Destroys the plans and the handle (context bound, device synchronised).
     pub fn release(&mut self) {
         self.graphs.clear();
         self.plans.clear();
-        self.big = None;
+        self.big = BigWorkspaces::default();
         self.handle.destroy();
     }
 
@@ -215,7 +235,7 @@ impl DnnState {
     pub fn leak(&mut self) {
         std::mem::forget(std::mem::take(&mut self.graphs));
         std::mem::forget(std::mem::take(&mut self.plans));
-        std::mem::forget(self.big.take());
+        std::mem::forget(std::mem::take(&mut self.big));
         self.handle.leak();
     }
 
@@ -248,10 +268,10 @@ impl DnnState {
     ) -> Result<()> {
         let key = self.key(p, op, &b);
         // a planned call's workspace: the stream's, or the room's when the plan needs more
-        // (grown when that plan was made)
-        let ws = match (self.plans.get(&key), self.big.as_ref()) {
-            (Some(pl), Some(Big(big, _))) if pl.workspace() > workspace.1 => big.ptr,
-            _ => workspace.0,
+        // (grown when that plan was made, or now if this stream's workspace is smaller)
+        let ws = match self.plans.get(&key).map(Planned::workspace) {
+            Some(bytes) => self.big.get(&mut self.graphs, workspace, bytes, stream)?,
+            None => workspace.0,
         };
         let rkey = (key, [b.x, b.w, b.y, b.bias], ws, stream as usize);
         if let (true, Some(g)) = (replay.enabled, self.graphs.get(&rkey)) {
@@ -291,15 +311,26 @@ impl DnnState {
             }
         }
         let h = self.handle.on(stream)?;
-        let mut ws = ws;
-        if !self.plans.contains_key(&key) {
-            // SAFETY: forwarded.
-            let plan = unsafe { self.make(h, stream, p, op, key.2, &b, workspace)? };
-            ws = workspace_for((&mut self.big, &mut self.graphs), workspace, plan.workspace(), stream)?;
-            self.plans.insert(key, plan);
+        if self.plans.contains_key(&key) {
+            let plan = self.plans.get_mut(&key).expect("checked");
+            // SAFETY: forwarded; `ws` holds the plan's workspace.
+            return unsafe { launch(h, p, op, plan, b, ws) };
         }
-        let plan = self.plans.get_mut(&key).expect("inserted above");
+        // SAFETY: forwarded.
+        let plan = unsafe { self.make(h, stream, p, op, key.2, &b, workspace)? };
+        let ws = self.big.get(&mut self.graphs, workspace, plan.workspace(), stream)?;
+        let plan = self.plans.entry(key).or_insert(plan);
         // SAFETY: forwarded; `ws` holds the plan's workspace.
+        let first = unsafe { launch(h, p, op, plan, b, ws) };
+        let (Err(e), Planned::Graph(..)) = (&first, &*plan) else { return first };
+        // a graph-API plan that fails its first launch (cuDNN can refuse at execute time):
+        // the legacy API's plan instead, for this and later calls
+        tracing::warn!(problem = %p.describe(), ?op, error = %e, "the graph API's plan failed its first launch; legacy API");
+        // SAFETY: forwarded.
+        let legacy = unsafe { self.make_legacy(h, p, op, key.2, &b, workspace)? };
+        let ws = self.big.get(&mut self.graphs, workspace, legacy.workspace(), stream)?;
+        let plan = self.plans.entry(key).insert_entry(legacy).into_mut();
+        // SAFETY: as above.
         unsafe { launch(h, p, op, plan, b, ws) }
     }
 
@@ -321,7 +352,20 @@ impl DnnState {
     ) -> Result<Planned> {
         if self.api == ConvApi::Graph {
             let (search, limit) = (self.search, self.ws_limit.max(workspace.1));
-            let mut ws = |bytes| workspace_for((&mut self.big, &mut self.graphs), workspace, bytes, stream);
+            // a measured search times candidates that need more than the stream's workspace on
+            // a temporary one (freed in stream order; the search synchronises after each)
+            let mut temp: Option<Scratch> = None;
+            let mut ws = |bytes: usize| -> Result<u64> {
+                if bytes <= workspace.1 {
+                    return Ok(workspace.0);
+                }
+                temp = None;
+                // SAFETY: the Gpu's live stream, context bound; used by the timing only.
+                let s = unsafe { Scratch::alloc(bytes, stream)? };
+                let ptr = s.ptr;
+                temp = Some(s);
+                Ok(ptr)
+            };
             // SAFETY (every call): forwarded.
             if let ConvOp::Fused(act) = op {
                 if fuse {
@@ -330,7 +374,7 @@ impl DnnState {
                         r => tracing::info!(
                             problem = %p.describe(), ?op, error = ?r.err(),
                             "no engine of cuDNN's graph API runs the fused convolution + bias + activation; \
-                             running it unfused (3 calls)"
+                             trying the convolution alone, then the bias add and activation"
                         ),
                     }
                 }
@@ -349,6 +393,24 @@ impl DnnState {
                 }
             }
         }
+        // SAFETY: forwarded.
+        unsafe { self.make_legacy(h, p, op, fuse, b, workspace) }
+    }
+
+    /// The legacy API's plan of `p` and `op` (its measured search on `b` where the search is
+    /// measured), within the stream's workspace.
+    ///
+    /// # Safety
+    /// As [`DnnState::make`].
+    unsafe fn make_legacy(
+        &self,
+        h: raw::cudnnHandle_t,
+        p: &Conv2d,
+        op: ConvOp,
+        fuse: bool,
+        b: &ConvBuffers,
+        workspace: (u64, usize),
+    ) -> Result<Planned> {
         let search =
             (self.search == ConvSearch::Measured).then_some(SearchBuffers { x: b.x, w: b.w, y: b.y, workspace });
         // SAFETY: forwarded.
