@@ -341,7 +341,7 @@ impl DnnState {
     /// As [`DnnState::run`]; `h` is bound to `stream`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn make(
-        &mut self,
+        &self,
         h: raw::cudnnHandle_t,
         stream: CUstream,
         p: &Conv2d,
