@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use gemmbridge::cuda::tactics::{m_bucket, Identity, Library, ProblemKind, Tactic, TacticDb, FORMAT};
+use gemmbridge::cuda::tactics::{m_bucket, Choice, Identity, Library, ProblemKind, Tactic, TacticDb, FORMAT};
 
 fn identity() -> Identity {
-    Identity { gpu: "NVIDIA H200".into(), sm: "9.0".into(), cublaslt: 130100 }
+    Identity { gpu: "NVIDIA H200".into(), sm: "9.0".into(), cublaslt: 130100, cudnn: None }
 }
 
 /// A cuBLASLt GEMM tactic of this machine's cuBLASLt (130100).
@@ -67,7 +67,12 @@ fn truncated_file_is_ignored_with_warning() {
 #[test]
 fn foreign_and_stale_files_are_ignored_with_warning() {
     let path = tmp("foreign");
-    let mut other = TacticDb::new(Identity { gpu: "NVIDIA A100-SXM4-80GB".into(), sm: "8.0".into(), cublaslt: 130100 });
+    let mut other = TacticDb::new(Identity {
+        gpu: "NVIDIA A100-SXM4-80GB".into(),
+        sm: "8.0".into(),
+        cublaslt: 130100,
+        cudnn: None,
+    });
     other.entries.insert("sig-a".into(), tactic(0.5, 1));
     other.save(&path).unwrap();
     let (back, warnings) = TacticDb::load(&path, &identity());
@@ -179,7 +184,12 @@ fn concurrent_processes_merge() {
 #[test]
 fn save_never_overwrites_a_foreign_or_corrupt_file_nor_writes_nan() {
     let path = tmp("overwrite");
-    let mut other = TacticDb::new(Identity { gpu: "NVIDIA A100-SXM4-80GB".into(), sm: "8.0".into(), cublaslt: 130100 });
+    let mut other = TacticDb::new(Identity {
+        gpu: "NVIDIA A100-SXM4-80GB".into(),
+        sm: "8.0".into(),
+        cublaslt: 130100,
+        cudnn: None,
+    });
     other.entries.insert("a100".into(), tactic(0.5, 1));
     other.save(&path).unwrap();
     let mut mine = TacticDb::new(identity());
@@ -359,7 +369,7 @@ fn unknown_library_kind_or_choice_makes_the_file_corrupt_and_never_overwritten()
     for (from, to) in [
         ("\"library\": \"cublaslt\"", "\"library\": \"rocblas\""),
         ("\"kind\": \"gemm\"", "\"kind\": \"conv3d\""),
-        ("\"type\": \"lt_algo\"", "\"type\": \"cudnn_engine\""),
+        ("\"type\": \"lt_algo\"", "\"type\": \"miopen_solution\""),
     ] {
         let path = tmp("unknown");
         assert!(good.contains(from), "{good}");
@@ -376,8 +386,8 @@ fn unknown_library_kind_or_choice_makes_the_file_corrupt_and_never_overwritten()
     }
 }
 
-/// cuDNN entries: this build records no current cuDNN version, so load leaves them out
-/// (silently: they are not wrong) and save keeps them.
+/// cuDNN entries under an identity that records no cuDNN version (libcudnn not installed):
+/// load leaves them out (silently: they are not wrong) and save keeps them.
 #[test]
 fn entries_of_a_library_without_a_current_version_are_kept_but_not_loaded() {
     let path = tmp("cudnn");
@@ -400,7 +410,12 @@ fn entries_of_a_library_without_a_current_version_are_kept_but_not_loaded() {
 fn check_writable_matches_what_save_refuses() {
     let path = tmp("writable");
     TacticDb::check_writable(&path, &identity()).unwrap(); // missing
-    let mut other = TacticDb::new(Identity { gpu: "NVIDIA A100-SXM4-80GB".into(), sm: "8.0".into(), cublaslt: 130100 });
+    let mut other = TacticDb::new(Identity {
+        gpu: "NVIDIA A100-SXM4-80GB".into(),
+        sm: "8.0".into(),
+        cublaslt: 130100,
+        cudnn: None,
+    });
     other.entries.insert("a100".into(), tactic(0.5, 1));
     other.save(&path).unwrap();
     let e = TacticDb::check_writable(&path, &identity()).unwrap_err();
@@ -418,7 +433,11 @@ fn check_writable_matches_what_save_refuses() {
 /// version, and the file is exactly what `save` writes.
 #[test]
 fn repository_db_holds_its_v1_record() {
-    let h200 = identity();
+    // the file's own cuDNN version, so that its convolution entries load too
+    let text = std::fs::read_to_string(repo_path(REPO_DB)).unwrap();
+    let header: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cudnn = header["identity"]["cudnn"].as_u64().map(|v| v as usize);
+    let h200 = Identity { cudnn, ..identity() };
     let (v1, warnings) = TacticDb::load(&repo_path(V1_RECORD), &h200);
     assert!(warnings.is_empty(), "{warnings:?}");
     let (v2, warnings) = TacticDb::load(&repo_path(REPO_DB), &h200);
@@ -494,4 +513,131 @@ fn bad_times_and_bad_paths_are_named() {
     let missing = dir.join("no-such-dir").join("db.json");
     let e = TacticDb::check_writable(&missing, &identity()).unwrap_err();
     assert!(e.kind() == std::io::ErrorKind::NotFound && e.to_string().contains("no-such-dir"), "{e}");
+}
+
+/// This machine with cuDNN 9.19 loaded.
+fn with_cudnn() -> Identity {
+    Identity { cudnn: Some(91900), ..identity() }
+}
+
+const CONV_KEY: &str = "conv2d fwd_bias_relu n32 c64 h56 w56 k64 r3 s3 stride1,1 pad1,1 dil1,1 g1 nhwc bf16 graph al16";
+
+/// A graph-API convolution tactic tuned with cuDNN `version`.
+fn engine_tactic(version: usize, engine: i64, ms: f64) -> Tactic {
+    let choice =
+        Choice::CudnnEngine { engine, knobs: vec![(14, 3), (2, 17), (25, 0)], workspace: 4096, unfused: false };
+    Tactic::cudnn_conv(choice, version, 1.0, ms)
+}
+
+/// A legacy-API convolution tactic tuned with cuDNN `version`.
+fn algo_tactic(version: usize, algo: u32, ms: f64) -> Tactic {
+    Tactic::cudnn_conv(Choice::CudnnAlgo { algo, math: 1, workspace: 512 }, version, 2.0, ms)
+}
+
+#[test]
+fn cudnn_choices_and_identity_round_trip_with_their_fields() {
+    let path = tmp("cudnn-fields");
+    let mut db = TacticDb::new(with_cudnn());
+    db.entries.insert(CONV_KEY.into(), engine_tactic(91900, 12, 0.5));
+    let legacy = "conv2d dgrad n32 c64 h56 w56 k64 r3 s3 stride1,1 pad1,1 dil1,1 g1 nchw f16 legacy alany";
+    db.entries.insert(legacy.into(), algo_tactic(91900, 1, 0.25));
+    db.entries.insert(V1_KEY.into(), tactic(0.5, 1));
+    db.save(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["identity"]["cudnn"], 91900);
+    let e = &json["entries"][CONV_KEY];
+    assert_eq!(
+        (e["library"].as_str(), e["kind"].as_str(), e["version"].as_u64()),
+        (Some("cudnn"), Some("conv2d"), Some(91900))
+    );
+    assert_eq!(
+        e["choice"],
+        serde_json::json!({"type": "cudnn_engine", "engine": 12, "knobs": [[14, 3], [2, 17], [25, 0]], "workspace": 4096, "unfused": false})
+    );
+    let e = &json["entries"][legacy];
+    assert_eq!(e["choice"], serde_json::json!({"type": "cudnn_algo", "algo": 1, "math": 1, "workspace": 512}));
+    assert_eq!((e["heuristic_ms"].as_f64(), e["tuned_ms"].as_f64()), (Some(2.0), Some(0.25)));
+    let (back, warnings) = TacticDb::load(&path, &with_cudnn());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(back, db);
+    assert_eq!(back.identity.version(Library::Cudnn), Some(91900));
+    assert_eq!(back.entries[CONV_KEY].lt_algo(), None);
+    // `unfused` may be absent: false
+    let short = text.replace(",\n        \"unfused\": false", "");
+    assert!(!short.contains("unfused"), "{short}");
+    std::fs::write(&path, short).unwrap();
+    let (back, warnings) = TacticDb::load(&path, &with_cudnn());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(back.entries[CONV_KEY], db.entries[CONV_KEY]);
+}
+
+/// Files without the `cudnn` identity field (every file before the convolutions were tuned,
+/// the repository's included) still load; a file with it loads under an identity without it.
+#[test]
+fn files_with_and_without_the_cudnn_identity_field_load() {
+    let path = tmp("cudnn-identity");
+    let mut db = TacticDb::new(identity());
+    db.entries.insert(V1_KEY.into(), tactic(0.5, 1));
+    db.save(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains("cudnn"), "no cuDNN version, no field: {text}");
+    for id in [identity(), with_cudnn()] {
+        let (back, warnings) = TacticDb::load(&path, &id);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(back.entries.len(), 1);
+        assert_eq!(back.identity, id);
+    }
+    let parsed: TacticDb = serde_json::from_str(&text).unwrap();
+    assert_eq!((parsed.identity.cudnn, parsed.identity.version(Library::Cudnn)), (None, None));
+    assert_eq!(parsed.identity.version(Library::CublasLt), Some(130100));
+
+    let mut db = TacticDb::new(with_cudnn());
+    db.entries.insert(CONV_KEY.into(), engine_tactic(91900, 12, 0.5));
+    db.entries.insert(V1_KEY.into(), tactic(0.5, 1));
+    db.save(&path).unwrap();
+    assert!(std::fs::read_to_string(&path).unwrap().contains("\"cudnn\": 91900"));
+    let (back, warnings) = TacticDb::load(&path, &identity());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(back.entries.keys().collect::<Vec<_>>(), [V1_KEY]);
+    let (back, _) = TacticDb::load(&path, &with_cudnn());
+    assert_eq!(back.entries.len(), 2);
+}
+
+#[test]
+fn cudnn_entries_of_another_version_are_stale_and_kept() {
+    let path = tmp("cudnn-stale");
+    let mut db = TacticDb::new(with_cudnn());
+    db.entries.insert(CONV_KEY.into(), engine_tactic(91900, 12, 0.5));
+    db.entries.insert("conv2d fwd old-a".into(), engine_tactic(91400, 3, 0.5));
+    db.entries.insert("conv2d fwd old-b".into(), algo_tactic(90100, 2, 0.5));
+    db.entries.insert("old gemm".into(), tactic_of(120900, 0.5, 2));
+    db.entries.insert(V1_KEY.into(), tactic(0.5, 1));
+    db.save(&path).unwrap();
+    let (back, warnings) = TacticDb::load(&path, &with_cudnn());
+    assert_eq!(back.entries.keys().collect::<Vec<_>>(), [V1_KEY, CONV_KEY]);
+    assert_eq!(warnings.len(), 2, "one per library: {warnings:?}");
+    let conv = warnings.iter().find(|w| w.contains("cuDNN")).expect("a cuDNN warning");
+    for word in ["stale", "2 entries", "cuDNN 90100, 91400", "this is cuDNN 91900"] {
+        assert!(conv.contains(word), "{word}: {conv}");
+    }
+    assert!(warnings.iter().any(|w| w.contains("cuBLASLt 120900")), "{warnings:?}");
+    // the stale entries stay in the file through a save of what was loaded
+    back.save(&path).unwrap();
+    let (theirs, warnings) = TacticDb::load(&path, &Identity { cudnn: Some(91400), ..identity() });
+    assert!(theirs.entries.contains_key("conv2d fwd old-a") && !theirs.entries.contains_key(CONV_KEY));
+    assert!(warnings.iter().any(|w| w.contains("cuDNN 90100, 91900")), "{warnings:?}");
+    // a faster tuning of the same version replaces an entry, a slower one does not
+    let mut faster = TacticDb::new(with_cudnn());
+    faster.entries.insert(CONV_KEY.into(), engine_tactic(91900, 40, 0.25));
+    faster.save(&path).unwrap();
+    let mut slower = TacticDb::new(with_cudnn());
+    slower.entries.insert(CONV_KEY.into(), engine_tactic(91900, 41, 0.75));
+    slower.save(&path).unwrap();
+    let (now, _) = TacticDb::load(&path, &with_cudnn());
+    assert!(
+        matches!(now.entries[CONV_KEY].choice, Choice::CudnnEngine { engine: 40, .. }),
+        "{:?}",
+        now.entries[CONV_KEY]
+    );
 }

@@ -11,9 +11,22 @@ use super::entry::same_context;
 use super::gpu::Gpu;
 use super::lt::replay::GraphReplay;
 use super::status;
+use super::tactics::Tactic;
 use crate::conv::{Conv2d, ConvActivation};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, Which};
+
+/// The direction [`Gpu::conv2d_plan`] names `name`.
+fn direction_op(name: &str) -> Option<ConvOp> {
+    Some(match name {
+        "forward" => ConvOp::Forward,
+        "fused" => ConvOp::Fused(ConvActivation::Relu),
+        "fused_identity" => ConvOp::Fused(ConvActivation::Identity),
+        "backward_data" => ConvOp::BackwardData,
+        "backward_filter" => ConvOp::BackwardFilter,
+        _ => return None,
+    })
+}
 
 /// One operand of a call: which, device address, length in bytes, elements needed.
 struct Buf {
@@ -235,15 +248,27 @@ impl Gpu {
     /// first call has run: `forward`, `fused` (bias + ReLU), `fused_identity` (bias only),
     /// `backward_data` or `backward_filter`; `None` for another name or before the first call.
     pub fn conv2d_plan(&self, p: &Conv2d, direction: &str) -> Option<String> {
-        let op = match direction {
-            "forward" => ConvOp::Forward,
-            "fused" => ConvOp::Fused(ConvActivation::Relu),
-            "fused_identity" => ConvOp::Fused(ConvActivation::Identity),
-            "backward_data" => ConvOp::BackwardData,
-            "backward_filter" => ConvOp::BackwardFilter,
-            _ => return None,
-        };
+        let op = direction_op(direction)?;
         self.lock().libs.dnn.as_ref().and_then(|d| d.describe_plan(p, op))
+    }
+
+    /// The plan a measured search ([`ConvSearch::Measured`]) chose for a direction of `p`
+    /// (named as for [`Gpu::conv2d_plan`]; under the current fusion and API settings, for
+    /// buffers aligned as allocations are) as a tactic for the database: its signature (the
+    /// "conv2d" key, [`super::tactics`]) and the [`Tactic`] (cuDNN, this cuDNN version, the
+    /// engine and knobs or the legacy algorithm, the workspace, the heuristic's and the chosen
+    /// plan's measured times). Insert it into a [`super::tactics::TacticDb`] and save it;
+    /// [`Gpu::load_tactics`] uses it. `None` before the first call, for a heuristic choice and
+    /// for a plan that came from the database.
+    pub fn conv2d_tactic(&self, p: &Conv2d, direction: &str) -> Option<(String, Tactic)> {
+        let op = direction_op(direction)?;
+        self.lock().libs.dnn.as_ref().and_then(|d| d.tactic(p, op))
+    }
+
+    /// [`Gpu::conv2d_tactic`] of every convolution plan a measured search chose so far (every
+    /// problem, direction, fusion setting, API and alignment), sorted by signature.
+    pub fn conv2d_tactics(&self) -> Vec<(String, Tactic)> {
+        self.lock().libs.dnn.as_ref().map(|d| d.tactics()).unwrap_or_default()
     }
 
     /// Validate → plan → launch for one direction: `ins` are (forward) x, w, bias; (backward
@@ -308,6 +333,7 @@ impl Gpu {
         if st.libs.dnn.is_none() {
             let mut d = DnnState::new(st.libs.conv_search, st.libs.conv_fuse, st.libs.conv_api)?;
             d.ws_limit = st.libs.conv_ws_limit;
+            d.load_tactics(st.libs.conv_tactics.iter());
             st.libs.dnn = Some(d);
         }
         let ws = st.dev.workspaces.get(stream, &|| p.describe())?;

@@ -94,6 +94,9 @@ pub(crate) struct Libraries {
     pub conv_fuse: bool,
     pub conv_api: ConvApi,
     pub conv_ws_limit: usize,
+    /// The tactic database's convolution entries ([`Gpu::load_tactics`]), handed to the cuDNN
+    /// room when it is created (it keeps those of its cuDNN version).
+    pub conv_tactics: std::collections::BTreeMap<String, tactics::Tactic>,
 }
 
 impl Resources for Libraries {
@@ -217,6 +220,7 @@ impl Gpu {
             conv_fuse: true,
             conv_api: ConvApi::default(),
             conv_ws_limit: super::dnn::CONV_WORKSPACE_LIMIT,
+            conv_tactics: Default::default(),
         };
         Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })
     }
@@ -279,7 +283,26 @@ impl Gpu {
     /// Loads tuned algorithms (from [`tactics::TacticDb::load`]): plans built from now on use
     /// them wherever cuBLASLt confirms they are valid (cublasLtMatmulAlgoCheck); cached plans
     /// are dropped so that they are rebuilt.
+    ///
+    /// Convolutions: the entries of kind "conv2d" tuned with the cuDNN version this process
+    /// loads (entries of another are left out with a warning, once the cuDNN room exists) are
+    /// kept by problem signature. The first time a problem with an entry is planned, its plan is
+    /// rebuilt from the entry without a search, whatever [`Gpu::set_conv_search`] says: the
+    /// graph API's engine by its global index with the recorded knobs (the legacy API's
+    /// algorithm with its math type), used if cuDNN finalizes it, it keeps the precision's
+    /// promise and its workspace fits [`Gpu::set_conv_workspace_limit`] (the legacy API: the
+    /// stream's workspace); otherwise a warning is logged and the problem is planned as without
+    /// the database. Convolution plans an entry replaces are dropped.
     pub fn load_tactics(&self, db: &tactics::TacticDb) {
+        {
+            let mut st = self.lock();
+            let conv = db.entries.iter().filter(|(_, t)| t.kind == tactics::ProblemKind::Conv2d);
+            st.libs.conv_tactics.extend(conv.map(|(k, t)| (k.clone(), t.clone())));
+            if let Some(d) = st.libs.dnn.as_mut() {
+                let _ = self.device.bind(); // replay graphs may be destroyed
+                d.load_tactics(db.entries.iter());
+            }
+        }
         self.with_lt(|lt| {
             // GEMM and FP8 GEMM keys share the map: their prefixes never collide (tactics docs)
             let lt_kinds = [tactics::ProblemKind::Gemm, tactics::ProblemKind::Fp8Gemm];

@@ -38,8 +38,10 @@ pub fn cuda_version_string(v: i32) -> String {
 
 impl Gpu {
     /// This machine's [`Identity`] for the tactic database: the device name, its compute
-    /// capability as "major.minor" and the cuBLASLt version (0 where libcublasLt is not
-    /// loaded), from [`Gpu::info`].
+    /// capability as "major.minor", the cuBLASLt version (0 where libcublasLt is not loaded),
+    /// from [`Gpu::info`], and the cuDNN version where libcudnn is installed
+    /// ([`cudnn_version`](super::cudnn_version): this loads libcudnn, but creates no cuDNN
+    /// handle).
     ///
     /// # Errors
     /// As [`Gpu::info`].
@@ -49,6 +51,7 @@ impl Gpu {
             gpu: i.name,
             sm: format!("{}.{}", i.compute_capability.0, i.compute_capability.1),
             cublaslt: i.cublaslt_version.unwrap_or(0),
+            cudnn: super::dnn::cudnn_version(),
         })
     }
 

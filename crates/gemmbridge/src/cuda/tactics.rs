@@ -1,15 +1,16 @@
-//! The tactic database: tuned library choices (today cuBLASLt algorithms) that persist
-//! across runs, one file for every library and kind of problem.
+//! The tactic database: tuned library choices (cuBLASLt algorithms, cuDNN convolution plans)
+//! that persist across runs, one file for every library and kind of problem.
 //!
 //! # File format 2 ([`FORMAT`])
-//! A file is JSON, written by [`TacticDb::save`] (pretty-printed, one trailing newline). The
-//! entry of the repository's `tactics/h200.json` (tuned on an H200; arrays folded and times
-//! shortened here):
+//! A file is JSON, written by [`TacticDb::save`] (pretty-printed, one trailing newline): a
+//! cuBLASLt GEMM entry of the repository's `tactics/h200.json` (tuned on an H200) and a cuDNN
+//! convolution entry as `gemmbridge tune` writes one (its engine and knob values illustrative);
+//! arrays folded and times shortened here:
 //!
 //! ```json
 //! {
 //!   "format": 2,
-//!   "identity": { "gpu": "NVIDIA H200", "sm": "9.0", "cublaslt": 130100 },
+//!   "identity": { "gpu": "NVIDIA H200", "sm": "9.0", "cublaslt": 130100, "cudnn": 91900 },
 //!   "entries": {
 //!     "NN m1024 n1024 k1024 lda1024 ldb1024 ldc1024 b1 f32 none aux0 al256/256/256/256 ws33554432": {
 //!       "library": "cublaslt",
@@ -22,6 +23,20 @@
 //!       },
 //!       "heuristic_ms": 0.05742,
 //!       "tuned_ms": 0.05547
+//!     },
+//!     "conv2d fwd_bias_relu n32 c64 h56 w56 k64 r3 s3 stride1,1 pad1,1 dil1,1 g1 nhwc bf16 graph al16": {
+//!       "library": "cudnn",
+//!       "version": 91900,
+//!       "kind": "conv2d",
+//!       "choice": {
+//!         "type": "cudnn_engine",
+//!         "engine": 12,
+//!         "knobs": [[14, 3], [2, 17], [25, 0]],
+//!         "workspace": 0,
+//!         "unfused": false
+//!       },
+//!       "heuristic_ms": 0.06127,
+//!       "tuned_ms": 0.05012
 //!     }
 //!   }
 //! }
@@ -29,15 +44,19 @@
 //!
 //! - `format`: 2. `identity`: the machine the file belongs to ([`Identity`]): its GPU name and
 //!   compute capability decide whether the file is ours; its library versions are those of the
-//!   process that saved last and are informational only (every entry carries its own). The GPU
-//!   name is `cuDeviceGetName`'s, the SM `cuDeviceGetAttribute`'s compute capability
+//!   process that saved last and are informational only (every entry carries its own; `cudnn`
+//!   is absent where libcudnn was not installed, and in older files). The GPU name is
+//!   `cuDeviceGetName`'s, the SM `cuDeviceGetAttribute`'s compute capability
 //!   ([`Gpu::tactic_identity`](super::Gpu::tactic_identity)).
 //! - `entries`: [`Tactic`]s by signature. Each names its `library` ([`Library`]: "cublaslt",
 //!   "cudnn"), that library's `version` when it was tuned (cuBLASLt: `cublasLtGetVersion()`,
-//!   `major·10000 + minor·100 + patch`), the `kind` of problem ([`ProblemKind`]: "gemm",
-//!   "fp8_gemm", "conv2d"), the tuned `choice` ([`Choice`], tagged by `type`) and two median
-//!   times in milliseconds measured when it was tuned: `heuristic_ms` (the library heuristic's
-//!   first choice) and `tuned_ms` (this choice).
+//!   cuDNN: `cudnnGetVersion()`, both `major·10000 + minor·100 + patch`), the `kind` of problem
+//!   ([`ProblemKind`]: "gemm", "fp8_gemm", "conv2d"), the tuned `choice` ([`Choice`], tagged by
+//!   `type`: "lt_algo"; for cuDNN's graph API "cudnn_engine", the engine's global index, its
+//!   knob choices as `[knob type, value]` pairs and the plan's workspace in bytes; for cuDNN's
+//!   legacy API "cudnn_algo", the algorithm's and the math type's enum values and the
+//!   workspace) and two median times in milliseconds measured when it was tuned:
+//!   `heuristic_ms` (the library heuristic's first choice) and `tuned_ms` (this choice).
 //!
 //! # Signatures: one prefix rule per kind
 //! A key is the stable text of the problem a choice serves. A cuBLASLt GEMM ("gemm") key is
@@ -45,6 +64,16 @@
 //! ` m…` (see the bucketing rule below), e.g. `TN m768 n4096 k3072 …`. Every other kind's
 //! key starts with its kind's name and a space (`fp8_gemm …`, `conv2d …`), so keys of two
 //! kinds never collide and a format-1 key is a valid format-2 key.
+//!
+//! A convolution ("conv2d") key states everything its plan was made for, in this order:
+//! the direction (`fwd`; the fused forward `fwd_bias_relu` or `fwd_bias` with the identity,
+//! `_unfused` appended where fusion was off; `dgrad`; `wgrad`), `n c h w k r s` with their
+//! values, `stride`, `pad` and `dil` as `h,w` pairs, `g` (groups), the layout (`nhwc`,
+//! `nchw`), the precision (`f32`, `tf32`, `f16`, `bf16`), the cuDNN API (`graph`, `legacy`)
+//! and the buffers' byte alignment class (`al16`, `al8`, `al4`, `al2`: the largest power of
+//! two ≤ 16 dividing every address, as cuDNN's `BYTE_ALIGNMENT`; `alany` for the legacy API,
+//! whose plans do not depend on it). Nothing is bucketed: a tactic serves exactly that
+//! problem.
 //!
 //! # Bucketing rule (GEMM)
 //! A signature leaves out the row-major M (the column-major call's n) in favour of its bucket,
@@ -64,17 +93,25 @@
 //! - a format-1 file (`format: 1`, entries `{ algo, workspace, heuristic_ms, tuned_ms }`, no
 //!   library fields): read as cuBLASLt "gemm" entries whose version is the file's
 //!   `identity.cublaslt`;
-//! - entries whose library version is not the one loaded now (for cuBLASLt,
-//!   `identity.cublaslt`) are left out, with one warning per library naming how many, their
+//! - entries whose library version is not the one loaded now (the given identity's
+//!   `cublaslt`, `cudnn`) are left out, with one warning per library naming how many, their
 //!   versions and the current one ("stale"): a format-1 file of another cuBLASLt therefore
-//!   loads empty, as it always did. They stay in the file;
-//! - entries of a library whose current version [`Identity`] does not record (cuDNN, until
-//!   this build uses it) are left out without a warning (they are not wrong, this build just
-//!   has no use for them; a `tracing` debug line counts them). They stay in the file too.
+//!   loads empty, as it always did, and convolution plans of another cuDNN are not used.
+//!   They stay in the file;
+//! - entries of a library whose current version the identity does not record (cuDNN where
+//!   libcudnn is not installed: `cudnn` is `None`) are left out without a warning (they are
+//!   not wrong, this process just has no use for them; a `tracing` debug line counts them).
+//!   They stay in the file too.
 //!
-//! The engine ([`Gpu::load_tactics`](super::Gpu::load_tactics)) uses the cuBLASLt "gemm"
-//! entries; an entry's algorithm is still checked by cuBLASLt (`cublasLtMatmulAlgoCheck`)
-//! before a plan uses it, and one cuBLASLt rejects is not used.
+//! The engine ([`Gpu::load_tactics`](super::Gpu::load_tactics)) uses the cuBLASLt "gemm" and
+//! "fp8_gemm" entries and the cuDNN "conv2d" entries of the cuDNN version it loads (it checks
+//! the version again, for a database built in memory). A cuBLASLt entry's algorithm is still
+//! checked by cuBLASLt (`cublasLtMatmulAlgoCheck`) before a plan uses it, and one cuBLASLt
+//! rejects is not used. A convolution entry is rebuilt, without a search, the first time its
+//! problem is planned: the engine by its global index with the recorded knobs (or the legacy
+//! algorithm with its math type), used only if cuDNN finalizes it, it keeps the precision's
+//! promise and its workspace fits the limit; otherwise a warning is logged and the problem is
+//! planned as without the database.
 //!
 //! # Writing
 //! Writes are atomic: the file is written beside its final name, flushed to disk and renamed
@@ -86,7 +123,8 @@
 //!
 //! Compatibility: a build reads both formats; adding a [`Library`], [`ProblemKind`] or
 //! [`Choice`] variant keeps old files readable, but a build that predates a variant treats a
-//! file using it as corrupt (ignores it, never overwrites it).
+//! file using it as corrupt (ignores it, never overwrites it): a file holding "cudnn_engine"
+//! or "cudnn_algo" entries is corrupt to builds from before the convolutions were tuned.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -108,9 +146,6 @@ pub fn m_bucket(m: usize) -> usize {
 }
 
 /// Which machine a database belongs to, and the library versions present now.
-///
-/// A `cudnn` version field will join these when the crate uses cuDNN; until then cuDNN entries
-/// are kept in files but never returned by [`TacticDb::load`] (module docs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
     /// GPU name, e.g. "NVIDIA H200" (cuDeviceGetName).
@@ -120,15 +155,20 @@ pub struct Identity {
     /// cuBLASLt version (cublasLtGetVersion, `major·10000 + minor·100 + patch`), e.g. 130100;
     /// 0 where libcublasLt is not loaded.
     pub cublaslt: usize,
+    /// cuDNN version (cudnnGetVersion, `major·10000 + minor·100 + patch`), e.g. 91900; `None`
+    /// (and absent from the file) where libcudnn is not installed, and in files written before
+    /// the convolutions were tuned, which still load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cudnn: Option<usize>,
 }
 
 impl Identity {
     /// The version of `library` present now, where this identity records it (cuBLASLt: always;
-    /// cuDNN: not yet, `None`).
+    /// cuDNN: where libcudnn is installed).
     pub fn version(&self, library: Library) -> Option<usize> {
         match library {
             Library::CublasLt => Some(self.cublaslt),
-            Library::Cudnn => None,
+            Library::Cudnn => self.cudnn,
         }
     }
 }
@@ -180,6 +220,32 @@ pub enum Choice {
         /// Workspace it needs, bytes.
         workspace: usize,
     },
+    /// A cuDNN graph (backend) API engine configuration ("cudnn_engine"): the execution plan
+    /// is rebuilt from the engine's global index and these knob choices.
+    CudnnEngine {
+        /// The engine's global index (`CUDNN_ATTR_ENGINE_GLOBAL_INDEX`).
+        engine: i64,
+        /// The engine configuration's knob choices: `(cudnnBackendKnobType_t value, knob
+        /// value)` pairs, in cuDNN's order.
+        knobs: Vec<(u32, i64)>,
+        /// Workspace the plan needs, bytes.
+        workspace: usize,
+        /// For a fused forward: the engine runs the convolution alone, followed by cuDNN's
+        /// bias add and activation (no engine took the fused graph, or fusion was off).
+        #[serde(default)]
+        unfused: bool,
+    },
+    /// A cuDNN legacy API algorithm ("cudnn_algo").
+    CudnnAlgo {
+        /// The algorithm's value in its direction's enum (`cudnnConvolutionFwdAlgo_t`,
+        /// `cudnnConvolutionBwdDataAlgo_t` or `cudnnConvolutionBwdFilterAlgo_t`).
+        algo: u32,
+        /// Its math type's value (`cudnnMathType_t`: 0 default, 1 tensor op, 2 tensor op
+        /// allowing conversion, 3 FMA).
+        math: u32,
+        /// Workspace it needs, bytes.
+        workspace: usize,
+    },
 }
 
 /// One tuned choice: which library and version, which kind of problem, what was chosen, and
@@ -217,6 +283,13 @@ impl Tactic {
     /// A cuBLASLt FP8 GEMM tactic (kind [`ProblemKind::Fp8Gemm`]), as [`Tactic::lt_gemm`].
     pub fn lt_fp8_gemm(algo: [u64; 8], workspace: usize, version: usize, heuristic_ms: f64, tuned_ms: f64) -> Tactic {
         Tactic { kind: ProblemKind::Fp8Gemm, ..Tactic::lt_gemm(algo, workspace, version, heuristic_ms, tuned_ms) }
+    }
+
+    /// A cuDNN convolution tactic (kind [`ProblemKind::Conv2d`]): `choice` (a
+    /// [`Choice::CudnnEngine`] or [`Choice::CudnnAlgo`]) tuned with cuDNN `version`; median
+    /// times in ms.
+    pub fn cudnn_conv(choice: Choice, version: usize, heuristic_ms: f64, tuned_ms: f64) -> Tactic {
+        Tactic { library: Library::Cudnn, version, kind: ProblemKind::Conv2d, choice, heuristic_ms, tuned_ms }
     }
 
     /// The cuBLASLt algorithm data and its workspace (bytes), for a cuBLASLt entry (of any

@@ -24,6 +24,7 @@ use raw::cudnnBackendAttributeType_t as T;
 use raw::cudnnBackendDescriptorType_t as D;
 
 use super::sys::{check, types};
+use super::tactic::{self, EngineConfig, Measured};
 use super::{ConvBuffers, ConvOp, ConvSearch};
 use crate::conv::{Conv2d, ConvActivation, ConvLayout};
 use crate::cuda::status;
@@ -42,7 +43,7 @@ const CONV_OUT: i64 = 5;
 const BIASED: i64 = 6;
 
 /// An owned backend descriptor, destroyed on drop.
-pub(crate) struct Desc(raw::cudnnBackendDescriptor_t);
+pub(crate) struct Desc(pub(super) raw::cudnnBackendDescriptor_t);
 
 // SAFETY: a host-side cuDNN object, used under the device's Mutex only.
 unsafe impl Send for Desc {}
@@ -55,7 +56,7 @@ impl Drop for Desc {
 }
 
 impl Desc {
-    fn new(ty: D) -> Result<Desc> {
+    pub(super) fn new(ty: D) -> Result<Desc> {
         let mut d = null_mut();
         // SAFETY: a valid out-pointer.
         check(unsafe { raw::cudnnBackendCreateDescriptor(ty, &mut d) }, "cudnnBackendCreateDescriptor", || {
@@ -69,7 +70,7 @@ impl Desc {
     /// # Safety
     /// `V` is the C type cuDNN reads for `ty` (`int64_t` for INT64, a pointer for VOID_PTR and
     /// BACKEND_DESCRIPTOR, `float` for FLOAT, the enum for enum types, `bool` for BOOLEAN).
-    unsafe fn set<V>(self, attr: A, ty: T, vals: &[V]) -> Result<Desc> {
+    pub(super) unsafe fn set<V>(self, attr: A, ty: T, vals: &[V]) -> Result<Desc> {
         // SAFETY: a live descriptor; `vals.len()` elements of the type cuDNN expects (contract).
         let st = unsafe {
             raw::cudnnBackendSetAttribute(self.0, attr, ty, vals.len() as i64, vals.as_ptr() as *const c_void)
@@ -78,23 +79,23 @@ impl Desc {
         Ok(self)
     }
 
-    fn i64s(self, attr: A, vals: &[i64]) -> Result<Desc> {
+    pub(super) fn i64s(self, attr: A, vals: &[i64]) -> Result<Desc> {
         // SAFETY: INT64 attributes read int64_t.
         unsafe { self.set(attr, T::CUDNN_TYPE_INT64, vals) }
     }
 
-    fn descs(self, attr: A, ds: &[&Desc]) -> Result<Desc> {
+    pub(super) fn descs(self, attr: A, ds: &[&Desc]) -> Result<Desc> {
         let raws: Vec<raw::cudnnBackendDescriptor_t> = ds.iter().map(|d| d.0).collect();
         // SAFETY: BACKEND_DESCRIPTOR attributes read descriptor handles; every one is live.
         unsafe { self.set(attr, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &raws) }
     }
 
-    fn handle(self, attr: A, h: raw::cudnnHandle_t) -> Result<Desc> {
+    pub(super) fn handle(self, attr: A, h: raw::cudnnHandle_t) -> Result<Desc> {
         // SAFETY: HANDLE attributes read a cudnnHandle_t; the caller's handle is live.
         unsafe { self.set(attr, T::CUDNN_TYPE_HANDLE, &[h]) }
     }
 
-    fn finalize(self, what: impl FnOnce() -> String) -> Result<Desc> {
+    pub(super) fn finalize(self, what: impl FnOnce() -> String) -> Result<Desc> {
         // SAFETY: a live descriptor with its required attributes set.
         check(unsafe { raw::cudnnBackendFinalize(self.0) }, "cudnnBackendFinalize", what)?;
         Ok(self)
@@ -104,7 +105,7 @@ impl Desc {
     ///
     /// # Safety
     /// As [`Desc::set`], for the type cuDNN writes.
-    unsafe fn get<V>(&self, attr: A, ty: T, out: &mut [V]) -> Result<usize> {
+    pub(super) unsafe fn get<V>(&self, attr: A, ty: T, out: &mut [V]) -> Result<usize> {
         let mut n = 0i64;
         // SAFETY: a live, finalized descriptor; room for `out.len()` elements.
         let st = unsafe {
@@ -114,7 +115,7 @@ impl Desc {
         Ok(n.max(0) as usize)
     }
 
-    fn get_i64(&self, attr: A) -> Result<i64> {
+    pub(super) fn get_i64(&self, attr: A) -> Result<i64> {
         let mut v = [0i64];
         // SAFETY: INT64 attributes write int64_t.
         unsafe { self.get(attr, T::CUDNN_TYPE_INT64, &mut v) }?;
@@ -172,7 +173,7 @@ pub(crate) fn alignment(b: &ConvBuffers) -> u8 {
 /// The operation graph of `p` and `op`, and every descriptor it was made of (kept alive with
 /// the plan: whether cuDNN copies a descriptor set as an attribute or refers to it is not
 /// documented, and cudnn-frontend keeps them too).
-fn graph(h: raw::cudnnHandle_t, p: &Conv2d, op: ConvOp, align: u8) -> Result<(Desc, Vec<Desc>)> {
+pub(super) fn graph(h: raw::cudnnHandle_t, p: &Conv2d, op: ConvOp, align: u8) -> Result<(Desc, Vec<Desc>)> {
     let (dtype, _) = types(p.precision);
     let f32_ = raw::cudnnDataType_t::CUDNN_DATA_FLOAT;
     let align = i64::from(align);
@@ -309,7 +310,7 @@ fn configs(graph: &Desc, mode: raw::cudnnBackendHeurMode_t) -> Result<Vec<Desc>>
 }
 
 /// A configuration's engine: its global index and numerical notes (as raw values).
-fn engine_of(cfg: &Desc) -> Result<(i64, Vec<u32>)> {
+pub(super) fn engine_of(cfg: &Desc) -> Result<(i64, Vec<u32>)> {
     let eng = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
     let mut slot = [eng.0];
     // SAFETY: cuDNN fills the created ENGINE descriptor.
@@ -324,7 +325,7 @@ fn engine_of(cfg: &Desc) -> Result<(i64, Vec<u32>)> {
 /// Whether an engine with `notes` keeps `precision`'s promise: none that down-converts its
 /// inputs (tf32 to half precision, say), and for strict f32 no tensor-core (TF32) engine —
 /// PyTorch's filter with `allow_tf32` off.
-fn notes_ok(precision: Precision, notes: &[u32]) -> bool {
+pub(super) fn notes_ok(precision: Precision, notes: &[u32]) -> bool {
     use raw::cudnnBackendNumericalNote_t::*;
     let down = CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS as u32;
     let tensor_core = CUDNN_NUMERICAL_NOTE_TENSOR_CORE as u32;
@@ -333,21 +334,25 @@ fn notes_ok(precision: Precision, notes: &[u32]) -> bool {
 
 /// A finalized execution plan and what a call needs to run it.
 pub(crate) struct GraphPlan {
-    plan: Desc,
+    pub(super) plan: Desc,
     /// The engine configuration, the graph and what it was made of, alive as long as the plan.
-    _made_of: Vec<Desc>,
+    pub(super) _made_of: Vec<Desc>,
     /// Workspace bytes the plan needs.
     pub workspace: usize,
     /// The engine's global index and notes, and (measured) its time: for the log and
     /// [`crate::cuda::Gpu::conv2d_plan`].
     pub name: String,
-    uids: Vec<i64>,
+    pub(super) uids: Vec<i64>,
     /// The last variant pack and the pointers it holds (x, w, y, bias, workspace).
-    pack: Option<([u64; 5], Desc)>,
+    pub(super) pack: Option<([u64; 5], Desc)>,
+    /// The engine configuration (for the tactic database), where cuDNN reports it.
+    pub config: Option<EngineConfig>,
+    /// A measured search's times (the heuristic's choice and this plan's); `None` otherwise.
+    pub measured: Option<Measured>,
 }
 
 /// The variant pack's unique ids and pointers of a call, in the same order.
-fn variant(op: ConvOp, b: &ConvBuffers) -> (Vec<i64>, Vec<*mut c_void>) {
+pub(super) fn variant(op: ConvOp, b: &ConvBuffers) -> (Vec<i64>, Vec<*mut c_void>) {
     let v = |a: u64| a as *mut c_void;
     match op {
         ConvOp::Fused(_) => (vec![X, W, Y, BIAS], vec![v(b.x), v(b.w), v(b.y), v(b.bias)]),
@@ -455,7 +460,7 @@ pub(crate) unsafe fn make(
 ) -> Result<Option<GraphPlan>> {
     let (g, mut parts) = graph(h, p, op, alignment(b))?;
     let (uids, _) = variant(op, b);
-    let mut best: Option<(f64, GraphPlan)> = None;
+    let (mut best, mut first_ms): (Option<(f64, GraphPlan)>, Option<f64>) = (None, None);
     let what = || format!("{} {op:?}", p.describe());
     use raw::cudnnBackendHeurMode_t::*;
     'modes: for mode in [CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK] {
@@ -489,8 +494,7 @@ pub(crate) unsafe fn make(
                 tracing::debug!(problem = %what(), %name, bytes, limit, "skipped: workspace over the limit");
                 continue;
             }
-            let mut gp =
-                GraphPlan { plan, _made_of: vec![cfg], workspace: bytes, name, uids: uids.clone(), pack: None };
+            let mut gp = GraphPlan::new(plan, vec![cfg], bytes, name, uids.clone());
             if search == ConvSearch::Heuristic {
                 best = Some((0.0, gp));
                 break 'modes;
@@ -507,6 +511,7 @@ pub(crate) unsafe fn make(
                 }
             };
             tracing::debug!(problem = %what(), name = %gp.name, bytes, ms, "timed");
+            first_ms.get_or_insert(ms); // the heuristic's choice: the first that runs
             gp.name = format!("{} {ms:.4} ms", gp.name);
             if best.as_ref().is_none_or(|(t, _)| ms < *t) {
                 best = Some((ms, gp));
@@ -517,8 +522,10 @@ pub(crate) unsafe fn make(
             }
         }
     }
-    let Some((_, mut plan)) = best else { return Ok(None) };
+    let Some((ms, mut plan)) = best else { return Ok(None) };
     plan.pack = None;
+    plan.config = tactic::read_config(&plan._made_of[0]).ok();
+    plan.measured = first_ms.map(|heuristic_ms| Measured { heuristic_ms, tuned_ms: ms });
     parts.push(g);
     plan._made_of.append(&mut parts);
     tracing::debug!(problem = %p.describe(), ?op, plan = %plan.name, workspace = plan.workspace, "cuDNN graph plan");

@@ -17,6 +17,7 @@ use std::ffi::c_void;
 use cudarc::cudnn::sys;
 
 use super::sys::{check, math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
+use super::tactic::Measured;
 use super::{ConvBuffers, ConvOp};
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
@@ -39,14 +40,24 @@ impl Algo {
             Algo::Filter(a) => format!("{a:?}"),
         }
     }
+    /// Its value in its direction's enum (the tactic database's record).
+    pub fn value(&self) -> u32 {
+        match *self {
+            Algo::Forward(a) => a as u32,
+            Algo::Data(a) => a as u32,
+            Algo::Filter(a) => a as u32,
+        }
+    }
 }
 
-/// The chosen algorithm, its math type and its workspace in bytes.
+/// The chosen algorithm, its math type and its workspace in bytes; a measured search's times
+/// (the heuristic's choice and this one, as `cudnnFind…` timed them).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Choice {
     pub algo: Algo,
     pub math: sys::cudnnMathType_t,
     pub workspace: usize,
+    pub measured: Option<Measured>,
 }
 
 /// Descriptors and choice of one problem and direction.
@@ -81,6 +92,7 @@ trait Perf: Copy {
     fn memory(&self) -> usize;
     fn math(&self) -> sys::cudnnMathType_t;
     fn algo(&self) -> Algo;
+    fn time(&self) -> f32;
 }
 
 macro_rules! perf {
@@ -97,6 +109,9 @@ macro_rules! perf {
             }
             fn algo(&self) -> Algo {
                 Algo::$variant(self.algo)
+            }
+            fn time(&self) -> f32 {
+                self.time
             }
         }
     };
@@ -131,22 +146,36 @@ pub(crate) unsafe fn make(
     // SAFETY: forwarded; the descriptors are live.
     let problem = || format!("{} {op:?}", p.describe());
     let candidates = unsafe { rank(h, op, descs, search, &problem)? };
-    let fits = |c: &&(Algo, sys::cudnnMathType_t, usize)| c.2 <= workspace_limit && math_ok(p.precision, c.1);
+    let fits = |c: &&Ranked| c.2 <= workspace_limit && math_ok(p.precision, c.1);
     // the identity activation of the fused call exists only with IMPLICIT_PRECOMP_GEMM (cuDNN
     // documentation, cudnnConvolutionBiasActivationForward): those first, then the rest
     let precomp = Algo::Forward(sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
-    let first =
-        |c: &&(Algo, sys::cudnnMathType_t, usize)| op == ConvOp::Fused(ConvActivation::Identity) && c.0 == precomp;
+    let first = |c: &&Ranked| op == ConvOp::Fused(ConvActivation::Identity) && c.0 == precomp;
     let ordered = candidates.iter().filter(first).chain(candidates.iter().filter(|c| !first(c)));
     let mut chosen = None;
-    for &(algo, math, _) in ordered.filter(fits) {
+    for &(algo, math, _, ms) in ordered.filter(fits) {
         conv.set_math(math)?;
         // SAFETY: forwarded; the descriptors are live and the math type is set.
         let workspace = unsafe { workspace_size(h, descs, algo)? };
         if workspace <= workspace_limit {
-            chosen = Some(Choice { algo, math, workspace });
+            let measured = search.map(|_| Measured { heuristic_ms: f64::from(ms), tuned_ms: f64::from(ms) });
+            chosen = Some(Choice { algo, math, workspace, measured });
             break;
         }
+    }
+    if let Some(Choice { measured: Some(m), math: chosen_math, .. }) = chosen.as_mut() {
+        // the heuristic's first candidate that fits (asked as without a search, with the
+        // precision's math type), at the time cudnnFind… measured for it
+        conv.set_math(math)?;
+        // SAFETY: forwarded; a heuristic query (no GPU work).
+        let heuristic = unsafe { rank(h, op, descs, None, &problem) }.unwrap_or_default();
+        let mut ordered = heuristic.iter().filter(first).chain(heuristic.iter().filter(|c| !first(c)));
+        if let Some(heur) = ordered.find(fits) {
+            if let Some(timed) = candidates.iter().find(|c| (c.0, c.1) == (heur.0, heur.1)) {
+                m.heuristic_ms = f64::from(timed.3);
+            }
+        }
+        conv.set_math(*chosen_math)?;
     }
     let Some(choice) = chosen else {
         return Err(Error::Unsupported {
@@ -166,27 +195,30 @@ pub(crate) unsafe fn make(
     Ok(ConvPlan { x, w, y, conv, choice, bias, act, fused: true })
 }
 
-type Descs = (
+/// A ranked candidate: algorithm, math type, workspace bytes and (measured) time in ms.
+type Ranked = (Algo, sys::cudnnMathType_t, usize, f32);
+
+pub(super) type Descs = (
     sys::cudnnTensorDescriptor_t,
     sys::cudnnFilterDescriptor_t,
     sys::cudnnTensorDescriptor_t,
     sys::cudnnConvolutionDescriptor_t,
 );
 
-/// The ranked candidates `(algorithm, math type, workspace bytes)` that succeeded.
+/// The ranked candidates that succeeded.
 unsafe fn rank(
     h: sys::cudnnHandle_t,
     op: ConvOp,
     (x, w, y, conv): Descs,
     search: Option<SearchBuffers>,
     problem: &dyn Fn() -> String,
-) -> Result<Vec<(Algo, sys::cudnnMathType_t, usize)>> {
-    fn keep<P: Perf>(v: &[P], n: i32) -> Vec<(Algo, sys::cudnnMathType_t, usize)> {
+) -> Result<Vec<Ranked>> {
+    fn keep<P: Perf>(v: &[P], n: i32) -> Vec<Ranked> {
         let ok = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
         v[..n.clamp(0, v.len() as i32) as usize]
             .iter()
             .filter(|r| r.status() == ok)
-            .map(|r| (r.algo(), r.math(), r.memory()))
+            .map(|r| (r.algo(), r.math(), r.memory(), r.time()))
             .collect()
     }
     let (mut n, req) = (0i32, MAX_ALGOS as i32);
@@ -297,7 +329,7 @@ unsafe fn rank(
 }
 
 /// The exact workspace of `algo` with the descriptor's math type as set.
-unsafe fn workspace_size(h: sys::cudnnHandle_t, (x, w, y, conv): Descs, algo: Algo) -> Result<usize> {
+pub(super) unsafe fn workspace_size(h: sys::cudnnHandle_t, (x, w, y, conv): Descs, algo: Algo) -> Result<usize> {
     let mut bytes = 0usize;
     // SAFETY: live descriptors, a valid out-pointer.
     let (st, name) = unsafe {

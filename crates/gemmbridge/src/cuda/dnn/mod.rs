@@ -5,11 +5,13 @@
 //! the legacy API (`legacy.rs`: `cudnnConvolutionForward`, `cudnnConvolutionBiasActivationForward`,
 //! `cudnnConvolutionBackwardData`, `cudnnConvolutionBackwardFilter`), taken where the graph API
 //! has no engine and on request ([`ConvApi`]). Created on the first convolution, so a GEMM-only
-//! program never loads libcudnn.
+//! program creates no cuDNN handle. Plans from the tactic database, and plans a measured search
+//! chose as tactics for it: `tactic.rs`.
 
 mod graph;
 mod legacy;
 mod sys;
+mod tactic;
 
 use cudarc::cudnn::sys as raw;
 use cudarc::driver::sys::CUstream;
@@ -18,6 +20,7 @@ use rustc_hash::FxHashMap as HashMap;
 use super::device::{capture, is_capturing, GraphExec, Scratch};
 use super::library;
 use super::lt::replay::GraphReplay;
+use super::tactics::Choice;
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
 use graph::GraphPlan;
@@ -140,6 +143,10 @@ pub(crate) struct DnnState {
     /// The room's own workspace for plans that need more than the stream's: stream-ordered,
     /// grown (never shrunk) when a new plan needs more.
     big: BigWorkspaces,
+    /// The tactic database's plans of this cuDNN version, by key text (`tactic.rs`).
+    tuned: HashMap<String, Choice>,
+    /// The loaded libcudnn's version (`cudnnGetVersion`).
+    version: usize,
 }
 
 /// The room's larger workspace and its size in bytes.
@@ -205,8 +212,10 @@ impl DnnState {
     pub fn new(search: ConvSearch, fuse: bool, api: ConvApi) -> Result<DnnState> {
         library::ensure_cudnn()?;
         let (plans, graphs, seen) = (HashMap::default(), HashMap::default(), HashMap::default());
-        let (ws_limit, big) = (CONV_WORKSPACE_LIMIT, BigWorkspaces::default());
-        Ok(DnnState { handle: Handle::new()?, plans, graphs, seen, search, fuse, api, ws_limit, big })
+        let (ws_limit, big, tuned, version) =
+            (CONV_WORKSPACE_LIMIT, BigWorkspaces::default(), HashMap::default(), sys::version());
+        let handle = Handle::new()?;
+        Ok(DnnState { handle, plans, graphs, seen, search, fuse, api, ws_limit, big, tuned, version })
     }
 
     fn key(&self, p: &Conv2d, op: ConvOp, b: &ConvBuffers) -> PlanKey {
@@ -217,10 +226,15 @@ impl DnnState {
     /// The plan of `p` and `op` under the current settings, of the best alignment planned
     /// (allocations are aligned to 256 bytes): for reports.
     fn any_plan(&self, p: &Conv2d, op: ConvOp) -> Option<&Planned> {
+        self.any_entry(p, op).map(|(_, v)| v)
+    }
+
+    /// [`DnnState::any_plan`] with its key.
+    fn any_entry(&self, p: &Conv2d, op: ConvOp) -> Option<(&PlanKey, &Planned)> {
         let fused = matches!(op, ConvOp::Fused(_)) && self.fuse;
         // the best-aligned one: the plan buffers from allocations get
         let mine = self.plans.iter().filter(|(k, _)| k.0 == *p && k.1 == op && k.2 == fused && k.3 == self.api);
-        mine.max_by_key(|(k, _)| k.4).map(|(_, v)| v)
+        mine.max_by_key(|(k, _)| k.4)
     }
 
     /// Destroys the plans and the handle (context bound, device synchronised).
@@ -350,6 +364,10 @@ impl DnnState {
         b: &ConvBuffers,
         workspace: (u64, usize),
     ) -> Result<Planned> {
+        // SAFETY: forwarded.
+        if let Some(plan) = unsafe { self.database_plan(h, p, op, fuse, b, workspace) } {
+            return Ok(plan);
+        }
         if self.api == ConvApi::Graph {
             let (search, limit) = (self.search, self.ws_limit.max(workspace.1));
             // a measured search times candidates that need more than the stream's workspace on

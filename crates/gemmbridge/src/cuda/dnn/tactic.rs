@@ -1,0 +1,479 @@
+//! The cuDNN room's plans in the tactic database ([`crate::cuda::tactics`], kind "conv2d"): a
+//! plan key's stable text, a chosen plan as a [`Tactic`] (after a measured search), and a plan
+//! rebuilt from one without searching — the graph API's engine by its global index with the
+//! recorded knob choices, or the legacy API's algorithm with its math type — used only where
+//! cuDNN finalizes it, it keeps the precision's promise and its workspace fits.
+
+use std::collections::{BTreeSet, HashSet};
+
+use cudarc::cudnn::sys as raw;
+use raw::cudnnBackendAttributeName_t as A;
+use raw::cudnnBackendAttributeType_t as T;
+use raw::cudnnBackendDescriptorType_t as D;
+
+use super::graph::{self, Desc, GraphPlan};
+use super::legacy::{self, Algo, ConvPlan};
+use super::sys::{check, math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
+use super::{ConvApi, ConvBuffers, ConvOp, DnnState, PlanKey, Planned, Tail};
+use crate::conv::{Conv2d, ConvActivation};
+use crate::cuda::tactics::{Choice, Library, ProblemKind, Tactic};
+use crate::error::{Error, Result};
+
+/// A measured search's times, ms: the heuristic's choice and the chosen plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Measured {
+    pub heuristic_ms: f64,
+    pub tuned_ms: f64,
+}
+
+/// A graph-API engine configuration: the engine's global index and its knob choices
+/// (`cudnnBackendKnobType_t` value, knob value).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EngineConfig {
+    pub engine: i64,
+    pub knobs: Vec<(u32, i64)>,
+}
+
+/// The database key of a plan key (the format is the tactics module's, "Signatures").
+pub(super) fn key_text(&(p, op, fused, api, align): &PlanKey) -> String {
+    let dir = match op {
+        ConvOp::Forward => "fwd",
+        ConvOp::Fused(ConvActivation::Relu) => "fwd_bias_relu",
+        ConvOp::Fused(ConvActivation::Identity) => "fwd_bias",
+        ConvOp::BackwardData => "dgrad",
+        ConvOp::BackwardFilter => "wgrad",
+    };
+    let unfused = if matches!(op, ConvOp::Fused(_)) && !fused { "_unfused" } else { "" };
+    let api = match api {
+        ConvApi::Graph => "graph",
+        ConvApi::Legacy => "legacy",
+    };
+    let align = if align == 0 { "any".to_string() } else { align.to_string() };
+    format!(
+        "conv2d {dir}{unfused} n{} c{} h{} w{} k{} r{} s{} stride{},{} pad{},{} dil{},{} g{} {} {} {api} al{align}",
+        p.n,
+        p.c,
+        p.h,
+        p.w,
+        p.k,
+        p.r,
+        p.s,
+        p.stride[0],
+        p.stride[1],
+        p.pad[0],
+        p.pad[1],
+        p.dilation[0],
+        p.dilation[1],
+        p.groups,
+        p.layout,
+        p.precision.name()
+    )
+}
+
+/// The engine configuration `cfg` holds: its engine's global index and its knob choices.
+pub(super) fn read_config(cfg: &Desc) -> Result<EngineConfig> {
+    let (engine, _) = graph::engine_of(cfg)?;
+    let (attr, ty) = (A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, T::CUDNN_TYPE_BACKEND_DESCRIPTOR);
+    let mut n = 0i64;
+    // SAFETY: a count query (no elements requested, a null array).
+    let st = unsafe { raw::cudnnBackendGetAttribute(cfg.0, attr, ty, 0, &mut n, std::ptr::null_mut()) };
+    check(st, "cudnnBackendGetAttribute", || "ENGINECFG_KNOB_CHOICES count".into())?;
+    let choices: Vec<Desc> =
+        (0..n.max(0)).map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)).collect::<Result<_>>()?;
+    let mut raws: Vec<raw::cudnnBackendDescriptor_t> = choices.iter().map(|d| d.0).collect();
+    // SAFETY: cuDNN fills the caller's created KNOB_CHOICE descriptors, at most `n`.
+    let got = unsafe { cfg.get(attr, ty, &mut raws) }?;
+    let mut knobs = Vec::with_capacity(got);
+    for c in choices.iter().take(got) {
+        let mut ty = [0u32];
+        // SAFETY: KNOB_TYPE is written as the (32-bit) enum; any value fits a u32.
+        unsafe { c.get(A::CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, T::CUDNN_TYPE_KNOB_TYPE, &mut ty) }?;
+        knobs.push((ty[0], c.get_i64(A::CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE)?));
+    }
+    Ok(EngineConfig { engine, knobs })
+}
+
+/// The tactic of a plan a measured search chose (`None` for a heuristic choice or a plan that
+/// came from the database), tuned with cuDNN `version`.
+pub(super) fn export(plan: &Planned, version: usize) -> Option<Tactic> {
+    let (choice, m) = match plan {
+        Planned::Graph(g, tail) => {
+            let c = g.config.clone()?;
+            let unfused = tail.is_some();
+            (Choice::CudnnEngine { engine: c.engine, knobs: c.knobs, workspace: g.workspace, unfused }, g.measured?)
+        }
+        Planned::Legacy(pl) => {
+            let c = pl.choice;
+            (Choice::CudnnAlgo { algo: c.algo.value(), math: c.math as u32, workspace: c.workspace }, c.measured?)
+        }
+    };
+    Some(Tactic::cudnn_conv(choice, version, m.heuristic_ms, m.tuned_ms))
+}
+
+/// The plan `choice` describes for `p`, `op` (`fuse`: a fused forward runs fused) and buffers
+/// aligned as `b`, without a search: the graph API's engine configuration needing at most
+/// `limit` bytes of workspace, or the legacy API's algorithm needing at most `legacy_limit`.
+///
+/// # Errors
+/// Whatever cuDNN refuses (an engine index that does not exist, knobs it does not take, a plan
+/// that does not finalize), a choice that breaks the precision's promise, needs more workspace
+/// than allowed, or is of an unknown kind: [`Error::Cudnn`] or [`Error::Unsupported`]. The
+/// caller plans the problem as without the database.
+///
+/// # Safety
+/// `h` is a live handle.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rebuild(
+    h: raw::cudnnHandle_t,
+    p: &Conv2d,
+    op: ConvOp,
+    fuse: bool,
+    b: &ConvBuffers,
+    choice: &Choice,
+    limit: usize,
+    legacy_limit: usize,
+) -> Result<Planned> {
+    let refused = |what: String| Error::Unsupported { backend: "cuDNN", what };
+    match choice {
+        &Choice::CudnnEngine { engine, ref knobs, unfused, .. } => {
+            // a fused forward's tail: the forward graph's engine, then the bias and activation
+            let tail = match op {
+                ConvOp::Fused(act) if unfused || !fuse => Some(Tail::new(p, act)?),
+                _ => None,
+            };
+            let graph_op = if tail.is_some() { ConvOp::Forward } else { op };
+            let config = EngineConfig { engine, knobs: knobs.clone() };
+            let g = engine_plan(h, p, graph_op, b, config, limit)?;
+            Ok(Planned::Graph(g, tail))
+        }
+        &Choice::CudnnAlgo { algo, math, .. } => {
+            let algo = algo_of(op, algo).ok_or_else(|| refused(format!("no legacy algorithm {algo} for {op:?}")))?;
+            let math = math_of(math).ok_or_else(|| refused(format!("no math type {math}")))?;
+            if !math_ok(p.precision, math) {
+                return Err(refused(format!("{math:?} breaks {}'s promise", p.precision)));
+            }
+            let (dtype, _) = types(p.precision);
+            let x = TensorDesc::new(dtype, p.x_dims(), p.layout)?;
+            let w = FilterDesc::new(dtype, p.w_dims(), p.layout)?;
+            let y = TensorDesc::new(dtype, p.y_dims(), p.layout)?;
+            let conv = ConvDesc::new(p, math)?;
+            // SAFETY: live descriptors, the math type set.
+            let workspace = unsafe { legacy::workspace_size(h, (x.raw(), w.raw(), y.raw(), conv.raw()), algo)? };
+            if workspace > legacy_limit {
+                return Err(refused(format!(
+                    "{} needs {workspace} bytes of workspace, over {legacy_limit}",
+                    algo.name()
+                )));
+            }
+            let (bias, act) = match op {
+                ConvOp::Fused(a) => {
+                    (Some(TensorDesc::new(dtype, [1, p.k, 1, 1], p.layout)?), Some(ActivationDesc::new(a)?))
+                }
+                _ => (None, None),
+            };
+            let choice = legacy::Choice { algo, math, workspace, measured: None };
+            Ok(Planned::Legacy(ConvPlan { x, w, y, conv, choice, bias, act, fused: fuse }))
+        }
+        other => Err(refused(format!("{other:?} is not a convolution plan"))),
+    }
+}
+
+/// The execution plan of engine configuration `c` for `p` and `op`'s graph, with buffers
+/// aligned as `b`: finalized, its engine's numerical notes keeping the precision's promise,
+/// its workspace at most `limit`.
+fn engine_plan(
+    h: raw::cudnnHandle_t,
+    p: &Conv2d,
+    op: ConvOp,
+    b: &ConvBuffers,
+    c: EngineConfig,
+    limit: usize,
+) -> Result<GraphPlan> {
+    let what = || format!("{} {op:?} engine {}", p.describe(), c.engine);
+    let (g, mut parts) = graph::graph(h, p, op, graph::alignment(b))?;
+    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?
+        .descs(A::CUDNN_ATTR_ENGINE_OPERATION_GRAPH, &[&g])?
+        .i64s(A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX, &[c.engine])?
+        .finalize(what)?;
+    let mut knobs = Vec::with_capacity(c.knobs.len());
+    for &(ty, value) in &c.knobs {
+        // SAFETY: KNOB_TYPE reads the (32-bit) enum, passed as its value (cuDNN refuses values
+        // it does not know); KNOB_VALUE an int64_t.
+        let k = unsafe {
+            Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)?.set(
+                A::CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                T::CUDNN_TYPE_KNOB_TYPE,
+                &[ty],
+            )?
+        };
+        knobs
+            .push(k.i64s(A::CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, &[value])?.finalize(|| format!("knob {ty} = {value}"))?);
+    }
+    let mut cfg =
+        Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)?.descs(A::CUDNN_ATTR_ENGINECFG_ENGINE, &[&engine])?;
+    if !knobs.is_empty() {
+        cfg = cfg.descs(A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, &knobs.iter().collect::<Vec<_>>())?;
+    }
+    let cfg = cfg.finalize(what)?;
+    let (_, notes) = graph::engine_of(&cfg)?;
+    if !graph::notes_ok(p.precision, &notes) {
+        let what = format!("{}: numerical notes {notes:?} break {}'s promise", what(), p.precision);
+        return Err(Error::Unsupported { backend: "cuDNN", what });
+    }
+    let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?
+        .handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h)?
+        .descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg])?
+        .finalize(what)?;
+    let bytes = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
+    if bytes > limit {
+        let what = format!("{} needs {bytes} bytes of workspace, over the limit of {limit}", what());
+        return Err(Error::Unsupported { backend: "cuDNN", what });
+    }
+    let (uids, _) = graph::variant(op, b);
+    let name = format!("engine {} (tactic database, knobs {:?}, notes {notes:?})", c.engine, c.knobs);
+    parts.extend([g, engine]);
+    parts.extend(knobs);
+    let mut made_of = vec![cfg];
+    made_of.append(&mut parts);
+    let mut g = GraphPlan::new(plan, made_of, bytes, name, uids);
+    g.config = Some(c);
+    Ok(g)
+}
+
+impl GraphPlan {
+    /// `plan`, needing `workspace` bytes, made of `made_of` (its engine configuration first),
+    /// with the variant pack's `uids`; no configuration read yet, no times.
+    pub(super) fn new(plan: Desc, made_of: Vec<Desc>, workspace: usize, name: String, uids: Vec<i64>) -> GraphPlan {
+        GraphPlan { plan, _made_of: made_of, workspace, name, uids, pack: None, config: None, measured: None }
+    }
+}
+
+impl DnnState {
+    /// Takes the tactic database's convolution entries of this cuDNN version (entries of
+    /// another are left out with one warning) and drops the plans, and their replay graphs,
+    /// that the new entries replace: they are rebuilt from the entries on next use. The context
+    /// is bound by the caller.
+    pub fn load_tactics<'a>(&mut self, entries: impl IntoIterator<Item = (&'a String, &'a Tactic)>) {
+        let (mut new, mut other) = (HashSet::<String>::new(), BTreeSet::new());
+        let conv = entries.into_iter().filter(|(_, t)| t.library == Library::Cudnn && t.kind == ProblemKind::Conv2d);
+        let mut stale = 0usize;
+        for (sig, t) in conv {
+            if t.version == self.version {
+                self.tuned.insert(sig.clone(), t.choice.clone());
+                new.insert(sig.clone());
+            } else {
+                stale += 1;
+                other.insert(t.version);
+            }
+        }
+        if stale > 0 {
+            let cudnn = self.version;
+            tracing::warn!(stale, tuned_with = ?other, cudnn, "convolution tactics of another cuDNN version; not used");
+        }
+        self.plans.retain(|k, _| !new.contains(&key_text(k)));
+        self.graphs.retain(|k, _| !new.contains(&key_text(&k.0)));
+        self.seen.retain(|k, _| !new.contains(&key_text(&k.0)));
+    }
+
+    /// The plan the database holds for `p`, `op` and `b`'s alignment, rebuilt without a search;
+    /// `None` without an entry, or (logged as a warning) where cuDNN refuses it. Limits: the
+    /// room's workspace limit for the graph API, the stream's workspace for the legacy API, as
+    /// for a plan made by a search.
+    ///
+    /// # Safety
+    /// `h` is a live handle.
+    pub(super) unsafe fn database_plan(
+        &self,
+        h: raw::cudnnHandle_t,
+        p: &Conv2d,
+        op: ConvOp,
+        fuse: bool,
+        b: &ConvBuffers,
+        workspace: (u64, usize),
+    ) -> Option<Planned> {
+        let sig = key_text(&(*p, op, fuse, self.api, self.key(p, op, b).4));
+        let choice = self.tuned.get(&sig)?;
+        let limit = self.ws_limit.max(workspace.1);
+        // SAFETY: forwarded.
+        match unsafe { rebuild(h, p, op, fuse, b, choice, limit, workspace.1) } {
+            Ok(plan) => {
+                tracing::debug!(key = %sig, ?choice, "cuDNN plan from the tactic database");
+                Some(plan)
+            }
+            Err(e) => {
+                tracing::warn!(key = %sig, ?choice, error = %e, "cuDNN refused the tactic database's plan; planning without it");
+                None
+            }
+        }
+    }
+
+    /// The tactic of `p` and `op`'s plan under the current settings (the best-aligned one),
+    /// where a measured search chose it: its key text and the tactic.
+    pub fn tactic(&self, p: &Conv2d, op: ConvOp) -> Option<(String, Tactic)> {
+        let (key, plan) = self.any_entry(p, op)?;
+        export(plan, self.version).map(|t| (key_text(key), t))
+    }
+
+    /// The tactics of every plan a measured search chose, by key text.
+    pub fn tactics(&self) -> Vec<(String, Tactic)> {
+        let mut all: Vec<(String, Tactic)> =
+            self.plans.iter().filter_map(|(k, plan)| export(plan, self.version).map(|t| (key_text(k), t))).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}
+
+/// The legacy algorithm of `op`'s direction whose enum value is `v`.
+fn algo_of(op: ConvOp, v: u32) -> Option<Algo> {
+    use raw::cudnnConvolutionBwdDataAlgo_t::*;
+    use raw::cudnnConvolutionBwdFilterAlgo_t::*;
+    use raw::cudnnConvolutionFwdAlgo_t::*;
+    match op {
+        ConvOp::Forward | ConvOp::Fused(_) => [
+            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+            CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+            CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+            CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+            CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+            CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+            CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+        ]
+        .into_iter()
+        .find(|a| *a as u32 == v)
+        .map(Algo::Forward),
+        ConvOp::BackwardData => [
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
+        ]
+        .into_iter()
+        .find(|a| *a as u32 == v)
+        .map(Algo::Data),
+        ConvOp::BackwardFilter => [
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+        ]
+        .into_iter()
+        .find(|a| *a as u32 == v)
+        .map(Algo::Filter),
+    }
+}
+
+/// The math type whose enum value is `v`.
+fn math_of(v: u32) -> Option<raw::cudnnMathType_t> {
+    use raw::cudnnMathType_t::*;
+    [CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, CUDNN_FMA_MATH]
+        .into_iter()
+        .find(|m| *m as u32 == v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::ConvLayout;
+    use crate::precision::Precision;
+
+    fn resnet() -> Conv2d {
+        Conv2d::new(32, 64, 56, 56, 64, 3, 3, Precision::BF16).with_pad(1, 1)
+    }
+
+    #[test]
+    fn key_text_is_the_documented_format() {
+        let key = (resnet(), ConvOp::Fused(ConvActivation::Relu), true, ConvApi::Graph, 16);
+        assert_eq!(
+            key_text(&key),
+            "conv2d fwd_bias_relu n32 c64 h56 w56 k64 r3 s3 stride1,1 pad1,1 dil1,1 g1 nhwc bf16 graph al16"
+        );
+        let odd = Conv2d::new(3, 8, 17, 15, 12, 7, 5, Precision::TF32)
+            .with_stride(2, 3)
+            .with_pad(3, 2)
+            .with_dilation(1, 2)
+            .with_groups(4)
+            .with_layout(ConvLayout::Nchw);
+        assert_eq!(
+            key_text(&(odd, ConvOp::BackwardFilter, false, ConvApi::Legacy, 0)),
+            "conv2d wgrad n3 c8 h17 w15 k12 r7 s5 stride2,3 pad3,2 dil1,2 g4 nchw tf32 legacy alany"
+        );
+    }
+
+    #[test]
+    fn every_part_of_the_plan_key_changes_the_text() {
+        let p = resnet();
+        let mut keys: Vec<PlanKey> = Vec::new();
+        for op in [
+            ConvOp::Forward,
+            ConvOp::Fused(ConvActivation::Relu),
+            ConvOp::Fused(ConvActivation::Identity),
+            ConvOp::BackwardData,
+            ConvOp::BackwardFilter,
+        ] {
+            for fused in [true, false] {
+                // a fusion setting is part of the key only for the fused forward
+                if fused || matches!(op, ConvOp::Fused(_)) {
+                    keys.push((p, op, fused, ConvApi::Graph, 16));
+                }
+            }
+        }
+        for layout in [ConvLayout::Nhwc, ConvLayout::Nchw] {
+            for precision in [Precision::F32, Precision::TF32, Precision::F16, Precision::BF16] {
+                for (api, align) in
+                    [(ConvApi::Graph, 16), (ConvApi::Graph, 8), (ConvApi::Graph, 2), (ConvApi::Legacy, 0)]
+                {
+                    keys.push((p.with_layout(layout).with_precision(precision), ConvOp::Forward, true, api, align));
+                }
+            }
+        }
+        for q in [
+            Conv2d { n: 31, ..p },
+            Conv2d { c: 63, ..p },
+            Conv2d { h: 55, ..p },
+            Conv2d { w: 55, ..p },
+            Conv2d { k: 65, ..p },
+            Conv2d { r: 1, ..p },
+            Conv2d { s: 1, ..p },
+            p.with_stride(2, 1),
+            p.with_stride(1, 2),
+            p.with_pad(0, 1),
+            p.with_pad(1, 0),
+            p.with_dilation(2, 1),
+            p.with_dilation(1, 2),
+            p.with_groups(2),
+        ] {
+            keys.push((q, ConvOp::Forward, true, ConvApi::Graph, 16));
+        }
+        let distinct: HashSet<PlanKey> = keys.iter().copied().collect();
+        assert!(distinct.len() > 50, "{}", distinct.len());
+        let texts: BTreeSet<String> = distinct.iter().map(key_text).collect();
+        assert_eq!(texts.len(), distinct.len(), "two plan keys share a text");
+        assert!(texts.iter().all(|t| t.starts_with("conv2d ") && !t.contains("  ")));
+        // stable: the same key, the same text
+        let again = keys[0];
+        assert_eq!(key_text(&keys[0]), key_text(&again));
+    }
+
+    #[test]
+    fn legacy_enum_values_map_back_and_unknown_ones_are_refused() {
+        for (op, n) in [(ConvOp::Forward, 8), (ConvOp::BackwardData, 6), (ConvOp::BackwardFilter, 7)] {
+            for v in 0..n {
+                let a = algo_of(op, v).unwrap_or_else(|| panic!("{op:?} {v}"));
+                assert_eq!(a.value(), v);
+            }
+            assert_eq!(algo_of(op, n), None, "{op:?}: the COUNT value is no algorithm");
+            assert_eq!(algo_of(op, u32::MAX), None);
+        }
+        assert!(matches!(algo_of(ConvOp::Fused(ConvActivation::Relu), 1), Some(Algo::Forward(_))));
+        for v in 0..4 {
+            assert_eq!(math_of(v).map(|m| m as u32), Some(v));
+        }
+        assert_eq!(math_of(4), None);
+    }
+}
