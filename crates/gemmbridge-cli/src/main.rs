@@ -19,6 +19,7 @@ mod suites;
 mod timing;
 mod train_bench;
 mod tune;
+mod tune_conv;
 
 use clap::{Parser, Subcommand};
 
@@ -47,7 +48,8 @@ enum Command {
     /// gemmbridge's CPU backend instead (the matrixmultiply crate) on the small "cpu" suite,
     /// matmul and linear only, rates in GFLOP/s; GPU-only options are then ignored with a note.
     Bench(bench::Args),
-    /// Autotunes cuBLASLt algorithms for a suite and stores the winners in a tactic database.
+    /// Autotunes cuBLASLt algorithms for a suite (and, with --ops conv_…, cuDNN's convolution
+    /// plans) and stores the winners in a tactic database.
     Tune(tune::Args),
     /// Measures the first GEMM of this (fresh) process, with or without prewarm.
     Firstcall(firstcall::Args),

@@ -1,4 +1,5 @@
-//! `gemmbridge tune`: fills a tactic database for a suite.
+//! `gemmbridge tune`: fills a tactic database for a suite (cuBLASLt GEMMs) and, with
+//! `--ops conv_…`, for the convolution suite (cuDNN plans, `tune_conv.rs`).
 
 use std::path::Path;
 
@@ -8,10 +9,12 @@ use gemmbridge::cuda::tactics::TacticDb;
 use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras, TuneOptions};
 use gemmbridge::{DType, Element, Epilogue, Precision};
 
+use crate::bench::conv;
 use crate::db::identity;
 use crate::ops::{op_applies, precision_of, problem, OPS};
 use crate::random::normal;
 use crate::suites;
+use crate::tune_conv;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,9 +29,22 @@ pub struct Args {
     #[arg(long, default_value = "tensorwise,rowwise,block")]
     scalings: String,
     /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu, bmm (a strided batch
-    /// of 4 matmuls, as `bench --ops bmm`; not tuned by default).
+    /// of 4 matmuls, as `bench --ops bmm`; not tuned by default). Convolutions (cuDNN's measured
+    /// search on ResNet-50's 11 convolutions per dtype, --conv-layouts and --conv-batches, as
+    /// `bench` times them; not tuned by default; --suite does not apply to them): conv_fwd,
+    /// conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, or conv for all five.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu")]
     ops: String,
+    /// Convolutions: the layouts, nhwc and/or nchw.
+    #[arg(long, default_value = "nhwc,nchw")]
+    conv_layouts: String,
+    /// Convolutions: the batch sizes N.
+    #[arg(long, default_value = "32,1")]
+    conv_batches: String,
+    /// Convolutions: which cuDNN API's plans to tune, "graph" (the library's default) or
+    /// "legacy".
+    #[arg(long, default_value = "graph")]
+    conv_api: String,
     /// The tactic database to fill (created, or merged into).
     #[arg(long)]
     db: String,
@@ -44,6 +60,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let shapes = suites::shapes(&args.suite)?;
     let mut jobs: Vec<(&str, Precision, &str)> = Vec::new();
     let mut fp8_scalings: Vec<String> = Vec::new();
+    let mut conv_ops: Vec<String> = Vec::new();
+    let mut conv_dtypes: Vec<(String, Precision)> = Vec::new();
+    for op in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        let named: &[&str] = if op == "conv" { &conv::OPS } else { std::slice::from_ref(&op) };
+        for &o in named.iter().filter(|o| conv::OPS.contains(o)) {
+            if !conv_ops.iter().any(|c| c == o) {
+                conv_ops.push(o.to_string());
+            }
+        }
+    }
     for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
         if d == "fp8_e4m3" {
             fp8_scalings = crate::bench::fp8::parse_scalings(&args.scalings)?;
@@ -52,18 +78,34 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         let Some(prec) = precision_of(d) else {
             bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16, fp8_e4m3")
         };
+        if !conv_dtypes.iter().any(|(n, _)| n == d) {
+            conv_dtypes.push((d.to_string(), prec));
+        }
         for op in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            if op == "conv" || conv::OPS.contains(&op) {
+                continue;
+            }
             if !OPS.contains(&op) {
-                bail!("unknown op {op:?}; choose from {}", OPS.join(", "));
+                bail!("unknown op {op:?}; choose from {}, {}, conv", OPS.join(", "), conv::OPS.join(", "));
             }
             if op_applies(op, d) {
                 jobs.push((d, prec, op));
             }
         }
     }
-    if jobs.is_empty() && fp8_scalings.is_empty() {
+    if conv_ops.is_empty() {
+        conv_dtypes.clear();
+    }
+    if jobs.is_empty() && fp8_scalings.is_empty() && conv_dtypes.is_empty() {
         bail!("nothing to tune: --dtypes and --ops select no problem");
     }
+    let conv_plan = tune_conv::Plan {
+        ops: &conv_ops,
+        dtypes: &conv_dtypes,
+        layouts: conv::parse_layouts(&args.conv_layouts)?,
+        batches: conv::parse_batches(&args.conv_batches)?,
+        api: conv::parse_api(&args.conv_api)?,
+    };
     if args.candidates == 0 || args.candidates > 32 || args.reps == 0 {
         bail!("--candidates must be 1..=32 and --reps at least 1");
     }
@@ -72,8 +114,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         bail!("--db: {e}");
     }
     let gpu = Gpu::new(0).context("tune needs a CUDA GPU")?;
-    if !gpu.has_lt() {
-        bail!("tune needs cuBLASLt (libcublasLt), which was not found");
+    let gemms = !jobs.is_empty() || !fp8_scalings.is_empty();
+    if gemms && !gpu.has_lt() {
+        bail!("tuning GEMMs needs cuBLASLt (libcublasLt), which was not found");
     }
     // SAFETY: every buffer tune allocates is used only on gpu.stream().
     unsafe { gpu.context().disable_event_tracking() };
@@ -84,16 +127,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Err(e) = TacticDb::check_writable(db_path, &db.identity) {
         bail!("--db {}: {e}", args.db);
     }
-    println!(
-        "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>5} {:>6} {:>6}",
-        "op", "dtype", "m", "n", "k", "heur. ms", "tuned ms", "gain", "cands", "added", "wrong", "kept"
-    );
     let mut problems: Vec<(String, &str, suites::Shape, Option<Precision>)> = Vec::new();
     for &(d, prec, op) in &jobs {
         problems.extend(shapes.iter().map(|&s| (op.to_string(), d, s, Some(prec))));
     }
     for sc in &fp8_scalings {
         problems.extend(shapes.iter().map(|&s| (format!("scaled_mm/{sc}"), "fp8_e4m3", s, None)));
+    }
+    if !problems.is_empty() {
+        println!(
+            "{:<16} {:<5} {:>6} {:>6} {:>6} {:>10} {:>10} {:>7} {:>5} {:>5} {:>6} {:>6}",
+            "op", "dtype", "m", "n", "k", "heur. ms", "tuned ms", "gain", "cands", "added", "wrong", "kept"
+        );
     }
     for (op, d, shape, prec) in &problems {
         let (op, d, shape) = (op.as_str(), *d, *shape);
@@ -140,6 +185,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         db.entries.insert(sig, tactic);
         // saved after every problem, so an interrupted run keeps what it tuned
         db.save(db_path).with_context(|| format!("writing {}", args.db))?;
+    }
+    if !conv_dtypes.is_empty() {
+        let n = tune_conv::run(&gpu, &conv_plan, &mut db, db_path)?;
+        println!("{n} convolution plans tuned");
     }
     println!("{} tactics written to {} (merged with what was there)", db.entries.len(), args.db);
     Ok(0)

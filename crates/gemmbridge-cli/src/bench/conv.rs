@@ -78,6 +78,16 @@ pub fn parse_batches(s: &str) -> anyhow::Result<Vec<usize>> {
     Ok(out)
 }
 
+/// The direction `Gpu::conv2d_plan` and `Gpu::conv2d_tactic` name for a convolution op.
+pub fn direction(op: &str) -> &'static str {
+    match op {
+        "conv_fwd" => "forward",
+        "conv_dgrad" => "backward_data",
+        "conv_wgrad" => "backward_filter",
+        _ => "fused",
+    }
+}
+
 /// `--conv-api` parsed.
 pub fn parse_api(s: &str) -> anyhow::Result<ConvApi> {
     Ok(match s {
@@ -159,13 +169,7 @@ fn shape_rows<T: Element + DeviceRepr>(
             "conv_wgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_filter(p, &x, &dy, &mut dw))?,
             other => bail!("unknown convolution op {other:?}"),
         };
-        let direction = match op.as_str() {
-            "conv_fwd" => "forward",
-            "conv_dgrad" => "backward_data",
-            "conv_wgrad" => "backward_filter",
-            _ => "fused",
-        };
-        tracing::info!(problem = %p.describe(), op = %op, plan = ?gpu.conv2d_plan(p, direction), "convolution row");
+        tracing::info!(problem = %p.describe(), op = %op, plan = ?gpu.conv2d_plan(p, direction(op)), "convolution row");
         let (m, kk) = (pp * q, p.c_per_group() * p.r * p.s);
         rows.push(Row {
             op: op.clone(),

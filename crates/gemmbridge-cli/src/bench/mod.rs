@@ -61,7 +61,9 @@ pub struct Args {
     /// Library: auto (cuBLASLt where it serves), blas (cuBLAS), lt (cuBLASLt).
     #[arg(long, default_value = "auto")]
     backend: String,
-    /// Tactic database from `gemmbridge tune` to use.
+    /// Tactic database from `gemmbridge tune` to use: its GEMM entries, and its convolution
+    /// entries of the cuDNN version loaded (a convolution with an entry runs the stored plan,
+    /// without a search).
     #[arg(long)]
     db: Option<String>,
     /// Misaligned operands (leading dimension or address off 16 bytes): "on" runs large such
@@ -86,7 +88,7 @@ pub struct Args {
     conv_batches: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
     /// as PyTorch's cudnn.benchmark = True, the peer's setting) or "heuristic" (the library's
-    /// default).
+    /// default). Either way a convolution with an entry in --db runs that entry's plan.
     #[arg(long, default_value = "measured")]
     conv_search: String,
     /// Convolution rows: which cuDNN API runs them, "graph" (the backend API with execution
