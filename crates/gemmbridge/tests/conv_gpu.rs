@@ -4,7 +4,8 @@
 //! and bf16, against the float64 definitions (`gemmbridge::conv::reference`) within the
 //! precision's band, outputs poisoned with NaN first; the measured search; the legacy API and
 //! the unfused graph; element-aligned views; bad input named
-//! before anything is written, the engine usable after.
+//! before anything is written, the engine usable after; measured plans through the tactic
+//! database (rebuilt bit for bit, a refused entry falling back).
 
 mod common;
 
@@ -13,7 +14,8 @@ use std::sync::RwLock;
 use common::{normal, poison, rng};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use gemmbridge::conv::{reference, Conv2d, ConvActivation, ConvLayout};
-use gemmbridge::cuda::{ConvApi, ConvSearch, Gpu};
+use gemmbridge::cuda::tactics::{Choice, Library, ProblemKind, TacticDb};
+use gemmbridge::cuda::{cudnn_version, ConvApi, ConvSearch, Gpu};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::rel_error;
 use gemmbridge::{Element, Error, Precision, Which};
@@ -277,4 +279,136 @@ fn prewarmed_convolutions_are_capturable() {
     let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&s.clone_dtoh(&yc).unwrap()), bits(&want_y), "captured fused forward");
     assert_eq!(bits(&s.clone_dtoh(&dxc).unwrap()), bits(&want_dx), "captured backward data");
+}
+
+/// The directions the tactic-database test runs (`Gpu::conv2d_plan`'s names).
+const DIRECTIONS: [&str; 3] = ["forward", "fused", "backward_data"];
+
+/// One problem's host inputs: x, w, the bias, dy.
+struct Inputs {
+    x: Vec<f16>,
+    w: Vec<f16>,
+    b: Vec<f16>,
+    dy: Vec<f16>,
+}
+
+/// The forward, the fused bias + ReLU forward and the backward data of `p` on fresh buffers of
+/// `gpu` (outputs poisoned first): each output's bits, in [`DIRECTIONS`]' order.
+fn outputs(gpu: &Gpu, p: &Conv2d, i: &Inputs) -> Vec<Vec<u16>> {
+    let s = gpu.stream();
+    let up = |v: &[f16]| s.clone_htod(v).unwrap();
+    let (x, w, b, dy) = (up(&i.x), up(&i.w), up(&i.b), up(&i.dy));
+    let [lx, _, ly] = p.lens();
+    let (mut y, mut yf, mut dx) = (up(&poison(ly)), up(&poison(ly)), up(&poison(lx)));
+    gpu.conv2d_forward(p, &x, &w, &mut y).unwrap();
+    gpu.conv2d_fused(p, &x, &w, &b, ConvActivation::Relu, &mut yf).unwrap();
+    gpu.conv2d_backward_data(p, &w, &dy, &mut dx).unwrap();
+    [y, yf, dx].iter().map(|v| s.clone_dtoh(v).unwrap().iter().map(|e| e.to_bits()).collect()).collect()
+}
+
+/// Each output of [`outputs`] against float64, within the precision's band.
+fn check_outputs(p: &Conv2d, i: &Inputs, got: &[Vec<u16>], what: &str) {
+    let (x, w, b, dy) = (wide(&i.x), wide(&i.w), wide(&i.b), wide(&i.dy));
+    let want = [
+        reference::forward(p, &x, &w),
+        reference::forward_fused(p, &x, &w, &b, true),
+        reference::backward_data(p, &w, &dy),
+    ];
+    for ((d, got), want) in DIRECTIONS.iter().zip(got).zip(want) {
+        let got: Vec<f64> = got.iter().map(|&bits| f16::from_bits(bits).to_f64()).collect();
+        let e = rel_error(&got, &want);
+        assert!(e <= p.precision.tolerance(), "{what} {d}: rel error {e:e}");
+    }
+}
+
+/// The engine (graph API: "engine N") or the algorithm and math type (legacy API) a plan
+/// report names.
+fn plan_id(plan: &str) -> String {
+    match plan.strip_prefix("graph API engine ") {
+        Some(rest) => format!("engine {}", rest.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("")),
+        None => plan.split_whitespace().take(4).collect::<Vec<_>>().join(" "),
+    }
+}
+
+/// A measured search's plans, exported as tactics, saved and loaded, run in a fresh `Gpu`
+/// without a search: the same engine (or legacy algorithm), the same output bit for bit, for
+/// both cuDNN APIs. Entries cuDNN refuses (an engine index that does not exist, an algorithm
+/// value outside its enum) fall back to planning without the database, with no error.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn measured_plans_round_trip_through_the_tactic_database() {
+    let _shared = shared();
+    let mut rng = rng();
+    let p = Conv2d::new(2, 16, 10, 9, 24, 3, 3, Precision::F16).with_pad(1, 1);
+    let [lx, lw, ly] = p.lens();
+    let inputs =
+        Inputs { x: normal(&mut rng, lx), w: normal(&mut rng, lw), b: normal(&mut rng, p.k), dy: normal(&mut rng, ly) };
+    for api in [ConvApi::Graph, ConvApi::Legacy] {
+        let tuned = gpu();
+        tuned.set_conv_api(api);
+        tuned.set_conv_search(ConvSearch::Measured);
+        let want = outputs(&tuned, &p, &inputs);
+        check_outputs(&p, &inputs, &want, &format!("{api:?} measured"));
+        // the tuned plans repeat their own bits (else equality below would prove nothing)
+        assert!(outputs(&tuned, &p, &inputs) == want, "{api:?}: the measured plans are not deterministic");
+        let identity = tuned.tactic_identity().unwrap();
+        assert!(identity.cudnn.is_some() && identity.cudnn == cudnn_version(), "{identity:?}");
+        let mut db = TacticDb::new(identity.clone());
+        for d in DIRECTIONS {
+            let (sig, t) =
+                tuned.conv2d_tactic(&p, d).unwrap_or_else(|| panic!("{api:?} {d}: no tactic after a measured search"));
+            let api_part = if api == ConvApi::Graph { " graph al" } else { " legacy alany" };
+            assert!(sig.starts_with("conv2d ") && sig.contains(api_part), "{sig}");
+            assert_eq!((t.library, t.kind, Some(t.version)), (Library::Cudnn, ProblemKind::Conv2d, identity.cudnn));
+            assert!(t.tuned_ms > 0.0 && t.heuristic_ms > 0.0, "{sig}: {t:?}");
+            match api {
+                // the graph API's search timed the heuristic's choice among the candidates
+                ConvApi::Graph => assert!(t.tuned_ms <= t.heuristic_ms, "{sig}: {t:?}"),
+                _ => assert!(matches!(t.choice, Choice::CudnnAlgo { .. }), "{sig}: {t:?}"),
+            }
+            eprintln!("{sig}: {t:?}");
+            db.entries.insert(sig, t);
+        }
+        assert_eq!(tuned.conv2d_tactics().len(), DIRECTIONS.len(), "{:?}", tuned.conv2d_tactics());
+
+        // through a file, as `gemmbridge tune` writes it and `bench --db` reads it
+        let path = std::env::temp_dir().join(format!("gemmbridge-conv-tactics-{}-{api:?}.json", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        db.save(&path).unwrap();
+        let (loaded, warnings) = TacticDb::load(&path, &identity);
+        let _ = std::fs::remove_file(&path);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(loaded.entries, db.entries);
+        let fresh = gpu();
+        fresh.set_conv_api(api);
+        fresh.load_tactics(&loaded);
+        let got = outputs(&fresh, &p, &inputs);
+        for (i, d) in DIRECTIONS.iter().enumerate() {
+            let (a, b) = (tuned.conv2d_plan(&p, d).unwrap(), fresh.conv2d_plan(&p, d).unwrap());
+            eprintln!("{api:?} {d}: measured {a}; from the database {b}");
+            assert!(b.contains("tactic database"), "{api:?} {d}: not the database's plan: {b}");
+            assert_eq!(plan_id(&a), plan_id(&b), "{api:?} {d}");
+            assert!(got[i] == want[i], "{api:?} {d}: the database's plan gives other bits");
+            assert_eq!(fresh.conv2d_tactic(&p, d), None, "{api:?} {d}: a plan from the database is no measurement");
+        }
+
+        // refused entries: planned as without the database (the heuristic here), no error
+        let mut bad = loaded.clone();
+        for t in bad.entries.values_mut() {
+            match &mut t.choice {
+                Choice::CudnnEngine { engine, .. } => *engine = 1 << 40,
+                Choice::CudnnAlgo { algo, .. } => *algo = 1000,
+                other => panic!("not a convolution choice: {other:?}"),
+            }
+        }
+        let fallback = gpu();
+        fallback.set_conv_api(api);
+        fallback.load_tactics(&bad);
+        let got = outputs(&fallback, &p, &inputs);
+        check_outputs(&p, &inputs, &got, &format!("{api:?} after a refused entry"));
+        for d in DIRECTIONS {
+            let plan = fallback.conv2d_plan(&p, d).unwrap();
+            assert!(!plan.contains("tactic database"), "{api:?} {d}: {plan}");
+        }
+    }
 }

@@ -74,6 +74,8 @@ pub(crate) struct ConvPlan {
     /// first time cuDNN refuses; the convolution, `cudnnAddTensor` and
     /// `cudnnActivationForward` then run it).
     pub fused: bool,
+    /// Whether the choice came from the tactic database.
+    pub from_database: bool,
 }
 
 /// The buffers a measured search runs on (device addresses) and the workspace it may use.
@@ -192,7 +194,7 @@ pub(crate) unsafe fn make(
         _ => (None, None),
     };
     tracing::debug!(problem = %p.describe(), ?op, algo = %choice.algo.name(), math = ?choice.math, workspace = choice.workspace, "cuDNN plan");
-    Ok(ConvPlan { x, w, y, conv, choice, bias, act, fused: true })
+    Ok(ConvPlan { x, w, y, conv, choice, bias, act, fused: true, from_database: false })
 }
 
 /// A ranked candidate: algorithm, math type, workspace bytes and (measured) time in ms.

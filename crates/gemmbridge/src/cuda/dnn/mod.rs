@@ -454,7 +454,9 @@ impl DnnState {
                 format!("graph API {}{unfused}, workspace {} B", g.name, g.workspace)
             }
             Planned::Legacy(pl) => {
-                format!("legacy API {} {:?} workspace {} B", pl.choice.algo.name(), pl.choice.math, pl.choice.workspace)
+                let c = pl.choice;
+                let db = if pl.from_database { " (tactic database)" } else { "" };
+                format!("legacy API {} {:?}{db} workspace {} B", c.algo.name(), c.math, c.workspace)
             }
         })
     }

@@ -78,8 +78,11 @@ pub(super) fn read_config(cfg: &Desc) -> Result<EngineConfig> {
     // SAFETY: a count query (no elements requested, a null array).
     let st = unsafe { raw::cudnnBackendGetAttribute(cfg.0, attr, ty, 0, &mut n, std::ptr::null_mut()) };
     check(st, "cudnnBackendGetAttribute", || "ENGINECFG_KNOB_CHOICES count".into())?;
+    if n <= 0 {
+        return Ok(EngineConfig { engine, knobs: Vec::new() });
+    }
     let choices: Vec<Desc> =
-        (0..n.max(0)).map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)).collect::<Result<_>>()?;
+        (0..n).map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)).collect::<Result<_>>()?;
     let mut raws: Vec<raw::cudnnBackendDescriptor_t> = choices.iter().map(|d| d.0).collect();
     // SAFETY: cuDNN fills the caller's created KNOB_CHOICE descriptors, at most `n`.
     let got = unsafe { cfg.get(attr, ty, &mut raws) }?;
@@ -172,7 +175,7 @@ pub(super) unsafe fn rebuild(
                 _ => (None, None),
             };
             let choice = legacy::Choice { algo, math, workspace, measured: None };
-            Ok(Planned::Legacy(ConvPlan { x, w, y, conv, choice, bias, act, fused: fuse }))
+            Ok(Planned::Legacy(ConvPlan { x, w, y, conv, choice, bias, act, fused: fuse, from_database: true }))
         }
         other => Err(refused(format!("{other:?} is not a convolution plan"))),
     }
