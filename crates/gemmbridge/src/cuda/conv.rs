@@ -161,7 +161,9 @@ impl Gpu {
     }
 
     /// How convolution algorithms are chosen from now on (problems already planned keep
-    /// theirs). Default [`ConvSearch::Heuristic`].
+    /// theirs). Default [`ConvSearch::Heuristic`]. A problem with an entry in a loaded tactic
+    /// database ([`Gpu::load_tactics`]) takes the entry's plan instead, unless cuDNN refuses it;
+    /// a measured search's choice can be stored there ([`Gpu::conv2d_tactic`]).
     pub fn set_conv_search(&self, search: ConvSearch) {
         let mut st = self.lock();
         st.libs.conv_search = search;
