@@ -24,8 +24,7 @@ use raw::cudnnBackendAttributeType_t as T;
 use raw::cudnnBackendDescriptorType_t as D;
 
 use super::sys::{check, types};
-use super::tactic::{self, EngineConfig, Measured};
-use super::{ConvBuffers, ConvOp, ConvSearch};
+use super::{ConvBuffers, ConvOp, ConvSearch, EngineConfig, Measured};
 use crate::conv::{Conv2d, ConvActivation, ConvLayout};
 use crate::cuda::status;
 use crate::error::Result;
@@ -345,7 +344,7 @@ pub(crate) struct GraphPlan {
     pub(super) uids: Vec<i64>,
     /// The last variant pack and the pointers it holds (x, w, y, bias, workspace).
     pub(super) pack: Option<([u64; 5], Desc)>,
-    /// The engine configuration (for the tactic database), where cuDNN reports it.
+    /// The engine configuration, once read for the tactic database (`tactic.rs`).
     pub config: Option<EngineConfig>,
     /// A measured search's times (the heuristic's choice and this plan's); `None` otherwise.
     pub measured: Option<Measured>,
@@ -524,7 +523,6 @@ pub(crate) unsafe fn make(
     }
     let Some((ms, mut plan)) = best else { return Ok(None) };
     plan.pack = None;
-    plan.config = tactic::read_config(&plan._made_of[0]).ok();
     plan.measured = first_ms.map(|heuristic_ms| Measured { heuristic_ms, tuned_ms: ms });
     parts.push(g);
     plan._made_of.append(&mut parts);

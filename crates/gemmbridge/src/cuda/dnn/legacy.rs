@@ -17,8 +17,7 @@ use std::ffi::c_void;
 use cudarc::cudnn::sys;
 
 use super::sys::{check, math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
-use super::tactic::Measured;
-use super::{ConvBuffers, ConvOp};
+use super::{ConvBuffers, ConvOp, Measured};
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
 use cudarc::cudnn::sys::cudnnHandle_t;

@@ -121,6 +121,22 @@ impl Planned {
     }
 }
 
+/// A measured search's times, ms: the heuristic's choice and the chosen plan (for the tactic
+/// database, `tactic.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Measured {
+    pub heuristic_ms: f64,
+    pub tuned_ms: f64,
+}
+
+/// A graph-API engine configuration: the engine's global index and its knob choices
+/// (`cudnnBackendKnobType_t` value, knob value).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EngineConfig {
+    pub engine: i64,
+    pub knobs: Vec<(u32, i64)>,
+}
+
 /// The default of [`DnnState::ws_limit`]: 1 GiB.
 pub(crate) const CONV_WORKSPACE_LIMIT: usize = 1 << 30;
 

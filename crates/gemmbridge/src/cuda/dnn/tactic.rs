@@ -14,25 +14,10 @@ use raw::cudnnBackendDescriptorType_t as D;
 use super::graph::{self, Desc, GraphPlan};
 use super::legacy::{self, Algo, ConvPlan};
 use super::sys::{check, math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
-use super::{ConvApi, ConvBuffers, ConvOp, DnnState, PlanKey, Planned, Tail};
+use super::{ConvApi, ConvBuffers, ConvOp, DnnState, EngineConfig, PlanKey, Planned, Tail};
 use crate::conv::{Conv2d, ConvActivation};
 use crate::cuda::tactics::{Choice, Library, ProblemKind, Tactic};
 use crate::error::{Error, Result};
-
-/// A measured search's times, ms: the heuristic's choice and the chosen plan.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Measured {
-    pub heuristic_ms: f64,
-    pub tuned_ms: f64,
-}
-
-/// A graph-API engine configuration: the engine's global index and its knob choices
-/// (`cudnnBackendKnobType_t` value, knob value).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct EngineConfig {
-    pub engine: i64,
-    pub knobs: Vec<(u32, i64)>,
-}
 
 /// The database key of a plan key (the format is the tactics module's, "Signatures").
 pub(super) fn key_text(&(p, op, fused, api, align): &PlanKey) -> String {
@@ -71,7 +56,7 @@ pub(super) fn key_text(&(p, op, fused, api, align): &PlanKey) -> String {
 }
 
 /// The engine configuration `cfg` holds: its engine's global index and its knob choices.
-pub(super) fn read_config(cfg: &Desc) -> Result<EngineConfig> {
+fn read_config(cfg: &Desc) -> Result<EngineConfig> {
     let (engine, _) = graph::engine_of(cfg)?;
     let (attr, ty) = (A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, T::CUDNN_TYPE_BACKEND_DESCRIPTOR);
     let mut n = 0i64;
@@ -101,7 +86,8 @@ pub(super) fn read_config(cfg: &Desc) -> Result<EngineConfig> {
 pub(super) fn export(plan: &Planned, version: usize) -> Option<Tactic> {
     let (choice, m) = match plan {
         Planned::Graph(g, tail) => {
-            let c = g.config.clone()?;
+            // read from the engine configuration (the first descriptor the plan was made of)
+            let c = g.config.clone().or_else(|| read_config(&g._made_of[0]).ok())?;
             let unfused = tail.is_some();
             (Choice::CudnnEngine { engine: c.engine, knobs: c.knobs, workspace: g.workspace, unfused }, g.measured?)
         }
