@@ -16,7 +16,11 @@ use cubecl::cuda::CudaRuntime;
 use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras};
 use gemmbridge::{Epilogue, Precision};
 
+use cubecl::stream_id::StreamId;
+use gemmbridge::cudarc::driver::sys;
+
 use crate::layout::{plan, plan_linear, Fallback, MatmulPlan};
+use crate::order::{self, GemmOrdering};
 use crate::{burn_linear, Activation, GemmOps};
 
 type Cuda = CubeTensor<CudaRuntime>;
@@ -56,10 +60,10 @@ fn same_precision(ts: &[&Cuda]) -> Result<Precision, Fallback> {
 /// Runs a planned GEMM on burn's buffers: `out = epilogue(a·b [+ bias])`; `bias` is the
 /// epilogue's vector, read (a bias) or written (a bias gradient, `BiasGradB`).
 ///
-/// Ordering (cubecl 0.10 exposes no CUstream, see README.md): the host waits for the calling
-/// thread's cubecl stream before the GEMM, and for gemmbridge's stream after it. Both waits and
-/// the address lookups run in one task on cubecl's device thread (`client.exclusive`), where
-/// cubecl's own calls execute inline: one round trip to that thread per call instead of five.
+/// Ordering with the caller's cubecl stream (cubecl 0.10 exposes no CUstream): the
+/// [`GemmOrdering`] set, device ordering by default (`order.rs` explains both; the debug log
+/// names the ordering each call used). The address lookups and the enqueue run in one task on
+/// cubecl's device thread (`client.exclusive`), where cubecl's own calls execute inline.
 fn run(p: &MatmulPlan, a: &Cuda, b: &Cuda, bias: Option<&Cuda>) -> Result<Cuda, Fallback> {
     if b.device != a.device || bias.is_some_and(|t| t.device != a.device) {
         return Err(Fallback::Problem("operands on different devices".into()));
@@ -73,13 +77,72 @@ fn run(p: &MatmulPlan, a: &Cuda, b: &Cuda, bias: Option<&Cuda>) -> Result<Cuda, 
         Shape::from(p.out_shape.clone()),
         a.dtype,
     );
-    let task = || -> Result<(), Fallback> {
+    let current = StreamId::current().value;
+    let ordering = match order::get() {
+        GemmOrdering::Device => {
+            let streams: Vec<u64> = [a, b, &out].into_iter().chain(bias).map(|t| t.handle.stream.value).collect();
+            match order::device_refusal(current, &streams) {
+                None => GemmOrdering::Device,
+                Some(why) => {
+                    tracing::debug!(%why, "gemmbridge-burn: host-wait ordering for this call");
+                    GemmOrdering::HostWait
+                }
+            }
+        }
+        o => o,
+    };
+    let call = Call { gpu: &gpu, client: &client, p, a, b, bias, out: &out };
+    match ordering {
+        GemmOrdering::Device => {
+            let task = |edge: order::Edge| {
+                let (r, back) = client
+                    .exclusive(|| call.device_task(edge))
+                    .unwrap_or_else(|e| (Err(Fallback::Problem(format!("cubecl device thread: {e:?}"))), false));
+                ((r, back), back)
+            };
+            let (r, on_device) =
+                order::device_ordered(&client, a.device.index, current, task).map_err(Fallback::Problem)?;
+            r?;
+            crate::count_ordering(on_device);
+            let used = if on_device { "device" } else { "host-wait" };
+            tracing::debug!(cubecl_stream = current, "gemmbridge-burn: {used} ordering");
+        }
+        _ => {
+            client
+                .exclusive(|| call.host_wait_task())
+                .map_err(|e| Fallback::Problem(format!("cubecl device thread: {e:?}")))??;
+            crate::count_ordering(false);
+            tracing::debug!(cubecl_stream = current, "gemmbridge-burn: host-wait ordering");
+        }
+    }
+    Ok(out)
+}
+
+/// One adapter GEMM's operands, for the tasks that run on cubecl's device thread.
+struct Call<'a> {
+    gpu: &'a Gpu,
+    client: &'a cubecl::client::ComputeClient<CudaRuntime>,
+    p: &'a MatmulPlan,
+    a: &'a Cuda,
+    b: &'a Cuda,
+    bias: Option<&'a Cuda>,
+    out: &'a Cuda,
+}
+
+impl Call<'_> {
+    /// Looks the buffers up and enqueues the GEMM on gemmbridge's stream `s`.
+    ///
+    /// # Safety
+    /// The caller orders the GEMM after the inputs' producers and before any reader of the
+    /// output or reuse of the inputs' memory (host waits or device edges).
+    unsafe fn enqueue(&self, s: sys::CUstream) -> Result<(), Fallback> {
         let resource = |t: &Cuda| {
-            client.get_resource(t.handle.clone()).map_err(|e| Fallback::Problem(format!("get_resource: {e:?}")))
+            self.client.get_resource(t.handle.clone()).map_err(|e| Fallback::Problem(format!("get_resource: {e:?}")))
         };
-        // the bindings keep the memory from being handed out again until they drop
-        let (ra, rb, rc) = (resource(a)?, resource(b)?, resource(&out)?);
-        let rbias = bias.map(resource).transpose()?;
+        // the bindings keep the memory from being handed out again until they drop (and the
+        // tensors themselves outlive the call: borrowed by `run`, the output returned)
+        let (ra, rb, rc) = (resource(self.a)?, resource(self.b)?, resource(self.out)?);
+        let rbias = self.bias.map(resource).transpose()?;
         // (cubecl's GpuResource type is not nameable outside cubecl-cuda; its fields are public)
         let raw = |ptr: u64, size: u64| RawBuffer { address: ptr, len_bytes: size as usize };
         let (ba, bb, bc) = (
@@ -88,23 +151,50 @@ fn run(p: &MatmulPlan, a: &Cuda, b: &Cuda, bias: Option<&Cuda>) -> Result<Cuda, 
             raw(rc.resource().ptr, rc.resource().size),
         );
         let extras = RawExtras { bias: rbias.as_ref().map(|r| raw(r.resource().ptr, r.resource().size)), aux: None };
-        // Forward edge: everything queued on the caller's cubecl stream (the producers of the
-        // inputs, C's allocation) is done.
-        cubecl::future::block_on(client.sync()).map_err(|e| Fallback::Problem(format!("cubecl sync: {e:?}")))?;
-        let s = gpu.stream();
         // SAFETY: the addresses are live cubecl allocations of the primary context (which
-        // gemmbridge's Gpu shares), held by the bindings above until after the synchronize
-        // below; no cubecl work touches them meanwhile (the sync above drained the caller's
-        // stream, C is fresh, and this task holds cubecl's device thread); gemmbridge checks
-        // their lengths and alignment against the layouts.
-        let r = unsafe { gpu.gemm_raw_fused(&p.problem, 1.0, ba, bb, 0.0, bc, extras, s.cu_stream()) };
-        // Back edge: C is written before cubecl reads it or reuses the inputs.
-        s.synchronize().map_err(|e| Fallback::Problem(format!("stream synchronize: {e:?}")))?;
-        drop((ra, rb, rc, rbias));
+        // gemmbridge's Gpu shares), held by the bindings above and by the tensors; ordering is
+        // the caller's contract; gemmbridge checks their lengths and alignment against the
+        // layouts.
+        let r = unsafe { self.gpu.gemm_raw_fused(&self.p.problem, 1.0, ba, bb, 0.0, bc, extras, s) };
         r.map_err(|e| Fallback::Problem(e.to_string()))
-    };
-    client.exclusive(task).map_err(|e| Fallback::Problem(format!("cubecl device thread: {e:?}")))??;
-    Ok(out)
+    }
+
+    /// Host-wait ordering: waits for the caller's cubecl stream, enqueues, waits for the GEMM.
+    fn host_wait_task(&self) -> Result<(), Fallback> {
+        let s = self.gpu.stream();
+        cubecl::future::block_on(self.client.sync()).map_err(|e| Fallback::Problem(format!("cubecl sync: {e:?}")))?;
+        // SAFETY: the sync above drained the caller's stream, C is fresh, this task holds
+        // cubecl's device thread, and the synchronize below ends the GEMM before the task does.
+        let r = unsafe { self.enqueue(s.cu_stream()) };
+        s.synchronize().map_err(|e| Fallback::Problem(format!("stream synchronize: {e:?}")))?;
+        r
+    }
+
+    /// Device ordering: gemmbridge's stream waits for the forward flag, runs the GEMM and
+    /// writes the back flag. Returns the GEMM's result and whether the back write was enqueued
+    /// (where a stream memory operation fails, this call waits on the host instead).
+    fn device_task(&self, edge: order::Edge) -> (Result<(), Fallback>, bool) {
+        let s = self.gpu.stream();
+        // SAFETY: gemmbridge's stream lives in the flags' context (cubecl's primary context,
+        // current on cubecl's device thread, where this task runs); the flags live for the
+        // process.
+        if let Err(why) = unsafe { edge.wait_forward(self.a.device.index, s.context(), s.cu_stream()) } {
+            tracing::debug!(%why, "gemmbridge-burn: host-wait ordering for this call");
+            return (self.host_wait_task(), false);
+        }
+        // SAFETY: the wait above orders the GEMM after the forward kernel (after every producer
+        // on the caller's stream); the back edge below orders it before the caller's later work.
+        let r = unsafe { self.enqueue(s.cu_stream()) };
+        // SAFETY: as for wait_forward.
+        match unsafe { edge.signal_back(s.cu_stream()) } {
+            Ok(()) => (r, true),
+            Err(why) => {
+                tracing::debug!(%why, "gemmbridge-burn: waiting on the host for this call's GEMM");
+                let waited = s.synchronize().map_err(|e| Fallback::Problem(format!("stream synchronize: {e:?}")));
+                (r.and(waited), false)
+            }
+        }
+    }
 }
 
 fn try_matmul(lhs: &Cuda, rhs: &Cuda) -> Result<Cuda, Fallback> {

@@ -18,10 +18,12 @@
 //!   adapter off and on at run time (A/B tests).
 //! - [`linear`] and the [`GemmLinear`] module (`nn::Linear`'s API and record) fuse the bias and
 //!   an [`Activation`] into the GEMM's epilogue.
-//! - Ordering with cubecl's streams (which cubecl 0.10 does not expose): before the GEMM the
-//!   host waits for the calling thread's cubecl stream (`client.sync()`), and after it for
-//!   gemmbridge's stream, both in one task on cubecl's device thread. See README.md for the
-//!   cost and the upstream hook that would remove both waits.
+//! - Ordering with cubecl's streams (which cubecl 0.10 does not expose), chosen by
+//!   [`set_ordering`]: by default on the device, with no host wait ([`GemmOrdering::Device`]: a
+//!   one-thread cubecl kernel on the caller's stream releases gemmbridge's stream through a
+//!   flag in device memory, and gemmbridge's stream releases the caller's through another);
+//!   or with host waits before and after the GEMM ([`GemmOrdering::HostWait`]). See README.md for
+//!   the cost of each and the upstream hook that would make both unnecessary.
 
 mod autodiff;
 mod cube;
@@ -30,8 +32,12 @@ pub mod layout;
 mod linear;
 #[cfg(feature = "ndarray")]
 mod ndarray;
+mod order;
 
 pub use linear::{GemmLinear, GemmLinearConfig, GemmLinearRecord};
+pub use order::GemmOrdering;
+#[doc(hidden)]
+pub use order::Spinner;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -39,11 +45,12 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
 static TF32: AtomicBool = AtomicBool::new(false);
 static FUSED_BIAS_GRAD: AtomicBool = AtomicBool::new(true);
 static SERVED: AtomicUsize = AtomicUsize::new(0);
 static FELL_BACK: AtomicUsize = AtomicUsize::new(0);
+static DEVICE_ORDERED: AtomicUsize = AtomicUsize::new(0);
+static HOST_WAITED: AtomicUsize = AtomicUsize::new(0);
 
 /// `(served, fell back)`: GEMM calls (matmul and linear, forward and backward) that reached the
 /// adapter on a backend it can serve (burn's CUDA `CubeBackend`, also under fusion and
@@ -59,14 +66,44 @@ pub(crate) fn count(served: bool) {
     (if served { &SERVED } else { &FELL_BACK }).fetch_add(1, Ordering::Relaxed);
 }
 
-/// Turns the adapter on (default) or off; off, every call runs burn's own matmul.
-pub fn set_enabled(on: bool) {
-    ENABLED.store(on, Ordering::Relaxed);
+/// `(device, host wait)`: served GEMM calls (of [`counts`]' first number, on burn's CUDA
+/// backend) ordered on the device and ordered by host waits, since the start of the process.
+/// With [`GemmOrdering::Device`] set, the second counts the calls that had to wait on the host
+/// (an operand made on another thread's cubecl stream, no stream memory operations); the debug
+/// log says why, per call.
+pub fn ordering_counts() -> (usize, usize) {
+    (DEVICE_ORDERED.load(Ordering::Relaxed), HOST_WAITED.load(Ordering::Relaxed))
 }
 
-/// Whether the adapter is on.
+pub(crate) fn count_ordering(device: bool) {
+    (if device { &DEVICE_ORDERED } else { &HOST_WAITED }).fetch_add(1, Ordering::Relaxed);
+}
+
+/// Turns the adapter on or off: `set_enabled(true)` is `set_ordering(GemmOrdering::Device)`
+/// (the default), `set_enabled(false)` is `set_ordering(GemmOrdering::Burn)` (every call runs
+/// burn's own matmul).
+pub fn set_enabled(on: bool) {
+    set_ordering(if on { GemmOrdering::Device } else { GemmOrdering::Burn });
+}
+
+/// Whether the adapter is on (its ordering is not [`GemmOrdering::Burn`]).
 pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
+    ordering() != GemmOrdering::Burn
+}
+
+/// Chooses how calls run (process-wide, takes effect at the next call): burn's own op
+/// ([`GemmOrdering::Burn`]), gemmbridge ordered by host waits ([`GemmOrdering::HostWait`]), or
+/// gemmbridge ordered on the device ([`GemmOrdering::Device`], the default; calls it cannot
+/// order correctly — an operand made on another thread's cubecl stream, a driver without
+/// stream memory operations — wait on the host instead). The debug log names the ordering of
+/// every call.
+pub fn set_ordering(o: GemmOrdering) {
+    order::set(o);
+}
+
+/// The ordering [`set_ordering`] chose.
+pub fn ordering() -> GemmOrdering {
+    order::get()
 }
 
 /// Lets f32 matmuls use tf32 tensor cores (gemmbridge's `Precision::TF32`, ‖err‖/‖ref‖ ≤ 1e-3);

@@ -1,11 +1,18 @@
 //! `gemmbridge-burn bench`: on the same burn CUDA buffers, per shape and dtype,
 //!
 //! - **burn**: burn's own `matmul` (burn 0.21, autotuned);
-//! - **adapter**: `gemmbridge_burn::matmul`, its two host waits included;
+//! - **adapter**: `gemmbridge_burn::matmul` with device ordering (the default: no host wait);
+//! - **adapter, host wait**: the same with host-wait ordering (a wait for cubecl's stream before
+//!   each GEMM and for gemmbridge's after it);
 //! - **raw**: gemmbridge's `gemm_raw` on the same addresses, calls enqueued back to back
 //!   (stream-ordered: what the adapter would cost with a native-stream hook in cubecl);
 //! - **raw+wait**: `gemm_raw` followed by a host wait on the stream, per call (the waits alone,
-//!   measured in gemmbridge itself).
+//!   measured in gemmbridge itself);
+//! - **raw+spin**: `gemm_raw` back to back while the device ordering's wait kernel spins on
+//!   cubecl's stream (what sharing an SM with it costs the GEMM);
+//! - **host floor**: the host's own time per device-ordered adapter call (output allocation,
+//!   address lookups, the two flag kernels, the enqueue), timed over a short loop of calls
+//!   without any wait, before the GPU is waited for.
 //!
 //! Times are wall clock over a loop of calls ended by a device sync, divided by the calls (ms
 //! per call), median over `--reps` loops after a warm-up (which also runs burn's autotuner).
@@ -85,9 +92,16 @@ struct Row {
     k: usize,
     dtype: String,
     burn_ms: f64,
+    /// The adapter, device ordering.
     adapter_ms: f64,
+    /// The adapter, host-wait ordering.
+    adapter_host_wait_ms: f64,
     raw_ms: f64,
     raw_wait_ms: f64,
+    /// The raw GEMM with the device ordering's wait kernel spinning beside it.
+    raw_spin_ms: f64,
+    /// Host time per device-ordered adapter call with no wait, µs.
+    host_floor_us: f64,
     burn_tflops: f64,
     adapter_tflops: f64,
     raw_tflops: f64,
@@ -95,6 +109,12 @@ struct Row {
     speedup_vs_burn: f64,
     /// adapter_ms / raw_ms.
     adapter_over_raw: f64,
+    /// adapter_host_wait_ms / raw_ms.
+    host_wait_over_raw: f64,
+    /// raw_spin_ms / raw_ms.
+    spin_over_raw: f64,
+    /// burn_ms / adapter_host_wait_ms.
+    host_wait_speedup_vs_burn: f64,
     /// (adapter_ms − raw_ms) in µs: everything the adapter adds to a stream-ordered GEMM.
     adapter_cost_us: f64,
     /// (raw_wait_ms − raw_ms) in µs: the host wait per call alone.
@@ -216,7 +236,17 @@ impl Case<'_> {
         let rel_vs_burn = rel(gemmbridge_burn::matmul(inputs[0].0.clone(), inputs[0].1.clone()), burn_out);
         let probe = Variant { call: &adapter_call, sync: &sync }.sample(3);
         let iters = ((args.loop_ms / probe.max(1e-3)) as usize).clamp(3, 2000);
-        let [adapter_ms, burn_ms, raw_ms, raw_wait_ms] =
+        let host_floor_us = {
+            gemmbridge_burn::set_ordering(gemmbridge_burn::GemmOrdering::Device);
+            let calls = iters.min(200);
+            sync();
+            let t = Instant::now();
+            (0..calls).for_each(adapter_call);
+            let us = t.elapsed().as_secs_f64() * 1e6 / calls as f64;
+            sync();
+            us
+        };
+        let [adapter_ms, adapter_host_wait_ms, burn_ms, raw_ms, raw_wait_ms, raw_spin_ms] =
             self.time_all(&inputs, args.reps, iters, &adapter_call, &burn_call)?;
         let steps_us = if args.steps { Some(self.steps(&inputs, iters)?) } else { None };
         let tflops = |ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
@@ -227,13 +257,19 @@ impl Case<'_> {
             dtype: name.into(),
             burn_ms,
             adapter_ms,
+            adapter_host_wait_ms,
             raw_ms,
             raw_wait_ms,
+            raw_spin_ms,
+            host_floor_us,
             burn_tflops: tflops(burn_ms),
             adapter_tflops: tflops(adapter_ms),
             raw_tflops: tflops(raw_ms),
             speedup_vs_burn: burn_ms / adapter_ms,
             adapter_over_raw: adapter_ms / raw_ms,
+            host_wait_over_raw: adapter_host_wait_ms / raw_ms,
+            spin_over_raw: raw_spin_ms / raw_ms,
+            host_wait_speedup_vs_burn: burn_ms / adapter_host_wait_ms,
             adapter_cost_us: (adapter_ms - raw_ms) * 1e3,
             wait_cost_us: (raw_wait_ms - raw_ms) * 1e3,
             rel_vs_burn,
@@ -338,9 +374,10 @@ impl Case<'_> {
         })
     }
 
-    /// Times the four variants in interleaved rounds ([`time_rounds`]), ms per call:
-    /// [adapter, burn, raw (gemmbridge's raw GEMM on the inputs' own addresses, stream-ordered),
-    /// raw with a host wait after each call].
+    /// Times the variants in interleaved rounds ([`time_rounds`]), ms per call: [adapter
+    /// (device ordering), adapter (host-wait ordering), burn, raw (gemmbridge's raw GEMM on the
+    /// inputs' own addresses, stream-ordered), raw with a host wait after each call, raw with
+    /// the device ordering's wait kernel spinning on cubecl's stream meanwhile].
     fn time_all(
         &self,
         inputs: &[(Tensor<Plain, 2>, Tensor<Plain, 2>)],
@@ -348,7 +385,7 @@ impl Case<'_> {
         iters: usize,
         adapter_call: &dyn Fn(usize),
         burn_call: &dyn Fn(usize),
-    ) -> anyhow::Result<[f64; 4]> {
+    ) -> anyhow::Result<[f64; 6]> {
         let (m, n, _) = self.shape;
         let first = cube(&inputs[0].0);
         let client = first.client.clone();
@@ -388,6 +425,33 @@ impl Case<'_> {
             sync();
         };
         let cubecl_sync = || <Plain as burn::tensor::backend::Backend>::sync(self.dev).expect("cubecl sync");
+        let device_call = |i: usize| {
+            gemmbridge_burn::set_ordering(gemmbridge_burn::GemmOrdering::Device);
+            adapter_call(i)
+        };
+        let host_wait_call = |i: usize| {
+            gemmbridge_burn::set_ordering(gemmbridge_burn::GemmOrdering::HostWait);
+            adapter_call(i)
+        };
+        // raw+spin: the first call of a loop starts the wait kernel, the loop's end releases it
+        let stream_id = cubecl::stream_id::StreamId::current().value;
+        let spinner = std::cell::RefCell::new(None::<gemmbridge_burn::Spinner>);
+        let spin_call = |i: usize| {
+            if spinner.borrow().is_none() {
+                let started = gemmbridge_burn::Spinner::start(&client, first.device.index, stream_id);
+                *spinner.borrow_mut() = Some(started.expect("spin kernel"));
+            }
+            gemm(i)
+        };
+        let spin_sync = || {
+            if let Some(sp) = spinner.borrow_mut().take() {
+                s.context().bind_to_thread().expect("bind gemmbridge's context");
+                // SAFETY: gemmbridge's stream is of the context the flags live in, bound above.
+                unsafe { sp.release(s.cu_stream()) }.expect("release the spin kernel");
+            }
+            sync();
+            cubecl_sync();
+        };
         (0..3).for_each(gemm);
         // burn's kernels run at a different speed and power than the three gemmbridge variants:
         // interleaved with them, burn would lend the variant after it a cooler, faster-clocked
@@ -397,13 +461,16 @@ impl Case<'_> {
             reps,
             iters,
             &[
-                Variant { call: adapter_call, sync: &cubecl_sync },
+                Variant { call: &device_call, sync: &cubecl_sync },
+                Variant { call: &host_wait_call, sync: &cubecl_sync },
                 Variant { call: &gemm, sync: &sync },
                 Variant { call: &gemm_wait, sync: &sync },
+                Variant { call: &spin_call, sync: &spin_sync },
             ],
         );
+        gemmbridge_burn::set_ordering(gemmbridge_burn::GemmOrdering::Device);
         drop((held, rc));
-        Ok([ms[0], burn, ms[1], ms[2]])
+        Ok([ms[0], ms[1], burn, ms[2], ms[3], ms[4]])
     }
 }
 
@@ -443,14 +510,25 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     };
     println!("burn's matmul autotuned: {}", cfg!(feature = "burn-autotune"));
     println!(
-        "{:>24} {:>5} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9}",
-        "m×n×k", "dtype", "burn TF/s", "adpt TF/s", "raw TF/s", "×burn", "adpt/raw", "cost µs", "wait µs", "rel"
+        "{:>24} {:>5} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "m×n×k",
+        "dtype",
+        "burn TF/s",
+        "adpt TF/s",
+        "raw TF/s",
+        "×burn",
+        "adpt/raw",
+        "host/raw",
+        "spin/raw",
+        "floor µs",
+        "wait µs",
+        "rel"
     );
     for &(name, dtype, precision) in &dtypes {
         for &shape in &shapes {
             let r = Case { dev: &dev, gpu: &gpu, shape, dtype, precision }.measure(args, name)?;
             println!(
-                "{:>24} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.3} {:>9.1} {:>8.1} {:>9.1e}",
+                "{:>24} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.3} {:>8.3} {:>8.3} {:>8.1} {:>8.1} {:>9.1e}",
                 format!("{}×{}×{}", r.m, r.n, r.k),
                 r.dtype,
                 r.burn_tflops,
@@ -458,7 +536,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 r.raw_tflops,
                 r.speedup_vs_burn,
                 r.adapter_over_raw,
-                r.adapter_cost_us,
+                r.host_wait_over_raw,
+                r.spin_over_raw,
+                r.host_floor_us,
                 r.wait_cost_us,
                 r.rel_vs_burn
             );

@@ -60,7 +60,9 @@ pub struct TrainArgs {
     seed: u64,
     /// Modes, in order: `off` (burn's matmul), `on` (gemmbridge), `on-tf32` (gemmbridge, tf32),
     /// `on-tf32-unfused-bgrad` (gemmbridge, tf32, bias gradients by burn's reduction after the
-    /// weight-gradient GEMM instead of in its epilogue: the adapter's earlier backward).
+    /// weight-gradient GEMM instead of in its epilogue: the adapter's earlier backward),
+    /// `on-host-wait` and `on-tf32-host-wait` (as `on` and `on-tf32`, ordered by host waits
+    /// instead of on the device).
     #[arg(long, value_delimiter = ',', default_value = "off,on")]
     modes: Vec<Mode>,
     /// JSON lines out: one per step, one summary per mode, one comparison.
@@ -80,6 +82,10 @@ enum Mode {
     /// gemmbridge, tf32, bias gradients by burn's own reduction (the adapter before its fused
     /// backward).
     OnTf32UnfusedBgrad,
+    /// gemmbridge, strict f32, host-wait ordering.
+    OnHostWait,
+    /// gemmbridge, tf32, host-wait ordering.
+    OnTf32HostWait,
 }
 
 impl Mode {
@@ -90,13 +96,20 @@ impl Mode {
             Mode::On => "on",
             Mode::OnTf32 => "on-tf32",
             Mode::OnTf32UnfusedBgrad => "on-tf32-unfused-bgrad",
+            Mode::OnHostWait => "on-host-wait",
+            Mode::OnTf32HostWait => "on-tf32-host-wait",
         }
     }
 
     /// Sets gemmbridge-burn's global switches for this mode.
     fn apply(self) {
-        gemmbridge_burn::set_enabled(self != Mode::Off);
-        gemmbridge_burn::set_tf32(matches!(self, Mode::OnTf32 | Mode::OnTf32UnfusedBgrad));
+        use gemmbridge_burn::GemmOrdering;
+        gemmbridge_burn::set_ordering(match self {
+            Mode::Off => GemmOrdering::Burn,
+            Mode::OnHostWait | Mode::OnTf32HostWait => GemmOrdering::HostWait,
+            _ => GemmOrdering::Device,
+        });
+        gemmbridge_burn::set_tf32(matches!(self, Mode::OnTf32 | Mode::OnTf32UnfusedBgrad | Mode::OnTf32HostWait));
         gemmbridge_burn::set_fused_bias_grad(self != Mode::OnTf32UnfusedBgrad);
     }
 }
@@ -181,6 +194,9 @@ struct ModeRun {
     accuracy: f64,
     served: usize,
     fell_back: usize,
+    /// Served calls ordered on the device / by host waits.
+    device_ordered: usize,
+    host_waited: usize,
 }
 
 /// Trains a copy of `init` on the batches `plan` (row indices into `train`) with a fresh Adam;
@@ -230,11 +246,19 @@ fn run_mode(
     mode.apply();
     let warm: Vec<Vec<usize>> = plan.iter().cycle().take(a.warmup).cloned().collect();
     train(init, &warm, &data.0, a.lr, &device)?;
-    let before = gemmbridge_burn::counts();
+    let (before, ordered) = (gemmbridge_burn::counts(), gemmbridge_burn::ordering_counts());
     let (model, losses, ms) = train(init, plan, &data.0, a.lr, &device)?;
-    let after = gemmbridge_burn::counts();
+    let (after, ordered_after) = (gemmbridge_burn::counts(), gemmbridge_burn::ordering_counts());
     let accuracy = accuracy(&model, &data.1, &device);
-    Ok(ModeRun { losses, ms, accuracy, served: after.0 - before.0, fell_back: after.1 - before.1 })
+    Ok(ModeRun {
+        losses,
+        ms,
+        accuracy,
+        served: after.0 - before.0,
+        fell_back: after.1 - before.1,
+        device_ordered: ordered_after.0 - ordered.0,
+        host_waited: ordered_after.1 - ordered.1,
+    })
 }
 
 /// Median of `v` (not empty).
@@ -258,7 +282,8 @@ fn mode_lines(mode: Mode, r: &ModeRun) -> Vec<Value> {
     lines.push(json!({"mode": name, "summary": true, "median_step_ms": median(&r.ms),
         "mean_step_ms": r.ms.iter().sum::<f64>() / r.ms.len() as f64, "final_loss": r.losses.last(),
         "test_accuracy": r.accuracy, "nan_losses": r.losses.iter().filter(|l| !l.is_finite()).count(),
-        "served": r.served, "fell_back": r.fell_back, "burn_autotune": cfg!(feature = "burn-autotune")}));
+        "served": r.served, "fell_back": r.fell_back, "device_ordered": r.device_ordered,
+        "host_waited": r.host_waited, "burn_autotune": cfg!(feature = "burn-autotune")}));
     lines
 }
 
@@ -304,13 +329,15 @@ pub fn run(a: &TrainArgs) -> anyhow::Result<()> {
     for &mode in &a.modes {
         let r = run_mode(a, mode, &init, &plan, &data)?;
         println!(
-            "{:>8}: median step {:.3} ms, final loss {:.3e}, test accuracy {:.3}, gemmbridge served {} / fell back {}",
+            "{:>8}: median step {:.3} ms, final loss {:.3e}, test accuracy {:.3}, gemmbridge served {} / fell back {} (ordered on the device {}, by host waits {})",
             mode.name(),
             median(&r.ms),
             r.losses[r.losses.len() - 1],
             r.accuracy,
             r.served,
-            r.fell_back
+            r.fell_back,
+            r.device_ordered,
+            r.host_waited
         );
         lines.extend(mode_lines(mode, &r));
         runs.push((mode, r));
