@@ -37,7 +37,7 @@ mod order;
 pub use linear::{GemmLinear, GemmLinearConfig, GemmLinearRecord};
 pub use order::GemmOrdering;
 #[doc(hidden)]
-pub use order::Spinner;
+pub use order::{with_device_edges, Spinner};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

@@ -311,6 +311,35 @@ pub(crate) fn device_ordered<T>(
     Ok(out)
 }
 
+/// Runs `enqueue` (work on `gpu_stream`, gemmbridge's) between the device ordering's two
+/// edges on the calling thread's cubecl stream `stream` of `device`, exactly as an adapter
+/// call does but without its output allocation and address lookups: for
+/// `gemmbridge-burn bench`, which times the edges' cost on the GPU apart from the adapter's
+/// host cost. Binds `gpu_stream`'s context to this thread.
+#[doc(hidden)]
+pub fn with_device_edges<T>(
+    client: &ComputeClient<CudaRuntime>,
+    device: usize,
+    stream: u64,
+    gpu_stream: &Arc<cudarc::driver::CudaStream>,
+    enqueue: impl FnOnce() -> T,
+) -> Result<T, String> {
+    gpu_stream.context().bind_to_thread().map_err(|e| format!("cuCtxSetCurrent: {e:?}"))?;
+    let (ctx, s) = (gpu_stream.context(), gpu_stream.cu_stream());
+    device_ordered(client, device, stream, |edge| {
+        // SAFETY: `s` is a live stream of `ctx`, bound above; the flags live for the process.
+        if let Err(e) = unsafe { edge.wait_forward(device, ctx, s) } {
+            return (Err(e), false);
+        }
+        let out = enqueue();
+        // SAFETY: as above.
+        match unsafe { edge.signal_back(s) } {
+            Ok(()) => (Ok(out), true),
+            Err(e) => (Err(e), false),
+        }
+    })?
+}
+
 /// A wait kernel spinning on the caller's cubecl stream until [`Spinner::release`]: for
 /// `gemmbridge-burn bench`, which times gemmbridge's GEMMs with and without one resident
 /// beside them. Not for concurrent use with adapter calls on the same stream.

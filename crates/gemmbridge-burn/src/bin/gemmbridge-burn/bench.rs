@@ -8,6 +8,9 @@
 //!   (stream-ordered: what the adapter would cost with a native-stream hook in cubecl);
 //! - **raw+wait**: `gemm_raw` followed by a host wait on the stream, per call (the waits alone,
 //!   measured in gemmbridge itself);
+//! - **raw+edges**: `gemm_raw` between the device ordering's two edges (its three one-thread
+//!   kernels and the flag write), per call, without the adapter's allocation and lookups:
+//!   the edges' cost on the GPU;
 //! - **raw+spin**: `gemm_raw` back to back while the device ordering's wait kernel spins on
 //!   cubecl's stream (what sharing an SM with it costs the GEMM);
 //! - **host floor**: the host's own time per device-ordered adapter call (output allocation,
@@ -100,6 +103,8 @@ struct Row {
     raw_wait_ms: f64,
     /// The raw GEMM with the device ordering's wait kernel spinning beside it.
     raw_spin_ms: f64,
+    /// The raw GEMM between the device ordering's edges, per call.
+    raw_edges_ms: f64,
     /// Host time per device-ordered adapter call with no wait, µs.
     host_floor_us: f64,
     burn_tflops: f64,
@@ -113,6 +118,8 @@ struct Row {
     host_wait_over_raw: f64,
     /// raw_spin_ms / raw_ms.
     spin_over_raw: f64,
+    /// raw_edges_ms / raw_ms.
+    edges_over_raw: f64,
     /// burn_ms / adapter_host_wait_ms.
     host_wait_speedup_vs_burn: f64,
     /// (adapter_ms − raw_ms) in µs: everything the adapter adds to a stream-ordered GEMM.
@@ -246,7 +253,7 @@ impl Case<'_> {
             sync();
             us
         };
-        let [adapter_ms, adapter_host_wait_ms, burn_ms, raw_ms, raw_wait_ms, raw_spin_ms] =
+        let [adapter_ms, adapter_host_wait_ms, burn_ms, raw_ms, raw_wait_ms, raw_spin_ms, raw_edges_ms] =
             self.time_all(&inputs, args.reps, iters, &adapter_call, &burn_call)?;
         let steps_us = if args.steps { Some(self.steps(&inputs, iters)?) } else { None };
         let tflops = |ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;
@@ -261,6 +268,7 @@ impl Case<'_> {
             raw_ms,
             raw_wait_ms,
             raw_spin_ms,
+            raw_edges_ms,
             host_floor_us,
             burn_tflops: tflops(burn_ms),
             adapter_tflops: tflops(adapter_ms),
@@ -269,6 +277,7 @@ impl Case<'_> {
             adapter_over_raw: adapter_ms / raw_ms,
             host_wait_over_raw: adapter_host_wait_ms / raw_ms,
             spin_over_raw: raw_spin_ms / raw_ms,
+            edges_over_raw: raw_edges_ms / raw_ms,
             host_wait_speedup_vs_burn: burn_ms / adapter_host_wait_ms,
             adapter_cost_us: (adapter_ms - raw_ms) * 1e3,
             wait_cost_us: (raw_wait_ms - raw_ms) * 1e3,
@@ -385,7 +394,7 @@ impl Case<'_> {
         iters: usize,
         adapter_call: &dyn Fn(usize),
         burn_call: &dyn Fn(usize),
-    ) -> anyhow::Result<[f64; 6]> {
+    ) -> anyhow::Result<[f64; 7]> {
         let (m, n, _) = self.shape;
         let first = cube(&inputs[0].0);
         let client = first.client.clone();
@@ -452,6 +461,10 @@ impl Case<'_> {
             sync();
             cubecl_sync();
         };
+        let edges_call = |i: usize| {
+            gemmbridge_burn::with_device_edges(&client, first.device.index, stream_id, &s, || gemm(i))
+                .expect("device edges")
+        };
         (0..3).for_each(gemm);
         // burn's kernels run at a different speed and power than the three gemmbridge variants:
         // interleaved with them, burn would lend the variant after it a cooler, faster-clocked
@@ -466,11 +479,12 @@ impl Case<'_> {
                 Variant { call: &gemm, sync: &sync },
                 Variant { call: &gemm_wait, sync: &sync },
                 Variant { call: &spin_call, sync: &spin_sync },
+                Variant { call: &edges_call, sync: &cubecl_sync },
             ],
         );
         gemmbridge_burn::set_ordering(gemmbridge_burn::GemmOrdering::Device);
         drop((held, rc));
-        Ok([ms[0], ms[1], burn, ms[2], ms[3], ms[4]])
+        Ok([ms[0], ms[1], burn, ms[2], ms[3], ms[4], ms[5]])
     }
 }
 
@@ -528,7 +542,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         for &shape in &shapes {
             let r = Case { dev: &dev, gpu: &gpu, shape, dtype, precision }.measure(args, name)?;
             println!(
-                "{:>24} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.3} {:>8.3} {:>8.3} {:>8.1} {:>8.1} {:>9.1e}",
+                "{:>24} {:>5} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.1} {:>8.1} {:>9.1e}",
                 format!("{}×{}×{}", r.m, r.n, r.k),
                 r.dtype,
                 r.burn_tflops,
@@ -538,6 +552,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 r.adapter_over_raw,
                 r.host_wait_over_raw,
                 r.spin_over_raw,
+                r.edges_over_raw,
                 r.host_floor_us,
                 r.wait_cost_us,
                 r.rel_vs_burn
