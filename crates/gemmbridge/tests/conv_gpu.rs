@@ -370,6 +370,15 @@ fn measured_plans_round_trip_through_the_tactic_database() {
             db.entries.insert(sig, t);
         }
         assert_eq!(tuned.conv2d_tactics().len(), DIRECTIONS.len(), "{:?}", tuned.conv2d_tactics());
+        if api == ConvApi::Graph {
+            // cuDNN's tensor-core engines all carry tile/stage knobs: a database that stores none
+            // rebuilds other (on the H200, up to 7.7× slower) configurations of the same engine
+            let with_knobs = db
+                .entries
+                .values()
+                .filter(|t| matches!(&t.choice, Choice::CudnnEngine { knobs, .. } if !knobs.is_empty()));
+            assert!(with_knobs.count() > 0, "no graph-API tactic recorded a knob: {:?}", db.entries);
+        }
 
         // through a file, as `gemmbridge tune` writes it and `bench --db` reads it
         let path = std::env::temp_dir().join(format!("gemmbridge-conv-tactics-{}-{api:?}.json", std::process::id()));

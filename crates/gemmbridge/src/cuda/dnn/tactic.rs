@@ -13,7 +13,7 @@ use raw::cudnnBackendDescriptorType_t as D;
 
 use super::graph::{self, Desc, GraphPlan};
 use super::legacy::{self, Algo, ConvPlan};
-use super::sys::{check, math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
+use super::sys::{math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
 use super::{ConvApi, ConvBuffers, ConvOp, DnnState, EngineConfig, PlanKey, Planned, Tail};
 use crate::conv::{Conv2d, ConvActivation};
 use crate::cuda::tactics::{Choice, Library, ProblemKind, Tactic};
@@ -55,19 +55,20 @@ pub(super) fn key_text(&(p, op, fused, api, align): &PlanKey) -> String {
     )
 }
 
+/// Knob choices asked of an engine configuration: more than cuDNN 9 has knob types
+/// (`CUDNN_KNOB_TYPE_COUNTS` is below 64 in cuDNN 9.x's headers).
+const KNOB_SLOTS: usize = 64;
+
 /// The engine configuration `cfg` holds: its engine's global index and its knob choices.
 fn read_config(cfg: &Desc) -> Result<EngineConfig> {
     let (engine, _) = graph::engine_of(cfg)?;
     let (attr, ty) = (A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, T::CUDNN_TYPE_BACKEND_DESCRIPTOR);
-    let mut n = 0i64;
-    // SAFETY: a count query (no elements requested, a null array).
-    let st = unsafe { raw::cudnnBackendGetAttribute(cfg.0, attr, ty, 0, &mut n, std::ptr::null_mut()) };
-    check(st, "cudnnBackendGetAttribute", || "ENGINECFG_KNOB_CHOICES count".into())?;
-    if n <= 0 {
-        return Ok(EngineConfig { engine, knobs: Vec::new() });
-    }
+    // A count query (no array) answers 0 for the engine configurations cuDNN 9.19's heuristics
+    // return (the tune run on the H200 stored 88 plans, all with no knobs, and rebuilt plans
+    // ran up to 7.7× slower than the tuned ones): as cudnn-frontend does, ask for up to
+    // KNOB_SLOTS choices into descriptors created beforehand.
     let choices: Vec<Desc> =
-        (0..n).map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)).collect::<Result<_>>()?;
+        (0..KNOB_SLOTS).map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)).collect::<Result<_>>()?;
     let mut raws: Vec<raw::cudnnBackendDescriptor_t> = choices.iter().map(|d| d.0).collect();
     // SAFETY: cuDNN fills the caller's created KNOB_CHOICE descriptors, at most `n`.
     let got = unsafe { cfg.get(attr, ty, &mut raws) }?;
