@@ -392,9 +392,9 @@ fn unknown_library_kind_or_choice_makes_the_file_corrupt_and_never_overwritten()
 fn entries_of_a_library_without_a_current_version_are_kept_but_not_loaded() {
     let path = tmp("cudnn");
     let mut db = TacticDb::new(identity());
-    let mut conv = tactic(0.5, 1);
-    (conv.library, conv.kind, conv.version) = (Library::Cudnn, ProblemKind::Conv2d, 91000);
-    db.entries.insert("conv2d n1 c64".into(), conv.clone());
+    let conv = engine_tactic(91000, 7, 0.5);
+    assert_eq!((conv.library, conv.kind), (Library::Cudnn, ProblemKind::Conv2d));
+    db.entries.insert("conv2d n1 c64 graph al16".into(), conv.clone());
     db.entries.insert("gemm".into(), tactic(0.5, 2));
     db.save(&path).unwrap();
     assert!(std::fs::read_to_string(&path).unwrap().contains("\"library\": \"cudnn\""));
@@ -403,7 +403,7 @@ fn entries_of_a_library_without_a_current_version_are_kept_but_not_loaded() {
     assert_eq!(back.entries.keys().collect::<Vec<_>>(), ["gemm"]);
     assert_eq!(conv.lt_algo(), None);
     back.save(&path).unwrap();
-    assert!(std::fs::read_to_string(&path).unwrap().contains("\"conv2d n1 c64\""));
+    assert!(std::fs::read_to_string(&path).unwrap().contains("\"conv2d n1 c64 graph al16\""));
 }
 
 #[test]
@@ -609,8 +609,8 @@ fn cudnn_entries_of_another_version_are_stale_and_kept() {
     let path = tmp("cudnn-stale");
     let mut db = TacticDb::new(with_cudnn());
     db.entries.insert(CONV_KEY.into(), engine_tactic(91900, 12, 0.5));
-    db.entries.insert("conv2d fwd old-a".into(), engine_tactic(91400, 3, 0.5));
-    db.entries.insert("conv2d fwd old-b".into(), algo_tactic(90100, 2, 0.5));
+    db.entries.insert("conv2d fwd old-a graph al16".into(), engine_tactic(91400, 3, 0.5));
+    db.entries.insert("conv2d fwd old-b legacy alany".into(), algo_tactic(90100, 2, 0.5));
     db.entries.insert("old gemm".into(), tactic_of(120900, 0.5, 2));
     db.entries.insert(V1_KEY.into(), tactic(0.5, 1));
     db.save(&path).unwrap();
@@ -625,7 +625,7 @@ fn cudnn_entries_of_another_version_are_stale_and_kept() {
     // the stale entries stay in the file through a save of what was loaded
     back.save(&path).unwrap();
     let (theirs, warnings) = TacticDb::load(&path, &Identity { cudnn: Some(91400), ..identity() });
-    assert!(theirs.entries.contains_key("conv2d fwd old-a") && !theirs.entries.contains_key(CONV_KEY));
+    assert!(theirs.entries.contains_key("conv2d fwd old-a graph al16") && !theirs.entries.contains_key(CONV_KEY));
     assert!(warnings.iter().any(|w| w.contains("cuDNN 90100, 91900")), "{warnings:?}");
     // a faster tuning of the same version replaces an entry, a slower one does not
     let mut faster = TacticDb::new(with_cudnn());
@@ -640,4 +640,38 @@ fn cudnn_entries_of_another_version_are_stale_and_kept() {
         "{:?}",
         now.entries[CONV_KEY]
     );
+}
+
+/// Entries whose library, kind, choice and key disagree cannot come from this crate: load
+/// leaves them out with an "inconsistent" warning, save refuses them.
+#[test]
+fn inconsistent_entries_are_left_out_and_never_saved() {
+    let path = tmp("inconsistent");
+    let good_gemm = tactic(0.5, 1);
+    let mut lt_under_cudnn = tactic(0.5, 2);
+    (lt_under_cudnn.library, lt_under_cudnn.kind, lt_under_cudnn.version) =
+        (Library::Cudnn, ProblemKind::Conv2d, 91900);
+    let mut conv_as_gemm = engine_tactic(91900, 3, 0.5);
+    conv_as_gemm.kind = ProblemKind::Gemm;
+    let cases: Vec<(&str, Tactic)> = vec![
+        ("conv2d lt-algo graph al16", lt_under_cudnn),
+        ("conv2d kind-gemm graph al16", conv_as_gemm),
+        ("conv2d legacy-choice graph al16", algo_tactic(91900, 2, 0.5)),
+        ("conv2d engine-choice legacy alany", engine_tactic(91900, 3, 0.5)),
+        ("NN gemm-key-for-a-conv", engine_tactic(91900, 3, 0.5)),
+        ("conv2d gemm-under-a-conv-key", good_gemm.clone()),
+    ];
+    for (key, t) in cases {
+        let mut db = TacticDb::new(with_cudnn());
+        db.entries.insert(V1_KEY.into(), good_gemm.clone());
+        db.entries.insert(key.into(), t.clone());
+        let e = db.save(&path).unwrap_err();
+        assert!(e.kind() == std::io::ErrorKind::InvalidInput && e.to_string().contains(key), "{key}: {e}");
+        // written by hand (as another tool might), then loaded
+        let text = serde_json::to_string(&db).unwrap();
+        std::fs::write(&path, text).unwrap();
+        let (back, warnings) = TacticDb::load(&path, &with_cudnn());
+        assert_eq!(back.entries.keys().collect::<Vec<_>>(), [V1_KEY], "{key}");
+        assert!(warnings.len() == 1 && warnings[0].contains("inconsistent"), "{key}: {warnings:?}");
+    }
 }

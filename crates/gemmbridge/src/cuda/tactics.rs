@@ -101,7 +101,11 @@
 //! - entries of a library whose current version the identity does not record (cuDNN where
 //!   libcudnn is not installed: `cudnn` is `None`) are left out without a warning (they are
 //!   not wrong, this process just has no use for them; a `tracing` debug line counts them).
-//!   They stay in the file too.
+//!   They stay in the file too;
+//! - entries with a non-finite or negative time, and entries whose library, kind, choice and
+//!   key disagree (a cuDNN entry holding a cuBLASLt algorithm, a "conv2d" key of kind "gemm",
+//!   a legacy algorithm under a key that names the graph API, …): left out with one warning
+//!   each kind ("inconsistent"); [`TacticDb::save`] refuses to write either.
 //!
 //! The engine ([`Gpu::load_tactics`](super::Gpu::load_tactics)) uses the cuBLASLt "gemm" and
 //! "fp8_gemm" entries and the cuDNN "conv2d" entries of the cuDNN version it loads (it checks
@@ -376,6 +380,9 @@ impl TacticDb {
         let invalid = db.entries.len();
         db.entries.retain(|_, t| valid(t));
         let invalid = invalid - db.entries.len();
+        let inconsistent = db.entries.len();
+        db.entries.retain(|sig, t| consistent(sig, t));
+        let inconsistent = inconsistent - db.entries.len();
         if unused > 0 {
             tracing::debug!(
                 "tactic database {}: {unused} entries of libraries this build does not use",
@@ -388,6 +395,15 @@ impl TacticDb {
                 "tactic database {}: {invalid} {} with a non-finite or negative time; ignored",
                 path.display(),
                 if invalid == 1 { "entry" } else { "entries" }
+            );
+            warnings.extend(warn(w));
+        }
+        if inconsistent > 0 {
+            let w = format!(
+                "tactic database {}: {inconsistent} {} whose library, kind, choice and key disagree \
+                 (e.g. a cuDNN entry holding a cuBLASLt algorithm); inconsistent, ignored",
+                path.display(),
+                if inconsistent == 1 { "entry" } else { "entries" }
             );
             warnings.extend(warn(w));
         }
@@ -465,7 +481,8 @@ impl TacticDb {
     /// header's identity becomes `self.identity`. A format-1 file is upgraded.
     ///
     /// # Errors
-    /// An entry with a non-finite or negative time (`InvalidInput`); an existing file at
+    /// An entry with a non-finite or negative time, or whose library, kind, choice and key
+    /// disagree (`InvalidInput`); an existing file at
     /// `path` that is unreadable, corrupt, of an unknown format or foreign (`AlreadyExists`:
     /// it is never overwritten — remove it or choose another path); I/O errors creating,
     /// locking, writing or renaming. Every message names the path (the lock file's, for a
@@ -475,6 +492,16 @@ impl TacticDb {
         let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
         if let Some((sig, _)) = self.entries.iter().find(|(_, t)| !valid(t)) {
             let msg = format!("{}: tactic {sig} has a non-finite or negative time", path.display());
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+        }
+        if let Some((sig, t)) = self.entries.iter().find(|(sig, t)| !consistent(sig, t)) {
+            let msg = format!(
+                "{}: tactic {sig}: library {}, kind {:?} and choice {:?} do not belong together",
+                path.display(),
+                t.library,
+                t.kind,
+                t.choice
+            );
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
         }
         if path.as_os_str().is_empty() {
@@ -561,6 +588,23 @@ fn refusal(w: String) -> std::io::Error {
 
 fn valid(t: &Tactic) -> bool {
     t.tuned_ms.is_finite() && t.heuristic_ms.is_finite() && t.tuned_ms >= 0.0 && t.heuristic_ms >= 0.0
+}
+
+/// Whether an entry's library, kind, choice and key agree: cuBLASLt GEMMs (`gemm`, key of no
+/// other kind's prefix; `fp8_gemm`, key prefix "fp8_gemm ") hold a cuBLASLt algorithm, cuDNN
+/// convolutions (key prefix "conv2d ") a graph-API engine (key token "graph") or a legacy
+/// algorithm (token "legacy"). Anything else cannot have been written by this crate.
+pub(crate) fn consistent(sig: &str, t: &Tactic) -> bool {
+    let conv = sig.starts_with("conv2d ");
+    let fp8 = sig.starts_with("fp8_gemm ");
+    let has = |token: &str| sig.split(' ').any(|w| w == token);
+    match (t.library, t.kind, &t.choice) {
+        (Library::CublasLt, ProblemKind::Gemm, Choice::LtAlgo { .. }) => !conv && !fp8,
+        (Library::CublasLt, ProblemKind::Fp8Gemm, Choice::LtAlgo { .. }) => fp8,
+        (Library::Cudnn, ProblemKind::Conv2d, Choice::CudnnEngine { .. }) => conv && has("graph"),
+        (Library::Cudnn, ProblemKind::Conv2d, Choice::CudnnAlgo { .. }) => conv && has("legacy"),
+        _ => false,
+    }
 }
 
 fn sibling(path: &Path, suffix: &str) -> PathBuf {
