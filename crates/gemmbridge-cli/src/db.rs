@@ -12,6 +12,9 @@ pub fn identity(gpu: &Gpu) -> anyhow::Result<Identity> {
 /// Loads a tactic database into `gpu`, printing its warnings.
 pub fn load_db(gpu: &Gpu, path: &str) -> anyhow::Result<usize> {
     let id = identity(gpu)?;
+    if !std::path::Path::new(path).exists() {
+        eprintln!("warning: tactic database {path} does not exist: running without tuned entries");
+    }
     let (db, warnings) = TacticDb::load(std::path::Path::new(path), &id);
     for w in warnings {
         eprintln!("warning: {w}");

@@ -63,6 +63,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut conv_ops: Vec<String> = Vec::new();
     let mut conv_dtypes: Vec<(String, Precision)> = Vec::new();
     for op in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        if op != "conv" && !conv::OPS.contains(&op) && !OPS.contains(&op) {
+            bail!("unknown op {op:?}; choose from {}, {}, conv", OPS.join(", "), conv::OPS.join(", "));
+        }
         let named: &[&str] = if op == "conv" { &conv::OPS } else { std::slice::from_ref(&op) };
         for &o in named.iter().filter(|o| conv::OPS.contains(o)) {
             if !conv_ops.iter().any(|c| c == o) {
@@ -92,6 +95,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 jobs.push((d, prec, op));
             }
         }
+    }
+    if !conv_ops.is_empty() && conv_dtypes.is_empty() {
+        bail!(
+            "--ops names convolutions but --dtypes names none of f32, tf32, f16, bf16 (fp8_e4m3 has no convolutions)"
+        );
     }
     if conv_ops.is_empty() {
         conv_dtypes.clear();

@@ -77,7 +77,7 @@ pub struct Args {
     /// ResNet-50's 11 convolutions, GPU only; not run by default; their peer is
     /// bench/conv_peer.py): conv_fwd, conv_bias_relu (bias and ReLU fused where cuDNN offers
     /// it), conv_bias_relu_unfused (the convolution, then cuDNN's bias add and ReLU),
-    /// conv_dgrad, conv_wgrad.
+    /// conv_dgrad, conv_wgrad, or conv for all five.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: the layouts, nhwc and/or nchw.
@@ -161,6 +161,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     for o in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
         if o == "launch" {
             launch = true;
+        } else if o == "conv" {
+            // every convolution op, as `tune --ops conv`
+            for c in conv::OPS {
+                if !conv_ops.iter().any(|x| x == c) {
+                    conv_ops.push(c.to_string());
+                }
+            }
         } else if conv::OPS.contains(&o) {
             if !conv_ops.iter().any(|x| x == o) {
                 conv_ops.push(o.to_string());
@@ -170,7 +177,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 ops.push(o.to_string());
             }
         } else {
-            bail!("unknown op {o:?}; choose from {}, launch, {}", OPS.join(", "), conv::OPS.join(", "));
+            bail!("unknown op {o:?}; choose from {}, launch, {}, conv", OPS.join(", "), conv::OPS.join(", "));
         }
     }
     let reps = args.reps.unwrap_or(30);
