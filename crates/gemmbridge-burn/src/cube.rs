@@ -172,7 +172,7 @@ impl Call<'_> {
 
     /// Device ordering: gemmbridge's stream waits for the forward flag, runs the GEMM and
     /// writes the back flag. Returns the GEMM's result and whether the back write was enqueued
-    /// (where a stream memory operation fails, this call waits on the host instead).
+    /// (where the spin kernel or the flag write fails, this call waits on the host instead).
     fn device_task(&self, edge: order::Edge) -> (Result<(), Fallback>, bool) {
         let s = self.gpu.stream();
         // SAFETY: gemmbridge's stream lives in the flags' context (cubecl's primary context,

@@ -69,7 +69,7 @@ pub(crate) fn count(served: bool) {
 /// `(device, host wait)`: served GEMM calls (of [`counts`]' first number, on burn's CUDA
 /// backend) ordered on the device and ordered by host waits, since the start of the process.
 /// With [`GemmOrdering::Device`] set, the second counts the calls that had to wait on the host
-/// (an operand made on another thread's cubecl stream, no stream memory operations); the debug
+/// (an operand made on another thread's cubecl stream, no spin kernel); the debug
 /// log says why, per call.
 pub fn ordering_counts() -> (usize, usize) {
     (DEVICE_ORDERED.load(Ordering::Relaxed), HOST_WAITED.load(Ordering::Relaxed))
@@ -79,11 +79,12 @@ pub(crate) fn count_ordering(device: bool) {
     (if device { &DEVICE_ORDERED } else { &HOST_WAITED }).fetch_add(1, Ordering::Relaxed);
 }
 
-/// Turns the adapter on or off: `set_enabled(true)` is `set_ordering(GemmOrdering::Device)`
-/// (the default), `set_enabled(false)` is `set_ordering(GemmOrdering::Burn)` (every call runs
-/// burn's own matmul).
+/// Turns the adapter on or off. Off is `set_ordering(GemmOrdering::Burn)` (every call runs
+/// burn's own matmul); on leaves an ordering that is already on as it is, and after off returns
+/// to the ordering last set (device ordering unless [`set_ordering`] chose another), so
+/// `set_enabled(false)` … `set_enabled(true)` is an A/B toggle that keeps the ordering.
 pub fn set_enabled(on: bool) {
-    set_ordering(if on { GemmOrdering::Device } else { GemmOrdering::Burn });
+    order::enable(on);
 }
 
 /// Whether the adapter is on (its ordering is not [`GemmOrdering::Burn`]).
@@ -94,8 +95,8 @@ pub fn enabled() -> bool {
 /// Chooses how calls run (process-wide, takes effect at the next call): burn's own op
 /// ([`GemmOrdering::Burn`]), gemmbridge ordered by host waits ([`GemmOrdering::HostWait`]), or
 /// gemmbridge ordered on the device ([`GemmOrdering::Device`], the default; calls it cannot
-/// order correctly — an operand made on another thread's cubecl stream, a driver without
-/// stream memory operations — wait on the host instead). The debug log names the ordering of
+/// order correctly — an operand made on another thread's cubecl stream, or where the spin
+/// kernel cannot be compiled — wait on the host instead). The debug log names the ordering of
 /// every call.
 pub fn set_ordering(o: GemmOrdering) {
     order::set(o);

@@ -67,8 +67,9 @@ pub enum GemmOrdering {
     /// gemmbridge's GEMM, ordered by host waits: the host waits for the caller's cubecl stream
     /// before the GEMM and for gemmbridge's stream after it.
     HostWait,
-    /// gemmbridge's GEMM, ordered on the device by flags in device memory and stream memory
-    /// operations, with no host wait (the default). Calls where that cannot be correct fall back
+    /// gemmbridge's GEMM, ordered on the device by flags in device memory, one-thread kernels
+    /// that store and wait for them and a stream-ordered flag write, with no host wait (the
+    /// default). Calls where that cannot be correct fall back
     /// to [`GemmOrdering::HostWait`] (debug log).
     #[default]
     Device,
@@ -101,6 +102,14 @@ impl GemmOrdering {
     }
 }
 
+impl std::fmt::Display for GemmOrdering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Parses [`GemmOrdering::name`]'s names ("burn", "host-wait", "device"); "off" and "host"
+/// are accepted for "burn" and "host-wait".
 impl std::str::FromStr for GemmOrdering {
     type Err = String;
 
@@ -109,7 +118,7 @@ impl std::str::FromStr for GemmOrdering {
             "burn" | "off" => Ok(GemmOrdering::Burn),
             "host-wait" | "host" => Ok(GemmOrdering::HostWait),
             "device" => Ok(GemmOrdering::Device),
-            _ => Err(format!("unknown ordering {s:?}; choose burn, host-wait or device")),
+            _ => Err(format!("unknown ordering {s:?}; choose burn (or off), host-wait (or host) or device")),
         }
     }
 }
@@ -118,8 +127,24 @@ static ORDERING: AtomicU8 = AtomicU8::new(2);
 /// Set once the spin kernel on gemmbridge's stream could not be compiled or launched.
 static NO_SPIN: AtomicBool = AtomicBool::new(false);
 
+/// The last ordering set other than `Burn` (what `set_enabled(true)` returns to).
+static LAST_ON: AtomicU8 = AtomicU8::new(2);
+
 pub(crate) fn set(o: GemmOrdering) {
+    if o != GemmOrdering::Burn {
+        LAST_ON.store(o.code(), Mem::Relaxed);
+    }
     ORDERING.store(o.code(), Mem::Relaxed);
+}
+
+/// `set_enabled`: off is `Burn`; on leaves an ordering that is on alone and otherwise returns
+/// to the last one set.
+pub(crate) fn enable(on: bool) {
+    if !on {
+        ORDERING.store(GemmOrdering::Burn.code(), Mem::Relaxed);
+    } else if get() == GemmOrdering::Burn {
+        ORDERING.store(LAST_ON.load(Mem::Relaxed), Mem::Relaxed);
+    }
 }
 
 pub(crate) fn get() -> GemmOrdering {
@@ -135,7 +160,7 @@ fn store_flag(flags: &mut Array<Atomic<u32>>, index: usize, value: u32) {
 }
 
 /// Returns once `flags[index] == value` (one thread; the atomic load reads L2, where the
-/// stream memory operation's write lands).
+/// back edge's memset lands).
 #[cube(launch)]
 fn wait_flag(flags: &mut Array<Atomic<u32>>, index: usize, value: u32) {
     if ABSOLUTE_POS == 0 {
@@ -390,8 +415,27 @@ mod tests {
             assert_eq!(o.name().parse::<GemmOrdering>(), Ok(o));
             assert_eq!(GemmOrdering::from_code(o.code()), o);
         }
-        assert!("sometimes".parse::<GemmOrdering>().unwrap_err().contains("burn, host-wait or device"));
+        let err = "sometimes".parse::<GemmOrdering>().unwrap_err();
+        assert!(err.contains("burn (or off), host-wait (or host) or device"), "{err}");
         assert_eq!(GemmOrdering::default(), GemmOrdering::Device);
+        assert_eq!(GemmOrdering::HostWait.to_string(), "host-wait");
+    }
+
+    /// The only test of this binary that touches the process-wide setting.
+    #[test]
+    fn enabling_keeps_the_ordering_last_set() {
+        set(GemmOrdering::HostWait);
+        enable(true);
+        assert_eq!(get(), GemmOrdering::HostWait, "on while on: unchanged");
+        enable(false);
+        assert_eq!(get(), GemmOrdering::Burn);
+        enable(true);
+        assert_eq!(get(), GemmOrdering::HostWait, "back on: the ordering last set");
+        set(GemmOrdering::Burn);
+        enable(true);
+        assert_eq!(get(), GemmOrdering::HostWait, "Burn is not remembered as an ordering to return to");
+        set(GemmOrdering::Device);
+        assert_eq!(get(), GemmOrdering::Device);
     }
 
     #[test]

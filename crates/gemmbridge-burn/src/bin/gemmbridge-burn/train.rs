@@ -70,6 +70,12 @@ pub struct TrainArgs {
     out: Option<PathBuf>,
 }
 
+impl TrainArgs {
+    fn modes_names(&self) -> Vec<&'static str> {
+        self.modes.iter().map(|m| m.name()).collect()
+    }
+}
+
 /// How the model's matmuls run.
 #[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -312,8 +318,19 @@ fn comparison(runs: &[(Mode, ModeRun)]) -> Option<Value> {
 
 /// Runs `gemmbridge-burn train`.
 pub fn run(a: &TrainArgs) -> anyhow::Result<()> {
-    ensure!(a.steps > 0 && a.batch > 0 && a.layers > 0, "--steps, --batch and --layers must be positive");
+    ensure!(
+        a.steps > 0 && a.batch > 0 && a.layers > 0 && a.hidden > 0,
+        "--steps, --batch, --layers and --hidden must be positive"
+    );
+    ensure!(a.lr.is_finite() && a.lr > 0.0, "--lr must be a positive number, not {}", a.lr);
+    let mut seen = std::collections::HashSet::new();
+    ensure!(a.modes.iter().all(|m| seen.insert(m.name())), "--modes names a mode twice: {:?}", a.modes_names());
+    if let Some(dir) = a.out.as_ref().and_then(|p| p.parent()).filter(|d| !d.as_os_str().is_empty()) {
+        ensure!(dir.is_dir(), "--out: {} is not a directory", dir.display());
+    }
     let data = load_digits(&a.data)?;
+    // a clear error where there is no GPU, before cubecl's device thread (which panics) starts
+    gemmbridge::cuda::Gpu::new(0).context("gemmbridge-burn train needs a CUDA GPU")?;
     let device = CudaDevice::default();
     println!(
         "train: hidden {} × {} layers, batch {}, {} steps (+{} warmup), lr {}, {} train / {} test rows, device {device:?}, burn autotuned: {}",
