@@ -30,7 +30,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "gemmbridge",
     version,
-    about = "Row-major GEMM on cuBLAS/cuBLASLt: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench"
+    about = "Row-major GEMM on cuBLAS/cuBLASLt and convolutions on cuDNN: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench, report"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -43,8 +43,9 @@ enum Command {
     /// (or, without a GPU, which CPU backend serves).
     Info,
     /// Checks this machine: the row-major→column-major convention table (16 direct cuBLAS
-    /// calls, exactly one must match), every offered precision against float64, and every
-    /// FP8 recipe the GPU offers. Exits non-zero if anything is wrong.
+    /// calls, exactly one must match), every offered precision against float64, every FP8
+    /// recipe the GPU offers, and a cuDNN convolution per precision (where libcudnn loads).
+    /// Exits non-zero if anything is wrong.
     Probe,
     /// Times GEMMs (and, with --ops conv_…, cuDNN convolutions) on the suites of the PyTorch
     /// peer bench/peer.py and writes JSON lines in its schema. Without a CUDA GPU it runs
