@@ -62,8 +62,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut fp8_scalings: Vec<String> = Vec::new();
     let mut conv_ops: Vec<String> = Vec::new();
     let mut conv_dtypes: Vec<(String, Precision)> = Vec::new();
+    // the GEMM ops, in --ops order (checked here, once, whatever --dtypes holds)
+    let mut gemm_ops: Vec<&str> = Vec::new();
     for op in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
-        if op != "conv" && !conv::OPS.contains(&op) && !OPS.contains(&op) {
+        if OPS.contains(&op) {
+            gemm_ops.push(op);
+            continue;
+        }
+        if op != "conv" && !conv::OPS.contains(&op) {
             bail!("unknown op {op:?}; choose from {}, {}, conv", OPS.join(", "), conv::OPS.join(", "));
         }
         let named: &[&str] = if op == "conv" { &conv::OPS } else { std::slice::from_ref(&op) };
@@ -84,13 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         if !conv_dtypes.iter().any(|(n, _)| n == d) {
             conv_dtypes.push((d.to_string(), prec));
         }
-        for op in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
-            if op == "conv" || conv::OPS.contains(&op) {
-                continue;
-            }
-            if !OPS.contains(&op) {
-                bail!("unknown op {op:?}; choose from {}, {}, conv", OPS.join(", "), conv::OPS.join(", "));
-            }
+        for &op in &gemm_ops {
             if op_applies(op, d) {
                 jobs.push((d, prec, op));
             }
