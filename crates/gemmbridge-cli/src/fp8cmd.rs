@@ -35,14 +35,17 @@ pub enum Action {
         seed: Option<u64>,
     },
     /// Times the quantisation of a ROWS×COLS tensor per source dtype, recipe and layout, as
-    /// bandwidth (bytes each kernel reads and writes, summed, over the time of the whole
-    /// quantisation) beside a device-to-device copy of the source.
+    /// bandwidth beside a device-to-device copy of the source: first the whole call (bytes
+    /// every kernel reads and writes, summed, over the time of the call, its allocations and
+    /// launch gaps included), then each kernel alone (its own bytes over its own time, from
+    /// back-to-back launches between two events).
     Quantize {
         #[arg(long, default_value_t = 8192)]
         rows: usize,
         #[arg(long, default_value_t = 8192)]
         cols: usize,
-        /// Timed samples per row (median reported).
+        /// Timed samples per row (median reported); each kernel alone is timed over 5 × REPS
+        /// launches.
         #[arg(long, default_value_t = 20)]
         reps: usize,
     },
@@ -167,14 +170,30 @@ fn quantize_rows<T: Element + cudarc::driver::DeviceRepr>(
             };
             let gbs = bytes / (t.median_ms * 1e-3) / 1e9;
             println!(
-                "{:<5} {:<11} {:<8} {:>10.4} {:>9.0} {:>7.0}%",
+                "{:<5} {:<11} {:<8} {:<20} {:>10.4} {:>9.0} {:>7.0}%",
                 T::DTYPE.name(),
                 format!("{source:?}"),
                 scaling.name(),
+                "whole call",
                 t.median_ms,
                 gbs,
                 gbs / copy_gbs * 100.0
             );
+            // each kernel alone: back-to-back launches between two events
+            let kernels = gpu.quantize_kernel_times(&src, rows, cols, source, Fp8Format::E4M3, scaling, reps * 5)?;
+            for (kernel, ms, bytes) in kernels {
+                let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+                println!(
+                    "{:<5} {:<11} {:<8} {:<20} {:>10.4} {:>9.0} {:>7.0}%",
+                    "",
+                    "",
+                    "",
+                    kernel,
+                    ms,
+                    gbs,
+                    gbs / copy_gbs * 100.0
+                );
+            }
         }
     }
     Ok(())
@@ -193,7 +212,10 @@ fn quantize_bandwidth(rows: usize, cols: usize, reps: usize) -> anyhow::Result<i
     let t = timing::time_gpu(&gpu, sampling, &mut || s.memcpy_dtod(&a, &mut b))?;
     let copy_gbs = 2.0 * (rows * cols * 4) as f64 / (t.median_ms * 1e-3) / 1e9;
     println!("[{rows}, {cols}] tensor; device-to-device copy of the f32 source: {copy_gbs:.0} GB/s (read + write)");
-    println!("{:<5} {:<11} {:<8} {:>10} {:>9} {:>8}", "src", "layout", "scaling", "ms", "GB/s", "of copy");
+    println!(
+        "{:<5} {:<11} {:<8} {:<20} {:>10} {:>9} {:>8}",
+        "src", "layout", "scaling", "kernel", "ms", "GB/s", "of copy"
+    );
     quantize_rows::<f32>(&gpu, (rows, cols), reps, copy_gbs)?;
     quantize_rows::<half::f16>(&gpu, (rows, cols), reps, copy_gbs)?;
     quantize_rows::<half::bf16>(&gpu, (rows, cols), reps, copy_gbs)?;

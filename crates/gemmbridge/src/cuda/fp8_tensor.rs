@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr};
 
-use super::device::{enqueue_cast, CastJob, KernelSet};
+use super::device::{cast_launches, enqueue_cast, launch_one, prepare_cast, CastJob, KernelSet};
 use super::entry::same_context;
 use super::gpu::Gpu;
 use super::{library, status};
@@ -131,6 +131,33 @@ impl Gpu {
         format: Fp8Format,
         scaling: Scaling,
     ) -> Result<Fp8Tensor> {
+        let (mut out, cc) = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
+        self.device().bind()?;
+        let s = self.stream();
+        let mut st = self.lock();
+        let kernels = st.dev.kernels(self.context(), cc, s.cu_stream(), KernelSet::Fp8)?;
+        let (x, _gx) = src.device_ptr(s);
+        let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.data, s);
+        let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.scales, s);
+        let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout: out.layout, data: q, scales: sc };
+        // SAFETY: `src` holds rows·cols elements (checked), `data` and `scales` were allocated
+        // for the layout; all on `s`, a live stream of the bound context.
+        unsafe { enqueue_cast(kernels, &job, s.cu_stream())? };
+        drop((_gx, _gq, _gs));
+        Ok(out)
+    }
+
+    /// [`Gpu::quantize`]'s checks, then its output allocated (data not yet written) and the
+    /// device's compute capability.
+    fn quantize_output<T: Element, S: DevicePtr<T>>(
+        &self,
+        src: &S,
+        rows: usize,
+        cols: usize,
+        source: Source,
+        format: Fp8Format,
+        scaling: Scaling,
+    ) -> Result<(Fp8Tensor, (i32, i32))> {
         same_context(Which::Source, src.stream(), self.context())?;
         check_dims(rows, cols)?;
         // the kernels' second grid dimension (at most 65535 CTAs) covers 64 rows per CTA for a
@@ -162,19 +189,67 @@ impl Gpu {
         let layout = Fp8Layout::new(rows, cols, scaling);
         let s = self.stream();
         // SAFETY: every byte of `data` is written by the cast kernels (padding included).
-        let mut data = unsafe { s.alloc::<u8>(layout.data_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
-        let mut scales = s.alloc_zeros::<f32>(layout.scale_len()).map_err(status::driver("cuMemAllocAsync"))?;
+        let data = unsafe { s.alloc::<u8>(layout.data_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
+        // every kernel writes every scale; the 128×128 path zeroes the K padding first
+        // SAFETY: as above.
+        let scales = unsafe { s.alloc::<f32>(layout.scale_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
+        Ok((Fp8Tensor { data, scales, layout, format }, cc))
+    }
+
+    /// For measuring gemmbridge's own kernels: the launches [`Gpu::quantize`] makes for these
+    /// arguments, each timed alone — `reps` back-to-back launches of that one kernel with the
+    /// same arguments between two CUDA events, after two warm-up launches — as (kernel
+    /// instance, ms per launch, bytes it reads and writes). The kernels' bandwidth is bytes /
+    /// time; launch gaps and the allocations of a real call are left out. Synchronises the
+    /// stream. The output is discarded.
+    ///
+    /// # Errors
+    /// As [`Gpu::quantize`]; [`Error::Driver`] from the events.
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantize_kernel_times<T: Element, S: DevicePtr<T>>(
+        &self,
+        src: &S,
+        rows: usize,
+        cols: usize,
+        source: Source,
+        format: Fp8Format,
+        scaling: Scaling,
+        reps: usize,
+    ) -> Result<Vec<(String, f64, u64)>> {
+        let (mut out, cc) = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
         self.device().bind()?;
+        let s = self.stream();
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ev = || self.context().new_event(flags).map_err(status::driver("cuEventCreate"));
+        let (start, end) = (ev()?, ev()?);
         let mut st = self.lock();
         let kernels = st.dev.kernels(self.context(), cc, s.cu_stream(), KernelSet::Fp8)?;
         let (x, _gx) = src.device_ptr(s);
-        let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut data, s);
-        let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut scales, s);
-        let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout, data: q, scales: sc };
-        // SAFETY: `src` holds rows·cols elements (checked), `data` and `scales` were allocated
-        // for the layout above; all on `s`, a live stream of the bound context.
-        unsafe { enqueue_cast(kernels, &job, s.cu_stream())? };
+        let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.data, s);
+        let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.scales, s);
+        let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout: out.layout, data: q, scales: sc };
+        // SAFETY: as in `quantize`.
+        let held = unsafe { prepare_cast(&job, s.cu_stream())? };
+        let (transposed, amax) = held.addresses();
+        let mut times = Vec::new();
+        for launch in cast_launches(&job, transposed, amax)? {
+            let run = |n: usize| -> Result<()> {
+                for _ in 0..n {
+                    // SAFETY: planned for this job and its scratch, held until the end.
+                    unsafe { launch_one(kernels, &launch, s.cu_stream())? };
+                }
+                Ok(())
+            };
+            run(2)?;
+            start.record(s).map_err(status::driver("cuEventRecord"))?;
+            run(reps.max(1))?;
+            end.record(s).map_err(status::driver("cuEventRecord"))?;
+            let ms = start.elapsed_ms(&end).map_err(status::driver("cuEventElapsedTime"))? as f64;
+            times.push((launch.kernel.clone(), ms / reps.max(1) as f64, launch.bytes));
+        }
+        drop(held);
         drop((_gx, _gq, _gs));
-        Ok(Fp8Tensor { data, scales, layout, format })
+        s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
+        Ok(times)
     }
 }

@@ -11,18 +11,24 @@
 //! Every kernel but the transposes reads its source once (the row kernel: rows up to 16384
 //! columns of a 16-bit source, 8192 of f32) with 16-byte loads where the row allows, keeping
 //! what it needs twice in registers as raw 16-byte chunks.
+//!
+//! Reads plan → launch: [`cast_scratch`] says what scratch a job needs, [`cast_launches`]
+//! (pure, CPU-tested) lists the launches for the scratch's addresses, [`enqueue_cast`]
+//! allocates, zeroes and launches them.
+
+use std::ffi::c_void;
 
 use cudarc::driver::sys::CUstream;
 
-use super::kernels::{arg, suffix};
+use super::kernels::suffix;
 use super::{Kernels, Scratch};
 use crate::cuda::status;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fp8::{Fp8Format, Fp8Layout, Scaling, Source};
 
 /// Threads per CTA for every kernel here.
-const THREADS: u32 = 256;
+pub(crate) const THREADS: u32 = 256;
 /// Most CTAs of the grid-stride kernels (8 per SM of a 132-SM H200; enough for any GPU).
 const MAX_CTAS: u64 = 1056;
 
@@ -40,8 +46,235 @@ pub(crate) struct CastJob {
     pub scales: u64,
 }
 
+/// One kernel argument, by value (its C type in the comment).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Arg {
+    /// A device address (`T*`).
+    Ptr(u64),
+    /// `long`.
+    Long(i64),
+    /// `float`.
+    F32(f32),
+    /// `int`.
+    Int(i32),
+}
+
+/// One launch of a kernel of `kernels/fp8.cu`: the instance's name, its grid (CTAs of
+/// [`THREADS`] threads), its arguments in the kernel's order, and the bytes it reads and
+/// writes in device memory (for bandwidth figures; scales counted, the amax word not).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Launch {
+    pub kernel: String,
+    pub grid: (u32, u32, u32),
+    pub args: Vec<Arg>,
+    pub bytes: u64,
+}
+
+/// Scratch one job needs: a transposed copy of the source (bytes; 0 for none) and an amax
+/// word (tensor-wise scales), and whether the scales must be zeroed first (128×128 blocks:
+/// the scale tensor's K padding is never written by the kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CastScratch {
+    pub transposed_bytes: usize,
+    pub amax: bool,
+    pub zero_scales: bool,
+}
+
 fn ctas(units: u64, per_cta: u64) -> u32 {
     units.div_ceil(per_cta).clamp(1, MAX_CTAS) as u32
+}
+
+/// What scratch `job` needs.
+pub(crate) fn cast_scratch(job: &CastJob) -> CastScratch {
+    let l = &job.layout;
+    let transposed = job.source == Source::Transposed && l.scaling != Scaling::Tensor;
+    CastScratch {
+        transposed_bytes: if transposed { l.rows * l.cols * job.dtype.size_bytes() } else { 0 },
+        amax: l.scaling == Scaling::Tensor,
+        zero_scales: l.scaling == Scaling::Block128x128,
+    }
+}
+
+/// The launches of `job`, in order, given the scratch addresses [`cast_scratch`] asked for
+/// (`transposed`: the transposed copy, `amax`: the zeroed amax word; 0 where not needed).
+///
+/// # Errors
+/// [`Error::DimensionTooLarge`] when a grid dimension would pass its limit (the caller
+/// checks the row limits first; this is the last guard).
+pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result<Vec<Launch>> {
+    let l = &job.layout;
+    let name = |kernel: &str| format!("{kernel}_{}", suffix(job.dtype));
+    let size = job.dtype.size_bytes() as u64;
+    let (rows, rows_alloc, cols, ld) = (l.rows as i64, l.rows_alloc as i64, l.cols as i64, l.ld as i64);
+    let (src_bytes, q_bytes) = (l.rows as u64 * l.cols as u64 * size, l.data_len() as u64);
+    let scale_bytes = l.scale_len() as u64 * 4;
+    let (fmax, e5m2) = (Arg::F32(job.format.max()), Arg::Int(i32::from(job.format == Fp8Format::E5M2)));
+    let (q, sc) = (Arg::Ptr(job.data), Arg::Ptr(job.scales));
+    let grid_dim = |what: &'static str, v: u64, max: u64| -> Result<u32> {
+        if v > max {
+            return Err(Error::DimensionTooLarge { what, value: v as usize, max: max as usize });
+        }
+        Ok(v.max(1) as u32)
+    };
+    let mut out = Vec::with_capacity(2);
+    let mut x = job.src;
+    if transposed != 0 {
+        let grid = (
+            grid_dim("CTAs of an FP8 transpose", (l.cols as u64).div_ceil(64), u32::MAX as u64)?,
+            grid_dim("rows of an FP8 transpose's grid", (l.rows as u64).div_ceil(64), 65535)?,
+            1,
+        );
+        // transpose_T(const T* src, long rows, long cols, T* dst)
+        let args = vec![Arg::Ptr(x), Arg::Long(rows), Arg::Long(cols), Arg::Ptr(transposed)];
+        out.push(Launch { kernel: name("transpose"), grid, args, bytes: 2 * src_bytes });
+        x = transposed;
+    }
+    match l.scaling {
+        Scaling::Tensor => {
+            let n = rows * cols;
+            let grid = (ctas(n as u64, 8 * THREADS as u64), 1, 1);
+            // amax_T(const T* x, long n, u32* out)
+            let args = vec![Arg::Ptr(x), Arg::Long(n), Arg::Ptr(amax)];
+            out.push(Launch { kernel: name("amax"), grid, args, bytes: src_bytes });
+            // cast_tensor_T / cast_transpose_T(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2)
+            let args = vec![
+                Arg::Ptr(x),
+                Arg::Long(rows),
+                Arg::Long(rows_alloc),
+                Arg::Long(cols),
+                q,
+                Arg::Long(ld),
+                Arg::Ptr(amax),
+                sc,
+                fmax,
+                e5m2,
+            ];
+            let bytes = src_bytes + q_bytes + 4;
+            if job.source == Source::Transposed {
+                let grid = (
+                    grid_dim("CTAs of an FP8 cast-transpose", (l.ld as u64).div_ceil(64), u32::MAX as u64)?,
+                    grid_dim("rows of an FP8 cast-transpose's grid", (l.rows_alloc as u64).div_ceil(64), 65535)?,
+                    1,
+                );
+                out.push(Launch { kernel: name("cast_transpose"), grid, args, bytes });
+            } else {
+                // CAST_UNROLL (2) chunks of 16 / size elements per thread per pass (kernels/fp8.cu)
+                let per_cta = u64::from(THREADS) * 2 * (16 / size);
+                let grid = (ctas(l.rows_alloc as u64 * l.ld as u64, per_cta), 1, 1);
+                out.push(Launch { kernel: name("cast_tensor"), grid, args, bytes });
+            }
+        }
+        Scaling::Row => {
+            let grid = (grid_dim("rows of a row-wise FP8 cast", l.rows_alloc as u64, u32::MAX as u64)?, 1, 1);
+            // cast_rows_T(x, rows, cols, q, ld, scale, fmax, e5m2); one CTA per row
+            let args = vec![Arg::Ptr(x), Arg::Long(rows), Arg::Long(cols), q, Arg::Long(ld), sc, fmax, e5m2];
+            out.push(Launch { kernel: name("cast_rows"), grid, args, bytes: src_bytes + q_bytes + scale_bytes });
+        }
+        Scaling::Block1x128 => {
+            let groups = l.rows_alloc as u64 * l.k_blocks() as u64;
+            // 128 / E lanes per group, E = 16 / element size (kernels/fp8.cu, `Chunk`), each
+            // thread serving two groups' lanes
+            let per_cta = 2 * u64::from(THREADS) * (16 / size) / 128;
+            let grid =
+                (grid_dim("1×128 groups of an FP8 quantisation", groups.div_ceil(per_cta), u32::MAX as u64)?, 1, 1);
+            // cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2)
+            let args = vec![
+                Arg::Ptr(x),
+                Arg::Long(rows),
+                Arg::Long(rows_alloc),
+                Arg::Long(cols),
+                q,
+                Arg::Long(ld),
+                sc,
+                fmax,
+                e5m2,
+            ];
+            out.push(Launch { kernel: name("cast_vec128"), grid, args, bytes: src_bytes + q_bytes + scale_bytes });
+        }
+        Scaling::Block128x128 => {
+            let grid = (
+                grid_dim("K blocks of a 128×128 FP8 cast", l.k_blocks() as u64, u32::MAX as u64)?,
+                grid_dim("row blocks of a 128×128 FP8 cast", (l.rows_alloc as u64).div_ceil(128), 65535)?,
+                1,
+            );
+            // cast_blk128_T(x, rows, rows_alloc, cols, q, ld, scale, scale_ld, fmax, e5m2)
+            let args = vec![
+                Arg::Ptr(x),
+                Arg::Long(rows),
+                Arg::Long(rows_alloc),
+                Arg::Long(cols),
+                q,
+                Arg::Long(ld),
+                sc,
+                Arg::Long(l.scale_ld() as i64),
+                fmax,
+                e5m2,
+            ];
+            out.push(Launch { kernel: name("cast_blk128"), grid, args, bytes: src_bytes + q_bytes + scale_bytes });
+        }
+    }
+    Ok(out)
+}
+
+/// Enqueues one launch on `stream`.
+///
+/// # Safety
+/// `launch` came from [`cast_launches`] for a job whose contract ([`enqueue_cast`]) holds,
+/// with its scratch still allocated; `stream` is a live stream of the current context.
+pub(crate) unsafe fn launch_one(k: &Kernels, launch: &Launch, stream: CUstream) -> Result<()> {
+    let mut values = launch.args.clone();
+    let mut ptrs: Vec<*mut c_void> = values
+        .iter_mut()
+        .map(|a| match a {
+            Arg::Ptr(v) => v as *mut u64 as *mut c_void,
+            Arg::Long(v) => v as *mut i64 as *mut c_void,
+            Arg::F32(v) => v as *mut f32 as *mut c_void,
+            Arg::Int(v) => v as *mut i32 as *mut c_void,
+        })
+        .collect();
+    // SAFETY: `ptrs` point into `values`, which outlives the launch call; the argument types
+    // follow the kernel's signature (`cast_launches`); the rest is the caller's contract.
+    unsafe { k.launch(&launch.kernel, launch.grid, THREADS, stream, &mut ptrs) }
+}
+
+/// Scratch held for one job's launches (freed in stream order when dropped).
+pub(crate) struct HeldScratch {
+    pub transposed: Option<Scratch>,
+    pub amax: Option<Scratch>,
+}
+
+impl HeldScratch {
+    /// The scratch addresses for [`cast_launches`] (0 where none).
+    pub fn addresses(&self) -> (u64, u64) {
+        (self.transposed.as_ref().map_or(0, |s| s.ptr), self.amax.as_ref().map_or(0, |s| s.ptr))
+    }
+}
+
+/// Allocates `job`'s scratch on `stream` and zeroes what must start at zero (the amax word,
+/// the scales of 128×128 blocks).
+///
+/// # Safety
+/// As [`enqueue_cast`].
+pub(crate) unsafe fn prepare_cast(job: &CastJob, stream: CUstream) -> Result<HeldScratch> {
+    let need = cast_scratch(job);
+    // SAFETY: the caller's contract (live stream of the current context).
+    let transposed =
+        if need.transposed_bytes > 0 { Some(unsafe { Scratch::alloc(need.transposed_bytes, stream)? }) } else { None };
+    let amax = if need.amax {
+        // SAFETY: as above; 4 bytes for the amax, zeroed before the amax kernel.
+        let a = unsafe { Scratch::alloc(4, stream)? };
+        unsafe { cudarc::driver::result::memset_d8_async(a.ptr, 0, 4, stream) }
+            .map_err(status::driver("cuMemsetD8Async"))?;
+        Some(a)
+    } else {
+        None
+    };
+    if need.zero_scales {
+        // SAFETY: `scales` holds scale_len() f32s (caller).
+        unsafe { cudarc::driver::result::memset_d8_async(job.scales, 0, job.layout.scale_len() * 4, stream) }
+            .map_err(status::driver("cuMemsetD8Async"))?;
+    }
+    Ok(HeldScratch { transposed, amax })
 }
 
 /// Enqueues `job` on `stream`.
@@ -51,148 +284,95 @@ fn ctas(units: u64, per_cta: u64) -> u32 {
 /// and `scales` not overlapping anything else; `stream` is live; the layout's sizes fit the
 /// kernels' 64-bit indices and its row count a grid dimension (checked by the caller).
 pub(crate) unsafe fn enqueue_cast(k: &Kernels, job: &CastJob, stream: CUstream) -> Result<()> {
-    let l = &job.layout;
-    let name = |kernel: &str| format!("{kernel}_{}", suffix(job.dtype));
-    let mut x = job.src;
-    let (mut rows, mut rows_alloc, mut cols, mut ld) = (l.rows as i64, l.rows_alloc as i64, l.cols as i64, l.ld as i64);
-    let (mut q, mut sc) = (job.data, job.scales);
-    let mut fmax = job.format.max();
-    let mut e5m2 = i32::from(job.format == Fp8Format::E5M2);
-    // A [K, rows] source for anything but tensor-wise scales: transposed into scratch first.
-    let mut _transposed = None;
-    if job.source == Source::Transposed && l.scaling != Scaling::Tensor {
-        // SAFETY: the caller's contract (live stream of the current context).
-        let t = unsafe { Scratch::alloc(l.rows * l.cols * job.dtype.size_bytes(), stream)? };
-        let mut dst = t.ptr;
-        let grid = ((l.cols as u32).div_ceil(64), (l.rows as u32).div_ceil(64), 1);
-        // SAFETY: transpose_T(const T* src, long rows, long cols, T* dst); src holds
-        // rows·cols elements (caller), dst was just allocated for as many.
-        unsafe {
-            k.launch(
-                &name("transpose"),
-                grid,
-                THREADS,
-                stream,
-                &mut [arg(&mut x), arg(&mut rows), arg(&mut cols), arg(&mut dst)],
-            )?
-        };
-        x = t.ptr;
-        _transposed = Some(t); // freed in stream order after the cast below
+    // SAFETY: the caller's contract.
+    let held = unsafe { prepare_cast(job, stream)? };
+    let (transposed, amax) = held.addresses();
+    for launch in cast_launches(job, transposed, amax)? {
+        // SAFETY: planned for this job and its scratch, which `held` keeps until after the
+        // launches (then freed in stream order).
+        unsafe { launch_one(k, &launch, stream)? };
     }
-    match l.scaling {
-        Scaling::Tensor => {
-            // SAFETY: as above; 4 bytes for the amax, zeroed before the amax kernel.
-            let amax = unsafe { Scratch::alloc(4, stream)? };
-            unsafe { cudarc::driver::result::memset_d8_async(amax.ptr, 0, 4, stream) }
-                .map_err(status::driver("cuMemsetD8Async"))?;
-            let mut a = amax.ptr;
-            let mut n = rows * cols;
-            let grid = (ctas(n as u64, 8 * THREADS as u64), 1, 1);
-            // SAFETY: amax_T(const T* x, long n, u32* out).
-            unsafe { k.launch(&name("amax"), grid, THREADS, stream, &mut [arg(&mut x), arg(&mut n), arg(&mut a)])? };
-            let mut args = [
-                arg(&mut x),
-                arg(&mut rows),
-                arg(&mut rows_alloc),
-                arg(&mut cols),
-                arg(&mut q),
-                arg(&mut ld),
-                arg(&mut a),
-                arg(&mut sc),
-                arg(&mut fmax),
-                arg(&mut e5m2),
-            ];
-            if job.source == Source::Transposed {
-                let grid = ((l.ld as u32).div_ceil(64), (l.rows_alloc as u32).div_ceil(64), 1);
-                // SAFETY: cast_transpose_T(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2).
-                unsafe { k.launch(&name("cast_transpose"), grid, THREADS, stream, &mut args) }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(rows: usize, cols: usize, dtype: DType, source: Source, scaling: Scaling) -> CastJob {
+        CastJob {
+            src: 0x1000,
+            dtype,
+            source,
+            format: Fp8Format::E4M3,
+            layout: Fp8Layout::new(rows, cols, scaling),
+            data: 0x2000,
+            scales: 0x3000,
+        }
+    }
+
+    #[test]
+    fn kernels_and_scratch_per_recipe() {
+        let cases = [
+            (Source::RowMajor, Scaling::Tensor, vec!["amax_bf16", "cast_tensor_bf16"], 0, true),
+            (Source::Transposed, Scaling::Tensor, vec!["amax_bf16", "cast_transpose_bf16"], 0, true),
+            (Source::RowMajor, Scaling::Row, vec!["cast_rows_bf16"], 0, false),
+            (Source::Transposed, Scaling::Row, vec!["transpose_bf16", "cast_rows_bf16"], 300 * 1000 * 2, false),
+            (Source::RowMajor, Scaling::Block1x128, vec!["cast_vec128_bf16"], 0, false),
+            (Source::Transposed, Scaling::Block128x128, vec!["transpose_bf16", "cast_blk128_bf16"], 600_000, false),
+        ];
+        for (source, scaling, kernels, transposed_bytes, amax) in cases {
+            let j = job(300, 1000, DType::BF16, source, scaling);
+            let need = cast_scratch(&j);
+            assert_eq!(need.transposed_bytes, transposed_bytes, "{source:?} {scaling:?}");
+            assert_eq!(need.amax, amax, "{source:?} {scaling:?}");
+            assert_eq!(need.zero_scales, scaling == Scaling::Block128x128);
+            let launches = cast_launches(&j, if transposed_bytes > 0 { 0x4000 } else { 0 }, 0x5000).unwrap();
+            let names: Vec<&str> = launches.iter().map(|l| l.kernel.as_str()).collect();
+            assert_eq!(names, kernels, "{source:?} {scaling:?}");
+            if transposed_bytes > 0 {
+                // the cast reads the transposed copy, not the source
+                assert_eq!(launches[0].args[3], Arg::Ptr(0x4000));
+                assert_eq!(launches[1].args[0], Arg::Ptr(0x4000));
             } else {
-                let grid = (ctas((l.rows_alloc * l.ld / 8) as u64, THREADS as u64), 1, 1);
-                // SAFETY: cast_tensor_T(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2).
-                unsafe { k.launch(&name("cast_tensor"), grid, THREADS, stream, &mut args) }
+                assert_eq!(launches[0].args[0], Arg::Ptr(0x1000));
             }
         }
-        Scaling::Row => {
-            let grid = (l.rows_alloc as u32, 1, 1);
-            // SAFETY: cast_rows_T(x, rows, cols, q, ld, scale, fmax, e5m2); one CTA per row.
-            unsafe {
-                k.launch(
-                    &name("cast_rows"),
-                    grid,
-                    THREADS,
-                    stream,
-                    &mut [
-                        arg(&mut x),
-                        arg(&mut rows),
-                        arg(&mut cols),
-                        arg(&mut q),
-                        arg(&mut ld),
-                        arg(&mut sc),
-                        arg(&mut fmax),
-                        arg(&mut e5m2),
-                    ],
-                )
-            }
+    }
+
+    #[test]
+    fn grids_cover_the_tensor() {
+        // tensor-wise cast: 256 threads × 2 chunks of 8 bf16 per CTA pass, at most 1056 CTAs
+        let j = job(64, 4096, DType::BF16, Source::RowMajor, Scaling::Tensor);
+        let l = cast_launches(&j, 0, 0x5000).unwrap();
+        assert_eq!(l[1].grid, ((64 * 4096 / (256 * 16)) as u32, 1, 1));
+        let big = job(1 << 16, 1 << 14, DType::F32, Source::RowMajor, Scaling::Tensor);
+        assert_eq!(cast_launches(&big, 0, 0x5000).unwrap()[1].grid.0, 1056);
+        // one CTA per row; 128×128: K blocks × row blocks (rows padded to 128)
+        let r = job(300, 1000, DType::F16, Source::RowMajor, Scaling::Row);
+        assert_eq!(cast_launches(&r, 0, 0).unwrap()[0].grid, (r.layout.rows_alloc as u32, 1, 1));
+        let b = job(300, 1000, DType::F16, Source::RowMajor, Scaling::Block128x128);
+        assert_eq!(cast_launches(&b, 0, 0).unwrap()[0].grid, (8, b.layout.rows_alloc.div_ceil(128) as u32, 1));
+        // cast-transpose: 64×64 tiles
+        for dtype in [DType::F32, DType::BF16] {
+            let t = job(300, 1000, dtype, Source::Transposed, Scaling::Tensor);
+            let grid = cast_launches(&t, 0, 0x5000).unwrap()[1].grid;
+            assert_eq!(grid, (t.layout.ld.div_ceil(64) as u32, t.layout.rows_alloc.div_ceil(64) as u32, 1));
         }
-        Scaling::Block1x128 => {
-            let groups = (l.rows_alloc * l.k_blocks()) as u64;
-            // 128 / E lanes per group, E = 16 / element size (kernels/fp8.cu, `Chunk`)
-            let per_cta = u64::from(THREADS) * (16 / job.dtype.size_bytes()) as u64 / 128;
-            let ctas = u32::try_from(groups.div_ceil(per_cta)).map_err(|_| crate::error::Error::DimensionTooLarge {
-                what: "1×128 groups of an FP8 quantisation",
-                value: groups as usize,
-                max: u32::MAX as usize,
-            })?;
-            let grid = (ctas, 1, 1);
-            // SAFETY: cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2); 128 / E lanes per group.
-            unsafe {
-                k.launch(
-                    &name("cast_vec128"),
-                    grid,
-                    THREADS,
-                    stream,
-                    &mut [
-                        arg(&mut x),
-                        arg(&mut rows),
-                        arg(&mut rows_alloc),
-                        arg(&mut cols),
-                        arg(&mut q),
-                        arg(&mut ld),
-                        arg(&mut sc),
-                        arg(&mut fmax),
-                        arg(&mut e5m2),
-                    ],
-                )
-            }
-        }
-        Scaling::Block128x128 => {
-            // the scale tensor's K padding (to a multiple of 4) is never written by the kernel
-            // SAFETY: `scales` holds scale_len() f32s (caller).
-            unsafe { cudarc::driver::result::memset_d8_async(sc, 0, l.scale_len() * 4, stream) }
-                .map_err(status::driver("cuMemsetD8Async"))?;
-            let mut scale_ld = l.scale_ld() as i64;
-            let grid = (l.k_blocks() as u32, l.rows_alloc.div_ceil(128) as u32, 1);
-            // SAFETY: cast_blk128_T(x, rows, rows_alloc, cols, q, ld, scale, scale_ld, fmax, e5m2).
-            unsafe {
-                k.launch(
-                    &name("cast_blk128"),
-                    grid,
-                    THREADS,
-                    stream,
-                    &mut [
-                        arg(&mut x),
-                        arg(&mut rows),
-                        arg(&mut rows_alloc),
-                        arg(&mut cols),
-                        arg(&mut q),
-                        arg(&mut ld),
-                        arg(&mut sc),
-                        arg(&mut scale_ld),
-                        arg(&mut fmax),
-                        arg(&mut e5m2),
-                    ],
-                )
-            }
-        }
+        // transpose: 64×64 tiles
+        let tr = job(300, 1000, DType::F16, Source::Transposed, Scaling::Row);
+        assert_eq!(cast_launches(&tr, 0x4000, 0).unwrap()[0].grid, (16, 5, 1));
+    }
+
+    #[test]
+    fn bytes_count_reads_and_writes() {
+        let j = job(256, 1024, DType::BF16, Source::RowMajor, Scaling::Tensor);
+        let l = cast_launches(&j, 0, 0x5000).unwrap();
+        let src = 256 * 1024 * 2;
+        assert_eq!(l[0].bytes, src);
+        assert_eq!(l[1].bytes, src + j.layout.data_len() as u64 + 4);
+        let t = job(256, 1024, DType::F32, Source::Transposed, Scaling::Row);
+        let l = cast_launches(&t, 0x4000, 0).unwrap();
+        assert_eq!(l[0].bytes, 2 * 256 * 1024 * 4, "a transpose reads and writes the source once each");
     }
 }

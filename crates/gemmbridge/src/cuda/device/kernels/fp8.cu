@@ -150,6 +150,27 @@ __device__ __forceinline__ uint4 load_chunk(const T* x, long rows, long cols, lo
 // Largest magnitude in a widened chunk (the unused lanes of an f32 chunk are zeros).
 __device__ __forceinline__ float chunk_max(const float* v) { return max8(v); }
 
+// Largest magnitude in a raw chunk, NaNs ignored (as fmaxf ignores them). f16 chunks are
+// reduced as packed halves (sign bits cleared, then max.f16x2, which returns the other
+// operand where one is NaN), so that only the last two values are widened: the widening
+// conversions, not the memory, bounded the f16 kernels. The result is the same value.
+template <typename T>
+__device__ __forceinline__ float raw_absmax(uint4 r, T) {
+    float v[8];
+    widen(r, T(), v);
+    return chunk_max(v);
+}
+__device__ __forceinline__ u32 hmax2(u32 a, u32 b) {
+    u32 d;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ float raw_absmax(uint4 r, F16) {
+    const u32 m = 0x7fff7fffu;
+    u32 w = hmax2(hmax2(r.x & m, r.y & m), hmax2(r.z & m, r.w & m));
+    return fmaxf(f16_to_f32(w & 0xffffu), f16_to_f32(w >> 16));
+}
+
 // The E FP8 bytes of a widened chunk at q (8 bytes for 16-bit sources, 4 for f32).
 template <typename T>
 __device__ __forceinline__ void store_chunk(u8* q, const float* v, float inv, int e5m2) {
@@ -169,16 +190,17 @@ __device__ void amax_impl(const T* x, long n, u32* out) {
     long nc = vec ? n / E : 0;
     long tid = blockIdx.x * (long)blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
     for (long i = tid; i < nc; i += stride) {
-        float v[8];
-        widen(reinterpret_cast<const uint4*>(x)[i], T(), v);
-        m = fmaxf(m, chunk_max(v));
+        m = fmaxf(m, raw_absmax(reinterpret_cast<const uint4*>(x)[i], T()));
     }
     for (long i = nc * E + tid; i < n; i += stride) m = fmaxf(m, fabsf(to_f(x[i])));
     m = block_max(m);
     if (threadIdx.x == 0) atomicMax(out, __float_as_uint(m));
 }
 
-// Tensor-wise: one scale from the amax pass; each thread casts a chunk at a time.
+// Tensor-wise: one scale from the amax pass; each thread loads CAST_UNROLL chunks (spaced a
+// grid apart, so a warp's loads stay contiguous) before it converts and stores them, so that
+// more loads are in flight per thread.
+#define CAST_UNROLL 2
 template <typename T>
 __device__ void cast_tensor_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                  const u32* amax, float* scale, float fmax, int e5m2) {
@@ -188,11 +210,27 @@ __device__ void cast_tensor_impl(const T* x, long rows, long rows_alloc, long co
     long chunks = ld / E, total = rows_alloc * chunks;
     long tid = blockIdx.x * (long)blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
     if (tid == 0) scale[0] = s;
-    for (long i = tid; i < total; i += stride) {
-        long r = i / chunks, c = (i % chunks) * E;
-        float v[8];
-        widen(load_chunk(x, rows, cols, r, c), T(), v);
-        store_chunk<T>(q + r * ld + c, v, inv, e5m2);
+    for (long base = tid; base < total; base += stride * CAST_UNROLL) {
+        uint4 raw[CAST_UNROLL];
+        long at[CAST_UNROLL];
+#pragma unroll
+        for (int u = 0; u < CAST_UNROLL; u++) {
+            long i = base + u * stride;
+            at[u] = -1;
+            if (i < total) {
+                long r = i / chunks, c = (i - r * chunks) * E;
+                raw[u] = load_chunk(x, rows, cols, r, c);
+                at[u] = r * ld + c;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < CAST_UNROLL; u++) {
+            if (at[u] >= 0) {
+                float v[8];
+                widen(raw[u], T(), v);
+                store_chunk<T>(q + at[u], v, inv, e5m2);
+            }
+        }
     }
 }
 
@@ -210,14 +248,10 @@ __device__ void cast_rows_impl(const T* x, long rows, long cols, u8* q, long ld,
 #pragma unroll
     for (int it = 0; it < ROW_CACHE; it++) {
         cache[it] = load_chunk(x, rows, cols, r, first + it * step);
-        float v[8];
-        widen(cache[it], T(), v);
-        m = fmaxf(m, chunk_max(v));
+        m = fmaxf(m, raw_absmax(cache[it], T()));
     }
     for (long c = first + ROW_CACHE * step; c < cols; c += step) {
-        float v[8];
-        widen(load_chunk(x, rows, cols, r, c), T(), v);
-        m = fmaxf(m, chunk_max(v));
+        m = fmaxf(m, raw_absmax(load_chunk(x, rows, cols, r, c), T()));
     }
     m = block_max(m);
     float s, inv;
@@ -238,25 +272,41 @@ __device__ void cast_rows_impl(const T* x, long rows, long cols, u8* q, long ld,
 }
 
 // 1x128 blocks: G = 128 / E lanes per (row, K block) (a half-warp for 16-bit sources, a warp
-// for f32), one chunk each.
+// for f32), one chunk each; every thread serves two groups' lanes, a grid apart (the stride
+// is a multiple of 32, so a warp's lanes agree on which groups are live), both loads issued
+// before either is reduced.
 template <typename T>
 __device__ void cast_vec128_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                  float* scale, float fmax, int e5m2) {
     const int E = Chunk<T>::E, G = 128 / E;
-    long kblocks = (cols + 127) / 128;
-    long g = (blockIdx.x * (long)blockDim.x + threadIdx.x) / G;
-    bool live = g < rows_alloc * kblocks;  // dead lanes still join the shuffles
-    long r = live ? g / kblocks : 0, kb = live ? g % kblocks : 0;
+    long kblocks = (cols + 127) / 128, groups = rows_alloc * kblocks;
+    long stride = (long)gridDim.x * blockDim.x;
     int lane = threadIdx.x % G;
-    long c = kb * 128 + lane * E;
-    float v[8];
-    widen(load_chunk(x, live ? rows : 0, cols, r, c), T(), v);
-    float m = chunk_max(v);
-    for (int o = G / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float s, inv;
-    scale_of(m, fmax, &s, &inv);
-    if (live && lane == 0) scale[kb * rows_alloc + r] = s;
-    if (live && c < ld) store_chunk<T>(q + r * ld + c, v, inv, e5m2);
+    long g[2], r[2], c[2];
+    uint4 raw[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        g[u] = (blockIdx.x * (long)blockDim.x + threadIdx.x + u * stride) / G;
+        bool live = g[u] < groups;  // dead lanes still join the shuffles
+        r[u] = live ? g[u] / kblocks : 0;
+        long kb = live ? g[u] - r[u] * kblocks : 0;
+        c[u] = kb * 128 + lane * E;
+        raw[u] = load_chunk(x, live ? rows : 0, cols, r[u], c[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        bool live = g[u] < groups;
+        float m = raw_absmax(raw[u], T());
+        for (int o = G / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float s, inv;
+        scale_of(m, fmax, &s, &inv);
+        if (live && lane == 0) scale[(c[u] / 128) * rows_alloc + r[u]] = s;
+        if (live && c[u] < ld) {
+            float v[8];
+            widen(raw[u], T(), v);
+            store_chunk<T>(q + r[u] * ld + c[u], v, inv, e5m2);
+        }
+    }
 }
 
 // 128x128 blocks: one CTA of 256 threads per (row block, K block); 128 / E threads per row, so
@@ -274,9 +324,7 @@ __device__ void cast_blk128_impl(const T* x, long rows, long rows_alloc, long co
 #pragma unroll
     for (int i = 0; i < PASSES; i++) {
         cache[i] = load_chunk(x, rows, cols, r0 + ROWS * i, c);
-        float v[8];
-        widen(cache[i], T(), v);
-        m = fmaxf(m, chunk_max(v));
+        m = fmaxf(m, raw_absmax(cache[i], T()));
     }
     m = block_max(m);
     float s, inv;
@@ -291,49 +339,54 @@ __device__ void cast_blk128_impl(const T* x, long rows, long rows_alloc, long co
     }
 }
 
-// (float sources take the other branch of load_pair; this overload only lets it compile)
-__device__ __forceinline__ void unpack2(u32, float, float*) {}
-
-// Two consecutive elements of a row-major [cols, rows] source at (c, r), (c, r + 1), zeros
-// outside it: one 4- or 8-byte load where both are inside and the pair is aligned.
+// V = 8 / sizeof(T) consecutive elements of a row (4 of a 16-bit type, 2 of f32) as one
+// 8-byte word.
 template <typename T>
-__device__ __forceinline__ void load_pair(const T* x, long rows, long cols, long c, long r, float* v) {
-    const T* p = x + c * rows + r;
-    if (c < cols && r + 1 < rows && ((unsigned long)p & (2 * sizeof(T) - 1)) == 0) {
-        if (sizeof(T) == 4) {
-            float2 f = *reinterpret_cast<const float2*>(p);
-            v[0] = f.x;
-            v[1] = f.y;
-        } else {
-            unpack2(*reinterpret_cast<const u32*>(p), T(), v);
-        }
+union Vec8 {
+    uint2 w;
+    T v[8 / sizeof(T)];
+};
+
+// Loads V elements of row-major [nrows, ncols] `p` at (row, col..col+V), zeros outside: one
+// 8-byte load where all are inside and the address is aligned.
+template <typename T>
+__device__ __forceinline__ Vec8<T> load_vec8(const T* base, long nrows, long ncols, long row, long col) {
+    const int V = 8 / sizeof(T);
+    Vec8<T> t;
+    const T* p = base + row * ncols + col;
+    if (row < nrows && col + V <= ncols && ((unsigned long)p & 7) == 0) {
+        t.w = *reinterpret_cast<const uint2*>(p);
     } else {
-        v[0] = (c < cols && r < rows) ? to_f(p[0]) : 0.0f;
-        v[1] = (c < cols && r + 1 < rows) ? to_f(p[1]) : 0.0f;
+        t.w = make_uint2(0, 0);  // +0.0 in every format
+        for (int j = 0; j < V; j++) {
+            if (row < nrows && col + j < ncols) t.v[j] = p[j];
+        }
     }
+    return t;
 }
 
 // Fused cast-transpose, tensor-wise: the source is [cols, rows] row-major (src[c*rows + r]);
-// q[r, c] = fp8(src[c, r] * inv). 64x64 tiles through shared memory, read two elements and
-// written eight bytes per thread; grid (ld/64, rows_alloc/64).
+// q[r, c] = fp8(src[c, r] * inv). 64x64 tiles through shared memory, read 8 bytes and written
+// eight bytes per thread per access; grid (ld/64, rows_alloc/64). (Tiles of 128 output columns
+// for 16-bit sources measured slower on the H200: 50-54 % of a copy against 63-67 %, their
+// column reads of the tile conflicting 4-way in shared memory.)
 template <typename T>
 __device__ void cast_transpose_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                     const u32* amax, float* scale, float fmax, int e5m2) {
-    __shared__ float tile[64][65];
+    const int V = 8 / sizeof(T), PER_ROW = 64 / V, STEP = 256 / PER_ROW, TC = 64;
+    __shared__ float tile[TC][65];
     float s, inv;
     scale_of(__uint_as_float(*amax), fmax, &s, &inv);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = s;
-    long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 64L;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int cc = warp; cc < 64; cc += 8) {
-        float v[2];
-        load_pair(x, rows, cols, c0 + cc, r0 + 2 * lane, v);
-        tile[cc][2 * lane] = v[0];
-        tile[cc][2 * lane + 1] = v[1];
+    long c0 = blockIdx.x * (long)TC, r0 = blockIdx.y * 64L;
+    int part = threadIdx.x % PER_ROW, first = threadIdx.x / PER_ROW;
+    for (int cc = first; cc < TC; cc += STEP) {
+        Vec8<T> t = load_vec8(x, cols, rows, c0 + cc, r0 + part * V);
+        for (int j = 0; j < V; j++) tile[cc][part * V + j] = to_f(t.v[j]);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 64 * 8; i += blockDim.x) {
-        int rr = i / 8, cc = (i % 8) * 8;
+    for (int i = threadIdx.x; i < 64 * (TC / 8); i += blockDim.x) {
+        int rr = i / (TC / 8), cc = (i % (TC / 8)) * 8;
         long r = r0 + rr, c = c0 + cc;
         if (r >= rows_alloc || c >= ld) continue;
         float v[8];
@@ -342,31 +395,38 @@ __device__ void cast_transpose_impl(const T* x, long rows, long rows_alloc, long
     }
 }
 
-// dst[r, c] = src[c, r] for a [cols, rows] row-major source; 64x64 tiles, two elements per
-// thread per access; grid (cols/64, rows/64).
+// dst[r, c] = src[c, r] for a [cols, rows] row-major source; 64x64 tiles through shared
+// memory, V consecutive elements (8 bytes) per thread per access, one 8-byte load or store
+// where they are inside and aligned; grid (cols/64, rows/64).
 template <typename T>
 __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
-    __shared__ T tile[64][66];
+    const int V = 8 / sizeof(T), PER_ROW = 64 / V, STEP = 256 / PER_ROW;
+    __shared__ T tile[64][64 + 4 / sizeof(T)];  // rows of 33 words (16-bit) or 65 (f32)
     long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 64L;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int cc = warp; cc < 64; cc += 8) {
-        long c = c0 + cc;
-        for (int j = 0; j < 2; j++) {
-            long r = r0 + 2 * lane + j;
-            if (c < cols && r < rows) tile[cc][2 * lane + j] = src[c * rows + r];
-        }
+    int part = threadIdx.x % PER_ROW, first = threadIdx.x / PER_ROW;
+    for (int cc = first; cc < 64; cc += STEP) {
+        Vec8<T> t = load_vec8(src, cols, rows, c0 + cc, r0 + part * V);
+        for (int j = 0; j < V; j++) tile[cc][part * V + j] = t.v[j];
     }
     __syncthreads();
-    for (int rr = warp; rr < 64; rr += 8) {
-        long r = r0 + rr;
-        for (int j = 0; j < 2; j++) {
-            long c = c0 + 2 * lane + j;
-            if (c < cols && r < rows) dst[r * cols + c] = tile[2 * lane + j][rr];
+    for (int rr = first; rr < 64; rr += STEP) {
+        long r = r0 + rr, c = c0 + part * V;
+        if (r >= rows) continue;
+        Vec8<T> t;
+        for (int j = 0; j < V; j++) t.v[j] = tile[part * V + j][rr];
+        T* p = dst + r * cols + c;
+        if (c + V <= cols && ((unsigned long)p & 7) == 0) {
+            // one 8-byte store (written as such: the compiler split a plain one in two)
+            asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(t.w.x), "r"(t.w.y) : "memory");
+        } else {
+            for (int j = 0; j < V; j++) {
+                if (c + j < cols) p[j] = t.v[j];
+            }
         }
     }
 }
 
-#define GB_INSTANTIATE(T, SUFFIX)                                                                       \
+#define GB_INSTANTIATE(T, SUFFIX, BLK_CTAS)                                                              \
     extern "C" __global__ void amax_##SUFFIX(const T* x, long n, u32* out) { amax_impl(x, n, out); }    \
     extern "C" __global__ void cast_tensor_##SUFFIX(const T* x, long rows, long rows_alloc, long cols,   \
                                                     u8* q, long ld, const u32* amax, float* scale,        \
@@ -381,7 +441,7 @@ __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
                                                     u8* q, long ld, float* scale, float fmax, int e5m2) { \
         cast_vec128_impl(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2);                           \
     }                                                                                                     \
-    extern "C" __global__ void cast_blk128_##SUFFIX(const T* x, long rows, long rows_alloc, long cols,   \
+    extern "C" __global__ void __launch_bounds__(256, BLK_CTAS) cast_blk128_##SUFFIX(const T* x, long rows, long rows_alloc, long cols,   \
                                                     u8* q, long ld, float* scale, long scale_ld,          \
                                                     float fmax, int e5m2) {                               \
         cast_blk128_impl(x, rows, rows_alloc, cols, q, ld, scale, scale_ld, fmax, e5m2);                 \
@@ -395,6 +455,9 @@ __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
         transpose_impl(src, rows, cols, dst);                                                             \
     }
 
-GB_INSTANTIATE(float, f32)
-GB_INSTANTIATE(F16, f16)
-GB_INSTANTIATE(BF16, bf16)
+// The last argument: CTAs of cast_blk128 that must fit on an SM at once (registers capped to
+// match): 4 for the 16-bit types, whose loads then overlap more CTAs' conversions; f32's 8
+// cached chunks need more registers than 4 CTAs allow.
+GB_INSTANTIATE(float, f32, 1)
+GB_INSTANTIATE(F16, f16, 4)
+GB_INSTANTIATE(BF16, bf16, 4)
