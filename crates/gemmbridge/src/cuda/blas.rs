@@ -45,6 +45,16 @@ impl BlasHandle {
         Ok(BlasHandle { raw, bound: std::ptr::null_mut() })
     }
 
+    /// Tells cuBLAS how many SMs its kernels should use (`cublasSetSmCountTarget`; 0: all).
+    pub fn set_sm_count_target(&mut self, sms: i32) -> Result<()> {
+        // SAFETY: a live handle; the call only records the value.
+        status::cublas(
+            unsafe { cublas_sys::cublasSetSmCountTarget(self.raw, sms) },
+            "cublasSetSmCountTarget",
+            String::new,
+        )
+    }
+
     /// Destroys the handle (the context is bound and synchronised by the caller).
     pub fn destroy(&mut self) {
         if !self.raw.is_null() {

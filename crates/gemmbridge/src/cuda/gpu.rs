@@ -355,6 +355,52 @@ impl Gpu {
         self.lock().libs.padding
     }
 
+    /// Leaves SMs free for kernels that run beside gemmbridge's GEMMs: dense GEMMs planned from
+    /// now on are told to use `Some(sms)` SMs (cuBLASLt's `CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`
+    /// for [`Backend::Lt`] and Auto, `cublasSetSmCountTarget` for [`Backend::Blas`]); `None`
+    /// (the default) uses them all. Plans are kept per target, and tuned algorithms from the
+    /// tactic database (tuned on the whole GPU) are not applied under a target: the heuristic
+    /// chooses for that SM count. FP8 GEMMs and convolutions are not affected.
+    ///
+    /// Why: a kernel that stays resident while a GEMM runs — the spin kernel that orders the
+    /// burn adapter's GEMMs with cubecl's stream — can keep one of the GEMM's CTAs from an SM
+    /// until the others finish. Measured on the H200 (132 SMs, bf16 4096³, cuBLASLt 13.1): a
+    /// one-thread kernel resident on another stream made the GEMM 1.46× slower; with a target
+    /// of 131 SMs, 1.14× (1.055× without the resident kernel). See docs/PERFORMANCE.md.
+    ///
+    /// # Errors
+    /// [`Error::DimensionTooLarge`] for 0 or more SMs than the device has (nothing changed);
+    /// [`Error::Driver`] from the device query; [`Error::Cublas`] from cuBLAS.
+    pub fn set_sm_count_target(&self, sms: Option<u32>) -> Result<()> {
+        let have = self
+            .context()
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(status::driver("cuDeviceGetAttribute"))? as u32;
+        let n = match sms {
+            None => 0,
+            Some(n) if (1..=have).contains(&n) => n,
+            Some(n) => {
+                return Err(Error::DimensionTooLarge {
+                    what: "SM count target (1 to the device's SM count)",
+                    value: n as usize,
+                    max: have as usize,
+                })
+            }
+        };
+        let mut st = self.lock();
+        self.device.bind()?;
+        st.libs.blas.set_sm_count_target(n as i32)?;
+        if let Some(lt) = st.libs.lt.as_mut() {
+            lt.sm_count = n;
+        }
+        Ok(())
+    }
+
+    /// The SM count target set by [`Gpu::set_sm_count_target`] (`None`: all SMs).
+    pub fn sm_count_target(&self) -> Option<u32> {
+        self.lock().libs.lt.as_ref().map(|lt| lt.sm_count).filter(|&n| n > 0)
+    }
+
     /// Number of cached replay graphs.
     pub fn cached_graphs(&self) -> usize {
         self.lock().libs.lt.as_ref().map_or(0, |lt| lt.replay.graphs.len())

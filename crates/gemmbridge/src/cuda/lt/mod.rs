@@ -46,6 +46,9 @@ pub(crate) struct LtState {
     pub tuned: HashMap<String, Algorithm>,
     /// Cached graphs of repeated small calls (see [`replay`]).
     pub replay: ReplayCache,
+    /// SM count target of dense plans made from now on (0: all SMs;
+    /// [`crate::cuda::Gpu::set_sm_count_target`]).
+    pub sm_count: u32,
 }
 
 // SAFETY: the raw handle, descriptors and graphs are used only under the device's Mutex;
@@ -96,6 +99,7 @@ impl LtState {
             unsupported: HashSet::default(),
             tuned: HashMap::default(),
             replay: ReplayCache::default(),
+            sm_count: 0,
         })
     }
 
@@ -120,7 +124,7 @@ impl LtState {
         let ws = dev.workspaces.get(call.stream, &describe)?;
         let staged = staging(call, &ws)?;
         let ops = LtOperands { bias: if staged.is_some() { Some(ws.scratch) } else { call.ops.bias }, ..call.ops };
-        let key = PlanKey::of(p, call.cm, &ops, ws.matmul_bytes);
+        let key = PlanKey { sm_count: self.sm_count, ..PlanKey::of(p, call.cm, &ops, ws.matmul_bytes) };
         // Graph replay (see `replay`): a staged bias is excluded, its copy is not in the key.
         let replay_key = (staged.is_none() && self.replay.qualifies(p.macs()))
             .then(|| ReplayKey::new(key, &ops, (call.alpha, call.beta), &ws, call.stream));

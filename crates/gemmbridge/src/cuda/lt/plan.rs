@@ -41,6 +41,9 @@ pub(crate) struct PlanKey {
     pub align: [u32; 4],
     /// Workspace the algorithm may use, in bytes.
     pub workspace: usize,
+    /// SMs the kernel is told to use (`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`); 0: all of them
+    /// (the attribute is not set). [`crate::cuda::Gpu::set_sm_count_target`].
+    pub sm_count: u32,
 }
 
 impl PlanKey {
@@ -57,16 +60,20 @@ impl PlanKey {
             aux_stride,
             align: [alignment(ops.first), alignment(ops.second), alignment(ops.c), ops.bias.map_or(256, alignment)],
             workspace,
+            sm_count: 0,
         }
     }
 }
 
 /// The stable text signature of a plan key under the tactic database's bucketing rule
 /// ([`crate::cuda::tactics`]): the key of a cuBLASLt "gemm" entry. Unchanged since format 1: the engine looks tuned algorithms up by it.
+/// A key with an SM count target ends in ` sm<count>`, so that algorithms tuned on the whole
+/// GPU are not applied to it (tuning itself runs on the whole GPU).
 pub(crate) fn signature(key: &PlanKey) -> String {
     let c = &key.call;
+    let sm = if key.sm_count > 0 { format!(" sm{}", key.sm_count) } else { String::new() };
     format!(
-        "{}{} m{} n{} k{} lda{} ldb{} ldc{} b{} {} {} aux{} al{}/{}/{}/{} ws{}",
+        "{}{} m{} n{} k{} lda{} ldb{} ldc{} b{} {} {} aux{} al{}/{}/{}/{} ws{}{}",
         c.transa,
         c.transb,
         c.m,
@@ -83,7 +90,8 @@ pub(crate) fn signature(key: &PlanKey) -> String {
         key.align[1],
         key.align[2],
         key.align[3],
-        key.workspace
+        key.workspace,
+        sm
     )
 }
 
@@ -140,6 +148,10 @@ fn descriptor(key: &PlanKey) -> Result<Desc> {
     unsafe {
         desc.set(A::CUBLASLT_MATMUL_DESC_TRANSA, &lt_op(c.transa))?;
         desc.set(A::CUBLASLT_MATMUL_DESC_TRANSB, &lt_op(c.transb))?;
+        if key.sm_count > 0 {
+            // int32_t (cublasLtMatmulDescAttributes_t)
+            desc.set(A::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &(key.sm_count as i32))?;
+        }
         let epi = lt_epilogue(key.epilogue);
         if epi == lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT {
             return Ok(desc);
@@ -254,5 +266,27 @@ impl Plan {
             },
             "cublasLtMatmul",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mapping::column_major_call;
+
+    #[test]
+    fn an_sm_count_target_keeps_tuned_algorithms_away() {
+        let p = GemmProblem::linear(3537, 12288, 2048, Precision::BF16).unwrap();
+        let call = column_major_call(&p);
+        let ops = LtOperands::new(&call, (256, 512, 1024), None, None);
+        let whole = PlanKey::of(&p, call, &ops, 32 << 20);
+        assert_eq!(whole.sm_count, 0);
+        let fewer = PlanKey { sm_count: 131, ..whole };
+        assert_ne!(whole, fewer, "plans are cached per target");
+        // the signature of the whole GPU is the database's, unchanged; a target appends itself
+        let sig = signature(&whole);
+        assert!(sig.starts_with("TN m12288 n4096 k2048 lda2048 ldb2048 ldc12288 b1 bf16 none"), "{sig}");
+        assert!(sig.ends_with("ws33554432"), "{sig}");
+        assert_eq!(signature(&fewer), format!("{sig} sm131"));
     }
 }

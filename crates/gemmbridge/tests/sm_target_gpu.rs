@@ -1,0 +1,75 @@
+//! GPU test of `Gpu::set_sm_count_target`: GEMMs planned for fewer SMs stay within their
+//! precision's band on both backends, out-of-range targets are named errors that change
+//! nothing, and `None` returns to the whole GPU.
+
+mod common;
+
+use common::{normal, poison, rng};
+use gemmbridge::cuda::{Backend, Extras, Gpu};
+use gemmbridge::half::bf16;
+use gemmbridge::reference::{gemm_epilogue_rowmajor, rel_error};
+use gemmbridge::{Element, Epilogue, Error, GemmProblem, Precision};
+
+fn wide<T: Element>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemms_planned_for_fewer_sms_stay_correct() {
+    let gpu = Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)");
+    let sms = gpu.info().unwrap().sm_count as u32;
+    let s = gpu.stream().clone();
+    let mut rng = rng();
+    let (m, n, k) = (1000, 1536, 512);
+    let p = GemmProblem::linear(m, n, k, Precision::BF16).unwrap().with_epilogue(Epilogue::Bias).unwrap();
+    let x: Vec<bf16> = normal(&mut rng, m * k);
+    let w: Vec<bf16> = normal(&mut rng, n * k);
+    let bias: Vec<bf16> = normal(&mut rng, n);
+    let (dx, dw, db) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
+    let mut want = vec![0.0; m * n];
+    let mut wb = wide(&bias);
+    gemm_epilogue_rowmajor(&p, 1.0, &wide(&x), &wide(&w), 0.0, &mut want, Some(&mut wb), None);
+    let plain = GemmProblem::linear(m, n, k, Precision::BF16).unwrap();
+    let mut want_plain = vec![0.0; m * n];
+    gemm_epilogue_rowmajor(&plain, 1.0, &wide(&x), &wide(&w), 0.0, &mut want_plain, None, None);
+
+    let run = |target: Option<u32>, backend: Backend| -> f64 {
+        gpu.set_sm_count_target(target).unwrap();
+        assert_eq!(gpu.sm_count_target(), target);
+        gpu.set_backend(backend);
+        let mut dy = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
+        let (q, reference) = if backend == Backend::Blas { (&plain, &want_plain) } else { (&p, &want) };
+        if backend == Backend::Blas {
+            gpu.gemm(q, 1.0, &dx, &dw, 0.0, &mut dy).unwrap();
+        } else {
+            let extras = Extras { bias: Some(&db), ..Extras::default() };
+            gpu.gemm_fused(q, 1.0, &dx, &dw, 0.0, &mut dy, extras).unwrap();
+        }
+        let got = wide(&s.clone_dtoh(&dy).unwrap());
+        assert!(got.iter().all(|v| v.is_finite()), "target {target:?} {backend:?}: an output left unwritten");
+        rel_error(&got, reference)
+    };
+    let before = gpu.cached_plans();
+    for target in [None, Some(sms - 1), Some(sms / 2), Some(1)] {
+        for backend in [Backend::Lt, Backend::Blas] {
+            let e = run(target, backend);
+            println!("SM count target {target:?} {backend:?}: rel. error {e:.2e}");
+            assert!(e < 1e-2, "target {target:?} {backend:?}: {e:e}");
+        }
+    }
+    assert!(gpu.cached_plans() >= before + 4, "one plan per target");
+
+    // out of range: named errors, the setting unchanged
+    gpu.set_sm_count_target(Some(sms - 1)).unwrap();
+    for bad in [0, sms + 1] {
+        match gpu.set_sm_count_target(Some(bad)) {
+            Err(Error::DimensionTooLarge { value, max, .. }) => assert_eq!((value, max), (bad as usize, sms as usize)),
+            other => panic!("target {bad}: {other:?}"),
+        }
+        assert_eq!(gpu.sm_count_target(), Some(sms - 1));
+    }
+    gpu.set_sm_count_target(None).unwrap();
+    assert_eq!(gpu.sm_count_target(), None);
+    assert!(run(None, Backend::Auto) < 1e-2);
+}
