@@ -25,19 +25,37 @@ use crate::{burn_linear, Activation, GemmOps};
 
 type Cuda = CubeTensor<CudaRuntime>;
 
-/// One gemmbridge `Gpu` per device index, opened on first use (None when it cannot be).
-pub(crate) fn gpu(index: usize) -> Option<Arc<Gpu>> {
-    static GPUS: OnceLock<Mutex<HashMap<usize, Option<Arc<Gpu>>>>> = OnceLock::new();
+/// gemmbridge `Gpu`s per device index, opened on first use (None when one cannot be): one for
+/// host-wait ordering, on the whole GPU, and one for device ordering, whose GEMMs leave
+/// [`crate::sm_reserve`] SMs to the wait kernel that spins on the caller's stream meanwhile
+/// (`order.rs`; [`Gpu::set_sm_count_target`] says why).
+pub(crate) fn gpu(index: usize, device_ordered: bool) -> Option<Arc<Gpu>> {
+    type Slot = Option<(Arc<Gpu>, u32)>;
+    static GPUS: OnceLock<Mutex<HashMap<(usize, bool), Slot>>> = OnceLock::new();
     let mut map = GPUS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    map.entry(index)
+    let (g, sms) = map
+        .entry((index, device_ordered))
         .or_insert_with(|| match Gpu::new(index) {
-            Ok(g) => Some(Arc::new(g)),
+            Ok(g) => {
+                let sms = g.info().map(|i| i.sm_count.max(1) as u32).unwrap_or(1);
+                Some((Arc::new(g), sms))
+            }
             Err(e) => {
                 tracing::warn!("gemmbridge-burn: no gemmbridge GPU {index} ({e}); using burn's ops");
                 None
             }
         })
-        .clone()
+        .clone()?;
+    if device_ordered {
+        let reserve = crate::sm_reserve();
+        let want = (reserve > 0 && reserve < sms).then(|| sms - reserve);
+        if g.sm_count_target() != want {
+            if let Err(e) = g.set_sm_count_target(want) {
+                tracing::warn!("gemmbridge-burn: SM count target {want:?} refused ({e}); all SMs used");
+            }
+        }
+    }
+    Some(g)
 }
 
 fn precision(dtype: DType) -> Option<Precision> {
@@ -68,7 +86,6 @@ fn run(p: &MatmulPlan, a: &Cuda, b: &Cuda, bias: Option<&Cuda>) -> Result<Cuda, 
     if b.device != a.device || bias.is_some_and(|t| t.device != a.device) {
         return Err(Fallback::Problem("operands on different devices".into()));
     }
-    let gpu = gpu(a.device.index).ok_or_else(|| Fallback::Problem("no gemmbridge GPU".into()))?;
     let client = a.client.clone();
     // the output, from burn's allocator on the calling thread's cubecl stream (queued, no wait)
     let out = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
@@ -91,6 +108,8 @@ fn run(p: &MatmulPlan, a: &Cuda, b: &Cuda, bias: Option<&Cuda>) -> Result<Cuda, 
         }
         o => o,
     };
+    let gpu = gpu(a.device.index, ordering == GemmOrdering::Device)
+        .ok_or_else(|| Fallback::Problem("no gemmbridge GPU".into()))?;
     let call = Call { gpu: &gpu, client: &client, p, a, b, bias, out: &out };
     match ordering {
         GemmOrdering::Device => {

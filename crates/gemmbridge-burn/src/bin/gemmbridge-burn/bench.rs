@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// JSON lines, one per (shape, dtype).
     #[arg(long)]
     out: Option<std::path::PathBuf>,
+    /// SMs the adapter's device-ordered GEMMs leave to the ordering's wait kernel
+    /// (`gemmbridge_burn::set_sm_reserve`; 0: none). The raw columns use every SM.
+    #[arg(long, default_value_t = 1)]
+    sm_reserve: u32,
     /// Also time, per call, each step the adapter takes (output allocation, address lookups,
     /// cubecl sync, GEMM enqueue, GEMM wait, device-thread round trip, output drop) by running
     /// the same steps here with host timestamps: where the adapter's cost goes.
@@ -128,6 +132,8 @@ struct Row {
     wait_cost_us: f64,
     /// ‖adapter − burn‖ / ‖burn‖ on the first input pair.
     rel_vs_burn: f64,
+    /// SMs the device-ordered adapter GEMMs left free (`--sm-reserve`).
+    sm_reserve: u32,
     /// Input pairs rotated through.
     pairs: usize,
     /// Per-step times of the adapter's path (only with `--steps`).
@@ -282,6 +288,7 @@ impl Case<'_> {
             adapter_cost_us: (adapter_ms - raw_ms) * 1e3,
             wait_cost_us: (raw_wait_ms - raw_ms) * 1e3,
             rel_vs_burn,
+            sm_reserve: gemmbridge_burn::sm_reserve(),
             pairs,
             steps_us,
             burn_autotune: cfg!(feature = "burn-autotune"),
@@ -491,6 +498,7 @@ impl Case<'_> {
 /// Runs the benchmark; prints a table and writes JSON lines.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.reps >= 1, "--reps must be at least 1");
+    gemmbridge_burn::set_sm_reserve(args.sm_reserve);
     anyhow::ensure!(
         args.loop_ms.is_finite() && args.loop_ms > 0.0,
         "--loop-ms must be a positive number of ms, not {}",
