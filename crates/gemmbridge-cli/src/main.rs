@@ -53,7 +53,8 @@ enum Command {
     /// matmul and linear only, rates in GFLOP/s; GPU-only options are then ignored with a note.
     Bench(bench::Args),
     /// Autotunes cuBLASLt algorithms for a suite (and, with --ops conv_…, cuDNN's convolution
-    /// plans) and stores the winners in a tactic database.
+    /// plans) and stores the winners in a tactic database (a GEMM whose heuristic choice
+    /// nothing beat gets no entry).
     Tune(tune::Args),
     /// Measures the first GEMM of this (fresh) process, with or without prewarm.
     Firstcall(firstcall::Args),

@@ -190,6 +190,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             println!("  not stored: graph capture failed twice, so the candidates were not timed");
             continue;
         }
+        if !report.improved {
+            // Nothing beat the heuristic's first choice: an entry would only pin that choice,
+            // and where it was applied (bf16 matmul 3537×12288×2048, the llm suite) it ran ~5 %
+            // slower than a plan the heuristic makes afresh. Such problems keep no entry, and a
+            // stale one from an earlier run is dropped.
+            if db.entries.remove(&sig).is_some() {
+                db.save(db_path).with_context(|| format!("writing {}", args.db))?;
+            }
+            continue;
+        }
         db.entries.insert(sig, tactic);
         // saved after every problem, so an interrupted run keeps what it tuned
         db.save(db_path).with_context(|| format!("writing {}", args.db))?;
