@@ -32,8 +32,10 @@ type Cuda = CubeTensor<CudaRuntime>;
 pub(crate) fn gpu(index: usize, device_ordered: bool) -> Option<Arc<Gpu>> {
     type Slot = Option<(Arc<Gpu>, u32)>;
     static GPUS: OnceLock<Mutex<HashMap<(usize, bool), Slot>>> = OnceLock::new();
-    let mut map = GPUS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    let (g, sms) = map
+    let (g, sms) = GPUS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
         .entry((index, device_ordered))
         .or_insert_with(|| match Gpu::new(index) {
             Ok(g) => {
@@ -48,6 +50,12 @@ pub(crate) fn gpu(index: usize, device_ordered: bool) -> Option<Arc<Gpu>> {
         .clone()?;
     if device_ordered {
         let reserve = crate::sm_reserve();
+        if reserve >= sms {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!("gemmbridge-burn: SM reserve {reserve} is not below the GPU's {sms} SMs; all SMs used")
+            });
+        }
         let want = (reserve > 0 && reserve < sms).then(|| sms - reserve);
         if g.sm_count_target() != want {
             if let Err(e) = g.set_sm_count_target(want) {

@@ -115,7 +115,8 @@ static SM_RESERVE: AtomicU32 = AtomicU32::new(1);
 /// the H200, bf16 4096³: 1.46× the GEMM's time; leaving one SM free: 1.14×). The GEMMs are
 /// planned for the remaining SMs (gemmbridge's `Gpu::set_sm_count_target`) on a gemmbridge
 /// `Gpu` of their own (its own plans, handles and workspace per stream, 32 MiB on Hopper);
-/// host-wait calls use every SM.
+/// host-wait calls use every SM. A reserve of the GPU's SM count or more leaves none: every SM
+/// is used (a warning is logged once).
 pub fn set_sm_reserve(sms: u32) {
     SM_RESERVE.store(sms, Ordering::Relaxed);
 }

@@ -40,8 +40,10 @@ pub enum Action {
     /// launch gaps included), then each kernel alone (its own bytes over its own time, from
     /// back-to-back launches between two events).
     Quantize {
+        /// Rows of the tensor quantised (the operand's M or N).
         #[arg(long, default_value_t = 8192)]
         rows: usize,
+        /// Columns (K).
         #[arg(long, default_value_t = 8192)]
         cols: usize,
         /// Timed samples per row (median reported); each kernel alone is timed over 5 × REPS
@@ -202,6 +204,9 @@ fn quantize_rows<T: Element + cudarc::driver::DeviceRepr>(
 fn quantize_bandwidth(rows: usize, cols: usize, reps: usize) -> anyhow::Result<i32> {
     if rows == 0 || cols == 0 || !(1..=10_000).contains(&reps) {
         bail!("--rows and --cols must be positive and --reps between 1 and 10000");
+    }
+    if rows.checked_mul(cols).and_then(|n| n.checked_mul(4)).is_none() {
+        bail!("--rows {rows} × --cols {cols} f32 elements do not fit in memory's address range");
     }
     let gpu = Gpu::new(0).context("fp8 quantize needs a CUDA GPU")?;
     let s = gpu.stream();

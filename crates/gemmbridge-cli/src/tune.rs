@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::tactics::TacticDb;
+use gemmbridge::cuda::tactics::{Tactic, TacticDb};
 use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras, TuneOptions};
 use gemmbridge::{DType, Element, Epilogue, Precision};
 
@@ -192,12 +192,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         if !report.improved {
             // Nothing beat the heuristic's first choice: an entry would only pin that choice,
-            // and where it was applied (bf16 matmul 3537×12288×2048, the llm suite) it ran ~5 %
-            // slower than a plan the heuristic makes afresh. Such problems keep no entry, and a
-            // stale one from an earlier run is dropped.
-            if db.entries.remove(&sig).is_some() {
-                db.save(db_path).with_context(|| format!("writing {}", args.db))?;
-            }
+            // and where such entries were applied (bf16 matmul 3537×12288×2048, the llm suite)
+            // they ran ~5 % slower than plans the heuristic made afresh. Such a problem gets no
+            // entry, and the file's entry for it goes if it too only held the heuristic's
+            // choice; one that beat the heuristic in an earlier run stays (this run's
+            // "nothing better" may be noise).
+            db.entries.remove(&sig);
+            let heuristic_only = |s: &str, t: &Tactic| s == sig && t.tuned_ms == t.heuristic_ms;
+            db.save_dropping(db_path, &heuristic_only).with_context(|| format!("writing {}", args.db))?;
             continue;
         }
         db.entries.insert(sig, tactic);

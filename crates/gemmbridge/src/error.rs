@@ -256,6 +256,18 @@ pub enum Error {
         what: String,
     },
 
+    /// A setting or count outside the range it accepts (e.g. an SM count target of 0, or above
+    /// the device's SM count; a repetition count of 0). Nothing was changed or launched.
+    #[error("{what} = {value} is out of range: it must be {expected}")]
+    OutOfRange {
+        /// The setting or argument.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The range it accepts, with the numbers (e.g. "1 to 132, the device's SMs").
+        expected: String,
+    },
+
     /// A call that would have to create something (a plan, a workspace) was made while its
     /// stream is being captured into a CUDA graph, where creating it is not allowed.
     #[error("cannot {action} during CUDA graph capture: run the same call (or Gpu::prewarm) once before capturing ({problem})")]

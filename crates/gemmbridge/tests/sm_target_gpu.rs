@@ -64,7 +64,10 @@ fn gemms_planned_for_fewer_sms_stay_correct() {
     gpu.set_sm_count_target(Some(sms - 1)).unwrap();
     for bad in [0, sms + 1] {
         match gpu.set_sm_count_target(Some(bad)) {
-            Err(Error::DimensionTooLarge { value, max, .. }) => assert_eq!((value, max), (bad as usize, sms as usize)),
+            Err(Error::OutOfRange { what, value, expected }) => {
+                assert_eq!((what, value), ("SM count target", u64::from(bad)));
+                assert!(expected.contains(&format!("1 to {sms}")), "{expected}");
+            }
             other => panic!("target {bad}: {other:?}"),
         }
         assert_eq!(gpu.sm_count_target(), Some(sms - 1));

@@ -687,3 +687,26 @@ fn inconsistent_entries_are_left_out_and_never_saved() {
         assert!(warnings.len() == 1 && warnings[0].contains("inconsistent"), "{key}: {warnings:?}");
     }
 }
+
+/// `save_dropping` removes the selected entries from the file on disk as well as from the
+/// database being saved, under the lock: the way `tune` retires an entry that only held the
+/// heuristic's choice, while an entry that beat the heuristic stays.
+#[test]
+fn save_dropping_retires_entries_on_disk() {
+    let path = tmp("dropping");
+    let mut db = TacticDb::new(identity());
+    db.entries.insert("pinned".into(), Tactic::lt_gemm([1; 8], 0, 130100, 0.5, 0.5));
+    db.entries.insert("better".into(), Tactic::lt_gemm([2; 8], 0, 130100, 0.5, 0.4));
+    db.save(&path).unwrap();
+    // a later process knows none of them, finds nothing better for either, and retires
+    // heuristic-only entries of those signatures
+    let later = TacticDb::new(identity());
+    let heuristic_only = |_: &str, t: &Tactic| t.tuned_ms == t.heuristic_ms;
+    later.save_dropping(&path, &heuristic_only).unwrap();
+    let (back, warnings) = TacticDb::load(&path, &identity());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(back.entries.keys().collect::<Vec<_>>(), vec!["better"]);
+    // a plain save keeps everything
+    db.save(&path).unwrap();
+    assert_eq!(TacticDb::load(&path, &identity()).0.entries.len(), 2);
+}

@@ -65,8 +65,9 @@ impl Gpu {
             Served::Lt => {
                 let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
                 let ops = LtOperands { first, second, c: c.address, bias: None, aux: None };
-                let key = PlanKey::of(p, call, &ops, ws.matmul_bytes);
                 let lt = st.libs.lt.as_ref();
+                let sm_count = lt.map_or(0, |lt| lt.sm_count);
+                let key = PlanKey { sm_count, ..PlanKey::of(p, call, &ops, ws.matmul_bytes) };
                 let (Some(plan), Some(lt)) = (lt.and_then(|lt| lt.plans.get(&key)), lt) else {
                     return Err(Error::Unsupported {
                         backend: "bare_host_us",

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr};
 
-use super::device::{cast_launches, enqueue_cast, launch_one, prepare_cast, CastJob, KernelSet};
+use super::device::{cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob, KernelSet};
 use super::entry::same_context;
 use super::gpu::Gpu;
 use super::{library, status};
@@ -197,14 +197,16 @@ impl Gpu {
     }
 
     /// For measuring gemmbridge's own kernels: the launches [`Gpu::quantize`] makes for these
-    /// arguments, each timed alone — `reps` back-to-back launches of that one kernel with the
-    /// same arguments between two CUDA events, after two warm-up launches — as (kernel
-    /// instance, ms per launch, bytes it reads and writes). The kernels' bandwidth is bytes /
-    /// time; launch gaps and the allocations of a real call are left out. Synchronises the
-    /// stream. The output is discarded.
+    /// arguments, each timed alone — `reps` (1 to 100,000) back-to-back launches of that one
+    /// kernel with the same arguments between two CUDA events, after two warm-up launches — as
+    /// (kernel instance, ms per launch, bytes it reads and writes). The kernels' bandwidth is
+    /// bytes / time; launch gaps and the allocations of a real call are left out, and a source
+    /// that fits in L2 (tens of MiB) is timed from the cache. Holds the `Gpu`'s lock throughout
+    /// and synchronises the stream. The output is discarded.
     ///
     /// # Errors
-    /// As [`Gpu::quantize`]; [`Error::Driver`] from the events.
+    /// [`Error::OutOfRange`] for `reps` outside 1 to 100,000, before anything is allocated; as
+    /// [`Gpu::quantize`]; [`Error::Driver`] from the events.
     #[allow(clippy::too_many_arguments)]
     pub fn quantize_kernel_times<T: Element, S: DevicePtr<T>>(
         &self,
@@ -216,6 +218,9 @@ impl Gpu {
         scaling: Scaling,
         reps: usize,
     ) -> Result<Vec<(String, f64, u64)>> {
+        if !(1..=100_000).contains(&reps) {
+            return Err(Error::OutOfRange { what: "reps", value: reps as u64, expected: "1 to 100,000".into() });
+        }
         let (mut out, cc) = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
         self.device().bind()?;
         let s = self.stream();
@@ -228,6 +233,7 @@ impl Gpu {
         let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.data, s);
         let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.scales, s);
         let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout: out.layout, data: q, scales: sc };
+        check_cast(&job)?;
         // SAFETY: as in `quantize`.
         let held = unsafe { prepare_cast(&job, s.cu_stream())? };
         let (transposed, amax) = held.addresses();
@@ -242,10 +248,10 @@ impl Gpu {
             };
             run(2)?;
             start.record(s).map_err(status::driver("cuEventRecord"))?;
-            run(reps.max(1))?;
+            run(reps)?;
             end.record(s).map_err(status::driver("cuEventRecord"))?;
             let ms = start.elapsed_ms(&end).map_err(status::driver("cuEventElapsedTime"))? as f64;
-            times.push((launch.kernel.clone(), ms / reps.max(1) as f64, launch.bytes));
+            times.push((launch.kernel.clone(), ms / reps as f64, launch.bytes));
         }
         drop(held);
         drop((_gx, _gq, _gs));

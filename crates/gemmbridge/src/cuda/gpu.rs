@@ -97,6 +97,8 @@ pub(crate) struct Libraries {
     /// The tactic database's convolution entries ([`Gpu::load_tactics`]), handed to the cuDNN
     /// room when it is created (it keeps those of its cuDNN version).
     pub conv_tactics: std::collections::BTreeMap<String, tactics::Tactic>,
+    /// [`Gpu::set_sm_count_target`]'s value (0: all SMs); cuBLASLt's room keeps its own copy.
+    pub sm_count_target: u32,
 }
 
 impl Resources for Libraries {
@@ -221,6 +223,7 @@ impl Gpu {
             conv_api: ConvApi::default(),
             conv_ws_limit: super::dnn::CONV_WORKSPACE_LIMIT,
             conv_tactics: Default::default(),
+            sm_count_target: 0,
         };
         Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })
     }
@@ -368,8 +371,11 @@ impl Gpu {
     /// one-thread kernel resident on another stream made the GEMM 1.46× slower; with a target
     /// of 131 SMs, 1.14× (1.055× without the resident kernel). See docs/PERFORMANCE.md.
     ///
+    /// `Some(n)` with `n` equal to the device's SM count is a target too: its plans are cached
+    /// apart and tuned entries are not applied to them; `None` is the default.
+    ///
     /// # Errors
-    /// [`Error::DimensionTooLarge`] for 0 or more SMs than the device has (nothing changed);
+    /// [`Error::OutOfRange`] for 0 or more SMs than the device has (nothing changed);
     /// [`Error::Driver`] from the device query; [`Error::Cublas`] from cuBLAS.
     pub fn set_sm_count_target(&self, sms: Option<u32>) -> Result<()> {
         let have = self
@@ -380,16 +386,17 @@ impl Gpu {
             None => 0,
             Some(n) if (1..=have).contains(&n) => n,
             Some(n) => {
-                return Err(Error::DimensionTooLarge {
-                    what: "SM count target (1 to the device's SM count)",
-                    value: n as usize,
-                    max: have as usize,
+                return Err(Error::OutOfRange {
+                    what: "SM count target",
+                    value: u64::from(n),
+                    expected: format!("1 to {have}, the device's SMs (or None for all of them)"),
                 })
             }
         };
         let mut st = self.lock();
         self.device.bind()?;
         st.libs.blas.set_sm_count_target(n as i32)?;
+        st.libs.sm_count_target = n;
         if let Some(lt) = st.libs.lt.as_mut() {
             lt.sm_count = n;
         }
@@ -398,7 +405,7 @@ impl Gpu {
 
     /// The SM count target set by [`Gpu::set_sm_count_target`] (`None`: all SMs).
     pub fn sm_count_target(&self) -> Option<u32> {
-        self.lock().libs.lt.as_ref().map(|lt| lt.sm_count).filter(|&n| n > 0)
+        Some(self.lock().libs.sm_count_target).filter(|&n| n > 0)
     }
 
     /// Number of cached replay graphs.

@@ -489,6 +489,16 @@ impl TacticDb {
     /// failure to create or lock it). The lock file `<path>.lock` is left in place (removing it
     /// would race with another writer waiting on it).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        self.save_dropping(path, &|_, _| false)
+    }
+
+    /// [`save`](TacticDb::save), leaving out — under the same lock, from the file's entries and
+    /// this database's alike — every entry `drop` selects by signature and tactic: how
+    /// `gemmbridge tune` retires an entry that only held the heuristic's own choice.
+    ///
+    /// # Errors
+    /// As [`save`](TacticDb::save).
+    pub fn save_dropping(&self, path: &Path, drop: &dyn Fn(&str, &Tactic) -> bool) -> std::io::Result<()> {
         let named = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
         if let Some((sig, _)) = self.entries.iter().find(|(_, t)| !valid(t)) {
             let msg = format!("{}: tactic {sig} has a non-finite or negative time", path.display());
@@ -523,6 +533,7 @@ impl TacticDb {
         merged.format = FORMAT;
         merged.identity = self.identity.clone();
         merged.merge(self);
+        merged.entries.retain(|sig, t| !drop(sig, t));
         let tmp = sibling(path, &format!(".tmp.{}", std::process::id()));
         let written = (|| {
             let mut f = std::fs::File::create(&tmp)?;

@@ -526,6 +526,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!shapes.is_empty(), "--suite and --shapes name no shape");
     let dev = CudaDevice::default();
     let gpu = Gpu::new(dev.index).context("gemmbridge GPU")?;
+    let sms = gpu.info().context("device query")?.sm_count as u32;
+    anyhow::ensure!(
+        args.sm_reserve < sms,
+        "--sm-reserve {} must be below the GPU's {sms} SMs (0 reserves none)",
+        args.sm_reserve
+    );
     let mut out = match &args.out {
         Some(p) => Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?),
         None => None,

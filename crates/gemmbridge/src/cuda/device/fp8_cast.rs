@@ -80,6 +80,9 @@ pub(crate) struct CastScratch {
     pub zero_scales: bool,
 }
 
+/// CUDA's largest grid x dimension (2³¹ − 1); y and z stop at 65535.
+const GRID_X_MAX: u64 = i32::MAX as u64;
+
 fn ctas(units: u64, per_cta: u64) -> u32 {
     units.div_ceil(per_cta).clamp(1, MAX_CTAS) as u32
 }
@@ -120,7 +123,7 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
     let mut x = job.src;
     if transposed != 0 {
         let grid = (
-            grid_dim("CTAs of an FP8 transpose", (l.cols as u64).div_ceil(64), u32::MAX as u64)?,
+            grid_dim("CTAs of an FP8 transpose", (l.cols as u64).div_ceil(64), GRID_X_MAX)?,
             grid_dim("rows of an FP8 transpose's grid", (l.rows as u64).div_ceil(64), 65535)?,
             1,
         );
@@ -152,7 +155,7 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
             let bytes = src_bytes + q_bytes + 4;
             if job.source == Source::Transposed {
                 let grid = (
-                    grid_dim("CTAs of an FP8 cast-transpose", (l.ld as u64).div_ceil(64), u32::MAX as u64)?,
+                    grid_dim("CTAs of an FP8 cast-transpose", (l.ld as u64).div_ceil(64), GRID_X_MAX)?,
                     grid_dim("rows of an FP8 cast-transpose's grid", (l.rows_alloc as u64).div_ceil(64), 65535)?,
                     1,
                 );
@@ -165,7 +168,7 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
             }
         }
         Scaling::Row => {
-            let grid = (grid_dim("rows of a row-wise FP8 cast", l.rows_alloc as u64, u32::MAX as u64)?, 1, 1);
+            let grid = (grid_dim("rows of a row-wise FP8 cast", l.rows_alloc as u64, GRID_X_MAX)?, 1, 1);
             // cast_rows_T(x, rows, cols, q, ld, scale, fmax, e5m2); one CTA per row
             let args = vec![Arg::Ptr(x), Arg::Long(rows), Arg::Long(cols), q, Arg::Long(ld), sc, fmax, e5m2];
             out.push(Launch { kernel: name("cast_rows"), grid, args, bytes: src_bytes + q_bytes + scale_bytes });
@@ -175,8 +178,7 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
             // 128 / E lanes per group, E = 16 / element size (kernels/fp8.cu, `Chunk`), each
             // thread serving two groups' lanes
             let per_cta = 2 * u64::from(THREADS) * (16 / size) / 128;
-            let grid =
-                (grid_dim("1×128 groups of an FP8 quantisation", groups.div_ceil(per_cta), u32::MAX as u64)?, 1, 1);
+            let grid = (grid_dim("1×128 groups of an FP8 quantisation", groups.div_ceil(per_cta), GRID_X_MAX)?, 1, 1);
             // cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2)
             let args = vec![
                 Arg::Ptr(x),
@@ -193,7 +195,7 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
         }
         Scaling::Block128x128 => {
             let grid = (
-                grid_dim("K blocks of a 128×128 FP8 cast", l.k_blocks() as u64, u32::MAX as u64)?,
+                grid_dim("K blocks of a 128×128 FP8 cast", l.k_blocks() as u64, GRID_X_MAX)?,
                 grid_dim("row blocks of a 128×128 FP8 cast", (l.rows_alloc as u64).div_ceil(128), 65535)?,
                 1,
             );
@@ -214,6 +216,13 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
         }
     }
     Ok(out)
+}
+
+/// [`cast_launches`]' checks, before anything is allocated or launched for `job` (the scratch
+/// addresses do not change a grid, so stand-ins serve).
+pub(crate) fn check_cast(job: &CastJob) -> Result<()> {
+    let need = cast_scratch(job);
+    cast_launches(job, u64::from(need.transposed_bytes > 0), u64::from(need.amax)).map(drop)
 }
 
 /// Enqueues one launch on `stream`.
@@ -284,6 +293,7 @@ pub(crate) unsafe fn prepare_cast(job: &CastJob, stream: CUstream) -> Result<Hel
 /// and `scales` not overlapping anything else; `stream` is live; the layout's sizes fit the
 /// kernels' 64-bit indices and its row count a grid dimension (checked by the caller).
 pub(crate) unsafe fn enqueue_cast(k: &Kernels, job: &CastJob, stream: CUstream) -> Result<()> {
+    check_cast(job)?;
     // SAFETY: the caller's contract.
     let held = unsafe { prepare_cast(job, stream)? };
     let (transposed, amax) = held.addresses();
@@ -362,6 +372,21 @@ mod tests {
         // transpose: 64×64 tiles
         let tr = job(300, 1000, DType::F16, Source::Transposed, Scaling::Row);
         assert_eq!(cast_launches(&tr, 0x4000, 0).unwrap()[0].grid, (16, 5, 1));
+    }
+
+    #[test]
+    fn grids_past_cuda_limits_are_named_errors() {
+        // 1×128 groups of 2³¹ − 16 rows × 40 K blocks: more CTAs than gridDim.x's 2³¹ − 1
+        let j = job((1 << 31) - 16, 5120, DType::BF16, Source::RowMajor, Scaling::Block1x128);
+        match check_cast(&j) {
+            Err(Error::DimensionTooLarge { value, max, what }) => {
+                assert!(value > max && max == i32::MAX as usize, "{what}: {value} vs {max}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // a transposed source's rows beyond 65535 tiles of 64
+        let t = job(65536 * 64, 8, DType::F16, Source::Transposed, Scaling::Row);
+        assert!(matches!(check_cast(&t), Err(Error::DimensionTooLarge { max: 65535, .. })));
     }
 
     #[test]

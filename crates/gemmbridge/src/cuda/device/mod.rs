@@ -18,7 +18,7 @@ mod workspace;
 
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
 pub(crate) use copy::{copy_pitched, zero_pitched, Pitched, Scratch};
-pub(crate) use fp8_cast::{cast_launches, enqueue_cast, launch_one, prepare_cast, CastJob};
+pub(crate) use fp8_cast::{cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob};
 pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
 pub(crate) use workspace::{Workspace, WorkspacePool};
 

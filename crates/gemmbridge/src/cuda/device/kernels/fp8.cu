@@ -456,8 +456,8 @@ __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
     }
 
 // The last argument: CTAs of cast_blk128 that must fit on an SM at once (registers capped to
-// match): 4 for the 16-bit types, whose loads then overlap more CTAs' conversions; f32's 8
-// cached chunks need more registers than 4 CTAs allow.
+// match): 4 for the 16-bit types (8 cached chunks a thread), whose loads then overlap more
+// CTAs' conversions; f32's 16 cached chunks need more registers than 4 CTAs allow.
 GB_INSTANTIATE(float, f32, 1)
 GB_INSTANTIATE(F16, f16, 4)
 GB_INSTANTIATE(BF16, bf16, 4)
