@@ -156,45 +156,27 @@ fn quantize_rows<T: Element + cudarc::driver::DeviceRepr>(
 ) -> anyhow::Result<()> {
     let s = gpu.stream();
     let src: CudaSlice<T> = s.clone_htod(&crate::random::normal::<T>(rows * cols))?;
-    let size = T::DTYPE.size_bytes();
     let sampling = timing::Sampling { warmup: 3, reps, heat_ms: 0.0 };
+    let row = |src: &str, layout: &str, scaling: &str, what: &str, ms: f64, bytes: u64| {
+        let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+        println!(
+            "{src:<5} {layout:<11} {scaling:<8} {what:<20} {ms:>10.4} {gbs:>9.0} {:>7.0}%",
+            gbs / copy_gbs * 100.0
+        );
+    };
     for source in [Source::RowMajor, Source::Transposed] {
         for scaling in [Scaling::Tensor, Scaling::Row, Scaling::Block1x128, Scaling::Block128x128] {
             let t = timing::time_gpu(gpu, sampling, &mut || {
                 gpu.quantize(&src, rows, cols, source, Fp8Format::E4M3, scaling).map(drop)
             })?;
-            let (src_b, q_b) = ((rows * cols * size) as f64, (rows * cols) as f64);
-            // bytes each kernel reads and writes (scales are negligible)
-            let bytes = match (scaling, source) {
-                (Scaling::Tensor, _) => 2.0 * src_b + q_b, // amax, then cast (or cast-transpose)
-                (_, Source::RowMajor) => src_b + q_b,      // one kernel
-                (_, Source::Transposed) => 2.0 * src_b + src_b + q_b, // transpose, then cast
-            };
-            let gbs = bytes / (t.median_ms * 1e-3) / 1e9;
-            println!(
-                "{:<5} {:<11} {:<8} {:<20} {:>10.4} {:>9.0} {:>7.0}%",
-                T::DTYPE.name(),
-                format!("{source:?}"),
-                scaling.name(),
-                "whole call",
-                t.median_ms,
-                gbs,
-                gbs / copy_gbs * 100.0
-            );
             // each kernel alone: back-to-back launches between two events
             let kernels = gpu.quantize_kernel_times(&src, rows, cols, source, Fp8Format::E4M3, scaling, reps * 5)?;
-            for (kernel, ms, bytes) in kernels {
-                let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
-                println!(
-                    "{:<5} {:<11} {:<8} {:<20} {:>10.4} {:>9.0} {:>7.0}%",
-                    "",
-                    "",
-                    "",
-                    kernel,
-                    ms,
-                    gbs,
-                    gbs / copy_gbs * 100.0
-                );
+            // the whole call moves what its kernels read and write together
+            let bytes: u64 = kernels.iter().map(|k| k.2).sum();
+            let name = format!("{source:?}");
+            row(T::DTYPE.name(), &name, scaling.name(), "whole call", t.median_ms, bytes);
+            for (kernel, ms, bytes) in &kernels {
+                row("", "", "", kernel, *ms, *bytes);
             }
         }
     }

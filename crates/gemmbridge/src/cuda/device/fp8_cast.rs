@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::fp8::{Fp8Format, Fp8Layout, Scaling, Source};
 
 /// Threads per CTA for every kernel here.
-pub(crate) const THREADS: u32 = 256;
+const THREADS: u32 = 256;
 /// Most CTAs of the grid-stride kernels (8 per SM of a 132-SM H200; enough for any GPU).
 const MAX_CTAS: u64 = 1056;
 
