@@ -92,7 +92,7 @@ impl Gpu {
         let (cc, lt_version) = self.fp8_platform()?;
         check_support(cc, lt_version, Scaling::Tensor)?;
         self.device().bind()?;
-        self.lock().dev.kernels(self.context(), cc, self.stream().cu_stream(), KernelSet::Fp8).map(|_| ())
+        self.lock().dev.kernels(self.stream().cu_stream(), KernelSet::Fp8).map(|_| ())
     }
 
     /// Quantises a `[rows, cols]` operand (`cols` = K) into `format` with `scaling`, on
@@ -131,11 +131,11 @@ impl Gpu {
         format: Fp8Format,
         scaling: Scaling,
     ) -> Result<Fp8Tensor> {
-        let (mut out, cc) = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
+        let mut out = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
         self.device().bind()?;
         let s = self.stream();
         let mut st = self.lock();
-        let kernels = st.dev.kernels(self.context(), cc, s.cu_stream(), KernelSet::Fp8)?;
+        let kernels = st.dev.kernels(s.cu_stream(), KernelSet::Fp8)?;
         let (x, _gx) = src.device_ptr(s);
         let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.data, s);
         let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.scales, s);
@@ -147,8 +147,7 @@ impl Gpu {
         Ok(out)
     }
 
-    /// [`Gpu::quantize`]'s checks, then its output allocated (data not yet written) and the
-    /// device's compute capability.
+    /// [`Gpu::quantize`]'s checks, then its output allocated (data not yet written).
     fn quantize_output<T: Element, S: DevicePtr<T>>(
         &self,
         src: &S,
@@ -157,7 +156,7 @@ impl Gpu {
         source: Source,
         format: Fp8Format,
         scaling: Scaling,
-    ) -> Result<(Fp8Tensor, (i32, i32))> {
+    ) -> Result<Fp8Tensor> {
         same_context(Which::Source, src.stream(), self.context())?;
         check_dims(rows, cols)?;
         // the kernels' second grid dimension (at most 65535 CTAs) covers 64 rows per CTA for a
@@ -193,7 +192,7 @@ impl Gpu {
         // every kernel writes every scale; the 128×128 path zeroes the K padding first
         // SAFETY: as above.
         let scales = unsafe { s.alloc::<f32>(layout.scale_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
-        Ok((Fp8Tensor { data, scales, layout, format }, cc))
+        Ok(Fp8Tensor { data, scales, layout, format })
     }
 
     /// For measuring gemmbridge's own kernels: the launches [`Gpu::quantize`] makes for these
@@ -221,14 +220,14 @@ impl Gpu {
         if !(1..=100_000).contains(&reps) {
             return Err(Error::OutOfRange { what: "reps", value: reps as u64, expected: "1 to 100,000".into() });
         }
-        let (mut out, cc) = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
+        let mut out = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
         self.device().bind()?;
         let s = self.stream();
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let ev = || self.context().new_event(flags).map_err(status::driver("cuEventCreate"));
         let (start, end) = (ev()?, ev()?);
         let mut st = self.lock();
-        let kernels = st.dev.kernels(self.context(), cc, s.cu_stream(), KernelSet::Fp8)?;
+        let kernels = st.dev.kernels(s.cu_stream(), KernelSet::Fp8)?;
         let (x, _gx) = src.device_ptr(s);
         let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.data, s);
         let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.scales, s);

@@ -3,7 +3,7 @@
 //! copies to pay ([`Padding`]). The aligned call itself goes back through the caller's route
 //! (the dispatch), given as a function so that this module does not depend on it.
 
-use super::device::{copy_pitched, zero_pitched, Locked, Pitched, Scratch};
+use super::device::{copy_pitched, pad_copy, zero_pitched, KernelSet, Locked, PadCopy, Pitched, Scratch};
 use super::gpu::{Libraries, Served};
 use super::padding::Padding;
 use super::request::Request;
@@ -53,7 +53,9 @@ pub(crate) unsafe fn enqueue(
     // `scratch` is freed here, in stream order after the copy back.
 }
 
-/// Copies in, the aligned GEMM, C back.
+/// Copies in, the aligned GEMM, C back. The copies run on gemmbridge's own copy kernel
+/// (`device/kernels/copy.cu`), or on the driver's pitched copies and fills where the kernel
+/// cannot be had (no NVRTC, or its first compilation would fall inside a graph capture).
 ///
 /// # Safety
 /// As [`enqueue`]; `base` holds `plan.scratch_bytes` for this stream.
@@ -64,15 +66,15 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64
         if vector_or_c { prec.output() } else { prec.input() }.size_bytes()
     };
     let at = |c: Option<Copy>, user: u64| c.map_or(user, |c| base + c.offset as u64);
-    for (copy, user) in [(plan.a, r.abc.0), (plan.b, r.abc.1), (plan.bias, r.bias.unwrap_or(0))] {
-        if let Some(c) = copy {
-            // SAFETY: validated user buffer; scratch sized by the plan.
-            unsafe { copy_in(&c, user, base, esize(&c), r.stream) }?;
-        }
-    }
-    if let (Some(c), true) = (plan.c, r.beta != 0.0) {
-        // SAFETY: as above (β ≠ 0 reads C).
-        unsafe { copy_in(&c, r.abc.2, base, esize(&c), r.stream) }?;
+    let beta_reads_c = r.beta != 0.0;
+    let ins = [(plan.a, r.abc.0), (plan.b, r.abc.1), (plan.bias, r.bias.unwrap_or(0))]
+        .into_iter()
+        .chain(beta_reads_c.then_some((plan.c, r.abc.2)))
+        .filter_map(|(copy, user)| copy.map(|c| (c, user)));
+    for (c, user) in ins {
+        let pad = pad_copy_in(&c, user, base + c.offset as u64, esize(&c));
+        // SAFETY: validated user buffer; scratch sized by the plan; β ≠ 0 reads C.
+        unsafe { enqueue_copy(st, &pad, r.stream, || copy_in_driver(&c, user, base, esize(&c), r.stream)) }?;
     }
     let aligned = Request {
         problem: &plan.problem,
@@ -84,10 +86,78 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64
     // SAFETY: the copies hold the operands; the rest is the caller's.
     let served = unsafe { route(st, &aligned) }?;
     if let Some(c) = plan.c {
+        let ours = base + c.offset as u64;
+        let back = pad_copy_out(&c, ours, r.abc.2, esize(&c));
         // SAFETY: the logical m×n of the staged C back into the caller's C.
-        unsafe { copy_pitched(&pitched(&c, base + c.offset as u64, r.abc.2, esize(&c), true), r.stream) }?;
+        unsafe {
+            enqueue_copy(st, &back, r.stream, || copy_pitched(&pitched(&c, ours, r.abc.2, esize(&c), true), r.stream))
+        }?;
     }
     Ok(served)
+}
+
+/// Enqueues `pad` with the copy kernel, or runs `driver` (the same copy by the driver) where
+/// the kernel cannot be had or has no launch for it.
+///
+/// # Safety
+/// `pad` describes device memory valid for it on `stream`, a live stream of the bound
+/// context; `driver` enqueues the same copy under the same contract.
+unsafe fn enqueue_copy(
+    st: &mut Locked<Libraries>,
+    pad: &PadCopy,
+    stream: cudarc::driver::sys::CUstream,
+    driver: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    match st.dev.kernels(stream, KernelSet::Copy) {
+        // SAFETY: the caller's contract.
+        Ok(k) => {
+            if unsafe { pad_copy(k, pad, stream) }? {
+                return Ok(());
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "no copy kernel; the driver copies the misaligned operands"),
+    }
+    driver()
+}
+
+/// The kernel copy of `c`'s source (the caller's buffer at `user`) into scratch at `ours`,
+/// the extended rows and columns zeroed (C's extra columns too: harmless, they are only
+/// written by the GEMM).
+fn pad_copy_in(c: &Copy, user: u64, ours: u64, esize: usize) -> PadCopy {
+    let (s, d) = (c.src, c.dst);
+    PadCopy {
+        src: user,
+        src_ld: s.ld,
+        src_slice: s.batch_stride,
+        dst: ours,
+        dst_ld: d.ld,
+        dst_slice: d.batch_stride,
+        rows: s.rows,
+        cols: s.cols,
+        dst_rows: d.rows,
+        dst_cols: d.cols,
+        depth: c.depth,
+        esize,
+    }
+}
+
+/// The kernel copy of the staged C's logical part (scratch at `ours`) back to the caller's.
+fn pad_copy_out(c: &Copy, ours: u64, user: u64, esize: usize) -> PadCopy {
+    let (s, d) = (c.src, c.dst);
+    PadCopy {
+        src: ours,
+        src_ld: d.ld,
+        src_slice: d.batch_stride,
+        dst: user,
+        dst_ld: s.ld,
+        dst_slice: s.batch_stride,
+        rows: s.rows,
+        cols: s.cols,
+        dst_rows: s.rows,
+        dst_cols: s.cols,
+        depth: c.depth,
+        esize,
+    }
 }
 
 /// The pitched copy of `c`'s logical elements: caller's buffer → scratch, or back (`out`).
@@ -111,11 +181,18 @@ fn pitched(c: &Copy, scratch: u64, user: u64, esize: usize, out: bool) -> Pitche
     }
 }
 
-/// The zero fill of the extended K-range (if any), then the copy of the user's matrix in.
+/// The driver's way: the zero fill of the extended K-range (if any), then the copy of the
+/// user's matrix in.
 ///
 /// # Safety
 /// As [`run`].
-unsafe fn copy_in(c: &Copy, user: u64, base: u64, esize: usize, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+unsafe fn copy_in_driver(
+    c: &Copy,
+    user: u64,
+    base: u64,
+    esize: usize,
+    stream: cudarc::driver::sys::CUstream,
+) -> Result<()> {
     let ours = base + c.offset as u64;
     let d = c.dst;
     let (pitch, slice) = (d.ld * esize, d.batch_stride.max(d.rows * d.ld) * esize);

@@ -33,6 +33,8 @@ pub(crate) enum KernelSet {
     Fp8,
     /// The training layers' elementwise kernels (`kernels/act.cu`; any GPU).
     Train,
+    /// The misaligned-operand path's pitched copy with zero fill (`kernels/copy.cu`; any GPU).
+    Copy,
 }
 
 impl KernelSet {
@@ -45,30 +47,37 @@ impl KernelSet {
         match self {
             KernelSet::Fp8 => (include_str!("kernels/fp8.cu"), "gemmbridge_fp8.cu"),
             KernelSet::Train => (include_str!("kernels/act.cu"), "gemmbridge_act.cu"),
+            KernelSet::Copy => (include_str!("kernels/copy.cu"), "gemmbridge_copy.cu"),
         }
     }
 
-    /// Every kernel's name (each is instantiated per source dtype: `_f32`, `_f16`, `_bf16`).
-    fn kernels(self) -> &'static [&'static str] {
+    /// Every kernel's name and the suffixes of its instances (per source dtype: `_f32`, `_f16`,
+    /// `_bf16`; the copy per element size in bytes: `_b2`, `_b4`).
+    fn kernels(self) -> (&'static [&'static str], &'static [&'static str]) {
+        const DTYPES: &[&str] = &["f32", "f16", "bf16"];
         match self {
-            KernelSet::Fp8 => {
-                &["amax", "cast_tensor", "cast_rows", "cast_vec128", "cast_blk128", "cast_transpose", "transpose"]
+            KernelSet::Fp8 => (
+                &["amax", "cast_tensor", "cast_rows", "cast_vec128", "cast_blk128", "cast_transpose", "transpose"],
+                DTYPES,
+            ),
+            KernelSet::Train => {
+                (&["dact_relu", "dact_gelu_tanh", "dact_gelu_erf", "gelu_erf", "gelu_tanh", "relu"], DTYPES)
             }
-            KernelSet::Train => &["dact_relu", "dact_gelu_tanh", "dact_gelu_erf", "gelu_erf", "gelu_tanh", "relu"],
+            KernelSet::Copy => (&["pad_copy"], &["b2", "b4"]),
         }
     }
 
     /// The virtual architecture NVRTC compiles for: the device's own where NVRTC knows it,
-    /// else the oldest the set needs (FP8 conversions: 8.9; the training kernels: 7.0),
+    /// else the oldest the set needs (FP8 conversions: 8.9; the others: 7.0),
     /// which the driver compiles forward.
     fn arch(self, (major, _minor): (i32, i32)) -> &'static str {
         match (major, self) {
             (9, _) => "compute_90",
             (10, _) => "compute_100",
             (12, _) => "compute_120",
-            (8, KernelSet::Train) => "compute_80",
+            (8, KernelSet::Train | KernelSet::Copy) => "compute_80",
             (_, KernelSet::Fp8) => "compute_89",
-            (_, KernelSet::Train) => "compute_70",
+            (_, KernelSet::Train | KernelSet::Copy) => "compute_70",
         }
     }
 }
@@ -99,8 +108,9 @@ impl Kernels {
         })?;
         let module = ctx.load_module(ptx).map_err(status::driver("cuModuleLoadData"))?;
         let mut functions = HashMap::new();
-        for kernel in set.kernels() {
-            for suffix in ["f32", "f16", "bf16"] {
+        let (kernels, suffixes) = set.kernels();
+        for kernel in kernels {
+            for suffix in suffixes {
                 let name = format!("{kernel}_{suffix}");
                 let f = module.load_function(&name).map_err(status::driver("cuModuleGetFunction"))?;
                 functions.insert(name, f);

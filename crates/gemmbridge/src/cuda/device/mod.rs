@@ -17,7 +17,7 @@ mod kernels;
 mod workspace;
 
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
-pub(crate) use copy::{copy_pitched, zero_pitched, Pitched, Scratch};
+pub(crate) use copy::{copy_pitched, pad_copy, zero_pitched, PadCopy, Pitched, Scratch};
 pub(crate) use fp8_cast::{cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob};
 pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
 pub(crate) use workspace::{Workspace, WorkspacePool};
@@ -41,12 +41,14 @@ pub(crate) trait Resources: Send {
 
 /// The device's own state behind the lock.
 pub(crate) struct DeviceState {
+    /// The context the state belongs to (its device compiles and loads the kernels).
+    ctx: Arc<CudaContext>,
     /// One workspace per stream used.
     pub workspaces: WorkspacePool,
     /// A private non-blocking stream to capture graphs on (created on first use).
     capture_stream: Option<CaptureStream>,
     /// gemmbridge's own kernels, one module per [`KernelSet`] (compiled on first use).
-    kernels: [Option<Kernels>; 2],
+    kernels: [Option<Kernels>; 3],
 }
 
 impl DeviceState {
@@ -60,19 +62,13 @@ impl DeviceState {
         self.capture_stream.as_ref()
     }
 
-    /// A set of gemmbridge's own kernels for `ctx`'s device (compute capability `cc`),
-    /// compiled on first use — never while `stream` is capturing. The caller has bound `ctx`.
+    /// A set of gemmbridge's own kernels for the context's device, compiled on first use —
+    /// never while `stream` is capturing. The caller has bound the context.
     ///
     /// # Errors
     /// [`crate::Error::NotCapturable`] when they would be compiled during a capture; as
     /// [`Kernels::compile`]; a failure is not cached (the next call tries again).
-    pub fn kernels(
-        &mut self,
-        ctx: &Arc<CudaContext>,
-        cc: (i32, i32),
-        stream: cudarc::driver::sys::CUstream,
-        set: KernelSet,
-    ) -> Result<&Kernels> {
+    pub fn kernels(&mut self, stream: cudarc::driver::sys::CUstream, set: KernelSet) -> Result<&Kernels> {
         let slot = &mut self.kernels[set.index()];
         if slot.is_none() {
             if is_capturing(stream)? {
@@ -81,11 +77,13 @@ impl DeviceState {
                     problem: match set {
                         KernelSet::Fp8 => "the first FP8 quantisation; call Gpu::prepare_fp8 before capturing",
                         KernelSet::Train => "the first training step; run one step before capturing",
+                        KernelSet::Copy => "the first padded (misaligned) call; call Gpu::prewarm before capturing",
                     }
                     .into(),
                 });
             }
-            *slot = Some(Kernels::compile(ctx, cc, set)?);
+            let cc = self.ctx.compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
+            *slot = Some(Kernels::compile(&self.ctx, cc, set)?);
         }
         Ok(slot.as_ref().expect("set above"))
     }
@@ -109,9 +107,10 @@ impl<L: Resources> Device<L> {
     /// workspaces of `workspace_bytes`.
     pub fn new(stream: Arc<CudaStream>, libs: L, workspace_bytes: usize) -> Device<L> {
         let dev = DeviceState {
+            ctx: stream.context().clone(),
             workspaces: WorkspacePool::new(workspace_bytes),
             capture_stream: None,
-            kernels: [None, None],
+            kernels: [None, None, None],
         };
         Device { ctx: stream.context().clone(), stream, state: Mutex::new(Locked { dev, libs }) }
     }
@@ -154,7 +153,7 @@ impl<L: Resources> Drop for Device<L> {
         let _ = self.ctx.synchronize();
         st.libs.release();
         st.dev.capture_stream = None;
-        st.dev.kernels = [None, None];
+        st.dev.kernels = [None, None, None];
         st.dev.workspaces.free_all();
     }
 }

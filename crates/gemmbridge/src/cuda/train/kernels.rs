@@ -3,7 +3,6 @@
 
 use super::super::device::{arg, suffix, KernelSet};
 use super::super::gpu::Gpu;
-use super::super::status;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::train::Activation;
@@ -25,10 +24,9 @@ impl Gpu {
 
     /// Runs `f` with the training kernels (compiled on first use) under the lock.
     fn with_kernels(&self, f: impl FnOnce(&super::super::device::Kernels) -> Result<()>) -> Result<()> {
-        let cc = self.context().compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
         self.device().bind()?;
         let mut st = self.lock();
-        let k = st.dev.kernels(self.context(), cc, self.stream().cu_stream(), KernelSet::Train)?;
+        let k = st.dev.kernels(self.stream().cu_stream(), KernelSet::Train)?;
         f(k)
     }
 
