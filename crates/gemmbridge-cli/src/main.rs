@@ -62,10 +62,10 @@ enum Command {
     /// row's median ratio over the pairs, and per dtype and op the geometric mean and the
     /// rows below a bound (no GPU needed).
     Compare(compare::Args),
-    /// Regenerates the comparison tables (printed, Markdown) and SVG plots of
-    /// docs/PERFORMANCE.md from the runs a manifest lists (default docs/results/report.json);
-    /// `--check docs/PERFORMANCE.md` fails unless the page holds every table and links every
-    /// plot. No GPU needed.
+    /// Regenerates every table (printed, Markdown) and SVG plot of docs/PERFORMANCE.md from
+    /// the runs a manifest lists (default docs/results/report.json); `--check
+    /// docs/PERFORMANCE.md` fails unless the page holds every table, links every plot and has
+    /// no table of its own. No GPU needed.
     Report(report::Args),
     /// Stress run: N threads (default 8), each on its own stream, issue mixed GEMMs (1×1×1 to
     /// 4096³, batched, padded, transposed, every precision, plain and fused epilogues, β = 0

@@ -1,0 +1,304 @@
+//! A manifest figure: alternated runs of gemmbridge and a peer (or runs that carry their own
+//! ratio), summarised per dtype and op, optionally also row by row.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use super::fill;
+use crate::bench::report::geomean;
+use crate::compare::{group, load, median, ratios, Key};
+use crate::row::Row;
+use crate::suites::is_square_or_llm;
+
+/// One figure of the manifest.
+#[derive(Deserialize)]
+pub struct Figure {
+    /// File stem of the plot, `<id>.svg`.
+    pub id: String,
+    /// The plot's caption.
+    pub title: String,
+    /// gemmbridge's runs.
+    pub ours: Vec<String>,
+    /// The peer's runs, paired in order with `ours`.
+    pub peer: Vec<String>,
+    /// Label prefixes of the rows kept (all rows when empty).
+    #[serde(default)]
+    ops: Vec<String>,
+    /// GEMM rows kept by shape: "square+llm" (those suites), "gpu-bound" (those suites above
+    /// 1024³ multiply-adds), "other" (the rest, e.g. the host-bound small suite); all when
+    /// absent.
+    #[serde(default)]
+    shapes: Option<String>,
+    /// Rows whose median is below this are counted.
+    #[serde(default = "default_bound")]
+    bound: f64,
+    /// Runs that carry their own ratio (e.g. `gemmbridge-burn bench`'s `speedup_vs_burn`):
+    /// the field's name. Then `peer` stays empty, each of `ours` is one group, named by the
+    /// same position in `labels`, and a row's value is that field.
+    #[serde(default)]
+    pub field: Option<String>,
+    /// With `field`: each run's group name.
+    #[serde(default)]
+    labels: Vec<String>,
+    /// Also a table of every kept row (see [`RowTable`]); paired figures only.
+    #[serde(default)]
+    row_table: Option<RowTable>,
+}
+
+/// A paired figure's table row by row: its name, dtype, each side's median time over the runs
+/// and the row's median ratio over the pairs.
+#[derive(Deserialize)]
+pub struct RowTable {
+    /// The first column's header, e.g. "layer".
+    header: String,
+    /// Rows of these ops only, in this order (then by dtype, then as in the first of `ours`),
+    /// each named by its template: `{m}`, `{n}`, `{k}`, `{batch}`, `{dtype}` are filled in.
+    names: Vec<OpName>,
+}
+
+#[derive(Deserialize)]
+struct OpName {
+    op: String,
+    name: String,
+}
+
+fn default_bound() -> f64 {
+    0.97
+}
+
+/// A row a figure keeps: its group (dtype, op), its key and its median ratio.
+pub type Kept = ((String, String), Key, f64);
+
+fn key_of(r: &Row) -> Key {
+    (r.dtype.clone(), r.label(), r.m, r.n, r.k, r.batch)
+}
+
+impl Figure {
+    /// The figure's runs, paired, read from files relative to `base`.
+    fn pairs(&self, base: &Path) -> anyhow::Result<Vec<(Vec<Row>, Vec<Row>)>> {
+        if self.ours.is_empty() || self.ours.len() != self.peer.len() {
+            bail!(
+                "figure {}: {} runs of ours and {} of the peer; give as many of each, at least one",
+                self.id,
+                self.ours.len(),
+                self.peer.len()
+            );
+        }
+        let path = |f: &String| base.join(f).to_string_lossy().into_owned();
+        let (ours, peer): (Vec<String>, Vec<String>) =
+            (self.ours.iter().map(path).collect(), self.peer.iter().map(path).collect());
+        load(&ours, &peer).with_context(|| format!("figure {}", self.id))
+    }
+
+    /// The rows the figure keeps, each with its median ratio, in the groups' order.
+    pub fn medians(&self, base: &Path) -> anyhow::Result<Vec<Kept>> {
+        if let Some(field) = &self.field {
+            return self.field_rows(base, field);
+        }
+        let (rows, _) = ratios(&self.pairs(base)?);
+        let fig = self;
+        let shape_ok = |k: &Key| match fig.shapes.as_deref() {
+            None => Ok(true),
+            Some("square+llm") => Ok(is_square_or_llm((k.2, k.3, k.4))),
+            Some("gpu-bound") => Ok(is_square_or_llm((k.2, k.3, k.4)) && k.2 * k.3 * k.4 > 1 << 30),
+            Some("other") => Ok(!is_square_or_llm((k.2, k.3, k.4))),
+            Some(other) => {
+                Err(anyhow::anyhow!("figure {}: shapes {other:?}: give square+llm, gpu-bound or other", fig.id))
+            }
+        };
+        let op_ok = |k: &Key| fig.ops.is_empty() || fig.ops.iter().any(|o| k.1.starts_with(o.as_str()));
+        let mut out = Vec::new();
+        for (k, v) in &rows {
+            if op_ok(k) && shape_ok(k)? {
+                out.push((group(k), k.clone(), median(v)));
+            }
+        }
+        if out.is_empty() {
+            bail!("figure {}: no row of ops {:?} is in every run", fig.id, fig.ops);
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        Ok(out)
+    }
+
+    /// A `field` figure's rows: every row of each run that has the field, in the run's group.
+    fn field_rows(&self, base: &Path, field: &str) -> anyhow::Result<Vec<Kept>> {
+        if self.ours.is_empty() || self.labels.len() != self.ours.len() || !self.peer.is_empty() {
+            bail!("figure {}: a field figure names runs in ours, one label each, and no peer", self.id);
+        }
+        let mut out = Vec::new();
+        for (file, label) in self.ours.iter().zip(&self.labels) {
+            let path = base.join(file);
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                let v: serde_json::Value =
+                    serde_json::from_str(line).with_context(|| format!("{} line {}", path.display(), i + 1))?;
+                let Some(x) = v.get(field).and_then(|x| x.as_f64()) else { continue };
+                let dim = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0) as usize;
+                let dtype = v.get("dtype").and_then(|d| d.as_str()).unwrap_or("?").to_string();
+                let key = (dtype.clone(), label.clone(), dim("m"), dim("n"), dim("k"), 1);
+                out.push(((dtype, label.clone()), key, x));
+            }
+        }
+        if out.is_empty() {
+            bail!("figure {}: no row has the field {field:?}", self.id);
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        Ok(out)
+    }
+
+    /// The figure's Markdown table: per dtype and op, the geometric mean of the rows' median
+    /// ratios, the lowest and highest median, and the rows below the bound.
+    pub fn table(&self, rows: &[Kept]) -> String {
+        let mut groups: BTreeMap<&(String, String), Vec<f64>> = BTreeMap::new();
+        for (g, _, m) in rows {
+            groups.entry(g).or_default().push(*m);
+        }
+        let pairs = self.ours.len();
+        let mut s = String::new();
+        let _ = writeln!(s, "| dtype | op | rows | geometric mean | lowest | highest | rows < {} |", self.bound);
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
+        for ((dtype, op), v) in groups {
+            let (lo, hi) = v.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+            let below = v.iter().filter(|&&x| x < self.bound).count();
+            let gm = geomean(&v).unwrap_or(f64::NAN);
+            let _ = writeln!(s, "| {dtype} | {op} | {} | {gm:.3} | {lo:.3} | {hi:.3} | {below} |", v.len());
+        }
+        match &self.field {
+            Some(f) => {
+                let _ = writeln!(s, "\n(each row's `{f}`, one run per group)");
+            }
+            None => {
+                let plural = if pairs == 1 { "" } else { "s" };
+                let _ = writeln!(
+                    s,
+                    "\n(PyTorch's time / gemmbridge's, the median of {pairs} alternated pair{plural} per row)"
+                );
+            }
+        }
+        s
+    }
+
+    /// The figure's table row by row, when the manifest asks for one (see [`RowTable`]).
+    pub fn row_table(&self, base: &Path, kept: &[Kept]) -> anyhow::Result<Option<String>> {
+        let Some(spec) = &self.row_table else { return Ok(None) };
+        if self.field.is_some() {
+            bail!("figure {}: a row table needs paired runs (ours and peer), not a field", self.id);
+        }
+        let pairs = self.pairs(base)?;
+        // each side's times per row, pair by pair; the row's place in the first run of ours
+        let mut times: BTreeMap<Key, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        for (ours, peer) in &pairs {
+            for r in ours {
+                times.entry(key_of(r)).or_default().0.push(r.median_ms);
+            }
+            for r in peer {
+                times.entry(key_of(r)).or_default().1.push(r.median_ms);
+            }
+        }
+        let place: BTreeMap<Key, usize> = pairs[0].0.iter().enumerate().map(|(i, r)| (key_of(r), i)).collect();
+        let mut rows: Vec<(usize, &Kept)> = Vec::new();
+        for kept in kept {
+            if let Some(at) = spec.names.iter().position(|n| n.op == kept.1 .1) {
+                rows.push((at, kept));
+            }
+        }
+        if rows.is_empty() {
+            let ops: Vec<&str> = spec.names.iter().map(|n| n.op.as_str()).collect();
+            bail!("figure {}: its row table names ops {ops:?}, and the figure keeps no row of them", self.id);
+        }
+        rows.sort_by_key(|(at, (_, k, _))| (*at, k.0.clone(), place.get(k).copied()));
+        let n = pairs.len();
+        let mut s = String::new();
+        let _ = writeln!(s, "| {} | dtype | PyTorch ms | gemmbridge ms | ratio |", spec.header);
+        let _ = writeln!(s, "|---|---|---:|---:|---:|");
+        for (at, (_, k, ratio)) in rows {
+            let (dtype, _, m, nn, kk, batch) = k;
+            let name = fill(&spec.names[at].name, |f| match f {
+                "m" => Some(m.to_string()),
+                "n" => Some(nn.to_string()),
+                "k" => Some(kk.to_string()),
+                "batch" => Some(batch.to_string()),
+                "dtype" => Some(dtype.clone()),
+                _ => None,
+            })
+            .with_context(|| format!("figure {}: row table", self.id))?;
+            let (ours, peer) = &times[k];
+            let _ = writeln!(s, "| {name} | {dtype} | {:.3} | {:.3} | {ratio:.3} |", median(peer), median(ours));
+        }
+        let runs = if n == 1 { "its one run".to_string() } else { format!("its {n} runs") };
+        let _ = writeln!(
+            s,
+            "\n(each side's median time over {runs}; the ratio is the median of the pairs' ratios, so it need not equal their quotient)"
+        );
+        Ok(Some(s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, lines: &[&str]) {
+        std::fs::write(dir.join(name), lines.join("\n")).unwrap();
+    }
+
+    fn line(op: &str, dtype: &str, n: usize, k: usize, ms: f64) -> String {
+        format!(
+            r#"{{"op":"{op}","dtype":"{dtype}","m":4096,"n":{n},"k":{k},"batch":1,"median_ms":{ms},"min_ms":{ms},"tflops":1.0}}"#
+        )
+    }
+
+    fn figure(json: &str) -> Figure {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn the_row_table_gives_each_sides_median_and_the_median_ratio_in_the_names_order() {
+        let dir = std::env::temp_dir().join(format!("gemmbridge-report-rows-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // linear 4096 -> 6144 bf16: ours 1, 2, 4 ms; peer 2, 2, 2 ms -> ratios 2, 1, 0.5
+        // mlp 4096 -> 14336 -> 4096 bf16: ours 1 ms, peer 1.5 ms every time
+        let env = r#"{"op":"env","device":"X"}"#;
+        for (i, o) in [1.0, 2.0, 4.0].iter().enumerate() {
+            let ours =
+                [env, &line("linear_train", "bf16", 6144, 4096, *o), &line("mlp_train", "bf16", 14336, 4096, 1.0)];
+            let peer =
+                [env, &line("mlp_train", "bf16", 14336, 4096, 1.5), &line("linear_train", "bf16", 6144, 4096, 2.0)];
+            write(&dir, &format!("o{i}.jsonl"), &ours);
+            write(&dir, &format!("p{i}.jsonl"), &peer);
+        }
+        let fig = figure(
+            r#"{"id":"t","title":"t","ours":["o0.jsonl","o1.jsonl","o2.jsonl"],"peer":["p0.jsonl","p1.jsonl","p2.jsonl"],
+               "row_table":{"header":"layer","names":[{"op":"mlp_train","name":"MLP {k} → {n} → {k}"},
+                                                        {"op":"linear_train","name":"Linear {k} → {n}"}]}}"#,
+        );
+        let kept = fig.medians(&dir).unwrap();
+        let t = fig.row_table(&dir, &kept).unwrap().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let want = "| layer | dtype | PyTorch ms | gemmbridge ms | ratio |\n|---|---|---:|---:|---:|\n\
+                    | MLP 4096 → 14336 → 4096 | bf16 | 1.500 | 1.000 | 1.500 |\n\
+                    | Linear 4096 → 6144 | bf16 | 2.000 | 2.000 | 1.000 |\n";
+        assert!(t.starts_with(want), "{t}");
+        assert!(t.contains("median time over its 3 runs"), "{t}");
+    }
+
+    #[test]
+    fn a_row_table_of_ops_the_figure_lacks_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("gemmbridge-report-rows-none-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write(&dir, "o.jsonl", &[&line("linear_train", "f16", 4096, 4096, 1.0)]);
+        write(&dir, "p.jsonl", &[&line("linear_train", "f16", 4096, 4096, 1.0)]);
+        let fig = figure(
+            r#"{"id":"t","title":"t","ours":["o.jsonl"],"peer":["p.jsonl"],
+               "row_table":{"header":"layer","names":[{"op":"mlp_train","name":"MLP"}]}}"#,
+        );
+        let kept = fig.medians(&dir).unwrap();
+        let e = fig.row_table(&dir, &kept).unwrap_err().to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(e.contains("keeps no row"), "{e}");
+    }
+}
