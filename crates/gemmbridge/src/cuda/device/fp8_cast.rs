@@ -4,7 +4,7 @@
 //! | scaling | row-major source | `[K, rows]` source |
 //! |---|---|---|
 //! | tensor | amax, then cast | amax, then fused cast-transpose |
-//! | row | cast_rows (one CTA per row, kept in registers up to 16384 columns) | transpose, then as row-major |
+//! | row | cast_rows_short / cast_rows (one CTA per row, kept in registers up to 8192 / 16384 columns of a 16-bit source) | transpose, then as row-major |
 //! | 1×128 | cast_vec128 (a half-warp per block, a warp for f32) | transpose, then as row-major |
 //! | 128×128 | cast_blk128 (one CTA per block, kept in registers) | transpose, then as row-major |
 //!
@@ -169,9 +169,12 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
         }
         Scaling::Row => {
             let grid = (grid_dim("rows of a row-wise FP8 cast", l.rows_alloc as u64, GRID_X_MAX)?, 1, 1);
-            // cast_rows_T(x, rows, cols, q, ld, scale, fmax, e5m2); one CTA per row
+            // cast_rows[_short]_T(x, rows, cols, q, ld, scale, fmax, e5m2); one CTA per row,
+            // the short instance (4 chunks of 16 bytes cached per thread) for rows it holds
             let args = vec![Arg::Ptr(x), Arg::Long(rows), Arg::Long(cols), q, Arg::Long(ld), sc, fmax, e5m2];
-            out.push(Launch { kernel: name("cast_rows"), grid, args, bytes: src_bytes + q_bytes + scale_bytes });
+            let short = l.ld as u64 <= u64::from(THREADS) * 4 * (16 / size);
+            let kernel = name(if short { "cast_rows_short" } else { "cast_rows" });
+            out.push(Launch { kernel, grid, args, bytes: src_bytes + q_bytes + scale_bytes });
         }
         Scaling::Block1x128 => {
             let groups = l.rows_alloc as u64 * l.k_blocks() as u64;
@@ -326,8 +329,8 @@ mod tests {
         let cases = [
             (Source::RowMajor, Scaling::Tensor, vec!["amax_bf16", "cast_tensor_bf16"], 0, true),
             (Source::Transposed, Scaling::Tensor, vec!["amax_bf16", "cast_transpose_bf16"], 0, true),
-            (Source::RowMajor, Scaling::Row, vec!["cast_rows_bf16"], 0, false),
-            (Source::Transposed, Scaling::Row, vec!["transpose_bf16", "cast_rows_bf16"], 300 * 1000 * 2, false),
+            (Source::RowMajor, Scaling::Row, vec!["cast_rows_short_bf16"], 0, false),
+            (Source::Transposed, Scaling::Row, vec!["transpose_bf16", "cast_rows_short_bf16"], 300 * 1000 * 2, false),
             (Source::RowMajor, Scaling::Block1x128, vec!["cast_vec128_bf16"], 0, false),
             (Source::Transposed, Scaling::Block128x128, vec!["transpose_bf16", "cast_blk128_bf16"], 600_000, false),
         ];
@@ -363,6 +366,14 @@ mod tests {
         assert_eq!(cast_launches(&r, 0, 0).unwrap()[0].grid, (r.layout.rows_alloc as u32, 1, 1));
         let b = job(300, 1000, DType::F16, Source::RowMajor, Scaling::Block128x128);
         assert_eq!(cast_launches(&b, 0, 0).unwrap()[0].grid, (8, b.layout.rows_alloc.div_ceil(128) as u32, 1));
+        // the short row instance holds 256 threads × 4 chunks: 8192 16-bit or 4096 f32 columns
+        let kernel = |rows, cols, dtype| {
+            cast_launches(&job(rows, cols, dtype, Source::RowMajor, Scaling::Row), 0, 0).unwrap()[0].kernel.clone()
+        };
+        assert_eq!(kernel(8, 8192, DType::F16), "cast_rows_short_f16");
+        assert_eq!(kernel(8, 8200, DType::F16), "cast_rows_f16");
+        assert_eq!(kernel(8, 4096, DType::F32), "cast_rows_short_f32");
+        assert_eq!(kernel(8, 4100, DType::F32), "cast_rows_f32");
         // cast-transpose: 64×64 tiles
         for dtype in [DType::F32, DType::BF16] {
             let t = job(300, 1000, dtype, Source::Transposed, Scaling::Tensor);

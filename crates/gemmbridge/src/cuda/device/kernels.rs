@@ -57,7 +57,16 @@ impl KernelSet {
         const DTYPES: &[&str] = &["f32", "f16", "bf16"];
         match self {
             KernelSet::Fp8 => (
-                &["amax", "cast_tensor", "cast_rows", "cast_vec128", "cast_blk128", "cast_transpose", "transpose"],
+                &[
+                    "amax",
+                    "cast_tensor",
+                    "cast_rows",
+                    "cast_rows_short",
+                    "cast_vec128",
+                    "cast_blk128",
+                    "cast_transpose",
+                    "transpose",
+                ],
                 DTYPES,
             ),
             KernelSet::Train => {

@@ -234,11 +234,11 @@ __device__ void cast_tensor_impl(const T* x, long rows, long rows_alloc, long co
     }
 }
 
-// Row-wise: one CTA per row. The first ROW_CACHE chunks per thread (16384 columns of a 16-bit
-// source, 8192 of f32, at 256 threads) stay in registers between the amax and the cast; a
-// longer row's rest is read again.
-#define ROW_CACHE 8
-template <typename T>
+// Row-wise: one CTA per row. The first ROW_CACHE chunks per thread (8: 16384 columns of a
+// 16-bit source, 8192 of f32, at 256 threads) stay in registers between the amax and the
+// cast; a longer row's rest is read again. The instance with ROW_CACHE 4 (`cast_rows_short`,
+// for rows of up to half that) needs fewer registers, so more CTAs share an SM.
+template <typename T, int ROW_CACHE>
 __device__ void cast_rows_impl(const T* x, long rows, long cols, u8* q, long ld, float* scale, float fmax, int e5m2) {
     const int E = Chunk<T>::E;
     long r = blockIdx.x;
@@ -435,7 +435,11 @@ __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
     }                                                                                                     \
     extern "C" __global__ void cast_rows_##SUFFIX(const T* x, long rows, long cols, u8* q, long ld,      \
                                                   float* scale, float fmax, int e5m2) {                   \
-        cast_rows_impl(x, rows, cols, q, ld, scale, fmax, e5m2);                                          \
+        cast_rows_impl<T, 8>(x, rows, cols, q, ld, scale, fmax, e5m2);                                    \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 6) cast_rows_short_##SUFFIX(const T* x, long rows, long cols, u8* q, long ld,\
+                                                        float* scale, float fmax, int e5m2) {             \
+        cast_rows_impl<T, 4>(x, rows, cols, q, ld, scale, fmax, e5m2);                                    \
     }                                                                                                     \
     extern "C" __global__ void cast_vec128_##SUFFIX(const T* x, long rows, long rows_alloc, long cols,   \
                                                     u8* q, long ld, float* scale, float fmax, int e5m2) { \
