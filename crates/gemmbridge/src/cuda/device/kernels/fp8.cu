@@ -358,6 +358,7 @@ __device__ __forceinline__ Vec8<T> load_vec8(const T* base, long nrows, long nco
         t.w = *reinterpret_cast<const uint2*>(p);
     } else {
         t.w = make_uint2(0, 0);  // +0.0 in every format
+#pragma unroll
         for (int j = 0; j < V; j++) {
             if (row < nrows && col + j < ncols) t.v[j] = p[j];
         }
@@ -366,8 +367,10 @@ __device__ __forceinline__ Vec8<T> load_vec8(const T* base, long nrows, long nco
 }
 
 // Fused cast-transpose, tensor-wise: the source is [cols, rows] row-major (src[c*rows + r]);
-// q[r, c] = fp8(src[c, r] * inv). 64x64 tiles through shared memory, read 8 bytes and written
-// eight bytes per thread per access; grid (ld/64, rows_alloc/64). (Tiles of 128 output columns
+// q[r, c] = fp8(src[c, r] * inv). 64x64 tiles through shared memory (as floats: the f32
+// instance; 16-bit sources take cast_transpose16_impl below), read 8 bytes and written eight
+// bytes per thread per access, every load of a thread issued before its first shared-memory
+// store; grid (ld/64, rows_alloc/64). (Tiles of 128 output columns
 // for 16-bit sources measured slower on the H200: 50-54 % of a copy against 63-67 %, their
 // column reads of the tile conflicting 4-way in shared memory.)
 template <typename T>
@@ -380,9 +383,13 @@ __device__ void cast_transpose_impl(const T* x, long rows, long rows_alloc, long
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = s;
     long c0 = blockIdx.x * (long)TC, r0 = blockIdx.y * 64L;
     int part = threadIdx.x % PER_ROW, first = threadIdx.x / PER_ROW;
-    for (int cc = first; cc < TC; cc += STEP) {
-        Vec8<T> t = load_vec8(x, cols, rows, c0 + cc, r0 + part * V);
-        for (int j = 0; j < V; j++) tile[cc][part * V + j] = to_f(t.v[j]);
+    Vec8<T> t[TC / STEP];
+#pragma unroll
+    for (int i = 0; i < TC / STEP; i++) t[i] = load_vec8(x, cols, rows, c0 + first + STEP * i, r0 + part * V);
+#pragma unroll
+    for (int i = 0; i < TC / STEP; i++) {  // every load issued before the first store
+#pragma unroll
+        for (int j = 0; j < V; j++) tile[first + STEP * i][part * V + j] = to_f(t[i].v[j]);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < 64 * (TC / 8); i += blockDim.x) {
@@ -395,6 +402,45 @@ __device__ void cast_transpose_impl(const T* x, long rows, long rows_alloc, long
     }
 }
 
+// The same for 16-bit sources: the tile stays in shared memory as the raw 16-bit values,
+// two output rows to a 32-bit word (half the shared-memory traffic of floats), rows of 33
+// words, so that neither the source rows' stores nor the tile's column reads conflict (the
+// threads serving output columns 32-63 take the row pairs 8 rows away: their words then sit
+// in the banks the other half leaves free). Each thread converts two output rows of 8 columns.
+template <typename T>
+__device__ void cast_transpose16_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
+                                      const u32* amax, float* scale, float fmax, int e5m2) {
+    __shared__ u32 tile[64][33];  // tile[cc][w]: source (c0 + cc, r0 + 2w) low, (c0 + cc, r0 + 2w + 1) high
+    float s, inv;
+    scale_of(__uint_as_float(*amax), fmax, &s, &inv);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = s;
+    long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 64L;
+    int part = threadIdx.x % 16, first = threadIdx.x / 16;  // 4 values (8 bytes) a load
+    Vec8<T> t[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) t[i] = load_vec8(x, cols, rows, c0 + first + 16 * i, r0 + part * 4);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {  // all four loads issued before the first store
+        tile[first + 16 * i][part * 2] = (u32)t[i].v[0].b | ((u32)t[i].v[1].b << 16);
+        tile[first + 16 * i][part * 2 + 1] = (u32)t[i].v[2].b | ((u32)t[i].v[3].b << 16);
+    }
+    __syncthreads();
+    int cg = threadIdx.x % 8, pair = (threadIdx.x / 8) ^ (cg >= 4 ? 4 : 0);
+    float lo[8], hi[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float v[2];
+        unpack2(tile[cg * 8 + j][pair], T(), v);
+        lo[j] = v[0];
+        hi[j] = v[1];
+    }
+    long r = r0 + 2 * pair, c = c0 + cg * 8;
+    if (c < ld) {
+        if (r < rows_alloc) store8(q + r * ld + c, lo, inv, e5m2);
+        if (r + 1 < rows_alloc) store8(q + (r + 1) * ld + c, hi, inv, e5m2);
+    }
+}
+
 // dst[r, c] = src[c, r] for a [cols, rows] row-major source; 64x64 tiles through shared
 // memory, V consecutive elements (8 bytes) per thread per access, one 8-byte load or store
 // where they are inside and aligned; grid (cols/64, rows/64).
@@ -404,9 +450,13 @@ __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
     __shared__ T tile[64][64 + 4 / sizeof(T)];  // rows of 33 words (16-bit) or 65 (f32)
     long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 64L;
     int part = threadIdx.x % PER_ROW, first = threadIdx.x / PER_ROW;
-    for (int cc = first; cc < 64; cc += STEP) {
-        Vec8<T> t = load_vec8(src, cols, rows, c0 + cc, r0 + part * V);
-        for (int j = 0; j < V; j++) tile[cc][part * V + j] = t.v[j];
+    Vec8<T> t[64 / STEP];
+#pragma unroll
+    for (int i = 0; i < 64 / STEP; i++) t[i] = load_vec8(src, cols, rows, c0 + first + STEP * i, r0 + part * V);
+#pragma unroll
+    for (int i = 0; i < 64 / STEP; i++) {  // every load issued before the first store
+#pragma unroll
+        for (int j = 0; j < V; j++) tile[first + STEP * i][part * V + j] = t[i].v[j];
     }
     __syncthreads();
     for (int rr = first; rr < 64; rr += STEP) {
@@ -424,6 +474,17 @@ __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
             }
         }
     }
+}
+
+// Which cast-transpose a source type takes: the float tile for f32, the 16-bit one otherwise.
+__device__ __forceinline__ void cast_transpose_any(const float* x, long rows, long rows_alloc, long cols, u8* q,
+                                                   long ld, const u32* amax, float* scale, float fmax, int e5m2) {
+    cast_transpose_impl(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2);
+}
+template <typename T>
+__device__ __forceinline__ void cast_transpose_any(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
+                                                   const u32* amax, float* scale, float fmax, int e5m2) {
+    cast_transpose16_impl(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2);
 }
 
 #define GB_INSTANTIATE(T, SUFFIX, BLK_CTAS)                                                              \
@@ -453,7 +514,7 @@ __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
     extern "C" __global__ void cast_transpose_##SUFFIX(const T* x, long rows, long rows_alloc,           \
                                                        long cols, u8* q, long ld, const u32* amax,        \
                                                        float* scale, float fmax, int e5m2) {              \
-        cast_transpose_impl(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2);                  \
+        cast_transpose_any(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2);                   \
     }                                                                                                     \
     extern "C" __global__ void transpose_##SUFFIX(const T* src, long rows, long cols, T* dst) {          \
         transpose_impl(src, rows, cols, dst);                                                             \
