@@ -103,12 +103,13 @@ pub enum Error {
         max: usize,
     },
 
-    /// The batch stride of `C` is smaller than one output matrix's extent, so outputs could
-    /// write the same element. The check is conservative: outputs interleaved within each
-    /// other's padding are refused too.
+    /// The batch stride of `C` lets outputs write the same element: it is smaller than one
+    /// output matrix's extent, and the outputs do not sit side by side within each row either
+    /// ([`crate::GemmProblem::new`] says which layouts are accepted).
     #[error(
         "batch stride of C is {batch_stride} elements but one [{rows}, {cols}] output with ld \
-         {ld} spans {extent}: the {batch} outputs' extents overlap (C's batch stride must be at least one output's extent)"
+         {ld} spans {extent}: the {batch} outputs could overlap (C's batch stride must be at least one output's extent, \
+         or the outputs must sit side by side in each row: stride >= {cols} and (batch - 1)·stride + {cols} <= ld)"
     )]
     OutputBatchesOverlap {
         /// The batch stride of `C`, in elements.

@@ -41,8 +41,12 @@ impl GemmProblem {
     /// - [`Error::LeadingDimTooSmall`] when an `ld` is below its matrix's column count;
     /// - [`Error::DimensionTooLarge`] when m, n, k, an ld or the batch count exceeds
     ///   [`MAX_DIM`] (cuBLAS's 32-bit `int`), or a batch stride exceeds `i64::MAX`;
-    /// - [`Error::OutputBatchesOverlap`] when `batch > 1` and C's batch stride is smaller than
-    ///   one output's extent (two products would write the same element).
+    /// - [`Error::OutputBatchesOverlap`] when `batch > 1` and two products could write the
+    ///   same element of C. Two layouts are accepted: a batch stride of at least one output's
+    ///   extent (`(m - 1)·ld + n`: the outputs one after another), and outputs side by side
+    ///   within each row (`[m, batch, n]` storage: batch stride ≥ n and
+    ///   `(batch - 1)·batch stride + n ≤ ld`). Anything else is refused, even where the
+    ///   outputs happen to miss each other.
     pub fn new(a: Operand, b: Operand, c: MatrixLayout, batch: usize, precision: Precision) -> Result<GemmProblem> {
         if a.rows() != c.rows || a.cols() != b.rows() || b.cols() != c.cols {
             return Err(Error::ShapeMismatch {
@@ -84,20 +88,25 @@ impl GemmProblem {
                 return Err(Error::DimensionTooLarge { what, value, max: i64::MAX as usize });
             }
         }
-        // Every buffer's extent, in bytes of the widest element (4), must be addressable.
-        for (what, layout) in
-            [("extent of A in bytes", a.layout), ("extent of B in bytes", b.layout), ("extent of C in bytes", c)]
-        {
-            let bytes = layout.required_elems(batch).and_then(|e| e.checked_mul(4));
-            if bytes.is_none_or(|b| b > isize::MAX as usize) {
-                return Err(Error::DimensionTooLarge {
-                    what,
-                    value: bytes.unwrap_or(usize::MAX),
-                    max: isize::MAX as usize,
-                });
+        // Every buffer's extent, in bytes of the widest element (4), must be addressable. Past
+        // usize itself, the batch stride is named: one matrix's extent is bounded by the
+        // MAX_DIM checks above, so only the batch can overflow it.
+        for (what, stride_what, layout) in [
+            ("extent of A in bytes", "batch stride of A (the extent overflows)", a.layout),
+            ("extent of B in bytes", "batch stride of B (the extent overflows)", b.layout),
+            ("extent of C in bytes", "batch stride of C (the extent overflows)", c),
+        ] {
+            match layout.required_elems(batch).and_then(|e| e.checked_mul(4)) {
+                Some(bytes) if bytes <= isize::MAX as usize => {}
+                Some(bytes) => return Err(Error::DimensionTooLarge { what, value: bytes, max: isize::MAX as usize }),
+                None => {
+                    let room = (isize::MAX as usize / 4).saturating_sub(layout.extent());
+                    let max = room / batch.saturating_sub(1).max(1);
+                    return Err(Error::DimensionTooLarge { what: stride_what, value: layout.batch_stride, max });
+                }
             }
         }
-        if batch > 1 && c.extent() > 0 && c.batch_stride < c.extent() {
+        if batch > 1 && c.extent() > 0 && c.batch_stride < c.extent() && !side_by_side(&c, batch) {
             return Err(Error::OutputBatchesOverlap {
                 batch_stride: c.batch_stride,
                 rows: c.rows,
@@ -309,6 +318,14 @@ impl GemmProblem {
     }
 }
 
+/// Whether `batch` outputs of layout `c` sit side by side within each row: row `r` of output
+/// `z` spans `[r·ld + z·stride, r·ld + z·stride + cols)`, inside row `r`'s `ld` elements and
+/// apart from the other outputs' (stride ≥ cols), so no element is written twice.
+fn side_by_side(c: &MatrixLayout, batch: usize) -> bool {
+    let end = (batch - 1).checked_mul(c.batch_stride).and_then(|v| v.checked_add(c.cols));
+    c.batch_stride >= c.cols && end.is_some_and(|e| e <= c.ld)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,6 +408,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, Error::OutputBatchesOverlap { batch_stride: 5, extent: 12, .. }), "{e}");
+        // outputs side by side in each row ([m, batch, n] storage) are disjoint: accepted
+        let side = |stride: usize, ld: usize| {
+            GemmProblem::new(
+                Operand::n(MatrixLayout::row_major(2, 2)),
+                Operand::n(MatrixLayout::row_major(2, 3)),
+                MatrixLayout::row_major(2, 3).with_ld(ld).with_batch_stride(stride),
+                2,
+                Precision::F32,
+            )
+        };
+        side(3, 6).unwrap();
+        side(4, 8).unwrap();
+        // a stride below n, or a last output past the row's ld, overlaps: refused
+        assert!(matches!(side(2, 6).unwrap_err(), Error::OutputBatchesOverlap { .. }));
+        assert!(matches!(side(3, 5).unwrap_err(), Error::OutputBatchesOverlap { .. }));
         // broadcast inputs (stride 0) are fine
         GemmProblem::new(
             Operand::n(MatrixLayout::row_major(3, 2).with_batch_stride(0)),

@@ -172,3 +172,30 @@ fn errors_leave_output_untouched() {
     assert!(matches!(e, Error::DTypeMismatch { operand: Which::A, .. }), "{e}");
     assert!(c16.iter().all(|&v| v.to_f32() == 3.0));
 }
+
+#[test]
+fn outputs_side_by_side_in_each_row() {
+    // C stored [m, batch, n] (ld = batch·n, batch stride n): each product lands in its own
+    // columns of every row, against the same products computed one at a time
+    let (m, n, k, batch) = (3, 4, 5, 3);
+    let p = GemmProblem::new(
+        Operand::n(MatrixLayout::row_major(m, k)),
+        Operand::n(MatrixLayout::row_major(k, n)),
+        MatrixLayout::row_major(m, n).with_ld(batch * n).with_batch_stride(n),
+        batch,
+        Precision::F32,
+    )
+    .unwrap();
+    let a: Vec<f32> = (0..batch * m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+    let b: Vec<f32> = (0..batch * k * n).map(|i| (i % 5) as f32 - 2.0).collect();
+    let mut c = vec![f32::NAN; m * batch * n];
+    cpu::gemm(&p, 1.0, &a, &b, 0.0, &mut c).unwrap();
+    let one = GemmProblem::matmul(m, n, k, Precision::F32).unwrap();
+    for z in 0..batch {
+        let mut want = vec![0.0f32; m * n];
+        cpu::gemm(&one, 1.0, &a[z * m * k..][..m * k], &b[z * k * n..][..k * n], 0.0, &mut want).unwrap();
+        for r in 0..m {
+            assert_eq!(&c[r * batch * n + z * n..][..n], &want[r * n..][..n], "product {z}, row {r}");
+        }
+    }
+}

@@ -430,3 +430,37 @@ fn alpha_zero_does_not_read_inputs() {
         assert_eq!(download(&gpu, &c), vec![1.0f32; 16], "{backend:?}");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn outputs_side_by_side_in_each_row() {
+    // C stored [m, batch, n] (ld = batch·n, batch stride n), every backend, against the CPU
+    // backend on the same inputs (both against the f64 reference by the CPU tests)
+    let gpu = gpu();
+    let mut rng = rng();
+    let (m, n, k, batch) = (37, 24, 40, 3);
+    let p = GemmProblem::new(
+        gemmbridge::Operand::n(MatrixLayout::row_major(m, k)),
+        gemmbridge::Operand::n(MatrixLayout::row_major(k, n)),
+        MatrixLayout::row_major(m, n).with_ld(batch * n).with_batch_stride(n),
+        batch,
+        Precision::F32,
+    )
+    .unwrap();
+    let a: Vec<f32> = normal(&mut rng, batch * m * k);
+    let b: Vec<f32> = normal(&mut rng, batch * k * n);
+    let mut want = vec![f32::NAN; m * batch * n];
+    gemmbridge::cpu::gemm(&p, 1.0, &a, &b, 0.0, &mut want).unwrap();
+    for backend in [Backend::Auto, Backend::Lt, Backend::Blas] {
+        gpu.set_backend(backend);
+        let (da, db) = (upload(&gpu, &a), upload(&gpu, &b));
+        let mut dc = upload(&gpu, &vec![f32::NAN; m * batch * n]);
+        gpu.gemm(&p, 1.0, &da, &db, 0.0, &mut dc).unwrap();
+        let got = download(&gpu, &dc);
+        let e = rel_error(
+            &got.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            &want.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+        );
+        assert!(e <= 1e-5, "{backend:?}: {e:e}");
+    }
+}

@@ -27,8 +27,23 @@ fn huge_sizes_are_named_errors_not_overflow_panics() {
         Precision::F32,
     )
     .unwrap_err();
-    assert!(matches!(e, Error::DimensionTooLarge { what: "extent of A in bytes", .. }), "{e}");
+    // past usize: the batch stride is named, with the most it may be for this batch
+    assert!(
+        matches!(e, Error::DimensionTooLarge { what: "batch stride of A (the extent overflows)", value, max }
+            if value == i64::MAX as usize && max < value),
+        "{e}"
+    );
     assert!(!e.to_string().contains("32-bit"), "{e}");
+    // within usize but past isize::MAX bytes: the extent itself
+    let e = GemmProblem::new(
+        Operand::n(MatrixLayout::row_major(3, 5).with_batch_stride(1 << 61)),
+        Operand::n(MatrixLayout::row_major(5, 2)),
+        MatrixLayout::row_major(3, 2),
+        2,
+        Precision::F32,
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::DimensionTooLarge { what: "extent of A in bytes", .. }), "{e}");
 }
 
 #[test]

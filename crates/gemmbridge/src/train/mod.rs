@@ -178,10 +178,13 @@ impl LinearSpec {
 }
 
 /// Checks a layer sequence: at least one layer, no zero-sized feature count, each layer's
-/// `in_features` equal to the previous one's `out_features`.
+/// `in_features` equal to the previous one's `out_features`, and every weight addressable:
+/// feature counts at most [`crate::MAX_DIM`] (a GEMM dimension) and `out × in` elements
+/// within `isize::MAX` bytes of f32.
 ///
 /// # Errors
-/// [`Error::LayerShape`] naming the first layer that breaks a rule.
+/// [`Error::LayerShape`] naming the first layer that breaks a rule; [`Error::DimensionTooLarge`]
+/// for a feature count or weight beyond those limits.
 pub fn check_layers(layers: &[LinearSpec]) -> Result<()> {
     if layers.is_empty() {
         return Err(Error::LayerShape { layer: 0, what: "number of layers", got: 0, expected: 1 });
@@ -190,6 +193,22 @@ pub fn check_layers(layers: &[LinearSpec]) -> Result<()> {
         if l.in_features == 0 || l.out_features == 0 {
             let (what, got) = if l.in_features == 0 { ("in_features", 0) } else { ("out_features", 0) };
             return Err(Error::LayerShape { layer: i, what, got, expected: 1 });
+        }
+        for (what, value) in [("in_features", l.in_features), ("out_features", l.out_features)] {
+            if value > crate::MAX_DIM {
+                return Err(Error::DimensionTooLarge { what, value, max: crate::MAX_DIM });
+            }
+        }
+        let max = isize::MAX as usize / 4;
+        let weight = l.out_features.checked_mul(l.in_features).filter(|&w| w <= max);
+        if weight.is_none() {
+            // the larger factor is the one to shrink: the most it may be for the other
+            let (what, value, other) = if l.out_features >= l.in_features {
+                ("out_features (weight elements past isize::MAX bytes of f32)", l.out_features, l.in_features)
+            } else {
+                ("in_features (weight elements past isize::MAX bytes of f32)", l.in_features, l.out_features)
+            };
+            return Err(Error::DimensionTooLarge { what, value, max: max / other });
         }
         if i > 0 && l.in_features != layers[i - 1].out_features {
             return Err(Error::LayerShape {
@@ -266,7 +285,8 @@ pub fn check_params(layers: &[LinearSpec], params: &[LayerParams]) -> Result<()>
         });
     }
     for (i, (l, p)) in layers.iter().zip(params).enumerate() {
-        let want_w = l.out_features * l.in_features;
+        // check_layers bounds this product; saturate for layers it has not seen
+        let want_w = l.out_features.saturating_mul(l.in_features);
         if p.w.len() != want_w {
             return Err(Error::LayerShape { layer: i, what: "weight length", got: p.w.len(), expected: want_w });
         }
@@ -330,6 +350,12 @@ mod tests {
         let e = check_layers(&[LinearSpec::new(4, 8), LinearSpec::new(7, 3)]).unwrap_err();
         assert!(matches!(e, Error::LayerShape { layer: 1, got: 7, expected: 8, .. }), "{e}");
         assert!(matches!(check_layers(&[]).unwrap_err(), Error::LayerShape { layer: 0, .. }));
+        // past a GEMM dimension, or a weight past isize::MAX bytes: named, no overflow
+        let e = check_layers(&[LinearSpec::new(1 << 33, 4)]).unwrap_err();
+        assert!(matches!(e, Error::DimensionTooLarge { what: "in_features", value, .. } if value == 1 << 33), "{e}");
+        let big = crate::MAX_DIM;
+        let e = check_layers(&[LinearSpec::new(big, big)]).unwrap_err();
+        assert!(matches!(e, Error::DimensionTooLarge { value, max, .. } if value == big && max < big), "{e}");
         let e = check_layers(&[LinearSpec::new(0, 3)]).unwrap_err();
         assert!(matches!(e, Error::LayerShape { what: "in_features", .. }), "{e}");
         let p = init_params(&ok, 1);
