@@ -17,6 +17,7 @@ use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras};
 use gemmbridge::{Epilogue, Precision};
 
 use cubecl::stream_id::StreamId;
+use gemmbridge::cuda::tactics::TacticDb;
 use gemmbridge::cudarc::driver::sys;
 
 use crate::layout::{plan, plan_linear, Fallback, MatmulPlan};
@@ -25,21 +26,43 @@ use crate::{burn_linear, Activation, GemmOps};
 
 type Cuda = CubeTensor<CudaRuntime>;
 
+type Slot = Option<(Arc<Gpu>, u32)>;
+
+/// The `Gpu`s [`gpu`] opened, by (device index, device-ordered), with their SM counts.
+fn gpus() -> &'static Mutex<HashMap<(usize, bool), Slot>> {
+    static GPUS: OnceLock<Mutex<HashMap<(usize, bool), Slot>>> = OnceLock::new();
+    GPUS.get_or_init(Default::default)
+}
+
+/// The tactic database [`crate::load_tactics`] gave, for `Gpu`s opened later.
+fn tactics() -> &'static Mutex<Option<TacticDb>> {
+    static DB: OnceLock<Mutex<Option<TacticDb>>> = OnceLock::new();
+    DB.get_or_init(Default::default)
+}
+
+/// Gives every `Gpu` of the adapter, open or opened later, the entries of `db`.
+pub(crate) fn load_tactics(db: &TacticDb) {
+    *tactics().lock().unwrap_or_else(|p| p.into_inner()) = Some(db.clone());
+    for (g, _) in gpus().lock().unwrap_or_else(|p| p.into_inner()).values().flatten() {
+        g.load_tactics(db);
+    }
+}
+
 /// gemmbridge `Gpu`s per device index, opened on first use (None when one cannot be): one for
 /// host-wait ordering, on the whole GPU, and one for device ordering, whose GEMMs leave
 /// [`crate::sm_reserve`] SMs to the wait kernel that spins on the caller's stream meanwhile
 /// (`order.rs`; [`Gpu::set_sm_count_target`] says why).
 pub(crate) fn gpu(index: usize, device_ordered: bool) -> Option<Arc<Gpu>> {
-    type Slot = Option<(Arc<Gpu>, u32)>;
-    static GPUS: OnceLock<Mutex<HashMap<(usize, bool), Slot>>> = OnceLock::new();
-    let (g, sms) = GPUS
-        .get_or_init(Default::default)
+    let (g, sms) = gpus()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .entry((index, device_ordered))
         .or_insert_with(|| match Gpu::new(index) {
             Ok(g) => {
                 let sms = g.info().map(|i| i.sm_count.max(1) as u32).unwrap_or(1);
+                if let Some(db) = tactics().lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                    g.load_tactics(db);
+                }
                 Some((Arc::new(g), sms))
             }
             Err(e) => {

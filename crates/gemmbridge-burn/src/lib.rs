@@ -121,6 +121,16 @@ pub fn set_sm_reserve(sms: u32) {
     SM_RESERVE.store(sms, Ordering::Relaxed);
 }
 
+/// Gives the adapter's gemmbridge `Gpu`s (those open and those opened later) the tuned
+/// algorithms of `db` (`gemmbridge tune`; `TacticDb::load`). Device-ordered GEMMs run under an
+/// SM count target ([`set_sm_reserve`]): only entries tuned under the same target apply to
+/// them (`gemmbridge tune --sm-count-target`, the GPU's SM count less the reserve); host-wait
+/// calls use entries tuned on the whole GPU. A later call replaces the database for `Gpu`s
+/// opened from then on and adds its entries to those open.
+pub fn load_tactics(db: &gemmbridge::cuda::tactics::TacticDb) {
+    cube::load_tactics(db);
+}
+
 /// The SMs device-ordered GEMMs leave free ([`set_sm_reserve`]).
 pub fn sm_reserve() -> u32 {
     SM_RESERVE.load(Ordering::Relaxed)

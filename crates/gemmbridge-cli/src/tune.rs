@@ -54,6 +54,12 @@ pub struct Args {
     /// Timed samples per candidate (the library's `TuneOptions::default()` takes 15).
     #[arg(long, default_value_t = 10)]
     reps: usize,
+    /// Tune dense GEMMs planned for this many SMs (`Gpu::set_sm_count_target`): the entries
+    /// serve only calls made under the same target, as the burn adapter's device-ordered GEMMs
+    /// are (the GPU's SM count less its SM reserve, e.g. 131 on a 132-SM H200). Default: all
+    /// SMs, entries for calls without a target.
+    #[arg(long)]
+    sm_count_target: Option<u32>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -122,6 +128,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         bail!("--db: {e}");
     }
     let gpu = Gpu::new(0).context("tune needs a CUDA GPU")?;
+    if let Some(n) = args.sm_count_target {
+        gpu.set_sm_count_target(Some(n)).context("--sm-count-target")?;
+    }
     let gemms = !jobs.is_empty() || !fp8_scalings.is_empty();
     if gemms && !gpu.has_lt() {
         bail!("tuning GEMMs needs cuBLASLt (libcublasLt), which was not found");

@@ -76,3 +76,43 @@ fn gemms_planned_for_fewer_sms_stay_correct() {
     assert_eq!(gpu.sm_count_target(), None);
     assert!(run(None, Backend::Auto) < 1e-2);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tuning_under_a_target_makes_entries_for_that_target() {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    use gemmbridge::cuda::tactics::TacticDb;
+    use gemmbridge::cuda::{RawBuffer, RawExtras, TuneOptions};
+    let gpu = Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)");
+    let sms = gpu.info().unwrap().sm_count as u32;
+    let s = gpu.stream().clone();
+    let mut rng = rng();
+    let (m, n, k) = (512, 768, 1024);
+    let p = GemmProblem::linear(m, n, k, Precision::BF16).unwrap();
+    let x: Vec<bf16> = normal(&mut rng, m * k);
+    let w: Vec<bf16> = normal(&mut rng, n * k);
+    let (dx, dw) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap());
+    let mut want = vec![0.0; m * n];
+    gemm_epilogue_rowmajor(&p, 1.0, &wide(&x), &wide(&w), 0.0, &mut want, None, None);
+    let opts = TuneOptions { candidates: 4, reps: 2, ..TuneOptions::default() };
+    let mut db = TacticDb::new(gpu.tactic_identity().unwrap());
+    for target in [Some(sms - 1), None] {
+        gpu.set_sm_count_target(target).unwrap();
+        let mut dc = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
+        let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * n * 2 };
+        let raw =
+            |v: &cudarc::driver::CudaSlice<bf16>| RawBuffer { address: v.device_ptr(&s).0, len_bytes: v.len() * 2 };
+        // SAFETY: buffers of this context on the Gpu's stream.
+        let (_, sig, tactic) =
+            unsafe { gpu.autotune_raw(&p, 1.0, raw(&dx), raw(&dw), 0.0, rc, RawExtras::default(), opts) }.unwrap();
+        let suffix = format!(" sm{}", sms - 1);
+        assert_eq!(sig.ends_with(&suffix), target.is_some(), "{target:?}: {sig}");
+        db.entries.insert(sig, tactic);
+    }
+    // both entries loaded; a call under the target (its tuned entry) stays right
+    gpu.load_tactics(&db);
+    gpu.set_sm_count_target(Some(sms - 1)).unwrap();
+    let mut dy = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
+    gpu.gemm(&p, 1.0, &dx, &dw, 0.0, &mut dy).unwrap();
+    assert!(rel_error(&wide(&s.clone_dtoh(&dy).unwrap()), &want) < 1e-2);
+}

@@ -485,49 +485,61 @@ fn rounded_reference<T: Element>(
 /// FP8 layers on odd shapes against the CPU emulation, every activation, dx poisoned first,
 /// and accumulation. Every tensor's error is printed (in name order) before any is judged.
 ///
-/// Two bands. A single layer without an activation quantises only exact inputs (x, w, dy),
-/// so both sides use the same scales and what is left is f32 accumulation against float64
-/// and the rare element it moves across a rounding boundary: 5e-3. In the three-layer MLPs
-/// the layers' inputs and gradients are GEMM outputs, rounded to T by the GPU after f32
-/// accumulation and by the emulation after float64: where the largest element of such a
-/// tensor lands one T-rounding step apart (2⁻⁸ relative in bf16, 2⁻¹¹ in f16), its
-/// per-tensor scale differs, and every element of the operand is re-rounded to FP8 — a share
-/// of about u/r of them (u the T step, r the FP8 step: 2⁻³ E4M3, 2⁻² E5M2) crosses a
-/// boundary, an operand error of about √(u·r): up to 2.7e-2 in bf16, 9e-3 in f16, compounding
-/// over the three gradient quantisations dx passes (5.8e-2 was seen in bf16, 2.6e-2 in f16).
-/// So 8e-2 there, about twice the recipe's own error against float64 (3.7e-2, the FP8
-/// accuracy table): a wrong scale, format or layout is off by far more. The PyTorch oracle
-/// holds the same layers to 1.5× PyTorch's own FP8 error.
+/// A single layer without an activation quantises only exact inputs (x, w, dy), so both
+/// sides use the same scales and what is left is f32 accumulation against float64 and the
+/// rare element it moves across a rounding boundary: the emulation to 5e-3.
+///
+/// In the three-layer MLPs the layers' inputs and gradients are GEMM outputs, rounded to T by
+/// the GPU after f32 accumulation and by the emulation after float64. Where the largest
+/// element of such a tensor lands one T-rounding step apart (2⁻⁸ relative in bf16), its
+/// per-tensor scale differs and every element of the operand is re-rounded to FP8: the two
+/// sides then carry independent FP8 rounding from that layer on, and differ by about as much
+/// as either differs from float64 (8.5e-2 was seen on a 64-token bf16 dx; the recipe's own
+/// error is ~3.7e-2, the FP8 accuracy table). So these are held, like the PyTorch oracle
+/// holds them, to accuracy: each tensor's error against the float64 step on the unquantised
+/// inputs at most 1.5× the emulation's own, plus 1e-3. A wrong scale, format or layout is
+/// off by far more.
 fn random_fp8_case<T: Element + DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, rng: &mut rand::rngs::StdRng) {
     let mut failures = Vec::new();
     for (n, tokens) in [(0usize, 37usize), (1, 1), (2, 64), (3, 40), (3, 1)] {
         let (layers3, params3, x, dy) = random_inputs::<T>(n, 1, tokens, rng);
         let single = n == 3; // one layer, 33 → 24, bias, no activation
-        let (layers, params, dy, tol) = if single {
+        let (layers, params, dy) = if single {
             let (l, p) = (LinearSpec::new(33, 24), init_params(&[LinearSpec::new(33, 24)], rng_seed(rng)).remove(0));
             let round = |v: &[f32]| v.iter().map(|&x| T::from_f32(x).to_f32()).collect::<Vec<_>>();
-            (vec![l], vec![LayerParams { w: round(&p.w), b: round(&p.b) }], dy, 5e-3)
+            (vec![l], vec![LayerParams { w: round(&p.w), b: round(&p.b) }], dy)
         } else {
-            (layers3.to_vec(), params3, dy, 8e-2)
+            (layers3.to_vec(), params3, dy)
         };
         let mut mlp = Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params).unwrap();
         let xd = gpu.stream().clone_htod(&x).unwrap();
         let make = |l: &[LinearSpec], p: &[LayerParams]| Mlp::<T>::new_fp8(gpu, l, Fp8Training::default(), p).unwrap();
         let masks = gpu_relu_masks(gpu, (&layers, &params), &xd, tokens, &make);
         let want = rounded_reference(&layers, &params, (&x, &dy), tokens, true, &masks);
+        let wide = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+        let exact = reference(&layers, &params, &wide(&x), &wide(&dy), tokens);
         let dyd = gpu.stream().clone_htod(&dy).unwrap();
         let (got, grads) = step(gpu, &mut mlp, &xd, &dyd, tokens);
         let mut names: Vec<&String> = got.keys().collect();
         names.sort();
         for k in names {
-            let e = rel_error(&got[k], &want[k]);
+            let (e, bound, what) = if single {
+                (rel_error(&got[k], &want[k]), 5e-3, "against the emulation")
+            } else {
+                let e_emu = rel_error(&want[k], &exact[k]);
+                (
+                    rel_error(&got[k], &exact[k]),
+                    1.5 * e_emu + 1e-3,
+                    "against float64 (bound: 1.5× the emulation's + 1e-3)",
+                )
+            };
             eprintln!(
-                "fp8 {} {} layer(s) tokens {tokens} {k}: {e:.2e} against the emulation (band {tol:e})",
+                "fp8 {} {} layer(s) tokens {tokens} {k}: {e:.2e} {what}, bound {bound:.2e}",
                 T::DTYPE,
                 layers.len()
             );
-            if e.is_nan() || e > tol {
-                failures.push(format!("{} layer(s) tokens {tokens} {k}: {e:e} > {tol:e} ({layers:?})", layers.len()));
+            if e.is_nan() || e > bound {
+                failures.push(format!("{} layer(s) tokens {tokens} {k}: {e:e} > {bound:e} ({layers:?})", layers.len()));
             }
         }
         check_accumulates(gpu, &mut mlp, (&xd, &dyd), &grads, 1e-2, &format!("fp8 {}", T::DTYPE));

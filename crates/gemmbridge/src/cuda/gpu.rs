@@ -361,9 +361,11 @@ impl Gpu {
     /// Leaves SMs free for kernels that run beside gemmbridge's GEMMs: dense GEMMs planned from
     /// now on are told to use `Some(sms)` SMs (cuBLASLt's `CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`
     /// for [`Backend::Lt`] and Auto, `cublasSetSmCountTarget` for [`Backend::Blas`]); `None`
-    /// (the default) uses them all. Plans are kept per target, and tuned algorithms from the
-    /// tactic database (tuned on the whole GPU) are not applied under a target: the heuristic
-    /// chooses for that SM count. FP8 GEMMs and convolutions are not affected.
+    /// (the default) uses them all. Plans are kept per target, and a tactic database entry
+    /// applies only under the target it was tuned with (tuning runs under the `Gpu`'s target,
+    /// [`Gpu::autotune_raw`]; `gemmbridge tune --sm-count-target`): entries tuned on the whole
+    /// GPU are not applied under a target, where the heuristic chooses for that SM count unless
+    /// an entry tuned for it exists. FP8 GEMMs and convolutions are not affected.
     ///
     /// Why: a kernel that stays resident while a GEMM runs — the spin kernel that orders the
     /// burn adapter's GEMMs with cubecl's stream — can keep one of the GEMM's CTAs from an SM
@@ -372,7 +374,7 @@ impl Gpu {
     /// of 131 SMs, 1.14× (1.055× without the resident kernel). See docs/PERFORMANCE.md.
     ///
     /// `Some(n)` with `n` equal to the device's SM count is a target too: its plans are cached
-    /// apart and tuned entries are not applied to them; `None` is the default.
+    /// apart and only entries tuned under it apply; `None` is the default.
     ///
     /// # Errors
     /// [`Error::OutOfRange`] for 0 or more SMs than the device has (nothing changed);

@@ -66,7 +66,10 @@ impl Gpu {
         Ok(())
     }
 
-    /// Tunes the cuBLASLt algorithm for `p` on the given operands (on [`Gpu::stream`]).
+    /// Tunes the cuBLASLt algorithm for `p` on the given operands (on [`Gpu::stream`]), under
+    /// this `Gpu`'s SM count target ([`Gpu::set_sm_count_target`]): with a target set, the
+    /// candidates are planned and timed for that many SMs and the entry's signature ends in
+    /// ` sm<count>`, so that it serves only calls made under the same target.
     ///
     /// 1. Candidates: the heuristic's first `opts.candidates` algorithms for `p`, then those
     ///    it gives for the same GEMM without its epilogue and with smaller workspace limits
@@ -151,7 +154,10 @@ impl Gpu {
             extras.bias.map(|v| v.address),
             extras.aux.map(|v| v.address),
         );
-        let job = TuneJob { problem: p, key: PlanKey::of(p, cm, &ops, ws.matmul_bytes), ops, alpha, beta, ws, stream };
+        // under this Gpu's SM count target: candidates planned and timed for those SMs, the
+        // entry's signature ends in " sm<count>" so that only calls under that target use it
+        let key = PlanKey { sm_count: lt.sm_count, ..PlanKey::of(p, cm, &ops, ws.matmul_bytes) };
+        let job = TuneJob { problem: p, key, ops, alpha, beta, ws, stream };
         // SAFETY: validated above; the rest is the caller's contract.
         unsafe { autotune(lt, &job, opts) }
     }

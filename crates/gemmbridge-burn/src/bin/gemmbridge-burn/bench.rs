@@ -65,6 +65,11 @@ pub struct BenchArgs {
     /// (`gemmbridge_burn::set_sm_reserve`; 0: none). The raw columns use every SM.
     #[arg(long, default_value_t = 1)]
     sm_reserve: u32,
+    /// A tactic database (`gemmbridge tune`) for the adapter's GEMMs and the raw ones alike:
+    /// entries tuned on the whole GPU serve host-wait and raw calls, entries tuned with
+    /// `--sm-count-target` (the SM count less --sm-reserve) the device-ordered ones.
+    #[arg(long)]
+    db: Option<std::path::PathBuf>,
     /// Also time, per call, each step the adapter takes (output allocation, address lookups,
     /// cubecl sync, GEMM enqueue, GEMM wait, device-thread round trip, output drop) by running
     /// the same steps here with host timestamps: where the adapter's cost goes.
@@ -527,6 +532,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let dev = CudaDevice::default();
     let gpu = Gpu::new(dev.index).context("gemmbridge GPU")?;
     let sms = gpu.info().context("device query")?.sm_count as u32;
+    if let Some(path) = &args.db {
+        anyhow::ensure!(path.exists(), "--db {}: no such file", path.display());
+        let (db, warnings) = gemmbridge::cuda::tactics::TacticDb::load(path, &gpu.tactic_identity()?);
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+        println!("tactic database {}: {} entries", path.display(), db.entries.len());
+        gpu.load_tactics(&db);
+        gemmbridge_burn::load_tactics(&db);
+    }
     anyhow::ensure!(
         args.sm_reserve < sms,
         "--sm-reserve {} must be below the GPU's {sms} SMs (0 reserves none)",

@@ -68,7 +68,8 @@ impl PlanKey {
 /// The stable text signature of a plan key under the tactic database's bucketing rule
 /// ([`crate::cuda::tactics`]): the key of a cuBLASLt "gemm" entry. Unchanged since format 1: the engine looks tuned algorithms up by it.
 /// A key with an SM count target ends in ` sm<count>`, so that algorithms tuned on the whole
-/// GPU are not applied to it (tuning itself runs on the whole GPU).
+/// GPU are not applied to it, and those tuned under that target (tuning runs under the `Gpu`'s
+/// target) only to it.
 pub(crate) fn signature(key: &PlanKey) -> String {
     let c = &key.call;
     let sm = if key.sm_count > 0 { format!(" sm{}", key.sm_count) } else { String::new() };
