@@ -28,7 +28,7 @@ pub struct Args {
     /// with the i-th of `--ours` (take them alternately, on one warm machine).
     #[arg(long)]
     peer: String,
-    /// A row whose median ratio is below this is listed (default 0.97).
+    /// A row whose median ratio is below this is listed.
     #[arg(long, default_value_t = 0.97, allow_negative_numbers = true)]
     bound: f64,
 }

@@ -24,10 +24,13 @@ pub enum Action {
         /// Folder to write (created).
         #[arg(long)]
         dir: String,
+        /// Rows of x (M).
         #[arg(long, default_value_t = 512)]
         m: usize,
+        /// Rows of w (N).
         #[arg(long, default_value_t = 1024)]
         n: usize,
+        /// Columns of x and w (K).
         #[arg(long, default_value_t = 4096)]
         k: usize,
         /// Random seed (printed; a fresh one by default).

@@ -232,7 +232,7 @@ impl Figure {
         let runs = if n == 1 { "its one run".to_string() } else { format!("its {n} runs") };
         let _ = writeln!(
             s,
-            "\n(each side's median time over {runs}; the ratio is the median of the pairs' ratios, so it need not equal their quotient)"
+            "\n(each side's median time over {runs}; the ratio — PyTorch's time / gemmbridge's, above 1 gemmbridge is faster — is the median of the pairs' ratios, so it need not equal their quotient)"
         );
         Ok(Some(s))
     }
