@@ -2,9 +2,10 @@
 //! gemmbridge's own kernels, with their scales in the layout cuBLASLt reads. Reads
 //! validate → allocate → enqueue (the launch sequence is in the device layer, `fp8_cast.rs`).
 
+use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, DevicePtr};
 
-use super::device::{cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob, KernelSet};
+use super::device::{cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob, KernelSet, Kernels};
 use super::entry::same_context;
 use super::gpu::Gpu;
 use super::{library, status};
@@ -132,19 +133,34 @@ impl Gpu {
         scaling: Scaling,
     ) -> Result<Fp8Tensor> {
         let mut out = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
+        self.with_cast_job(src, &mut out, source, |kernels, job, stream| {
+            // SAFETY: `src` holds rows·cols elements (checked), `data` and `scales` were
+            // allocated for the layout; all on `stream`, a live stream of the bound context.
+            unsafe { enqueue_cast(kernels, job, stream) }
+        })?;
+        Ok(out)
+    }
+
+    /// Runs `f` with the FP8 kernels (compiled on first use) and the cast of `src` into `out`
+    /// (its format and layout) on [`Gpu::stream`], the context bound and the lock held; the
+    /// buffers' stream guards are held until `f` returns.
+    fn with_cast_job<T: Element, S: DevicePtr<T>, R>(
+        &self,
+        src: &S,
+        out: &mut Fp8Tensor,
+        source: Source,
+        f: impl FnOnce(&Kernels, &CastJob, CUstream) -> Result<R>,
+    ) -> Result<R> {
         self.device().bind()?;
         let s = self.stream();
         let mut st = self.lock();
         let kernels = st.dev.kernels(s.cu_stream(), KernelSet::Fp8)?;
+        let (format, layout) = (out.format, out.layout);
         let (x, _gx) = src.device_ptr(s);
         let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.data, s);
         let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.scales, s);
-        let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout: out.layout, data: q, scales: sc };
-        // SAFETY: `src` holds rows·cols elements (checked), `data` and `scales` were allocated
-        // for the layout; all on `s`, a live stream of the bound context.
-        unsafe { enqueue_cast(kernels, &job, s.cu_stream())? };
-        drop((_gx, _gq, _gs));
-        Ok(out)
+        let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout, data: q, scales: sc };
+        f(kernels, &job, s.cu_stream())
     }
 
     /// [`Gpu::quantize`]'s checks, then its output allocated (data not yet written).
@@ -221,39 +237,33 @@ impl Gpu {
             return Err(Error::OutOfRange { what: "reps", value: reps as u64, expected: "1 to 100,000".into() });
         }
         let mut out = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
-        self.device().bind()?;
         let s = self.stream();
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let ev = || self.context().new_event(flags).map_err(status::driver("cuEventCreate"));
         let (start, end) = (ev()?, ev()?);
-        let mut st = self.lock();
-        let kernels = st.dev.kernels(s.cu_stream(), KernelSet::Fp8)?;
-        let (x, _gx) = src.device_ptr(s);
-        let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.data, s);
-        let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.scales, s);
-        let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout: out.layout, data: q, scales: sc };
-        check_cast(&job)?;
-        // SAFETY: as in `quantize`.
-        let held = unsafe { prepare_cast(&job, s.cu_stream())? };
-        let (transposed, amax) = held.addresses();
-        let mut times = Vec::new();
-        for launch in cast_launches(&job, transposed, amax)? {
-            let run = |n: usize| -> Result<()> {
-                for _ in 0..n {
-                    // SAFETY: planned for this job and its scratch, held until the end.
-                    unsafe { launch_one(kernels, &launch, s.cu_stream())? };
-                }
-                Ok(())
-            };
-            run(2)?;
-            start.record(s).map_err(status::driver("cuEventRecord"))?;
-            run(reps)?;
-            end.record(s).map_err(status::driver("cuEventRecord"))?;
-            let ms = start.elapsed_ms(&end).map_err(status::driver("cuEventElapsedTime"))? as f64;
-            times.push((launch.kernel.clone(), ms / reps as f64, launch.bytes));
-        }
-        drop(held);
-        drop((_gx, _gq, _gs));
+        let times = self.with_cast_job(src, &mut out, source, |kernels, job, stream| {
+            check_cast(job)?;
+            // SAFETY: as in `quantize`.
+            let held = unsafe { prepare_cast(job, stream)? };
+            let (transposed, amax) = held.addresses();
+            let mut times = Vec::new();
+            for launch in cast_launches(job, transposed, amax)? {
+                let run = |n: usize| -> Result<()> {
+                    for _ in 0..n {
+                        // SAFETY: planned for this job and its scratch, held until the end.
+                        unsafe { launch_one(kernels, &launch, stream)? };
+                    }
+                    Ok(())
+                };
+                run(2)?;
+                start.record(s).map_err(status::driver("cuEventRecord"))?;
+                run(reps)?;
+                end.record(s).map_err(status::driver("cuEventRecord"))?;
+                let ms = start.elapsed_ms(&end).map_err(status::driver("cuEventElapsedTime"))? as f64;
+                times.push((launch.kernel.clone(), ms / reps as f64, launch.bytes));
+            }
+            Ok(times) // `held`'s scratch is freed in stream order after the launches
+        })?;
         s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
         Ok(times)
     }

@@ -72,7 +72,7 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64
         .chain(beta_reads_c.then_some((plan.c, r.abc.2)))
         .filter_map(|(copy, user)| copy.map(|c| (c, user)));
     for (c, user) in ins {
-        let pad = pad_copy_in(&c, user, base + c.offset as u64, esize(&c));
+        let pad = kernel_copy(&c, base + c.offset as u64, user, esize(&c), false);
         // SAFETY: validated user buffer; scratch sized by the plan; β ≠ 0 reads C.
         unsafe { enqueue_copy(st, &pad, r.stream, || copy_in_driver(&c, user, base, esize(&c), r.stream)) }?;
     }
@@ -87,7 +87,7 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64
     let served = unsafe { route(st, &aligned) }?;
     if let Some(c) = plan.c {
         let ours = base + c.offset as u64;
-        let back = pad_copy_out(&c, ours, r.abc.2, esize(&c));
+        let back = kernel_copy(&c, ours, r.abc.2, esize(&c), true);
         // SAFETY: the logical m×n of the staged C back into the caller's C.
         unsafe {
             enqueue_copy(st, &back, r.stream, || copy_pitched(&pitched(&c, ours, r.abc.2, esize(&c), true), r.stream))
@@ -120,41 +120,24 @@ unsafe fn enqueue_copy(
     driver()
 }
 
-/// The kernel copy of `c`'s source (the caller's buffer at `user`) into scratch at `ours`,
-/// the extended rows and columns zeroed (C's extra columns too: harmless, they are only
-/// written by the GEMM).
-fn pad_copy_in(c: &Copy, user: u64, ours: u64, esize: usize) -> PadCopy {
+/// The kernel copy of `c`'s logical elements between the caller's buffer at `user` and scratch
+/// at `ours`: in (`out` false), the copy's whole scratch extent written, the extended rows and
+/// columns as zeros (C's extra columns too: harmless, they are only written by the GEMM); out,
+/// the staged C's logical part back into the caller's.
+fn kernel_copy(c: &Copy, ours: u64, user: u64, esize: usize, out: bool) -> PadCopy {
     let (s, d) = (c.src, c.dst);
+    let ((src, from), (dst, to)) = if out { ((ours, d), (user, s)) } else { ((user, s), (ours, d)) };
     PadCopy {
-        src: user,
-        src_ld: s.ld,
-        src_slice: s.batch_stride,
-        dst: ours,
-        dst_ld: d.ld,
-        dst_slice: d.batch_stride,
+        src,
+        src_ld: from.ld,
+        src_slice: from.batch_stride,
+        dst,
+        dst_ld: to.ld,
+        dst_slice: to.batch_stride,
         rows: s.rows,
         cols: s.cols,
-        dst_rows: d.rows,
-        dst_cols: d.cols,
-        depth: c.depth,
-        esize,
-    }
-}
-
-/// The kernel copy of the staged C's logical part (scratch at `ours`) back to the caller's.
-fn pad_copy_out(c: &Copy, ours: u64, user: u64, esize: usize) -> PadCopy {
-    let (s, d) = (c.src, c.dst);
-    PadCopy {
-        src: ours,
-        src_ld: d.ld,
-        src_slice: d.batch_stride,
-        dst: user,
-        dst_ld: s.ld,
-        dst_slice: s.batch_stride,
-        rows: s.rows,
-        cols: s.cols,
-        dst_rows: s.rows,
-        dst_cols: s.cols,
+        dst_rows: to.rows,
+        dst_cols: to.cols,
         depth: c.depth,
         esize,
     }
@@ -211,4 +194,33 @@ unsafe fn copy_in_driver(
     }
     // SAFETY: the caller's contract.
     unsafe { copy_pitched(&pitched(c, ours, user, esize, false), stream) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GemmProblem, Precision};
+
+    /// The kernel's copies move the same elements as the driver's pitched copies they replace:
+    /// the same addresses, pitches, slices and logical extent; in, the kernel also writes the
+    /// scratch's extended rows and columns (the driver path's zero fills).
+    #[test]
+    fn kernel_copies_match_the_driver_copies() {
+        let al = 0x7f00_0000_0000u64;
+        let p = GemmProblem::matmul(64, 63, 65, Precision::BF16).unwrap().batched(3).unwrap();
+        let plan = pad::plan(&p, [al, al, al]).expect("K and N odd");
+        for c in [plan.a.unwrap(), plan.b.unwrap(), plan.c.unwrap()] {
+            let (ours, user, e) = (0x1000_0000, 0x2000_0000, 2);
+            for out in [false, true] {
+                let k = kernel_copy(&c, ours, user, e, out);
+                let d = pitched(&c, ours, user, e, out);
+                assert_eq!((k.src, k.dst), (d.src, d.dst), "{c:?} out {out}");
+                assert_eq!((k.src_ld * e, k.src_slice * e), (d.src_pitch, d.src_slice));
+                assert_eq!((k.dst_ld * e, k.dst_slice * e), (d.dst_pitch, d.dst_slice));
+                assert_eq!((k.cols * e, k.rows, k.depth), (d.width_bytes, d.height, d.depth));
+                let extent = if out { (c.src.rows, c.src.cols) } else { (c.dst.rows, c.dst.cols) };
+                assert_eq!((k.dst_rows, k.dst_cols), extent);
+            }
+        }
+    }
 }

@@ -6,17 +6,13 @@
 
 use cudarc::driver::sys::{self as drv, CUmemorytype, CUstream};
 
-use super::kernels::{arg, Kernels};
+use super::kernels::{arg, Kernels, GRID_X_MAX, GRID_Y_MAX};
 use crate::cuda::status;
 use crate::error::Result;
 
 /// Threads per CTA and elements per thread of `kernels/copy.cu` (its `THREADS`, `UNROLL`).
 const COPY_THREADS: usize = 256;
 const COPY_UNROLL: usize = 8;
-/// The most CTAs along a grid's y (the kernel loops over the rows beyond).
-const GRID_Y_MAX: usize = 65535;
-/// The most CTAs along a grid's x.
-const GRID_X_MAX: usize = (1 << 31) - 1;
 
 /// `depth` matrices of `rows × cols` elements of `esize` bytes copied into a destination of
 /// `dst_rows × dst_cols` per matrix (at least as large), everything beyond the source's
@@ -50,8 +46,9 @@ impl PadCopy {
             _ => return None,
         };
         let x = self.dst_cols.div_ceil(COPY_THREADS * COPY_UNROLL);
-        let y = self.dst_rows.checked_mul(self.depth)?.min(GRID_Y_MAX);
-        (x <= GRID_X_MAX).then_some((name, (x as u32, y as u32, 1)))
+        // more rows than a grid's y holds: the kernel loops over the rest
+        let y = self.dst_rows.checked_mul(self.depth)?.min(GRID_Y_MAX as usize);
+        (x as u64 <= GRID_X_MAX).then_some((name, (x as u32, y as u32, 1)))
     }
 }
 

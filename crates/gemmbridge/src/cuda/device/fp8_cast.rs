@@ -20,7 +20,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys::CUstream;
 
-use super::kernels::suffix;
+use super::kernels::{suffix, GRID_X_MAX, GRID_Y_MAX};
 use super::{Kernels, Scratch};
 use crate::cuda::status;
 use crate::dtype::DType;
@@ -80,9 +80,6 @@ pub(crate) struct CastScratch {
     pub zero_scales: bool,
 }
 
-/// CUDA's largest grid x dimension (2³¹ − 1); y and z stop at 65535.
-const GRID_X_MAX: u64 = i32::MAX as u64;
-
 fn ctas(units: u64, per_cta: u64) -> u32 {
     units.div_ceil(per_cta).clamp(1, MAX_CTAS) as u32
 }
@@ -124,7 +121,7 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
     if transposed != 0 {
         let grid = (
             grid_dim("CTAs of an FP8 transpose", (l.cols as u64).div_ceil(64), GRID_X_MAX)?,
-            grid_dim("rows of an FP8 transpose's grid", (l.rows as u64).div_ceil(64), 65535)?,
+            grid_dim("rows of an FP8 transpose's grid", (l.rows as u64).div_ceil(64), GRID_Y_MAX)?,
             1,
         );
         // transpose_T(const T* src, long rows, long cols, T* dst)
@@ -156,7 +153,7 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
             if job.source == Source::Transposed {
                 let grid = (
                     grid_dim("CTAs of an FP8 cast-transpose", (l.ld as u64).div_ceil(64), GRID_X_MAX)?,
-                    grid_dim("rows of an FP8 cast-transpose's grid", (l.rows_alloc as u64).div_ceil(64), 65535)?,
+                    grid_dim("rows of an FP8 cast-transpose's grid", (l.rows_alloc as u64).div_ceil(64), GRID_Y_MAX)?,
                     1,
                 );
                 out.push(Launch { kernel: name("cast_transpose"), grid, args, bytes });
@@ -199,7 +196,7 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
         Scaling::Block128x128 => {
             let grid = (
                 grid_dim("K blocks of a 128×128 FP8 cast", l.k_blocks() as u64, GRID_X_MAX)?,
-                grid_dim("row blocks of a 128×128 FP8 cast", (l.rows_alloc as u64).div_ceil(128), 65535)?,
+                grid_dim("row blocks of a 128×128 FP8 cast", (l.rows_alloc as u64).div_ceil(128), GRID_Y_MAX)?,
                 1,
             );
             // cast_blk128_T(x, rows, rows_alloc, cols, q, ld, scale, scale_ld, fmax, e5m2)

@@ -21,6 +21,11 @@ pub(crate) fn suffix(d: crate::dtype::DType) -> &'static str {
     }
 }
 
+/// CUDA's largest grid x dimension (2³¹ − 1), for every kernel of ours.
+pub(crate) const GRID_X_MAX: u64 = i32::MAX as u64;
+/// CUDA's largest grid y (and z) dimension.
+pub(crate) const GRID_Y_MAX: u64 = 65535;
+
 /// A kernel argument: the address of a local, as `cuLaunchKernel` takes it.
 pub(crate) fn arg<T>(v: &mut T) -> *mut c_void {
     v as *mut T as *mut c_void
