@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::RwLock;
 
-use common::{normal, poison, rng};
+use common::{gpu, normal, poison, rng};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use gemmbridge::conv::{reference, Conv2d, ConvActivation, ConvLayout};
 use gemmbridge::cuda::tactics::{Choice, Library, ProblemKind, TacticDb};
@@ -27,10 +27,6 @@ static CAPTURE: RwLock<()> = RwLock::new(());
 
 fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
     CAPTURE.read().unwrap_or_else(|p| p.into_inner())
-}
-
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
 }
 
 /// The test shapes (N, C, H, W, K, R, S) with their stride, padding, dilation and groups.

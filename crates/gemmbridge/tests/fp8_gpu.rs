@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{normal, rng};
+use common::{gpu, normal, rng};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use gemmbridge::cuda::{Fp8Options, Fp8Out, Fp8Tensor, Gpu};
 use gemmbridge::fp8::{dequantize, fp8_to_f32, quantize, Fp8Format, Fp8Rule, Quantized, Scaling, Source};
@@ -12,10 +12,6 @@ use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::rel_error;
 use gemmbridge::{Element, Error};
 use rand::Rng;
-
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
-}
 
 /// The capture test takes this exclusively, the others share it: another thread's first kernel
 /// launch or module load (CUDA's lazy loading synchronises the device) invalidates a capture.

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{cases, check, normal, operands, poison, rng, Case};
+use common::{cases, check, gpu, normal, operands, poison, rng, Case};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use gemmbridge::cuda::{Backend, Gpu, Padding, RawBuffer};
 use gemmbridge::half::{bf16, f16};
@@ -12,10 +12,6 @@ use gemmbridge::mapping::ColMajorCall;
 use gemmbridge::reference::rel_error;
 use gemmbridge::{Element, Error, GemmProblem, MatrixLayout, Op, Precision, Which};
 use rand::Rng;
-
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
-}
 
 fn upload<T: DeviceRepr>(gpu: &Gpu, v: &[T]) -> CudaSlice<T> {
     gpu.stream().clone_htod(v).expect("upload")

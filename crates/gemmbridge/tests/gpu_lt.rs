@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{normal, poison, rng, Case};
+use common::{gpu, normal, poison, rng, Case};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use gemmbridge::cuda::{Backend, Extras, Gpu, GraphReplay, Padding, RawBuffer, RawExtras, TuneOptions};
@@ -25,10 +25,6 @@ fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
 
 fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
     CAPTURE.write().unwrap_or_else(|p| p.into_inner())
-}
-
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
 }
 
 fn wide<T: Element>(v: &[T]) -> Vec<f64> {

@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{normal, poison, rng};
-use gemmbridge::cuda::{Backend, Extras, Gpu};
+use common::{gpu, normal, poison, rng};
+use gemmbridge::cuda::{Backend, Extras};
 use gemmbridge::half::bf16;
 use gemmbridge::reference::{gemm_epilogue_rowmajor, rel_error};
 use gemmbridge::{Element, Epilogue, Error, GemmProblem, Precision};
@@ -17,7 +17,7 @@ fn wide<T: Element>(v: &[T]) -> Vec<f64> {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemms_planned_for_fewer_sms_stay_correct() {
-    let gpu = Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)");
+    let gpu = gpu();
     let sms = gpu.info().unwrap().sm_count as u32;
     let s = gpu.stream().clone();
     let mut rng = rng();
@@ -83,7 +83,7 @@ fn tuning_under_a_target_makes_entries_for_that_target() {
     use cudarc::driver::{DevicePtr, DevicePtrMut};
     use gemmbridge::cuda::tactics::TacticDb;
     use gemmbridge::cuda::{RawBuffer, RawExtras, TuneOptions};
-    let gpu = Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)");
+    let gpu = gpu();
     let sms = gpu.info().unwrap().sm_count as u32;
     let s = gpu.stream().clone();
     let mut rng = rng();

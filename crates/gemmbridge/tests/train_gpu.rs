@@ -14,7 +14,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::{normal, rng};
+use common::{gpu, normal, rng};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use gemmbridge::cuda::train::Mlp;
 use gemmbridge::cuda::Gpu;
@@ -24,10 +24,6 @@ use gemmbridge::reference::rel_error;
 use gemmbridge::train::fp8::Fp8Training;
 use gemmbridge::train::{init_params, Activation, GradMode, LayerParams, LinearSpec, Params};
 use gemmbridge::{Element, Error, Precision};
-
-fn gpu() -> Gpu {
-    Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
-}
 
 /// One oracle case: layers, token count, dtype name and every tensor widened to f64.
 struct Case {

@@ -1,6 +1,14 @@
 //! Shared by the CPU and GPU test files: random inputs, problem cases, checks.
 #![allow(dead_code)]
 
+pub mod crash;
+
+/// Device 0, with the crash reporter installed (GPU tests only: they are `#[ignore]`d).
+pub fn gpu() -> gemmbridge::cuda::Gpu {
+    crash::install();
+    gemmbridge::cuda::Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
+}
+
 use gemmbridge::reference::{gemm_rowmajor, rel_error};
 use gemmbridge::{Element, GemmProblem, MatrixLayout, Op, Operand, Precision};
 use rand::rngs::StdRng;
