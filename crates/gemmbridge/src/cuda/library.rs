@@ -3,8 +3,56 @@
 //! gemmbridge builds without CUDA installed: cudarc loads `libcuda`, `libcublas` and friends
 //! when they are first used (its `dynamic-loading` feature). cudarc panics when a library is
 //! missing, so every entry point checks here first and returns a named error instead.
+//!
+//! The check loads the library once per process and keeps it loaded. cudarc's own
+//! `is_culib_present` opens and closes it on every call, and a close before cudarc's first real
+//! use unloads the library again after its initialisers ran — on threads racing through
+//! `Gpu::new`, a load/unload cycle of the driver, cuBLAS, cuDNN or NVRTC per thread; on the FP8
+//! path, a `dlopen`/`dlclose` pair per GEMM.
+
+use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
+
+/// The libraries gemmbridge loads, by cudarc's names for them.
+#[derive(Clone, Copy)]
+enum Lib {
+    Driver,
+    Cublas,
+    CublasLt,
+    Runtime,
+    Cudnn,
+    Nvrtc,
+}
+
+/// Whether one of cudarc's candidate file names for `lib` loads (tried in cudarc's order, so
+/// the file is the one cudarc will use). The first that loads is never unloaded; the answer is
+/// kept for the process.
+fn present(lib: Lib) -> bool {
+    static ANSWERS: [OnceLock<bool>; 6] = [const { OnceLock::new() }; 6];
+    let names: &[&str] = match lib {
+        Lib::Driver => &["cuda", "nvcuda"],
+        Lib::Cublas => &["cublas"],
+        Lib::CublasLt => &["cublasLt"],
+        Lib::Runtime => &["cudart"],
+        Lib::Cudnn => &["cudnn"],
+        Lib::Nvrtc => &["nvrtc"],
+    };
+    *ANSWERS[lib as usize].get_or_init(|| {
+        names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n)).any(|file| {
+            // SAFETY: loading runs the library's initialisers, as cudarc's own loading of the
+            // same file does; nothing in it is called here.
+            match unsafe { libloading::Library::new(&file) } {
+                Ok(lib) => {
+                    // kept loaded for the process: cudarc opens the same file on first use
+                    std::mem::forget(lib);
+                    true
+                }
+                Err(_) => false,
+            }
+        })
+    })
+}
 
 const HINT_DRIVER: &str = "install the NVIDIA driver (it provides libcuda.so.1); on a machine \
                            without a GPU use the CPU backend (gemmbridge::cpu)";
@@ -30,8 +78,7 @@ pub(crate) fn tried(name: &str) -> String {
 /// # Errors
 /// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
 pub fn ensure_driver() -> Result<()> {
-    // SAFETY: only tries to dlopen candidate file names; calls nothing in them.
-    if unsafe { cudarc::driver::sys::is_culib_present() } {
+    if present(Lib::Driver) {
         Ok(())
     } else {
         Err(Error::LibraryNotFound { library: "the CUDA driver (libcuda)", tried: tried("cuda"), hint: HINT_DRIVER })
@@ -43,8 +90,7 @@ pub fn ensure_driver() -> Result<()> {
 /// # Errors
 /// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
 pub fn ensure_cublas() -> Result<()> {
-    // SAFETY: as in ensure_driver.
-    if unsafe { cudarc::cublas::sys::is_culib_present() } {
+    if present(Lib::Cublas) {
         Ok(())
     } else {
         Err(Error::LibraryNotFound { library: "cuBLAS (libcublas)", tried: tried("cublas"), hint: HINT_TOOLKIT })
@@ -53,14 +99,12 @@ pub fn ensure_cublas() -> Result<()> {
 
 /// Whether cuBLASLt can be loaded.
 pub fn has_cublaslt() -> bool {
-    // SAFETY: as in ensure_driver.
-    unsafe { cudarc::cublaslt::sys::is_culib_present() }
+    present(Lib::CublasLt)
 }
 
 /// Whether the CUDA runtime (libcudart) can be loaded.
 pub fn has_runtime() -> bool {
-    // SAFETY: as in ensure_driver.
-    unsafe { cudarc::runtime::sys::is_culib_present() }
+    present(Lib::Runtime)
 }
 
 /// Checks that cuDNN (libcudnn, major version 9) can be loaded.
@@ -68,8 +112,7 @@ pub fn has_runtime() -> bool {
 /// # Errors
 /// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
 pub fn ensure_cudnn() -> Result<()> {
-    // SAFETY: as in ensure_driver.
-    if unsafe { cudarc::cudnn::sys::is_culib_present() } {
+    if present(Lib::Cudnn) {
         Ok(())
     } else {
         Err(Error::LibraryNotFound { library: "cuDNN (libcudnn)", tried: tried("cudnn"), hint: HINT_CUDNN })
@@ -81,8 +124,7 @@ pub fn ensure_cudnn() -> Result<()> {
 /// # Errors
 /// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
 pub fn ensure_nvrtc() -> Result<()> {
-    // SAFETY: as in ensure_driver.
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if present(Lib::Nvrtc) {
         Ok(())
     } else {
         Err(Error::LibraryNotFound { library: "NVRTC (libnvrtc)", tried: tried("nvrtc"), hint: HINT_TOOLKIT })

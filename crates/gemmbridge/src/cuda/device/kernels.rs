@@ -26,6 +26,12 @@ pub(crate) const GRID_X_MAX: u64 = i32::MAX as u64;
 /// CUDA's largest grid y (and z) dimension.
 pub(crate) const GRID_Y_MAX: u64 = 65535;
 
+/// The stack of the thread NVRTC compiles on. NVRTC's front end recurses deeply: CCCL measured
+/// 1.0–1.5 MiB for CUB's headers (NVIDIA/cccl pull request 10839), near the 2 MiB of a thread
+/// Rust spawns and above what some runtimes give their workers. Compiling on a thread of our
+/// own makes the caller's stack irrelevant; only the pages touched are committed.
+const NVRTC_STACK: usize = 64 << 20;
+
 /// A kernel argument: the address of a local, as `cuLaunchKernel` takes it.
 pub(crate) fn arg<T>(v: &mut T) -> *mut c_void {
     v as *mut T as *mut c_void
@@ -113,13 +119,20 @@ impl Kernels {
         library::ensure_nvrtc()?;
         let (source, name) = set.source();
         let opts = CompileOptions { arch: Some(set.arch(cc)), name: Some(name.into()), ..Default::default() };
-        let ptx = compile_ptx_with_opts(source, opts).map_err(|e| Error::Driver {
-            operation: "nvrtcCompileProgram",
-            status: match e {
-                CompileError::CompileError { nvrtc, log, .. } => format!("{nvrtc:?}: {}", log.to_string_lossy()),
-                other => format!("{other:?}"),
-            },
-        })?;
+        let failed = |status: String| Error::Driver { operation: "nvrtcCompileProgram", status };
+        let ptx = std::thread::Builder::new()
+            .name("gemmbridge-nvrtc".into())
+            .stack_size(NVRTC_STACK)
+            .spawn(move || compile_ptx_with_opts(source, opts))
+            .map_err(|e| failed(format!("could not start the compiling thread: {e}")))?
+            .join()
+            .map_err(|_| failed("the compiling thread panicked".into()))?
+            .map_err(|e| {
+                failed(match e {
+                    CompileError::CompileError { nvrtc, log, .. } => format!("{nvrtc:?}: {}", log.to_string_lossy()),
+                    other => format!("{other:?}"),
+                })
+            })?;
         let module = ctx.load_module(ptx).map_err(status::driver("cuModuleLoadData"))?;
         let mut functions = HashMap::new();
         let (kernels, suffixes) = set.kernels();
