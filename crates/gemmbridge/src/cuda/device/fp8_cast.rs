@@ -151,9 +151,15 @@ pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result
             ];
             let bytes = src_bytes + q_bytes + 4;
             if job.source == Source::Transposed {
+                // tiles of 64 output columns by 64 output rows (f32) or 128 (16-bit sources)
+                let tile_rows = if size == 4 { 64 } else { 128 };
                 let grid = (
                     grid_dim("CTAs of an FP8 cast-transpose", (l.ld as u64).div_ceil(64), GRID_X_MAX)?,
-                    grid_dim("rows of an FP8 cast-transpose's grid", (l.rows_alloc as u64).div_ceil(64), GRID_Y_MAX)?,
+                    grid_dim(
+                        "rows of an FP8 cast-transpose's grid",
+                        (l.rows_alloc as u64).div_ceil(tile_rows),
+                        GRID_Y_MAX,
+                    )?,
                     1,
                 );
                 out.push(Launch { kernel: name("cast_transpose"), grid, args, bytes });
@@ -371,11 +377,11 @@ mod tests {
         assert_eq!(kernel(8, 8200, DType::F16), "cast_rows_f16");
         assert_eq!(kernel(8, 4096, DType::F32), "cast_rows_short_f32");
         assert_eq!(kernel(8, 4100, DType::F32), "cast_rows_f32");
-        // cast-transpose: 64×64 tiles
-        for dtype in [DType::F32, DType::BF16] {
+        // cast-transpose: tiles of 64 output columns by 64 (f32) or 128 (16-bit) output rows
+        for (dtype, tile_rows) in [(DType::F32, 64), (DType::BF16, 128), (DType::F16, 128)] {
             let t = job(300, 1000, dtype, Source::Transposed, Scaling::Tensor);
             let grid = cast_launches(&t, 0, 0x5000).unwrap()[1].grid;
-            assert_eq!(grid, (t.layout.ld.div_ceil(64) as u32, t.layout.rows_alloc.div_ceil(64) as u32, 1));
+            assert_eq!(grid, (t.layout.ld.div_ceil(64) as u32, t.layout.rows_alloc.div_ceil(tile_rows) as u32, 1));
         }
         // transpose: 64×64 tiles
         let tr = job(300, 1000, DType::F16, Source::Transposed, Scaling::Row);

@@ -402,42 +402,82 @@ __device__ void cast_transpose_impl(const T* x, long rows, long rows_alloc, long
     }
 }
 
-// The same for 16-bit sources: the tile stays in shared memory as the raw 16-bit values,
-// two output rows to a 32-bit word (half the shared-memory traffic of floats), rows of 33
-// words, so that neither the source rows' stores nor the tile's column reads conflict (the
-// threads serving output columns 32-63 take the row pairs 8 rows away: their words then sit
-// in the banks the other half leaves free). Each thread converts two output rows of 8 columns.
+// 16 bytes: 8 values of a 16-bit type, or their raw 32-bit words.
+template <typename T>
+union Vec16 {
+    uint4 w;
+    T v[8];
+};
+
+// Loads 8 16-bit values of row-major [nrows, ncols] `p` at (row, col..col+8), zeros outside:
+// one 16-byte load where all are inside and the address is aligned.
+template <typename T>
+__device__ __forceinline__ Vec16<T> load_vec16(const T* base, long nrows, long ncols, long row, long col) {
+    Vec16<T> t;
+    const T* p = base + row * ncols + col;
+    if (row < nrows && col + 8 <= ncols && ((unsigned long)p & 15) == 0) {
+        t.w = *reinterpret_cast<const uint4*>(p);
+    } else {
+        t.w = make_uint4(0, 0, 0, 0);  // +0.0 in both formats
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (row < nrows && col + j < ncols) t.v[j] = p[j];
+        }
+    }
+    return t;
+}
+
+// The same for 16-bit sources, on tiles of 64 output columns by 128 output rows (16 KB of
+// source a CTA, as the f32 instance: with 8 KB tiles the 16-bit instance kept too few bytes in
+// flight and ran at 69-72 % of a copy). The tile stays in shared memory as the raw 16-bit
+// values, two output rows to a 32-bit word, rows of 65 words: one 16-byte load a thread per
+// source row chunk; threads 8-15 of each half-warp store their four words in the order
+// 2, 3, 0, 1 (else threads p and p + 8, 32 words apart, would share banks); the column reads
+// do not conflict (the threads serving output columns 32-63 take the word pairs 4 apart, in
+// the banks the other half leaves free). Each thread converts four output rows of 8 columns.
 template <typename T>
 __device__ void cast_transpose16_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
                                       const u32* amax, float* scale, float fmax, int e5m2) {
-    __shared__ u32 tile[64][33];  // tile[cc][w]: source (c0 + cc, r0 + 2w) low, (c0 + cc, r0 + 2w + 1) high
+    __shared__ u32 tile[64][65];  // tile[cc][w]: source (c0 + cc, r0 + 2w) low, (c0 + cc, r0 + 2w + 1) high
     float s, inv;
     scale_of(__uint_as_float(*amax), fmax, &s, &inv);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = s;
-    long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 64L;
-    int part = threadIdx.x % 16, first = threadIdx.x / 16;  // 4 values (8 bytes) a load
-    Vec8<T> t[4];
+    long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 128L;
+    int part = threadIdx.x % 16, first = threadIdx.x / 16;  // 8 values (16 bytes) a load
+    Vec16<T> t[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) t[i] = load_vec8(x, cols, rows, c0 + first + 16 * i, r0 + part * 4);
+    for (int i = 0; i < 4; i++) t[i] = load_vec16(x, cols, rows, c0 + first + 16 * i, r0 + part * 8);
+    const bool swap = part >= 8;
+    const int o = swap ? 2 : 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {  // all four loads issued before the first store
-        tile[first + 16 * i][part * 2] = (u32)t[i].v[0].b | ((u32)t[i].v[1].b << 16);
-        tile[first + 16 * i][part * 2 + 1] = (u32)t[i].v[2].b | ((u32)t[i].v[3].b << 16);
+        u32* row = &tile[first + 16 * i][part * 4];
+        u32 a = swap ? t[i].w.z : t[i].w.x, b = swap ? t[i].w.w : t[i].w.y;
+        u32 c = swap ? t[i].w.x : t[i].w.z, d = swap ? t[i].w.y : t[i].w.w;
+        row[o] = a;
+        row[o + 1] = b;
+        row[o ^ 2] = c;
+        row[(o ^ 2) + 1] = d;
     }
     __syncthreads();
-    int cg = threadIdx.x % 8, pair = (threadIdx.x / 8) ^ (cg >= 4 ? 4 : 0);
-    float lo[8], hi[8];
+    int cg = threadIdx.x % 8, base = (threadIdx.x / 8) ^ (cg >= 4 ? 4 : 0);
+    long c = c0 + cg * 8;
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float v[2];
-        unpack2(tile[cg * 8 + j][pair], T(), v);
-        lo[j] = v[0];
-        hi[j] = v[1];
-    }
-    long r = r0 + 2 * pair, c = c0 + cg * 8;
-    if (c < ld) {
-        if (r < rows_alloc) store8(q + r * ld + c, lo, inv, e5m2);
-        if (r + 1 < rows_alloc) store8(q + (r + 1) * ld + c, hi, inv, e5m2);
+    for (int h = 0; h < 2; h++) {
+        int pair = base + 32 * h;
+        float lo[8], hi[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float v[2];
+            unpack2(tile[cg * 8 + j][pair], T(), v);
+            lo[j] = v[0];
+            hi[j] = v[1];
+        }
+        long r = r0 + 2 * pair;
+        if (c < ld) {
+            if (r < rows_alloc) store8(q + r * ld + c, lo, inv, e5m2);
+            if (r + 1 < rows_alloc) store8(q + (r + 1) * ld + c, hi, inv, e5m2);
+        }
     }
 }
 
@@ -511,7 +551,7 @@ __device__ __forceinline__ void cast_transpose_any(const T* x, long rows, long r
                                                     float fmax, int e5m2) {                               \
         cast_blk128_impl(x, rows, rows_alloc, cols, q, ld, scale, scale_ld, fmax, e5m2);                 \
     }                                                                                                     \
-    extern "C" __global__ void cast_transpose_##SUFFIX(const T* x, long rows, long rows_alloc,           \
+    extern "C" __global__ void __launch_bounds__(256, 6) cast_transpose_##SUFFIX(const T* x, long rows, long rows_alloc,           \
                                                        long cols, u8* q, long ld, const u32* amax,        \
                                                        float* scale, float fmax, int e5m2) {              \
         cast_transpose_any(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2);                   \
