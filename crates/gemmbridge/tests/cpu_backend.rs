@@ -199,3 +199,41 @@ fn outputs_side_by_side_in_each_row() {
         }
     }
 }
+
+/// The GPU tests' crash reporter (`common/crash.rs`): the child below, run as a subprocess of
+/// this test executable, reports a fault and still ends with SIGSEGV; a SIGSEGV sent to it
+/// (not a fault) is not swallowed either.
+#[cfg(all(target_os = "linux", target_env = "gnu", target_arch = "x86_64"))]
+#[test]
+fn crash_reporter_reports_and_still_ends_the_process() {
+    use std::os::unix::process::ExitStatusExt;
+    for how in ["fault", "raise"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "crash_reporter_child", "--include-ignored", "--nocapture"])
+            .env("GEMMBRIDGE_CRASH_CHILD", how)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(11), "{how}: {:?}\n{err}", out.status);
+        assert!(err.contains("=== crash reporter: SIGSEGV") && err.contains("=== end of crash report"), "{how}: {err}");
+        assert!(err.contains("--- /proc/self/maps"), "{how}: {err}");
+    }
+}
+
+#[test]
+#[ignore = "a child process of crash_reporter_reports_and_still_ends_the_process"]
+fn crash_reporter_child() {
+    common::crash::install();
+    match std::env::var("GEMMBRIDGE_CRASH_CHILD").as_deref() {
+        Ok("fault") => {
+            // SAFETY: deliberately not: address 16 is never mapped, and the fault is the test
+            let v = unsafe { std::ptr::read_volatile(std::hint::black_box(16usize) as *const u64) };
+            println!("{v}");
+        }
+        // SAFETY: raising a signal in this process.
+        Ok("raise") => unsafe {
+            libc::raise(libc::SIGSEGV);
+        },
+        _ => {}
+    }
+}

@@ -72,7 +72,11 @@ fn kernels_match<T: Element + DeviceRepr>(gpu: &Gpu, rng: &mut rand::rngs::StdRn
     // 2050 × 2100 is larger than one pass of the grid-stride kernels (1056 CTAs), so their
     // loops run more than once; 5 × 17000 has rows longer than the row-wise kernels keep in
     // registers (their second read of the row) and picks the long-row instance
-    for (rows, cols) in [(1, 1), (3, 130), (70, 200), (129, 257), (256, 384), (33, 8), (2050, 2100), (5, 17000)] {
+    // 136 × 72: a transposed 16-bit source whose rows take the cast-transpose's 16-byte loads,
+    // on a partial tile of 128 output rows
+    for (rows, cols) in
+        [(1, 1), (3, 130), (70, 200), (129, 257), (256, 384), (136, 72), (33, 8), (2050, 2100), (5, 17000)]
+    {
         let mut host: Vec<T> = spread(rng, rows, cols);
         if rows * cols > 100 {
             host[17] = T::from_f32(1e30); // saturates in f32 sources; inf in the half types

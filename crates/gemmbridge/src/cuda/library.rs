@@ -4,13 +4,13 @@
 //! when they are first used (its `dynamic-loading` feature). cudarc panics when a library is
 //! missing, so every entry point checks here first and returns a named error instead.
 //!
-//! The check loads the library once per process and keeps it loaded. cudarc's own
+//! The check keeps a library it found loaded for the process. cudarc's own
 //! `is_culib_present` opens and closes it on every call, and a close before cudarc's first real
 //! use unloads the library again after its initialisers ran — on threads racing through
 //! `Gpu::new`, a load/unload cycle of the driver, cuBLAS, cuDNN or NVRTC per thread; on the FP8
 //! path, a `dlopen`/`dlclose` pair per GEMM.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{Error, Result};
 
@@ -26,10 +26,14 @@ enum Lib {
 }
 
 /// Whether one of cudarc's candidate file names for `lib` loads (tried in cudarc's order, so
-/// the file is the one cudarc will use). The first that loads is never unloaded; the answer is
-/// kept for the process.
+/// the file is the one cudarc will use). The first that loads is never unloaded, and a found
+/// library is not looked for again; a missing one is, on every call (it may be loaded later
+/// by something else in the process).
 fn present(lib: Lib) -> bool {
-    static ANSWERS: [OnceLock<bool>; 6] = [const { OnceLock::new() }; 6];
+    static FOUND: [AtomicBool; 6] = [const { AtomicBool::new(false) }; 6];
+    if FOUND[lib as usize].load(Ordering::Acquire) {
+        return true;
+    }
     let names: &[&str] = match lib {
         Lib::Driver => &["cuda", "nvcuda"],
         Lib::Cublas => &["cublas"],
@@ -38,20 +42,23 @@ fn present(lib: Lib) -> bool {
         Lib::Cudnn => &["cudnn"],
         Lib::Nvrtc => &["nvrtc"],
     };
-    *ANSWERS[lib as usize].get_or_init(|| {
-        names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n)).any(|file| {
-            // SAFETY: loading runs the library's initialisers, as cudarc's own loading of the
-            // same file does; nothing in it is called here.
-            match unsafe { libloading::Library::new(&file) } {
-                Ok(lib) => {
-                    // kept loaded for the process: cudarc opens the same file on first use
-                    std::mem::forget(lib);
-                    true
-                }
-                Err(_) => false,
+    let found = names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n)).any(|file| {
+        // SAFETY: loading runs the library's initialisers, as cudarc's own loading of the same
+        // file does; nothing in it is called here.
+        match unsafe { libloading::Library::new(&file) } {
+            Ok(lib) => {
+                // kept loaded for the process: cudarc opens the same file on first use (two
+                // threads racing here only add one reference each)
+                std::mem::forget(lib);
+                true
             }
-        })
-    })
+            Err(_) => false,
+        }
+    });
+    if found {
+        FOUND[lib as usize].store(true, Ordering::Release);
+    }
+    found
 }
 
 const HINT_DRIVER: &str = "install the NVIDIA driver (it provides libcuda.so.1); on a machine \

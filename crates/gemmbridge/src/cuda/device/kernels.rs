@@ -124,9 +124,16 @@ impl Kernels {
             .name("gemmbridge-nvrtc".into())
             .stack_size(NVRTC_STACK)
             .spawn(move || compile_ptx_with_opts(source, opts))
-            .map_err(|e| failed(format!("could not start the compiling thread: {e}")))?
+            .map_err(|e| Error::Driver { operation: "std::thread::spawn (NVRTC's thread)", status: e.to_string() })?
             .join()
-            .map_err(|_| failed("the compiling thread panicked".into()))?
+            .map_err(|panic| {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                failed(format!("the compiling thread panicked: {why}"))
+            })?
             .map_err(|e| {
                 failed(match e {
                     CompileError::CompileError { nvrtc, log, .. } => format!("{nvrtc:?}: {}", log.to_string_lossy()),
