@@ -427,30 +427,6 @@ __device__ __forceinline__ Vec16<T> load_vec16(const T* base, long nrows, long n
     return t;
 }
 
-// One 16-bit tile of the transposes below into shared memory: tile[cc][w] holds source
-// (c0 + cc, r0 + 2w) in its low half and (c0 + cc, r0 + 2w + 1) in its high half (zeros
-// outside the [cols, rows] source); returns after the block's barrier.
-template <typename T>
-__device__ __forceinline__ void load_tile16(u32 (*tile)[65], const T* x, long rows, long cols, long c0, long r0) {
-    int part = threadIdx.x % 16, first = threadIdx.x / 16;  // 8 values (16 bytes) a load
-    Vec16<T> t[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) t[i] = load_vec16(x, cols, rows, c0 + first + 16 * i, r0 + part * 8);
-    const bool swap = part >= 8;
-    const int o = swap ? 2 : 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {  // all four loads issued before the first store
-        u32* row = &tile[first + 16 * i][part * 4];
-        u32 a = swap ? t[i].w.z : t[i].w.x, b = swap ? t[i].w.w : t[i].w.y;
-        u32 c = swap ? t[i].w.x : t[i].w.z, d = swap ? t[i].w.y : t[i].w.w;
-        row[o] = a;
-        row[o + 1] = b;
-        row[o ^ 2] = c;
-        row[(o ^ 2) + 1] = d;
-    }
-    __syncthreads();
-}
-
 // The same for 16-bit sources, on tiles of 64 output columns by 128 output rows (16 KB of
 // source a CTA, as the f32 instance: with 8 KB tiles the 16-bit instance kept too few bytes in
 // flight and ran at 69-72 % of a copy). The tile stays in shared memory as the raw 16-bit
@@ -470,7 +446,23 @@ __device__ void cast_transpose16_impl(const T* x, long rows, long rows_alloc, lo
     scale_of(__uint_as_float(*amax), fmax, &s, &inv);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale[0] = s;
     long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 128L;
-    load_tile16(tile, x, rows, cols, c0, r0);
+    int part = threadIdx.x % 16, first = threadIdx.x / 16;  // 8 values (16 bytes) a load
+    Vec16<T> t[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) t[i] = load_vec16(x, cols, rows, c0 + first + 16 * i, r0 + part * 8);
+    const bool swap = part >= 8;
+    const int o = swap ? 2 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {  // all four loads issued before the first store
+        u32* row = &tile[first + 16 * i][part * 4];
+        u32 a = swap ? t[i].w.z : t[i].w.x, b = swap ? t[i].w.w : t[i].w.y;
+        u32 c = swap ? t[i].w.x : t[i].w.z, d = swap ? t[i].w.y : t[i].w.w;
+        row[o] = a;
+        row[o + 1] = b;
+        row[o ^ 2] = c;
+        row[(o ^ 2) + 1] = d;
+    }
+    __syncthreads();
     int cg = threadIdx.x % 8, base = (threadIdx.x / 8) ^ (cg >= 4 ? 4 : 0);
     long c = c0 + cg * 8;
 #pragma unroll
@@ -527,54 +519,6 @@ __device__ void transpose_impl(const T* src, long rows, long cols, T* dst) {
     }
 }
 
-// The 16-bit transpose on the same 64 x 128 tiles as cast_transpose16_impl (the 64 x 64 tile of
-// transpose_impl kept 8 KB in flight per CTA: 75-77 % of a copy): dst[r, c] = src[c, r] for a
-// [cols, rows] source, each thread writing two output rows of 8 values, one 16-byte store each
-// where inside and aligned; grid (cols/64, rows/128).
-template <typename T>
-__device__ void transpose16_impl(const T* src, long rows, long cols, T* dst) {
-    __shared__ u32 tile[64][65];
-    long c0 = blockIdx.x * 64L, r0 = blockIdx.y * 128L;
-    load_tile16(tile, src, rows, cols, c0, r0);
-    int cg = threadIdx.x % 8, base = (threadIdx.x / 8) ^ (cg >= 4 ? 4 : 0);
-    long c = c0 + cg * 8;
-    if (c >= cols) return;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int pair = base + 32 * h;
-        u32 w[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) w[j] = tile[cg * 8 + j][pair];
-        // row r0 + 2·pair takes the low halves, the next row the high ones
-        uint4 lo = make_uint4(__byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410),
-                              __byte_perm(w[4], w[5], 0x5410), __byte_perm(w[6], w[7], 0x5410));
-        uint4 hi = make_uint4(__byte_perm(w[0], w[1], 0x7632), __byte_perm(w[2], w[3], 0x7632),
-                              __byte_perm(w[4], w[5], 0x7632), __byte_perm(w[6], w[7], 0x7632));
-        long r = r0 + 2 * pair;
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            if (r + k >= rows) break;
-            u16* p = reinterpret_cast<u16*>(dst) + (r + k) * cols + c;
-            uint4 v = k == 0 ? lo : hi;
-            if (c + 8 <= cols && ((unsigned long)p & 15) == 0) {
-                *reinterpret_cast<uint4*>(p) = v;
-            } else {
-                u32 vw[4] = {v.x, v.y, v.z, v.w};
-                for (int j = 0; j < 8 && c + j < cols; j++) p[j] = (u16)(vw[j / 2] >> (16 * (j % 2)));
-            }
-        }
-    }
-}
-
-// Which transpose a source type takes: 64 x 64 float tiles for f32, the 16-bit one otherwise.
-__device__ __forceinline__ void transpose_any(const float* src, long rows, long cols, float* dst) {
-    transpose_impl(src, rows, cols, dst);
-}
-template <typename T>
-__device__ __forceinline__ void transpose_any(const T* src, long rows, long cols, T* dst) {
-    transpose16_impl(src, rows, cols, dst);
-}
-
 // Which cast-transpose a source type takes: the float tile for f32, the 16-bit one otherwise.
 __device__ __forceinline__ void cast_transpose_any(const float* x, long rows, long rows_alloc, long cols, u8* q,
                                                    long ld, const u32* amax, float* scale, float fmax, int e5m2) {
@@ -586,7 +530,7 @@ __device__ __forceinline__ void cast_transpose_any(const T* x, long rows, long r
     cast_transpose16_impl(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2);
 }
 
-#define GB_INSTANTIATE(T, SUFFIX, BLK_CTAS, TR_BOUNDS)                                                            \
+#define GB_INSTANTIATE(T, SUFFIX, BLK_CTAS)                                                              \
     extern "C" __global__ void amax_##SUFFIX(const T* x, long n, u32* out) { amax_impl(x, n, out); }    \
     extern "C" __global__ void cast_tensor_##SUFFIX(const T* x, long rows, long rows_alloc, long cols,   \
                                                     u8* q, long ld, const u32* amax, float* scale,        \
@@ -615,17 +559,13 @@ __device__ __forceinline__ void cast_transpose_any(const T* x, long rows, long r
                                                        float* scale, float fmax, int e5m2) {              \
         cast_transpose_any(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2);                   \
     }                                                                                                     \
-    extern "C" __global__ void TR_BOUNDS transpose_##SUFFIX(const T* src, long rows, long cols, T* dst) { \
-        transpose_any(src, rows, cols, dst);                                                              \
+    extern "C" __global__ void transpose_##SUFFIX(const T* src, long rows, long cols, T* dst) {          \
+        transpose_impl(src, rows, cols, dst);                                                             \
     }
 
-// The last two arguments: CTAs of cast_blk128 that must fit on an SM at once (registers capped
-// to match): 4 for the 16-bit types (8 cached chunks a thread), whose loads then overlap more
-// CTAs' conversions; f32's 16 cached chunks need more registers than 4 CTAs allow. And the
-// transpose's launch bounds: none for f32 (its 64 x 64 tiles take 30 registers, 8 CTAs an SM;
-// any bound made ptxas take 38-40 or, capped at 32, spill), 6 CTAs an SM for the 16-bit
-// 64 x 128 tiles (40 registers, 48 uncapped).
-#define GB_TR_16 __launch_bounds__(256, 6)
-GB_INSTANTIATE(float, f32, 1, )
-GB_INSTANTIATE(F16, f16, 4, GB_TR_16)
-GB_INSTANTIATE(BF16, bf16, 4, GB_TR_16)
+// The last argument: CTAs of cast_blk128 that must fit on an SM at once (registers capped to
+// match): 4 for the 16-bit types (8 cached chunks a thread), whose loads then overlap more
+// CTAs' conversions; f32's 16 cached chunks need more registers than 4 CTAs allow.
+GB_INSTANTIATE(float, f32, 1)
+GB_INSTANTIATE(F16, f16, 4)
+GB_INSTANTIATE(BF16, bf16, 4)
