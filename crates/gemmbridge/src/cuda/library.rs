@@ -25,6 +25,20 @@ enum Lib {
     Nvrtc,
 }
 
+impl Lib {
+    /// cudarc's names for the library (`get_lib_name_candidates` makes the file names).
+    const fn names(self) -> &'static [&'static str] {
+        match self {
+            Lib::Driver => &["cuda", "nvcuda"],
+            Lib::Cublas => &["cublas"],
+            Lib::CublasLt => &["cublasLt"],
+            Lib::Runtime => &["cudart"],
+            Lib::Cudnn => &["cudnn"],
+            Lib::Nvrtc => &["nvrtc"],
+        }
+    }
+}
+
 /// Whether one of cudarc's candidate file names for `lib` loads (tried in cudarc's order, so
 /// the file is the one cudarc will use). The first that loads is never unloaded, and a found
 /// library is not looked for again; a missing one is, on every call (it may be loaded later
@@ -34,15 +48,7 @@ fn present(lib: Lib) -> bool {
     if FOUND[lib as usize].load(Ordering::Acquire) {
         return true;
     }
-    let names: &[&str] = match lib {
-        Lib::Driver => &["cuda", "nvcuda"],
-        Lib::Cublas => &["cublas"],
-        Lib::CublasLt => &["cublasLt"],
-        Lib::Runtime => &["cudart"],
-        Lib::Cudnn => &["cudnn"],
-        Lib::Nvrtc => &["nvrtc"],
-    };
-    let found = names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n)).any(|file| {
+    let found = lib.names().iter().flat_map(|n| cudarc::get_lib_name_candidates(n)).any(|file| {
         // SAFETY: loading runs the library's initialisers, as cudarc's own loading of the same
         // file does; nothing in it is called here.
         match unsafe { libloading::Library::new(&file) } {
@@ -80,16 +86,22 @@ pub(crate) fn tried(name: &str) -> String {
     seen.join(", ")
 }
 
+/// `Ok` where `lib` loads, else [`Error::LibraryNotFound`] naming it as `library`, the files
+/// tried (for its first name) and `hint`.
+fn ensure(lib: Lib, library: &'static str, hint: &'static str) -> Result<()> {
+    if present(lib) {
+        Ok(())
+    } else {
+        Err(Error::LibraryNotFound { library, tried: tried(lib.names()[0]), hint })
+    }
+}
+
 /// Checks that the CUDA driver library can be loaded.
 ///
 /// # Errors
 /// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
 pub fn ensure_driver() -> Result<()> {
-    if present(Lib::Driver) {
-        Ok(())
-    } else {
-        Err(Error::LibraryNotFound { library: "the CUDA driver (libcuda)", tried: tried("cuda"), hint: HINT_DRIVER })
-    }
+    ensure(Lib::Driver, "the CUDA driver (libcuda)", HINT_DRIVER)
 }
 
 /// Checks that cuBLAS can be loaded.
@@ -97,11 +109,7 @@ pub fn ensure_driver() -> Result<()> {
 /// # Errors
 /// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
 pub fn ensure_cublas() -> Result<()> {
-    if present(Lib::Cublas) {
-        Ok(())
-    } else {
-        Err(Error::LibraryNotFound { library: "cuBLAS (libcublas)", tried: tried("cublas"), hint: HINT_TOOLKIT })
-    }
+    ensure(Lib::Cublas, "cuBLAS (libcublas)", HINT_TOOLKIT)
 }
 
 /// Whether cuBLASLt can be loaded.
@@ -119,11 +127,7 @@ pub fn has_runtime() -> bool {
 /// # Errors
 /// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
 pub fn ensure_cudnn() -> Result<()> {
-    if present(Lib::Cudnn) {
-        Ok(())
-    } else {
-        Err(Error::LibraryNotFound { library: "cuDNN (libcudnn)", tried: tried("cudnn"), hint: HINT_CUDNN })
-    }
+    ensure(Lib::Cudnn, "cuDNN (libcudnn)", HINT_CUDNN)
 }
 
 /// Checks that NVRTC (libnvrtc), which compiles gemmbridge's own kernels, can be loaded.
@@ -131,9 +135,5 @@ pub fn ensure_cudnn() -> Result<()> {
 /// # Errors
 /// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
 pub fn ensure_nvrtc() -> Result<()> {
-    if present(Lib::Nvrtc) {
-        Ok(())
-    } else {
-        Err(Error::LibraryNotFound { library: "NVRTC (libnvrtc)", tried: tried("nvrtc"), hint: HINT_TOOLKIT })
-    }
+    ensure(Lib::Nvrtc, "NVRTC (libnvrtc)", HINT_TOOLKIT)
 }
