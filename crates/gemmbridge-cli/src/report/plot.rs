@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::Context;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -22,6 +23,21 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
 ];
+
+/// A chart of the plots: bars over `0..n` rows, ratios up the y axis.
+type Chart<'a> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A legend entry's colour box at `(x, y)`.
+fn legend_box(x: i32, y: i32, colour: RGBColor) -> Rectangle<(i32, i32)> {
+    Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled())
+}
+
+/// The line at 1 across the `n` rows, then the legend at `position`.
+fn unity_and_legend(chart: &mut Chart<'_>, n: usize, position: SeriesLabelPosition) -> anyhow::Result<()> {
+    chart.draw_series(LineSeries::new([(0.0, 1.0), (n as f64, 1.0)], BLACK.stroke_width(1)))?;
+    chart.configure_series_labels().position(position).border_style(BLACK).background_style(WHITE.mix(0.9)).draw()?;
+    Ok(())
+}
 
 /// The figure's plot: every row's median ratio as a bar, the line at 1; one colour per group
 /// (dtype and op) where there are at most ten groups, else one per dtype, named in the legend.
@@ -56,18 +72,9 @@ pub fn figure(fig: &Figure, rows: &[Kept], path: &Path) -> anyhow::Result<()> {
             .enumerate()
             .filter(|(_, r)| name(r) == *entry)
             .map(move |(i, r)| Rectangle::new([(i as f64 + 0.1, 0.0), (i as f64 + 0.9, r.2)], colour.filled()));
-        chart
-            .draw_series(bars)?
-            .label(entry.as_str())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
+        chart.draw_series(bars)?.label(entry.as_str()).legend(move |(x, y)| legend_box(x, y, colour));
     }
-    chart.draw_series(LineSeries::new([(0.0, 1.0), (rows.len() as f64, 1.0)], BLACK.stroke_width(1)))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.9))
-        .draw()?;
+    unity_and_legend(&mut chart, rows.len(), SeriesLabelPosition::UpperLeft)?;
     root.present().with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
@@ -93,18 +100,9 @@ pub fn grouped(plot: &Plot, rows: &[(String, Vec<Option<f64>>)], path: &Path) ->
             let x = i as f64 + 0.1 + c as f64 * width;
             v[c].map(|y| Rectangle::new([(x, 0.0), (x + width, y)], colour.filled()))
         });
-        chart
-            .draw_series(bars)?
-            .label(header.as_str())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
+        chart.draw_series(bars)?.label(header.as_str()).legend(move |(x, y)| legend_box(x, y, colour));
     }
-    chart.draw_series(LineSeries::new([(0.0, 1.0), (rows.len() as f64, 1.0)], BLACK.stroke_width(1)))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.9))
-        .draw()?;
+    unity_and_legend(&mut chart, rows.len(), SeriesLabelPosition::UpperRight)?;
     let style = ("sans-serif", 10).into_font().color(&BLACK).pos(Pos::new(HPos::Center, VPos::Top));
     for (i, (name, _)) in rows.iter().enumerate() {
         let (x, y) = chart.backend_coord(&(i as f64 + 0.5, 0.0));
