@@ -436,7 +436,7 @@ __device__ __forceinline__ Vec16<T> load_vec16(const T* base, long nrows, long n
 // do not conflict (the threads serving output columns 32-63 take the word pairs 4 apart, in
 // the banks the other half leaves free). Each thread converts four output rows of 8 columns.
 // Launched with __launch_bounds__(256, 6): 40 registers (48 without), 6 CTAs an SM on the
-// H200 (96 KB of source in flight); the f32 instance, under the same bounds, keeps its 38.
+// H200 (96 KB of source in flight); the f32 instance takes 38 under the same bounds (37 without).
 // (GPUs with about 100 KB of shared memory an SM, sm_89 and sm_120, hold 5 such tiles.)
 template <typename T>
 __device__ void cast_transpose16_impl(const T* x, long rows, long rows_alloc, long cols, u8* q, long ld,
