@@ -70,8 +70,13 @@ def main():
     ap.add_argument("--layouts", default="nhwc,nchw")
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="idle GPU time before each row's warm-up, ms (as gemmbridge bench --gap-ms)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if not 0 <= a.gap_ms <= 60_000:  # (NaN fails both comparisons)
+        ap.error(f"--gap-ms {a.gap_ms} is not between 0 and 60000 (milliseconds)")
+    peer.GAP_MS = a.gap_ms
     dtypes = peer.split_list("--dtypes", a.dtypes, DTYPES)
     ops = peer.split_list("--ops", a.ops, OPS)
     layouts = peer.split_list("--layouts", a.layouts, ["nhwc", "nchw"])
@@ -83,7 +88,7 @@ def main():
     out = open(a.out, "w") if a.out else sys.stdout
     env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
                cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(0), reps=a.reps,
-               cudnn_benchmark=True)
+               cudnn_benchmark=True, gap_ms=a.gap_ms)
     print(json.dumps(env), file=out, flush=True)
     for dtype in dtypes:
         torch.backends.cudnn.allow_tf32 = dtype == "tf32"

@@ -34,7 +34,9 @@ and the exit status is then 1.
 
 Timing: each sample times `inner` back-to-back calls between two CUDA events, `inner`
 chosen so that a sample spans about 1 ms (1 to 1000 calls); --reps samples; median and
-minimum per call. Inputs are drawn with torch.randn on the GPU (never zeros) and rotated
+minimum per call. With --gap-ms G, the GPU is drained and left idle for G ms before each
+row's warm-up, so every row starts from the same idle state (gemmbridge bench --gap-ms G
+does the same; the env row records it). Inputs are drawn with torch.randn on the GPU (never zeros) and rotated
 across up to 8 buffer sets within 512 MiB (FP8 operands count 1 byte an element), drawn
 afresh for every row, so that repeated calls do not all hit L2.
 
@@ -116,6 +118,8 @@ FP8_MULTIPLE = 16  # _scaled_mm needs m, n and k multiples of 16
 
 WARMUP = 5
 SAMPLE_MS = 1.0
+# idle GPU before each row's warm-up, ms (--gap-ms; gemmbridge bench's --gap-ms does the same)
+GAP_MS = 0.0
 ROTATION_BYTES = 512 << 20
 ROTATION_MAX = 8
 LAUNCH_BATCH = 256
@@ -274,10 +278,15 @@ class Clock:
         return (time.perf_counter() - t) * 1e3
 
 
-def time_fn(fn, clock, reps, warmup=WARMUP, sample_ms=SAMPLE_MS, check=None):
-    """Median and minimum time per call, ms: `warmup` calls, one timed call to size a
-    sample, then `reps` samples of `inner` back-to-back calls (~`sample_ms` each).
-    `check`, if given, is called with the first warm-up call's result."""
+def time_fn(fn, clock, reps, warmup=WARMUP, sample_ms=SAMPLE_MS, check=None, gap_ms=None):
+    """Median and minimum time per call, ms: `gap_ms` (default GAP_MS) of idle GPU, `warmup`
+    calls, one timed call to size a sample, then `reps` samples of `inner` back-to-back
+    calls (~`sample_ms` each). `check`, if given, is called with the first warm-up call's
+    result."""
+    gap_ms = GAP_MS if gap_ms is None else gap_ms
+    if gap_ms > 0:
+        clock.sync()
+        time.sleep(gap_ms / 1e3)
     for i in range(warmup):
         r = fn()
         if i == 0 and check is not None:
@@ -555,10 +564,10 @@ def cublas_versions():
 
 
 def env_row(device, reps, suite):
-    """The "env" row: as gemmbridge's (op, backend, device, cublas, cublaslt, reps, heat_ms)
-    plus PyTorch's own versions and matmul flags."""
+    """The "env" row: as gemmbridge's (op, backend, device, cublas, cublaslt, reps, heat_ms,
+    gap_ms) plus PyTorch's own versions and matmul flags."""
     row = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda, suite=suite,
-               reps=reps, heat_ms=0.0)
+               reps=reps, heat_ms=0.0, gap_ms=GAP_MS)
     if device == "cuda":
         # one small GEMM of each kind, so that cuBLAS and cuBLASLt are loaded
         a = torch.randn(64, 64, device="cuda", dtype=torch.float16)
@@ -717,6 +726,9 @@ def parse_args(argv):
                     "the linear_bias ops run only for f16/bf16; launch runs once per dtype but tf32 and "
                     "fp8_e4m3, whatever the suite)")
     ap.add_argument("--reps", type=int, default=30, metavar="N", help="timed samples per row, ~1 ms each (default 30)")
+    ap.add_argument("--gap-ms", type=float, default=0.0, metavar="MS",
+                    help="idle GPU time before each row's warm-up, ms (default 0); give gemmbridge bench "
+                    "the same --gap-ms")
     ap.add_argument("--out", default="-", metavar="FILE", help="write the JSON lines to FILE (default: stdout)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cuda (default). cpu only exercises the code paths: its timings are NOT "
@@ -787,6 +799,10 @@ def run(a):
     ops = split_list("--ops", a.ops, ALL_OPS)
     if not 1 <= a.reps <= 100_000:
         raise UsageError(f"--reps {a.reps} is not between 1 and 100000")
+    if not 0 <= a.gap_ms <= 60_000:  # (NaN fails both comparisons)
+        raise UsageError(f"--gap-ms {a.gap_ms} is not between 0 and 60000 (milliseconds)")
+    global GAP_MS
+    GAP_MS = a.gap_ms
     rc = import_torch(a.device)
     if rc:
         return rc

@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -284,6 +285,8 @@ class NoTorch(unittest.TestCase):
             (["--scalings", "rowwise,blockwise"], "unknown scaling 'blockwise'"),
             (["--scalings", " , "], "no scalings to run"),
             (["--reps", "0"], "--reps 0"),
+            (["--gap-ms", "-1"], "--gap-ms -1.0"),
+            (["--gap-ms", "nan"], "--gap-ms nan"),
             (["--device", "tpu"], "invalid choice"),
         ):
             rc, out, err = run_peer(*args)
@@ -330,6 +333,21 @@ class CpuDryRun(unittest.TestCase):
             self.assertLessEqual(r["min_ms"], r["median_ms"])
             self.assertEqual(r["batch"], 1)
         self.assertFalse(any(r["op"] == "launch" for r in rows))
+
+    def test_gap_is_idle_time_before_each_row_and_recorded(self):
+        calls = []
+        t0 = time.perf_counter()
+        peer.time_fn(lambda: calls.append(time.perf_counter()), peer.Clock("cpu"), 1, warmup=1, gap_ms=60)
+        self.assertGreaterEqual(calls[0] - t0, 0.06)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "p.jsonl")
+            rc = peer.main(["--suite", "small", "--device", "cpu", "--reps", "1", "--ops", "matmul",
+                            "--dtypes", "f32", "--gap-ms", "5", "--out", path])
+            peer.GAP_MS = 0.0
+            self.assertEqual(rc, 0)
+            with open(path) as f:
+                env = json.loads(f.readline())
+        self.assertEqual(env["gap_ms"], 5.0)
 
     def test_layout_check_catches_padding(self):
         peer.torch = torch

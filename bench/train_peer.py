@@ -25,6 +25,7 @@ requires grad, then y.backward(dy): dx, dW and db of every layer.
 import argparse
 import json
 import sys
+import time
 
 import os
 
@@ -71,8 +72,11 @@ def build(op, n, k, tokens, dtype, fp8=False):
     return step, len(layers)
 
 
-def time_step(step, reps):
+def time_step(step, reps, gap_ms=0.0):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if gap_ms > 0:  # idle GPU before the warm-up, as gemmbridge train-bench --gap-ms
+        torch.cuda.synchronize()
+        time.sleep(gap_ms / 1e3)
 
     def burst(n):
         start.record()
@@ -121,13 +125,17 @@ def main():
     ap.add_argument("--ops", default="mlp_train,linear_train")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="idle GPU time before each row's warm-up, ms (as gemmbridge train-bench --gap-ms)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--breakdown", action="store_true", help="print each GEMM kernel's time (stderr)")
     a = ap.parse_args()
+    if not 0 <= a.gap_ms <= 60_000:  # (NaN fails both comparisons)
+        ap.error(f"--gap-ms {a.gap_ms} is not between 0 and 60000 (milliseconds)")
     out = open(a.out, "w") if a.out else sys.stdout
     ops = [o for o in a.ops.split(",") if o]
     env = dict(op="env", backend="torch-train", torch=torch.__version__, device=torch.cuda.get_device_name(0),
-               reps=a.reps, tokens=a.tokens)
+               reps=a.reps, tokens=a.tokens, gap_ms=a.gap_ms)
     print(json.dumps(env), file=out, flush=True)
     for name in [d for d in a.dtypes.split(",") if d]:
         torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
@@ -135,7 +143,7 @@ def main():
             if op not in ops:
                 continue
             step, nlayers = build(op, n, k, a.tokens, DT[name], fp8=name == "fp8")
-            med, mn = time_step(step, a.reps)
+            med, mn = time_step(step, a.reps, a.gap_ms)
             g, pass_ms = gemm_ms(step, breakdown=a.breakdown)
             flops = 6.0 * a.tokens * n * k * nlayers
             row = dict(op=op, dtype=name, m=a.tokens, n=n, k=k, batch=1, median_ms=med, min_ms=mn,

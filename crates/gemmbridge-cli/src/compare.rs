@@ -162,11 +162,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 }
 
 /// Reads alternated runs, `ours[i]` paired with `peer[i]`: every file once, every file with
-/// timed rows, all from one device (its "env" rows).
+/// timed rows, all from one device and with one idle gap before each row (their "env" rows'
+/// `device` and `gap_ms`).
 ///
 /// # Errors
-/// A file named twice (under any spelling), unreadable, without timed rows, or files of
-/// different devices.
+/// A file named twice (under any spelling), unreadable, without timed rows, files of
+/// different devices, or files timed with different gaps (`--gap-ms`: a row timed after an
+/// idle GPU is not comparable with one timed right after other work).
 pub fn load(ours: &[String], peer: &[String]) -> anyhow::Result<Vec<(Vec<Row>, Vec<Row>)>> {
     // the same file under two spellings (./a and a, a link) counts as named twice
     let mut named = std::collections::BTreeMap::new();
@@ -178,16 +180,21 @@ pub fn load(ours: &[String], peer: &[String]) -> anyhow::Result<Vec<(Vec<Row>, V
     }
     // device name -> the files that name it
     let mut devices: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // gap in ms (as text, exact) -> the files timed with it
+    let mut gaps: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut pairs = Vec::new();
     for (o, p) in ours.iter().zip(peer) {
         let (od, orows) = read_rows(o).with_context(|| format!("reading {o}"))?;
         let (pd, prows) = read_rows(p).with_context(|| format!("reading {p}"))?;
         for (file, names) in [(o, od), (p, pd)] {
-            if names.is_empty() {
+            if names.devices.is_empty() {
                 eprintln!("warning: {file} has no \"env\" row: which device it ran on is unknown");
             }
-            for d in names {
+            for d in names.devices {
                 devices.entry(d).or_default().push(file.clone());
+            }
+            for g in names.gaps_ms {
+                gaps.entry(format!("{g}")).or_default().push(file.clone());
             }
         }
         for (file, rows) in [(o, &orows), (p, &prows)] {
@@ -200,6 +207,13 @@ pub fn load(ours: &[String], peer: &[String]) -> anyhow::Result<Vec<(Vec<Row>, V
     if devices.len() > 1 {
         let list: Vec<String> = devices.iter().map(|(d, files)| format!("{d:?} in {}", files.join(", "))).collect();
         bail!("the files name different devices ({}): the ratios would compare different machines", list.join("; "));
+    }
+    if gaps.len() > 1 {
+        let list: Vec<String> = gaps.iter().map(|(g, files)| format!("{g} ms in {}", files.join(", "))).collect();
+        bail!(
+            "the files were timed with different idle gaps before each row ({}): run both sides with the same --gap-ms",
+            list.join("; ")
+        );
     }
     Ok(pairs)
 }
@@ -250,5 +264,40 @@ mod tests {
         let s = summary(&pairs, 0.97);
         assert!(s.contains("(1 rows left out"), "{s}");
         assert!(!s.contains("  2048 "), "{s}");
+    }
+
+    /// Files of one run each: an "env" row (device, gap) and one timed row.
+    fn run_file(dir: &std::path::Path, name: &str, device: &str, gap: Option<f64>) -> String {
+        let gap = gap.map_or(String::new(), |g| format!(", \"gap_ms\": {g}"));
+        let path = dir.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "{{\"op\": \"env\", \"device\": \"{device}\"{gap}}}\n\
+                 {{\"op\": \"linear\", \"dtype\": \"f16\", \"m\": 4096, \"n\": 4096, \"k\": 4096, \"batch\": 1, \"median_ms\": 0.2, \"min_ms\": 0.19, \"tflops\": 687.2}}\n"
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn files_of_other_devices_or_other_gaps_are_refused() {
+        let dir = std::env::temp_dir().join(format!("gemmbridge-compare-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let h200 = "NVIDIA H200";
+        // no gap field (files from before it) reads as 0 and pairs with an explicit 0
+        let (o, p) = (run_file(&dir, "o0", h200, None), run_file(&dir, "p0", h200, Some(0.0)));
+        assert_eq!(load(&[o], &[p]).unwrap().len(), 1);
+        let (o, p) = (run_file(&dir, "o1", h200, Some(200.0)), run_file(&dir, "p1", h200, Some(200.0)));
+        assert_eq!(load(&[o], &[p]).unwrap().len(), 1);
+        let (o, p) = (run_file(&dir, "o2", h200, Some(200.0)), run_file(&dir, "p2", h200, None));
+        let err = load(std::slice::from_ref(&o), std::slice::from_ref(&p)).unwrap_err().to_string();
+        assert!(err.contains("different idle gaps") && err.contains("200 ms in") && err.contains("0 ms in"), "{err}");
+        assert!(err.contains(&o) && err.contains(&p), "{err}");
+        let (o, p) = (run_file(&dir, "o3", h200, None), run_file(&dir, "p3", "NVIDIA H100", None));
+        let err = load(&[o], &[p]).unwrap_err().to_string();
+        assert!(err.contains("different devices"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -159,7 +159,7 @@ fn quantize_rows<T: Element + cudarc::driver::DeviceRepr>(
 ) -> anyhow::Result<()> {
     let s = gpu.stream();
     let src: CudaSlice<T> = s.clone_htod(&crate::random::normal::<T>(rows * cols))?;
-    let sampling = timing::Sampling { warmup: 3, reps, heat_ms: 0.0 };
+    let sampling = timing::Sampling::new(3, reps);
     let row = |src: &str, layout: &str, scaling: &str, what: &str, ms: f64, bytes: u64| {
         let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
         println!(
@@ -198,7 +198,7 @@ fn quantize_bandwidth(rows: usize, cols: usize, reps: usize) -> anyhow::Result<i
     // the reference: a device-to-device copy of the f32 source, read + write bytes
     let a: CudaSlice<f32> = s.alloc_zeros(rows * cols)?;
     let mut b: CudaSlice<f32> = s.alloc_zeros(rows * cols)?;
-    let sampling = timing::Sampling { warmup: 3, reps, heat_ms: 0.0 };
+    let sampling = timing::Sampling::new(3, reps);
     let t = timing::time_gpu(&gpu, sampling, &mut || s.memcpy_dtod(&a, &mut b))?;
     let copy_gbs = 2.0 * (rows * cols * 4) as f64 / (t.median_ms * 1e-3) / 1e9;
     println!("[{rows}, {cols}] tensor; device-to-device copy of the f32 source: {copy_gbs:.0} GB/s (read + write)");

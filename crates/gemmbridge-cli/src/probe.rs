@@ -182,9 +182,7 @@ fn check_precision<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZ
     let a = s.clone_htod(&normal::<TI>(big * big))?;
     let b = s.clone_htod(&normal::<TI>(big * big))?;
     let mut c: CudaSlice<TO> = s.alloc_zeros(big * big).context("allocating C")?;
-    let t = timing::time_gpu(gpu, timing::Sampling { warmup: 2, reps: 5, heat_ms: 0.0 }, &mut || {
-        gpu.gemm(&p, 1.0, &a, &b, 0.0, &mut c)
-    })?;
+    let t = timing::time_gpu(gpu, timing::Sampling::new(2, 5), &mut || gpu.gemm(&p, 1.0, &a, &b, 0.0, &mut c))?;
     Ok((worst, p.flops() / (t.median_ms * 1e-3) / 1e12))
 }
 

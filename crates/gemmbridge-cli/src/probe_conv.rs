@@ -37,9 +37,7 @@ fn check<T: Element + DeviceRepr>(gpu: &Gpu, precision: Precision) -> anyhow::Re
     let [lx, lw, ly] = big.lens();
     let (bx, bw, mut by) =
         (s.clone_htod(&normal::<T>(lx))?, s.clone_htod(&normal::<T>(lw))?, s.clone_htod(&normal::<T>(ly))?);
-    let t = timing::time_gpu(gpu, timing::Sampling { warmup: 3, reps: 10, heat_ms: 0.0 }, &mut || {
-        gpu.conv2d_forward(&big, &bx, &bw, &mut by)
-    })?;
+    let t = timing::time_gpu(gpu, timing::Sampling::new(3, 10), &mut || gpu.conv2d_forward(&big, &bx, &bw, &mut by))?;
     Ok((worst, 2.0 * big.macs() / (t.median_ms * 1e-3) / 1e12))
 }
 

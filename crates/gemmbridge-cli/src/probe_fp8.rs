@@ -61,7 +61,7 @@ fn check(gpu: &Gpu, name: &str, wf: Fp8Format) -> Result<(f64, f64, f64), Error>
         ws,
     )?;
     let mut yb: CudaSlice<half::bf16> = s.alloc_zeros(big * big).expect("alloc");
-    let t = timing::time_gpu(gpu, timing::Sampling { warmup: 2, reps: 5, heat_ms: 0.0 }, &mut || {
+    let t = timing::time_gpu(gpu, timing::Sampling::new(2, 5), &mut || {
         gpu.fp8_gemm(&xb, &wb, &mut yb, None, Fp8Options::default())
     })
     .map_err(|e| Error::Driver { operation: "timing", status: e.to_string() })?;

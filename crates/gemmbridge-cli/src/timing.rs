@@ -9,6 +9,11 @@
 //! short burst as bench/peer.py times it. Off in `bench` by default: the clock of a burst and
 //! the sustained clock differ (a fused row took 1.37× as long with heat, docs/notes/performance-history.md
 //! §2.3), so only rows timed the same way may be compared.
+//!
+//! Another: [`Sampling::gap_ms`] of idle GPU before the warm-up (the stream drained, the host
+//! asleep), so that every row starts from the same idle state instead of from whatever the row
+//! before it left (a short burst's clock depends on what ran just before it, §2.3 again).
+//! bench/peer.py's `--gap-ms` does the same before its warm-up.
 
 use std::time::Instant;
 
@@ -40,6 +45,24 @@ pub struct Sampling {
     pub reps: usize,
     /// GPU time of back-to-back calls after the warm-up and before the samples, ms (0: none).
     pub heat_ms: f64,
+    /// Idle time before the warm-up, ms (0: none): the stream is drained, then the host
+    /// sleeps, so the GPU runs nothing of ours for that long.
+    pub gap_ms: f64,
+}
+
+impl Sampling {
+    /// `warmup` calls, `reps` samples, no heat, no gap.
+    pub fn new(warmup: usize, reps: usize) -> Self {
+        Sampling { warmup, reps, heat_ms: 0.0, gap_ms: 0.0 }
+    }
+}
+
+/// Checks a `--heat-ms` / `--gap-ms` value: finite, 0 to 60 000 ms.
+pub fn check_ms(flag: &str, ms: f64) -> anyhow::Result<f64> {
+    if !(ms.is_finite() && (0.0..=60_000.0).contains(&ms)) {
+        anyhow::bail!("{flag} {ms} is not between 0 and 60000 (milliseconds)");
+    }
+    Ok(ms)
 }
 
 /// Times `f` (which enqueues work on `gpu.stream()`) with CUDA events.
@@ -47,11 +70,16 @@ pub fn time_gpu<E>(gpu: &Gpu, sampling: Sampling, f: &mut dyn FnMut() -> Result<
 where
     E: std::error::Error + Send + Sync + 'static,
 {
-    let Sampling { warmup, reps, heat_ms } = sampling;
+    let Sampling { warmup, reps, heat_ms, gap_ms } = sampling;
     let s = gpu.stream();
     let ctx = gpu.context();
     let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
     let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    if gap_ms > 0.0 {
+        // whatever the inputs' preparation queued finishes first, then the GPU idles
+        s.synchronize()?;
+        std::thread::sleep(std::time::Duration::from_secs_f64(gap_ms / 1e3));
+    }
     for _ in 0..warmup {
         f()?;
     }

@@ -42,6 +42,10 @@ pub struct Args {
     /// Timed samples per row (median reported).
     #[arg(long, default_value_t = 30)]
     reps: usize,
+    /// Idle GPU time before each row's warm-up, ms (default 0), as `bench --gap-ms`; give
+    /// bench/train_peer.py the same --gap-ms.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    gap_ms: f64,
     /// Tactic database from `gemmbridge tune` to use.
     #[arg(long)]
     db: Option<String>,
@@ -123,7 +127,7 @@ fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
         mlp.forward(gpu, &x, tokens, true)?;
         mlp.backward(gpu, &x, &dy, Some(&mut dx), GradMode::Overwrite)
     };
-    let sampling = timing::Sampling { warmup: 5, reps, heat_ms: 0.0 };
+    let sampling = timing::Sampling { gap_ms: args.gap_ms, ..timing::Sampling::new(5, reps) };
     let t = timing::time_gpu(gpu, sampling, &mut || step(&mut mlp))?;
     // the split, in one pass: the steps' time and their GEMMs' time from the same steps
     mlp.set_gemm_timing(true);
@@ -183,6 +187,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if !(1..=100_000).contains(&args.reps) || args.tokens == 0 {
         bail!("--reps must be 1..=100000 and --tokens at least 1");
     }
+    timing::check_ms("--gap-ms", args.gap_ms)?;
     let gpu = Gpu::new(0).map_err(|e| anyhow::anyhow!("train-bench needs a CUDA GPU: {e}"))?;
     // SAFETY: every buffer here is created, used and dropped on the one stream gpu.stream().
     unsafe { gpu.context().disable_event_tracking() };
@@ -195,7 +200,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     let i = gpu.info()?;
     let env = serde_json::json!({"op": "env", "backend": "gemmbridge-train", "device": i.name,
-        "cublaslt": i.cublaslt_version, "reps": args.reps, "tokens": args.tokens});
+        "cublaslt": i.cublaslt_version, "reps": args.reps, "tokens": args.tokens, "gap_ms": args.gap_ms});
     writeln!(out, "{env}")?;
     for (dtype, precision) in &dtypes {
         for &(op, n, k) in SHAPES.iter().filter(|(op, _, _)| ops.contains(op)) {

@@ -51,6 +51,11 @@ pub struct Args {
     /// peer's.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     heat_ms: f64,
+    /// Idle GPU time before each row's warm-up, ms (default 0). With a gap every row starts
+    /// from the same idle state rather than from whatever the row before it left; give
+    /// bench/peer.py the same --gap-ms (`compare` refuses files whose gaps differ).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    gap_ms: f64,
     /// Write JSON lines here ("-": stdout, and the table goes to stderr).
     #[arg(long)]
     out: Option<String>,
@@ -184,10 +189,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if !(1..=100_000).contains(&reps) {
         bail!("--reps {reps} is not between 1 and 100000");
     }
-    if !(args.heat_ms.is_finite() && (0.0..=60_000.0).contains(&args.heat_ms)) {
-        bail!("--heat-ms {} is not between 0 and 60000 (milliseconds)", args.heat_ms);
-    }
-    let sampling = timing::Sampling { warmup: 5, reps, heat_ms: args.heat_ms };
+    let sampling = timing::Sampling {
+        warmup: 5,
+        reps,
+        heat_ms: timing::check_ms("--heat-ms", args.heat_ms)?,
+        gap_ms: timing::check_ms("--gap-ms", args.gap_ms)?,
+    };
     let conv_layouts = conv::parse_layouts(&args.conv_layouts)?;
     let conv_batches = conv::parse_batches(&args.conv_batches)?;
     let conv_search = conv::parse_search(&args.conv_search)?;
@@ -218,8 +225,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
             eprintln!("no CUDA GPU: running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
             eprintln!("  (f32 accumulation; tf32 runs as f32; fused ops and launch rows need a GPU)");
-            if args.backend != "auto" || args.db.is_some() || args.heat_ms > 0.0 || args.padding != "on" {
-                eprintln!("  (--backend, --db, --heat-ms and --padding apply to the GPU only and are ignored here)");
+            if args.backend != "auto"
+                || args.db.is_some()
+                || args.heat_ms > 0.0
+                || args.gap_ms > 0.0
+                || args.padding != "on"
+            {
+                eprintln!(
+                    "  (--backend, --db, --heat-ms, --gap-ms and --padding apply to the GPU only and are ignored here)"
+                );
             }
             if let Some(r) = args.reps.filter(|&r| r > 10) {
                 eprintln!("  (--reps {r} is capped at 10 on the CPU backend)");
@@ -252,12 +266,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 "cublas": format!("{}.{}.{}", i.cublas_version.0, i.cublas_version.1, i.cublas_version.2),
                 "cublaslt": i.cublaslt_version,
                 "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
-                "reps": reps, "heat_ms": args.heat_ms, "padding": args.padding,
+                "reps": reps, "heat_ms": args.heat_ms, "gap_ms": args.gap_ms, "padding": args.padding,
                 "cudnn": gemmbridge::cuda::cudnn_version(), "conv_api": args.conv_api,
                 "conv_search": args.conv_search})
         }
         None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu",
-            "reps": reps.min(10), "heat_ms": 0.0}),
+            "reps": reps.min(10), "heat_ms": 0.0, "gap_ms": 0.0}),
     };
     let device = env.get("device").and_then(|d| d.as_str()).unwrap_or("cpu").to_string();
     let peer = match &args.peer {

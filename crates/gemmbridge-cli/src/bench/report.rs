@@ -21,22 +21,32 @@ fn key(r: &Row) -> Key {
 /// As [`read_rows`].
 pub fn read_peer(path: &str, our_device: &str) -> anyhow::Result<Vec<Row>> {
     let (theirs, rows) = read_rows(path)?;
-    for t in theirs.iter().filter(|t| *t != our_device) {
+    for t in theirs.devices.iter().filter(|t| *t != our_device) {
         eprintln!("warning: the peer ran on {t:?}, this run on {our_device:?}: the ratios compare different machines");
     }
     Ok(rows)
 }
 
-/// The devices its "env" rows name (a file of several runs concatenated has several; listed
-/// once each) and the timed rows of a JSON-lines file in bench/peer.py's schema (ours or the
-/// peer's), as [`read_peer`].
+/// What a file's "env" rows say (a file of several runs concatenated has several), each value
+/// listed once.
+#[derive(Debug, Default, PartialEq)]
+pub struct Envs {
+    /// The devices named.
+    pub devices: Vec<String>,
+    /// The idle gaps before each row, ms (`gap_ms`; 0 where a row has none, as in files
+    /// written before the field existed).
+    pub gaps_ms: Vec<f64>,
+}
+
+/// The "env" rows' devices and gaps ([`Envs`]) and the timed rows of a JSON-lines file in
+/// bench/peer.py's schema (ours or the peer's), as [`read_peer`].
 ///
 /// # Errors
 /// The file cannot be read; a line is not JSON or not a row; a median that is not a positive
 /// finite number of ms; the same row (op, dtype, m, n, k, batch) twice. Each names the line.
-pub fn read_rows(path: &str) -> anyhow::Result<(Vec<String>, Vec<Row>)> {
+pub fn read_rows(path: &str) -> anyhow::Result<(Envs, Vec<Row>)> {
     let text = std::fs::read_to_string(path)?;
-    let (mut devices, mut rows) = (Vec::<String>::new(), Vec::new());
+    let (mut envs, mut rows) = (Envs::default(), Vec::new());
     let mut seen: HashMap<Key, usize> = HashMap::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -45,8 +55,12 @@ pub fn read_rows(path: &str) -> anyhow::Result<(Vec<String>, Vec<Row>)> {
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
         if v.get("op").and_then(|o| o.as_str()) == Some("env") {
             let d = v.get("device").and_then(|d| d.as_str()).unwrap_or("?").to_string();
-            if !devices.contains(&d) {
-                devices.push(d);
+            if !envs.devices.contains(&d) {
+                envs.devices.push(d);
+            }
+            let gap = v.get("gap_ms").and_then(|g| g.as_f64()).unwrap_or(0.0);
+            if !envs.gaps_ms.contains(&gap) {
+                envs.gaps_ms.push(gap);
             }
         }
         if v.get("median_ms").is_none() || v.get("error").is_some() {
@@ -70,7 +84,7 @@ pub fn read_rows(path: &str) -> anyhow::Result<(Vec<String>, Vec<Row>)> {
         }
         rows.push(r);
     }
-    Ok((devices, rows))
+    Ok((envs, rows))
 }
 
 /// Reads bench/peer.py's "launch" rows.
