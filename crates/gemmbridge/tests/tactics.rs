@@ -431,8 +431,11 @@ fn check_writable_matches_what_save_refuses() {
 /// (`gemmbridge tune` merges: an entry is only replaced by a faster one). Every signature of the
 /// record is still there, with the record's tactic or a faster one of the same library
 /// version — except entries that only held the heuristic's own choice (tuned time = heuristic
-/// time), which `tune` no longer stores and the file dropped — and the file is exactly what
-/// `save` writes. No cuBLASLt entry of the file holds the heuristic's own choice.
+/// time), which `tune` no longer stores and the file dropped, and entries that ran slower than
+/// the heuristic's own plan in the benchmark's short bursts, dropped by measurement (listed in
+/// [`BURST_DROPS`]; `tune` times at the sustained clock) — and the file is exactly what `save`
+/// writes. No cuBLASLt entry of the file holds the heuristic's own choice, and none of the
+/// dropped signatures came back.
 #[test]
 fn repository_db_holds_its_v1_record() {
     // the file's own cuDNN version, so that its convolution entries load too
@@ -445,16 +448,26 @@ fn repository_db_holds_its_v1_record() {
     let (v2, warnings) = TacticDb::load(&repo_path(REPO_DB), &h200);
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(v1.entries.len(), 160);
+    let burst_drops = std::fs::read_to_string(repo_path(BURST_DROPS)).unwrap();
+    let burst_drops: Vec<&str> = burst_drops.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(burst_drops.len(), 14, "{BURST_DROPS}");
+    for sig in &burst_drops {
+        assert!(!v2.entries.contains_key(*sig), "{REPO_DB} holds {sig}, dropped for losing in bursts");
+    }
     let mut dropped = 0;
     for (sig, old) in &v1.entries {
         let Some(now) = v2.entries.get(sig) else {
-            assert!(old.tuned_ms == old.heuristic_ms, "{REPO_DB} lost {sig}, which beat the heuristic");
-            dropped += 1;
+            assert!(
+                old.tuned_ms == old.heuristic_ms || burst_drops.contains(&sig.as_str()),
+                "{REPO_DB} lost {sig}, which beat the heuristic and is not a measured burst drop"
+            );
+            // (a burst drop is accounted for by its measurement, not by this count)
+            dropped += usize::from(old.tuned_ms == old.heuristic_ms);
             continue;
         };
         assert!(now == old || (now.version == old.version && now.tuned_ms < old.tuned_ms), "{sig}: {old:?} → {now:?}");
     }
-    assert!(dropped < v1.entries.len() / 2, "{dropped} of the record's entries dropped");
+    assert!(dropped < v1.entries.len() / 2, "{dropped} of the record's heuristic-only entries dropped");
     for (sig, t) in &v2.entries {
         let lt = [ProblemKind::Gemm, ProblemKind::Fp8Gemm].contains(&t.kind);
         assert!(!lt || t.tuned_ms != t.heuristic_ms, "{sig} only holds the heuristic's own choice");
@@ -469,6 +482,10 @@ fn repository_db_holds_its_v1_record() {
 
 const V1_RECORD: &str = "docs/results/2026-11-30/call27-tactics-merged-h200.json";
 const REPO_DB: &str = "tactics/h200.json";
+/// The signatures dropped from [`REPO_DB`] because their rows ran slower than the heuristic's
+/// own plans in the benchmark (bursts after an idle gap, three alternated rounds; the run and
+/// its per-row ratios are in the same folder, the script in `../scripts/prune-burst.py`).
+const BURST_DROPS: &str = "docs/results/2026-12-02/gap-db/dropped-signatures.txt";
 
 /// `rel` in the repository: beside the sources this test was built from, or else (a test
 /// executable carried to another machine and run from the repository's root there) under the
