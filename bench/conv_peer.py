@@ -7,13 +7,14 @@ k = C/groups*R*S, batch = N, so 2*m*n*k*batch is the convolution's flop count).
 
 Usage (on a CUDA machine with PyTorch):
   python3 bench/conv_peer.py [--dtypes f32,tf32,f16,bf16] [--ops conv_fwd,...]
-                             [--layouts nhwc,nchw] [--batches 32,1] [--reps 30] [--out FILE]
+                             [--layouts nhwc,nchw] [--batches 32,1] [--reps 30] [--gap-ms MS] [--out FILE]
 
 Ops: conv_fwd (F.conv2d(x, w)), conv_bias_relu (torch.relu(F.conv2d(x, w, b)): PyTorch's
 eager sequence), conv_dgrad and conv_wgrad (torch.ops.aten.convolution_backward for the
 input or the weight gradient alone). NHWC rows use channels_last tensors. Timing as
 bench/peer.py: 5 warm-up calls, then --reps samples of ~1 ms of back-to-back calls between
-CUDA events, median and minimum per call.
+CUDA events, median and minimum per call; --gap-ms MS leaves the GPU idle for MS ms before
+each row's warm-up. Usage errors and a missing PyTorch or GPU exit with status 2.
 """
 import argparse
 import json
@@ -76,19 +77,28 @@ def main():
     a = ap.parse_args()
     if not 0 <= a.gap_ms <= 60_000:  # (NaN fails both comparisons)
         ap.error(f"--gap-ms {a.gap_ms} is not between 0 and 60000 (milliseconds)")
-    peer.GAP_MS = a.gap_ms
-    dtypes = peer.split_list("--dtypes", a.dtypes, DTYPES)
-    ops = peer.split_list("--ops", a.ops, OPS)
-    layouts = peer.split_list("--layouts", a.layouts, ["nhwc", "nchw"])
-    batches = [int(x) for x in a.batches.split(",") if x.strip()]
-    import torch
-
-    peer.torch = torch
+    peer.GAP_MS = a.gap_ms + 0.0  # -0 is 0
+    try:
+        dtypes = peer.split_list("--dtypes", a.dtypes, DTYPES)
+        ops = peer.split_list("--ops", a.ops, OPS)
+        layouts = peer.split_list("--layouts", a.layouts, ["nhwc", "nchw"])
+    except peer.UsageError as e:
+        ap.error(str(e))
+    try:
+        batches = [int(x) for x in a.batches.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--batches {a.batches!r} is not a comma list of whole numbers")
+    if not batches or min(batches) < 1 or a.reps < 1:
+        ap.error("--batches needs batch sizes of at least 1, and --reps at least 1")
+    rc = peer.import_torch("cuda")
+    if rc:
+        return rc
+    torch = peer.torch
     torch.backends.cudnn.benchmark = True
     out = open(a.out, "w") if a.out else sys.stdout
     env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
                cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(0), reps=a.reps,
-               cudnn_benchmark=True, gap_ms=a.gap_ms)
+               cudnn_benchmark=True, gap_ms=peer.GAP_MS)
     print(json.dumps(env), file=out, flush=True)
     for dtype in dtypes:
         torch.backends.cudnn.allow_tf32 = dtype == "tf32"

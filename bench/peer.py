@@ -802,7 +802,7 @@ def run(a):
     if not 0 <= a.gap_ms <= 60_000:  # (NaN fails both comparisons)
         raise UsageError(f"--gap-ms {a.gap_ms} is not between 0 and 60000 (milliseconds)")
     global GAP_MS
-    GAP_MS = a.gap_ms
+    GAP_MS = a.gap_ms + 0.0  # -0 is 0
     rc = import_torch(a.device)
     if rc:
         return rc

@@ -4,7 +4,9 @@ F.gelu(approximate="tanh") and autograd, written as the same JSON lines, so that
 be compared row by row (`gemmbridge compare --ours ... --peer ...`).
 
 Usage (CUDA machine):  python3 bench/train_peer.py [--dtypes bf16,f16,fp8] [--ops mlp_train,linear_train]
-                                                  [--tokens 4096] [--reps 30] [--out FILE]
+                                                  [--tokens 4096] [--reps 30] [--gap-ms MS] [--out FILE]
+--gap-ms MS leaves the GPU idle for MS ms before each row's warm-up (gemmbridge train-bench
+--gap-ms does the same). Usage errors, a missing PyTorch and a missing GPU exit with status 2.
 
 Rows (m = tokens, n = the layer's out / the block's hidden width f, k = in / d):
   mlp_train     Linear(d, f) -> GELU-tanh -> Linear(f, d), both with biases
@@ -29,11 +31,9 @@ import time
 
 import os
 
-import torch
-import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_oracle import Fp8Linear  # noqa: E402  (the FP8 recipe, shared with the oracle)
+# PyTorch (and the FP8 recipe, shared with train_oracle.py, which imports it) are loaded by
+# load_torch() once the arguments are checked, so that --help and usage errors need neither
+torch = F = Fp8Linear = None
 
 SHAPES = [
     ("mlp_train", 14336, 4096),
@@ -43,7 +43,27 @@ SHAPES = [
     ("linear_train", 28672, 4096),
     ("linear_train", 4096, 14336),
 ]
-DT = {"f32": torch.float32, "tf32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+DT = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
+
+
+def load_torch():
+    """Imports PyTorch and the FP8 recipe; 0, or 2 (with a message) where PyTorch or the GPU is missing."""
+    global torch, F, Fp8Linear
+    try:
+        import torch as _torch
+        import torch.nn.functional as _F
+    except ImportError as e:
+        print(f"error: PyTorch is not installed ({e})", file=sys.stderr)
+        return 2
+    if not _torch.cuda.is_available():
+        print("error: no CUDA GPU visible to PyTorch", file=sys.stderr)
+        return 2
+    torch, F = _torch, _F
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from train_oracle import Fp8Linear as _Fp8Linear
+
+    Fp8Linear = _Fp8Linear
+    return 0
 GEMM_NAMES = ("gemm", "nvjet", "cutlass", "xmma")
 
 
@@ -132,17 +152,32 @@ def main():
     a = ap.parse_args()
     if not 0 <= a.gap_ms <= 60_000:  # (NaN fails both comparisons)
         ap.error(f"--gap-ms {a.gap_ms} is not between 0 and 60000 (milliseconds)")
-    out = open(a.out, "w") if a.out else sys.stdout
+    a.gap_ms += 0.0  # -0 is 0
     ops = [o for o in a.ops.split(",") if o]
+    dtypes = [d for d in a.dtypes.split(",") if d]
+    for o in ops:
+        if o not in {op for op, _, _ in SHAPES}:
+            ap.error(f"unknown op {o!r}; choose mlp_train, linear_train")
+    for d in dtypes:
+        if d not in DT:
+            ap.error(f"unknown dtype {d!r}; choose {', '.join(DT)}")
+    if not ops or not dtypes:
+        ap.error("nothing to run: give --ops and --dtypes")
+    if a.reps < 1 or a.tokens < 1:
+        ap.error(f"--reps {a.reps} and --tokens {a.tokens} must both be at least 1")
+    rc = load_torch()
+    if rc:
+        return rc
+    out = open(a.out, "w") if a.out else sys.stdout
     env = dict(op="env", backend="torch-train", torch=torch.__version__, device=torch.cuda.get_device_name(0),
                reps=a.reps, tokens=a.tokens, gap_ms=a.gap_ms)
     print(json.dumps(env), file=out, flush=True)
-    for name in [d for d in a.dtypes.split(",") if d]:
+    for name in dtypes:
         torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
         for op, n, k in SHAPES:
             if op not in ops:
                 continue
-            step, nlayers = build(op, n, k, a.tokens, DT[name], fp8=name == "fp8")
+            step, nlayers = build(op, n, k, a.tokens, getattr(torch, DT[name]), fp8=name == "fp8")
             med, mn = time_step(step, a.reps, a.gap_ms)
             g, pass_ms = gemm_ms(step, breakdown=a.breakdown)
             flops = 6.0 * a.tokens * n * k * nlayers
@@ -153,7 +188,8 @@ def main():
                   file=sys.stderr)
             del step
             torch.cuda.empty_cache()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

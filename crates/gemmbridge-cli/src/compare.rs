@@ -193,7 +193,8 @@ pub fn load(ours: &[String], peer: &[String]) -> anyhow::Result<Vec<(Vec<Row>, V
             for d in names.devices {
                 devices.entry(d).or_default().push(file.clone());
             }
-            for g in names.gaps_ms {
+            // a file without an env row was timed without a gap as far as anyone can tell
+            for g in if names.gaps_ms.is_empty() { vec![0.0] } else { names.gaps_ms } {
                 gaps.entry(format!("{g}")).or_default().push(file.clone());
             }
         }
@@ -295,6 +296,15 @@ mod tests {
         let err = load(std::slice::from_ref(&o), std::slice::from_ref(&p)).unwrap_err().to_string();
         assert!(err.contains("different idle gaps") && err.contains("200 ms in") && err.contains("0 ms in"), "{err}");
         assert!(err.contains(&o) && err.contains(&p), "{err}");
+        // -0 is 0
+        let (o, p) = (run_file(&dir, "o4", h200, Some(-0.0)), run_file(&dir, "p4", h200, None));
+        assert_eq!(load(&[o], &[p]).unwrap().len(), 1);
+        // a file without an env row counts as timed without a gap
+        let o = run_file(&dir, "o5", h200, Some(200.0));
+        let p = dir.join("p5");
+        std::fs::write(&p, std::fs::read_to_string(&o).unwrap().lines().nth(1).unwrap()).unwrap();
+        let err = load(&[o], &[p.to_str().unwrap().to_string()]).unwrap_err().to_string();
+        assert!(err.contains("different idle gaps"), "{err}");
         let (o, p) = (run_file(&dir, "o3", h200, None), run_file(&dir, "p3", "NVIDIA H100", None));
         let err = load(&[o], &[p]).unwrap_err().to_string();
         assert!(err.contains("different devices"), "{err}");

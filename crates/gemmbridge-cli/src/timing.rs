@@ -57,12 +57,13 @@ impl Sampling {
     }
 }
 
-/// Checks a `--heat-ms` / `--gap-ms` value: finite, 0 to 60 000 ms.
+/// Checks a `--heat-ms` / `--gap-ms` value: finite, 0 to 60 000 ms; returns it with -0 as 0
+/// (so that `compare` sees one gap, not two).
 pub fn check_ms(flag: &str, ms: f64) -> anyhow::Result<f64> {
     if !(ms.is_finite() && (0.0..=60_000.0).contains(&ms)) {
         anyhow::bail!("{flag} {ms} is not between 0 and 60000 (milliseconds)");
     }
-    Ok(ms)
+    Ok(ms + 0.0)
 }
 
 /// Times `f` (which enqueues work on `gpu.stream()`) with CUDA events.

@@ -42,7 +42,7 @@ pub struct Args {
     /// Timed samples per row (median reported).
     #[arg(long, default_value_t = 30)]
     reps: usize,
-    /// Idle GPU time before each row's warm-up, ms (default 0), as `bench --gap-ms`; give
+    /// Idle GPU time before each row's warm-up, ms, as `bench --gap-ms`; give
     /// bench/train_peer.py the same --gap-ms.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     gap_ms: f64,
@@ -184,10 +184,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if ops.is_empty() || dtypes.is_empty() {
         bail!("nothing to run: give --ops and --dtypes");
     }
-    if !(1..=100_000).contains(&args.reps) || args.tokens == 0 {
-        bail!("--reps must be 1..=100000 and --tokens at least 1");
+    if !(1..=100_000).contains(&args.reps) {
+        bail!("--reps {} is not between 1 and 100000", args.reps);
     }
-    timing::check_ms("--gap-ms", args.gap_ms)?;
+    if args.tokens == 0 {
+        bail!("--tokens 0: a step needs at least one token");
+    }
+    let gap_ms = timing::check_ms("--gap-ms", args.gap_ms)?;
     let gpu = Gpu::new(0).map_err(|e| anyhow::anyhow!("train-bench needs a CUDA GPU: {e}"))?;
     // SAFETY: every buffer here is created, used and dropped on the one stream gpu.stream().
     unsafe { gpu.context().disable_event_tracking() };
@@ -200,7 +203,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     let i = gpu.info()?;
     let env = serde_json::json!({"op": "env", "backend": "gemmbridge-train", "device": i.name,
-        "cublaslt": i.cublaslt_version, "reps": args.reps, "tokens": args.tokens, "gap_ms": args.gap_ms});
+        "cublaslt": i.cublaslt_version, "reps": args.reps, "tokens": args.tokens, "gap_ms": gap_ms});
     writeln!(out, "{env}")?;
     for (dtype, precision) in &dtypes {
         for &(op, n, k) in SHAPES.iter().filter(|(op, _, _)| ops.contains(op)) {

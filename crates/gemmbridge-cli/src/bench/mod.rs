@@ -51,7 +51,7 @@ pub struct Args {
     /// peer's.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     heat_ms: f64,
-    /// Idle GPU time before each row's warm-up, ms (default 0). With a gap every row starts
+    /// Idle GPU time before each row's warm-up, ms. With a gap every row starts
     /// from the same idle state rather than from whatever the row before it left; give
     /// bench/peer.py the same --gap-ms (`compare` refuses files whose gaps differ).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
@@ -266,7 +266,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 "cublas": format!("{}.{}.{}", i.cublas_version.0, i.cublas_version.1, i.cublas_version.2),
                 "cublaslt": i.cublaslt_version,
                 "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
-                "reps": reps, "heat_ms": args.heat_ms, "gap_ms": args.gap_ms, "padding": args.padding,
+                "reps": reps, "heat_ms": sampling.heat_ms, "gap_ms": sampling.gap_ms, "padding": args.padding,
                 "cudnn": gemmbridge::cuda::cudnn_version(), "conv_api": args.conv_api,
                 "conv_search": args.conv_search})
         }
@@ -274,8 +274,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             "reps": reps.min(10), "heat_ms": 0.0, "gap_ms": 0.0}),
     };
     let device = env.get("device").and_then(|d| d.as_str()).unwrap_or("cpu").to_string();
+    let our_gap = env.get("gap_ms").and_then(|g| g.as_f64()).unwrap_or(0.0);
     let peer = match &args.peer {
-        Some(path) => Some(report::read_peer(path, &device).with_context(|| format!("reading peer file {path}"))?),
+        Some(path) => {
+            Some(report::read_peer(path, &device, our_gap).with_context(|| format!("reading peer file {path}"))?)
+        }
         None => None,
     };
     // the output file is created only once everything that can fail early has been read

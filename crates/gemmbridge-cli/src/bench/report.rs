@@ -15,14 +15,20 @@ fn key(r: &Row) -> Key {
 
 /// Reads bench/peer.py's JSON lines, keeping the timed rows (skips "env", "launch", rows
 /// with an "error", and anything else without a median), and warns when an "env" row names
-/// another device than `our_device`.
+/// another device than `our_device`, or another idle gap before each row than `our_gap_ms`.
 ///
 /// # Errors
 /// As [`read_rows`].
-pub fn read_peer(path: &str, our_device: &str) -> anyhow::Result<Vec<Row>> {
+pub fn read_peer(path: &str, our_device: &str, our_gap_ms: f64) -> anyhow::Result<Vec<Row>> {
     let (theirs, rows) = read_rows(path)?;
     for t in theirs.devices.iter().filter(|t| *t != our_device) {
         eprintln!("warning: the peer ran on {t:?}, this run on {our_device:?}: the ratios compare different machines");
+    }
+    for g in theirs.gaps_ms.iter().filter(|g| **g != our_gap_ms) {
+        eprintln!(
+            "warning: the peer was timed with --gap-ms {g}, this run with {our_gap_ms}: rows timed after \
+             different idle gaps are not comparable"
+        );
     }
     Ok(rows)
 }
@@ -58,7 +64,13 @@ pub fn read_rows(path: &str) -> anyhow::Result<(Envs, Vec<Row>)> {
             if !envs.devices.contains(&d) {
                 envs.devices.push(d);
             }
-            let gap = v.get("gap_ms").and_then(|g| g.as_f64()).unwrap_or(0.0);
+            let gap = match v.get("gap_ms") {
+                None => 0.0,
+                Some(g) => match g.as_f64() {
+                    Some(ms) if ms.is_finite() && ms >= 0.0 => ms + 0.0, // -0 is 0
+                    _ => anyhow::bail!("line {}: gap_ms {g} is not a number of milliseconds ≥ 0", i + 1),
+                },
+            };
             if !envs.gaps_ms.contains(&gap) {
                 envs.gaps_ms.push(gap);
             }
@@ -261,6 +273,12 @@ mod tests {
                 row("0.01") + "\n" + &row("0.02"),
                 "line 3: the row matmul f16 64×64×64 (batch 1) already appeared on line 1",
             ),
+            (
+                "{\"op\": \"env\", \"gap_ms\": \"200\"}".into(),
+                "line 1: gap_ms \"200\" is not a number of milliseconds ≥ 0",
+            ),
+            ("{\"op\": \"env\", \"gap_ms\": -5}".into(), "line 1: gap_ms -5 is not a number of milliseconds ≥ 0"),
+            ("{\"op\": \"env\", \"gap_ms\": null}".into(), "line 1: gap_ms null is not a number of milliseconds ≥ 0"),
         ] {
             std::fs::write(&path, text).unwrap();
             let err = read_rows(path.to_str().unwrap()).unwrap_err().to_string();
@@ -280,7 +298,7 @@ mod tests {
              {\"op\": \"launch\", \"dtype\": \"f16\", \"m\": 64, \"n\": 64, \"k\": 64, \"host_us\": 13.8, \"wall_us\": 14.0, \"graph_us\": 2.1}\n",
         )
         .unwrap();
-        let rows = read_peer(dir.to_str().unwrap(), "cpu").unwrap();
+        let rows = read_peer(dir.to_str().unwrap(), "cpu", 0.0).unwrap();
         std::fs::remove_file(&dir).unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].op, "matmul");
