@@ -278,6 +278,14 @@ class Clock:
         return (time.perf_counter() - t) * 1e3
 
 
+def checked_gap_ms(ms):
+    """A --gap-ms value as the peers use it (-0 as 0); UsageError outside 0..60000 ms or NaN.
+    gemmbridge's timing.rs check_ms is its twin."""
+    if not 0 <= ms <= 60_000:  # (NaN fails both comparisons)
+        raise UsageError(f"--gap-ms {ms} is not between 0 and 60000 (milliseconds)")
+    return ms + 0.0
+
+
 def time_fn(fn, clock, reps, warmup=WARMUP, sample_ms=SAMPLE_MS, check=None, gap_ms=None):
     """Median and minimum time per call, ms: `gap_ms` (default GAP_MS) of idle GPU, `warmup`
     calls, one timed call to size a sample, then `reps` samples of `inner` back-to-back
@@ -799,10 +807,8 @@ def run(a):
     ops = split_list("--ops", a.ops, ALL_OPS)
     if not 1 <= a.reps <= 100_000:
         raise UsageError(f"--reps {a.reps} is not between 1 and 100000")
-    if not 0 <= a.gap_ms <= 60_000:  # (NaN fails both comparisons)
-        raise UsageError(f"--gap-ms {a.gap_ms} is not between 0 and 60000 (milliseconds)")
     global GAP_MS
-    GAP_MS = a.gap_ms + 0.0  # -0 is 0
+    GAP_MS = checked_gap_ms(a.gap_ms)
     rc = import_torch(a.device)
     if rc:
         return rc

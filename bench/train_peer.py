@@ -27,9 +27,11 @@ requires grad, then y.backward(dy): dx, dW and db of every layer.
 import argparse
 import json
 import sys
-import time
 
 import os
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer  # noqa: E402  (time_fn, Clock, checked_gap_ms: the dense peer's timing and gap)
 
 # PyTorch (and the FP8 recipe, shared with train_oracle.py, which imports it) are loaded by
 # load_torch() once the arguments are checked, so that --help and usage errors need neither
@@ -59,7 +61,7 @@ def load_torch():
         print("error: no CUDA GPU visible to PyTorch", file=sys.stderr)
         return 2
     torch, F = _torch, _F
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    peer.torch = _torch  # peer.Clock's CUDA events
     from train_oracle import Fp8Linear as _Fp8Linear
 
     Fp8Linear = _Fp8Linear
@@ -93,26 +95,9 @@ def build(op, n, k, tokens, dtype, fp8=False):
 
 
 def time_step(step, reps, gap_ms=0.0):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if gap_ms > 0:  # idle GPU before the warm-up, as gemmbridge train-bench --gap-ms
-        torch.cuda.synchronize()
-        time.sleep(gap_ms / 1e3)
-
-    def burst(n):
-        start.record()
-        for _ in range(n):
-            step()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    once = max(burst(1), 1e-3)
-    inner = max(1, min(1000, int(1.0 / once)))
-    times = sorted(burst(inner) / inner for _ in range(reps))
-    return times[len(times) // 2], times[0]
+    """Median and minimum ms per step, timed as bench/peer.py times a GEMM (`gap_ms` of idle
+    GPU, 5 warm-up steps, then `reps` samples of ~1 ms of back-to-back steps)."""
+    return peer.time_fn(step, peer.Clock("cuda"), reps, gap_ms=gap_ms)
 
 
 def gemm_ms(step, steps=10, breakdown=False):
@@ -150,9 +135,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--breakdown", action="store_true", help="print each GEMM kernel's time (stderr)")
     a = ap.parse_args()
-    if not 0 <= a.gap_ms <= 60_000:  # (NaN fails both comparisons)
-        ap.error(f"--gap-ms {a.gap_ms} is not between 0 and 60000 (milliseconds)")
-    a.gap_ms += 0.0  # -0 is 0
+    try:
+        a.gap_ms = peer.checked_gap_ms(a.gap_ms)
+    except peer.UsageError as e:
+        ap.error(str(e))
     ops = [o for o in a.ops.split(",") if o]
     dtypes = [d for d in a.dtypes.split(",") if d]
     for o in ops:
