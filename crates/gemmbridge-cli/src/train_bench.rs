@@ -17,7 +17,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use gemmbridge::cuda::train::Mlp;
 use gemmbridge::cuda::Gpu;
 use gemmbridge::train::fp8::Fp8Training;
-use gemmbridge::train::{init_params, Activation, GradMode, LinearSpec};
+use gemmbridge::train::{init_params, Activation, GeluPlacement, GradMode, LinearSpec, Placement};
 use gemmbridge::{Element, Precision};
 use serde::Serialize;
 
@@ -52,12 +52,37 @@ pub struct Args {
     /// Autotune every GEMM of a step (cuBLASLt's candidates, timed) before timing the row.
     #[arg(long)]
     tune: bool,
+    /// Where the MLP block's GELU-tanh forward runs: in the first GEMM's epilogue
+    /// (`GeluAuxBias`) or in a kernel after it (`Mlp::set_gelu_placement`).
+    #[arg(long, value_enum, default_value_t = Place::Epilogue)]
+    gelu_forward: Place,
+    /// Where its backward runs: in the second layer's data-gradient GEMM (`DGelu`) or in a
+    /// kernel after it.
+    #[arg(long, value_enum, default_value_t = Place::Epilogue)]
+    gelu_backward: Place,
     /// Print each GEMM's time (layer, role) beside the row.
     #[arg(long)]
     breakdown: bool,
     /// Write JSON lines here ("-": stdout).
     #[arg(long)]
     out: Option<String>,
+}
+
+/// A [`Placement`] on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Place {
+    Epilogue,
+    Kernel,
+}
+
+impl From<Place> for Placement {
+    fn from(p: Place) -> Placement {
+        match p {
+            Place::Epilogue => Placement::Epilogue,
+            Place::Kernel => Placement::Kernel,
+        }
+    }
 }
 
 /// A row: the bench schema's fields plus the GEMM split.
@@ -109,6 +134,7 @@ fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
         "fp8" => Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params)?,
         _ => Mlp::<T>::new(gpu, &layers, precision, &params)?,
     };
+    mlp.set_gelu_placement(GeluPlacement { forward: args.gelu_forward.into(), backward: args.gelu_backward.into() });
     let s = gpu.stream();
     let x: CudaSlice<T> = s.clone_htod(&crate::random::normal::<T>(tokens * k))?;
     let out = layers.last().map_or(0, |l| l.out_features);
@@ -204,7 +230,8 @@ pub fn run(mut args: Args) -> anyhow::Result<i32> {
     };
     let i = gpu.info()?;
     let env = serde_json::json!({"op": "env", "backend": "gemmbridge-train", "device": i.name,
-        "cublaslt": i.cublaslt_version, "reps": args.reps, "tokens": args.tokens, "gap_ms": args.gap_ms});
+        "cublaslt": i.cublaslt_version, "reps": args.reps, "tokens": args.tokens, "gap_ms": args.gap_ms,
+        "gelu_forward": args.gelu_forward, "gelu_backward": args.gelu_backward});
     writeln!(out, "{env}")?;
     for (dtype, precision) in &dtypes {
         for &(op, n, k) in SHAPES.iter().filter(|(op, _, _)| ops.contains(op)) {

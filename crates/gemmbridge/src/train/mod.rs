@@ -145,6 +145,38 @@ impl std::fmt::Display for Activation {
     }
 }
 
+/// Where a step of an activation runs on the GPU: in a cuBLASLt epilogue of a GEMM, or in a
+/// kernel of gemmbridge's own on the GEMM's plain output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// In the GEMM's epilogue (no extra pass over memory; the GEMM may get a slower kernel).
+    #[default]
+    Epilogue,
+    /// In an elementwise kernel after a plain GEMM (one extra pass over the tensors).
+    Kernel,
+}
+
+/// Where GPU layers apply [`Activation::GeluTanh`] in tf32, f16 and bf16
+/// ([`crate::cuda::train::Mlp::set_gelu_placement`]); f32 and FP8 layers always use
+/// gemmbridge's kernels (see the module's notes), and the other activations are placed as the
+/// module's notes say. Both placements compute the same function; the kernels round `pre`
+/// once more (the GEMM writes it in the storage type before the GELU reads it), as PyTorch
+/// does.
+///
+/// - `forward`: `Epilogue` — the GEMM applies bias and GELU and saves `pre` as aux
+///   (`GeluAuxBias`); `Kernel` — the GEMM writes `pre` (bias fused), a kernel writes `gelu(pre)`.
+/// - `backward`: `Epilogue` — the next layer's data-gradient GEMM applies `⊙ gelu′(pre)`
+///   (`DGelu`); `Kernel` — that GEMM writes the plain gradient and a kernel multiplies it in
+///   place. `Epilogue` needs `pre`'s rows padded to a multiple of 8: with a `Kernel` forward on
+///   a layer whose width is not a multiple of 8 the backward runs by kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GeluPlacement {
+    /// The forward's `gelu(x·wᵀ + b)`.
+    pub forward: Placement,
+    /// The backward's `dh ⊙ gelu′(pre)`.
+    pub backward: Placement,
+}
+
 /// One linear layer: `y[tokens, out] = act(x[tokens, in]·w[out, in]ᵀ + b[out])`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LinearSpec {

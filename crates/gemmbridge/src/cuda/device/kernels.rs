@@ -80,9 +80,19 @@ impl KernelSet {
                 ],
                 DTYPES,
             ),
-            KernelSet::Train => {
-                (&["dact_relu", "dact_gelu_tanh", "dact_gelu_erf", "gelu_erf", "gelu_tanh", "relu"], DTYPES)
-            }
+            KernelSet::Train => (
+                &[
+                    "dact_relu",
+                    "dact_gelu_tanh",
+                    "dact_gelu_erf",
+                    "gelu_erf",
+                    "gelu_tanh",
+                    "relu",
+                    "dact_gelu_tanh_v8",
+                    "gelu_tanh_v8",
+                ],
+                DTYPES,
+            ),
             KernelSet::Copy => (&["pad_copy"], &["b2", "b4"]),
         }
     }

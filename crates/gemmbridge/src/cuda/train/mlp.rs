@@ -7,21 +7,24 @@ use super::super::gpu::{Extras, Gpu};
 use super::super::status;
 use super::fp8::{self, Fp8Step};
 use super::instruments::{gemm, DynRef, GemmRole, Instruments};
+use super::placement::Placements;
 use crate::dtype::{DType, Element};
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result, Which};
 use crate::layout::{MatrixLayout, Operand};
 use crate::precision::Precision;
-use crate::problem::{GemmProblem, AUX_LD_MULTIPLE};
+use crate::problem::GemmProblem;
 use crate::train::fp8::Fp8Training;
-use crate::train::{check_layers, check_len, check_params, Activation, GradMode, LayerParams, LinearSpec, Params};
+use crate::train::{
+    check_layers, check_len, check_params, Activation, GeluPlacement, GradMode, LayerParams, LinearSpec, Params,
+};
 
 /// Activations and gradients for one token count.
 struct Buffers<T> {
     tokens: usize,
     /// Per layer: its output `act(pre)`, `[tokens, out]`.
     out: Vec<CudaSlice<T>>,
-    /// Per GELU layer: the pre-activation, `[tokens, ld]` ([`pre_ld`]).
+    /// Per GELU layer: the pre-activation, `[tokens, ld]` ([`Placements::pre_ld`]).
     pre: Vec<Option<CudaSlice<T>>>,
     /// Per layer: the gradient of its output, or of its pre-activation where the next layer's
     /// GEMM or a kernel has applied the activation's backward (`[tokens, out]`). The last
@@ -62,6 +65,8 @@ pub struct Mlp<T: Element> {
     /// FP8 layers: the recipe; `precision` is then the tensors' own (bf16 or f16), that of
     /// the bias-gradient GEMMs.
     fp8: Option<Fp8Training>,
+    /// Where GELU-tanh runs ([`Mlp::set_gelu_placement`]).
+    gelu: GeluPlacement,
     w: Vec<CudaSlice<T>>,
     b: Vec<Option<CudaSlice<T>>>,
     dw: Vec<CudaSlice<T>>,
@@ -83,41 +88,6 @@ impl<T: Element> std::fmt::Debug for Mlp<T> {
             .field("tokens", &self.bufs.as_ref().map(|b| b.tokens))
             .finish()
     }
-}
-
-/// Whether cuBLASLt's GELU epilogues apply the tanh GELU at `precision`: not in strict f32,
-/// where they are less accurate than f32 arithmetic (measured on the H200 with cuBLASLt 13.1:
-/// an MLP block's output 11× PyTorch's error against float64, its gradients 11–21×; tf32,
-/// f16 and bf16 at or below PyTorch's), so f32 layers apply it with gemmbridge's kernels.
-fn gelu_epilogues(precision: Precision) -> bool {
-    precision != Precision::F32
-}
-
-/// Whether the layer's activation runs as a kernel after its GEMM (GELU-erf always, GELU-tanh
-/// where the epilogue is not used), the GEMM writing the pre-activation.
-fn act_kernel(l: &LinearSpec, precision: Precision) -> bool {
-    match l.activation {
-        Activation::GeluErf => true,
-        Activation::GeluTanh => !gelu_epilogues(precision),
-        Activation::None | Activation::Relu => false,
-    }
-}
-
-/// The pre-activation's row stride: cuBLASLt's rule for an epilogue's aux
-/// ([`AUX_LD_MULTIPLE`]), or the GEMM's own contiguous C when a kernel applies the activation
-/// (always in FP8 layers, `fp8`).
-fn pre_ld(l: &LinearSpec, precision: Precision, fp8: bool) -> usize {
-    if fp8 || act_kernel(l, precision) {
-        l.out_features
-    } else {
-        l.out_features.next_multiple_of(AUX_LD_MULTIPLE)
-    }
-}
-
-/// The epilogue that applies `l`'s activation backward in the next layer's data-gradient GEMM
-/// (none in FP8 layers, `fp8`: a kernel applies it).
-fn fused_backward(l: &LinearSpec, precision: Precision, fp8: bool) -> Option<Epilogue> {
-    l.activation.fused_backward().filter(|_| !fp8 && gelu_epilogues(precision))
 }
 
 fn alloc<T: Element + DeviceRepr>(gpu: &Gpu, n: usize) -> Result<CudaSlice<T>> {
@@ -197,6 +167,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             layers: layers.to_vec(),
             precision,
             fp8,
+            gelu: GeluPlacement::default(),
             w: Vec::new(),
             b: Vec::new(),
             dw: Vec::new(),
@@ -230,6 +201,28 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     /// FP8 layers' recipe; `None` for high-precision layers.
     pub fn fp8(&self) -> Option<Fp8Training> {
         self.fp8
+    }
+
+    /// Where GELU-tanh layers apply the activation and its backward in tf32, f16 and bf16
+    /// ([`GeluPlacement`]; default: both in cuBLASLt epilogues). A change drops the activation
+    /// buffers (the saved pre-activation's stride may differ), so the next backward needs a new
+    /// training forward. FP8 and f32 layers keep their kernels whatever is set.
+    pub fn set_gelu_placement(&mut self, gelu: GeluPlacement) {
+        if gelu != self.gelu {
+            self.gelu = gelu;
+            self.bufs = None;
+            self.last = None;
+        }
+    }
+
+    /// Where GELU-tanh runs ([`Mlp::set_gelu_placement`]).
+    pub fn gelu_placement(&self) -> GeluPlacement {
+        self.gelu
+    }
+
+    /// What decides where each activation step runs.
+    fn placements(&self) -> Placements {
+        Placements { precision: self.precision, fp8: self.fp8.is_some(), gelu: self.gelu }
     }
 
     /// Layer `i`'s weight `w[out, in]`. Panics if `i` is not a layer.
@@ -292,6 +285,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         check_len(0, "input length (tokens × in_features)", x_len, tokens, self.layers[0].in_features)?;
         self.last = None;
         self.ensure_buffers(gpu, tokens)?;
+        let places = self.placements();
         let bufs = self.bufs.as_mut().expect("allocated above");
         let prec = self.precision;
         for i in 0..self.layers.len() {
@@ -306,7 +300,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 }
                 continue;
             }
-            let kernel = act_kernel(&l, prec);
+            let kernel = places.act_kernel(&l);
             let fwd = match kernel {
                 true => Activation::None.fused_forward(l.bias, false),
                 false => l.activation.fused_forward(l.bias, train && l.activation.saves_pre()),
@@ -329,9 +323,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 }
                 (_, pre) => {
                     let p = if p.uses_aux() {
-                        p.with_aux_layout(
-                            MatrixLayout::row_major(tokens, l.out_features).with_ld(pre_ld(&l, prec, false)),
-                        )?
+                        p.with_aux_layout(MatrixLayout::row_major(tokens, l.out_features).with_ld(places.pre_ld(&l)))?
                     } else {
                         p
                     };
@@ -417,16 +409,17 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         D: DevicePtr<T>,
         DX: DevicePtrMut<T>,
     {
+        let places = self.placements();
         let bufs = self.bufs.as_mut().expect("a training forward allocated them");
         let (tokens, prec, l, fp8) = (bufs.tokens, self.precision, self.layers[i], self.fp8);
         let last = i + 1 == self.layers.len();
         let s = gpu.stream();
         // 1. dpre: the gradient of the pre-activation
-        let fused_by_next = !last && fused_backward(&l, prec, fp8.is_some()).is_some();
+        let fused_by_next = !last && places.fused_backward(&l).is_some();
         if l.activation != Activation::None && !fused_by_next {
             let (saved, ld) = match l.activation {
                 Activation::Relu => (&bufs.out[i], l.out_features),
-                _ => (bufs.pre[i].as_ref().expect("GELU layers keep pre"), pre_ld(&l, prec, fp8.is_some())),
+                _ => (bufs.pre[i].as_ref().expect("GELU layers keep pre"), places.pre_ld(&l)),
             };
             let (ps, _gs) = saved.device_ptr(s);
             let g = bufs.grad[i].as_mut().expect("allocated for every layer with an activation");
@@ -493,7 +486,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             return Ok(());
         }
         let prev = (i > 0).then(|| self.layers[i - 1]);
-        let e = prev.and_then(|p| fused_backward(&p, prec, false)).unwrap_or(Epilogue::None);
+        let e = prev.and_then(|p| places.fused_backward(&p)).unwrap_or(Epilogue::None);
         let mut px = GemmProblem::matmul(tokens, l.in_features, l.out_features, prec)?.with_epilogue(e)?;
         let (before, rest) = bufs.grad.split_at_mut(i);
         let dpre: &dyn DevicePtr<T> = match (&rest[0], last) {
@@ -509,9 +502,8 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 let out = before[i - 1].as_mut().expect("every layer but the last has a gradient buffer");
                 let aux_in = if px.uses_aux() {
                     let p = prev.expect("i > 0");
-                    px = px.with_aux_layout(
-                        MatrixLayout::row_major(tokens, p.out_features).with_ld(pre_ld(&p, prec, false)),
-                    )?;
+                    px =
+                        px.with_aux_layout(MatrixLayout::row_major(tokens, p.out_features).with_ld(places.pre_ld(&p)))?;
                     bufs.pre[i - 1].as_ref().map(|v| v as &dyn DevicePtr<T>)
                 } else {
                     None
@@ -547,7 +539,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             return Ok(());
         }
         self.bufs = None; // freed in stream order before the new ones are allocated
-        let last = self.layers.len() - 1;
+        let (last, places) = (self.layers.len() - 1, self.placements());
         let ones = match self.fp8.is_some() && self.layers.iter().any(|l| l.bias) {
             true => Some(
                 gpu.stream()
@@ -560,7 +552,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         for (i, l) in self.layers.iter().enumerate() {
             let n = tokens * l.out_features;
             b.out.push(alloc(gpu, n)?);
-            let ld = pre_ld(l, self.precision, self.fp8.is_some());
+            let ld = places.pre_ld(l);
             let pre = l.activation.saves_pre().then(|| alloc(gpu, tokens * ld)).transpose()?;
             b.pre.push(pre);
             let needs_grad = i < last || l.activation != Activation::None;

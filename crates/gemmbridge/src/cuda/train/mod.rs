@@ -6,6 +6,7 @@ mod fp8;
 mod instruments;
 mod kernels;
 mod mlp;
+mod placement;
 mod timing;
 
 pub use instruments::{GemmRole, Tuned};

@@ -1,0 +1,70 @@
+//! GPU tests of where the training layers place GELU-tanh ([`GeluPlacement`]): every placement
+//! of the forward and the backward (cuBLASLt epilogue or gemmbridge's kernel) gives the
+//! float64 result of the step within the precision's band, in tf32, f16 and bf16, on widths
+//! the 8-wide kernels take (multiples of 8) and odd ones (the scalar kernels, and a kernel
+//! backward where an epilogue cannot read a 65-wide pre-activation); outputs poisoned with NaN
+//! first; a placement change between forward and backward is refused by name.
+
+mod common;
+
+use common::train::{reference, step};
+use common::{gpu, normal, rng};
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use gemmbridge::cuda::train::Mlp;
+use gemmbridge::cuda::Gpu;
+use gemmbridge::half::{bf16, f16};
+use gemmbridge::reference::rel_error;
+use gemmbridge::train::{init_params, Activation, GeluPlacement, GradMode, LayerParams, LinearSpec, Params, Placement};
+use gemmbridge::{Element, Error, Precision};
+
+const PLACES: [Placement; 2] = [Placement::Epilogue, Placement::Kernel];
+
+fn placements<T: Element + DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, prec: Precision, rng: &mut rand::rngs::StdRng) {
+    for (d, f, out, tokens) in [(64usize, 256usize, 64usize, 37usize), (33, 65, 24, 19)] {
+        let layers = [LinearSpec::new(d, f).with_activation(Activation::GeluTanh), LinearSpec::new(f, out)];
+        let seed: u64 = rand::Rng::random(rng);
+        let round = |v: &[f32]| v.iter().map(|&x| T::from_f32(x).to_f32()).collect::<Vec<_>>();
+        let params: Params =
+            init_params(&layers, seed).into_iter().map(|p| LayerParams { w: round(&p.w), b: round(&p.b) }).collect();
+        let (x, dy): (Vec<T>, Vec<T>) = (normal(rng, tokens * d), normal(rng, tokens * out));
+        let wide = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+        let exact = reference(&layers, &params, &wide(&x), &wide(&dy), tokens);
+        let (xd, dyd) = (gpu.stream().clone_htod(&x).unwrap(), gpu.stream().clone_htod(&dy).unwrap());
+        let mut mlp = Mlp::<T>::new(gpu, &layers, prec, &params).unwrap();
+        // each rounding of pre or of a gradient in T adds one band; three GEMMs deep
+        let tol = prec.tolerance() * 3.0;
+        for forward in PLACES {
+            for backward in PLACES {
+                let g = GeluPlacement { forward, backward };
+                mlp.set_gelu_placement(g);
+                assert_eq!(mlp.gelu_placement(), g);
+                let (got, _) = step(gpu, &mut mlp, &xd, &dyd, tokens);
+                for (what, v) in &got {
+                    let e = rel_error(v, &exact[what]);
+                    assert!(e <= tol, "{prec} {d}→{f}→{out}, {tokens} tokens, {g:?}: {what} rel error {e:e} > {tol:e}");
+                }
+            }
+        }
+        // a change drops what the forward kept: the backward asks for a new forward
+        mlp.forward(gpu, &xd, tokens, true).unwrap();
+        mlp.set_gelu_placement(GeluPlacement::default());
+        let e = mlp.backward(gpu, &xd, &dyd, None::<&mut CudaSlice<T>>, GradMode::Overwrite).unwrap_err();
+        assert!(matches!(e, Error::TrainingOrder { .. }), "{e}");
+        // and setting the same placement again keeps it
+        mlp.forward(gpu, &xd, tokens, true).unwrap();
+        mlp.set_gelu_placement(GeluPlacement::default());
+        mlp.backward(gpu, &xd, &dyd, None::<&mut CudaSlice<T>>, GradMode::Overwrite).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_gelu_placement_matches_float64() {
+    let gpu = gpu();
+    let mut rng = rng();
+    placements::<f32>(&gpu, Precision::TF32, &mut rng);
+    placements::<f16>(&gpu, Precision::F16, &mut rng);
+    placements::<bf16>(&gpu, Precision::BF16, &mut rng);
+    // f32 keeps its kernels whatever is asked: the same check holds
+    placements::<f32>(&gpu, Precision::F32, &mut rng);
+}
