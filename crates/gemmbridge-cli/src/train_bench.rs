@@ -10,7 +10,9 @@
 //! row (`timing::time_gpu`). Then, over 10 further steps, CUDA events around each GEMM and
 //! around the 10 steps: `gemm_ms` (the step's GEMMs alone), `pass_ms` (the step in that pass)
 //! and `beyond_ms = pass_ms − gemm_ms`, what the step costs beyond its GEMMs (taken from one
-//! pass: the GPU's clock differs between passes by more than the difference).
+//! pass: the GPU's clock differs between passes by more than the difference). With
+//! `--gelu-forward kernel` or `--gelu-backward kernel` the block's GELU kernels are part of
+//! `beyond_ms`; the env row records both placements.
 
 use anyhow::bail;
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};

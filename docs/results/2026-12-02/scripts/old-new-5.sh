@@ -26,4 +26,10 @@ $B compare --ours $(j dnew1 dnew2 dnew3 dnew4 dnew5) --peer $(j dold1 dold2 dold
 $B compare --ours $(j dnew1 dnew3) --peer $(j dnew2 dnew4) --bound 0.98 > $R/aa-new.txt 2>&1
 $B compare --ours $(j dold1 dold3) --peer $(j dold2 dold4) --bound 0.98 > $R/aa-old.txt 2>&1
 grep -E "◂" $R/compare-new-vs-old.txt; tail -14 $R/compare-new-vs-old.txt
+# cuBLASLt's trace of the tf32 matmul rows on both binaries: which algorithm each runs
+for b in new old; do
+  X=$B; [ $b = old ] && X=$OLD
+  CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE=$R/lt-tf32-$b.log timeout 60 $X bench --suite default --dtypes tf32 --ops matmul --reps 1 --db /tmp/h200-lt.json > /dev/null 2>&1
+done
+grep -c cublasLtMatmul $R/lt-tf32-*.log
 mark end
