@@ -12,14 +12,14 @@
 //! and `beyond_ms = pass_ms − gemm_ms`, what the step costs beyond its GEMMs (taken from one
 //! pass: the GPU's clock differs between passes by more than the difference). With
 //! `--gelu-forward kernel` or `--gelu-backward kernel` the block's GELU kernels are part of
-//! `beyond_ms`; the env row records both placements.
+//! `beyond_ms`; the env row records the placements.
 
 use anyhow::bail;
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use gemmbridge::cuda::train::Mlp;
 use gemmbridge::cuda::Gpu;
 use gemmbridge::train::fp8::Fp8Training;
-use gemmbridge::train::{init_params, Activation, GeluPlacement, GradMode, LinearSpec, Placement};
+use gemmbridge::train::{init_params, Activation, GeluBiasGrad, GeluPlacement, GradMode, LinearSpec, Placement};
 use gemmbridge::{Element, Precision};
 use serde::Serialize;
 
@@ -62,6 +62,11 @@ pub struct Args {
     /// kernel after it.
     #[arg(long, value_enum, default_value_t = Place::Epilogue)]
     gelu_backward: Place,
+    /// With the backward in an epilogue: which GEMM writes the first layer's bias gradient,
+    /// its own weight-gradient GEMM (`BGRADB`) or the second layer's data-gradient GEMM
+    /// together with the GELU backward (`DGELU_BGRAD`).
+    #[arg(long, value_enum, default_value_t = BiasGradBy::WeightGrad)]
+    gelu_bias_grad: BiasGradBy,
     /// Print each GEMM's time (layer, role) beside the row.
     #[arg(long)]
     breakdown: bool,
@@ -83,6 +88,23 @@ impl From<Place> for Placement {
         match p {
             Place::Epilogue => Placement::Epilogue,
             Place::Kernel => Placement::Kernel,
+        }
+    }
+}
+
+/// A [`GeluBiasGrad`] on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum BiasGradBy {
+    WeightGrad,
+    DataGrad,
+}
+
+impl From<BiasGradBy> for GeluBiasGrad {
+    fn from(b: BiasGradBy) -> GeluBiasGrad {
+        match b {
+            BiasGradBy::WeightGrad => GeluBiasGrad::WeightGrad,
+            BiasGradBy::DataGrad => GeluBiasGrad::DataGrad,
         }
     }
 }
@@ -136,7 +158,11 @@ fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
         "fp8" => Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params)?,
         _ => Mlp::<T>::new(gpu, &layers, precision, &params)?,
     };
-    mlp.set_gelu_placement(GeluPlacement { forward: args.gelu_forward.into(), backward: args.gelu_backward.into() });
+    mlp.set_gelu_placement(GeluPlacement {
+        forward: args.gelu_forward.into(),
+        backward: args.gelu_backward.into(),
+        bias_grad: args.gelu_bias_grad.into(),
+    });
     let s = gpu.stream();
     let x: CudaSlice<T> = s.clone_htod(&crate::random::normal::<T>(tokens * k))?;
     let out = layers.last().map_or(0, |l| l.out_features);
@@ -233,7 +259,8 @@ pub fn run(mut args: Args) -> anyhow::Result<i32> {
     let i = gpu.info()?;
     let env = serde_json::json!({"op": "env", "backend": "gemmbridge-train", "device": i.name,
         "cublaslt": i.cublaslt_version, "reps": args.reps, "tokens": args.tokens, "gap_ms": args.gap_ms,
-        "gelu_forward": args.gelu_forward, "gelu_backward": args.gelu_backward});
+        "gelu_forward": args.gelu_forward, "gelu_backward": args.gelu_backward,
+        "gelu_bias_grad": args.gelu_bias_grad});
     writeln!(out, "{env}")?;
     for (dtype, precision) in &dtypes {
         for &(op, n, k) in SHAPES.iter().filter(|(op, _, _)| ops.contains(op)) {

@@ -10,6 +10,7 @@
 //! | `Gelu` / `GeluBias` | `gelu(T (+ bias))` | (reads `bias[n]`) |
 //! | `GeluAux` / `GeluAuxBias` | `gelu(T (+ bias))` | writes `aux[m, n]` = the pre-activation `T (+ bias)` |
 //! | `DGelu` | `T ⊙ gelu'(aux)` | reads `aux[m, n]` (saved by `GeluAux*`) |
+//! | `DGeluBiasGrad` | `T ⊙ gelu'(aux)` | reads `aux[m, n]`; writes `bias_grad[n]` = column sums of that result over m |
 //! | `BiasGradA` | `T` | writes `bias_grad[m]` = row sums of `op(A)` over k |
 //! | `BiasGradB` | `T` | writes `bias_grad[n]` = column sums of `op(B)` over k |
 //!
@@ -17,7 +18,8 @@
 //! approximation `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, which cuBLASLt computes
 //! (cuBLAS documentation, `cublasLtEpilogue_t`). In a linear layer's backward,
 //! `dW = dYᵀ·X` with `BiasGradA` yields `db = Σ_m dY`, and `dX = (dY·W) ⊙ gelu'(pre)` is
-//! `DGelu` with the saved `aux`.
+//! `DGelu` with the saved `aux`; `DGeluBiasGrad` (cuBLASLt's `DGELU_BGRAD`) also sums that
+//! result over the rows, which is the previous layer's bias gradient.
 //!
 //! Extra operands are contiguous vectors (`bias`, `bias_grad`) or a row-major `[m, n]` matrix
 //! with its own leading dimension and batch stride (`aux`, [`GemmProblem::aux`](crate::GemmProblem::aux)),
@@ -47,6 +49,8 @@ pub enum Epilogue {
     GeluAuxBias,
     /// `· ⊙ gelu'(aux)`: the GELU backward.
     DGelu,
+    /// `· ⊙ gelu'(aux)`, and writes `bias_grad[n]`, the sums of that result's columns over m.
+    DGeluBiasGrad,
     /// Also writes `bias_grad[m]`, the sums of `op(A)`'s rows over k.
     BiasGradA,
     /// Also writes `bias_grad[n]`, the sums of `op(B)`'s columns over k.
@@ -60,7 +64,8 @@ pub enum VectorUse {
     None,
     /// Reads `bias[n]`.
     ReadsBias,
-    /// Writes a bias gradient of the given length (m for `BiasGradA`, n for `BiasGradB`).
+    /// Writes a bias gradient of the given length (m for `BiasGradA`, n for `BiasGradB` and
+    /// `DGeluBiasGrad`).
     WritesGrad,
 }
 
@@ -77,7 +82,7 @@ pub enum AuxUse {
 
 impl Epilogue {
     /// Every epilogue, for tests and the probe.
-    pub const ALL: [Epilogue; 11] = [
+    pub const ALL: [Epilogue; 12] = [
         Epilogue::None,
         Epilogue::Bias,
         Epilogue::Relu,
@@ -87,6 +92,7 @@ impl Epilogue {
         Epilogue::GeluAux,
         Epilogue::GeluAuxBias,
         Epilogue::DGelu,
+        Epilogue::DGeluBiasGrad,
         Epilogue::BiasGradA,
         Epilogue::BiasGradB,
     ];
@@ -95,7 +101,7 @@ impl Epilogue {
     pub const fn vector(self) -> VectorUse {
         match self {
             Epilogue::Bias | Epilogue::ReluBias | Epilogue::GeluBias | Epilogue::GeluAuxBias => VectorUse::ReadsBias,
-            Epilogue::BiasGradA | Epilogue::BiasGradB => VectorUse::WritesGrad,
+            Epilogue::BiasGradA | Epilogue::BiasGradB | Epilogue::DGeluBiasGrad => VectorUse::WritesGrad,
             _ => VectorUse::None,
         }
     }
@@ -104,7 +110,7 @@ impl Epilogue {
     pub const fn aux(self) -> AuxUse {
         match self {
             Epilogue::GeluAux | Epilogue::GeluAuxBias => AuxUse::Writes,
-            Epilogue::DGelu => AuxUse::Reads,
+            Epilogue::DGelu | Epilogue::DGeluBiasGrad => AuxUse::Reads,
             _ => AuxUse::None,
         }
     }
@@ -121,6 +127,7 @@ impl Epilogue {
             Epilogue::GeluAux => "gelu_aux",
             Epilogue::GeluAuxBias => "gelu_aux_bias",
             Epilogue::DGelu => "dgelu",
+            Epilogue::DGeluBiasGrad => "dgelu_bgrad",
             Epilogue::BiasGradA => "bgrada",
             Epilogue::BiasGradB => "bgradb",
         }
@@ -177,6 +184,8 @@ mod tests {
         assert_eq!(Epilogue::GeluAuxBias.aux(), AuxUse::Writes);
         assert_eq!(Epilogue::DGelu.aux(), AuxUse::Reads);
         assert_eq!(Epilogue::BiasGradB.vector(), VectorUse::WritesGrad);
+        assert_eq!(Epilogue::DGeluBiasGrad.vector(), VectorUse::WritesGrad);
+        assert_eq!(Epilogue::DGeluBiasGrad.aux(), AuxUse::Reads);
         assert_eq!(Epilogue::None.vector(), VectorUse::None);
     }
 }

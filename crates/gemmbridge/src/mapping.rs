@@ -121,6 +121,7 @@ pub fn lt_epilogue(e: Epilogue) -> cublasLtEpilogue_t {
         Epilogue::GeluAux => L::CUBLASLT_EPILOGUE_GELU_AUX,
         Epilogue::GeluAuxBias => L::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
         Epilogue::DGelu => L::CUBLASLT_EPILOGUE_DGELU,
+        Epilogue::DGeluBiasGrad => L::CUBLASLT_EPILOGUE_DGELU_BGRAD,
         Epilogue::BiasGradA => L::CUBLASLT_EPILOGUE_BGRADB,
         Epilogue::BiasGradB => L::CUBLASLT_EPILOGUE_BGRADA,
     }

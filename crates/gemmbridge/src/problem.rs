@@ -225,8 +225,8 @@ impl GemmProblem {
         self.aux
     }
 
-    /// Elements of the epilogue's vector operand: n for a bias or `BiasGradB`, m for
-    /// `BiasGradA`, 0 when there is none.
+    /// Elements of the epilogue's vector operand: n for a bias, `BiasGradB` or
+    /// `DGeluBiasGrad`, m for `BiasGradA`, 0 when there is none.
     pub const fn vector_len(&self) -> usize {
         match (self.epilogue.vector(), self.epilogue) {
             (VectorUse::None, _) => 0,

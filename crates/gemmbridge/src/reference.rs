@@ -60,7 +60,7 @@ pub fn gemm_epilogue_rowmajor(
     let (lc, la) = (p.c(), p.aux());
     let mut vector = vector;
     let mut aux = aux;
-    if e.vector() == VectorUse::WritesGrad {
+    if matches!(e, Epilogue::BiasGradA | Epilogue::BiasGradB) {
         let v = vector.as_deref_mut().expect("bias gradient buffer");
         let (oa, ob) = (p.a(), p.b());
         if e == Epilogue::BiasGradA {
@@ -88,6 +88,13 @@ pub fn gemm_epilogue_rowmajor(
                 }
                 c[at] = e.activate(t);
             }
+        }
+    }
+    if e == Epilogue::DGeluBiasGrad {
+        // the sums of the result's columns (batch 1: a bias gradient is refused for more)
+        let v = vector.expect("bias gradient buffer");
+        for (j, g) in v.iter_mut().enumerate().take(p.n()) {
+            *g = (0..p.m()).map(|i| c[lc.offset(0, i, j)]).sum();
         }
     }
 }

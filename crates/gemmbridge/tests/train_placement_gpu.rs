@@ -1,5 +1,7 @@
 //! GPU tests of where the training layers place GELU-tanh ([`GeluPlacement`]): every placement
-//! of the forward and the backward (cuBLASLt epilogue or gemmbridge's kernel) gives the
+//! of the forward and the backward (cuBLASLt epilogue or gemmbridge's kernel), and of the bias
+//! gradient (the layer's weight-gradient GEMM or `DGeluBiasGrad`), overwriting and
+//! accumulating, gives the
 //! float64 result of the step within the precision's band, in tf32, f16 and bf16, on widths
 //! the 8-wide kernels take (multiples of 8) and odd ones (the scalar kernels, and a kernel
 //! backward where an epilogue cannot read a 65-wide pre-activation); outputs poisoned with NaN
@@ -14,7 +16,9 @@ use gemmbridge::cuda::train::Mlp;
 use gemmbridge::cuda::Gpu;
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::rel_error;
-use gemmbridge::train::{init_params, Activation, GeluPlacement, GradMode, LayerParams, LinearSpec, Params, Placement};
+use gemmbridge::train::{
+    init_params, Activation, GeluBiasGrad, GeluPlacement, GradMode, LayerParams, LinearSpec, Params, Placement,
+};
 use gemmbridge::{Element, Error, Precision};
 
 const PLACES: [Placement; 2] = [Placement::Epilogue, Placement::Kernel];
@@ -33,15 +37,31 @@ fn placements<T: Element + DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, prec: Precis
         let mut mlp = Mlp::<T>::new(gpu, &layers, prec, &params).unwrap();
         // each rounding of pre or of a gradient in T adds one band; three GEMMs deep
         let tol = prec.tolerance() * 3.0;
+        let backwards = [
+            (Placement::Epilogue, GeluBiasGrad::WeightGrad),
+            (Placement::Epilogue, GeluBiasGrad::DataGrad),
+            (Placement::Kernel, GeluBiasGrad::WeightGrad),
+        ];
         for forward in PLACES {
-            for backward in PLACES {
-                let g = GeluPlacement { forward, backward };
+            for (backward, bias_grad) in backwards {
+                let g = GeluPlacement { forward, backward, bias_grad };
                 mlp.set_gelu_placement(g);
                 assert_eq!(mlp.gelu_placement(), g);
-                let (got, _) = step(gpu, &mut mlp, &xd, &dyd, tokens);
+                let (got, first) = step(gpu, &mut mlp, &xd, &dyd, tokens);
                 for (what, v) in &got {
                     let e = rel_error(v, &exact[what]);
                     assert!(e <= tol, "{prec} {d}→{f}→{out}, {tokens} tokens, {g:?}: {what} rel error {e:e} > {tol:e}");
+                }
+                // a second backward accumulating doubles every gradient (a fused bias gradient
+                // goes through the layer's temporary and axpy)
+                mlp.backward(gpu, &xd, &dyd, None::<&mut CudaSlice<T>>, GradMode::Accumulate).unwrap();
+                let twice = mlp.grads_to_host(gpu).unwrap();
+                let scaled = |v: &[f32], s: f64| v.iter().map(|&x| s * x as f64).collect::<Vec<_>>();
+                for (i, (a, b)) in twice.iter().zip(&first).enumerate() {
+                    for (name, a, b) in [("dw", &a.w, &b.w), ("db", &a.b, &b.b)] {
+                        let e = rel_error(&scaled(a, 1.0), &scaled(b, 2.0));
+                        assert!(e <= tol, "{prec} {g:?}: accumulated {name}{i} rel error {e:e}");
+                    }
                 }
             }
         }

@@ -16,6 +16,7 @@ use crate::epilogue::{Epilogue, VectorUse};
 use crate::error::{Error, Result};
 use crate::layout::{MatrixLayout, Operand};
 use crate::mapping::column_major_call;
+use crate::precision::Precision;
 use crate::problem::GemmProblem;
 
 /// Runs the request on aligned copies where its operands are misaligned and the padding
@@ -126,8 +127,9 @@ unsafe fn blas(st: &mut Locked<Libraries>, r: &Request) -> Result<()> {
 }
 
 /// The bias gradient where cuBLASLt has no BGRAD algorithm (on the H200 with cuBLASLt 13.1:
-/// BiasGradA needs op(A) = T, BiasGradB needs op(B) = N; docs/PERFORMANCE.md): the plain GEMM,
-/// then the gradient — sums of op(A)'s rows, or op(B)'s columns, over k — as a cuBLAS GEMM
+/// BiasGradA needs op(A) = T, BiasGradB needs op(B) = N; docs/PERFORMANCE.md): the GEMM
+/// without it (plain, or `DGelu` for `DGeluBiasGrad`), then the gradient — sums of op(A)'s
+/// rows or op(B)'s columns over k, or of the result's columns over m — as a cuBLAS GEMM
 /// against a vector of ones held in the stream's scratch region, written to the bias operand.
 ///
 /// # Safety
@@ -135,39 +137,61 @@ unsafe fn blas(st: &mut Locked<Libraries>, r: &Request) -> Result<()> {
 unsafe fn bias_grad_unfused(st: &mut Locked<Libraries>, r: &Request) -> Result<()> {
     let p = r.problem;
     let ws = st.dev.workspaces.get(r.stream, &|| p.describe())?;
-    let (k, prec) = (p.k(), p.precision());
-    if k * prec.input().size_bytes() > ws.scratch_bytes {
+    let e = p.epilogue();
+    // the ones' length and the dtype they multiply: the operands' (over k) or the result's (over m)
+    let (len, dtype) = match e {
+        Epilogue::DGeluBiasGrad => (p.m(), p.precision().output()),
+        _ => (p.k(), p.precision().input()),
+    };
+    if len * dtype.size_bytes() > ws.scratch_bytes {
         return Err(Error::Unsupported {
             backend: "cuBLASLt",
             what: format!(
-                "the bias gradient of {} (no BGRAD algorithm, and k = {k} exceeds the ones vector the {}-byte scratch holds)",
+                "the bias gradient of {} (no BGRAD algorithm, and {len} ones exceed the {}-byte scratch)",
                 p.describe(),
                 ws.scratch_bytes
             ),
         });
     }
-    let plain = p.with_epilogue(Epilogue::None)?;
-    // SAFETY: forwarded; the plain problem reads and writes a subset of p's operands.
-    unsafe { route(st, &Request { problem: &plain, bias: None, aux: None, ..*r }) }?;
+    let (without, aux) = match e {
+        Epilogue::DGeluBiasGrad => (p.with_epilogue(Epilogue::DGelu)?, r.aux),
+        _ => (p.with_epilogue(Epilogue::None)?, None),
+    };
+    // SAFETY: forwarded; this problem reads and writes a subset of p's operands.
+    unsafe { route(st, &Request { problem: &without, bias: None, aux, ..*r }) }?;
     // SAFETY: the scratch region is this stream's, sized above; stream-ordered memsets.
     unsafe {
         use cudarc::driver::sys::{cuMemsetD16Async, cuMemsetD32Async};
-        let s = match prec.input() {
-            DType::F32 => cuMemsetD32Async(ws.scratch, 1.0f32.to_bits(), k, r.stream),
-            DType::F16 => cuMemsetD16Async(ws.scratch, crate::half::f16::ONE.to_bits(), k, r.stream),
-            DType::BF16 => cuMemsetD16Async(ws.scratch, crate::half::bf16::ONE.to_bits(), k, r.stream),
+        let s = match dtype {
+            DType::F32 => cuMemsetD32Async(ws.scratch, 1.0f32.to_bits(), len, r.stream),
+            DType::F16 => cuMemsetD16Async(ws.scratch, crate::half::f16::ONE.to_bits(), len, r.stream),
+            DType::BF16 => cuMemsetD16Async(ws.scratch, crate::half::bf16::ONE.to_bits(), len, r.stream),
         };
         s.result().map_err(status::driver("cuMemsetD16Async/cuMemsetD32Async"))?;
     }
-    let (a, b) = (r.abc.0, r.abc.1);
-    let (g, ga, gb) = if p.epilogue() == Epilogue::BiasGradA {
-        // grad[m] = op(A)[m, k]·ones[k]
-        let ones = Operand::n(MatrixLayout::row_major(k, 1));
-        (GemmProblem::new(p.a(), ones, MatrixLayout::row_major(p.m(), 1), 1, prec)?, a, ws.scratch)
-    } else {
-        // grad[n] = ones[k]ᵀ·op(B)[k, n]
-        let ones = Operand::n(MatrixLayout::row_major(1, k));
-        (GemmProblem::new(ones, p.b(), MatrixLayout::row_major(1, p.n()), 1, prec)?, ws.scratch, b)
+    let (a, b, c) = r.abc;
+    let (k, prec) = (p.k(), p.precision());
+    let (g, ga, gb) = match e {
+        Epilogue::BiasGradA => {
+            // grad[m] = op(A)[m, k]·ones[k]
+            let ones = Operand::n(MatrixLayout::row_major(k, 1));
+            (GemmProblem::new(p.a(), ones, MatrixLayout::row_major(p.m(), 1), 1, prec)?, a, ws.scratch)
+        }
+        Epilogue::BiasGradB => {
+            // grad[n] = ones[k]ᵀ·op(B)[k, n]
+            let ones = Operand::n(MatrixLayout::row_major(1, k));
+            (GemmProblem::new(ones, p.b(), MatrixLayout::row_major(1, p.n()), 1, prec)?, ws.scratch, b)
+        }
+        _ => {
+            // grad[n] = ones[m]ᵀ·C[m, n], in the result's own dtype
+            let ones = Operand::n(MatrixLayout::row_major(1, p.m()));
+            let own = match dtype {
+                DType::F32 => Precision::F32,
+                DType::F16 => Precision::F16,
+                DType::BF16 => Precision::BF16,
+            };
+            (GemmProblem::new(ones, Operand::n(p.c()), MatrixLayout::row_major(1, p.n()), 1, own)?, ws.scratch, c)
+        }
     };
     let grad = Request {
         problem: &g,

@@ -27,7 +27,8 @@
 //! # Activations: which GELU is which
 //! - [`Activation::GeluTanh`]: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, cuBLASLt's GELU
 //!   epilogue and PyTorch's `F.gelu(x, approximate="tanh")`; fused forward and backward in
-//!   tf32, f16 and bf16. In strict f32 the GPU applies it with its own kernels instead:
+//!   tf32, f16 and bf16 (by default: [`GeluPlacement`] moves either step to a kernel, which
+//!   measured slower on the H200). In strict f32 the GPU applies it with its own kernels instead:
 //!   cuBLASLt's GELU epilogues are less accurate than f32 arithmetic (measured on the H200,
 //!   cuBLASLt 13.1: an MLP block's output at 11× PyTorch's error against float64).
 //! - [`Activation::GeluErf`]: `0.5·x·(1 + erf(x/√2))`, PyTorch's default `F.gelu(x)`; never
@@ -156,12 +157,29 @@ pub enum Placement {
     Kernel,
 }
 
+/// Which GEMM writes the bias gradient of a GELU-tanh layer whose backward runs in the next
+/// layer's epilogue ([`GeluPlacement::bias_grad`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GeluBiasGrad {
+    /// The layer's own weight-gradient GEMM (`BiasGradA`, cuBLASLt's `BGRADB`), as for every
+    /// other layer with a bias.
+    #[default]
+    WeightGrad,
+    /// The next layer's data-gradient GEMM, together with the GELU backward
+    /// ([`Epilogue::DGeluBiasGrad`], cuBLASLt's `DGELU_BGRAD`); the layer's weight-gradient
+    /// GEMM is then plain.
+    DataGrad,
+}
+
 /// Where GPU layers apply [`Activation::GeluTanh`] in tf32, f16 and bf16
 /// ([`crate::cuda::train::Mlp::set_gelu_placement`]); f32 and FP8 layers always use
 /// gemmbridge's kernels (see the module's notes), and the other activations are placed as the
-/// module's notes say. Both placements compute the same function; the kernels round `pre`
-/// once more (the GEMM writes it in the storage type before the GELU reads it), as PyTorch
-/// does.
+/// module's notes say. Both placements compute the same function; the kernels read values
+/// rounded to the storage type where the epilogues read the GEMM's f32 result (the forward's
+/// GELU reads the stored `pre`, the backward's product the stored gradient), as PyTorch's
+/// separate kernels do. Default: both in epilogues. On the H200 with cuBLASLt 13.1 either
+/// kernel placement made an MLP block's training step up to 3 % slower (docs/PERFORMANCE.md,
+/// training layers): the extra pass over memory costs more than the epilogue does.
 ///
 /// - `forward`: `Epilogue` — the GEMM applies bias and GELU and saves `pre` as aux
 ///   (`GeluAuxBias`); `Kernel` — the GEMM writes `pre` (bias fused), a kernel writes `gelu(pre)`.
@@ -175,6 +193,9 @@ pub struct GeluPlacement {
     pub forward: Placement,
     /// The backward's `dh ⊙ gelu′(pre)`.
     pub backward: Placement,
+    /// With the backward in an epilogue and a bias on the layer: which GEMM writes the bias
+    /// gradient.
+    pub bias_grad: GeluBiasGrad,
 }
 
 /// One linear layer: `y[tokens, out] = act(x[tokens, in]·w[out, in]ᵀ + b[out])`.

@@ -6,10 +6,11 @@ use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, V
 use super::super::gpu::{Extras, Gpu};
 use super::super::status;
 use super::fp8::{self, Fp8Step};
+use super::grads::{accumulate_bias_grad, bias_grad_out, to_host};
 use super::instruments::{gemm, DynRef, GemmRole, Instruments};
 use super::placement::Placements;
 use crate::dtype::{DType, Element};
-use crate::epilogue::Epilogue;
+use crate::epilogue::{Epilogue, VectorUse};
 use crate::error::{Error, Result, Which};
 use crate::layout::{MatrixLayout, Operand};
 use crate::precision::Precision;
@@ -460,6 +461,8 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 }
             };
         }
+        // the bias gradient here unless the next layer's data-gradient GEMM wrote it
+        let own_bias_grad = l.bias && (last || !places.bias_grad_by_next(&l));
         let pw = GemmProblem::new(
             Operand::t(MatrixLayout::row_major(tokens, l.out_features)),
             Operand::n(MatrixLayout::row_major(tokens, l.in_features)),
@@ -467,19 +470,13 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             1,
             prec,
         )?
-        .with_epilogue(if l.bias { Epilogue::BiasGradA } else { Epilogue::None })?;
-        let db = match mode {
-            GradMode::Overwrite => self.db[i].as_mut(),
-            GradMode::Accumulate => self.db_tmp[i].as_mut(),
-        };
-        let extras = Extras { bias_grad: db.map(|v| v as &mut dyn DevicePtrMut<T>), ..Extras::default() };
+        .with_epilogue(if own_bias_grad { Epilogue::BiasGradA } else { Epilogue::None })?;
+        let db = bias_grad_out(mode, &mut self.db[i], &mut self.db_tmp[i]).filter(|_| own_bias_grad);
+        let extras = Extras { bias_grad: db, ..Extras::default() };
         let role = (i, GemmRole::WeightGrad);
         gemm(gpu, &mut self.ins, role, &pw, &DynRef(dpre), &DynRef(input), beta, &mut self.dw[i], extras)?;
-        if let (GradMode::Accumulate, Some(tmp), Some(db)) = (mode, &self.db_tmp[i], self.db[i].as_mut()) {
-            let (pt, _gt) = tmp.device_ptr(s);
-            let (pb, _gb) = db.device_ptr_mut(s);
-            // SAFETY: both hold out_features elements of T, distinct allocations.
-            unsafe { gpu.enqueue_axpy(T::DTYPE, l.out_features, 1.0, pt, pb) }?;
+        if own_bias_grad {
+            accumulate_bias_grad(gpu, mode, &self.db_tmp[i], &mut self.db[i])?;
         }
         // 3. the data gradient dpre·w[out, in] → [tokens, in]
         if i == 0 && dx.is_none() {
@@ -508,8 +505,15 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 } else {
                     None
                 };
-                let (role, extras) = ((i, GemmRole::DataGrad), Extras { aux_in, ..Extras::default() });
-                gemm(gpu, &mut self.ins, role, &px, &DynRef(dpre), &self.w[i], 0.0, out, extras)
+                // DGeluBiasGrad: the previous layer's bias gradient
+                let by_here = e.vector() == VectorUse::WritesGrad;
+                let db = bias_grad_out(mode, &mut self.db[i - 1], &mut self.db_tmp[i - 1]).filter(|_| by_here);
+                let (role, extras) = ((i, GemmRole::DataGrad), Extras { aux_in, bias_grad: db, ..Extras::default() });
+                gemm(gpu, &mut self.ins, role, &px, &DynRef(dpre), &self.w[i], 0.0, out, extras)?;
+                match by_here {
+                    true => accumulate_bias_grad(gpu, mode, &self.db_tmp[i - 1], &mut self.db[i - 1]),
+                    false => Ok(()),
+                }
             }
         }
     }
@@ -581,16 +585,4 @@ fn gemm_in<T: Element, X: DevicePtr<T>, C: DevicePtrMut<T>>(
         0 => gemm(gpu, ins, role, p, x, w, 0.0, c, extras),
         _ => gemm(gpu, ins, role, p, &outs[i - 1], w, 0.0, c, extras),
     }
-}
-
-fn to_host<T: Element + DeviceRepr>(gpu: &Gpu, w: &[CudaSlice<T>], b: &[Option<CudaSlice<T>>]) -> Result<Params> {
-    let s = gpu.stream();
-    let down = |v: &CudaSlice<T>| -> Result<Vec<f32>> {
-        let h: Vec<T> = s.clone_dtoh(v).map_err(status::driver("cuMemcpyDtoH"))?;
-        Ok(h.iter().map(|v| v.to_f32()).collect())
-    };
-    w.iter()
-        .zip(b)
-        .map(|(w, b)| Ok(LayerParams { w: down(w)?, b: b.as_ref().map(down).transpose()?.unwrap_or_default() }))
-        .collect()
 }

@@ -3,6 +3,7 @@
 //! are not GEMMs (`kernels.rs`).
 
 mod fp8;
+mod grads;
 mod instruments;
 mod kernels;
 mod mlp;

@@ -4,7 +4,7 @@
 use crate::epilogue::Epilogue;
 use crate::precision::Precision;
 use crate::problem::AUX_LD_MULTIPLE;
-use crate::train::{Activation, GeluPlacement, LinearSpec, Placement};
+use crate::train::{Activation, GeluBiasGrad, GeluPlacement, LinearSpec, Placement};
 
 /// What decides the placements of one [`super::Mlp`]: its precision, whether its GEMMs run in
 /// FP8, and the caller's [`GeluPlacement`].
@@ -49,12 +49,26 @@ impl Placements {
     /// The epilogue that applies `l`'s activation backward in the next layer's data-gradient
     /// GEMM, if one does: the GELU-tanh backward (`DGelu`) where the epilogues apply, the caller
     /// placed it there and the saved pre-activation's stride meets the aux rule.
+    /// With a bias and [`GeluBiasGrad::DataGrad`], the epilogue writes `l`'s bias gradient too
+    /// (`DGeluBiasGrad`).
     pub fn fused_backward(&self, l: &LinearSpec) -> Option<Epilogue> {
-        l.activation.fused_backward().filter(|_| {
+        let fused = l.activation.fused_backward().filter(|_| {
             self.gelu_epilogues()
                 && self.gelu.backward == Placement::Epilogue
                 && self.pre_ld(l).is_multiple_of(AUX_LD_MULTIPLE)
-        })
+        });
+        match fused {
+            Some(Epilogue::DGelu) if l.bias && self.gelu.bias_grad == GeluBiasGrad::DataGrad => {
+                Some(Epilogue::DGeluBiasGrad)
+            }
+            other => other,
+        }
+    }
+
+    /// Whether the next layer's data-gradient GEMM writes `l`'s bias gradient (`l` is not the
+    /// last layer).
+    pub fn bias_grad_by_next(&self, l: &LinearSpec) -> bool {
+        self.fused_backward(l) == Some(Epilogue::DGeluBiasGrad)
     }
 }
 
@@ -63,7 +77,7 @@ mod tests {
     use super::*;
 
     fn at(precision: Precision, fp8: bool, forward: Placement, backward: Placement) -> Placements {
-        Placements { precision, fp8, gelu: GeluPlacement { forward, backward } }
+        Placements { precision, fp8, gelu: GeluPlacement { forward, backward, bias_grad: GeluBiasGrad::WeightGrad } }
     }
 
     #[test]
@@ -79,6 +93,25 @@ mod tests {
             assert!(!at(p, false, E, K).act_kernel(&l));
             assert_eq!(at(p, false, K, K).fused_backward(&l), None);
         }
+    }
+
+    #[test]
+    fn the_bias_gradient_moves_into_dgelu_only_where_asked_and_possible() {
+        use Placement::{Epilogue as E, Kernel as K};
+        let l = LinearSpec::new(64, 256).with_activation(Activation::GeluTanh);
+        let mut p = at(Precision::BF16, false, E, E);
+        assert!(!p.bias_grad_by_next(&l));
+        p.gelu.bias_grad = GeluBiasGrad::DataGrad;
+        assert_eq!(p.fused_backward(&l), Some(Epilogue::DGeluBiasGrad));
+        assert!(p.bias_grad_by_next(&l));
+        // no bias: nothing to write; a kernel backward or f32: no epilogue to write it
+        assert_eq!(p.fused_backward(&l.without_bias()), Some(Epilogue::DGelu));
+        assert!(!p.bias_grad_by_next(&l.without_bias()));
+        p.gelu.backward = K;
+        assert!(!p.bias_grad_by_next(&l));
+        let mut f = at(Precision::F32, false, E, E);
+        f.gelu.bias_grad = GeluBiasGrad::DataGrad;
+        assert!(!f.bias_grad_by_next(&l));
     }
 
     #[test]
