@@ -53,7 +53,8 @@ struct Forward {
 /// [`Mlp::backward`] with the same input, then an update ([`Mlp::sgd_step`], or the caller's
 /// own optimiser over [`Mlp::weight_grad`] / [`Mlp::bias_grad`]). The GEMMs per layer: one
 /// forward, one weight gradient (bias gradient fused), one data gradient (the previous layer's
-/// GELU-tanh backward fused); not the first layer's data gradient unless `dx` is asked for.
+/// GELU-tanh backward fused, by default: [`Mlp::set_gelu_placement`]); not the first layer's
+/// data gradient unless `dx` is asked for.
 ///
 /// Buffers for a token count are kept between steps and reallocated (stream-ordered) when it
 /// changes.
@@ -68,6 +69,8 @@ pub struct Mlp<T: Element> {
     fp8: Option<Fp8Training>,
     /// Where GELU-tanh runs ([`Mlp::set_gelu_placement`]).
     gelu: GeluPlacement,
+    /// Whether a placement change dropped the last forward (named in the order errors).
+    dropped: bool,
     w: Vec<CudaSlice<T>>,
     b: Vec<Option<CudaSlice<T>>>,
     dw: Vec<CudaSlice<T>>,
@@ -169,6 +172,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             precision,
             fp8,
             gelu: GeluPlacement::default(),
+            dropped: false,
             w: Vec::new(),
             b: Vec::new(),
             dw: Vec::new(),
@@ -205,20 +209,32 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     }
 
     /// Where GELU-tanh layers apply the activation and its backward in tf32, f16 and bf16
-    /// ([`GeluPlacement`]; default: both in cuBLASLt epilogues). A change drops the activation
-    /// buffers (the saved pre-activation's stride may differ), so the next backward needs a new
-    /// training forward. FP8 and f32 layers keep their kernels whatever is set.
+    /// ([`GeluPlacement`]; default: both in cuBLASLt epilogues), from the next call on. FP8
+    /// and f32 layers keep their kernels whatever is set. A change that alters a saved
+    /// pre-activation's row stride (a kernel forward on a width not a multiple of 8) drops the
+    /// activation buffers and the last forward: [`Mlp::output`] and [`Mlp::backward`] then
+    /// answer [`Error::TrainingOrder`] until a new forward runs. Any other change keeps them:
+    /// the backward reads the saved pre-activation the same way whichever placement wrote it.
     pub fn set_gelu_placement(&mut self, gelu: GeluPlacement) {
-        if gelu != self.gelu {
-            self.gelu = gelu;
+        let lds = |m: &Self| m.layers.iter().map(|l| m.placements().pre_ld(l)).collect::<Vec<_>>();
+        let before = lds(self);
+        self.gelu = gelu;
+        if lds(self) != before {
             self.bufs = None;
-            self.last = None;
+            self.dropped |= self.last.take().is_some();
         }
     }
 
-    /// Where GELU-tanh runs ([`Mlp::set_gelu_placement`]).
+    /// The placement asked for ([`Mlp::set_gelu_placement`]); f32 and FP8 layers, and the
+    /// cases that page names, run otherwise.
     pub fn gelu_placement(&self) -> GeluPlacement {
         self.gelu
+    }
+
+    /// The [`Error::TrainingOrder`] for a call that needs a forward (`what` it needs).
+    fn order_error(&self, what: &str) -> Error {
+        let why = if self.dropped { " (a GELU placement change dropped the last one)" } else { "" };
+        Error::TrainingOrder { problem: format!("{what}{why}") }
     }
 
     /// What decides where each activation step runs.
@@ -269,7 +285,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     /// [`Error::TrainingOrder`] before any forward.
     pub fn output(&self) -> Result<CudaView<'_, T>> {
         let (Some(f), Some(bufs)) = (self.last, self.bufs.as_ref()) else {
-            return Err(Error::TrainingOrder { problem: "no forward has run yet".into() });
+            return Err(self.order_error("no forward has run yet"));
         };
         let last = self.layers.len() - 1;
         Ok(bufs.out[last].slice(..f.tokens * self.layers[last].out_features))
@@ -284,7 +300,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     pub fn forward<X: DevicePtr<T>>(&mut self, gpu: &Gpu, x: &X, tokens: usize, train: bool) -> Result<()> {
         let x_len = x.len();
         check_len(0, "input length (tokens × in_features)", x_len, tokens, self.layers[0].in_features)?;
-        self.last = None;
+        (self.last, self.dropped) = (None, false);
         self.ensure_buffers(gpu, tokens)?;
         let places = self.placements();
         let bufs = self.bufs.as_mut().expect("allocated above");
@@ -356,11 +372,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     {
         let f = match self.last {
             Some(f) if f.train => f,
-            _ => {
-                return Err(Error::TrainingOrder {
-                    problem: "backward needs the last forward to have run with train = true".into(),
-                })
-            }
+            _ => return Err(self.order_error("backward needs the last forward to have run with train = true")),
         };
         let (px, guard) = x.device_ptr(gpu.stream());
         drop(guard);

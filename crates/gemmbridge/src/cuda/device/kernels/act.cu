@@ -1,5 +1,6 @@
 // gemmbridge's own elementwise kernels for the training layers, where no cuBLASLt epilogue
-// applies (src/train/mod.rs says where): activation backward and the exact (erf) GELU.
+// applies or the caller placed an activation outside the epilogues (src/train/mod.rs says
+// where): activation backward and the GELUs.
 // Compiled at run time with NVRTC for the device's architecture. Every value is computed in
 // f32 from the stored values and rounded once to the storage type (round to nearest even):
 //   dact_relu_T(dy, y, out, n, cols, ld):       out = y > 0 ? dy : 0   (y: the layer's output)
@@ -8,14 +9,16 @@
 //   gelu_erf_T(pre, y, n):                      y = 0.5 * pre * (1 + erf(pre / sqrt(2)))
 //   gelu_tanh_T(pre, y, n):                     y = 0.5 * pre * (1 + tanh(sqrt(2/pi) * (pre + 0.044715 pre^3)))
 //   relu_T(pre, y, n):                          y = pre < 0 ? 0 : pre   (NaN stays NaN; y may be pre)
-// and, eight elements a thread per step in 16-byte accesses (32 for f32), the same arithmetic
+// and, eight elements a thread per step in 16-byte accesses (two of them for f32), the same arithmetic
 // for rows whose length and stride are multiples of 8 in 16-byte-aligned buffers (the launcher
 // checks; counts in units of 8 elements, below 2^31):
 //   dact_gelu_tanh_v8_T(dy, pre, out, n8, cols8, ld8)
 //   gelu_tanh_v8_T(pre, y, n8)
 // dy and out are contiguous [n / cols, cols]; the saved y or pre is [n / cols, cols] with row
 // stride ld (cuBLASLt's aux rows are padded to a multiple of 8). `out` may be `dy` (in place).
-// The GPU tests check them against float64 references (tests/train_gpu.rs).
+// The GPU tests check them against float64 references (tests/train_gpu.rs,
+// tests/train_placement_gpu.rs) and the 8-wide instances against the scalar ones bit for bit
+// (src/cuda/train/kernels.rs).
 
 typedef unsigned short u16;
 typedef unsigned int u32;
