@@ -427,7 +427,7 @@ fn check_writable_matches_what_save_refuses() {
 }
 
 /// The repository's tuned database `tactics/h200.json` began as the conversion of the format-1
-/// record `docs/results/2026-11-30/call27-tactics-merged-h200.json` and grows by later tuning
+/// record `crates/gemmbridge/tests/fixtures/tactics-v1-h200.json` and grows by later tuning
 /// (`gemmbridge tune` merges: an entry is only replaced by a faster one). Every signature of the
 /// record is still there, with the record's tactic or a faster one of the same library
 /// version — except entries that only held the heuristic's own choice (tuned time = heuristic
@@ -480,12 +480,11 @@ fn repository_db_holds_its_v1_record() {
     );
 }
 
-const V1_RECORD: &str = "docs/results/2026-11-30/call27-tactics-merged-h200.json";
+const V1_RECORD: &str = "crates/gemmbridge/tests/fixtures/tactics-v1-h200.json";
 const REPO_DB: &str = "tactics/h200.json";
 /// The signatures dropped from [`REPO_DB`] because their rows ran slower than the heuristic's
-/// own plans in the benchmark (bursts after an idle gap, three alternated rounds; the run and
-/// its per-row ratios are in the same folder, the script in `../scripts/prune-burst.py`).
-const BURST_DROPS: &str = "docs/results/2026-12-02/gap-db/dropped-signatures.txt";
+/// own plans in the benchmark (bursts after an idle gap, three alternated rounds).
+const BURST_DROPS: &str = "crates/gemmbridge/tests/fixtures/burst-dropped-signatures.txt";
 
 /// `rel` in the repository: beside the sources this test was built from, or else (a test
 /// executable carried to another machine and run from the repository's root there) under the

@@ -47,6 +47,11 @@ pub struct Figure {
     /// Also a table of every kept row (see [`RowTable`]); paired figures only.
     #[serde(default)]
     row_table: Option<RowTable>,
+    /// The summary table's layout: "dtype+op" (the default: a row per dtype and op) or "op" (a
+    /// row per op, a column per dtype with the geometric mean of that dtype's rows; then the
+    /// table per dtype and op is printed too, as [`Figure::detail`], but a page need not hold it).
+    #[serde(default)]
+    layout: Option<String>,
 }
 
 /// A paired figure's table row by row: its name, dtype, each side's median time over the runs
@@ -68,6 +73,14 @@ struct OpName {
 
 fn default_bound() -> f64 {
     0.97
+}
+
+/// The order of the dtype columns of a table per op; other dtypes follow, by name.
+const DTYPE_ORDER: [&str; 6] = ["f32", "tf32", "f16", "bf16", "fp8", "fp8_e4m3"];
+
+/// The lowest and the highest of `v`.
+fn low_high(v: &[f64]) -> (f64, f64) {
+    v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)))
 }
 
 /// A row a figure keeps: its group (dtype, op), its key and its median ratio.
@@ -150,36 +163,116 @@ impl Figure {
         Ok(out)
     }
 
-    /// The figure's Markdown table: per dtype and op, the geometric mean of the rows' median
-    /// ratios, the lowest and highest median, and the rows below the bound.
-    pub fn table(&self, rows: &[Kept]) -> String {
+    /// Each (dtype, op) group's rows' median ratios, in the groups' order.
+    fn groups(rows: &[Kept]) -> BTreeMap<&(String, String), Vec<f64>> {
         let mut groups: BTreeMap<&(String, String), Vec<f64>> = BTreeMap::new();
         for (g, _, m) in rows {
             groups.entry(g).or_default().push(*m);
         }
-        let pairs = self.ours.len();
+        groups
+    }
+
+    /// What a summary table's numbers are, printed under it (a page says it in its own words).
+    pub fn caption(&self) -> String {
+        match &self.field {
+            Some(f) => format!("(each row's `{f}`, one run per group)"),
+            None => {
+                let pairs = self.ours.len();
+                let plural = if pairs == 1 { "" } else { "s" };
+                format!("(PyTorch's time / gemmbridge's, the median of {pairs} alternated pair{plural} per row)")
+            }
+        }
+    }
+
+    /// Whether the summary table has a row per op (see [`Figure::layout`]).
+    fn by_op(&self) -> anyhow::Result<bool> {
+        match self.layout.as_deref() {
+            None | Some("dtype+op") => Ok(false),
+            Some("op") => Ok(true),
+            Some(other) => bail!("figure {}: layout {other:?}: give dtype+op or op", self.id),
+        }
+    }
+
+    /// The figure's Markdown table (see [`Figure::layout`]): per dtype and op, or per op with a
+    /// column per dtype, the geometric mean of the rows' median ratios, the lowest and highest
+    /// median, and the rows below the bound.
+    pub fn table(&self, rows: &[Kept]) -> anyhow::Result<String> {
+        if self.by_op()? {
+            Ok(self.table_by_op(rows))
+        } else {
+            Ok(self.table_by_dtype_and_op(rows))
+        }
+    }
+
+    /// With the "op" layout, the table per dtype and op, for the printed report only.
+    pub fn detail(&self, rows: &[Kept]) -> anyhow::Result<Option<String>> {
+        Ok(self.by_op()?.then(|| self.table_by_dtype_and_op(rows)))
+    }
+
+    fn table_by_dtype_and_op(&self, rows: &[Kept]) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "| dtype | op | rows | geometric mean | lowest | highest | rows < {} |", self.bound);
         let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
-        for ((dtype, op), v) in groups {
-            let (lo, hi) = v.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        for ((dtype, op), v) in Self::groups(rows) {
+            let (lo, hi) = low_high(&v);
             let below = v.iter().filter(|&&x| x < self.bound).count();
             let gm = geomean(&v).unwrap_or(f64::NAN);
             let _ = writeln!(s, "| {dtype} | {op} | {} | {gm:.3} | {lo:.3} | {hi:.3} | {below} |", v.len());
         }
-        match &self.field {
-            Some(f) => {
-                let _ = writeln!(s, "\n(each row's `{f}`, one run per group)");
+        s
+    }
+
+    fn table_by_op(&self, rows: &[Kept]) -> String {
+        let groups = Self::groups(rows);
+        let mut dtypes: Vec<&str> = groups.keys().map(|(d, _)| d.as_str()).collect();
+        dtypes.sort_by_key(|d| (DTYPE_ORDER.iter().position(|x| x == d).unwrap_or(DTYPE_ORDER.len()), *d));
+        dtypes.dedup();
+        let mut ops: Vec<&str> = groups.keys().map(|(_, o)| o.as_str()).collect();
+        ops.sort();
+        ops.dedup();
+        let mut s = String::new();
+        let _ = writeln!(s, "| op | rows | {} | lowest | highest | rows < {} |", dtypes.join(" | "), self.bound);
+        let _ = writeln!(s, "|---|---:|{}---:|---:|---:|", "---:|".repeat(dtypes.len()));
+        for op in ops {
+            let mut all = Vec::new();
+            let mut means = Vec::new();
+            for d in &dtypes {
+                match groups.get(&(d.to_string(), op.to_string())) {
+                    Some(v) => {
+                        means.push(format!("{:.3}", geomean(v).unwrap_or(f64::NAN)));
+                        all.extend_from_slice(v);
+                    }
+                    None => means.push("–".into()),
+                }
             }
-            None => {
-                let plural = if pairs == 1 { "" } else { "s" };
-                let _ = writeln!(
-                    s,
-                    "\n(PyTorch's time / gemmbridge's, the median of {pairs} alternated pair{plural} per row)"
-                );
-            }
+            let (lo, hi) = low_high(&all);
+            let below = all.iter().filter(|&&x| x < self.bound).count();
+            let _ = writeln!(s, "| {op} | {} | {} | {lo:.3} | {hi:.3} | {below} |", all.len(), means.join(" | "));
         }
         s
+    }
+
+    /// Named numbers of the figure for a headline (see the module documentation): the lowest and
+    /// highest geometric mean of a (dtype, op) group (`mean_min`, `mean_max`, and as per cent
+    /// above 1, `mean_min_pct`, `mean_max_pct`), the lowest and highest row (`lowest`,
+    /// `highest`), the rows and those below the bound (`rows`, `below`) and the bound.
+    pub fn stats(&self, rows: &[Kept]) -> BTreeMap<&'static str, String> {
+        let means: Vec<f64> = Self::groups(rows).values().map(|v| geomean(v).unwrap_or(f64::NAN)).collect();
+        let all: Vec<f64> = rows.iter().map(|r| r.2).collect();
+        let (mean_min, mean_max) = low_high(&means);
+        let (lo, hi) = low_high(&all);
+        let pct = |x: f64| format!("{:.0}", (x - 1.0) * 100.0);
+        BTreeMap::from([
+            ("mean_min", format!("{mean_min:.3}")),
+            ("mean_max", format!("{mean_max:.3}")),
+            ("mean_min_pct", pct(mean_min)),
+            ("mean_max_pct", pct(mean_max)),
+            ("lowest", format!("{lo:.3}")),
+            ("highest", format!("{hi:.3}")),
+            ("rows", all.len().to_string()),
+            ("below", all.iter().filter(|&&x| x < self.bound).count().to_string()),
+            ("bound", self.bound.to_string()),
+        ])
     }
 
     /// The figure's table row by row, when the manifest asks for one (see [`RowTable`]).
@@ -284,6 +377,48 @@ mod tests {
                     | Linear 4096 → 6144 | bf16 | 2.000 | 2.000 | 1.000 |\n";
         assert!(t.starts_with(want), "{t}");
         assert!(t.contains("median time over its 3 runs"), "{t}");
+    }
+
+    /// The "op" layout: a row per op, the dtypes as columns in precision order ("–" where a
+    /// dtype lacks the op), the lowest, highest and rows below the bound over every dtype; the
+    /// table per dtype and op is the detail. The stats name the groups' extreme means and rows.
+    #[test]
+    fn the_op_layout_has_a_column_per_dtype_and_keeps_the_detail() {
+        let dir = std::env::temp_dir().join(format!("gemmbridge-report-by-op-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // ratios: f16 linear 2 and 0.5; f32 linear 1; f16 matmul 4
+        let ours = [
+            line("linear", "f16", 4096, 4096, 1.0),
+            line("linear", "f16", 8192, 4096, 4.0),
+            line("linear", "f32", 4096, 4096, 1.0),
+            line("matmul", "f16", 4096, 4096, 1.0),
+        ];
+        let peer = [
+            line("linear", "f16", 4096, 4096, 2.0),
+            line("linear", "f16", 8192, 4096, 2.0),
+            line("linear", "f32", 4096, 4096, 1.0),
+            line("matmul", "f16", 4096, 4096, 4.0),
+        ];
+        write(&dir, "o.jsonl", &ours.iter().map(String::as_str).collect::<Vec<_>>());
+        write(&dir, "p.jsonl", &peer.iter().map(String::as_str).collect::<Vec<_>>());
+        let fig = figure(r#"{"id":"t","title":"t","ours":["o.jsonl"],"peer":["p.jsonl"],"layout":"op","bound":0.98}"#);
+        let kept = fig.medians(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let t = fig.table(&kept).unwrap();
+        let want = "| op | rows | f32 | f16 | lowest | highest | rows < 0.98 |\n|---|---:|---:|---:|---:|---:|---:|\n\
+                    | linear | 3 | 1.000 | 1.000 | 0.500 | 2.000 | 1 |\n\
+                    | matmul | 1 | – | 4.000 | 4.000 | 4.000 | 0 |\n";
+        assert!(t.starts_with(want), "{t}");
+        let detail = fig.detail(&kept).unwrap().unwrap();
+        assert!(detail.contains("| f16 | linear | 2 | 1.000 | 0.500 | 2.000 | 1 |"), "{detail}");
+        let s = fig.stats(&kept);
+        assert_eq!((s["mean_min"].as_str(), s["mean_max"].as_str()), ("1.000", "4.000"));
+        assert_eq!((s["mean_min_pct"].as_str(), s["mean_max_pct"].as_str()), ("0", "300"));
+        assert_eq!((s["lowest"].as_str(), s["rows"].as_str(), s["below"].as_str()), ("0.500", "4", "1"));
+        let plain = figure(r#"{"id":"t","title":"t","ours":["o.jsonl"],"peer":["p.jsonl"]}"#);
+        assert!(plain.detail(&kept).unwrap().is_none());
+        let typo = figure(r#"{"id":"t","title":"t","ours":["o.jsonl"],"peer":["p.jsonl"],"layout":"dtype"}"#);
+        assert!(typo.table(&kept).is_err());
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! `gemmbridge report`: the tables and plots of docs/PERFORMANCE.md, made again from the runs
 //! in docs/results/ that a manifest lists, so that anyone can regenerate them.
 //!
-//! The manifest is a JSON object with two lists, paths relative to the manifest:
+//! The manifest is a JSON object with these lists, paths relative to the manifest:
 //!
 //! - `"figures"` ([`figure::Figure`]): alternated runs, `ours[i]` paired with `peer[i]` (files
 //!   as `gemmbridge bench --out`, `gemmbridge train-bench` and the PyTorch peers write them),
 //!   the ops kept (label prefixes, e.g. `conv_fwd/nhwc`) and a bound. Each gives a Markdown
-//!   table — per dtype and op, the geometric mean of the rows' median ratios (PyTorch's time /
-//!   gemmbridge's), the lowest and highest median, and the rows below the bound — and an SVG
+//!   table — per dtype and op (or, with `"layout": "op"`, per op with a column per dtype), the
+//!   geometric mean of the rows' median ratios (PyTorch's time / gemmbridge's), the lowest and
+//!   highest median, and the rows below the bound; its caption is printed under it — and an SVG
 //!   plot of every row's median ratio, one colour per dtype, with the line at 1. With
 //!   `row_table` it also gives a table of every row: each side's median time and the ratio.
 //!   A figure with `field` reads runs that carry their own ratio instead (`gemmbridge-burn
@@ -15,9 +16,16 @@
 //! - `"tables"` ([`fields::Table`]; may be absent): any JSON-lines runs, one row per key (e.g.
 //!   shape and dtype), one column per field, each cell the median or the range of that field
 //!   over named sets of runs; with `plot`, an SVG of some columns as grouped bars.
+//! - `"headlines"` (may be absent): sentences of other pages that quote a figure's numbers, each
+//!   `{"page": "../../README.md", "text": "… {dense-gpu-bound.mean_max_pct} % …"}`: the page
+//!   (relative to the manifest) and a template whose `{figure.name}` are that figure's
+//!   numbers ([`figure::Figure::stats`]: `mean_min`, `mean_max`, `mean_min_pct`, `mean_max_pct`,
+//!   `lowest`, `highest`, `rows`, `below`, `bound`). The filled-in sentences are printed.
 //!
 //! With `--check PAGE` the command also fails unless every table it makes appears in PAGE
-//! verbatim, every plot is linked from it, and every Markdown table of PAGE is one it makes.
+//! verbatim (a figure's per-dtype detail, printed with the "op" layout, may but need not),
+//! every plot is linked from it, every Markdown table of PAGE is one it makes, and every
+//! headline's page holds its filled-in text (line breaks and runs of spaces read as one space).
 
 mod fields;
 mod figure;
@@ -49,6 +57,22 @@ struct Manifest {
     figures: Vec<figure::Figure>,
     #[serde(default)]
     tables: Vec<fields::Table>,
+    #[serde(default)]
+    headlines: Vec<Headline>,
+}
+
+/// A sentence of another page made from figures' numbers (see the module documentation).
+#[derive(Deserialize)]
+struct Headline {
+    /// The page, relative to the manifest.
+    page: String,
+    /// The sentence, with `{figure.name}` for a figure's number.
+    text: String,
+}
+
+/// `text` with every run of whitespace (line breaks included) read as one space.
+fn spaced(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// `template` with every `{name}` replaced by `value(name)`.
@@ -99,19 +123,26 @@ fn report(manifest: &Path, out: &Path, page: Option<&str>) -> anyhow::Result<(St
     let base = manifest.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut printed = String::new();
-    // (what, its table), (what, its plot's id)
-    let (mut tables, mut plots) = (Vec::new(), Vec::new());
+    // (what, its table) the page must hold; tables it may hold besides; (what, its plot's id)
+    let (mut tables, mut optional, mut plots) = (Vec::new(), Vec::new(), Vec::new());
+    let mut stats = std::collections::BTreeMap::new();
     for fig in &m.figures {
         let rows = fig.medians(&base)?;
         let svg = out.join(format!("{}.svg", fig.id));
         plot::figure(fig, &rows, &svg)?;
-        let t = fig.table(&rows);
-        let _ = writeln!(printed, "## {} ({})\n\n{t}", fig.title, svg.display());
+        let t = fig.table(&rows)?;
+        let caption = fig.caption();
+        let _ = writeln!(printed, "## {} ({})\n\n{t}\n{caption}\n", fig.title, svg.display());
         tables.push((format!("{}: its table", fig.id), t));
+        if let Some(d) = fig.detail(&rows)? {
+            let _ = writeln!(printed, "## {}, per dtype and op\n\n{d}\n{caption}\n", fig.title);
+            optional.push(d);
+        }
         if let Some(r) = fig.row_table(&base, &rows)? {
             let _ = writeln!(printed, "## {}, row by row\n\n{r}", fig.title);
             tables.push((format!("{}: its row table", fig.id), r));
         }
+        stats.insert(fig.id.clone(), fig.stats(&rows));
         plots.push(fig.id.clone());
     }
     for t in &m.tables {
@@ -124,6 +155,16 @@ fn report(manifest: &Path, out: &Path, page: Option<&str>) -> anyhow::Result<(St
             plots.push(t.id.clone());
         }
         tables.push((format!("{}: its table", t.id), made.markdown));
+    }
+    let mut headlines = Vec::new();
+    for h in &m.headlines {
+        let text = fill(&h.text, |name| {
+            let (fig, stat) = name.split_once('.')?;
+            stats.get(fig)?.get(stat).cloned()
+        })
+        .with_context(|| format!("the headline for {}", h.page))?;
+        let _ = writeln!(printed, "## headline for {}\n\n{text}\n", h.page);
+        headlines.push((base.join(&h.page), text));
     }
     let mut wrong = Vec::new();
     if let Some(page) = page {
@@ -138,9 +179,15 @@ fn report(manifest: &Path, out: &Path, page: Option<&str>) -> anyhow::Result<(St
             }
         }
         for (line, t) in page_tables(page) {
-            if !tables.iter().any(|(_, made)| made.contains(&t)) {
+            if !tables.iter().map(|(_, made)| made).chain(&optional).any(|made| made.contains(&t)) {
                 let first = t.lines().next().unwrap_or_default();
                 wrong.push(format!("line {line}: a table the manifest does not make ({first})"));
+            }
+        }
+        for (path, text) in &headlines {
+            let other = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            if !spaced(&other).contains(&spaced(text)) {
+                wrong.push(format!("{}: its headline \"{text}\"", path.display()));
             }
         }
     }
@@ -170,7 +217,8 @@ mod tests {
     }
 
     /// The repository's own page holds every table its manifest makes, links every plot and
-    /// has no table of its own; the burn adapter's README holds the same device-ordering table.
+    /// has no table of its own, and README.md its headline; the burn adapter's README holds the
+    /// same device-ordering table.
     #[test]
     fn performance_page_matches_its_runs() {
         let out = std::env::temp_dir().join(format!("gemmbridge-report-test-{}", std::process::id()));
@@ -210,7 +258,10 @@ mod tests {
         let manifest = r#"{"figures":[{"id":"f","title":"F","ours":["o.jsonl"],"peer":["p.jsonl"]}],
             "tables":[{"id":"t","runs":{"r":["r.jsonl"]},"key":[{"header":"m","value":"{m}"}],
                        "columns":[{"header":"x","runs":"r","field":"x","format":"fixed:1"}],
-                       "plot":{"title":"T","columns":["x"],"y":"x"}}]}"#;
+                       "plot":{"title":"T","columns":["x"],"y":"x"}}],
+            "headlines":[{"page":"readme.md","text":"{f.mean_max_pct} % ahead, lowest {f.lowest} ({f.below} below {f.bound})"}]}"#;
+        // the headline, wrapped as a page would wrap it
+        std::fs::write(dir.join("readme.md"), "It is 100 % ahead,\nlowest 2.000 (0 below 0.97) here.\n").unwrap();
         std::fs::write(dir.join("report.json"), manifest).unwrap();
         let figs = dir.join("figures");
         let (printed, _) = report(&dir.join("report.json"), &figs, None).unwrap();
@@ -231,6 +282,11 @@ mod tests {
         // one number typed differently from the runs is a table the manifest does not make
         let edited = good.replace("| 2 | 0.5 |", "| 2 | 0.6 |");
         assert_eq!(check(&edited).len(), 2, "{:?}", check(&edited));
+        // the headline is printed, and a page whose headline differs from the runs fails
+        assert!(printed.contains("100 % ahead, lowest 2.000 (0 below 0.97)"), "{printed}");
+        std::fs::write(dir.join("readme.md"), "It is 90 % ahead, lowest 2.000 (0 below 0.97).\n").unwrap();
+        let wrong = check(&good);
+        assert!(wrong.len() == 1 && wrong[0].contains("readme.md: its headline"), "{wrong:?}");
         let _ = std::fs::remove_dir_all(dir);
     }
 }
