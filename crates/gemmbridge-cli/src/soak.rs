@@ -45,6 +45,24 @@ pub struct Args {
     /// Also write the report as one JSON object to this file.
     #[arg(long)]
     json: Option<String>,
+    /// Churn instead of the mixed-call soak: each thread creates a Gpu, runs GEMMs, an FP8
+    /// GEMM, a convolution and a training step, and drops it (every other one with its work
+    /// in flight), --rounds times, while one more thread captures and replays graphs on its
+    /// own stream in every capture mode. --seconds and --check-every do not apply.
+    #[arg(long)]
+    churn: bool,
+    /// With --churn: the Gpus each thread creates and drops (1 to 100000).
+    #[arg(long, default_value_t = 12)]
+    rounds: usize,
+    /// With --churn: no capturing thread.
+    #[arg(long)]
+    no_capture: bool,
+    /// With --churn: graph replay off in the workers' Gpus.
+    #[arg(long)]
+    no_replay: bool,
+    /// With --churn: GEMMs only (no FP8 GEMM, convolution or training step).
+    #[arg(long)]
+    gemms_only: bool,
 }
 
 /// Seconds between progress lines.
@@ -112,6 +130,9 @@ fn open() -> anyhow::Result<(Gpu, Gpu, Gpu)> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    if args.churn {
+        return churn(&args);
+    }
     let cfg = validate(&args)?;
     if let Some(path) = &cfg.json {
         // created now, so that a path that cannot be written fails before the run, not after
@@ -254,12 +275,56 @@ fn summarise(
     }
 }
 
+/// `soak --churn`: [`gemmbridge::cuda::churn`], its report printed; exit 1 on a failure.
+fn churn(args: &Args) -> anyhow::Result<i32> {
+    use gemmbridge::cuda::churn::{self, ChurnOptions};
+    let seed = validate(args)?.seed;
+    let opts = ChurnOptions {
+        threads: args.threads,
+        rounds: args.rounds,
+        capture: !args.no_capture,
+        graph_replay: !args.no_replay,
+        gemms_only: args.gemms_only,
+        seed,
+        ..ChurnOptions::default()
+    };
+    println!(
+        "churn: {} threads × {} rounds, seed {seed} (repeat with --seed {seed}), {opts:?}",
+        opts.threads, opts.rounds
+    );
+    let t = Instant::now();
+    let r = churn::run(&opts).map_err(|e| anyhow::anyhow!("churn: {e}"))?;
+    println!(
+        "{} Gpus created and dropped ({} with work in flight), {} GEMMs, {} FP8 GEMMs, {} convolutions, {} training steps, {} graphs captured beside them, worst GEMM error {:.2e}, {:.1} s",
+        r.gpus, r.dropped_in_flight, r.gemms, r.fp8_gemms, r.convolutions, r.train_steps, r.captures, r.worst_error, t.elapsed().as_secs_f64()
+    );
+    for s in &r.skipped {
+        println!("skipped: {s}");
+    }
+    for f in &r.failures {
+        println!("FAILED: {f}");
+    }
+    println!("churn {}", if r.passed() { "passed" } else { "FAILED" });
+    Ok(if r.passed() { 0 } else { 1 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn args(threads: usize, seconds: u64, check_every: u64, json: Option<&str>) -> Args {
-        Args { threads, seconds, seed: Some(7), check_every, json: json.map(String::from) }
+        Args {
+            threads,
+            seconds,
+            seed: Some(7),
+            check_every,
+            json: json.map(String::from),
+            churn: false,
+            rounds: 12,
+            no_capture: false,
+            no_replay: false,
+            gemms_only: false,
+        }
     }
 
     #[test]

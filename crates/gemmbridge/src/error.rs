@@ -322,6 +322,21 @@ pub enum Error {
         expected: usize,
     },
 
+    /// A raw address is not memory this GPU can access over the extent the problem addresses
+    /// (checked with `cuPointerGetAttributes` before anything is enqueued; see
+    /// [`Gpu::set_check_raw_addresses`](crate::cuda::Gpu::set_check_raw_addresses)).
+    #[error("{operand} address {address:#x} (+{len_bytes} bytes) is not memory this GPU can access: {why}")]
+    NotDeviceMemory {
+        /// The operand.
+        operand: Which,
+        /// The address given.
+        address: u64,
+        /// Bytes from it the problem reads or writes.
+        len_bytes: usize,
+        /// What the driver reported.
+        why: String,
+    },
+
     /// A CUDA driver call returned an error.
     #[error("{operation} failed with {status}")]
     Driver {

@@ -87,24 +87,7 @@ pub fn check_epilogue(
     };
     presence("bias", e.vector() != VectorUse::None, bias.is_some())?;
     presence("aux", e.aux() != AuxUse::None, aux.is_some())?;
-    let out = p.precision().output();
-    let batch = if p.is_empty() { 0 } else { p.batch() };
-    // every operand with the bytes it spans and whether the call writes it
-    let mut spans: Vec<(Which, Extent, bool)> = Vec::new();
-    for (which, buf, layout, written) in
-        [(Which::A, a, p.a().layout, false), (Which::B, b, p.b().layout, false), (Which::C, c, p.c(), true)]
-    {
-        let bytes = layout.required_elems(batch).unwrap_or(0).saturating_mul(buf.dtype.size_bytes());
-        spans.push((which, Extent { start: buf.address, end: buf.address.saturating_add(bytes as u64) }, written));
-    }
-    if let Some(v) = bias {
-        let ext = check_one(Which::Bias, v, out, MatrixLayout::row_major(1, p.vector_len()), 1)?;
-        spans.push((Which::Bias, ext, e.vector() == VectorUse::WritesGrad));
-    }
-    if let Some(x) = aux {
-        let ext = check_one(Which::Aux, x, out, p.aux(), batch)?;
-        spans.push((Which::Aux, ext, e.aux() == AuxUse::Writes));
-    }
+    let spans = spans(p, [a, b, c], bias, aux)?;
     // no written operand may share a byte with any other operand (A–C and B–C are reported
     // by check_buffers already, in the same terms)
     for (i, &(wo, w, writes)) in spans.iter().enumerate() {
@@ -123,6 +106,36 @@ pub fn check_epilogue(
         }
     }
     Ok(())
+}
+
+/// Every operand of a call with the bytes the call may touch and whether it writes them: A,
+/// B and C, then the epilogue's bias and aux where given (those checked as [`check_buffers`]
+/// checks A–C).
+pub(crate) fn spans(
+    p: &GemmProblem,
+    [a, b, c]: [BufferDesc; 3],
+    bias: Option<BufferDesc>,
+    aux: Option<BufferDesc>,
+) -> Result<Vec<(Which, Extent, bool)>> {
+    use crate::epilogue::{AuxUse, VectorUse};
+    let (e, out) = (p.epilogue(), p.precision().output());
+    let batch = if p.is_empty() { 0 } else { p.batch() };
+    let mut spans: Vec<(Which, Extent, bool)> = Vec::new();
+    for (which, buf, layout, written) in
+        [(Which::A, a, p.a().layout, false), (Which::B, b, p.b().layout, false), (Which::C, c, p.c(), true)]
+    {
+        let bytes = layout.required_elems(batch).unwrap_or(0).saturating_mul(buf.dtype.size_bytes());
+        spans.push((which, Extent { start: buf.address, end: buf.address.saturating_add(bytes as u64) }, written));
+    }
+    if let Some(v) = bias {
+        let ext = check_one(Which::Bias, v, out, MatrixLayout::row_major(1, p.vector_len()), 1)?;
+        spans.push((Which::Bias, ext, e.vector() == VectorUse::WritesGrad));
+    }
+    if let Some(x) = aux {
+        let ext = check_one(Which::Aux, x, out, p.aux(), batch)?;
+        spans.push((Which::Aux, ext, e.aux() == AuxUse::Writes));
+    }
+    Ok(spans)
 }
 
 /// Checks the three buffers against the problem.

@@ -154,13 +154,15 @@ fn raw_addresses_are_checked_against_the_driver() {
     // SAFETY: the check refuses the host address before anything is enqueued.
     let e = unsafe { gpu.gemm_raw(&p, 1.0, buf(host.as_ptr() as u64), buf(plain[1]), 0.0, buf(plain[2]), cs) };
     assert!(matches!(e, Err(Error::NotDeviceMemory { operand: Which::A, .. })), "{e:?}");
-    // an extent past its allocation (B claims 2 KiB of a 1 KiB allocation; the problem reads 2 KiB)
+    // an extent past its allocation: B claims 2 KiB of a 1 KiB allocation, and the problem
+    // reads 2 KiB (C is a separate 2 KiB allocation, so nothing overlaps)
     let q = GemmProblem::matmul(16, 32, 16, Precision::F32).unwrap();
-    let big = RawBuffer { address: plain[1], len_bytes: 2 * KIB };
+    // SAFETY: a plain allocation, freed at the end.
+    let wide_c = unsafe { cudarc::driver::result::malloc_sync(2 * KIB) }.unwrap();
+    let (b2, c2) =
+        (RawBuffer { address: plain[1], len_bytes: 2 * KIB }, RawBuffer { address: wide_c, len_bytes: 2 * KIB });
     // SAFETY: as above.
-    let e = unsafe {
-        gpu.gemm_raw(&q, 1.0, buf(plain[0]), big, 0.0, RawBuffer { address: plain[2], len_bytes: 2 * KIB }, cs)
-    };
+    let e = unsafe { gpu.gemm_raw(&q, 1.0, buf(plain[0]), b2, 0.0, c2, cs) };
     assert!(matches!(e, Err(Error::NotDeviceMemory { operand: Which::B, .. })), "{e:?}");
     assert!(raw_product(&gpu, plain[0], plain[1], plain[2]).unwrap() <= 1e-5, "usable after the errors");
     // stream-ordered pool memory
@@ -185,7 +187,7 @@ fn raw_addresses_are_checked_against_the_driver() {
     assert!(raw_product(&gpu, v, v + KIB as u64, v + 2 * KIB as u64).unwrap() <= 1e-5, "VMM memory");
     s.synchronize().unwrap();
     drop(vmm);
-    for p in plain.into_iter().chain(managed) {
+    for p in plain.into_iter().chain(managed).chain([wide_c]) {
         // SAFETY: allocated above, idle (synchronised), freed once.
         unsafe { cudarc::driver::result::free_sync(p) }.unwrap();
     }

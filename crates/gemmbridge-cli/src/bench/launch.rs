@@ -6,7 +6,10 @@
 //! `cublasGemmEx`), `host_raw_us` (gemmbridge's raw-pointer path), and `host_direct_us` /
 //! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so
 //! every call goes through `cublasLtMatmul`: gemmbridge's own cost above the bare call), all
-//! measured in the same run. `host_us` and `host_raw_us` use the default settings, where the
+//! measured in the same run; `host_raw_checked_us` (the raw path with
+//! `Gpu::set_check_raw_addresses(true)`: one `cuPointerGetAttributes` per operand) and
+//! `host_raw_other_stream_us` (the raw path on a stream other than the Gpu's own, which
+//! records that stream's last-use event per call). `host_us` and `host_raw_us` use the default settings, where the
 //! repeated call is replayed from a cached graph (`GraphReplay`); `host_fresh_us` is the safe
 //! path with those settings on calls that never repeat (α differs in every call, so no call is
 //! ever replayed): every call goes through `cublasLtMatmul` and also pays replay's
@@ -18,7 +21,7 @@
 use std::time::Instant;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use gemmbridge::cuda::{Gpu, GraphReplay, RawBuffer, Served};
 use gemmbridge::{DType, Element, GemmProblem};
 
@@ -76,21 +79,27 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         direct.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;
     }
     s.synchronize()?;
-    // One batch of BATCH calls: (host µs per call, wall µs per call).
-    let batch = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64)> {
-        s.synchronize()?;
+    // A second stream of the context, for the raw path on a stream that is not the Gpu's own
+    // (each such call records the stream's last-use event, which the Gpu's drop waits for).
+    let s2 = s.fork()?;
+    let cs2 = s2.cu_stream();
+    // One batch of BATCH calls on `on`: (host µs per call, wall µs per call).
+    let batch_on = |on: &CudaStream, f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64)> {
+        on.synchronize()?;
         let t = Instant::now();
         for _ in 0..BATCH {
             f()?;
         }
         let host = t.elapsed().as_secs_f64() * 1e6 / BATCH as f64;
-        s.synchronize()?;
+        on.synchronize()?;
         Ok((host, t.elapsed().as_secs_f64() * 1e6 / BATCH as f64))
     };
+    let batch = |f: &mut dyn FnMut() -> anyhow::Result<()>| batch_on(&s, f);
     // The ways are interleaved batch by batch, so that clock and cache drift over the
     // measurement falls on all of them alike.
     let (mut hosts, mut walls, mut raws, mut bare_lt, mut bare_blas) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut hosts_d, mut walls_d, mut raws_d, mut fresh) = (vec![], vec![], vec![], vec![]);
+    let (mut raws_checked, mut raws_other) = (vec![], vec![]);
     // α = 1 + i ulp: a new replay key in every call of the run (2²⁰ distinct values)
     let mut call = 0u32;
     let mut fresh_alpha = move || {
@@ -109,6 +118,14 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         raws.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
         // SAFETY: as above.
         raws_d.push(batch(&mut || Ok(unsafe { direct.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
+        let checking = gpu.check_raw_addresses();
+        gpu.set_check_raw_addresses(true);
+        // SAFETY: as above.
+        raws_checked.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
+        gpu.set_check_raw_addresses(checking);
+        // SAFETY: as above, on the second stream, which waits for `s` (fork) and is waited for
+        // by the batch; the buffers are used on one stream at a time.
+        raws_other.push(batch_on(&s2, &mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs2) }?))?.0);
         if gpu.has_lt() {
             // SAFETY: as above; the plan exists after the warm-up calls.
             bare_lt.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Lt, 1, BATCH) }?);
@@ -119,6 +136,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     let (host_us, wall_us, host_raw_us) = (median(hosts), median(walls), median(raws));
     let (host_direct_us, wall_direct_us, host_raw_direct_us) = (median(hosts_d), median(walls_d), median(raws_d));
     let host_fresh_us = median(fresh);
+    let (host_raw_checked_us, host_raw_other_stream_us) = (median(raws_checked), median(raws_other));
     let bare_lt_us = (!bare_lt.is_empty()).then(|| median(bare_lt));
     let bare_blas_us = median(bare_blas);
 
@@ -146,5 +164,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": host_us,
         "wall_us": wall_us, "graph_us": graph_us, "host_raw_us": host_raw_us, "bare_lt_us": bare_lt_us,
         "bare_blas_us": bare_blas_us, "host_direct_us": host_direct_us, "wall_direct_us": wall_direct_us,
-        "host_raw_direct_us": host_raw_direct_us, "host_fresh_us": host_fresh_us, "replay_graphs": gpu.cached_graphs()}))
+        "host_raw_direct_us": host_raw_direct_us, "host_fresh_us": host_fresh_us,
+        "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
+        "replay_graphs": gpu.cached_graphs()}))
 }

@@ -5,7 +5,7 @@
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUstream;
 
-use super::device::DeviceState;
+use super::device::{synchronising, DeviceState, Pool};
 use super::status;
 use crate::dtype::{Compute, DType};
 use crate::error::Result;
@@ -13,11 +13,21 @@ use crate::layout::Op;
 use crate::mapping::ColMajorCall;
 use crate::precision::Precision;
 
-/// An owned cuBLAS handle and the stream it is bound to.
+/// An owned cuBLAS handle, the stream it is bound to, and the device whose pool it goes back
+/// to (a primary context's) instead of being destroyed.
 pub(crate) struct BlasHandle {
     raw: cublas_sys::cublasHandle_t,
     bound: CUstream,
+    pool: Option<usize>,
 }
+
+/// A pooled handle (idle, of a primary context that lives as long as the process).
+struct Idle(cublas_sys::cublasHandle_t);
+// SAFETY: an idle handle is used by one engine at a time, under its lock (see BlasHandle).
+unsafe impl Send for Idle {}
+
+/// Handles of dropped engines, by device.
+static POOL: Pool<Idle> = Pool::new();
 
 // SAFETY: the raw handle is used only under the device's Mutex; cuBLAS allows a handle to be
 // used from any host thread when calls on it do not overlap (cuBLAS documentation, "Thread
@@ -37,12 +47,19 @@ pub(crate) struct BlasGemm {
 }
 
 impl BlasHandle {
-    /// Creates the handle in the current context (bound by the caller).
-    pub fn new() -> Result<BlasHandle> {
+    /// A handle for the current context (bound by the caller): one from device `pool`'s
+    /// [`Pool`] (its SM count target reset) or a new one; `pool` is `Some(ordinal)` for a
+    /// primary context, `None` otherwise (the handle is then destroyed at the end).
+    pub fn new(pool: Option<usize>) -> Result<BlasHandle> {
+        if let Some(Idle(raw)) = pool.and_then(|o| POOL.take(o)) {
+            let mut h = BlasHandle { raw, bound: std::ptr::null_mut(), pool };
+            h.set_sm_count_target(0)?;
+            return Ok(h);
+        }
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; the context is current on this thread.
         status::cublas(unsafe { cublas_sys::cublasCreate_v2(&mut raw) }, "cublasCreate_v2", String::new)?;
-        Ok(BlasHandle { raw, bound: std::ptr::null_mut() })
+        Ok(BlasHandle { raw, bound: std::ptr::null_mut(), pool })
     }
 
     /// Tells cuBLAS how many SMs its kernels should use (`cublasSetSmCountTarget`; 0: all).
@@ -55,12 +72,19 @@ impl BlasHandle {
         )
     }
 
-    /// Destroys the handle (the context is bound and synchronised by the caller).
-    pub fn destroy(&mut self) {
-        if !self.raw.is_null() {
-            // SAFETY: created in new and destroyed once, here.
-            let _ = unsafe { cublas_sys::cublasDestroy_v2(self.raw) };
-            self.raw = std::ptr::null_mut();
+    /// Lets go of the handle: back to its pool, or destroyed (which synchronises the device:
+    /// cuBLAS's documentation of `cublasDestroy`). The context is bound and the work enqueued
+    /// with the handle has finished (the caller's contract).
+    pub fn release(&mut self) {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        match (raw.is_null(), self.pool) {
+            (true, _) => {}
+            (false, Some(o)) => POOL.give(o, Idle(raw)),
+            (false, None) => {
+                let _gate = synchronising();
+                // SAFETY: created in new and destroyed once (the field is null from now on).
+                let _ = unsafe { cublas_sys::cublasDestroy_v2(raw) };
+            }
         }
     }
 

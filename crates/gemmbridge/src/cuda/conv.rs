@@ -5,7 +5,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
-use super::device::is_capturing;
+use super::device::{is_capturing, Relaxed};
 use super::dnn::{ConvApi, ConvBuffers, ConvOp, ConvSearch, DnnState};
 use super::entry::same_context;
 use super::gpu::Gpu;
@@ -181,6 +181,7 @@ impl Gpu {
     /// # Errors
     /// As the directions' entry points ([`Gpu::conv2d_forward`] and the rest) for each problem.
     pub fn prewarm_conv(&self, problems: &[Conv2d]) -> Result<()> {
+        let _relaxed = Relaxed::enter()?;
         for p in problems {
             p.validate()?;
             match p.precision.input() {
@@ -332,8 +333,13 @@ impl Gpu {
                 problem: format!("{} {op:?}", p.describe()),
             });
         }
+        // Planning may allocate, load modules and time candidates: allowed while another
+        // thread captures in global mode.
+        let _relaxed = if planned { None } else { Some(Relaxed::enter()?) };
         if st.libs.dnn.is_none() {
-            let mut d = DnnState::new(st.libs.conv_search, st.libs.conv_fuse, st.libs.conv_api)?;
+            let ctx = self.context();
+            let pool = ctx.is_primary().then(|| ctx.ordinal());
+            let mut d = DnnState::new(st.libs.conv_search, st.libs.conv_fuse, st.libs.conv_api, pool)?;
             d.ws_limit = st.libs.conv_ws_limit;
             d.load_tactics(st.libs.conv_tactics.iter());
             st.libs.dnn = Some(d);

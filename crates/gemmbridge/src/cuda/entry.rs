@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 
+use super::device::check_extent;
 use super::dispatch;
 use super::gpu::{Extras, Gpu, RawBuffer, RawExtras};
 use super::request::Request;
@@ -131,9 +132,19 @@ impl Gpu {
     /// - `stream` is a live stream of this context (or null, the legacy default stream);
     /// - nothing writes A or B, or touches C, concurrently with the GEMM except in stream order.
     ///
+    /// With [`Gpu::set_check_raw_addresses`] on, an address that is not memory this GPU can
+    /// access over the bytes the problem touches is an error instead of a fault.
+    ///
+    /// A `stream` other than [`Gpu::stream`] gets a last-use event recorded after the call
+    /// (one `cuEventRecord` unless the stream is capturing; 0.23 µs of host time per call on
+    /// the H200, `gemmbridge bench --ops launch` field `host_raw_other_stream_us`): dropping
+    /// the `Gpu` waits for that event, not for the stream or the context, so the stream may
+    /// be destroyed first.
+    ///
     /// # Errors
     /// Before anything is enqueued, with no buffer touched: [`Error::NullPointer`],
-    /// [`Error::Misaligned`], [`Error::BufferTooSmall`], [`Error::OutputOverlapsInput`]. From
+    /// [`Error::Misaligned`], [`Error::BufferTooSmall`], [`Error::OutputOverlapsInput`],
+    /// [`Error::NotDeviceMemory`] (with the check on). From
     /// the launch: [`Error::Cublas`] (status by name), [`Error::NotCapturable`] (a plan or
     /// workspace would be created while `stream` is capturing), [`Error::Driver`].
     #[allow(clippy::too_many_arguments)]
@@ -170,8 +181,26 @@ impl Gpu {
         extras: RawExtras,
         stream: CUstream,
     ) -> Result<()> {
+        let descs = raw_descs(p, a, b, c);
+        if self.device().checks_raw_addresses() {
+            check_all(p, descs, extras)?;
+            self.check_addresses(p, descs, extras)?;
+        }
         // SAFETY: forwarded from the caller.
-        unsafe { self.run(p, alpha, raw_descs(p, a, b, c), beta, extras, stream) }
+        unsafe { self.run(p, alpha, descs, beta, extras, stream) }
+    }
+
+    /// Whether every byte the call touches lies in one allocation this GPU can access
+    /// (`cuPointerGetAttributes` per operand; [`Gpu::set_check_raw_addresses`]).
+    fn check_addresses(&self, p: &GemmProblem, descs: [BufferDesc; 3], extras: RawExtras) -> Result<()> {
+        let out = p.precision().output();
+        let d = |r: RawBuffer| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype: out };
+        let ordinal = self.context().ordinal();
+        self.device().bind()?;
+        for (which, e, _) in crate::validate::spans(p, descs, extras.bias.map(d), extras.aux.map(d))? {
+            check_extent(which, e.start, (e.end - e.start) as usize, ordinal)?;
+        }
+        Ok(())
     }
 
     /// The one path of every call: validate → plan → backend → launch.
@@ -205,7 +234,10 @@ impl Gpu {
         self.device().bind()?;
         let mut st = self.lock();
         // SAFETY: validated above; the rest is the caller's contract.
-        let served = unsafe { dispatch::enqueue(&mut st, &request) }?;
+        let served = unsafe { dispatch::enqueue(&mut st, &request) };
+        // Even after a failure: part of the call (a padded copy) may be enqueued.
+        self.device().note_use(&mut st, stream)?;
+        let served = served?;
         tracing::debug!(problem = %p.describe(), ?served, "gemm enqueued");
         Ok(())
     }

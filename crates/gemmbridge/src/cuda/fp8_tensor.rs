@@ -5,7 +5,10 @@
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaSlice, DevicePtr};
 
-use super::device::{cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob, KernelSet, Kernels};
+use super::device::{
+    cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob, KernelSet, Kernels, Relaxed,
+    RelaxedDrop,
+};
 use super::entry::same_context;
 use super::gpu::Gpu;
 use super::{library, status};
@@ -18,8 +21,8 @@ use crate::fp8::{check_dims, check_support, Fp8Format, Fp8Layout, Quantized, Sca
 /// [`Gpu::fp8_gemm`] as `x[M, K]` (rows = M) or `w[N, K]` (rows = N). Owns its memory, in the
 /// context of the `Gpu` that made it.
 pub struct Fp8Tensor {
-    pub(crate) data: CudaSlice<u8>,
-    pub(crate) scales: CudaSlice<f32>,
+    pub(crate) data: RelaxedDrop<CudaSlice<u8>>,
+    pub(crate) scales: RelaxedDrop<CudaSlice<f32>>,
     pub(crate) layout: Fp8Layout,
     pub(crate) format: Fp8Format,
 }
@@ -57,8 +60,8 @@ impl Fp8Tensor {
     /// [`Error::Driver`] from the copies.
     pub fn to_host(&self) -> Result<Quantized> {
         let s = self.data.stream();
-        let data = s.clone_dtoh(&self.data).map_err(status::driver("cuMemcpyDtoHAsync"))?;
-        let scales = s.clone_dtoh(&self.scales).map_err(status::driver("cuMemcpyDtoHAsync"))?;
+        let data = s.clone_dtoh(&*self.data).map_err(status::driver("cuMemcpyDtoHAsync"))?;
+        let scales = s.clone_dtoh(&*self.scales).map_err(status::driver("cuMemcpyDtoHAsync"))?;
         s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
         Ok(Quantized { layout: self.layout, format: self.format, data, scales })
     }
@@ -157,8 +160,8 @@ impl Gpu {
         let kernels = st.dev.kernels(s.cu_stream(), KernelSet::Fp8)?;
         let (format, layout) = (out.format, out.layout);
         let (x, _gx) = src.device_ptr(s);
-        let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.data, s);
-        let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out.scales, s);
+        let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut *out.data, s);
+        let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut *out.scales, s);
         let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout, data: q, scales: sc };
         f(kernels, &job, s.cu_stream())
     }
@@ -203,12 +206,13 @@ impl Gpu {
         check_support(cc, lt_version, scaling)?;
         let layout = Fp8Layout::new(rows, cols, scaling);
         let s = self.stream();
-        // SAFETY: every byte of `data` is written by the cast kernels (padding included).
+        let _relaxed = Relaxed::enter()?; // stream-ordered allocations
+                                          // SAFETY: every byte of `data` is written by the cast kernels (padding included).
         let data = unsafe { s.alloc::<u8>(layout.data_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
         // every kernel writes every scale; the 128×128 path zeroes the K padding first
         // SAFETY: as above.
         let scales = unsafe { s.alloc::<f32>(layout.scale_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
-        Ok(Fp8Tensor { data, scales, layout, format })
+        Ok(Fp8Tensor { data: RelaxedDrop::new(data), scales: RelaxedDrop::new(scales), layout, format })
     }
 
     /// For measuring gemmbridge's own kernels: the launches [`Gpu::quantize`] makes for these

@@ -14,6 +14,7 @@
 //! borrow from the device layer (`device/`), which sits on cudarc's bindings.
 
 mod blas;
+pub mod churn;
 mod conv;
 mod device;
 mod diagnostics;

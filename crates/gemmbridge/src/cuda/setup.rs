@@ -3,7 +3,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::device::Scratch;
+use super::device::{Relaxed, Scratch};
 use super::entry::{check_all, raw_descs, same_context};
 use super::fp8_gemm::{fp8_shape, Fp8Call, Fp8Options};
 use super::fp8_tensor::Fp8Tensor;
@@ -32,6 +32,7 @@ impl Gpu {
     /// As [`Gpu::gemm_fused`], and [`Error::Driver`] when scratch memory cannot be allocated.
     pub fn prewarm(&self, problems: &[GemmProblem]) -> Result<()> {
         let s = self.stream();
+        let _relaxed = Relaxed::enter()?;
         let bytes = |elems: usize, d: DType| (elems * d.size_bytes()).max(1);
         for p in problems {
             let prec = p.precision();

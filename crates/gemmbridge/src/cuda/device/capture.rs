@@ -77,6 +77,9 @@ impl Drop for CaptureStream {
 /// `cap` is a live, non-blocking stream of the current context, used by nothing else;
 /// `launch` enqueues only on the stream it is given.
 pub(crate) unsafe fn capture(cap: CUstream, launch: impl FnOnce(CUstream) -> Result<()>) -> Result<GraphExec> {
+    // Instantiation may be refused while another thread captures in global mode.
+    let _relaxed = super::lifetime::Relaxed::enter()?;
+    let _gate = super::lifetime::capturing();
     // SAFETY: the caller's contract.
     unsafe { drv::cuStreamBeginCapture_v2(cap, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
         .result()

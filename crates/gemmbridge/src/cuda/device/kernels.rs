@@ -1,9 +1,10 @@
-//! gemmbridge's own kernels (`kernels/*.cu`): compiled once per device with NVRTC for its
-//! architecture, on first use, and kept with the device's state; launched on raw streams.
+//! gemmbridge's own kernels (`kernels/*.cu`): compiled with NVRTC for the device's
+//! architecture on first use — once per process for a primary context ([`shared`]), once per
+//! engine otherwise — and launched on raw streams.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -112,6 +113,33 @@ impl KernelSet {
     }
 }
 
+/// The modules compiled for primary contexts, by device ordinal and set: kept for the life of
+/// the process, like the context itself (`lifetime::keep_primary`), so that engines created
+/// and dropped in turn neither compile again nor unload a module another may be using.
+static SHARED: Mutex<Vec<(usize, KernelSet, Arc<Kernels>)>> = Mutex::new(Vec::new());
+
+/// The kernels of `set` for `ctx`'s device: the process's shared module for a primary
+/// context (compiled by the first engine that needs it), else a module of this context's own.
+/// The caller has bound the context and relaxed the thread's capture mode.
+///
+/// # Errors
+/// As [`Kernels::compile`]; a failure is not kept (the next call tries again).
+pub(crate) fn shared(ctx: &Arc<CudaContext>, set: KernelSet) -> Result<Arc<Kernels>> {
+    let cc = ctx.compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
+    if !ctx.is_primary() {
+        return Ok(Arc::new(Kernels::compile(ctx, cc, set)?));
+    }
+    let ordinal = ctx.ordinal();
+    // Held while compiling: another engine that needs the same module waits for it.
+    let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, _, k)) = shared.iter().find(|(o, s, _)| *o == ordinal && *s == set) {
+        return Ok(k.clone());
+    }
+    let k = Arc::new(Kernels::compile(ctx, cc, set)?);
+    shared.push((ordinal, set, k.clone()));
+    Ok(k)
+}
+
 /// The compiled module and its functions by name.
 pub(crate) struct Kernels {
     _module: Arc<CudaModule>,
@@ -187,6 +215,8 @@ impl Kernels {
     }
 }
 
-// SAFETY: CUfunction handles are plain driver handles usable from any thread; the module is
-// only used under the device's lock.
+// SAFETY: CUfunction handles are plain driver handles usable from any thread, and launching
+// one from several threads at once is allowed (cuLaunchKernel takes no lock of ours); the
+// module is only loaded and unloaded, never changed.
 unsafe impl Send for Kernels {}
+unsafe impl Sync for Kernels {}

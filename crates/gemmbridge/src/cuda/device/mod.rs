@@ -14,14 +14,19 @@ mod capture;
 mod copy;
 mod fp8_cast;
 mod kernels;
+mod lifetime;
+mod pointer;
 mod workspace;
 
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
 pub(crate) use copy::{copy_pitched, pad_copy, zero_pitched, PadCopy, Pitched, Scratch};
 pub(crate) use fp8_cast::{cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob};
 pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
+pub(crate) use lifetime::{capturing, first_stream, keep_primary, synchronising, Pool, Relaxed, RelaxedDrop};
+pub(crate) use pointer::check_extent;
 pub(crate) use workspace::{Workspace, WorkspacePool};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaContext, CudaStream};
@@ -29,10 +34,16 @@ use cudarc::driver::{CudaContext, CudaStream};
 use super::status;
 use crate::error::Result;
 
+/// Whether a new device checks raw addresses: off, since the check costs more than 0.3 µs per
+/// call of three operands (`Gpu::set_check_raw_addresses` gives the measured cost).
+pub(crate) const CHECK_RAW_DEFAULT: bool = false;
+
 /// What a library backend keeps under the device's lock, and how it lets go of it.
 pub(crate) trait Resources: Send {
-    /// Destroys what needs the context (handles, graphs). Called once, from the device's
-    /// drop, with the context bound and the device synchronised.
+    /// Lets go of what needs the context (handles, plans, graphs). Called once, from the
+    /// device's drop, with the context bound and this device's work finished. Library
+    /// handles of a primary context (kept alive by [`keep_primary`]) go back to their
+    /// [`Pool`] instead of being destroyed: destroying one synchronises the whole device.
     fn release(&mut self);
     /// Forgets, without destroying, what cannot be destroyed without a bound context. Called
     /// instead of [`Resources::release`] when the context cannot be bound at drop.
@@ -47,8 +58,9 @@ pub(crate) struct DeviceState {
     pub workspaces: WorkspacePool,
     /// A private non-blocking stream to capture graphs on (created on first use).
     capture_stream: Option<CaptureStream>,
-    /// gemmbridge's own kernels, one module per [`KernelSet`] (compiled on first use).
-    kernels: [Option<Kernels>; 3],
+    /// gemmbridge's own kernels, one module per [`KernelSet`] (compiled on first use; for a
+    /// primary context shared by every engine of the process, [`kernels::shared`]).
+    kernels: [Option<Arc<Kernels>>; 3],
 }
 
 impl DeviceState {
@@ -82,10 +94,10 @@ impl DeviceState {
                     .into(),
                 });
             }
-            let cc = self.ctx.compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
-            *slot = Some(Kernels::compile(&self.ctx, cc, set)?);
+            let _relaxed = Relaxed::enter()?; // NVRTC, cuModuleLoadData
+            *slot = Some(kernels::shared(&self.ctx, set)?);
         }
-        Ok(slot.as_ref().expect("set above"))
+        Ok(slot.as_deref().expect("set above"))
     }
 }
 
@@ -95,11 +107,33 @@ pub(crate) struct Locked<L> {
     pub libs: L,
 }
 
+/// The locked state, with the thread's capture mode relaxed until it is let go (the mode is
+/// put back after the lock is released: fields drop in order).
+pub(crate) struct Held<'a, L> {
+    guard: MutexGuard<'a, Locked<L>>,
+    _relaxed: Option<Relaxed>,
+}
+
+impl<L> std::ops::Deref for Held<'_, L> {
+    type Target = Locked<L>;
+    fn deref(&self) -> &Locked<L> {
+        &self.guard
+    }
+}
+
+impl<L> std::ops::DerefMut for Held<'_, L> {
+    fn deref_mut(&mut self) -> &mut Locked<L> {
+        &mut self.guard
+    }
+}
+
 /// A context, its default stream, and the locked state of the device and its backends.
 pub(crate) struct Device<L: Resources> {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     state: Mutex<Locked<L>>,
+    /// Whether raw addresses are checked with the driver before a call ([`Device::set_check_raw_addresses`]).
+    check_raw: AtomicBool,
 }
 
 impl<L: Resources> Device<L> {
@@ -112,7 +146,29 @@ impl<L: Resources> Device<L> {
             capture_stream: None,
             kernels: [None, None, None],
         };
-        Device { ctx: stream.context().clone(), stream, state: Mutex::new(Locked { dev, libs }) }
+        let check_raw = AtomicBool::new(CHECK_RAW_DEFAULT);
+        Device { ctx: stream.context().clone(), stream, state: Mutex::new(Locked { dev, libs }), check_raw }
+    }
+
+    /// Whether raw addresses are checked ([`pointer::check_extent`]) before a call.
+    pub fn checks_raw_addresses(&self) -> bool {
+        self.check_raw.load(Ordering::Relaxed)
+    }
+
+    /// Turns the raw-address check on or off for later calls.
+    pub fn set_check_raw_addresses(&self, on: bool) {
+        self.check_raw.store(on, Ordering::Relaxed)
+    }
+
+    /// Notes that work of this device was enqueued on `stream`, a stream the caller passed
+    /// (not [`Device::stream`]): its last-use event is recorded so that the teardown waits
+    /// for that work and for nothing else (nothing while `stream` is capturing: the work is
+    /// then in the caller's graph, which must not run after the device is dropped).
+    pub fn note_use(&self, st: &mut Locked<L>, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        if stream == self.stream.cu_stream() || is_capturing(stream)? {
+            return Ok(());
+        }
+        st.dev.workspaces.record_use(stream)
     }
 
     /// The context everything runs in.
@@ -130,30 +186,52 @@ impl<L: Resources> Device<L> {
         self.ctx.bind_to_thread().map_err(status::driver("cuCtxSetCurrent"))
     }
 
-    /// The lock. A panic while it was held cannot leave the state half-changed in a way that
-    /// matters (each change is one insertion or one library call), so poison is ignored.
-    pub fn lock(&self) -> MutexGuard<'_, Locked<L>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// The lock, with this thread's capture mode relaxed while it is held ([`Relaxed`]: what
+    /// the backends create or allocate under it is allowed while another thread captures in
+    /// global mode; two `cuThreadExchangeStreamCaptureMode` calls, about 22 ns). A panic
+    /// while it was held cannot leave the state half-changed in a way that matters (each
+    /// change is one insertion or one library call), so poison is ignored.
+    pub fn lock(&self) -> Held<'_, L> {
+        let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        Held { guard, _relaxed: Relaxed::enter().ok() }
     }
 }
 
 impl<L: Resources> Drop for Device<L> {
+    /// The teardown, in this order (docs/DESIGN.md, "Creation and teardown"): wait for this
+    /// device's own work only — each caller stream's last-use event, then its default
+    /// stream (unless that is being captured) — never the whole context; library handles
+    /// back to their pools (primary contexts) or destroyed; graphs, plans and the private
+    /// streams; last the workspaces, freed in stream order. The thread's capture mode is
+    /// relaxed throughout, so that another thread's capture is neither refused nor broken.
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if self.ctx.bind_to_thread().is_err() {
+        let relaxed = self.ctx.bind_to_thread().ok().and_then(|()| Relaxed::enter().ok());
+        if relaxed.is_none() {
             // No context to destroy graphs and streams in: leak them rather than call the
             // driver without one.
             st.libs.leak();
             std::mem::forget(st.dev.capture_stream.take());
             std::mem::forget(std::mem::take(&mut st.dev.kernels));
+            st.dev.workspaces.leak();
             return;
         }
-        // Work still queued may use the workspaces: wait for it before freeing them. A
-        // failure cannot be reported from Drop; it leaks at most the handles and workspaces.
-        let _ = self.ctx.synchronize();
+        // A failure cannot be reported from Drop; a wait that fails leaks at most the
+        // workspaces (freed only once their users are known to be done).
+        let mut idle = st.dev.workspaces.wait_for_uses();
+        match is_capturing(self.stream.cu_stream()) {
+            Ok(false) => idle &= self.stream.synchronize().is_ok(),
+            // its uses before the capture cannot be waited for: keep the workspaces
+            _ => idle = false,
+        }
         st.libs.release();
         st.dev.capture_stream = None;
         st.dev.kernels = [None, None, None];
-        st.dev.workspaces.free_all();
+        if idle {
+            st.dev.workspaces.free_all();
+        } else {
+            st.dev.workspaces.leak();
+        }
+        drop(relaxed);
     }
 }

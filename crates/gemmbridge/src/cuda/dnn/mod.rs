@@ -225,12 +225,12 @@ impl DnnState {
     /// # Errors
     /// [`crate::error::Error::LibraryNotFound`] naming the files tried;
     /// [`crate::error::Error::Cudnn`].
-    pub fn new(search: ConvSearch, fuse: bool, api: ConvApi) -> Result<DnnState> {
+    pub fn new(search: ConvSearch, fuse: bool, api: ConvApi, pool: Option<usize>) -> Result<DnnState> {
         library::ensure_cudnn()?;
         let (plans, graphs, seen) = (HashMap::default(), HashMap::default(), HashMap::default());
         let (ws_limit, big, tuned, version) =
             (CONV_WORKSPACE_LIMIT, BigWorkspaces::default(), HashMap::default(), sys::version());
-        let handle = Handle::new()?;
+        let handle = Handle::new(pool)?;
         Ok(DnnState { handle, plans, graphs, seen, search, fuse, api, ws_limit, big, tuned, version })
     }
 
@@ -258,7 +258,7 @@ impl DnnState {
         self.graphs.clear();
         self.plans.clear();
         self.big = BigWorkspaces::default();
-        self.handle.destroy();
+        self.handle.release();
     }
 
     /// Forgets the handle without destroying it (no context to destroy it in).

@@ -6,6 +6,8 @@
 use cudarc::cudnn::sys;
 use cudarc::driver::sys::CUstream;
 
+use crate::cuda::device::{synchronising, Pool};
+
 use crate::conv::{Conv2d, ConvActivation, ConvLayout};
 use crate::error::{Error, Result};
 use crate::precision::Precision;
@@ -33,7 +35,17 @@ fn none() -> String {
 pub(crate) struct Handle {
     raw: sys::cudnnHandle_t,
     bound: CUstream,
+    /// The device whose pool the handle goes back to (a primary context's).
+    pool: Option<usize>,
 }
+
+/// A pooled handle (idle, of a primary context that lives as long as the process).
+struct Idle(sys::cudnnHandle_t);
+// SAFETY: an idle handle is used by one engine at a time, under its lock.
+unsafe impl Send for Idle {}
+
+/// Handles of dropped engines, by device.
+static POOL: Pool<Idle> = Pool::new();
 
 // SAFETY: the raw handle is used only under the device's Mutex, one call at a time; cuDNN
 // allows a handle on any host thread as long as no two threads use it at once (cuDNN
@@ -41,12 +53,17 @@ pub(crate) struct Handle {
 unsafe impl Send for Handle {}
 
 impl Handle {
-    /// Creates a handle in the current context (bound by the caller).
-    pub fn new() -> Result<Handle> {
+    /// A handle for the current context (bound by the caller): one from device `pool`'s
+    /// [`Pool`] or a new one; `pool` is `Some(ordinal)` for a primary context, `None`
+    /// otherwise (the handle is then destroyed at the end).
+    pub fn new(pool: Option<usize>) -> Result<Handle> {
+        if let Some(Idle(raw)) = pool.and_then(|o| POOL.take(o)) {
+            return Ok(Handle { raw, bound: std::ptr::null_mut(), pool });
+        }
         let mut raw = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; the context is current.
         check(unsafe { sys::cudnnCreate(&mut raw) }, "cudnnCreate", none)?;
-        Ok(Handle { raw, bound: std::ptr::null_mut() })
+        Ok(Handle { raw, bound: std::ptr::null_mut(), pool })
     }
 
     /// The raw handle, bound to `stream` first if needed.
@@ -59,12 +76,19 @@ impl Handle {
         Ok(self.raw)
     }
 
-    /// Destroys the handle (the context bound and synchronised by the caller).
-    pub fn destroy(&mut self) {
-        if !self.raw.is_null() {
-            // SAFETY: created in new, destroyed once here.
-            let _ = unsafe { sys::cudnnDestroy(self.raw) };
-            self.raw = std::ptr::null_mut();
+    /// Lets go of the handle: back to its pool, or destroyed (which synchronises the device:
+    /// cuDNN's documentation of `cudnnDestroy`). The context is bound and the work enqueued
+    /// with the handle has finished (the caller's contract).
+    pub fn release(&mut self) {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        match (raw.is_null(), self.pool) {
+            (true, _) => {}
+            (false, Some(o)) => POOL.give(o, Idle(raw)),
+            (false, None) => {
+                let _gate = synchronising();
+                // SAFETY: created in new, destroyed once (the field is null from now on).
+                let _ = unsafe { sys::cudnnDestroy(raw) };
+            }
         }
     }
 

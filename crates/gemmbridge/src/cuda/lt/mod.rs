@@ -90,10 +90,11 @@ struct Staged {
 }
 
 impl LtState {
-    /// Creates the handle. The library is loaded (checked by the caller).
-    pub fn new() -> Result<LtState> {
+    /// Takes a handle (from device `pool`'s pool for a primary context, see [`LtHandle::new`]).
+    /// The library is loaded (checked by the caller).
+    pub fn new(pool: Option<usize>) -> Result<LtState> {
         Ok(LtState {
-            handle: LtHandle::new()?,
+            handle: LtHandle::new(pool)?,
             plans: HashMap::default(),
             fp8_plans: HashMap::default(),
             unsupported: HashSet::default(),
@@ -169,6 +170,7 @@ impl LtState {
                 problem: p.describe(),
             }));
         }
+        let _relaxed = crate::cuda::device::Relaxed::enter()?;
         let mut plan = match Plan::build(&self.handle, key, 1) {
             Ok(plan) => plan,
             Err(e) => {
@@ -224,6 +226,7 @@ impl LtState {
                     problem: describe(),
                 });
             }
+            let _relaxed = crate::cuda::device::Relaxed::enter()?;
             let mut plan = Fp8Plan::build(&self.handle, &key, ops, 1)?;
             if let Some(algo) = self.tuned.get(&fp8_signature(&key)) {
                 match plan.check_algo(&self.handle, algo) {

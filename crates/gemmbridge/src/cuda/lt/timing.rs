@@ -68,6 +68,7 @@ const GRAPH_LAUNCHES: usize = 4;
 /// cannot be captured at all (the legacy default stream cannot) or the capture failed: the
 /// caller times eagerly.
 fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Option<CudaGraph> {
+    let _gate = crate::cuda::device::capturing();
     if stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).is_err() {
         return None;
     }

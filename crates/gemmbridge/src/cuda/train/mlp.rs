@@ -3,6 +3,7 @@
 
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
+use super::super::device::Relaxed;
 use super::super::gpu::{Extras, Gpu};
 use super::super::status;
 use super::fp8::{self, Fp8Step};
@@ -84,6 +85,21 @@ pub struct Mlp<T: Element> {
     pub(super) ins: Instruments,
 }
 
+impl<T: Element> Drop for Mlp<T> {
+    /// The device buffers are freed with the thread's capture mode relaxed (see
+    /// `RelaxedDrop`): a drop while another thread captures in global mode neither fails nor
+    /// breaks that capture.
+    fn drop(&mut self) {
+        let _relaxed = Relaxed::enter();
+        self.bufs = None;
+        self.w.clear();
+        self.b.clear();
+        self.dw.clear();
+        self.db.clear();
+        self.db_tmp.clear();
+    }
+}
+
 impl<T: Element> std::fmt::Debug for Mlp<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mlp")
@@ -98,6 +114,7 @@ fn alloc<T: Element + DeviceRepr>(gpu: &Gpu, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: every buffer allocated here is written before it is read (the forward writes
     // outputs and pre-activations, the backward gradients) — except the accumulate-mode
     // gradients, which are zeroed at creation (`alloc_zeros` in Mlp::new).
+    let _relaxed = Relaxed::enter()?;
     unsafe { gpu.stream().alloc::<T>(n.max(1)) }.map_err(status::driver("cuMemAllocAsync"))
 }
 
@@ -162,6 +179,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             gpu.check_fp8(r.w_scaling)?;
         }
         let s = gpu.stream();
+        let _relaxed = Relaxed::enter()?; // uploads and allocations
         let up = |v: &[f32]| -> Result<CudaSlice<T>> {
             let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
             s.clone_htod(&host).map_err(status::driver("cuMemcpyHtoDAsync"))
@@ -556,6 +574,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         }
         self.bufs = None; // freed in stream order before the new ones are allocated
         let (last, places) = (self.layers.len() - 1, self.placements());
+        let _relaxed = Relaxed::enter()?;
         let ones = match self.fp8.is_some() && self.layers.iter().any(|l| l.bias) {
             true => Some(
                 gpu.stream()
