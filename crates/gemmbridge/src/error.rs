@@ -212,7 +212,7 @@ pub enum Error {
     #[error("epilogue {epilogue} cannot be used on a batch of {batch}; run the batch entries one by one")]
     EpilogueBatch {
         /// The epilogue.
-        epilogue: crate::Epilogue,
+        epilogue: crate::epilogue::Epilogue,
         /// The batch count.
         batch: usize,
     },
@@ -241,7 +241,7 @@ pub enum Error {
     #[error("epilogue {epilogue}: {operand} {problem}")]
     EpilogueOperand {
         /// The epilogue.
-        epilogue: crate::Epilogue,
+        epilogue: crate::epilogue::Epilogue,
         /// "bias" (also the bias-gradient output) or "aux".
         operand: &'static str,
         /// "is required but missing" or "was given but is not used".
@@ -362,7 +362,7 @@ pub enum Error {
     #[error("FP8 rule broken ({rule}): {detail}")]
     Fp8 {
         /// The rule.
-        rule: crate::fp8::Fp8Rule,
+        rule: Fp8Rule,
         /// The values that broke it, and what would not.
         detail: String,
     },
@@ -398,3 +398,47 @@ pub enum Error {
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A rule of FP8 GEMM on NVIDIA GPUs that a call broke (carried by [`Error::Fp8`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fp8Rule {
+    /// E5M2 × E5M2 has no kernel: one operand must be E4M3.
+    NoE5m2Pair,
+    /// The two operands' scalings do not form a recipe cuBLASLt offers.
+    ScalingPair,
+    /// The output dtype is not one the recipe can write.
+    OutputDtype,
+    /// Fast accumulation is not offered with block scales.
+    FastAccum,
+    /// The bias epilogue is not offered for this output dtype.
+    Bias,
+    /// The GPU's compute capability is too old for FP8 or for this recipe.
+    ComputeCapability,
+    /// The loaded cuBLASLt is too old for this recipe.
+    LibraryVersion,
+    /// The two operands do not share K.
+    InnerDimension,
+    /// An operand has no rows or columns.
+    Empty,
+    /// A hand-built [`crate::fp8::Fp8Layout`] contradicts itself (leading dimension below the
+    /// columns, allocated rows below the rows, too few scales).
+    Layout,
+}
+
+impl std::fmt::Display for Fp8Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Fp8Rule::NoE5m2Pair => "no E5M2 × E5M2 GEMM",
+            Fp8Rule::ScalingPair => "scaling recipe",
+            Fp8Rule::OutputDtype => "output dtype",
+            Fp8Rule::FastAccum => "fast accumulation",
+            Fp8Rule::Bias => "bias epilogue",
+            Fp8Rule::ComputeCapability => "compute capability",
+            Fp8Rule::LibraryVersion => "cuBLASLt version",
+            Fp8Rule::InnerDimension => "shared K",
+            Fp8Rule::Empty => "empty operand",
+            Fp8Rule::Layout => "operand layout",
+        })
+    }
+}

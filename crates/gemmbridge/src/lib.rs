@@ -51,6 +51,7 @@ mod precision;
 mod problem;
 pub mod reference;
 pub mod suites;
+pub mod tactics;
 pub mod train;
 pub mod validate;
 

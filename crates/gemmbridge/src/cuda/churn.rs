@@ -18,10 +18,12 @@ use cudarc::driver::sys::CUstreamCaptureMode as Mode;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
-use super::device::{Relaxed, RelaxedDrop};
-use super::train::Mlp;
-use super::{Fp8Options, Gpu, GraphReplay};
 use crate::conv::Conv2d;
+use crate::cuda::api::train::Mlp;
+use crate::cuda::api::Gpu;
+use crate::cuda::device::GraphReplay;
+use crate::cuda::device::{Relaxed, RelaxedDrop};
+use crate::cuda::route::Fp8Options;
 use crate::error::{Error, Result};
 use crate::fp8::{Fp8Format, Scaling, Source};
 use crate::train::{init_params, Activation, GradMode, LinearSpec};
@@ -132,7 +134,7 @@ pub fn run(opts: &ChurnOptions) -> Result<ChurnReport> {
     // One Gpu first, on this thread: a machine without a GPU fails here, with the reason.
     let probe = Gpu::new(opts.ordinal)?;
     let fp8 = probe.check_fp8(Scaling::Tensor).is_ok();
-    let dnn = super::library::ensure_cudnn().is_ok();
+    let dnn = crate::cuda::library::ensure_cudnn().is_ok();
     drop(probe);
     {
         let mut r = report.lock().expect("not poisoned");
@@ -285,7 +287,8 @@ fn round_of(opts: &ChurnOptions, uses: Uses, rng: &mut Rng, in_flight: bool) -> 
         done.gemms += 1;
     }
     if !in_flight {
-        plumbing(|| s.synchronize()).map_err(|e| ("synchronize", super::status::driver("cuStreamSynchronize")(e)))?;
+        plumbing(|| s.synchronize())
+            .map_err(|e| ("synchronize", crate::cuda::status::driver("cuStreamSynchronize")(e)))?;
     }
     drop(gpu); // before its buffers: the Gpu's teardown runs with their work in flight
     Ok(done)
@@ -303,11 +306,11 @@ fn plumbing<R>(f: impl FnOnce() -> R) -> R {
 type Buf = RelaxedDrop<CudaSlice<bf16>>;
 
 fn upload(s: &Arc<CudaStream>, v: &[bf16]) -> Result<Buf> {
-    plumbing(|| s.clone_htod(v).map(RelaxedDrop::new).map_err(super::status::driver("cuMemcpyHtoDAsync")))
+    plumbing(|| s.clone_htod(v).map(RelaxedDrop::new).map_err(crate::cuda::status::driver("cuMemcpyHtoDAsync")))
 }
 
 fn download(s: &Arc<CudaStream>, v: &CudaSlice<bf16>) -> Result<Vec<bf16>> {
-    plumbing(|| s.clone_dtoh(v).map_err(super::status::driver("cuMemcpyDtoHAsync")))
+    plumbing(|| s.clone_dtoh(v).map_err(crate::cuda::status::driver("cuMemcpyDtoHAsync")))
 }
 
 /// x·wᵀ in FP8 (E4M3, tensor-wise scales) into bf16; the output must be finite.
@@ -340,7 +343,8 @@ fn train_step(gpu: &Gpu, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
     let (x, dy) = (upload(s, &rng.bf16s(tokens * 64))?, upload(s, &rng.bf16s(tokens * 64))?);
     mlp.forward(gpu, &*x, tokens, true)?;
     mlp.backward(gpu, &*x, &*dy, None::<&mut CudaSlice<bf16>>, GradMode::Overwrite)?;
-    let y: Vec<bf16> = plumbing(|| s.clone_dtoh(&mlp.output()?).map_err(super::status::driver("cuMemcpyDtoHAsync")))?;
+    let y: Vec<bf16> =
+        plumbing(|| s.clone_dtoh(&mlp.output()?).map_err(crate::cuda::status::driver("cuMemcpyDtoHAsync")))?;
     if y.iter().all(|v| v.is_finite()) {
         Ok(())
     } else {
@@ -377,7 +381,7 @@ fn capture_loop(ordinal: usize, done: &AtomicBool, captures: &AtomicUsize) -> Re
         Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
     ];
-    let drv = super::status::driver;
+    let drv = crate::cuda::status::driver;
     let mut i = 0;
     while !done.load(Ordering::Relaxed) {
         let mode = modes[i % modes.len()];

@@ -1,49 +1,44 @@
-//! The CUDA backend: cuBLAS and cuBLASLt through cudarc, loaded at run time.
+//! The CUDA backend: cuBLAS, cuBLASLt and cuDNN through cudarc, loaded at run time.
 //!
-//! - [`Gpu`]: context + stream + handles + per-stream workspaces + plan cache;
+//! - [`Gpu`]: context + stream + handles + per-stream workspaces + plan caches;
 //!   [`Gpu::gemm`] / [`Gpu::gemm_fused`] (safe, cudarc buffers) and [`Gpu::gemm_raw`] /
-//!   [`Gpu::gemm_raw_fused`] (unsafe, raw device addresses on the caller's stream).
+//!   [`Gpu::gemm_raw_fused`] (unsafe, raw device addresses on the caller's stream); FP8
+//!   ([`Gpu::quantize`], [`Gpu::fp8_gemm`]), convolutions ([`Gpu::conv2d_forward`] and the
+//!   rest), training layers ([`train::Mlp`]).
 //! - [`Backend`]: cuBLAS, cuBLASLt, or Auto (cuBLASLt where it serves).
 //! - [`Gpu::prewarm`], [`Gpu::autotune_raw`] and the [`tactics`] database.
 //! - [`DeviceInfo`]: what `gemmbridge info` prints.
 //! - [`library`]: checks that the shared libraries load, with named errors.
-//! - [`train::Mlp`]: linear layers forward and backward on fused GEMMs ([`crate::train`]).
+//! - [`churn`]: a self-test of engines created and dropped on many threads.
 //!
-//! Inside (docs/DESIGN.md): the entry points (`entry.rs`, `setup.rs`, `diagnostics.rs`) call
-//! the dispatch (`dispatch.rs`), which calls one room per library (`blas.rs`, `lt/`), which
-//! borrow from the device layer (`device/`), which sits on cudarc's bindings.
+//! Inside, in floors (docs/DESIGN.md): the API (`api/`: one `impl Gpu` block per capability)
+//! builds one [`call`] value per GEMM and hands it to the routing floor (`route/`: which
+//! library serves, misaligned operands on padded copies), which calls one room per library
+//! side by side (`blas/`, `lt/` with FP8 as a mode of it, `dnn/`), all on the device layer
+//! (`device/`: context, streams, workspaces, graph capture and replay, gemmbridge's own
+//! kernels), which sits on cudarc's bindings; `library.rs` and `status.rs` are the ground.
 
+mod api;
 mod blas;
+mod call;
 pub mod churn;
-mod conv;
 mod device;
-mod diagnostics;
-mod dispatch;
 mod dnn;
-mod entry;
-mod fp8_gemm;
-mod fp8_tensor;
-mod gpu;
-mod info;
 pub mod library;
 mod lt;
-mod padded;
-mod padding;
-mod request;
-mod setup;
+mod route;
 mod status;
-pub mod tactics;
-pub mod train;
 
+pub use api::train;
+pub use api::{cuda_version_string, DeviceInfo, Extras, Gpu, RawBuffer, RawExtras};
+pub use device::GraphReplay;
 pub use dnn::{cudnn_version, ConvApi, ConvSearch};
-pub use fp8_gemm::{Fp8Options, Fp8Out};
-pub use fp8_tensor::Fp8Tensor;
-pub use gpu::{Backend, Extras, Gpu, RawBuffer, RawExtras, Served};
-pub use info::{cuda_version_string, DeviceInfo};
 pub use lt::plan::Algorithm;
-pub use lt::replay::GraphReplay;
 pub use lt::tune::{TuneOptions, TuneReport};
-pub use padding::Padding;
+pub use route::{Backend, Fp8Options, Fp8Out, Fp8Tensor, Padding, Served};
+
+/// The tactic database (also at [`crate::tactics`]), kept at its former path.
+pub use crate::tactics;
 
 /// The raw CUDA stream type [`Gpu::gemm_raw`] takes (`CUstream`, a pointer).
 pub use cudarc::driver::sys::CUstream;

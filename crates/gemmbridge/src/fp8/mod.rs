@@ -26,8 +26,9 @@
 mod quant;
 mod rules;
 
+pub use crate::error::Fp8Rule;
 pub use quant::{dequantize, fp8_to_f32, quantize, quantize_value, Quantized};
-pub use rules::{check_pair, check_support, Fp8Rule, OutputKind};
+pub use rules::{check_pair, check_support, OutputKind};
 
 /// An 8-bit floating-point format (OCP FP8; the `FN` variants: no infinities in E4M3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

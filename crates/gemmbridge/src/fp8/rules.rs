@@ -21,51 +21,7 @@
 
 use super::{Fp8Format, Scaling};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
-
-/// A rule of FP8 GEMM on NVIDIA GPUs that a call broke (carried by [`Error::Fp8`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Fp8Rule {
-    /// E5M2 × E5M2 has no kernel: one operand must be E4M3.
-    NoE5m2Pair,
-    /// The two operands' scalings do not form a recipe cuBLASLt offers.
-    ScalingPair,
-    /// The output dtype is not one the recipe can write.
-    OutputDtype,
-    /// Fast accumulation is not offered with block scales.
-    FastAccum,
-    /// The bias epilogue is not offered for this output dtype.
-    Bias,
-    /// The GPU's compute capability is too old for FP8 or for this recipe.
-    ComputeCapability,
-    /// The loaded cuBLASLt is too old for this recipe.
-    LibraryVersion,
-    /// The two operands do not share K.
-    InnerDimension,
-    /// An operand has no rows or columns.
-    Empty,
-    /// A hand-built [`super::Fp8Layout`] contradicts itself (leading dimension below the
-    /// columns, allocated rows below the rows, too few scales).
-    Layout,
-}
-
-impl std::fmt::Display for Fp8Rule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Fp8Rule::NoE5m2Pair => "no E5M2 × E5M2 GEMM",
-            Fp8Rule::ScalingPair => "scaling recipe",
-            Fp8Rule::OutputDtype => "output dtype",
-            Fp8Rule::FastAccum => "fast accumulation",
-            Fp8Rule::Bias => "bias epilogue",
-            Fp8Rule::ComputeCapability => "compute capability",
-            Fp8Rule::LibraryVersion => "cuBLASLt version",
-            Fp8Rule::InnerDimension => "shared K",
-            Fp8Rule::Empty => "empty operand",
-            Fp8Rule::Layout => "operand layout",
-        })
-    }
-}
+use crate::error::{Error, Fp8Rule, Result};
 
 /// What an FP8 GEMM writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -10,7 +10,8 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
-use crate::cuda::{library, status};
+use crate::cuda::library;
+use crate::cuda::status;
 use crate::error::{Error, Result};
 
 /// The suffix of a kernel's instance for a source dtype (`amax_bf16`, `gelu_erf_f32`, …).

@@ -16,6 +16,7 @@ mod fp8_cast;
 mod kernels;
 mod lifetime;
 mod pointer;
+mod replay;
 mod workspace;
 
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
@@ -24,6 +25,8 @@ pub(crate) use fp8_cast::{cast_launches, check_cast, enqueue_cast, launch_one, p
 pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
 pub(crate) use lifetime::{capturing, first_stream, keep_primary, synchronising, Pool, Relaxed, RelaxedDrop};
 pub(crate) use pointer::check_extent;
+pub use replay::GraphReplay;
+pub(crate) use replay::{Cached, ReplayCache, ReplayKey};
 pub(crate) use workspace::{Workspace, WorkspacePool};
 
 use std::sync::atomic::{AtomicBool, Ordering};

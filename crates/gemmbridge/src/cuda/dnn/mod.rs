@@ -17,12 +17,12 @@ use cudarc::cudnn::sys as raw;
 use cudarc::driver::sys::CUstream;
 use rustc_hash::FxHashMap as HashMap;
 
+use super::device::GraphReplay;
 use super::device::{capture, is_capturing, GraphExec, Scratch};
 use super::library;
-use super::lt::replay::GraphReplay;
-use super::tactics::Choice;
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
+use crate::tactics::Choice;
 use graph::GraphPlan;
 use legacy::{ConvPlan, SearchBuffers};
 use sys::{types, ActivationDesc, Handle, TensorDesc};

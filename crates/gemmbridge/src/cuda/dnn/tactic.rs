@@ -1,4 +1,4 @@
-//! The cuDNN room's plans in the tactic database ([`crate::cuda::tactics`], kind "conv2d"): a
+//! The cuDNN room's plans in the tactic database ([`crate::tactics`], kind "conv2d"): a
 //! plan key's stable text, a chosen plan as a [`Tactic`] (after a measured search), and a plan
 //! rebuilt from one without searching — the graph API's engine by its global index with the
 //! recorded knob choices, or the legacy API's algorithm with its math type — used only where
@@ -16,8 +16,8 @@ use super::legacy::{self, Algo, ConvPlan};
 use super::sys::{math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
 use super::{ConvApi, ConvBuffers, ConvOp, DnnState, EngineConfig, PlanKey, Planned, Tail};
 use crate::conv::{Conv2d, ConvActivation};
-use crate::cuda::tactics::{Choice, Library, ProblemKind, Tactic};
 use crate::error::{Error, Result};
+use crate::tactics::{Choice, Library, ProblemKind, Tactic};
 
 /// The database key of a plan key (the format is the tactics module's, "Signatures").
 pub(super) fn key_text(&(p, op, fused, api, align): &PlanKey) -> String {

@@ -45,7 +45,7 @@ pub(crate) struct Fp8Key {
 pub(crate) fn fp8_signature(k: &Fp8Key) -> String {
     format!(
         "fp8_gemm m{} n{} k{} x{}/{} w{}/{} out{} bias{} fast{} al{} ws{}",
-        crate::cuda::tactics::m_bucket(k.m),
+        crate::tactics::m_bucket(k.m),
         k.n,
         k.k,
         k.x.0,

@@ -22,10 +22,10 @@ use super::tune::{rel_error_bytes, TuneOptions, TuneReport};
 use super::LtState;
 use crate::cuda::device::Workspace;
 use crate::cuda::status;
-use crate::cuda::tactics::Tactic;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::fp8::OutputKind;
+use crate::tactics::Tactic;
 
 /// Workspace limits and C/D alignment classes of the neighbouring queries.
 const OTHER_WORKSPACES: [usize; 2] = [1 << 20, 4 << 20];

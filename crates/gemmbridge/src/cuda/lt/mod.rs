@@ -9,7 +9,6 @@
 pub(crate) mod fp8;
 pub(crate) mod fp8_tune;
 pub(crate) mod plan;
-pub(crate) mod replay;
 mod search;
 pub(crate) mod sys;
 mod timing;
@@ -19,6 +18,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use cudarc::driver::sys::CUstream;
 
+use crate::cuda::device::{Cached, ReplayCache, ReplayKey};
 use crate::cuda::device::{DeviceState, Workspace};
 use crate::cuda::status;
 use crate::epilogue::VectorUse;
@@ -27,7 +27,6 @@ use crate::mapping::ColMajorCall;
 use crate::problem::GemmProblem;
 use fp8::{fp8_signature, Fp8Key, Fp8Operands, Fp8Plan};
 use plan::{Algorithm, LtOperands, Plan, PlanKey};
-use replay::{Cached, ReplayCache, ReplayKey};
 use sys::LtHandle;
 
 /// Most plans kept (and most problems remembered as unsupported): a program that makes
@@ -45,7 +44,7 @@ pub(crate) struct LtState {
     /// Tuned algorithms by bucketed signature (see [`plan::signature`]).
     pub tuned: HashMap<String, Algorithm>,
     /// Cached graphs of repeated small calls (see [`replay`]).
-    pub replay: ReplayCache,
+    pub replay: ReplayCache<PlanKey>,
     /// SM count target of dense plans made from now on (0: all SMs;
     /// [`crate::cuda::Gpu::set_sm_count_target`]).
     pub sm_count: u32,
@@ -128,7 +127,7 @@ impl LtState {
         let key = PlanKey { sm_count: self.sm_count, ..PlanKey::of(p, call.cm, &ops, ws.matmul_bytes) };
         // Graph replay (see `replay`): a staged bias is excluded, its copy is not in the key.
         let replay_key = (staged.is_none() && self.replay.qualifies(p.macs()))
-            .then(|| ReplayKey::new(key, &ops, (call.alpha, call.beta), &ws, call.stream));
+            .then(|| ReplayKey::new(key, ops.addresses(), (call.alpha, call.beta), ws.ptr, call.stream));
         let mut graph_unused = false;
         if let Some(rk) = &replay_key {
             // SAFETY: the key holds this stream and the validated addresses.

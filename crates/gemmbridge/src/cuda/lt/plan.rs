@@ -9,13 +9,13 @@ use cudarc::cublaslt::sys as lt;
 
 use super::sys::{algo_check, check, heuristic, lt_dtype, lt_op, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
-use crate::cuda::tactics::m_bucket;
 use crate::epilogue::{AuxUse, Epilogue, VectorUse};
 use crate::error::{Error, Result};
 use crate::layout::Op;
 use crate::mapping::{lt_epilogue, ColMajorCall};
 use crate::precision::Precision;
 use crate::problem::GemmProblem;
+use crate::tactics::m_bucket;
 
 /// The largest power of two (≤ 256) dividing an address: the alignment class cuBLASLt's
 /// heuristic is told (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES), so that the algorithm it
@@ -66,7 +66,7 @@ impl PlanKey {
 }
 
 /// The stable text signature of a plan key under the tactic database's bucketing rule
-/// ([`crate::cuda::tactics`]): the key of a cuBLASLt "gemm" entry. Unchanged since format 1: the engine looks tuned algorithms up by it.
+/// ([`crate::tactics`]): the key of a cuBLASLt "gemm" entry. Unchanged since format 1: the engine looks tuned algorithms up by it.
 /// A key with an SM count target ends in ` sm<count>`, so that algorithms tuned on the whole
 /// GPU are not applied to it, and those tuned under that target (tuning runs under the `Gpu`'s
 /// target) only to it.
@@ -114,6 +114,11 @@ impl LtOperands {
     pub fn new(call: &ColMajorCall, (a, b, c): (u64, u64, u64), bias: Option<u64>, aux: Option<u64>) -> LtOperands {
         let (first, second) = call.operands(a, b);
         LtOperands { first, second, c, bias, aux }
+    }
+
+    /// Every address, absent ones as 0 (a replay key's operands).
+    pub fn addresses(&self) -> [u64; 5] {
+        [self.first, self.second, self.c, self.bias.unwrap_or(0), self.aux.unwrap_or(0)]
     }
 }
 

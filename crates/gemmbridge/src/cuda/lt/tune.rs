@@ -12,13 +12,13 @@ use super::timing::{time_interleaved, Call, Timed};
 use super::LtState;
 use crate::cuda::device::Workspace;
 use crate::cuda::status;
-use crate::cuda::tactics::Tactic;
 use crate::dtype::DType;
 use crate::epilogue::Epilogue;
 use crate::error::Result;
 use crate::half::{bf16, f16};
 use crate::layout::MatrixLayout;
 use crate::problem::GemmProblem;
+use crate::tactics::Tactic;
 
 /// How hard to tune.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -3,11 +3,11 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
-use super::super::gpu::Gpu;
-use super::super::lt::tune::TuneOptions;
-use super::super::status;
 use super::instruments::{GemmRole, Tuned};
 use super::mlp::Mlp;
+use crate::cuda::api::engine::Gpu;
+use crate::cuda::lt::tune::TuneOptions;
+use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::train::GradMode;
@@ -48,7 +48,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     /// per GEMM, with the step's own buffers: `x`, `dy` and, if given, `dx` as a step would
     /// use them), running the step as it goes. Tuned algorithms are used by every later call
     /// of the same problems on `gpu`; the returned entries can be stored in a
-    /// [`crate::cuda::tactics::TacticDb`]. Gradients are overwritten. Synchronises the stream
+    /// [`crate::tactics::TacticDb`]. Gradients are overwritten. Synchronises the stream
     /// once per GEMM and takes seconds.
     ///
     /// # Errors

@@ -3,9 +3,11 @@
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUdevice_attribute;
 
-use super::tactics::Identity;
-use super::{library, status, Gpu};
+use super::engine::Gpu;
+use crate::cuda::library;
+use crate::cuda::status;
 use crate::error::Result;
+use crate::tactics::Identity;
 
 /// The device and the library versions found at run time.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,7 +42,7 @@ impl Gpu {
     /// This machine's [`Identity`] for the tactic database: the device name, its compute
     /// capability as "major.minor", the cuBLASLt version (0 where libcublasLt is not loaded),
     /// from [`Gpu::info`], and the cuDNN version where libcudnn is installed
-    /// ([`cudnn_version`](super::cudnn_version): this loads libcudnn, but creates no cuDNN
+    /// ([`cudnn_version`](crate::cuda::cudnn_version): this loads libcudnn, but creates no cuDNN
     /// handle).
     ///
     /// # Errors
@@ -51,7 +53,7 @@ impl Gpu {
             gpu: i.name,
             sm: format!("{}.{}", i.compute_capability.0, i.compute_capability.1),
             cublaslt: i.cublaslt_version.unwrap_or(0),
-            cudnn: super::dnn::cudnn_version(),
+            cudnn: crate::cuda::dnn::cudnn_version(),
         })
     }
 

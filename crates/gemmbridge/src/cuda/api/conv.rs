@@ -5,16 +5,15 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
-use super::device::{is_capturing, Relaxed};
-use super::dnn::{ConvApi, ConvBuffers, ConvOp, ConvSearch, DnnState};
-use super::entry::same_context;
-use super::gpu::Gpu;
-use super::lt::replay::GraphReplay;
-use super::status;
-use super::tactics::Tactic;
+use super::checks::same_context;
+use super::engine::Gpu;
 use crate::conv::{Conv2d, ConvActivation};
+use crate::cuda::device::{is_capturing, GraphReplay, Relaxed};
+use crate::cuda::dnn::{ConvApi, ConvBuffers, ConvOp, ConvSearch, DnnState};
+use crate::cuda::status;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, Which};
+use crate::tactics::Tactic;
 
 /// The direction [`Gpu::conv2d_plan`] names `name`.
 fn direction_op(name: &str) -> Option<ConvOp> {
@@ -258,9 +257,9 @@ impl Gpu {
     /// The plan a measured search ([`ConvSearch::Measured`]) chose for a direction of `p`
     /// (named as for [`Gpu::conv2d_plan`]; under the current fusion and API settings, for
     /// buffers aligned as allocations are) as a tactic for the database: its signature (the
-    /// "conv2d" key, [`super::tactics`]) and the [`Tactic`] (cuDNN, this cuDNN version, the
+    /// "conv2d" key, [`crate::tactics`]) and the [`Tactic`] (cuDNN, this cuDNN version, the
     /// engine and knobs or the legacy algorithm, the workspace, the heuristic's and the chosen
-    /// plan's measured times). Insert it into a [`super::tactics::TacticDb`] and save it;
+    /// plan's measured times). Insert it into a [`crate::tactics::TacticDb`] and save it;
     /// [`Gpu::load_tactics`] uses it. `None` before the first call, for a heuristic choice and
     /// for a plan that came from the database.
     pub fn conv2d_tactic(&self, p: &Conv2d, direction: &str) -> Option<(String, Tactic)> {

@@ -6,9 +6,10 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-use super::super::fp8_gemm::Fp8Options;
-use super::super::gpu::{Extras, Gpu};
 use super::instruments::{gemm, timed, GemmRole, Instruments};
+use crate::cuda::api::engine::Gpu;
+use crate::cuda::api::operands::Extras;
+use crate::cuda::route::fp8::Fp8Options;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::fp8::Source;

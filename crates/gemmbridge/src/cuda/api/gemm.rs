@@ -1,22 +1,24 @@
 //! The GEMM entry points. Every call reads top to bottom: validate (every operand, before
 //! anything is enqueued) → plan (the one row-major → column-major mapping) → backend (the
-//! library chosen, with its fallbacks, in `dispatch.rs`) → launch (in the backend's room).
+//! library chosen, with its fallbacks, in `route/dispatch.rs`) → launch (in the backend's room).
 
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::device::check_extent;
-use super::dispatch;
-use super::gpu::{Extras, Gpu, RawBuffer, RawExtras};
-use super::request::Request;
+use super::checks::{check_roles, either_ptr, same_context};
+use super::engine::Gpu;
+use super::operands::{check_all, raw_descs};
+use super::operands::{Extras, RawBuffer, RawExtras};
+use crate::cuda::call::GemmCall;
+use crate::cuda::device::check_extent;
+use crate::cuda::route::dispatch;
 use crate::dtype::Element;
-use crate::epilogue::{AuxUse, Epilogue, VectorUse};
-use crate::error::{Error, Result, Which};
+use crate::error::{Result, Which};
 use crate::mapping::column_major_call;
 use crate::problem::GemmProblem;
-use crate::validate::{check_buffers, check_epilogue, BufferDesc};
+use crate::validate::BufferDesc;
 
 impl Gpu {
     /// `C = α·op(A)·op(B) + β·C` on cudarc device memory, enqueued on [`Gpu::stream`].
@@ -60,7 +62,7 @@ impl Gpu {
     /// As [`Gpu::gemm`]; [`Error::EpilogueOperand`] when an operand the epilogue needs is
     /// missing, one it does not use is given, or one it writes is passed read-only;
     /// [`Error::Misaligned`] for an aux off 16 bytes; [`Error::Unsupported`] with
-    /// [`Backend::Blas`](super::Backend::Blas) or past the staging limit; [`Error::LibraryNotFound`] without
+    /// [`Backend::Blas`](crate::cuda::Backend::Blas) or past the staging limit; [`Error::LibraryNotFound`] without
     /// libcublasLt.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_fused<TI, TO, A, B, C>(
@@ -221,7 +223,7 @@ impl Gpu {
             return Ok(());
         }
         let [a, b, c] = descs.map(|d| d.address);
-        let request = Request {
+        let request = GemmCall {
             problem: p,
             cm: column_major_call(p),
             alpha,
@@ -241,68 +243,4 @@ impl Gpu {
         tracing::debug!(problem = %p.describe(), ?served, "gemm enqueued");
         Ok(())
     }
-}
-
-/// [`Error::WrongContext`] unless `s` belongs to `ctx`.
-pub(crate) fn same_context(which: Which, s: &Arc<CudaStream>, ctx: &Arc<CudaContext>) -> Result<()> {
-    if s.context() == ctx {
-        Ok(())
-    } else {
-        Err(Error::WrongContext { operand: which, ordinal: s.context().ordinal(), expected: ctx.ordinal() })
-    }
-}
-
-/// The epilogue operands given for reading or writing as the epilogue uses them, each once.
-fn check_roles(e: Epilogue, bias: bool, bias_grad: bool, aux_in: bool, aux_out: bool) -> Result<()> {
-    let wrong = |operand, problem| Err(Error::EpilogueOperand { epilogue: e, operand, problem });
-    if bias && e.vector() == VectorUse::WritesGrad {
-        return wrong("bias", "is written by this epilogue: pass it as bias_grad (&mut), not bias (&)");
-    }
-    if aux_in && e.aux() == AuxUse::Writes {
-        return wrong("aux", "is written by this epilogue: pass it as aux_out (&mut), not aux_in (&)");
-    }
-    if bias && bias_grad {
-        return wrong("bias", "was given twice (bias and bias_grad)");
-    }
-    if aux_in && aux_out {
-        return wrong("aux", "was given twice (aux_in and aux_out)");
-    }
-    Ok(())
-}
-
-/// The address, length in bytes and cudarc guard of an operand given either for reading or for
-/// writing (never both: the caller has checked).
-fn either_ptr<'g, 'o: 'g, T>(
-    read: Option<&'g (dyn DevicePtr<T> + 'o)>,
-    write: Option<&'g mut (dyn DevicePtrMut<T> + 'o)>,
-    s: &'g CudaStream,
-) -> (Option<u64>, usize, Option<cudarc::driver::SyncOnDrop<'g>>) {
-    match (read, write) {
-        (Some(v), _) => {
-            let len = v.num_bytes();
-            let (p, g) = v.device_ptr(s);
-            (Some(p), len, Some(g))
-        }
-        (None, Some(v)) => {
-            let len = v.num_bytes();
-            let (p, g) = v.device_ptr_mut(s);
-            (Some(p), len, Some(g))
-        }
-        (None, None) => (None, 0, None),
-    }
-}
-
-/// Buffer descriptions of raw A, B, C for `p` (inputs of the input dtype, C of the output's).
-pub(crate) fn raw_descs(p: &GemmProblem, a: RawBuffer, b: RawBuffer, c: RawBuffer) -> [BufferDesc; 3] {
-    let prec = p.precision();
-    let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
-    [desc(a, prec.input()), desc(b, prec.input()), desc(c, prec.output())]
-}
-
-/// Every buffer check for a call: A, B, C, then the epilogue's operands.
-pub(crate) fn check_all(p: &GemmProblem, [a, b, c]: [BufferDesc; 3], extras: RawExtras) -> Result<()> {
-    check_buffers(p, a, b, c)?;
-    let out = p.precision().output();
-    let d = |r: RawBuffer| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype: out };
-    check_epilogue(p, [a, b, c], extras.bias.map(d), extras.aux.map(d))
 }

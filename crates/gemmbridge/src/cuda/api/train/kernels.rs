@@ -1,8 +1,8 @@
 //! The training layers' launches that are not GEMMs: gemmbridge's elementwise kernels
 //! (`device/kernels/act.cu`) and cuBLAS's `axpy`, all on [`Gpu::stream`].
 
-use super::super::device::{arg, suffix, KernelSet};
-use super::super::gpu::Gpu;
+use crate::cuda::api::engine::Gpu;
+use crate::cuda::device::{arg, suffix, KernelSet};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::train::Activation;
@@ -40,7 +40,7 @@ impl Gpu {
     }
 
     /// Runs `f` with the training kernels (compiled on first use) under the lock.
-    fn with_kernels(&self, f: impl FnOnce(&super::super::device::Kernels) -> Result<()>) -> Result<()> {
+    fn with_kernels(&self, f: impl FnOnce(&crate::cuda::device::Kernels) -> Result<()>) -> Result<()> {
         self.device().bind()?;
         let mut st = self.lock();
         let k = st.dev.kernels(self.stream().cu_stream(), KernelSet::Train)?;

@@ -1,6 +1,6 @@
-//! The FP8 GEMM entry points: validate (every operand and every FP8 rule, before anything is
-//! enqueued) → plan (the staging the hardware's alignment rules need) → launch (cuBLASLt's FP8
-//! mode, `lt/fp8.rs`).
+//! FP8 GEMM on the routing floor: the FP8 operand type ([`Fp8Tensor`]), the call value
+//! ([`Fp8Call`]: every FP8 rule checked by `validate`), and the plan of the staging the
+//! hardware's alignment rules need before the launch in cuBLASLt's FP8 mode (`lt/fp8.rs`).
 //!
 //! Staging: cuBLASLt's FP8 kernels need the output's rows 16-byte aligned and, with 1×128 or
 //! 128×128 scales, the row counts they scale a multiple of 4 (`crate::fp8` lists the measured
@@ -11,17 +11,67 @@
 //! bias is staged with it (zero-extended). Cost per call: one `cuMemAllocAsync`, one or two
 //! pitched copies of `y`; none on the aligned path.
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-use super::device::{copy_pitched, Pitched, Scratch};
-use super::entry::same_context;
-use super::fp8_tensor::Fp8Tensor;
-use super::gpu::Gpu;
-use super::library;
-use super::lt::fp8::{Fp8Key, Fp8Operands};
-use crate::dtype::{DType, Element};
+use crate::cuda::device::{copy_pitched, Locked, Pitched, RelaxedDrop, Scratch};
+use crate::cuda::library;
+use crate::cuda::lt::fp8::{Fp8Key, Fp8Operands};
+use crate::cuda::route::Libraries;
+use crate::cuda::status;
+use crate::dtype::DType;
 use crate::error::{Error, Result, Which};
-use crate::fp8::{check_pair, check_support, Fp8Format, Fp8Layout, Fp8Rule, OutputKind, Scaling};
+use crate::fp8::{check_pair, check_support, Fp8Format, Fp8Layout, Fp8Rule, OutputKind, Quantized, Scaling};
+
+/// An FP8 operand on the GPU: data row-major `[rows_alloc, ld]` bytes and f32 scales, in the
+/// layouts [`Fp8Layout`] documents (zeros in the padding). Made by [`Gpu::quantize`]; used by
+/// [`Gpu::fp8_gemm`] as `x[M, K]` (rows = M) or `w[N, K]` (rows = N). Owns its memory, in the
+/// context of the `Gpu` that made it.
+pub struct Fp8Tensor {
+    pub(crate) data: RelaxedDrop<CudaSlice<u8>>,
+    pub(crate) scales: RelaxedDrop<CudaSlice<f32>>,
+    pub(crate) layout: Fp8Layout,
+    pub(crate) format: Fp8Format,
+}
+
+impl std::fmt::Debug for Fp8Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fp8Tensor").field("layout", &self.layout).field("format", &self.format).finish()
+    }
+}
+
+impl Fp8Tensor {
+    /// The layout: rows, columns (K), leading dimension, scaling.
+    pub fn layout(&self) -> Fp8Layout {
+        self.layout
+    }
+
+    /// The FP8 format of the data.
+    pub fn format(&self) -> Fp8Format {
+        self.format
+    }
+
+    /// The data, `layout().data_len()` bytes.
+    pub fn data(&self) -> &CudaSlice<u8> {
+        &self.data
+    }
+
+    /// The dequantisation scales, `layout().scale_len()` f32s.
+    pub fn scales(&self) -> &CudaSlice<f32> {
+        &self.scales
+    }
+
+    /// Copies data and scales to the host (waits for the tensor's stream).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] from the copies.
+    pub fn to_host(&self) -> Result<Quantized> {
+        let s = self.data.stream();
+        let data = s.clone_dtoh(&*self.data).map_err(status::driver("cuMemcpyDtoHAsync"))?;
+        let scales = s.clone_dtoh(&*self.scales).map_err(status::driver("cuMemcpyDtoHAsync"))?;
+        s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
+        Ok(Quantized { layout: self.layout, format: self.format, data, scales })
+    }
+}
 
 /// Options of an FP8 GEMM: `y = α·(x·wᵀ) + β·y (+ bias)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,7 +130,7 @@ pub(crate) fn fp8_shape(
     Fp8Shape { m, n, m_used, n_used, staged }
 }
 
-fn broken(rule: Fp8Rule, detail: String) -> Error {
+pub(crate) fn broken(rule: Fp8Rule, detail: String) -> Error {
     Error::Fp8 { rule, detail }
 }
 
@@ -202,135 +252,37 @@ impl Fp8Call<'_> {
     }
 }
 
-impl Gpu {
-    /// `y[M, N] = α·(x[M, K]·w[N, K]ᵀ) + β·y (+ bias[N])` in FP8 with f32 accumulation, on
-    /// [`Gpu::stream`]; `y` row-major, contiguous, of f32, f16 or bf16 (the bias, if any, of
-    /// the same type). The scales are applied as cuBLASLt does: element `(i, j)` is
-    /// `α·Σ_k q_x[i,k]·s_x(i,k)·q_w[j,k]·s_w(j,k)` (+ β·y + bias).
-    ///
-    /// Every rule of [`crate::fp8`] is checked first; shapes the hardware cannot take
-    /// directly run on a staged copy of `y` (module documentation of this file, summarised in
-    /// docs/DESIGN.md). No host synchronisation.
-    ///
-    /// # Errors
-    /// Before anything is enqueued: [`Error::Fp8`] (the rule broken, with the values),
-    /// [`Error::BufferTooSmall`] / [`Error::Misaligned`] for `y` or the bias,
-    /// [`Error::WrongContext`] (an operand, `y` or the bias from another context),
-    /// [`Error::LibraryNotFound`] without cuBLASLt. From the launch:
-    /// [`Error::Cublas`], [`Error::NotCapturable`], [`Error::Driver`].
-    pub fn fp8_gemm<O: Element, Y: DevicePtrMut<O>>(
-        &self,
-        x: &Fp8Tensor,
-        w: &Fp8Tensor,
-        y: &mut Y,
-        bias: Option<&dyn DevicePtr<O>>,
-        opts: Fp8Options,
-    ) -> Result<()> {
-        let ctx = self.context();
-        same_context(Which::A, x.data.stream(), ctx)?;
-        same_context(Which::B, w.data.stream(), ctx)?;
-        same_context(Which::C, y.stream(), ctx)?;
-        if let Some(b) = bias {
-            same_context(Which::Bias, b.stream(), ctx)?;
-        }
-        let s = self.stream();
-        let y_len = y.num_bytes();
-        let (py, _gy) = y.device_ptr_mut(s);
-        let (bias, _gb) = match bias {
-            Some(b) => {
-                let (p, g) = b.device_ptr(s);
-                (Some((p, b.num_bytes(), O::DTYPE)), Some(g))
-            }
-            None => (None, None),
-        };
-        let call =
-            Fp8Call { x, w, y: (py, y_len), out: OutputKind::Dense(O::DTYPE), bias, d_scale: None, amax: None, opts };
-        // SAFETY: every address is a live cudarc allocation of this context borrowed for the
-        // call (cudarc's events order later uses); lengths are checked in fp8_run.
-        unsafe { self.fp8_run(&call, s.cu_stream()) }
+/// plan the staging → launch, for a validated call: `addrs` are the operands' data and scales
+/// (`[x, w, x scales, w scales]`).
+///
+/// # Safety
+/// Every address in `call` and `addrs` is device memory of the bound context valid for its
+/// length until the GEMM has run on `stream`, a live stream of the context.
+pub(crate) unsafe fn enqueue(
+    st: &mut Locked<Libraries>,
+    call: &Fp8Call,
+    addrs: [u64; 4],
+    stream: cudarc::driver::sys::CUstream,
+) -> Result<()> {
+    let shape = fp8_shape(&call.x.layout, &call.w.layout, call.out_bytes(), call.y.0, call.bias.map(|b| b.0));
+    let key = call.key(shape);
+    let lt = st.libs.lt.as_mut().ok_or_else(no_lt)?;
+    let mut ops = call.operands(addrs, call.y.0);
+    let scalars = (call.opts.alpha, call.opts.beta);
+    if !shape.staged {
+        // SAFETY: validated; the caller's contract.
+        return unsafe { lt.enqueue_fp8(&mut st.dev, key, &ops, scalars, stream) };
     }
+    // SAFETY: as above; the staging copies stay within `y` and the scratch.
+    unsafe { staged(call, shape, &mut ops, stream, |ops| lt.enqueue_fp8(&mut st.dev, key, ops, scalars, stream)) }
+}
 
-    /// [`Gpu::fp8_gemm`] with an E4M3 output `y[M, N]` (bytes, row-major), its D scale and
-    /// amax ([`Fp8Out`]); tensor-wise scales only, β = 0, the bias (if any) bf16.
-    ///
-    /// # Errors
-    /// As [`Gpu::fp8_gemm`]; [`Error::Fp8`] with [`Fp8Rule::OutputDtype`] for other scales
-    /// or β ≠ 0.
-    pub fn fp8_gemm_to_fp8<Y: DevicePtrMut<u8>>(
-        &self,
-        x: &Fp8Tensor,
-        w: &Fp8Tensor,
-        y: &mut Y,
-        out: Fp8Out<'_>,
-        bias: Option<&dyn DevicePtr<half::bf16>>,
-        opts: Fp8Options,
-    ) -> Result<()> {
-        if opts.beta != 0.0 {
-            return Err(broken(
-                Fp8Rule::OutputDtype,
-                format!("β = {} with an FP8 output: only β = 0 is offered", opts.beta),
-            ));
-        }
-        let ctx = self.context();
-        same_context(Which::A, x.data.stream(), ctx)?;
-        same_context(Which::B, w.data.stream(), ctx)?;
-        same_context(Which::C, y.stream(), ctx)?;
-        same_context(Which::Scale, out.d_scale.stream(), ctx)?;
-        same_context(Which::Scale, out.amax.stream(), ctx)?;
-        if let Some(b) = bias {
-            same_context(Which::Bias, b.stream(), ctx)?;
-        }
-        let s = self.stream();
-        let (y_len, ds_len, am_len) = (y.num_bytes(), out.d_scale.num_bytes(), out.amax.num_bytes());
-        let (py, _gy) = y.device_ptr_mut(s);
-        let (pd, _gd) = out.d_scale.device_ptr(s);
-        let (pa, _ga) = out.amax.device_ptr_mut(s);
-        let (bias, _gb) = match bias {
-            Some(b) => {
-                let (p, g) = b.device_ptr(s);
-                (Some((p, b.num_bytes(), DType::BF16)), Some(g))
-            }
-            None => (None, None),
-        };
-        let out = OutputKind::Fp8(Fp8Format::E4M3);
-        let call =
-            Fp8Call { x, w, y: (py, y_len), out, bias, d_scale: Some((pd, ds_len)), amax: Some((pa, am_len)), opts };
-        // SAFETY: as in fp8_gemm.
-        unsafe { self.fp8_run(&call, s.cu_stream()) }
-    }
-
-    /// validate → plan the staging → launch.
-    ///
-    /// # Safety
-    /// Every address in `call` is device memory of this context valid for its length until
-    /// the GEMM has run on `stream`, a live stream of the context.
-    pub(crate) unsafe fn fp8_run(&self, call: &Fp8Call, stream: cudarc::driver::sys::CUstream) -> Result<()> {
-        if !library::has_cublaslt() {
-            return Err(Error::LibraryNotFound {
-                library: "cuBLASLt (libcublasLt)",
-                tried: library::tried("cublasLt"),
-                hint: "FP8 GEMM runs only on cuBLASLt; install it beside cuBLAS",
-            });
-        }
-        call.validate(self.fp8_platform()?)?;
-        let shape = fp8_shape(&call.x.layout, &call.w.layout, call.out_bytes(), call.y.0, call.bias.map(|b| b.0));
-        let key = call.key(shape);
-        self.device().bind()?;
-        let mut st = self.lock();
-        let st = &mut *st;
-        let lt = st.libs.lt.as_mut().expect("cuBLASLt checked above");
-        let (xd, _gx) = call.x.data.device_ptr(self.stream());
-        let (wd, _gw) = call.w.data.device_ptr(self.stream());
-        let (xs, _gxs) = call.x.scales.device_ptr(self.stream());
-        let (ws, _gws) = call.w.scales.device_ptr(self.stream());
-        let mut ops = call.operands([xd, wd, xs, ws], call.y.0);
-        let scalars = (call.opts.alpha, call.opts.beta);
-        if !shape.staged {
-            // SAFETY: validated; the caller's contract.
-            return unsafe { lt.enqueue_fp8(&mut st.dev, key, &ops, scalars, stream) };
-        }
-        // SAFETY: as above; the staging copies stay within `y` and the scratch.
-        unsafe { staged(call, shape, &mut ops, stream, |ops| lt.enqueue_fp8(&mut st.dev, key, ops, scalars, stream)) }
+/// The error for FP8 without cuBLASLt.
+pub(crate) fn no_lt() -> Error {
+    Error::LibraryNotFound {
+        library: "cuBLASLt (libcublasLt)",
+        tried: library::tried("cublasLt"),
+        hint: "FP8 GEMM runs only on cuBLASLt; install it beside cuBLAS",
     }
 }
 
@@ -371,9 +323,9 @@ unsafe fn staged(
         // SAFETY: the bias holds N elements (validated); the scratch tail holds n_used.
         unsafe {
             cudarc::driver::result::memset_d8_async(at, 0, used, stream)
-                .map_err(super::status::driver("cuMemsetD8Async"))?;
+                .map_err(crate::cuda::status::driver("cuMemsetD8Async"))?;
             cudarc::driver::result::memcpy_dtod_async(at, b, len, stream)
-                .map_err(super::status::driver("cuMemcpyDtoDAsync"))?;
+                .map_err(crate::cuda::status::driver("cuMemcpyDtoDAsync"))?;
         }
         ops.bias = Some(at);
     }

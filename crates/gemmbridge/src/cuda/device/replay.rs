@@ -1,5 +1,7 @@
-//! Graph replay of repeated eager calls: a small GEMM called again with the same operands is
-//! launched as one cached CUDA graph (`cuGraphLaunch`) instead of through `cublasLtMatmul`.
+//! Graph replay of repeated eager calls: a library call made again with the same operands is
+//! launched as one cached CUDA graph (`cuGraphLaunch`) instead of through the library (for
+//! GEMMs, `cublasLtMatmul`). The cache is generic over the backend's plan key `K`; the
+//! settings ([`GraphReplay`]) are shared by every backend that replays.
 //!
 //! Why: on a tiny GEMM the host cost of the launch is the whole cost. A bare `cublasLtMatmul`
 //! with a prebuilt plan took 6.2–9.9 µs of host time per 64³ call on the H200 hosts
@@ -26,8 +28,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use cudarc::driver::sys::CUstream;
 
-use super::plan::{LtOperands, PlanKey};
-use crate::cuda::device::{capture, is_capturing, CaptureStream, GraphExec, Workspace};
+use super::capture::{capture, is_capturing, CaptureStream, GraphExec};
 use crate::error::{Error, Result};
 
 /// When repeated eager calls are replayed from cached CUDA graphs ([`Gpu::set_graph_replay`]).
@@ -93,13 +94,15 @@ impl GraphReplay {
     }
 }
 
-/// Everything a captured launch depends on (see the module docs).
+/// Everything a captured launch depends on (see the module docs): the backend's plan key `K`
+/// and the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct ReplayKey {
-    pub plan: PlanKey,
+pub(crate) struct ReplayKey<K> {
+    pub plan: K,
     /// The stream handle the graph is launched on.
     pub stream: usize,
-    /// First and second column-major operand, C/D, bias, aux (0 when absent).
+    /// The operand addresses the launch reads and writes (for a GEMM: first and second
+    /// column-major operand, C/D, bias, aux; 0 when absent).
     pub operands: [u64; 5],
     /// α and β as bit patterns.
     pub scalars: [u32; 2],
@@ -107,16 +110,11 @@ pub(crate) struct ReplayKey {
     pub workspace: u64,
 }
 
-impl ReplayKey {
-    /// The key of a launch of `plan` on `ops` with α, β, the workspace `ws` and `stream`.
-    pub fn new(plan: PlanKey, ops: &LtOperands, (alpha, beta): (f32, f32), ws: &Workspace, stream: CUstream) -> Self {
-        ReplayKey {
-            plan,
-            stream: stream as usize,
-            operands: [ops.first, ops.second, ops.c, ops.bias.unwrap_or(0), ops.aux.unwrap_or(0)],
-            scalars: [alpha.to_bits(), beta.to_bits()],
-            workspace: ws.ptr,
-        }
+impl<K> ReplayKey<K> {
+    /// The key of a launch of `plan` on `operands` with α, β, the workspace at `workspace` and
+    /// `stream`.
+    pub fn new(plan: K, operands: [u64; 5], (alpha, beta): (f32, f32), workspace: u64, stream: CUstream) -> Self {
+        ReplayKey { plan, stream: stream as usize, operands, scalars: [alpha.to_bits(), beta.to_bits()], workspace }
     }
 }
 
@@ -133,22 +131,28 @@ pub(crate) enum Cached {
 pub(crate) const MAX_CAPTURE_FAILURES: u8 = 3;
 
 /// The cache: graphs by key, and how often keys without a graph were seen.
-#[derive(Default)]
-pub(crate) struct ReplayCache {
+pub(crate) struct ReplayCache<K> {
     pub options: GraphReplay,
-    pub graphs: HashMap<ReplayKey, GraphExec>,
-    seen: HashMap<ReplayKey, u32>,
-    failures: HashMap<ReplayKey, u8>,
+    pub graphs: HashMap<ReplayKey<K>, GraphExec>,
+    seen: HashMap<ReplayKey<K>, u32>,
+    failures: HashMap<ReplayKey<K>, u8>,
 }
 
-impl ReplayCache {
+impl<K> Default for ReplayCache<K> {
+    fn default() -> Self {
+        let options = GraphReplay::default();
+        ReplayCache { options, graphs: HashMap::default(), seen: HashMap::default(), failures: HashMap::default() }
+    }
+}
+
+impl<K: Copy + Eq + std::hash::Hash> ReplayCache<K> {
     /// Whether a problem of `macs` multiply-adds qualifies.
     pub fn qualifies(&self, macs: u64) -> bool {
         self.options.enabled && macs <= self.options.max_macs
     }
 
     /// Counts one more direct call with `key`; true when it is time to capture its graph.
-    pub fn count(&mut self, key: &ReplayKey) -> bool {
+    pub fn count(&mut self, key: &ReplayKey<K>) -> bool {
         if self.graphs.len() >= self.options.capacity
             || self.failures.get(key).is_some_and(|&n| n >= MAX_CAPTURE_FAILURES)
         {
@@ -171,7 +175,7 @@ impl ReplayCache {
     /// Puts `key` back one call short of due: its capture fell due while the caller's stream
     /// was being captured (nothing is captured or replayed then), so the next call outside a
     /// capture captures it.
-    pub fn postpone(&mut self, key: &ReplayKey) {
+    pub fn postpone(&mut self, key: &ReplayKey<K>) {
         let short = self.options.after_calls.max(1) - 1;
         if short > 0 {
             self.seen.insert(*key, short);
@@ -179,7 +183,7 @@ impl ReplayCache {
     }
 
     /// Records a failed capture of `key` (it is counted again from zero).
-    pub fn failed(&mut self, key: &ReplayKey) {
+    pub fn failed(&mut self, key: &ReplayKey<K>) {
         if self.failures.len() >= self.counter_bound() {
             self.failures.clear();
         }
@@ -198,7 +202,12 @@ impl ReplayCache {
     /// # Safety
     /// `stream` is the key's stream and every address in the key is valid for the call (the
     /// caller validated them).
-    pub unsafe fn launch_cached(&mut self, key: &ReplayKey, stream: CUstream, describe: &dyn Fn() -> String) -> Cached {
+    pub unsafe fn launch_cached(
+        &mut self,
+        key: &ReplayKey<K>,
+        stream: CUstream,
+        describe: &dyn Fn() -> String,
+    ) -> Cached {
         let Some(graph) = self.graphs.get(key) else { return Cached::NotLaunched { graph_unused: false } };
         if is_capturing(stream).unwrap_or(true) {
             return Cached::NotLaunched { graph_unused: true };
@@ -220,7 +229,7 @@ impl ReplayCache {
     /// is asked about a capture only when one is due, not on every call that does not repeat:
     /// a call in the caller's capture counts, and a capture due then is postponed to the next
     /// call.
-    pub fn due(&mut self, key: &ReplayKey, graph_unused: bool, stream: CUstream) -> bool {
+    pub fn due(&mut self, key: &ReplayKey<K>, graph_unused: bool, stream: CUstream) -> bool {
         if graph_unused || !self.count(key) {
             return false;
         }
@@ -241,7 +250,7 @@ impl ReplayCache {
     /// its lock; `launch` enqueues this call's launch on the stream it is given.
     pub unsafe fn capture_and_launch(
         &mut self,
-        key: ReplayKey,
+        key: ReplayKey<K>,
         cap: Option<&CaptureStream>,
         stream: CUstream,
         launch: impl FnOnce(CUstream) -> Result<()>,
@@ -280,14 +289,10 @@ impl ReplayCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{GemmProblem, Precision};
 
-    fn key(c: u64) -> ReplayKey {
-        let p = GemmProblem::linear(64, 64, 64, Precision::F16).unwrap();
-        let call = crate::mapping::column_major_call(&p);
-        let ops = LtOperands::new(&call, (0x1000, 0x2000, c), None, None);
-        let plan = PlanKey::of(&p, call, &ops, 1 << 20);
-        ReplayKey { plan, stream: 7, operands: [0x2000, 0x1000, c, 0, 0], scalars: [0, 0], workspace: 0x9000 }
+    /// A key of a backend whose plan key is a number.
+    fn key(c: u64) -> ReplayKey<u32> {
+        ReplayKey::new(64, [0x2000, 0x1000, c, 0, 0], (0.0, 0.0), 0x9000, 7 as CUstream)
     }
 
     #[test]
@@ -352,7 +357,7 @@ mod tests {
 
     #[test]
     fn qualifies_by_size_and_switch() {
-        let mut cache = ReplayCache::default();
+        let mut cache = ReplayCache::<u32>::default();
         assert!(cache.qualifies(1 << 30));
         assert!(!cache.qualifies((1 << 30) + 1));
         cache.options = GraphReplay::off();

@@ -3,13 +3,14 @@
 
 use cudarc::driver::{CudaEvent, DevicePtr, DevicePtrMut};
 
-use super::super::gpu::{Extras, Gpu, RawBuffer, RawExtras};
-use super::super::lt::tune::{TuneOptions, TuneReport};
-use super::super::status;
-use super::super::tactics::Tactic;
+use crate::cuda::api::engine::Gpu;
+use crate::cuda::api::operands::{Extras, RawBuffer, RawExtras};
+use crate::cuda::lt::tune::{TuneOptions, TuneReport};
+use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::problem::GemmProblem;
+use crate::tactics::Tactic;
 
 /// Which GEMM of a step: the layer and its role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,7 +27,7 @@ pub enum GemmRole {
 }
 
 /// One tuned GEMM of a step: the layer, its role, cuBLASLt's report and the entry to store in
-/// a [`super::super::tactics::TacticDb`].
+/// a [`super::crate::tactics::TacticDb`].
 pub type Tuned = (usize, GemmRole, TuneReport, String, Tactic);
 
 /// Timing and tuning state.

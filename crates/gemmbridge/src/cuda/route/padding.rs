@@ -4,7 +4,7 @@ use crate::precision::Precision;
 use crate::{Compute, DType};
 
 /// When a call whose operands are off the 16-byte alignment cuBLASLt's fast kernels need is
-/// run on aligned copies instead ([`Gpu::set_padding`](super::Gpu::set_padding)).
+/// run on aligned copies instead ([`Gpu::set_padding`](crate::cuda::Gpu::set_padding)).
 ///
 /// A call qualifies when the problem has at least the precision's `min_macs` multiply-adds
 /// (m·n·k·batch) and an operand (A, B or C) is off 16 bytes: its base address, leading

@@ -5,8 +5,8 @@
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUstream;
 
-use super::device::{synchronising, DeviceState, Pool};
-use super::status;
+use crate::cuda::device::{synchronising, DeviceState, Pool};
+use crate::cuda::status;
 use crate::dtype::{Compute, DType};
 use crate::error::Result;
 use crate::layout::Op;

@@ -3,22 +3,23 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::device::{Relaxed, Scratch};
-use super::entry::{check_all, raw_descs, same_context};
-use super::fp8_gemm::{fp8_shape, Fp8Call, Fp8Options};
-use super::fp8_tensor::Fp8Tensor;
-use super::gpu::{Gpu, RawBuffer, RawExtras};
-use super::lt::fp8::Fp8Key;
-use super::lt::fp8_tune::{autotune_fp8, Fp8TuneJob};
-use super::lt::plan::{LtOperands, PlanKey};
-use super::lt::tune::{autotune, TuneJob, TuneOptions, TuneReport};
-use super::status;
-use super::tactics::Tactic;
+use super::checks::same_context;
+use super::engine::Gpu;
+use super::operands::{check_all, raw_descs};
+use super::operands::{RawBuffer, RawExtras};
+use crate::cuda::device::{Relaxed, Scratch};
+use crate::cuda::lt::fp8::Fp8Key;
+use crate::cuda::lt::fp8_tune::{autotune_fp8, Fp8TuneJob};
+use crate::cuda::lt::plan::{LtOperands, PlanKey};
+use crate::cuda::lt::tune::{autotune, TuneJob, TuneOptions, TuneReport};
+use crate::cuda::route::fp8::{fp8_shape, Fp8Call, Fp8Options, Fp8Tensor};
+use crate::cuda::status;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::fp8::OutputKind;
 use crate::mapping::column_major_call;
 use crate::problem::GemmProblem;
+use crate::tactics::Tactic;
 
 impl Gpu {
     /// Creates this stream's workspace, builds the plans and loads the kernels for `problems`,
@@ -97,7 +98,7 @@ impl Gpu {
     /// 4. The fastest candidate is kept only if its median beats the first choice's by more
     ///    than max(`opts.min_gain`, noise).
     ///
-    /// The result serves every M in the same bucket ([`super::tactics`]); cached plans are
+    /// The result serves every M in the same bucket ([`crate::tactics`]); cached plans are
     /// rebuilt.
     ///
     /// C (and any aux or bias gradient the epilogue writes) is overwritten many times: pass
@@ -106,7 +107,7 @@ impl Gpu {
     /// the whole run (seconds): other threads' calls on it wait.
     ///
     /// Returns the report and the (signature, tactic) pair to store in a
-    /// [`super::tactics::TacticDb`].
+    /// [`crate::tactics::TacticDb`].
     ///
     /// # Safety
     /// As [`Gpu::gemm_raw_fused`] with `stream` = [`Gpu::stream`].
@@ -169,11 +170,11 @@ impl Gpu {
     /// passes), timed interleaved with it (`tune.reps` rounds; the first choice twice per
     /// round gives the noise), the fastest kept only if it beats the first choice by more
     /// than max(`tune.min_gain`, noise). The result serves every M in the same bucket
-    /// ([`super::tactics`]); cached FP8 plans are rebuilt. `y` is overwritten many times.
+    /// ([`crate::tactics`]); cached FP8 plans are rebuilt. `y` is overwritten many times.
     /// Synchronises [`Gpu::stream`] and holds this `Gpu`'s lock throughout (seconds).
     ///
     /// Returns the report and the (signature, tactic) pair to store in a
-    /// [`super::tactics::TacticDb`] (kind `fp8_gemm`).
+    /// [`crate::tactics::TacticDb`] (kind `fp8_gemm`).
     ///
     /// # Errors
     /// As [`Gpu::fp8_gemm`]; [`Error::Unsupported`] without cuBLASLt.
@@ -229,7 +230,7 @@ impl Gpu {
         let (wsc, _gws) = w.scales.device_ptr(s);
         let ops = call.operands([xd, wd, xs, wsc], d);
         let job = Fp8TuneJob {
-            key: Fp8Key { workspace: ws.matmul_bytes, align: super::lt::plan::alignment(d), ..key },
+            key: Fp8Key { workspace: ws.matmul_bytes, align: crate::cuda::lt::plan::alignment(d), ..key },
             ops,
             alpha: opts.alpha,
             beta,

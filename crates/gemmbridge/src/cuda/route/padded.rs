@@ -3,17 +3,17 @@
 //! copies to pay ([`Padding`]). The aligned call itself goes back through the caller's route
 //! (the dispatch), given as a function so that this module does not depend on it.
 
-use super::device::{copy_pitched, pad_copy, zero_pitched, KernelSet, Locked, PadCopy, Pitched, Scratch};
-use super::gpu::{Libraries, Served};
-use super::padding::Padding;
-use super::request::Request;
+use crate::cuda::call::GemmCall;
+use crate::cuda::device::{copy_pitched, pad_copy, zero_pitched, KernelSet, Locked, PadCopy, Pitched, Scratch};
+use crate::cuda::route::padding::Padding;
+use crate::cuda::route::{Libraries, Served};
 use crate::epilogue::Epilogue;
 use crate::error::Result;
 use crate::mapping::column_major_call;
 use crate::pad::{self, Copy, PadPlan, ZeroPad};
 
 /// The pad plan of `r` when the settings call for one.
-pub(crate) fn plan(padding: &Padding, r: &Request) -> Option<PadPlan> {
+pub(crate) fn plan(padding: &Padding, r: &GemmCall) -> Option<PadPlan> {
     let p = r.problem;
     if !padding.enabled || p.macs() < padding.min_macs(p.precision()) {
         return None;
@@ -25,7 +25,7 @@ pub(crate) fn plan(padding: &Padding, r: &Request) -> Option<PadPlan> {
 }
 
 /// The function that runs a request on a library (the dispatch's route).
-pub(crate) type Route = unsafe fn(&mut Locked<Libraries>, &Request) -> Result<Served>;
+pub(crate) type Route = unsafe fn(&mut Locked<Libraries>, &GemmCall) -> Result<Served>;
 
 /// Runs `r` through `plan`, the aligned request through `route`; `None` when no scratch could
 /// be had (the caller runs `r` directly).
@@ -35,7 +35,7 @@ pub(crate) type Route = unsafe fn(&mut Locked<Libraries>, &Request) -> Result<Se
 /// stream, a live stream of the bound context; `route` runs a request under the same contract.
 pub(crate) unsafe fn enqueue(
     st: &mut Locked<Libraries>,
-    r: &Request,
+    r: &GemmCall,
     plan: &PadPlan,
     route: Route,
 ) -> Option<Result<Served>> {
@@ -59,7 +59,7 @@ pub(crate) unsafe fn enqueue(
 ///
 /// # Safety
 /// As [`enqueue`]; `base` holds `plan.scratch_bytes` for this stream.
-unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64, route: Route) -> Result<Served> {
+unsafe fn run(st: &mut Locked<Libraries>, r: &GemmCall, plan: &PadPlan, base: u64, route: Route) -> Result<Served> {
     let esize = |c: &Copy| {
         let prec = r.problem.precision();
         let vector_or_c = matches!(c.which, crate::Which::C | crate::Which::Bias);
@@ -76,7 +76,7 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &Request, plan: &PadPlan, base: u64
         // SAFETY: validated user buffer; scratch sized by the plan; β ≠ 0 reads C.
         unsafe { enqueue_copy(st, &pad, r.stream, || copy_in_driver(&c, user, base, esize(&c), r.stream)) }?;
     }
-    let aligned = Request {
+    let aligned = GemmCall {
         problem: &plan.problem,
         cm: column_major_call(&plan.problem),
         abc: (at(plan.a, r.abc.0), at(plan.b, r.abc.1), at(plan.c, r.abc.2)),

@@ -3,13 +3,14 @@
 
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
-use super::super::device::Relaxed;
-use super::super::gpu::{Extras, Gpu};
-use super::super::status;
 use super::fp8::{self, Fp8Step};
 use super::grads::{accumulate_bias_grad, bias_grad_out, to_host};
 use super::instruments::{gemm, DynRef, GemmRole, Instruments};
 use super::placement::Placements;
+use crate::cuda::api::engine::Gpu;
+use crate::cuda::api::operands::Extras;
+use crate::cuda::device::Relaxed;
+use crate::cuda::status;
 use crate::dtype::{DType, Element};
 use crate::epilogue::{Epilogue, VectorUse};
 use crate::error::{Error, Result, Which};

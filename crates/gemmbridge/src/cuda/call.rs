@@ -7,7 +7,7 @@ use crate::problem::GemmProblem;
 
 /// A validated call by address: the row-major problem, its column-major call, the scalars,
 /// A, B and C, the epilogue's operands, and the caller's stream.
-pub(crate) struct Request<'a> {
+pub(crate) struct GemmCall<'a> {
     pub problem: &'a GemmProblem,
     /// `column_major_call(problem)`, computed once.
     pub cm: ColMajorCall,

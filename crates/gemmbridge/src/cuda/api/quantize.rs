@@ -1,71 +1,22 @@
-//! [`Fp8Tensor`] and [`Gpu::quantize`]: FP8 operands made on the GPU from f32/f16/bf16 data by
+//! [`Gpu::quantize`]: FP8 operands ([`Fp8Tensor`]) made on the GPU from f32/f16/bf16 data by
 //! gemmbridge's own kernels, with their scales in the layout cuBLASLt reads. Reads
 //! validate → allocate → enqueue (the launch sequence is in the device layer, `fp8_cast.rs`).
 
 use cudarc::driver::sys::CUstream;
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::DevicePtr;
 
-use super::device::{
+use super::checks::same_context;
+use super::engine::Gpu;
+use crate::cuda::device::{
     cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob, KernelSet, Kernels, Relaxed,
     RelaxedDrop,
 };
-use super::entry::same_context;
-use super::gpu::Gpu;
-use super::{library, status};
+use crate::cuda::library;
+use crate::cuda::route::fp8::Fp8Tensor;
+use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
-use crate::fp8::{check_dims, check_support, Fp8Format, Fp8Layout, Quantized, Scaling, Source};
-
-/// An FP8 operand on the GPU: data row-major `[rows_alloc, ld]` bytes and f32 scales, in the
-/// layouts [`Fp8Layout`] documents (zeros in the padding). Made by [`Gpu::quantize`]; used by
-/// [`Gpu::fp8_gemm`] as `x[M, K]` (rows = M) or `w[N, K]` (rows = N). Owns its memory, in the
-/// context of the `Gpu` that made it.
-pub struct Fp8Tensor {
-    pub(crate) data: RelaxedDrop<CudaSlice<u8>>,
-    pub(crate) scales: RelaxedDrop<CudaSlice<f32>>,
-    pub(crate) layout: Fp8Layout,
-    pub(crate) format: Fp8Format,
-}
-
-impl std::fmt::Debug for Fp8Tensor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fp8Tensor").field("layout", &self.layout).field("format", &self.format).finish()
-    }
-}
-
-impl Fp8Tensor {
-    /// The layout: rows, columns (K), leading dimension, scaling.
-    pub fn layout(&self) -> Fp8Layout {
-        self.layout
-    }
-
-    /// The FP8 format of the data.
-    pub fn format(&self) -> Fp8Format {
-        self.format
-    }
-
-    /// The data, `layout().data_len()` bytes.
-    pub fn data(&self) -> &CudaSlice<u8> {
-        &self.data
-    }
-
-    /// The dequantisation scales, `layout().scale_len()` f32s.
-    pub fn scales(&self) -> &CudaSlice<f32> {
-        &self.scales
-    }
-
-    /// Copies data and scales to the host (waits for the tensor's stream).
-    ///
-    /// # Errors
-    /// [`Error::Driver`] from the copies.
-    pub fn to_host(&self) -> Result<Quantized> {
-        let s = self.data.stream();
-        let data = s.clone_dtoh(&*self.data).map_err(status::driver("cuMemcpyDtoHAsync"))?;
-        let scales = s.clone_dtoh(&*self.scales).map_err(status::driver("cuMemcpyDtoHAsync"))?;
-        s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
-        Ok(Quantized { layout: self.layout, format: self.format, data, scales })
-    }
-}
+use crate::fp8::{check_dims, check_support, Fp8Format, Fp8Layout, Scaling, Source};
 
 impl Gpu {
     /// The GPU's compute capability and the loaded cuBLASLt's version (0 without cuBLASLt).

@@ -3,8 +3,8 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 
-use super::super::gpu::Gpu;
-use super::super::status;
+use crate::cuda::api::engine::Gpu;
+use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::train::{GradMode, LayerParams, Params};

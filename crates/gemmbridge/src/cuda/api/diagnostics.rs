@@ -2,10 +2,12 @@
 
 use std::time::Instant;
 
-use super::blas::BlasGemm;
-use super::gpu::{Gpu, RawBuffer, Served};
-use super::lt::plan::{LtOperands, PlanKey};
-use super::status;
+use super::engine::Gpu;
+use super::operands::RawBuffer;
+use crate::cuda::blas::BlasGemm;
+use crate::cuda::lt::plan::{LtOperands, PlanKey};
+use crate::cuda::route::Served;
+use crate::cuda::status;
 use crate::error::{Error, Result};
 use crate::mapping::{column_major_call, ColMajorCall};
 use crate::precision::Precision;

@@ -4,13 +4,15 @@
 //! GEMM, then the gradient as a cuBLAS GEMM against a ones vector); and before all of that, a
 //! call with misaligned operands may run on aligned copies (`padded.rs`).
 
-use super::blas::BlasGemm;
-use super::device::Locked;
-use super::gpu::{Backend, Libraries, Served};
-use super::lt::plan::LtOperands;
-use super::lt::{LtCall, LtFailure};
-use super::request::Request;
-use super::{library, padded, status};
+use crate::cuda::blas::BlasGemm;
+use crate::cuda::call::GemmCall;
+use crate::cuda::device::Locked;
+use crate::cuda::library;
+use crate::cuda::lt::plan::LtOperands;
+use crate::cuda::lt::{LtCall, LtFailure};
+use crate::cuda::route::padded;
+use crate::cuda::route::{Backend, Libraries, Served};
+use crate::cuda::status;
 use crate::dtype::DType;
 use crate::epilogue::{Epilogue, VectorUse};
 use crate::error::{Error, Result};
@@ -25,7 +27,7 @@ use crate::problem::GemmProblem;
 /// # Safety
 /// The request's operands were validated for its problem and stay valid until it has run on
 /// its stream, a live stream of the bound context.
-pub(crate) unsafe fn enqueue(st: &mut Locked<Libraries>, r: &Request) -> Result<Served> {
+pub(crate) unsafe fn enqueue(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<Served> {
     if let Some(plan) = padded::plan(&st.libs.padding, r) {
         // SAFETY: forwarded; `route` runs the aligned request as it would run `r`.
         if let Some(served) = unsafe { padded::enqueue(st, r, &plan, route) } {
@@ -40,7 +42,7 @@ pub(crate) unsafe fn enqueue(st: &mut Locked<Libraries>, r: &Request) -> Result<
 ///
 /// # Safety
 /// As [`enqueue`].
-pub(crate) unsafe fn route(st: &mut Locked<Libraries>, r: &Request) -> Result<Served> {
+pub(crate) unsafe fn route(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<Served> {
     let p = r.problem;
     let fused = p.epilogue() != Epilogue::None;
     if r.alpha == 0.0 && !fused {
@@ -114,7 +116,7 @@ fn use_lt(libs: &Libraries, p: &GemmProblem) -> Result<bool> {
 ///
 /// # Safety
 /// As [`enqueue`].
-unsafe fn blas(st: &mut Locked<Libraries>, r: &Request) -> Result<()> {
+unsafe fn blas(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<()> {
     let mut call = r.cm;
     if r.alpha == 0.0 {
         call.k = 0;
@@ -134,7 +136,7 @@ unsafe fn blas(st: &mut Locked<Libraries>, r: &Request) -> Result<()> {
 ///
 /// # Safety
 /// As [`enqueue`]; `r.bias` is the validated gradient buffer.
-unsafe fn bias_grad_unfused(st: &mut Locked<Libraries>, r: &Request) -> Result<()> {
+unsafe fn bias_grad_unfused(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<()> {
     let p = r.problem;
     let ws = st.dev.workspaces.get(r.stream, &|| p.describe())?;
     let e = p.epilogue();
@@ -158,7 +160,7 @@ unsafe fn bias_grad_unfused(st: &mut Locked<Libraries>, r: &Request) -> Result<(
         _ => (p.with_epilogue(Epilogue::None)?, None),
     };
     // SAFETY: forwarded; this problem reads and writes a subset of p's operands.
-    unsafe { route(st, &Request { problem: &without, bias: None, aux, ..*r }) }?;
+    unsafe { route(st, &GemmCall { problem: &without, bias: None, aux, ..*r }) }?;
     // SAFETY: the scratch region is this stream's, sized above; stream-ordered memsets.
     unsafe {
         use cudarc::driver::sys::{cuMemsetD16Async, cuMemsetD32Async};
@@ -193,7 +195,7 @@ unsafe fn bias_grad_unfused(st: &mut Locked<Libraries>, r: &Request) -> Result<(
             (GemmProblem::new(ones, Operand::n(p.c()), MatrixLayout::row_major(1, p.n()), 1, own)?, ws.scratch, c)
         }
     };
-    let grad = Request {
+    let grad = GemmCall {
         problem: &g,
         cm: column_major_call(&g),
         alpha: 1.0,

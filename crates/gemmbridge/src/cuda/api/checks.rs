@@ -1,0 +1,58 @@
+//! The checks every entry point shares: a buffer's context, the epilogue operands' roles, and
+//! the buffer descriptions of a call (all before anything is enqueued).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+
+use crate::epilogue::{AuxUse, Epilogue, VectorUse};
+use crate::error::{Error, Result, Which};
+
+/// [`Error::WrongContext`] unless `s` belongs to `ctx`.
+pub(crate) fn same_context(which: Which, s: &Arc<CudaStream>, ctx: &Arc<CudaContext>) -> Result<()> {
+    if s.context() == ctx {
+        Ok(())
+    } else {
+        Err(Error::WrongContext { operand: which, ordinal: s.context().ordinal(), expected: ctx.ordinal() })
+    }
+}
+
+/// The epilogue operands given for reading or writing as the epilogue uses them, each once.
+pub(super) fn check_roles(e: Epilogue, bias: bool, bias_grad: bool, aux_in: bool, aux_out: bool) -> Result<()> {
+    let wrong = |operand, problem| Err(Error::EpilogueOperand { epilogue: e, operand, problem });
+    if bias && e.vector() == VectorUse::WritesGrad {
+        return wrong("bias", "is written by this epilogue: pass it as bias_grad (&mut), not bias (&)");
+    }
+    if aux_in && e.aux() == AuxUse::Writes {
+        return wrong("aux", "is written by this epilogue: pass it as aux_out (&mut), not aux_in (&)");
+    }
+    if bias && bias_grad {
+        return wrong("bias", "was given twice (bias and bias_grad)");
+    }
+    if aux_in && aux_out {
+        return wrong("aux", "was given twice (aux_in and aux_out)");
+    }
+    Ok(())
+}
+
+/// The address, length in bytes and cudarc guard of an operand given either for reading or for
+/// writing (never both: the caller has checked).
+pub(super) fn either_ptr<'g, 'o: 'g, T>(
+    read: Option<&'g (dyn DevicePtr<T> + 'o)>,
+    write: Option<&'g mut (dyn DevicePtrMut<T> + 'o)>,
+    s: &'g CudaStream,
+) -> (Option<u64>, usize, Option<cudarc::driver::SyncOnDrop<'g>>) {
+    match (read, write) {
+        (Some(v), _) => {
+            let len = v.num_bytes();
+            let (p, g) = v.device_ptr(s);
+            (Some(p), len, Some(g))
+        }
+        (None, Some(v)) => {
+            let len = v.num_bytes();
+            let (p, g) = v.device_ptr_mut(s);
+            (Some(p), len, Some(g))
+        }
+        (None, None) => (None, 0, None),
+    }
+}

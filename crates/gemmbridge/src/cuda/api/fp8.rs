@@ -1,0 +1,136 @@
+//! The FP8 GEMM entry points: validate (every operand and every FP8 rule, before anything is
+//! enqueued) → the routing floor's staging plan and launch (`route/fp8.rs`). Staging: where
+//! the output's rows or address miss the FP8 kernels' alignment rules, the GEMM runs on an
+//! aligned copy of `y` from the stream-ordered pool (one `cuMemAllocAsync` and one or two
+//! pitched copies per call; none on the aligned path; `crate::fp8` lists the measured rules).
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+use super::checks::same_context;
+use super::engine::Gpu;
+use crate::cuda::library;
+use crate::cuda::route::fp8::{broken, enqueue, no_lt, Fp8Call, Fp8Options, Fp8Out, Fp8Tensor};
+use crate::dtype::{DType, Element};
+use crate::error::{Fp8Rule, Result, Which};
+use crate::fp8::{Fp8Format, OutputKind};
+
+impl Gpu {
+    /// `y[M, N] = α·(x[M, K]·w[N, K]ᵀ) + β·y (+ bias[N])` in FP8 with f32 accumulation, on
+    /// [`Gpu::stream`]; `y` row-major, contiguous, of f32, f16 or bf16 (the bias, if any, of
+    /// the same type). The scales are applied as cuBLASLt does: element `(i, j)` is
+    /// `α·Σ_k q_x[i,k]·s_x(i,k)·q_w[j,k]·s_w(j,k)` (+ β·y + bias).
+    ///
+    /// Every rule of [`crate::fp8`] is checked first; shapes the hardware cannot take
+    /// directly run on a staged copy of `y` (module documentation of this file, summarised in
+    /// docs/DESIGN.md). No host synchronisation.
+    ///
+    /// # Errors
+    /// Before anything is enqueued: [`Error::Fp8`] (the rule broken, with the values),
+    /// [`Error::BufferTooSmall`] / [`Error::Misaligned`] for `y` or the bias,
+    /// [`Error::WrongContext`] (an operand, `y` or the bias from another context),
+    /// [`Error::LibraryNotFound`] without cuBLASLt. From the launch:
+    /// [`Error::Cublas`], [`Error::NotCapturable`], [`Error::Driver`].
+    pub fn fp8_gemm<O: Element, Y: DevicePtrMut<O>>(
+        &self,
+        x: &Fp8Tensor,
+        w: &Fp8Tensor,
+        y: &mut Y,
+        bias: Option<&dyn DevicePtr<O>>,
+        opts: Fp8Options,
+    ) -> Result<()> {
+        let ctx = self.context();
+        same_context(Which::A, x.data.stream(), ctx)?;
+        same_context(Which::B, w.data.stream(), ctx)?;
+        same_context(Which::C, y.stream(), ctx)?;
+        if let Some(b) = bias {
+            same_context(Which::Bias, b.stream(), ctx)?;
+        }
+        let s = self.stream();
+        let y_len = y.num_bytes();
+        let (py, _gy) = y.device_ptr_mut(s);
+        let (bias, _gb) = match bias {
+            Some(b) => {
+                let (p, g) = b.device_ptr(s);
+                (Some((p, b.num_bytes(), O::DTYPE)), Some(g))
+            }
+            None => (None, None),
+        };
+        let call =
+            Fp8Call { x, w, y: (py, y_len), out: OutputKind::Dense(O::DTYPE), bias, d_scale: None, amax: None, opts };
+        // SAFETY: every address is a live cudarc allocation of this context borrowed for the
+        // call (cudarc's events order later uses); lengths are checked in fp8_run.
+        unsafe { self.fp8_run(&call, s.cu_stream()) }
+    }
+
+    /// [`Gpu::fp8_gemm`] with an E4M3 output `y[M, N]` (bytes, row-major), its D scale and
+    /// amax ([`Fp8Out`]); tensor-wise scales only, β = 0, the bias (if any) bf16.
+    ///
+    /// # Errors
+    /// As [`Gpu::fp8_gemm`]; [`Error::Fp8`] with [`Fp8Rule::OutputDtype`] for other scales
+    /// or β ≠ 0.
+    pub fn fp8_gemm_to_fp8<Y: DevicePtrMut<u8>>(
+        &self,
+        x: &Fp8Tensor,
+        w: &Fp8Tensor,
+        y: &mut Y,
+        out: Fp8Out<'_>,
+        bias: Option<&dyn DevicePtr<half::bf16>>,
+        opts: Fp8Options,
+    ) -> Result<()> {
+        if opts.beta != 0.0 {
+            return Err(broken(
+                Fp8Rule::OutputDtype,
+                format!("β = {} with an FP8 output: only β = 0 is offered", opts.beta),
+            ));
+        }
+        let ctx = self.context();
+        same_context(Which::A, x.data.stream(), ctx)?;
+        same_context(Which::B, w.data.stream(), ctx)?;
+        same_context(Which::C, y.stream(), ctx)?;
+        same_context(Which::Scale, out.d_scale.stream(), ctx)?;
+        same_context(Which::Scale, out.amax.stream(), ctx)?;
+        if let Some(b) = bias {
+            same_context(Which::Bias, b.stream(), ctx)?;
+        }
+        let s = self.stream();
+        let (y_len, ds_len, am_len) = (y.num_bytes(), out.d_scale.num_bytes(), out.amax.num_bytes());
+        let (py, _gy) = y.device_ptr_mut(s);
+        let (pd, _gd) = out.d_scale.device_ptr(s);
+        let (pa, _ga) = out.amax.device_ptr_mut(s);
+        let (bias, _gb) = match bias {
+            Some(b) => {
+                let (p, g) = b.device_ptr(s);
+                (Some((p, b.num_bytes(), DType::BF16)), Some(g))
+            }
+            None => (None, None),
+        };
+        let out = OutputKind::Fp8(Fp8Format::E4M3);
+        let call =
+            Fp8Call { x, w, y: (py, y_len), out, bias, d_scale: Some((pd, ds_len)), amax: Some((pa, am_len)), opts };
+        // SAFETY: as in fp8_gemm.
+        unsafe { self.fp8_run(&call, s.cu_stream()) }
+    }
+}
+
+impl Gpu {
+    /// validate → the routing floor (staging plan, launch).
+    ///
+    /// # Safety
+    /// Every address in `call` is device memory of this context valid for its length until
+    /// the GEMM has run on `stream`, a live stream of the context.
+    pub(crate) unsafe fn fp8_run(&self, call: &Fp8Call, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        if !library::has_cublaslt() {
+            return Err(no_lt());
+        }
+        call.validate(self.fp8_platform()?)?;
+        self.device().bind()?;
+        let s = self.stream();
+        let (xd, _gx) = call.x.data.device_ptr(s);
+        let (wd, _gw) = call.w.data.device_ptr(s);
+        let (xs, _gxs) = call.x.scales.device_ptr(s);
+        let (ws, _gws) = call.w.scales.device_ptr(s);
+        let mut st = self.lock();
+        // SAFETY: validated above; the rest is the caller's contract.
+        unsafe { enqueue(&mut st, call, [xd, wd, xs, ws], stream) }
+    }
+}

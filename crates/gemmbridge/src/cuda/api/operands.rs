@@ -1,0 +1,62 @@
+//! The operands of the GEMM entry points — raw buffers by address, and the epilogue's extra
+//! operands (by address or as cudarc buffers) — and the checks of a raw call's buffers.
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+use crate::error::Result;
+use crate::problem::GemmProblem;
+use crate::validate::{check_buffers, check_epilogue, BufferDesc};
+
+/// A device buffer given by address, for memory gemmbridge does not own (another framework's
+/// tensor storage). Zero-copy: only the address is used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawBuffer {
+    /// Device address of the first element (a `CUdeviceptr`).
+    pub address: u64,
+    /// Bytes valid from `address` on; checked against what the layout addresses.
+    pub len_bytes: usize,
+}
+
+/// The epilogue's extra operands by address (see [`crate::epilogue`]), for
+/// [`Gpu::gemm_raw_fused`]. Element type: the precision's output dtype.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawExtras {
+    /// The bias `[n]` an epilogue reads, or the bias gradient (`[m]` or `[n]`) it writes.
+    pub bias: Option<RawBuffer>,
+    /// The aux `[m, n]` matrix (layout [`GemmProblem::aux`](crate::GemmProblem::aux)) an epilogue writes or reads.
+    pub aux: Option<RawBuffer>,
+}
+
+/// The epilogue's extra operands as cudarc buffers, for [`Gpu::gemm_fused`]. Give exactly the
+/// ones the epilogue uses (see [`crate::epilogue`]).
+pub struct Extras<'a, T> {
+    /// A bias `[n]` the epilogue reads.
+    pub bias: Option<&'a dyn DevicePtr<T>>,
+    /// A bias gradient the epilogue writes (`[m]` for `BiasGradA`, `[n]` for `BiasGradB`).
+    pub bias_grad: Option<&'a mut dyn DevicePtrMut<T>>,
+    /// An aux matrix the epilogue reads (`DGelu`).
+    pub aux_in: Option<&'a dyn DevicePtr<T>>,
+    /// An aux matrix the epilogue writes (`GeluAux`, `GeluAuxBias`).
+    pub aux_out: Option<&'a mut dyn DevicePtrMut<T>>,
+}
+
+impl<T> Default for Extras<'_, T> {
+    fn default() -> Self {
+        Extras { bias: None, bias_grad: None, aux_in: None, aux_out: None }
+    }
+}
+
+/// Buffer descriptions of raw A, B, C for `p` (inputs of the input dtype, C of the output's).
+pub(crate) fn raw_descs(p: &GemmProblem, a: RawBuffer, b: RawBuffer, c: RawBuffer) -> [BufferDesc; 3] {
+    let prec = p.precision();
+    let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
+    [desc(a, prec.input()), desc(b, prec.input()), desc(c, prec.output())]
+}
+
+/// Every buffer check for a call: A, B, C, then the epilogue's operands.
+pub(crate) fn check_all(p: &GemmProblem, [a, b, c]: [BufferDesc; 3], extras: RawExtras) -> Result<()> {
+    check_buffers(p, a, b, c)?;
+    let out = p.precision().output();
+    let d = |r: RawBuffer| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype: out };
+    check_epilogue(p, [a, b, c], extras.bias.map(d), extras.aux.map(d))
+}

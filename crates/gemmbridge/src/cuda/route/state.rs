@@ -1,0 +1,74 @@
+//! What the routing floor keeps under the device's lock: the backends' states and the settings
+//! that choose between them ([`Backend`]), and which one served a call ([`Served`]).
+
+use crate::cuda::blas::BlasHandle;
+use crate::cuda::device::Resources;
+use crate::cuda::dnn::{ConvApi, ConvSearch, DnnState};
+use crate::cuda::lt::LtState;
+use crate::cuda::route::Padding;
+use crate::tactics;
+
+/// Which library runs a GEMM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// cuBLASLt wherever it supports the problem (and is installed), cuBLAS otherwise.
+    /// Epilogues always need cuBLASLt.
+    #[default]
+    Auto,
+    /// cuBLAS (`cublasGemmEx` / `cublasGemmStridedBatchedEx`); no epilogues.
+    Blas,
+    /// cuBLASLt (`cublasLtMatmul`) with cached plans; an error where it cannot run. Two cases
+    /// still go to cuBLAS: α = 0 without an epilogue (C = β·C, A and B not read) and the
+    /// unfused bias gradient where cuBLASLt has no BGRAD algorithm.
+    Lt,
+}
+
+/// Which library a call was served by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// cuBLAS.
+    Blas,
+    /// cuBLASLt.
+    Lt,
+}
+
+/// The backends' state, kept under the device's lock.
+pub(crate) struct Libraries {
+    /// The library chosen for calls.
+    pub backend: Backend,
+    pub blas: BlasHandle,
+    /// `None` without libcublasLt.
+    pub lt: Option<LtState>,
+    /// When misaligned calls run on aligned copies.
+    pub padding: Padding,
+    /// cuDNN (created on the first convolution) and how it chooses algorithms.
+    pub dnn: Option<DnnState>,
+    pub conv_search: ConvSearch,
+    pub conv_fuse: bool,
+    pub conv_api: ConvApi,
+    pub conv_ws_limit: usize,
+    /// The tactic database's convolution entries ([`Gpu::load_tactics`]), handed to the cuDNN
+    /// room when it is created (it keeps those of its cuDNN version).
+    pub conv_tactics: std::collections::BTreeMap<String, tactics::Tactic>,
+    /// [`Gpu::set_sm_count_target`]'s value (0: all SMs); cuBLASLt's room keeps its own copy.
+    pub sm_count_target: u32,
+}
+
+impl Resources for Libraries {
+    fn release(&mut self) {
+        self.lt = None; // plans, graphs and the handle
+        self.blas.release();
+        if let Some(d) = self.dnn.as_mut() {
+            d.release();
+        }
+    }
+
+    fn leak(&mut self) {
+        if let Some(lt) = self.lt.as_mut() {
+            std::mem::forget(std::mem::take(&mut lt.replay.graphs));
+        }
+        if let Some(d) = self.dnn.as_mut() {
+            d.leak();
+        }
+    }
+}
