@@ -6,7 +6,7 @@ mod common;
 
 use common::{cases, check, gpu, normal, operands, poison, rng, Case};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
-use gemmbridge::cuda::{Backend, Gpu, Padding, RawBuffer};
+use gemmbridge::cuda::{Backend, Gpu, Padding, RawBuffer, RawOperands, Scale};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::mapping::ColMajorCall;
 use gemmbridge::reference::rel_error;
@@ -323,7 +323,7 @@ fn raw_pointers_on_callers_stream() {
     let (ra, rb, rc) = (raw(&a), raw(&b), raw(&c));
     // SAFETY: the three buffers are live allocations of this context, sized by their layouts,
     // and are used only on `caller` until it is synchronised below.
-    unsafe { gpu.gemm_raw(&p, 1.0, ra, rb, 0.0, rc, caller.cu_stream()) }.unwrap();
+    unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(ra, rb, rc), caller.cu_stream()) }.unwrap();
     caller.synchronize().unwrap();
     let got = caller.clone_dtoh(&c).unwrap();
     check("raw", &p, &ops.c, &got, &ops.reference);
@@ -331,19 +331,17 @@ fn raw_pointers_on_callers_stream() {
     // bad input through the raw path: named errors, C untouched
     let before = caller.clone_dtoh(&c).unwrap();
     let short = RawBuffer { len_bytes: ra.len_bytes - 2, ..ra };
-    let e = unsafe { gpu.gemm_raw(&p, 1.0, short, rb, 0.0, rc, caller.cu_stream()) }.unwrap_err();
+    let e =
+        unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(short, rb, rc), caller.cu_stream()) }.unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::A, .. }), "{e}");
     let odd = RawBuffer { address: rb.address + 1, len_bytes: rb.len_bytes - 1 };
-    let e = unsafe { gpu.gemm_raw(&p, 1.0, ra, odd, 0.0, rc, caller.cu_stream()) }.unwrap_err();
+    let e = unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(ra, odd, rc), caller.cu_stream()) }.unwrap_err();
     assert!(matches!(e, Error::Misaligned { operand: Which::B, .. }), "{e}");
     let e = unsafe {
         gpu.gemm_raw(
             &p,
-            1.0,
-            ra,
-            rb,
-            0.0,
-            RawBuffer { address: ra.address, len_bytes: rc.len_bytes },
+            Scale::PRODUCT,
+            RawOperands::new(ra, rb, RawBuffer { address: ra.address, len_bytes: rc.len_bytes }),
             caller.cu_stream(),
         )
     }
@@ -379,7 +377,8 @@ fn cublas_status_is_named() {
         batch: 1,
     };
     // SAFETY: cuBLAS rejects the call before touching memory; buf is large enough regardless.
-    let e = unsafe { gpu.gemm_colmajor_unchecked(&call, Precision::F32, 1.0, addr, addr, 0.0, addr) }.unwrap_err();
+    let e =
+        unsafe { gpu.gemm_colmajor_unchecked(&call, Precision::F32, Scale::PRODUCT, [addr, addr, addr]) }.unwrap_err();
     match e {
         Error::Cublas { status, operation, .. } => {
             assert_eq!(status, "CUBLAS_STATUS_INVALID_VALUE");

@@ -6,7 +6,14 @@ mod common;
 use common::{gpu, normal, poison, rng, Case};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
-use gemmbridge::cuda::{Backend, Extras, Gpu, GraphReplay, Padding, RawBuffer, RawExtras, TuneOptions};
+use gemmbridge::cuda::{Backend, Extras, Gpu, GraphReplay, Padding, RawBuffer, RawOperands, Scale, TuneOptions};
+
+/// The epilogue operands of a raw call, as these tests build them.
+#[derive(Clone, Copy, Debug, Default)]
+struct RawExtras {
+    bias: Option<RawBuffer>,
+    aux: Option<RawBuffer>,
+}
 use gemmbridge::epilogue::{AuxUse, VectorUse};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::{gemm_epilogue_rowmajor, rel_error};
@@ -111,7 +118,7 @@ fn epilogue_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
             AuxUse::Writes => ex.aux_out = Some(&mut dx),
             AuxUse::None => {}
         }
-        gpu.gemm_fused(p, 1.0, &da, &db, 0.0, &mut dc, ex)?;
+        gpu.gemm_fused(p, Scale::PRODUCT, &da, &db, &mut dc, ex)?;
     }
     let gather = |v: &[TO], l: MatrixLayout| wide(&l.gather(v, p.batch()));
     let c = s.clone_dtoh(&dc).unwrap();
@@ -247,8 +254,9 @@ fn blas_backend_refuses_epilogues() {
     // an operand the epilogue writes cannot be passed read-only
     let grad = s.clone_htod(&[7.0f32; 8]).unwrap();
     let g = p.with_epilogue(Epilogue::BiasGradB).unwrap();
-    let e =
-        gpu.gemm_fused(&g, 1.0, &a, &a, 0.0, &mut c, Extras { bias: Some(&grad), ..Extras::default() }).unwrap_err();
+    let e = gpu
+        .gemm_fused(&g, Scale::PRODUCT, &a, &a, &mut c, Extras { bias: Some(&grad), ..Extras::default() })
+        .unwrap_err();
     assert!(matches!(e, Error::EpilogueOperand { operand: "bias", .. }), "{e}");
     assert_eq!(s.clone_dtoh(&grad).unwrap(), vec![7.0f32; 8]);
 }
@@ -301,8 +309,15 @@ fn graph_capture_after_prewarm() {
     // mode would forbid their allocations
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
     // SAFETY: buffers of this context, alive for the whole test, used on `s` only.
-    let e = unsafe { gpu.gemm_raw_fused(&call.p, 1.0, call.ra, call.rw, 0.0, call.rc, call.extras, s.cu_stream()) }
-        .unwrap_err();
+    let e = unsafe {
+        gpu.gemm_raw(
+            &call.p,
+            Scale::PRODUCT,
+            RawOperands { a: call.ra, b: call.rw, c: call.rc, bias: call.extras.bias, aux: call.extras.aux },
+            s.cu_stream(),
+        )
+    }
+    .unwrap_err();
     let _ = s.end_capture(CUgraphInstantiate_flags(0));
     assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
 
@@ -319,7 +334,15 @@ fn prewarm_capture_replay(gpu: &Gpu, call: GeluBiasCall, n: usize) -> f64 {
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
     for _ in 0..n {
         // SAFETY: buffers of this context, alive until the end of this function, used on `s` only.
-        unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) }.unwrap();
+        unsafe {
+            gpu.gemm_raw(
+                &p,
+                Scale::PRODUCT,
+                RawOperands { a: ra, b: rw, c: rc, bias: extras.bias, aux: extras.aux },
+                s.cu_stream(),
+            )
+        }
+        .unwrap();
     }
     let graph = s.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
     graph.launch().unwrap();
@@ -367,7 +390,7 @@ fn graph_replay_matches_direct_calls() {
         s.memcpy_htod(&a, &mut da).unwrap();
         s.memcpy_htod(&poison::<f16>(m * n), &mut outs[o]).unwrap();
         let ex = Extras { bias: Some(&dbias), ..Extras::default() };
-        gpu.gemm_fused(&p, alpha, &da, &dw, 0.0, &mut outs[o], ex).unwrap();
+        gpu.gemm_fused(&p, Scale::new(alpha, 0.0), &da, &dw, &mut outs[o], ex).unwrap();
         let err = error_vs_reference(&p, alpha as f64, &s.clone_dtoh(&outs[o]).unwrap(), (&a, &w), Some(&bias));
         assert!(err <= 1e-2, "call {i} (alpha {alpha}, output {o}): rel error {err:e}");
         assert_eq!(gpu.cached_graphs(), graphs, "graphs after call {i}");
@@ -375,7 +398,7 @@ fn graph_replay_matches_direct_calls() {
     gpu.set_graph_replay(GraphReplay::off());
     assert_eq!(gpu.cached_graphs(), 0);
     for _ in 0..3 {
-        gpu.gemm_fused(&p, 1.0, &da, &dw, 0.0, &mut outs[0], Extras { bias: Some(&dbias), ..Extras::default() })
+        gpu.gemm_fused(&p, Scale::PRODUCT, &da, &dw, &mut outs[0], Extras { bias: Some(&dbias), ..Extras::default() })
             .unwrap();
     }
     assert_eq!(gpu.cached_graphs(), 0, "replay off caches nothing");
@@ -393,7 +416,14 @@ fn graph_replay_steps_aside_during_capture() {
     // `_device` is bound (not `..`): the device buffers live to the end of the test
     let GeluBiasCall { p, a, w, bias, mut dc, ra, rw, rc, extras, _device } = gelu_bias_call(&s, (64, 96, 80));
     // SAFETY: buffers of this context, alive for the whole test, used on `s` only.
-    let call = || unsafe { gpu.gemm_raw_fused(&p, 1.0, ra, rw, 0.0, rc, extras, s.cu_stream()) };
+    let call = || unsafe {
+        gpu.gemm_raw(
+            &p,
+            Scale::PRODUCT,
+            RawOperands { a: ra, b: rw, c: rc, bias: extras.bias, aux: extras.aux },
+            s.cu_stream(),
+        )
+    };
     call().unwrap();
     call().unwrap();
     assert_eq!(gpu.cached_graphs(), 1);
@@ -411,7 +441,14 @@ fn graph_replay_steps_aside_during_capture() {
     // A call first made twice inside the caller's capture (a new key: another α) falls due
     // there; nothing is captured then, and the next call outside the capture captures it.
     // SAFETY: as `call`.
-    let call2 = || unsafe { gpu.gemm_raw_fused(&p, 0.5, ra, rw, 0.0, rc, extras, s.cu_stream()) };
+    let call2 = || unsafe {
+        gpu.gemm_raw(
+            &p,
+            Scale::new(0.5, 0.0),
+            RawOperands { a: ra, b: rw, c: rc, bias: extras.bias, aux: extras.aux },
+            s.cu_stream(),
+        )
+    };
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
     let captured = (0..2).try_for_each(|_| call2());
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
@@ -446,7 +483,7 @@ fn autotune_keeps_correct_results() {
     let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * n * 2 };
     // SAFETY: buffers of this context on the Gpu's stream.
     let (report, sig, tactic) = unsafe {
-        gpu.autotune_raw(&p, 1.0, raw(&dx, &s), raw(&dw, &s), 0.0, rc, RawExtras::default(), TuneOptions::default())
+        gpu.autotune_raw(&p, Scale::PRODUCT, RawOperands::new(raw(&dx, &s), raw(&dw, &s), rc), TuneOptions::default())
     }
     .unwrap();
     eprintln!("{sig}: {report:?}");
@@ -495,15 +532,29 @@ fn autotune_searches_tiny_problems() {
         let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * n * esz };
         let extras = RawExtras { bias: fused.then(|| raw(&dv, &s)), aux: None };
         // SAFETY: buffers of this context on the Gpu's stream.
-        let (report, sig, _) =
-            unsafe { gpu.autotune_raw(&p, 1.0, raw(&da, &s), raw(&db, &s), 0.0, rc, extras, TuneOptions::default()) }
-                .unwrap();
+        let (report, sig, _) = unsafe {
+            gpu.autotune_raw(
+                &p,
+                Scale::PRODUCT,
+                RawOperands { a: raw(&da, &s), b: raw(&db, &s), c: rc, bias: extras.bias, aux: extras.aux },
+                TuneOptions::default(),
+            )
+        }
+        .unwrap();
         eprintln!("{sig}: {report:?}");
         assert!(report.candidates > 16, "the search added candidates beyond the heuristic's 16: {report:?}");
         assert!(report.timed_in_graph, "{report:?}");
         s.memcpy_htod(&vec![0xffu8; m * n * esz], &mut dc).unwrap(); // NaN poison
                                                                      // SAFETY: as above.
-        unsafe { gpu.gemm_raw_fused(&p, 1.0, raw(&da, &s), raw(&db, &s), 0.0, rc, extras, s.cu_stream()) }.unwrap();
+        unsafe {
+            gpu.gemm_raw(
+                &p,
+                Scale::PRODUCT,
+                RawOperands { a: raw(&da, &s), b: raw(&db, &s), c: rc, bias: extras.bias, aux: extras.aux },
+                s.cu_stream(),
+            )
+        }
+        .unwrap();
         let bytes = s.clone_dtoh(&dc).unwrap();
         let got: Vec<f64> = if esz == 4 {
             bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()
@@ -536,14 +587,20 @@ fn autotune_fused_epilogue_stays_correct() {
     let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * n * 2 };
     let extras = RawExtras { bias: Some(raw(&db, &s)), aux: None };
     // SAFETY: buffers of this context on the Gpu's stream.
-    let (report, sig, _) =
-        unsafe { gpu.autotune_raw(&p, 1.0, raw(&dx, &s), raw(&dw, &s), 0.0, rc, extras, TuneOptions::default()) }
-            .unwrap();
+    let (report, sig, _) = unsafe {
+        gpu.autotune_raw(
+            &p,
+            Scale::PRODUCT,
+            RawOperands { a: raw(&dx, &s), b: raw(&dw, &s), c: rc, bias: extras.bias, aux: extras.aux },
+            TuneOptions::default(),
+        )
+    }
+    .unwrap();
     eprintln!("{sig}: {report:?}");
     assert!(report.added <= report.candidates && report.mismatched < report.candidates);
     assert!(!report.kept_added || report.improved);
     let mut dc = s.clone_htod(&poison::<f16>(m * n)).unwrap();
-    gpu.gemm_fused(&p, 1.0, &dx, &dw, 0.0, &mut dc, Extras { bias: Some(&db), ..Extras::default() }).unwrap();
+    gpu.gemm_fused(&p, Scale::PRODUCT, &dx, &dw, &mut dc, Extras { bias: Some(&db), ..Extras::default() }).unwrap();
     let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&x, &w), Some(&bias));
     assert!(err <= 1e-2, "tuned GELU_BIAS: {err:e}");
 }
@@ -573,7 +630,7 @@ fn autotune_ignores_poisoned_padding() {
     let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * ldc * 2 };
     // SAFETY: buffers of this context on the Gpu's stream.
     let (report, _, _) = unsafe {
-        gpu.autotune_raw(&p, 1.0, raw(&dx, &s), raw(&dw, &s), 0.0, rc, RawExtras::default(), TuneOptions::default())
+        gpu.autotune_raw(&p, Scale::PRODUCT, RawOperands::new(raw(&dx, &s), raw(&dw, &s), rc), TuneOptions::default())
     }
     .unwrap();
     assert_eq!(report.mismatched, 0, "{report:?}");

@@ -12,7 +12,7 @@ use std::sync::mpsc;
 
 use cudarc::driver::sys as drv;
 use cudarc::driver::DevicePtr;
-use gemmbridge::cuda::{Gpu, RawBuffer};
+use gemmbridge::cuda::{Gpu, RawBuffer, RawOperands, Scale};
 use gemmbridge::reference::{gemm_rowmajor, rel_error};
 use gemmbridge::{Error, GemmProblem, Precision, Which};
 
@@ -118,7 +118,7 @@ fn raw_product(gpu: &Gpu, a: u64, b: u64, c: u64) -> Result<f64, Error> {
     }
     let buf = |address| RawBuffer { address, len_bytes: bytes };
     // SAFETY: as above; the call is checked (set_check_raw_addresses) by the caller.
-    unsafe { gpu.gemm_raw(&p, 1.0, buf(a), buf(b), 0.0, buf(c), s.cu_stream()) }?;
+    unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(buf(a), buf(b), buf(c)), s.cu_stream()) }?;
     let mut got = vec![0f32; 256];
     // SAFETY: `c` holds `bytes`; the stream is synchronised before `got` is read.
     unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut got, c, s.cu_stream()).unwrap() };
@@ -152,7 +152,9 @@ fn raw_addresses_are_checked_against_the_driver() {
     let buf = |address| RawBuffer { address, len_bytes: KIB };
     let cs = s.cu_stream();
     // SAFETY: the check refuses the host address before anything is enqueued.
-    let e = unsafe { gpu.gemm_raw(&p, 1.0, buf(host.as_ptr() as u64), buf(plain[1]), 0.0, buf(plain[2]), cs) };
+    let e = unsafe {
+        gpu.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(buf(host.as_ptr() as u64), buf(plain[1]), buf(plain[2])), cs)
+    };
     assert!(matches!(e, Err(Error::NotDeviceMemory { operand: Which::A, .. })), "{e:?}");
     // an extent past its allocation: B claims 2 KiB of a 1 KiB allocation, and the problem
     // reads 2 KiB (C is a separate 2 KiB allocation, so nothing overlaps)
@@ -162,7 +164,7 @@ fn raw_addresses_are_checked_against_the_driver() {
     let (b2, c2) =
         (RawBuffer { address: plain[1], len_bytes: 2 * KIB }, RawBuffer { address: wide_c, len_bytes: 2 * KIB });
     // SAFETY: as above.
-    let e = unsafe { gpu.gemm_raw(&q, 1.0, buf(plain[0]), b2, 0.0, c2, cs) };
+    let e = unsafe { gpu.gemm_raw(&q, Scale::PRODUCT, RawOperands::new(buf(plain[0]), b2, c2), cs) };
     assert!(matches!(e, Err(Error::NotDeviceMemory { operand: Which::B, .. })), "{e:?}");
     assert!(raw_product(&gpu, plain[0], plain[1], plain[2]).unwrap() <= 1e-5, "usable after the errors");
     // stream-ordered pool memory

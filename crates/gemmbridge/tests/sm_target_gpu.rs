@@ -5,7 +5,7 @@
 mod common;
 
 use common::{gpu, normal, poison, rng};
-use gemmbridge::cuda::{Backend, Extras};
+use gemmbridge::cuda::{Backend, Extras, Scale};
 use gemmbridge::half::bf16;
 use gemmbridge::reference::{gemm_epilogue_rowmajor, rel_error};
 use gemmbridge::{Element, Epilogue, Error, GemmProblem, Precision};
@@ -44,7 +44,7 @@ fn gemms_planned_for_fewer_sms_stay_correct() {
             gpu.gemm(q, 1.0, &dx, &dw, 0.0, &mut dy).unwrap();
         } else {
             let extras = Extras { bias: Some(&db), ..Extras::default() };
-            gpu.gemm_fused(q, 1.0, &dx, &dw, 0.0, &mut dy, extras).unwrap();
+            gpu.gemm_fused(q, Scale::PRODUCT, &dx, &dw, &mut dy, extras).unwrap();
         }
         let got = wide(&s.clone_dtoh(&dy).unwrap());
         assert!(got.iter().all(|v| v.is_finite()), "target {target:?} {backend:?}: an output left unwritten");
@@ -82,7 +82,7 @@ fn gemms_planned_for_fewer_sms_stay_correct() {
 fn tuning_under_a_target_makes_entries_for_that_target() {
     use cudarc::driver::{DevicePtr, DevicePtrMut};
     use gemmbridge::cuda::tactics::TacticDb;
-    use gemmbridge::cuda::{RawBuffer, RawExtras, TuneOptions};
+    use gemmbridge::cuda::{RawBuffer, RawOperands, Scale, TuneOptions};
     let gpu = gpu();
     let sms = gpu.info().unwrap().sm_count as u32;
     let s = gpu.stream().clone();
@@ -104,7 +104,7 @@ fn tuning_under_a_target_makes_entries_for_that_target() {
             |v: &cudarc::driver::CudaSlice<bf16>| RawBuffer { address: v.device_ptr(&s).0, len_bytes: v.len() * 2 };
         // SAFETY: buffers of this context on the Gpu's stream.
         let (_, sig, tactic) =
-            unsafe { gpu.autotune_raw(&p, 1.0, raw(&dx), raw(&dw), 0.0, rc, RawExtras::default(), opts) }.unwrap();
+            unsafe { gpu.autotune_raw(&p, Scale::PRODUCT, RawOperands::new(raw(&dx), raw(&dw), rc), opts) }.unwrap();
         let suffix = format!(" sm{}", sms - 1);
         assert_eq!(sig.ends_with(&suffix), target.is_some(), "{target:?}: {sig}");
         db.entries.insert(sig, tactic);

@@ -30,7 +30,8 @@ mod route;
 mod status;
 
 pub use api::train;
-pub use api::{cuda_version_string, DeviceInfo, Extras, Gpu, RawBuffer, RawExtras};
+pub use api::{cuda_version_string, DeviceInfo, Extras, Gpu, RawBuffer, RawOperands};
+pub use call::Scale;
 pub use device::GraphReplay;
 pub use dnn::{cudnn_version, ConvApi, ConvSearch};
 pub use lt::plan::Algorithm;

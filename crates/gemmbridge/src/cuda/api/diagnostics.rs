@@ -3,8 +3,9 @@
 use std::time::Instant;
 
 use super::engine::Gpu;
-use super::operands::RawBuffer;
+use super::operands::RawOperands;
 use crate::cuda::blas::BlasGemm;
+use crate::cuda::call::Scale;
 use crate::cuda::lt::plan::{LtOperands, PlanKey};
 use crate::cuda::route::Served;
 use crate::cuda::status;
@@ -25,19 +26,17 @@ impl Gpu {
     /// As [`Gpu::gemm_raw`] with `stream` = [`Gpu::stream`].
     ///
     /// # Errors
-    /// [`Error::Unsupported`] when the plan is not cached or the problem has an epilogue;
-    /// library errors by name.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Error::Unsupported`] when the plan is not cached or the problem has an epilogue (the
+    /// epilogue operands of `ops` are not used); library errors by name.
     pub unsafe fn bare_host_us(
         &self,
         p: &GemmProblem,
-        a: RawBuffer,
-        b: RawBuffer,
-        c: RawBuffer,
+        ops: RawOperands,
         served: Served,
         batches: usize,
         calls: usize,
     ) -> Result<f64> {
+        let (a, b, c) = (ops.a, ops.b, ops.c);
         if p.epilogue() != crate::Epilogue::None {
             return Err(Error::Unsupported { backend: "bare_host_us", what: "epilogues".into() });
         }
@@ -77,7 +76,9 @@ impl Gpu {
                     });
                 };
                 // SAFETY: the caller's contract; the plan and workspace are this stream's.
-                time_batches(&mut || unsafe { plan.launch(&lt.handle, &plan.algo, 1.0, 0.0, &ops, &ws, stream as _) })?;
+                time_batches(&mut || unsafe {
+                    plan.launch(&lt.handle, &plan.algo, (1.0, 0.0), &ops, &ws, stream as _)
+                })?;
             }
             Served::Blas => {
                 let g = BlasGemm { call, precision: p.precision(), alpha: 1.0, beta: 0.0, first, second, c: c.address };
@@ -95,7 +96,7 @@ impl Gpu {
     /// on [`Gpu::stream`]. For diagnostics (the convention table of `gemmbridge probe` calls
     /// cuBLAS with deliberately wrong arguments); use [`Gpu::gemm`] for real work.
     ///
-    /// `first`/`second` are the column-major call's A and B device addresses.
+    /// The addresses are the column-major call's A and B (`first`, `second`) and C.
     ///
     /// # Safety
     /// Every address must be device memory of this context large enough for everything the
@@ -104,20 +105,17 @@ impl Gpu {
     ///
     /// # Errors
     /// [`Error::Cublas`] with the status cuBLAS returned.
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm_colmajor_unchecked(
         &self,
         call: &ColMajorCall,
         precision: Precision,
-        alpha: f32,
-        first: u64,
-        second: u64,
-        beta: f32,
-        c: u64,
+        scale: Scale,
+        [first, second, c]: [u64; 3],
     ) -> Result<()> {
         let mut guard = self.lock();
         self.device().bind()?;
         let st = &mut *guard;
+        let (alpha, beta) = (scale.alpha, scale.beta);
         let g = BlasGemm { call: *call, precision, alpha, beta, first, second, c };
         // SAFETY: forwarded from the caller.
         unsafe { st.libs.blas.gemm(&mut st.dev, &g, self.stream().cu_stream()) }

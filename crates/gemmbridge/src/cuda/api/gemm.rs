@@ -9,9 +9,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
 use super::checks::{check_roles, either_ptr, same_context};
 use super::engine::Gpu;
-use super::operands::{check_all, raw_descs};
-use super::operands::{Extras, RawBuffer, RawExtras};
-use crate::cuda::call::GemmCall;
+use super::operands::{check_all, Extras, RawBuffer, RawExtras, RawOperands};
+use crate::cuda::call::{GemmCall, Scale};
 use crate::cuda::device::check_extent;
 use crate::cuda::route::dispatch;
 use crate::dtype::Element;
@@ -49,11 +48,12 @@ impl Gpu {
         B: DevicePtr<TI>,
         C: DevicePtrMut<TO>,
     {
-        self.gemm_fused(p, alpha, a, b, beta, c, Extras::default())
+        self.gemm_fused(p, Scale::new(alpha, beta), a, b, c, Extras::default())
     }
 
     /// [`Gpu::gemm`] with the epilogue's extra operands ([`crate::epilogue`]): a bias it reads,
     /// a bias gradient or aux it writes, an aux it reads. All of the output's element type.
+    /// `scale` holds α and β ([`Scale::PRODUCT`]: α = 1, β = 0).
     /// An aux must be 16-byte aligned; a bias that is not is staged through the stream's
     /// 1 MiB scratch region (so at most 1 MiB of bias). With an epilogue, α = 0 still reads
     /// A and B (cuBLASLt computes the product); without one it never does.
@@ -64,14 +64,12 @@ impl Gpu {
     /// [`Error::Misaligned`] for an aux off 16 bytes; [`Error::Unsupported`] with
     /// [`Backend::Blas`](crate::cuda::Backend::Blas) or past the staging limit; [`Error::LibraryNotFound`] without
     /// libcublasLt.
-    #[allow(clippy::too_many_arguments)]
     pub fn gemm_fused<TI, TO, A, B, C>(
         &self,
         p: &GemmProblem,
-        alpha: f32,
+        scale: Scale,
         a: &A,
         b: &B,
-        beta: f32,
         c: &mut C,
         extras: Extras<'_, TO>,
     ) -> Result<()>
@@ -84,7 +82,7 @@ impl Gpu {
     {
         let Extras { bias, bias_grad, aux_in, aux_out } = extras;
         // Every operand in this Gpu's context (checked without allocating: this is the
-        // per-call path, docs/notes/performance-history.md §3.1).
+        // per-call path).
         let ctx = self.context();
         let same = |which: Which, s: &Arc<CudaStream>| same_context(which, s, ctx);
         same(Which::A, a.stream())?;
@@ -119,14 +117,16 @@ impl Gpu {
         // SAFETY: every address comes from a live cudarc allocation of this context, borrowed
         // for this call (cudarc's events, recorded when the guards drop after the enqueue,
         // order later uses); validation checks lengths against the layouts.
-        unsafe { self.run(p, alpha, descs, beta, extras, s.cu_stream()) }
+        unsafe { self.run(p, scale, descs, extras, s.cu_stream()) }
     }
 
-    /// `C = α·op(A)·op(B) + β·C` on device memory given by address, enqueued on `stream`.
-    /// Zero-copy interop with other frameworks' buffers; returns once the GEMM is enqueued.
+    /// `C = epilogue(α·op(A)·op(B) + β·C)` on device memory given by address ([`RawOperands`]:
+    /// A, B, C and the epilogue's operands, named), enqueued on `stream`, with `scale`'s α and
+    /// β. Zero-copy interop with other frameworks' buffers; returns once the GEMM is enqueued.
+    /// The epilogue's rules are [`Gpu::gemm_fused`]'s.
     ///
     /// Each buffer's element type is the one the precision names (inputs: `precision.input()`,
-    /// C: `precision.output()`); lengths are in bytes.
+    /// C and the epilogue's operands: `precision.output()`); lengths are in bytes.
     ///
     /// # Safety
     /// - every address is device memory (or null where the layout addresses nothing) in this
@@ -146,50 +146,18 @@ impl Gpu {
     /// # Errors
     /// Before anything is enqueued, with no buffer touched: [`Error::NullPointer`],
     /// [`Error::Misaligned`], [`Error::BufferTooSmall`], [`Error::OutputOverlapsInput`],
-    /// [`Error::NotDeviceMemory`] (with the check on). From
-    /// the launch: [`Error::Cublas`] (status by name), [`Error::NotCapturable`] (a plan or
-    /// workspace would be created while `stream` is capturing), [`Error::Driver`].
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm_raw(
-        &self,
-        p: &GemmProblem,
-        alpha: f32,
-        a: RawBuffer,
-        b: RawBuffer,
-        beta: f32,
-        c: RawBuffer,
-        stream: CUstream,
-    ) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.gemm_raw_fused(p, alpha, a, b, beta, c, RawExtras::default(), stream) }
-    }
-
-    /// [`Gpu::gemm_raw`] with the epilogue's extra operands by address.
-    ///
-    /// # Safety
-    /// As [`Gpu::gemm_raw`], for the extra operands too.
-    ///
-    /// # Errors
-    /// As [`Gpu::gemm_fused`].
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm_raw_fused(
-        &self,
-        p: &GemmProblem,
-        alpha: f32,
-        a: RawBuffer,
-        b: RawBuffer,
-        beta: f32,
-        c: RawBuffer,
-        extras: RawExtras,
-        stream: CUstream,
-    ) -> Result<()> {
-        let descs = raw_descs(p, a, b, c);
+    /// [`Error::NotDeviceMemory`] (with the check on), and the epilogue's as
+    /// [`Gpu::gemm_fused`]. From the launch: [`Error::Cublas`] (status by name),
+    /// [`Error::NotCapturable`] (a plan or workspace would be created while `stream` is
+    /// capturing), [`Error::Driver`].
+    pub unsafe fn gemm_raw(&self, p: &GemmProblem, scale: Scale, ops: RawOperands, stream: CUstream) -> Result<()> {
+        let (descs, extras) = (ops.descs(p), ops.extras());
         if self.device().checks_raw_addresses() {
             check_all(p, descs, extras)?;
             self.check_addresses(p, descs, extras)?;
         }
         // SAFETY: forwarded from the caller.
-        unsafe { self.run(p, alpha, descs, beta, extras, stream) }
+        unsafe { self.run(p, scale, descs, extras, stream) }
     }
 
     /// Whether every byte the call touches lies in one allocation this GPU can access
@@ -205,16 +173,16 @@ impl Gpu {
         Ok(())
     }
 
-    /// The one path of every call: validate → plan → backend → launch.
+    /// The one path of every call: validate → the call value → the routing floor (library,
+    /// fallbacks, padded copies) → the library room's launch.
     ///
     /// # Safety
-    /// The caller's contract of [`Gpu::gemm_raw_fused`].
+    /// The caller's contract of [`Gpu::gemm_raw`].
     pub(crate) unsafe fn run(
         &self,
         p: &GemmProblem,
-        alpha: f32,
+        scale: Scale,
         descs: [BufferDesc; 3],
-        beta: f32,
         extras: RawExtras,
         stream: CUstream,
     ) -> Result<()> {
@@ -226,8 +194,8 @@ impl Gpu {
         let request = GemmCall {
             problem: p,
             cm: column_major_call(p),
-            alpha,
-            beta,
+            alpha: scale.alpha,
+            beta: scale.beta,
             abc: (a, b, c),
             bias: extras.bias.map(|r| r.address),
             aux: extras.aux.map(|r| r.address),

@@ -21,4 +21,4 @@ mod tune;
 
 pub use engine::Gpu;
 pub use info::{cuda_version_string, DeviceInfo};
-pub use operands::{Extras, RawBuffer, RawExtras};
+pub use operands::{Extras, RawBuffer, RawOperands};

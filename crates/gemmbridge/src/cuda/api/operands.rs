@@ -17,13 +17,69 @@ pub struct RawBuffer {
     pub len_bytes: usize,
 }
 
-/// The epilogue's extra operands by address (see [`crate::epilogue`]), for
-/// [`Gpu::gemm_raw_fused`]. Element type: the precision's output dtype.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RawExtras {
+/// The operands of a raw call ([`Gpu::gemm_raw`](crate::cuda::Gpu::gemm_raw),
+/// [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)) by address: stored row-major A, B
+/// and C (inputs of the precision's input dtype, C of its output dtype), and the epilogue's
+/// extra operands (see [`crate::epilogue`]; of the output dtype), named so that they cannot
+/// be passed in the wrong order.
+///
+/// ```
+/// use gemmbridge::cuda::{RawBuffer, RawOperands};
+/// let buf = |address| RawBuffer { address, len_bytes: 4096 };
+/// let ops = RawOperands::new(buf(0x1000), buf(0x2000), buf(0x3000)).with_bias(buf(0x4000));
+/// assert_eq!(ops.bias, Some(buf(0x4000)));
+/// assert_eq!(ops.aux, None);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawOperands {
+    /// Stored A.
+    pub a: RawBuffer,
+    /// Stored B.
+    pub b: RawBuffer,
+    /// Stored C (written).
+    pub c: RawBuffer,
     /// The bias `[n]` an epilogue reads, or the bias gradient (`[m]` or `[n]`) it writes.
     pub bias: Option<RawBuffer>,
-    /// The aux `[m, n]` matrix (layout [`GemmProblem::aux`](crate::GemmProblem::aux)) an epilogue writes or reads.
+    /// The aux `[m, n]` matrix (layout [`GemmProblem::aux`](crate::GemmProblem::aux)) an
+    /// epilogue writes or reads.
+    pub aux: Option<RawBuffer>,
+}
+
+impl RawOperands {
+    /// A, B and C, no epilogue operands.
+    pub const fn new(a: RawBuffer, b: RawBuffer, c: RawBuffer) -> RawOperands {
+        RawOperands { a, b, c, bias: None, aux: None }
+    }
+
+    /// The same with the epilogue's bias (or bias gradient).
+    #[must_use]
+    pub const fn with_bias(self, bias: RawBuffer) -> RawOperands {
+        RawOperands { bias: Some(bias), ..self }
+    }
+
+    /// The same with the epilogue's aux matrix.
+    #[must_use]
+    pub const fn with_aux(self, aux: RawBuffer) -> RawOperands {
+        RawOperands { aux: Some(aux), ..self }
+    }
+
+    /// Buffer descriptions of A, B, C for `p` (inputs of the input dtype, C of the output's).
+    pub(crate) fn descs(&self, p: &GemmProblem) -> [BufferDesc; 3] {
+        let prec = p.precision();
+        let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
+        [desc(self.a, prec.input()), desc(self.b, prec.input()), desc(self.c, prec.output())]
+    }
+
+    /// The epilogue's operands alone.
+    pub(crate) fn extras(&self) -> RawExtras {
+        RawExtras { bias: self.bias, aux: self.aux }
+    }
+}
+
+/// The epilogue's extra operands by address, as the entry points pass them on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RawExtras {
+    pub bias: Option<RawBuffer>,
     pub aux: Option<RawBuffer>,
 }
 
@@ -44,13 +100,6 @@ impl<T> Default for Extras<'_, T> {
     fn default() -> Self {
         Extras { bias: None, bias_grad: None, aux_in: None, aux_out: None }
     }
-}
-
-/// Buffer descriptions of raw A, B, C for `p` (inputs of the input dtype, C of the output's).
-pub(crate) fn raw_descs(p: &GemmProblem, a: RawBuffer, b: RawBuffer, c: RawBuffer) -> [BufferDesc; 3] {
-    let prec = p.precision();
-    let desc = |r: RawBuffer, dtype| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype };
-    [desc(a, prec.input()), desc(b, prec.input()), desc(c, prec.output())]
 }
 
 /// Every buffer check for a call: A, B, C, then the epilogue's operands.

@@ -5,13 +5,13 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::checks::same_context;
 use super::engine::Gpu;
-use super::operands::{check_all, raw_descs};
-use super::operands::{RawBuffer, RawExtras};
+use super::operands::{check_all, RawBuffer, RawOperands};
+use crate::cuda::call::Scale;
 use crate::cuda::device::{Relaxed, Scratch};
 use crate::cuda::lt::fp8::Fp8Key;
-use crate::cuda::lt::fp8_tune::{autotune_fp8, Fp8TuneJob};
+use crate::cuda::lt::jobs::{Fp8TuneJob, TuneJob};
 use crate::cuda::lt::plan::{LtOperands, PlanKey};
-use crate::cuda::lt::tune::{autotune, TuneJob, TuneOptions, TuneReport};
+use crate::cuda::lt::tune::{autotune, TuneOptions, TuneReport};
 use crate::cuda::route::fp8::{fp8_shape, Fp8Call, Fp8Options, Fp8Tensor};
 use crate::cuda::status;
 use crate::dtype::{DType, Element};
@@ -49,19 +49,17 @@ impl Gpu {
             {
                 let r =
                     |x: &cudarc::driver::CudaSlice<u8>| RawBuffer { address: x.device_ptr(s).0, len_bytes: x.len() };
-                let extras = RawExtras {
-                    bias: vec.as_ref().map(r),
-                    aux: aux.as_mut().map(|x| {
-                        let len_bytes = x.len();
-                        RawBuffer { address: x.device_ptr_mut(s).0, len_bytes }
-                    }),
-                };
                 let (ra, rb) = (r(&a), r(&b));
                 let c_len = c.len();
-                let rc = RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: c_len };
+                let mut ops = RawOperands::new(ra, rb, RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: c_len });
+                ops.bias = vec.as_ref().map(r);
+                ops.aux = aux.as_mut().map(|x| {
+                    let len_bytes = x.len();
+                    RawBuffer { address: x.device_ptr_mut(s).0, len_bytes }
+                });
                 // SAFETY: scratch buffers of this context sized by the layouts, on our stream,
                 // alive until the synchronize below.
-                unsafe { self.gemm_raw_fused(p, 1.0, ra, rb, 0.0, rc, extras, s.cu_stream()) }?;
+                unsafe { self.gemm_raw(p, Scale::PRODUCT, ops, s.cu_stream()) }?;
             }
             s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
         }
@@ -76,7 +74,7 @@ impl Gpu {
     /// 1. Candidates: the heuristic's first `opts.candidates` algorithms for `p`, then those
     ///    it gives for the same GEMM without its epilogue and with smaller workspace limits
     ///    that cuBLASLt accepts for `p` (the heuristic ranks fused kernels separately and can
-    ///    miss faster tiles; docs/notes/performance-history.md §2.1). Problems of at most 256³ multiply-adds
+    ///    miss faster tiles: docs/DESIGN.md, Design rationale). Problems of at most 256³ multiply-adds
     ///    also get up to 160 configurations from a search of cuBLASLt's algorithm ids (each
     ///    id's tiles, stages, custom options and split-K settings; `cublasLtMatmulAlgoGetIds`,
     ///    accepted by `cublasLtMatmulAlgoCheck`; see `Plan::search` for its bounds).
@@ -110,25 +108,21 @@ impl Gpu {
     /// [`crate::tactics::TacticDb`].
     ///
     /// # Safety
-    /// As [`Gpu::gemm_raw_fused`] with `stream` = [`Gpu::stream`].
+    /// As [`Gpu::gemm_raw`] with `stream` = [`Gpu::stream`].
     ///
     /// # Errors
-    /// As [`Gpu::gemm_raw_fused`], except that a bias or aux off 16-byte alignment is
+    /// As [`Gpu::gemm_raw`], except that a bias or aux off 16-byte alignment is
     /// [`Error::Misaligned`] (not staged); [`Error::Unsupported`] for an empty or k = 0
     /// problem and without cuBLASLt.
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn autotune_raw(
         &self,
         p: &GemmProblem,
-        alpha: f32,
-        a: RawBuffer,
-        b: RawBuffer,
-        beta: f32,
-        c: RawBuffer,
-        extras: RawExtras,
+        scale: Scale,
+        ops: RawOperands,
         opts: TuneOptions,
     ) -> Result<(TuneReport, String, Tactic)> {
-        check_all(p, raw_descs(p, a, b, c), extras)?;
+        let (extras, [a, b, c]) = (ops.extras(), [ops.a, ops.b, ops.c]);
+        check_all(p, ops.descs(p), extras)?;
         if p.is_empty() || p.k() == 0 {
             return Err(Error::Unsupported {
                 backend: "autotune",
@@ -159,7 +153,7 @@ impl Gpu {
         // under this Gpu's SM count target: candidates planned and timed for those SMs, the
         // entry's signature ends in " sm<count>" so that only calls under that target use it
         let key = PlanKey { sm_count: lt.sm_count, ..PlanKey::of(p, cm, &ops, ws.matmul_bytes) };
-        let job = TuneJob { problem: p, key, ops, alpha, beta, ws, stream };
+        let job = TuneJob { problem: p, key, ops, alpha: scale.alpha, beta: scale.beta, ws, stream };
         // SAFETY: validated above; the rest is the caller's contract.
         unsafe { autotune(lt, &job, opts) }
     }
@@ -238,6 +232,6 @@ impl Gpu {
             stream: s,
         };
         // SAFETY: validated above; every address is a live allocation borrowed for the call.
-        unsafe { autotune_fp8(lt, &job, tune) }
+        unsafe { autotune(lt, &job, tune) }
     }
 }

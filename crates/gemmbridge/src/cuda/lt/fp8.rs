@@ -10,8 +10,9 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::sys as lt;
 
+use super::launch::{matmul, Matmul};
 use super::plan::Algorithm;
-use super::sys::{algo_check, check, heuristic, lt_dtype, Desc, DescAttr as A, Layout, LtHandle, Pref};
+use super::sys::{algo_check, heuristic, lt_dtype, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
 use crate::dtype::{Compute, DType};
 use crate::error::{Error, Result};
@@ -194,52 +195,28 @@ impl Fp8Plan {
         algo_check(h, &self.desc, [&self.a, &self.b, &self.c, &self.d], algo.data)
     }
 
-    /// Enqueues the GEMM with `algo` on `stream`.
+    /// Enqueues the GEMM with `algo` and the scalars `(α, β)` on `stream`.
     ///
     /// # Safety
     /// Addresses valid for the plan's layouts and scale layouts (checked by the caller);
     /// `bias`, `d_scale`, `amax_d` given exactly when the key uses them; `ws` used by nothing
     /// else on another stream; `stream` of the handle's context.
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch(
         &self,
         h: &LtHandle,
         algo: &Algorithm,
-        alpha: f32,
-        beta: f32,
+        scalars: (f32, f32),
         ops: &Fp8Operands,
         ws: &Workspace,
         stream: lt::cudaStream_t,
     ) -> Result<()> {
-        let ptr = |v: u64| v as *const c_void;
         set_pointers(&self.desc, ops)?;
         // An FP8 D has a bf16 C of another type: C may not alias D then (cuBLASLt answers
         // INVALID_VALUE), and with β = 0 it is never read, so it points at the workspace.
         let c = if ops.c == ops.d && self.fp8_out { ws.ptr } else { ops.c };
-        let a = lt::cublasLtMatmulAlgo_t { data: algo.data };
-        // SAFETY: see the function's contract; α and β are f32 host scalars (scale type 32F).
-        check(
-            unsafe {
-                lt::cublasLtMatmul(
-                    h.0,
-                    self.desc.0,
-                    &alpha as *const f32 as *const c_void,
-                    ptr(ops.w),
-                    self.a.0,
-                    ptr(ops.x),
-                    self.b.0,
-                    &beta as *const f32 as *const c_void,
-                    ptr(c),
-                    self.c.0,
-                    ops.d as *mut c_void,
-                    self.d.0,
-                    &a,
-                    ws.ptr as *mut c_void,
-                    ws.matmul_bytes,
-                    stream,
-                )
-            },
-            "cublasLtMatmul",
-        )
+        let m =
+            Matmul { desc: &self.desc, layouts: [&self.a, &self.b, &self.c, &self.d], ptrs: [ops.w, ops.x, c, ops.d] };
+        // SAFETY: the function's contract.
+        unsafe { matmul(h, &m, algo, scalars, ws, stream) }
     }
 }

@@ -7,7 +7,8 @@
 //! points above it.
 
 pub(crate) mod fp8;
-pub(crate) mod fp8_tune;
+pub(crate) mod jobs;
+mod launch;
 pub(crate) mod plan;
 mod search;
 pub(crate) mod sys;
@@ -18,12 +19,12 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use cudarc::driver::sys::CUstream;
 
+use crate::cuda::call::GemmCall;
 use crate::cuda::device::{Cached, ReplayCache, ReplayKey};
 use crate::cuda::device::{DeviceState, Workspace};
 use crate::cuda::status;
 use crate::epilogue::VectorUse;
 use crate::error::{Error, Result, Which};
-use crate::mapping::ColMajorCall;
 use crate::problem::GemmProblem;
 use fp8::{fp8_signature, Fp8Key, Fp8Operands, Fp8Plan};
 use plan::{Algorithm, LtOperands, Plan, PlanKey};
@@ -54,17 +55,6 @@ pub(crate) struct LtState {
 // cuBLASLt allows a handle to be used from any host thread when calls on it do not overlap
 // (cuBLAS documentation, "Thread Safety"), and driver graph handles are valid on any thread.
 unsafe impl Send for LtState {}
-
-/// One validated call for cuBLASLt.
-pub(crate) struct LtCall<'a> {
-    pub problem: &'a GemmProblem,
-    /// The problem's column-major call (the one mapping).
-    pub cm: ColMajorCall,
-    pub alpha: f32,
-    pub beta: f32,
-    pub ops: LtOperands,
-    pub stream: CUstream,
-}
 
 /// Why cuBLASLt did not run a call.
 pub(crate) enum LtFailure {
@@ -118,12 +108,13 @@ impl LtState {
     /// # Safety
     /// The call's operands were validated for its problem and are valid until it has run on
     /// its stream, a live stream of the current context.
-    pub unsafe fn enqueue(&mut self, dev: &mut DeviceState, call: &LtCall) -> std::result::Result<(), LtFailure> {
+    pub unsafe fn enqueue(&mut self, dev: &mut DeviceState, call: &GemmCall) -> std::result::Result<(), LtFailure> {
         let p = call.problem;
+        let mine = LtOperands::new(&call.cm, call.abc, call.bias, call.aux);
         let describe = || p.describe();
         let ws = dev.workspaces.get(call.stream, &describe)?;
         let staged = staging(call, &ws)?;
-        let ops = LtOperands { bias: if staged.is_some() { Some(ws.scratch) } else { call.ops.bias }, ..call.ops };
+        let ops = LtOperands { bias: if staged.is_some() { Some(ws.scratch) } else { mine.bias }, ..mine };
         let key = PlanKey { sm_count: self.sm_count, ..PlanKey::of(p, call.cm, &ops, ws.matmul_bytes) };
         // Graph replay (see `replay`): a staged bias is excluded, its copy is not in the key.
         let replay_key = (staged.is_none() && self.replay.qualifies(p.macs()))
@@ -142,7 +133,8 @@ impl LtState {
         // The one launch of this call: validated operands, this stream's workspace (which no
         // other stream uses); `s` is the caller's stream, or the private capture stream.
         // SAFETY: as above; the caller of enqueue guarantees the addresses.
-        let launch = |s: CUstream| unsafe { plan.launch(handle, &plan.algo, call.alpha, call.beta, &ops, &ws, s as _) };
+        let scalars = (call.alpha, call.beta);
+        let launch = |s: CUstream| unsafe { plan.launch(handle, &plan.algo, scalars, &ops, &ws, s as _) };
         if let Some(rk) = replay_key.filter(|rk| replay.due(rk, graph_unused, call.stream)) {
             // SAFETY: the capture stream is private to the device, used only under its lock.
             if unsafe { replay.capture_and_launch(rk, dev.capture_stream(), call.stream, launch, &describe) } {
@@ -244,7 +236,7 @@ impl LtState {
         }
         let plan = &self.fp8_plans[&key];
         // SAFETY: the caller's contract; `ws` is this stream's workspace.
-        unsafe { plan.launch(&self.handle, &plan.algo, alpha, beta, ops, &ws, stream as _) }
+        unsafe { plan.launch(&self.handle, &plan.algo, (alpha, beta), ops, &ws, stream as _) }
     }
 }
 
@@ -254,10 +246,10 @@ impl LtState {
 /// (Marian NMT, src/tensors/gpu/prod.cpp) found misaligned ones fail and uses 16 bytes; the
 /// exact requirement was not probed here. Any other bias is staged through the stream's
 /// scratch region (a stream-ordered copy of n elements), so it never faults.
-fn staging(call: &LtCall, ws: &Workspace) -> Result<Option<Staged>> {
+fn staging(call: &GemmCall, ws: &Workspace) -> Result<Option<Staged>> {
     let p = call.problem;
     let bytes = p.vector_len() * p.precision().output().size_bytes();
-    let staged = call.ops.bias.filter(|&v| v % 16 != 0).map(|user| Staged { user, bytes });
+    let staged = call.bias.filter(|&v| v % 16 != 0).map(|user| Staged { user, bytes });
     if staged.is_some() && bytes > ws.scratch_bytes {
         return Err(Error::Unsupported {
             backend: "cuBLASLt",
@@ -267,7 +259,7 @@ fn staging(call: &LtCall, ws: &Workspace) -> Result<Option<Staged>> {
             ),
         });
     }
-    if let Some(x) = call.ops.aux.filter(|x| x % 16 != 0) {
+    if let Some(x) = call.aux.filter(|x| x % 16 != 0) {
         return Err(Error::Misaligned { operand: Which::Aux, address: x, align: 16 });
     }
     Ok(staged)
@@ -279,7 +271,7 @@ fn staging(call: &LtCall, ws: &Workspace) -> Result<Option<Staged>> {
 /// # Safety
 /// As [`LtState::enqueue`]; `launch` enqueues the call on its stream.
 unsafe fn direct(
-    call: &LtCall,
+    call: &GemmCall,
     staged: Option<Staged>,
     ws: &Workspace,
     launch: impl FnOnce() -> Result<()>,

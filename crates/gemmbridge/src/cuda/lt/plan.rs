@@ -7,7 +7,8 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::sys as lt;
 
-use super::sys::{algo_check, check, heuristic, lt_dtype, lt_op, Desc, DescAttr as A, Layout, LtHandle, Pref};
+use super::launch::{matmul, Matmul};
+use super::sys::{algo_check, heuristic, lt_dtype, lt_op, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
 use crate::epilogue::{AuxUse, Epilogue, VectorUse};
 use crate::error::{Error, Result};
@@ -219,20 +220,18 @@ impl Plan {
         algo_check(h, &self.desc, [&self.a, &self.b, &self.c, &self.c], algo.data)
     }
 
-    /// Enqueues `D = epilogue(α·opa(A)·opb(B) + β·C)` with C = D in place, with `algo` and
-    /// the stream's workspace `ws`.
+    /// Enqueues `D = epilogue(α·opa(A)·opb(B) + β·C)` with C = D in place, with `algo`, the
+    /// scalars `(α, β)` and the stream's workspace `ws`.
     ///
     /// # Safety
     /// Addresses valid for the plan's layouts (checked by the caller); `bias`/`aux` given
     /// exactly when the epilogue uses them; `ws` used by nothing else on another stream;
     /// `stream` of the handle's context.
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch(
         &self,
         h: &LtHandle,
         algo: &Algorithm,
-        alpha: f32,
-        beta: f32,
+        scalars: (f32, f32),
         ops: &LtOperands,
         ws: &Workspace,
         stream: lt::cudaStream_t,
@@ -246,32 +245,13 @@ impl Plan {
                 self.desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &(x as *const c_void))?;
             }
         }
-        let a = lt::cublasLtMatmulAlgo_t { data: algo.data };
-        let ptr = |v: u64| v as *const c_void;
-        // SAFETY: see the function's contract; alpha/beta are f32 host scalars (scale type 32F).
-        check(
-            unsafe {
-                lt::cublasLtMatmul(
-                    h.0,
-                    self.desc.0,
-                    &alpha as *const f32 as *const c_void,
-                    ptr(ops.first),
-                    self.a.0,
-                    ptr(ops.second),
-                    self.b.0,
-                    &beta as *const f32 as *const c_void,
-                    ptr(ops.c),
-                    self.c.0,
-                    ops.c as *mut c_void,
-                    self.c.0,
-                    &a,
-                    ws.ptr as *mut c_void,
-                    ws.matmul_bytes,
-                    stream,
-                )
-            },
-            "cublasLtMatmul",
-        )
+        let m = Matmul {
+            desc: &self.desc,
+            layouts: [&self.a, &self.b, &self.c, &self.c],
+            ptrs: [ops.first, ops.second, ops.c, ops.c],
+        };
+        // SAFETY: the function's contract.
+        unsafe { matmul(h, &m, algo, scalars, ws, stream) }
     }
 }
 

@@ -1,4 +1,5 @@
-//! Autotuning: time cuBLASLt's candidate algorithms on the caller's operands and keep one only
+//! Autotuning, one tuner for every cuBLASLt problem ([`Tunable`]: the dense GEMMs and the FP8
+//! GEMMs, `jobs.rs`): time the candidate algorithms on the caller's operands and keep one only
 //! when it is both right and measurably faster than the heuristic's first choice (the steps
 //! are documented on [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)).
 
@@ -6,18 +7,15 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::plan::{signature, Algorithm, LtOperands, Plan, PlanKey};
+use super::plan::Algorithm;
 use super::sys::LtHandle;
 use super::timing::{time_interleaved, Call, Timed};
 use super::LtState;
-use crate::cuda::device::Workspace;
 use crate::cuda::status;
 use crate::dtype::DType;
-use crate::epilogue::Epilogue;
 use crate::error::Result;
 use crate::half::{bf16, f16};
 use crate::layout::MatrixLayout;
-use crate::problem::GemmProblem;
 use crate::tactics::Tactic;
 
 /// How hard to tune.
@@ -82,37 +80,57 @@ pub struct TuneReport {
     pub algorithm: Algorithm,
 }
 
-/// One problem to tune: its plan key, validated operands and scalars, the stream's workspace.
-pub(crate) struct TuneJob<'a> {
-    pub problem: &'a GemmProblem,
-    pub key: PlanKey,
-    pub ops: LtOperands,
-    pub alpha: f32,
-    pub beta: f32,
-    pub ws: Workspace,
-    pub stream: &'a Arc<CudaStream>,
+/// What the tuner tunes: one cuBLASLt problem on validated operands (a dense GEMM or an FP8
+/// GEMM, `jobs.rs`).
+pub(crate) trait Tunable {
+    /// The problem's plan (descriptors, layouts, the heuristic's candidates).
+    type Plan;
+    /// The plan, with up to `n` of the heuristic's candidates.
+    fn plan(&self, h: &LtHandle, n: usize) -> Result<Self::Plan>;
+    /// The candidates to time, the heuristic's first choice first, and how many of them were
+    /// added beyond the heuristic's list for the problem (they are at the end).
+    fn candidates(&self, h: &LtHandle, plan: &Self::Plan, n: usize) -> (Vec<Algorithm>, usize);
+    /// Enqueues one run with `algo` and β = `beta` on the job's stream.
+    ///
+    /// # Safety
+    /// The job's operands are valid for its problem on its stream (validated by the caller).
+    unsafe fn run(&self, h: &LtHandle, plan: &Self::Plan, algo: &Algorithm, beta: f32) -> Result<()>;
+    /// The output's logical elements as bytes, read once the stream is idle.
+    fn output(&self) -> Result<Vec<u8>>;
+    /// The output's dtype and the band a candidate's output must be within (relative error
+    /// against the first choice's; NaN never passes).
+    fn band(&self) -> (DType, f64);
+    /// β of the timed runs.
+    fn beta(&self) -> f32;
+    /// The stream the job runs on.
+    fn stream(&self) -> &Arc<CudaStream>;
+    /// The problem, for messages.
+    fn describe(&self) -> String;
+    /// The tactic database's key of the problem.
+    fn signature(&self) -> String;
+    /// The tactic to store for `algo`, tuned with cuBLASLt `version`.
+    fn tactic(&self, algo: &Algorithm, version: usize, base_ms: f64, best_ms: f64) -> Tactic;
+    /// Drops `lt`'s cached plans (and graphs) the tuned algorithm replaces.
+    fn forget(&self, lt: &mut LtState, signature: &str);
 }
 
 /// Tunes `job` (steps 1–4 of [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)), keeps
-/// the result for the job's signature in `lt` (its cached plans and graphs are dropped), and
+/// the result for the job's signature in `lt` (the plans it replaces are dropped), and
 /// returns the report and the (signature, tactic) pair to store.
 ///
 /// # Safety
 /// The job's operands are valid for its problem on its stream (validated by the caller).
-pub(crate) unsafe fn autotune(
+pub(crate) unsafe fn autotune<T: Tunable>(
     lt: &mut LtState,
-    job: &TuneJob,
+    job: &T,
     opts: TuneOptions,
 ) -> Result<(TuneReport, String, Tactic)> {
-    let plan = Plan::build(&lt.handle, &job.key, opts.candidates)?;
-    let search = job.problem.macs() <= SEARCH_MAX_MACS;
-    let (cands, added) = candidates(&lt.handle, &plan, &job.key, opts.candidates, job.ws.matmul_bytes, search);
+    let plan = job.plan(&lt.handle, opts.candidates)?;
+    let (cands, added) = job.candidates(&lt.handle, &plan, opts.candidates);
     let handle = &lt.handle;
-    let run = |algo: &Algorithm, beta: f32| {
-        // SAFETY: validated operands (the caller's contract); workspace of this stream.
-        unsafe { plan.launch(handle, algo, job.alpha, beta, &job.ops, &job.ws, job.stream.cu_stream() as _) }
-    };
-    // Correctness first: a candidate is timed only if its C matches the first choice's.
+    // SAFETY: validated operands (the caller's contract).
+    let run = |algo: &Algorithm, beta: f32| unsafe { job.run(handle, &plan, algo, beta) };
+    // Correctness first: a candidate is timed only if its output matches the first choice's.
     let mut timed = matching(job, &cands, &run)?;
     let mismatched = cands.len() - timed.len();
     // The first choice is timed twice (first and last in each round) to measure noise.
@@ -121,7 +139,7 @@ pub(crate) unsafe fn autotune(
     if graph_failed {
         // eager timing of a problem this short ranks the host's launch cost, not the
         // kernels: keep the heuristic's choice rather than store a misleading winner
-        tracing::warn!(problem = %job.problem.describe(), "graph capture failed twice; keeping the heuristic's algorithm");
+        tracing::warn!(problem = %job.describe(), "graph capture failed twice; keeping the heuristic's algorithm");
     }
     let (first_ms, again) = (ms[0], ms[ms.len() - 1]);
     let noise = (first_ms - again).abs() / first_ms.min(again);
@@ -134,9 +152,9 @@ pub(crate) unsafe fn autotune(
         }
         _ => (cands[0], base, false, false),
     };
-    let sig = signature(&job.key);
+    let sig = job.signature();
     lt.tuned.insert(sig.clone(), algo);
-    lt.forget_plans(|k| signature(k) == sig);
+    job.forget(lt, &sig);
     let report = TuneReport {
         heuristic_ms: base,
         best_ms,
@@ -152,42 +170,38 @@ pub(crate) unsafe fn autotune(
     };
     // SAFETY: takes no arguments; libcublasLt is loaded (an LtState exists).
     let version = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
-    let tactic = Tactic::lt_gemm(algo.data, algo.workspace, version, base, best_ms);
+    let tactic = job.tactic(&algo, version, base, best_ms);
     Ok((report, sig, tactic))
 }
 
-/// The indices of the candidates whose C (β = 0) matches the first choice's within the
-/// precision's band (the first choice included).
-fn matching(job: &TuneJob, cands: &[Algorithm], run: &dyn Fn(&Algorithm, f32) -> Result<()>) -> Result<Vec<usize>> {
-    let (p, prec) = (job.problem, job.problem.precision());
-    let c_bytes = p.c().required_elems(p.batch()).unwrap_or(0) * prec.output().size_bytes();
-    let stream = job.stream.cu_stream();
+/// The indices of the candidates whose output (β = 0) matches the first choice's within the
+/// job's band (the first choice included).
+fn matching<T: Tunable>(
+    job: &T,
+    cands: &[Algorithm],
+    run: &dyn Fn(&Algorithm, f32) -> Result<()>,
+) -> Result<Vec<usize>> {
+    let (dtype, band) = job.band();
     let output = |algo: &Algorithm| -> Result<Vec<u8>> {
         run(algo, 0.0)?;
-        // SAFETY: a live stream of this context.
-        unsafe { cudarc::driver::result::stream::synchronize(stream) }
-            .map_err(status::driver("cuStreamSynchronize"))?;
-        let mut host = vec![0u8; c_bytes];
-        // SAFETY: C holds c_bytes (checked); the stream is idle.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, job.ops.c) }
-            .map_err(status::driver("cuMemcpyDtoH"))?;
-        Ok(logical_elements(host, p.c(), p.batch(), prec.output().size_bytes()))
+        job.stream().synchronize().map_err(status::driver("cuStreamSynchronize"))?;
+        job.output()
     };
     let want = output(&cands[0])?;
     let mut timed: Vec<usize> = vec![0];
     for (i, cand) in cands.iter().enumerate().skip(1) {
-        if rel_error_bytes(&output(cand)?, &want, prec.output()) <= prec.tolerance() {
+        if rel_error_bytes(&output(cand)?, &want, dtype) <= band {
             timed.push(i);
         }
     }
     Ok(timed)
 }
 
-/// Times the candidates `timed` names (the first choice first and last), at `job.beta`. With
+/// Times the candidates `timed` names (the first choice first and last), at the job's β. With
 /// more than [`PREFILTER_ABOVE`] of them (the search's), a quick pass of [`PREFILTER_REPS`]
 /// rounds first keeps the first choice and the [`PREFILTER_KEEP`] fastest in `timed`.
-fn time_candidates(
-    job: &TuneJob,
+fn time_candidates<T: Tunable>(
+    job: &T,
     cands: &[Algorithm],
     run: &dyn Fn(&Algorithm, f32) -> Result<()>,
     timed: &mut Vec<usize>,
@@ -195,8 +209,8 @@ fn time_candidates(
 ) -> Result<Timed> {
     let time = |timed: &[usize], reps: usize| {
         let runs: Vec<Call<'_>> =
-            timed.iter().map(|&i| Box::new(move || run(&cands[i], job.beta)) as Call<'_>).collect();
-        time_interleaved(job.stream, reps, &runs)
+            timed.iter().map(|&i| Box::new(move || run(&cands[i], job.beta())) as Call<'_>).collect();
+        time_interleaved(job.stream(), reps, &runs)
     };
     // `timed` holds the first choice twice
     if timed.len() - 1 > PREFILTER_ABOVE {
@@ -214,69 +228,6 @@ fn time_candidates(
     time(timed, reps)
 }
 
-/// Smaller workspace limits the heuristic is also asked with, bytes (PyTorch's cuBLASLt calls
-/// run with 1 MiB or 4 MiB, depending on its version and settings): its ranking changes with
-/// the limit, and an algorithm that needs little workspace can be the fastest.
-const OTHER_WORKSPACES: [usize; 2] = [1 << 20, 4 << 20];
-
-/// The heuristic's candidates for `key` (best first, those needing more than `ws_bytes` of
-/// workspace left out), then the distinct candidates of neighbouring queries that cuBLASLt
-/// accepts for `key` (`cublasLtMatmulAlgoCheck`): the same GEMM without its epilogue (the
-/// heuristic ranks fused kernels on their own and can leave out tiles that also run the
-/// epilogue faster: up to 17 % faster at 5120×8192×2048 on the H200, docs/notes/performance-history.md §2.1),
-/// and [`OTHER_WORKSPACES`]; with `search`, then [`Plan::search`]'s distinct configurations.
-/// Returns the list and how many were added (they are at its end).
-fn candidates(
-    lt: &LtHandle,
-    plan: &Plan,
-    key: &PlanKey,
-    n: usize,
-    ws_bytes: usize,
-    search: bool,
-) -> (Vec<Algorithm>, usize) {
-    let mut list: Vec<Algorithm> = plan.candidates.iter().copied().filter(|c| c.workspace <= ws_bytes).collect();
-    let before = list.len();
-    let plain = PlanKey { epilogue: Epilogue::None, aux_ld: 0, aux_stride: 0, ..*key };
-    let mut queries: Vec<PlanKey> = Vec::new();
-    if key.epilogue != Epilogue::None {
-        queries.push(plain);
-    }
-    for ws in OTHER_WORKSPACES.into_iter().filter(|&ws| ws < key.workspace) {
-        queries.push(PlanKey { workspace: ws, ..*key });
-        if key.epilogue != Epilogue::None {
-            queries.push(PlanKey { workspace: ws, ..plain });
-        }
-    }
-    for q in &queries {
-        let Ok(other) = Plan::build(lt, q, n) else { continue };
-        for cand in &other.candidates {
-            if list.iter().any(|c| c.data == cand.data) {
-                continue;
-            }
-            if let Some(need) = plan.check_algo(lt, cand).filter(|&need| need <= ws_bytes) {
-                list.push(Algorithm { data: cand.data, workspace: need });
-            }
-        }
-    }
-    if search {
-        for cand in plan.search(lt, key, ws_bytes, SEARCH_LIMIT, SEARCH_CHECKS) {
-            if !list.iter().any(|c| c.data == cand.data) {
-                list.push(cand);
-            }
-        }
-    }
-    let added = list.len() - before;
-    (list, added)
-}
-
-/// Problems of at most this many multiply-adds (256³) also get configurations from
-/// [`Plan::search`] as candidates: the heuristic gives them 1–15 (calls 19 and 23's tuning,
-/// docs/notes/performance-history.md §2.1), and each costs only µs to check and time.
-const SEARCH_MAX_MACS: u64 = 1 << 24;
-/// At most this many searched configurations are added, after at most this many checks (both
-/// shared among the algorithm ids).
-const SEARCH_LIMIT: usize = 160;
-const SEARCH_CHECKS: usize = 20_000;
 /// With more than this many candidates to time, a quick pass of `PREFILTER_REPS` rounds picks
 /// the `PREFILTER_KEEP` fastest for the full rounds (the search offers up to 160).
 const PREFILTER_ABOVE: usize = 24;
@@ -286,7 +237,7 @@ const PREFILTER_KEEP: usize = 15;
 /// The bytes of C's m×n×batch logical elements, in order, out of the bytes of its whole span:
 /// the padding between rows (ld > n) and between batch entries is never written by a GEMM and
 /// may hold anything (NaN poison, say), so it must not enter the comparison.
-fn logical_elements(span: Vec<u8>, c: MatrixLayout, batch: usize, size: usize) -> Vec<u8> {
+pub(super) fn logical_elements(span: Vec<u8>, c: MatrixLayout, batch: usize, size: usize) -> Vec<u8> {
     if c.ld == c.cols && (batch <= 1 || c.batch_stride == c.rows * c.cols) {
         let mut span = span;
         span.truncate(c.rows * c.cols * batch.max(1) * size);
@@ -304,7 +255,7 @@ fn logical_elements(span: Vec<u8>, c: MatrixLayout, batch: usize, size: usize) -
 
 /// ‖got − want‖ / ‖want‖ over two outputs stored as little-endian `d` elements (∞ if `got`
 /// has a non-finite element), summed in f64 on all host cores.
-pub(super) fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
+fn rel_error_bytes(got: &[u8], want: &[u8], d: DType) -> f64 {
     fn decode(d: DType) -> fn(&[u8]) -> f64 {
         match d {
             DType::F32 => |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,

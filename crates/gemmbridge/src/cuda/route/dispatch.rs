@@ -8,8 +8,7 @@ use crate::cuda::blas::BlasGemm;
 use crate::cuda::call::GemmCall;
 use crate::cuda::device::Locked;
 use crate::cuda::library;
-use crate::cuda::lt::plan::LtOperands;
-use crate::cuda::lt::{LtCall, LtFailure};
+use crate::cuda::lt::LtFailure;
 use crate::cuda::route::padded;
 use crate::cuda::route::{Backend, Libraries, Served};
 use crate::cuda::status;
@@ -58,16 +57,8 @@ pub(crate) unsafe fn route(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<S
     }
     let Locked { dev, libs } = st;
     let lt = libs.lt.as_mut().expect("use_lt implies a handle");
-    let call = LtCall {
-        problem: p,
-        cm: r.cm,
-        alpha: r.alpha,
-        beta: r.beta,
-        ops: LtOperands::new(&r.cm, r.abc, r.bias, r.aux),
-        stream: r.stream,
-    };
     // SAFETY: forwarded.
-    match unsafe { lt.enqueue(dev, &call) } {
+    match unsafe { lt.enqueue(dev, r) } {
         Ok(()) => Ok(Served::Lt),
         Err(LtFailure::NoAlgorithm(_)) if libs.backend == Backend::Auto && !fused => {
             // SAFETY: forwarded.

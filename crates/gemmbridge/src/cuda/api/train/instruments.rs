@@ -4,7 +4,8 @@
 use cudarc::driver::{CudaEvent, DevicePtr, DevicePtrMut};
 
 use crate::cuda::api::engine::Gpu;
-use crate::cuda::api::operands::{Extras, RawBuffer, RawExtras};
+use crate::cuda::api::operands::{Extras, RawBuffer, RawOperands};
+use crate::cuda::call::Scale;
 use crate::cuda::lt::tune::{TuneOptions, TuneReport};
 use crate::cuda::status;
 use crate::dtype::Element;
@@ -27,7 +28,7 @@ pub enum GemmRole {
 }
 
 /// One tuned GEMM of a step: the layer, its role, cuBLASLt's report and the entry to store in
-/// a [`super::crate::tactics::TacticDb`].
+/// a [`crate::tactics::TacticDb`].
 pub type Tuned = (usize, GemmRole, TuneReport, String, Tactic);
 
 /// Timing and tuning state.
@@ -80,11 +81,12 @@ pub(super) fn gemm<T: Element, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut
         };
         // SAFETY: every address is a live buffer of this context borrowed for this call, on
         // the Gpu's own stream, which autotune_raw synchronises before returning.
-        let (report, sig, tactic) =
-            unsafe { gpu.autotune_raw(p, 1.0, ra, rb, beta, rc, RawExtras { bias, aux }, *opts) }?;
+        let (report, sig, tactic) = unsafe {
+            gpu.autotune_raw(p, Scale::new(1.0, beta), RawOperands { a: ra, b: rb, c: rc, bias, aux }, *opts)
+        }?;
         tuned.push((layer, role, report, sig, tactic));
     }
-    timed(gpu, ins, (layer, role), || gpu.gemm_fused(p, 1.0, a, b, beta, c, extras))
+    timed(gpu, ins, (layer, role), || gpu.gemm_fused(p, Scale::new(1.0, beta), a, b, c, extras))
 }
 
 /// Runs `launch` (one GEMM enqueued on [`Gpu::stream`]) between two CUDA events when timing
