@@ -95,6 +95,59 @@ pub(crate) fn cast_scratch(job: &CastJob) -> CastScratch {
     }
 }
 
+/// What every launch of one job shares: its sizes, byte counts and common arguments.
+struct Common {
+    suffix: &'static str,
+    /// Bytes per source element.
+    size: u64,
+    rows: i64,
+    rows_alloc: i64,
+    cols: i64,
+    ld: i64,
+    src_bytes: u64,
+    q_bytes: u64,
+    scale_bytes: u64,
+    fmax: Arg,
+    e5m2: Arg,
+    q: Arg,
+    sc: Arg,
+}
+
+impl Common {
+    fn new(job: &CastJob) -> Common {
+        let l = &job.layout;
+        let size = job.dtype.size_bytes() as u64;
+        Common {
+            suffix: suffix(job.dtype),
+            size,
+            rows: l.rows as i64,
+            rows_alloc: l.rows_alloc as i64,
+            cols: l.cols as i64,
+            ld: l.ld as i64,
+            src_bytes: l.rows as u64 * l.cols as u64 * size,
+            q_bytes: l.data_len() as u64,
+            scale_bytes: l.scale_len() as u64 * 4,
+            fmax: Arg::F32(job.format.max()),
+            e5m2: Arg::Int(i32::from(job.format == Fp8Format::E5M2)),
+            q: Arg::Ptr(job.data),
+            sc: Arg::Ptr(job.scales),
+        }
+    }
+
+    /// The kernel's instance for the job's source dtype.
+    fn name(&self, kernel: &str) -> String {
+        format!("{kernel}_{}", self.suffix)
+    }
+}
+
+/// `v` as a grid dimension, or the named error past `max`.
+fn grid_dim(what: &'static str, v: u64, max: u64) -> Result<u32> {
+    if v > max {
+        return Err(Error::DimensionTooLarge { what, value: v as usize, max: max as usize });
+    }
+    Ok(v.max(1) as u32)
+}
+
 /// The launches of `job`, in order, given the scratch addresses [`cast_scratch`] asked for
 /// (`transposed`: the transposed copy, `amax`: the zeroed amax word; 0 where not needed).
 ///
@@ -102,126 +155,133 @@ pub(crate) fn cast_scratch(job: &CastJob) -> CastScratch {
 /// [`Error::DimensionTooLarge`] when a grid dimension would pass its limit (the caller
 /// checks the row limits first; this is the last guard).
 pub(crate) fn cast_launches(job: &CastJob, transposed: u64, amax: u64) -> Result<Vec<Launch>> {
-    let l = &job.layout;
-    let name = |kernel: &str| format!("{kernel}_{}", suffix(job.dtype));
-    let size = job.dtype.size_bytes() as u64;
-    let (rows, rows_alloc, cols, ld) = (l.rows as i64, l.rows_alloc as i64, l.cols as i64, l.ld as i64);
-    let (src_bytes, q_bytes) = (l.rows as u64 * l.cols as u64 * size, l.data_len() as u64);
-    let scale_bytes = l.scale_len() as u64 * 4;
-    let (fmax, e5m2) = (Arg::F32(job.format.max()), Arg::Int(i32::from(job.format == Fp8Format::E5M2)));
-    let (q, sc) = (Arg::Ptr(job.data), Arg::Ptr(job.scales));
-    let grid_dim = |what: &'static str, v: u64, max: u64| -> Result<u32> {
-        if v > max {
-            return Err(Error::DimensionTooLarge { what, value: v as usize, max: max as usize });
-        }
-        Ok(v.max(1) as u32)
-    };
+    let c = Common::new(job);
     let mut out = Vec::with_capacity(2);
     let mut x = job.src;
     if transposed != 0 {
-        let grid = (
-            grid_dim("CTAs of an FP8 transpose", (l.cols as u64).div_ceil(64), GRID_X_MAX)?,
-            grid_dim("rows of an FP8 transpose's grid", (l.rows as u64).div_ceil(64), GRID_Y_MAX)?,
-            1,
-        );
-        // transpose_T(const T* src, long rows, long cols, T* dst)
-        let args = vec![Arg::Ptr(x), Arg::Long(rows), Arg::Long(cols), Arg::Ptr(transposed)];
-        out.push(Launch { kernel: name("transpose"), grid, args, bytes: 2 * src_bytes });
+        out.push(transpose_launch(job, &c, x, transposed)?);
         x = transposed;
     }
-    match l.scaling {
-        Scaling::Tensor => {
-            let n = rows * cols;
-            let grid = (ctas(n as u64, 8 * THREADS as u64), 1, 1);
-            // amax_T(const T* x, long n, u32* out)
-            let args = vec![Arg::Ptr(x), Arg::Long(n), Arg::Ptr(amax)];
-            out.push(Launch { kernel: name("amax"), grid, args, bytes: src_bytes });
-            // cast_tensor_T / cast_transpose_T(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2)
-            let args = vec![
-                Arg::Ptr(x),
-                Arg::Long(rows),
-                Arg::Long(rows_alloc),
-                Arg::Long(cols),
-                q,
-                Arg::Long(ld),
-                Arg::Ptr(amax),
-                sc,
-                fmax,
-                e5m2,
-            ];
-            let bytes = src_bytes + q_bytes + 4;
-            if job.source == Source::Transposed {
-                // tiles of 64 output columns by 64 output rows (f32) or 128 (16-bit sources)
-                let tile_rows = if size == 4 { 64 } else { 128 };
-                let grid = (
-                    grid_dim("CTAs of an FP8 cast-transpose", (l.ld as u64).div_ceil(64), GRID_X_MAX)?,
-                    grid_dim(
-                        "rows of an FP8 cast-transpose's grid",
-                        (l.rows_alloc as u64).div_ceil(tile_rows),
-                        GRID_Y_MAX,
-                    )?,
-                    1,
-                );
-                out.push(Launch { kernel: name("cast_transpose"), grid, args, bytes });
-            } else {
-                // CAST_UNROLL (2) chunks of 16 / size elements per thread per pass (kernels/fp8.cu)
-                let per_cta = u64::from(THREADS) * 2 * (16 / size);
-                let grid = (ctas(l.rows_alloc as u64 * l.ld as u64, per_cta), 1, 1);
-                out.push(Launch { kernel: name("cast_tensor"), grid, args, bytes });
-            }
-        }
-        Scaling::Row => {
-            let grid = (grid_dim("rows of a row-wise FP8 cast", l.rows_alloc as u64, GRID_X_MAX)?, 1, 1);
-            // cast_rows[_short]_T(x, rows, cols, q, ld, scale, fmax, e5m2); one CTA per row,
-            // the short instance (4 chunks of 16 bytes cached per thread) for rows it holds
-            let args = vec![Arg::Ptr(x), Arg::Long(rows), Arg::Long(cols), q, Arg::Long(ld), sc, fmax, e5m2];
-            let short = l.ld as u64 <= u64::from(THREADS) * 4 * (16 / size);
-            let kernel = name(if short { "cast_rows_short" } else { "cast_rows" });
-            out.push(Launch { kernel, grid, args, bytes: src_bytes + q_bytes + scale_bytes });
-        }
-        Scaling::Block1x128 => {
-            let groups = l.rows_alloc as u64 * l.k_blocks() as u64;
-            // 128 / E lanes per group, E = 16 / element size (kernels/fp8.cu, `Chunk`), each
-            // thread serving two groups' lanes
-            let per_cta = 2 * u64::from(THREADS) * (16 / size) / 128;
-            let grid = (grid_dim("1×128 groups of an FP8 quantisation", groups.div_ceil(per_cta), GRID_X_MAX)?, 1, 1);
-            // cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2)
-            let args = vec![
-                Arg::Ptr(x),
-                Arg::Long(rows),
-                Arg::Long(rows_alloc),
-                Arg::Long(cols),
-                q,
-                Arg::Long(ld),
-                sc,
-                fmax,
-                e5m2,
-            ];
-            out.push(Launch { kernel: name("cast_vec128"), grid, args, bytes: src_bytes + q_bytes + scale_bytes });
-        }
-        Scaling::Block128x128 => {
-            let grid = (
-                grid_dim("K blocks of a 128×128 FP8 cast", l.k_blocks() as u64, GRID_X_MAX)?,
-                grid_dim("row blocks of a 128×128 FP8 cast", (l.rows_alloc as u64).div_ceil(128), GRID_Y_MAX)?,
-                1,
-            );
-            // cast_blk128_T(x, rows, rows_alloc, cols, q, ld, scale, scale_ld, fmax, e5m2)
-            let args = vec![
-                Arg::Ptr(x),
-                Arg::Long(rows),
-                Arg::Long(rows_alloc),
-                Arg::Long(cols),
-                q,
-                Arg::Long(ld),
-                sc,
-                Arg::Long(l.scale_ld() as i64),
-                fmax,
-                e5m2,
-            ];
-            out.push(Launch { kernel: name("cast_blk128"), grid, args, bytes: src_bytes + q_bytes + scale_bytes });
-        }
+    match job.layout.scaling {
+        Scaling::Tensor => tensor_launches(job, &c, x, amax, &mut out)?,
+        Scaling::Row => out.push(row_launch(job, &c, x)?),
+        Scaling::Block1x128 => out.push(vec128_launch(job, &c, x)?),
+        Scaling::Block128x128 => out.push(blk128_launch(job, &c, x)?),
     }
     Ok(out)
+}
+
+/// The transpose of a `[cols, rows]` source into `transposed` (row-wise and block scales of a
+/// transposed source).
+fn transpose_launch(job: &CastJob, c: &Common, x: u64, transposed: u64) -> Result<Launch> {
+    let l = &job.layout;
+    let grid = (
+        grid_dim("CTAs of an FP8 transpose", (l.cols as u64).div_ceil(64), GRID_X_MAX)?,
+        grid_dim("rows of an FP8 transpose's grid", (l.rows as u64).div_ceil(64), GRID_Y_MAX)?,
+        1,
+    );
+    // transpose_T(const T* src, long rows, long cols, T* dst)
+    let args = vec![Arg::Ptr(x), Arg::Long(c.rows), Arg::Long(c.cols), Arg::Ptr(transposed)];
+    Ok(Launch { kernel: c.name("transpose"), grid, args, bytes: 2 * c.src_bytes })
+}
+
+/// Tensor-wise scales: the amax pass, then the cast (or the fused cast-transpose of a
+/// transposed source).
+fn tensor_launches(job: &CastJob, c: &Common, x: u64, amax: u64, out: &mut Vec<Launch>) -> Result<()> {
+    let l = &job.layout;
+    let n = c.rows * c.cols;
+    let grid = (ctas(n as u64, 8 * THREADS as u64), 1, 1);
+    // amax_T(const T* x, long n, u32* out)
+    let args = vec![Arg::Ptr(x), Arg::Long(n), Arg::Ptr(amax)];
+    out.push(Launch { kernel: c.name("amax"), grid, args, bytes: c.src_bytes });
+    // cast_tensor_T / cast_transpose_T(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2)
+    let args = vec![
+        Arg::Ptr(x),
+        Arg::Long(c.rows),
+        Arg::Long(c.rows_alloc),
+        Arg::Long(c.cols),
+        c.q,
+        Arg::Long(c.ld),
+        Arg::Ptr(amax),
+        c.sc,
+        c.fmax,
+        c.e5m2,
+    ];
+    let bytes = c.src_bytes + c.q_bytes + 4;
+    if job.source == Source::Transposed {
+        // tiles of 64 output columns by 64 output rows (f32) or 128 (16-bit sources)
+        let tile_rows = if c.size == 4 { 64 } else { 128 };
+        let grid = (
+            grid_dim("CTAs of an FP8 cast-transpose", (l.ld as u64).div_ceil(64), GRID_X_MAX)?,
+            grid_dim("rows of an FP8 cast-transpose's grid", (l.rows_alloc as u64).div_ceil(tile_rows), GRID_Y_MAX)?,
+            1,
+        );
+        out.push(Launch { kernel: c.name("cast_transpose"), grid, args, bytes });
+    } else {
+        // CAST_UNROLL (2) chunks of 16 / size elements per thread per pass (kernels/fp8.cu)
+        let per_cta = u64::from(THREADS) * 2 * (16 / c.size);
+        let grid = (ctas(l.rows_alloc as u64 * l.ld as u64, per_cta), 1, 1);
+        out.push(Launch { kernel: c.name("cast_tensor"), grid, args, bytes });
+    }
+    Ok(())
+}
+
+/// Row-wise scales: one CTA per row, the short instance (4 chunks of 16 bytes cached per
+/// thread) for rows it holds.
+fn row_launch(job: &CastJob, c: &Common, x: u64) -> Result<Launch> {
+    let l = &job.layout;
+    let grid = (grid_dim("rows of a row-wise FP8 cast", l.rows_alloc as u64, GRID_X_MAX)?, 1, 1);
+    // cast_rows[_short]_T(x, rows, cols, q, ld, scale, fmax, e5m2)
+    let args = vec![Arg::Ptr(x), Arg::Long(c.rows), Arg::Long(c.cols), c.q, Arg::Long(c.ld), c.sc, c.fmax, c.e5m2];
+    let short = l.ld as u64 <= u64::from(THREADS) * 4 * (16 / c.size);
+    let kernel = c.name(if short { "cast_rows_short" } else { "cast_rows" });
+    Ok(Launch { kernel, grid, args, bytes: c.src_bytes + c.q_bytes + c.scale_bytes })
+}
+
+/// 1×128 block scales: 128 / E lanes per group, E = 16 / element size (kernels/fp8.cu,
+/// `Chunk`), each thread serving two groups' lanes.
+fn vec128_launch(job: &CastJob, c: &Common, x: u64) -> Result<Launch> {
+    let l = &job.layout;
+    let groups = l.rows_alloc as u64 * l.k_blocks() as u64;
+    let per_cta = 2 * u64::from(THREADS) * (16 / c.size) / 128;
+    let grid = (grid_dim("1×128 groups of an FP8 quantisation", groups.div_ceil(per_cta), GRID_X_MAX)?, 1, 1);
+    // cast_vec128_T(x, rows, rows_alloc, cols, q, ld, scale, fmax, e5m2)
+    let args = vec![
+        Arg::Ptr(x),
+        Arg::Long(c.rows),
+        Arg::Long(c.rows_alloc),
+        Arg::Long(c.cols),
+        c.q,
+        Arg::Long(c.ld),
+        c.sc,
+        c.fmax,
+        c.e5m2,
+    ];
+    Ok(Launch { kernel: c.name("cast_vec128"), grid, args, bytes: c.src_bytes + c.q_bytes + c.scale_bytes })
+}
+
+/// 128×128 block scales: one CTA per block.
+fn blk128_launch(job: &CastJob, c: &Common, x: u64) -> Result<Launch> {
+    let l = &job.layout;
+    let grid = (
+        grid_dim("K blocks of a 128×128 FP8 cast", l.k_blocks() as u64, GRID_X_MAX)?,
+        grid_dim("row blocks of a 128×128 FP8 cast", (l.rows_alloc as u64).div_ceil(128), GRID_Y_MAX)?,
+        1,
+    );
+    // cast_blk128_T(x, rows, rows_alloc, cols, q, ld, scale, scale_ld, fmax, e5m2)
+    let args = vec![
+        Arg::Ptr(x),
+        Arg::Long(c.rows),
+        Arg::Long(c.rows_alloc),
+        Arg::Long(c.cols),
+        c.q,
+        Arg::Long(c.ld),
+        c.sc,
+        Arg::Long(l.scale_ld() as i64),
+        c.fmax,
+        c.e5m2,
+    ];
+    Ok(Launch { kernel: c.name("cast_blk128"), grid, args, bytes: c.src_bytes + c.q_bytes + c.scale_bytes })
 }
 
 /// [`cast_launches`]' checks, before anything is allocated or launched for `job` (the scratch

@@ -2,6 +2,7 @@
 //! (`device/kernels/act.cu`) and cuBLAS's `axpy`, all on [`Gpu::stream`].
 
 use crate::cuda::api::engine::Gpu;
+use crate::cuda::blas::Axpy;
 use crate::cuda::device::{arg, suffix, KernelSet};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -174,7 +175,8 @@ impl Gpu {
         let mut st = self.lock();
         let st = &mut *st;
         // SAFETY: forwarded; the stream is this Gpu's own.
-        unsafe { st.libs.blas.axpy(&mut st.dev, dtype, n, alpha, x, y, self.stream().cu_stream()) }
+        let a = Axpy { dtype, n, alpha, x, y };
+        unsafe { st.libs.blas.axpy(&mut st.dev, &a, self.stream().cu_stream()) }
     }
 }
 
