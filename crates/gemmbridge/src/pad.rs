@@ -91,7 +91,7 @@ pub(crate) fn misaligned(l: &MatrixLayout, address: u64, esize: usize, batch: us
 /// writes aux or a bias gradient (their buffers are the caller's, sized for N). Such calls run
 /// directly.
 ///
-/// What the fast kernels need (measured on the H200, docs/notes/performance-history.md "Misaligned shapes"):
+/// What the fast kernels need (measured on the H200; docs/DESIGN.md, Design rationale):
 /// aligned leading dimensions and bases, and an aligned K and N themselves — a copy with an
 /// aligned ld but K or N still odd ran as slowly as the direct call. So an odd K is extended
 /// with zeros in both A and B, and an odd N is extended in B (zeros), C (staged; the extra

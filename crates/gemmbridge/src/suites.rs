@@ -10,8 +10,8 @@ pub const SQUARE: [Shape; 4] = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4
 
 /// Projection shapes of transformer training and serving.
 pub const LLM: [Shape; 6] = [
-    (5120, 2048, 768),   // seed report production shape (m=5120 k=768 n=2048)
-    (5120, 8192, 2048),  // seed report shape (m=5120 k=2048 n=8192)
+    (5120, 2048, 768),   // a production shape (m=5120 k=768 n=2048)
+    (5120, 8192, 2048),  // a production shape (m=5120 k=2048 n=8192)
     (3537, 12288, 2048), // odd-M projection shape (m not a multiple of 8)
     (4096, 6144, 4096),  // 8B-class attention QKV projection, 4096 tokens
     (4096, 28672, 4096), // 8B-class gate+up projection

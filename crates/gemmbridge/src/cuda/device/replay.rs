@@ -5,7 +5,7 @@
 //!
 //! Why: on a tiny GEMM the host cost of the launch is the whole cost. A bare `cublasLtMatmul`
 //! with a prebuilt plan took 6.2–9.9 µs of host time per 64³ call on the H200 hosts
-//! (docs/notes/performance-history.md §3), most of it cuBLASLt's own work before the kernel launch; a
+//! (measured with `gemmbridge bench --ops launch`), most of it cuBLASLt's own work before the kernel launch; a
 //! `cuGraphLaunch` of the same captured kernel skips that work.
 //!
 //! What makes a replay equal to the direct call: the [`ReplayKey`] holds everything the
@@ -20,7 +20,7 @@
 //!
 //! A capture can fail without anything being wrong with the call: another thread's first
 //! launch of a kernel (CUDA's lazy module loading synchronises the device) invalidates a
-//! capture in flight (seen in device calls 22–23, with GPU tests running on parallel threads).
+//! capture in flight (seen with GPU tests running on parallel threads).
 //! The capture is on a private stream, so nothing of the caller's is affected: the call runs
 //! directly, and the key is captured again later, up to [`MAX_CAPTURE_FAILURES`] times.
 

@@ -189,7 +189,7 @@ const OTHER_WORKSPACES: [usize; 2] = [1 << 20, 4 << 20];
 /// workspace left out), then the distinct candidates of neighbouring queries that cuBLASLt
 /// accepts for `key` (`cublasLtMatmulAlgoCheck`): the same GEMM without its epilogue (the
 /// heuristic ranks fused kernels on their own and can leave out tiles that also run the
-/// epilogue faster: up to 17 % faster at 5120×8192×2048 on the H200, docs/notes/performance-history.md §2.1),
+/// epilogue faster: up to 17 % faster at 5120×8192×2048 on the H200, docs/DESIGN.md, Design rationale),
 /// and [`OTHER_WORKSPACES`]; with `search`, then [`Plan::search`]'s distinct configurations.
 /// Returns the list and how many were added (they are at its end).
 fn dense_candidates(
@@ -236,8 +236,8 @@ fn dense_candidates(
 }
 
 /// Problems of at most this many multiply-adds (256³) also get configurations from
-/// [`Plan::search`] as candidates: the heuristic gives them 1–15 (calls 19 and 23's tuning,
-/// docs/notes/performance-history.md §2.1), and each costs only µs to check and time.
+/// [`Plan::search`] as candidates: the heuristic gives them 1–15 (measured when tuning the
+/// benchmark's suites on the H200), and each costs only µs to check and time.
 const SEARCH_MAX_MACS: u64 = 1 << 24;
 /// At most this many searched configurations are added, after at most this many checks (both
 /// shared among the algorithm ids).

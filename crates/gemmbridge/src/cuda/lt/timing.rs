@@ -54,7 +54,7 @@ const HEAT_MS: f64 = 300.0;
 /// A problem whose first candidate takes less than this per call (ms, the fastest of three
 /// samples of ~1 ms of back-to-back calls between CUDA events) is timed in graph replay:
 /// eager back-to-back calls of it are bound by the host's launch cost (6–11 µs per call on the
-/// H200 hosts, docs/notes/performance-history.md §3), which would hide every difference between the
+/// H200 hosts), which would hide every difference between the
 /// kernels, while in a graph — and behind any caller that keeps the GPU busy — the kernel's
 /// own duration is what counts.
 const GRAPH_BELOW_MS: f64 = 0.02;
@@ -64,7 +64,7 @@ const GRAPH_CALLS: usize = 64;
 const GRAPH_LAUNCHES: usize = 4;
 
 /// Captures [`GRAPH_CALLS`] calls of `f` on `stream` into a graph (thread-local capture, which
-/// leaves other threads' CUDA calls alone; docs/notes/performance-history.md §6). `None` when the stream
+/// leaves other threads' CUDA calls alone). `None` when the stream
 /// cannot be captured at all (the legacy default stream cannot) or the capture failed: the
 /// caller times eagerly.
 fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Option<CudaGraph> {
@@ -79,7 +79,7 @@ fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Option<CudaG
         (Ok(()), Ok(g)) => g,
         (launched, graph) => {
             // e.g. invalidated by another thread's first launch of a kernel (lazy module
-            // loading synchronises the device; device calls 22–23): time eagerly instead
+            // loading synchronises the device): time eagerly instead
             tracing::debug!(?launched, graph_error = ?graph.err(), "capture for graph timing failed; timing eagerly");
             None
         }
@@ -118,7 +118,7 @@ pub(crate) fn time_interleaved(stream: &Arc<CudaStream>, reps: usize, fs: &[Call
         inner.push(((1.0 / once.max(1e-3)) as usize).clamp(1, 1000));
     }
     // one call alone includes its launch latency: judge by ~1 ms of back-to-back calls, the
-    // fastest of three such samples (one preempted host thread made device call 19 time a
+    // fastest of three such samples (one preempted host thread once made a tuning run time a
     // 6 µs problem eagerly)
     let mut per_call = f64::INFINITY;
     for _ in 0..3 {

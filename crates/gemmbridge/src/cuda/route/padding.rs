@@ -19,7 +19,7 @@ use crate::{Compute, DType};
 /// epilogue that writes aux or a bias gradient (the caller's buffers are sized for N), and a
 /// misaligned batched operand whose batch stride is not a multiple of its leading dimension.
 /// When the scratch memory cannot be had, the call runs directly (a `tracing` warning says so).
-/// The thresholds come from measurements on the H200 (docs/notes/performance-history.md, "Misaligned
+/// The thresholds come from measurements on the H200 (docs/DESIGN.md, Design rationale, "Misaligned
 /// shapes").
 ///
 /// Build it from [`Padding::default`] or [`Padding::off`] and [`Padding::with_enabled`] /

@@ -5,7 +5,7 @@
 // with N-byte elements (b2: f16/bf16, b4: f32), moved as raw bits. Strides are in elements.
 // It replaces a cuMemcpy3DAsync plus a cuMemsetD2D8Async: with a source pitch that is not a
 // multiple of 16 bytes (the case this path exists for) the driver's copy ran at a fraction of
-// the bandwidth of an aligned one (docs/notes/performance-history.md, "Misaligned shapes").
+// the bandwidth of an aligned one (docs/DESIGN.md, Design rationale).
 //
 // Grid: x = column segments of THREADS·UNROLL elements; y = rows of all matrices, in steps of
 // gridDim.y. Each thread moves UNROLL elements THREADS apart (every load and store of a warp
