@@ -34,7 +34,8 @@ pub fn gemm_rowmajor(p: &GemmProblem, alpha: f64, a: &[f64], b: &[f64], beta: f6
     }
 }
 
-/// [`gemm_rowmajor`] followed by the problem's epilogue ([`crate::epilogue`]), in f64.
+/// [`gemm_rowmajor`] followed by the problem's epilogue ([`crate::epilogue`]), in f64, with
+/// the scalars `(α, β)` and the inputs `[A, B]`.
 ///
 /// - `vector`: the bias `[n]` read, or the bias gradient (`[m]` for `BiasGradA`, `[n]` for
 ///   `BiasGradB`) written (unscaled sums of op(A)'s rows / op(B)'s columns over k);
@@ -43,13 +44,10 @@ pub fn gemm_rowmajor(p: &GemmProblem, alpha: f64, a: &[f64], b: &[f64], beta: f6
 ///
 /// # Panics
 /// If an operand the epilogue uses is missing or short.
-#[allow(clippy::too_many_arguments)]
 pub fn gemm_epilogue_rowmajor(
     p: &GemmProblem,
-    alpha: f64,
-    a: &[f64],
-    b: &[f64],
-    beta: f64,
+    (alpha, beta): (f64, f64),
+    [a, b]: [&[f64]; 2],
     c: &mut [f64],
     vector: Option<&mut [f64]>,
     aux: Option<&mut [f64]>,

@@ -31,7 +31,7 @@ fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
 
 /// The test shapes (N, C, H, W, K, R, S) with their stride, padding, dilation and groups.
 fn shapes(precision: Precision) -> Vec<Conv2d> {
-    let c = |n, c, h, w, k, r, s| Conv2d::new(n, c, h, w, k, r, s, precision);
+    let c = |n, c, h, w, k, r, s| Conv2d::new([n, c, h, w], [k, r, s], precision);
     vec![
         c(3, 5, 9, 11, 7, 1, 1),
         c(1, 6, 13, 12, 5, 3, 3).with_stride(2, 2).with_pad(1, 1),
@@ -163,7 +163,7 @@ fn element_aligned_views_match_float64() {
     let gpu = gpu();
     let s = gpu.stream();
     let mut rng = rng();
-    let p = Conv2d::new(2, 8, 9, 9, 16, 3, 3, Precision::F16).with_pad(1, 1);
+    let p = Conv2d::new([2, 8, 9, 9], [16, 3, 3], Precision::F16).with_pad(1, 1);
     let [lx, lw, ly] = p.lens();
     let (x, w): (Vec<f16>, Vec<f16>) = (normal(&mut rng, lx + 1), normal(&mut rng, lw + 1));
     let (xd, wd) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap());
@@ -188,7 +188,7 @@ fn bad_input_is_named_and_nothing_is_written() {
     let _shared = shared();
     let gpu = gpu();
     let s = gpu.stream();
-    let p = Conv2d::new(2, 4, 6, 6, 8, 3, 3, Precision::F16).with_pad(1, 1);
+    let p = Conv2d::new([2, 4, 6, 6], [8, 3, 3], Precision::F16).with_pad(1, 1);
     let [lx, lw, ly] = p.lens();
     let x = s.clone_htod(&vec![f16::ONE; lx]).unwrap();
     let w = s.clone_htod(&vec![f16::ONE; lw]).unwrap();
@@ -246,7 +246,7 @@ fn prewarmed_convolutions_are_capturable() {
     unsafe { gpu.context().disable_event_tracking() };
     let s = gpu.stream().clone();
     let mut rng = rng();
-    let p = Conv2d::new(2, 8, 9, 9, 16, 3, 3, Precision::F16).with_pad(1, 1);
+    let p = Conv2d::new([2, 8, 9, 9], [16, 3, 3], Precision::F16).with_pad(1, 1);
     let [lx, lw, ly] = p.lens();
     let (x, w, b): (Vec<f16>, Vec<f16>, Vec<f16>) = (normal(&mut rng, lx), normal(&mut rng, lw), normal(&mut rng, p.k));
     let (xd, wd, bd) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&b).unwrap());
@@ -335,7 +335,7 @@ fn plan_id(plan: &str) -> String {
 fn measured_plans_round_trip_through_the_tactic_database() {
     let _shared = shared();
     let mut rng = rng();
-    let p = Conv2d::new(2, 16, 10, 9, 24, 3, 3, Precision::F16).with_pad(1, 1);
+    let p = Conv2d::new([2, 16, 10, 9], [24, 3, 3], Precision::F16).with_pad(1, 1);
     let [lx, lw, ly] = p.lens();
     let inputs =
         Inputs { x: normal(&mut rng, lx), w: normal(&mut rng, lw), b: normal(&mut rng, p.k), dy: normal(&mut rng, ly) };

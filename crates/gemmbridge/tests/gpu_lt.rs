@@ -50,7 +50,7 @@ fn error_vs_reference<TI: Element, TO: Element>(
 ) -> f64 {
     let mut want = vec![0.0; p.m() * p.n()];
     let mut bias = bias.map(wide);
-    gemm_epilogue_rowmajor(p, alpha, &wide(a), &wide(b), 0.0, &mut want, bias.as_deref_mut(), None);
+    gemm_epilogue_rowmajor(p, (alpha, 0.0), [&wide(a), &wide(b)], &mut want, bias.as_deref_mut(), None);
     rel_error(&wide(got), &want)
 }
 
@@ -78,10 +78,8 @@ fn epilogue_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
     let mut aux_ref = wide(&aux_in);
     gemm_epilogue_rowmajor(
         p,
-        1.0,
-        &wide(&a),
-        &wide(&b),
-        0.0,
+        (1.0, 0.0),
+        [&wide(&a), &wide(&b)],
         &mut c_ref,
         (e.vector() != VectorUse::None).then_some(&mut vec_ref[..]),
         (e.aux() != AuxUse::None).then_some(&mut aux_ref[..]),
@@ -562,7 +560,7 @@ fn autotune_searches_tiny_problems() {
             bytes.chunks(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f64()).collect()
         };
         let mut want = vec![0.0; m * n];
-        gemm_epilogue_rowmajor(&p, 1.0, &a, &b, 0.0, &mut want, fused.then_some(&mut bias.clone()[..]), None);
+        gemm_epilogue_rowmajor(&p, (1.0, 0.0), [&a, &b], &mut want, fused.then_some(&mut bias.clone()[..]), None);
         let err = rel_error(&got, &want);
         assert!(err <= tol, "{sig}: tuned result {err:e}");
     }
@@ -638,10 +636,8 @@ fn autotune_ignores_poisoned_padding() {
     let mut want = vec![0.0; m * n];
     gemm_epilogue_rowmajor(
         &GemmProblem::linear(m, n, k, Precision::F16).unwrap(),
-        1.0,
-        &wide(&x),
-        &wide(&w),
-        0.0,
+        (1.0, 0.0),
+        [&wide(&x), &wide(&w)],
         &mut want,
         None,
         None,

@@ -29,10 +29,10 @@ fn gemms_planned_for_fewer_sms_stay_correct() {
     let (dx, dw, db) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
     let mut want = vec![0.0; m * n];
     let mut wb = wide(&bias);
-    gemm_epilogue_rowmajor(&p, 1.0, &wide(&x), &wide(&w), 0.0, &mut want, Some(&mut wb), None);
+    gemm_epilogue_rowmajor(&p, (1.0, 0.0), [&wide(&x), &wide(&w)], &mut want, Some(&mut wb), None);
     let plain = GemmProblem::linear(m, n, k, Precision::BF16).unwrap();
     let mut want_plain = vec![0.0; m * n];
-    gemm_epilogue_rowmajor(&plain, 1.0, &wide(&x), &wide(&w), 0.0, &mut want_plain, None, None);
+    gemm_epilogue_rowmajor(&plain, (1.0, 0.0), [&wide(&x), &wide(&w)], &mut want_plain, None, None);
 
     let run = |target: Option<u32>, backend: Backend| -> f64 {
         gpu.set_sm_count_target(target).unwrap();
@@ -93,7 +93,7 @@ fn tuning_under_a_target_makes_entries_for_that_target() {
     let w: Vec<bf16> = normal(&mut rng, n * k);
     let (dx, dw) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap());
     let mut want = vec![0.0; m * n];
-    gemm_epilogue_rowmajor(&p, 1.0, &wide(&x), &wide(&w), 0.0, &mut want, None, None);
+    gemm_epilogue_rowmajor(&p, (1.0, 0.0), [&wide(&x), &wide(&w)], &mut want, None, None);
     let opts = TuneOptions { candidates: 4, reps: 2, ..TuneOptions::default() };
     let mut db = TacticDb::new(gpu.tactic_identity().unwrap());
     for target in [Some(sms - 1), None] {

@@ -107,18 +107,9 @@ pub struct Conv2d {
 pub const MAX_DIM: usize = i32::MAX as usize;
 
 impl Conv2d {
-    /// `x[n, c, h, w] ⋆ w[k, c, r, s]`, stride 1, no padding, dilation 1, one group, NHWC.
-    #[allow(clippy::too_many_arguments)]
-    pub const fn new(
-        n: usize,
-        c: usize,
-        h: usize,
-        w: usize,
-        k: usize,
-        r: usize,
-        s: usize,
-        precision: Precision,
-    ) -> Self {
+    /// `x[n, c, h, w] ⋆ w[k, c, r, s]` from the input's `[n, c, h, w]` and the filters'
+    /// `[k, r, s]`: stride 1, no padding, dilation 1, one group, NHWC.
+    pub const fn new([n, c, h, w]: [usize; 4], [k, r, s]: [usize; 3], precision: Precision) -> Self {
         Conv2d {
             n,
             c,
@@ -359,21 +350,21 @@ mod tests {
     #[test]
     fn output_shapes_match_pytorch() {
         // ResNet-50's stem: 224 → 112 (F.conv2d(x, w, stride=2, padding=3))
-        let p = Conv2d::new(32, 3, 224, 224, 64, 7, 7, Precision::BF16).with_stride(2, 2).with_pad(3, 3);
+        let p = Conv2d::new([32, 3, 224, 224], [64, 7, 7], Precision::BF16).with_stride(2, 2).with_pad(3, 3);
         assert_eq!(p.output_hw(), Some([112, 112]));
         p.validate().unwrap();
         // dilation 2, 3×3, pad 0 on 9×10: P = 9 − 4 = 5, Q = 6
-        let d = Conv2d::new(1, 4, 9, 10, 8, 3, 3, Precision::F32).with_dilation(2, 2);
+        let d = Conv2d::new([1, 4, 9, 10], [8, 3, 3], Precision::F32).with_dilation(2, 2);
         assert_eq!(d.output_hw(), Some([5, 6]));
         // stride 2 on an odd size floors: (7 + 2 − 3) / 2 + 1 = 4
-        let s = Conv2d::new(1, 1, 7, 7, 1, 3, 3, Precision::F32).with_stride(2, 2).with_pad(1, 1);
+        let s = Conv2d::new([1, 1, 7, 7], [1, 3, 3], Precision::F32).with_stride(2, 2).with_pad(1, 1);
         assert_eq!(s.output_hw(), Some([4, 4]));
         assert_eq!(s.macs(), 16.0 * 9.0);
     }
 
     #[test]
     fn rules_are_named() {
-        let ok = Conv2d::new(2, 8, 5, 5, 4, 3, 3, Precision::F16);
+        let ok = Conv2d::new([2, 8, 5, 5], [4, 3, 3], Precision::F16);
         let what = |p: Conv2d| match p.validate() {
             Err(Error::ConvShape { what, .. }) => what,
             other => panic!("{other:?}"),
@@ -386,7 +377,7 @@ mod tests {
         ok.with_dilation(3, 3).with_pad(2, 2).validate().unwrap();
         assert_eq!(what(Conv2d { h: 1 << 31, ..ok }), "a size is too large");
         assert_eq!(what(Conv2d { n: 1 << 20, c: 1 << 12, ..ok }), "a tensor has too many elements");
-        let huge = Conv2d::new(1, 1, 2, 1, 1, 3, 1, Precision::F32).with_dilation(1 << 30, 1).with_pad(1 << 30, 0);
+        let huge = Conv2d::new([1, 1, 2, 1], [1, 3, 1], Precision::F32).with_dilation(1 << 30, 1).with_pad(1 << 30, 0);
         assert_eq!(what(huge), "a padded or dilated size is too large");
         // no panic and no wrap on problems validate refuses
         let wild = Conv2d { h: usize::MAX, n: 1 << 40, c: 1 << 40, ..ok };
@@ -405,7 +396,7 @@ mod tests {
 
     #[test]
     fn layouts_index_as_pytorch_stores_them() {
-        let p = Conv2d::new(2, 6, 4, 5, 4, 3, 2, Precision::F32).with_groups(2);
+        let p = Conv2d::new([2, 6, 4, 5], [4, 3, 2], Precision::F32).with_groups(2);
         assert_eq!(p.w_dims(), [4, 3, 3, 2]);
         // NHWC: x[n][h][w][c]
         assert_eq!(p.x_index([1, 2, 3, 4]), ((4 + 3) * 5 + 4) * 6 + 2);

@@ -104,7 +104,7 @@ mod tests {
     /// A tiny case worked by hand: one 3×3 image, a 2×2 filter, stride 1, pad 0.
     #[test]
     fn hand_worked_case() {
-        let p = Conv2d::new(1, 1, 3, 3, 1, 2, 2, Precision::F32);
+        let p = Conv2d::new([1, 1, 3, 3], [1, 2, 2], Precision::F32);
         let x: Vec<f64> = (1..=9).map(f64::from).collect();
         let w = [1.0, 0.0, 0.0, -1.0]; // x[i][j] − x[i+1][j+1]
         assert_eq!(forward(&p, &x, &w), vec![-4.0; 4]);
@@ -120,7 +120,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "channels are not a multiple of the groups")]
     fn an_invalid_problem_is_refused_by_name() {
-        let p = Conv2d::new(1, 6, 4, 4, 4, 3, 3, Precision::F32).with_groups(3);
+        let p = Conv2d::new([1, 6, 4, 4], [4, 3, 3], Precision::F32).with_groups(3);
         let [lx, lw, _] = p.lens();
         forward(&p, &vec![1.0; lx], &vec![1.0; lw]);
     }
@@ -128,7 +128,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "x (or dx) has 31 elements")]
     fn a_short_slice_is_refused_by_name() {
-        let p = Conv2d::new(2, 1, 4, 4, 1, 3, 3, Precision::F32);
+        let p = Conv2d::new([2, 1, 4, 4], [1, 3, 3], Precision::F32);
         forward(&p, &[0.0; 31], &[0.0; 9]);
     }
 
@@ -144,7 +144,7 @@ mod tests {
     /// logical output.
     #[test]
     fn backwards_are_adjoints_and_layouts_agree() {
-        let base = Conv2d::new(2, 4, 7, 6, 6, 3, 2, Precision::F32)
+        let base = Conv2d::new([2, 4, 7, 6], [6, 3, 2], Precision::F32)
             .with_stride(2, 1)
             .with_pad(1, 2)
             .with_dilation(1, 2)

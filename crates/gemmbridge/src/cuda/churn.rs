@@ -325,7 +325,7 @@ fn fp8_step(gpu: &Gpu, s: &Arc<CudaStream>, x: &Buf, w: &Buf, p: &GemmProblem) -
 
 /// A 3×3 convolution (bf16, NHWC, padding 1); the output must be finite.
 fn conv_step(gpu: &Gpu, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
-    let p = Conv2d::new(2, 8, 9, 9, 16, 3, 3, Precision::BF16).with_pad(1, 1);
+    let p = Conv2d::new([2, 8, 9, 9], [16, 3, 3], Precision::BF16).with_pad(1, 1);
     let [xl, wl, yl] = p.lens();
     let (x, w) = (upload(s, &rng.bf16s(xl))?, upload(s, &rng.bf16s(wl))?);
     let mut y = upload(s, &vec![bf16::NAN; yl])?;

@@ -167,7 +167,7 @@ impl Gpu {
     }
 
     /// For measuring gemmbridge's own kernels: the launches [`Gpu::quantize`] makes for these
-    /// arguments, each timed alone — `reps` (1 to 100,000) back-to-back launches of that one
+    /// arguments (`recipe`: its source layout, format and scaling), each timed alone — `reps` (1 to 100,000) back-to-back launches of that one
     /// kernel with the same arguments between two CUDA events, after two warm-up launches — as
     /// (kernel instance, ms per launch, bytes it reads and writes). The kernels' bandwidth is
     /// bytes / time; launch gaps and the allocations of a real call are left out, and a source
@@ -177,15 +177,11 @@ impl Gpu {
     /// # Errors
     /// [`Error::OutOfRange`] for `reps` outside 1 to 100,000, before anything is allocated; as
     /// [`Gpu::quantize`]; [`Error::Driver`] from the events.
-    #[allow(clippy::too_many_arguments)]
     pub fn quantize_kernel_times<T: Element, S: DevicePtr<T>>(
         &self,
         src: &S,
-        rows: usize,
-        cols: usize,
-        source: Source,
-        format: Fp8Format,
-        scaling: Scaling,
+        (rows, cols): (usize, usize),
+        (source, format, scaling): (Source, Fp8Format, Scaling),
         reps: usize,
     ) -> Result<Vec<(String, f64, u64)>> {
         if !(1..=100_000).contains(&reps) {

@@ -373,7 +373,7 @@ mod tests {
     use crate::precision::Precision;
 
     fn resnet() -> Conv2d {
-        Conv2d::new(32, 64, 56, 56, 64, 3, 3, Precision::BF16).with_pad(1, 1)
+        Conv2d::new([32, 64, 56, 56], [64, 3, 3], Precision::BF16).with_pad(1, 1)
     }
 
     #[test]
@@ -383,7 +383,7 @@ mod tests {
             key_text(&key),
             "conv2d fwd_bias_relu n32 c64 h56 w56 k64 r3 s3 stride1,1 pad1,1 dil1,1 g1 nhwc bf16 graph al16"
         );
-        let odd = Conv2d::new(3, 8, 17, 15, 12, 7, 5, Precision::TF32)
+        let odd = Conv2d::new([3, 8, 17, 15], [12, 7, 5], Precision::TF32)
             .with_stride(2, 3)
             .with_pad(3, 2)
             .with_dilation(1, 2)
