@@ -18,13 +18,13 @@ use std::ptr::null_mut;
 
 use cudarc::cudnn::sys as raw;
 use cudarc::driver::result::event;
-use cudarc::driver::sys::{CUevent_flags, CUstream};
+use cudarc::driver::sys::CUevent_flags;
 use raw::cudnnBackendAttributeName_t as A;
 use raw::cudnnBackendAttributeType_t as T;
 use raw::cudnnBackendDescriptorType_t as D;
 
 use super::sys::{check, types};
-use super::{ConvBuffers, ConvOp, ConvSearch, EngineConfig, Measured};
+use super::{ConvBuffers, ConvCall, ConvOp, ConvSearch, EngineConfig, Measured};
 use crate::conv::{Conv2d, ConvActivation, ConvLayout};
 use crate::cuda::status;
 use crate::error::Result;
@@ -390,19 +390,13 @@ impl GraphPlan {
     }
 }
 
-/// Device ms per call of `plan` on `stream`: two warm-up calls, then the faster of two rounds
-/// of 3 calls between events.
+/// Device ms per call of `plan` with the call's buffers on its stream: two warm-up calls,
+/// then the faster of two rounds of 3 calls between events.
 ///
 /// # Safety
-/// As [`GraphPlan::launch`]; `stream` is the handle's.
-unsafe fn time(
-    h: raw::cudnnHandle_t,
-    stream: CUstream,
-    plan: &mut GraphPlan,
-    op: ConvOp,
-    b: &ConvBuffers,
-    ws: u64,
-) -> Result<f64> {
+/// As [`GraphPlan::launch`]; the call's stream is the handle's.
+unsafe fn time(h: raw::cudnnHandle_t, call: &ConvCall, plan: &mut GraphPlan, ws: u64) -> Result<f64> {
+    let (op, b, stream) = (call.op, &call.buffers, call.stream);
     let drv = status::driver;
     let create = || event::create(CUevent_flags::CU_EVENT_DEFAULT).map_err(drv("cuEventCreate"));
     let (e0, e1) = (create()?, create()?);
@@ -436,27 +430,25 @@ unsafe fn time(
 /// usable on the call's stream (the stream's workspace, or the room's larger one).
 pub(crate) type WorkspaceFor<'a> = dyn FnMut(usize) -> Result<u64> + 'a;
 
-/// Makes the plan for `p` and `op` with buffers aligned to `align` bytes: the graph, cuDNN's
-/// ranked configurations (mode A, then the fallback list), and the first that finalizes, needs
-/// at most `limit` bytes of workspace and keeps the precision's promise — or, with `search`
-/// measured, the fastest of up to [`SEARCH_LIMIT`] such plans from each list, timed on `b`
-/// (that synchronises `stream` and overwrites the output; `ws` gives each its workspace).
-/// `Ok(None)` when no configuration qualifies (the caller then takes the legacy API).
+/// Makes the plan for the call's problem and direction with buffers aligned as the call's:
+/// the graph, cuDNN's ranked configurations (mode A, then the fallback list), and the first
+/// that finalizes, needs at most `limit` bytes of workspace and keeps the precision's promise
+/// — or, with `search` measured, the fastest of up to [`SEARCH_LIMIT`] such plans from each
+/// list, timed on the call's buffers (that synchronises its stream and overwrites the output;
+/// `ws` gives each its workspace). `Ok(None)` when no configuration qualifies (the caller then
+/// takes the legacy API).
 ///
 /// # Safety
-/// `h` is live and bound to `stream`; with a measured search `b` holds device buffers of the
-/// problem's sizes and `ws` gives valid workspaces.
-#[allow(clippy::too_many_arguments)]
+/// `h` is live and bound to the call's stream; with a measured search the call's buffers are
+/// device buffers of the problem's sizes and `ws` gives valid workspaces.
 pub(crate) unsafe fn make(
     h: raw::cudnnHandle_t,
-    stream: CUstream,
-    p: &Conv2d,
-    op: ConvOp,
-    b: &ConvBuffers,
+    call: &ConvCall,
     ws: &mut WorkspaceFor<'_>,
     limit: usize,
     search: ConvSearch,
 ) -> Result<Option<GraphPlan>> {
+    let (p, op, b) = (call.problem, call.op, &call.buffers);
     let (g, mut parts) = graph(h, p, op, alignment(b))?;
     let (uids, _) = variant(op, b);
     let (mut best, mut first_ms): (Option<(f64, GraphPlan)>, Option<f64>) = (None, None);
@@ -500,7 +492,7 @@ pub(crate) unsafe fn make(
             }
             let timing = ws(bytes).and_then(|addr| {
                 // SAFETY: forwarded; `addr` holds `bytes`.
-                unsafe { time(h, stream, &mut gp, op, b, addr) }
+                unsafe { time(h, call, &mut gp, addr) }
             });
             let ms = match timing {
                 Ok(ms) => ms,

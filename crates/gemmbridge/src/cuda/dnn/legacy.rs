@@ -17,7 +17,7 @@ use std::ffi::c_void;
 use cudarc::cudnn::sys;
 
 use super::sys::{check, math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
-use super::{ConvBuffers, ConvOp, Measured};
+use super::{ConvCall, ConvOp, Measured};
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
 use cudarc::cudnn::sys::cudnnHandle_t;
@@ -395,16 +395,10 @@ pub(crate) unsafe fn bias_activation(
 /// The launch of one planned call (α = 1, β = 0: every output is overwritten).
 ///
 /// # Safety
-/// `h` is live and bound to the call's stream; `b` holds device buffers of `p`'s sizes; `ws`
-/// has at least the plan's workspace.
-pub(crate) unsafe fn launch(
-    h: cudnnHandle_t,
-    p: &Conv2d,
-    op: ConvOp,
-    plan: &mut ConvPlan,
-    b: ConvBuffers,
-    ws: u64,
-) -> Result<()> {
+/// `h` is live and bound to the call's stream; the call's buffers are device buffers of its
+/// problem's sizes; `ws` has at least the plan's workspace.
+pub(crate) unsafe fn launch(h: cudnnHandle_t, call: &ConvCall, plan: &mut ConvPlan, ws: u64) -> Result<()> {
+    let (p, op, b) = (call.problem, call.op, call.buffers);
     let (one, zero) = (1.0f32, 0.0f32);
     let (a, z) = (&one as *const f32 as *const c_void, &zero as *const f32 as *const c_void);
     let (wsp, wsb) = (ws as *mut c_void, plan.choice.workspace);

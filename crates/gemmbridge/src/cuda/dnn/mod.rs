@@ -78,6 +78,19 @@ pub(crate) struct ConvBuffers {
     pub bias: u64,
 }
 
+/// One convolution call, carried as one value from the entry point to its launch: the
+/// problem, its direction, its buffers, the stream's workspace (address, bytes) and the stream.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConvCall<'a> {
+    pub problem: &'a Conv2d,
+    pub op: ConvOp,
+    pub buffers: ConvBuffers,
+    /// The stream's workspace (address, bytes); a plan that needs more runs on the room's
+    /// own ([`BigWorkspaces`]).
+    pub workspace: (u64, usize),
+    pub stream: CUstream,
+}
+
 /// A plan's key: problem, direction, whether a fused forward is fused, the API, and (graph
 /// API) the buffers' common alignment (cuDNN's `BYTE_ALIGNMENT`; 0 for the legacy API).
 type PlanKey = (Conv2d, ConvOp, bool, ConvApi, u8);
@@ -274,28 +287,19 @@ impl DnnState {
         self.plans.contains_key(&self.key(p, op, b))
     }
 
-    /// Runs one convolution on `stream`: its plan (made on first use; the caller has checked
-    /// that the stream is not capturing then) and the launch, with `workspace` (address,
-    /// bytes) as cuDNN's workspace. With `replay` on and a private capture stream `cap`, a
-    /// call seen `after_calls` times with the same buffers, workspace and stream is captured
-    /// into a CUDA graph (on `cap`) and from then on launched as that graph; a capture that
-    /// fails leaves the call to run directly.
+    /// Runs one convolution on the call's stream: its plan (made on first use; the caller has
+    /// checked that the stream is not capturing then) and the launch, with the call's
+    /// workspace (address, bytes) as cuDNN's workspace. With `replay` on and a private capture
+    /// stream `cap`, a call seen `after_calls` times with the same buffers, workspace and
+    /// stream is captured into a CUDA graph (on `cap`) and from then on launched as that
+    /// graph; a capture that fails leaves the call to run directly.
     ///
     /// # Safety
-    /// The addresses in `b` are device memory of this context holding the problem's tensors
-    /// (checked by the entry point), `workspace` is this stream's, `stream` is live; `cap`
-    /// is the device's private capture stream.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn run(
-        &mut self,
-        p: &Conv2d,
-        op: ConvOp,
-        b: ConvBuffers,
-        workspace: (u64, usize),
-        stream: CUstream,
-        replay: GraphReplay,
-        cap: Option<CUstream>,
-    ) -> Result<()> {
+    /// The addresses in the call's buffers are device memory of this context holding the
+    /// problem's tensors (checked by the entry point), its workspace is this stream's, its
+    /// stream is live; `cap` is the device's private capture stream.
+    pub unsafe fn run(&mut self, call: &ConvCall, replay: GraphReplay, cap: Option<CUstream>) -> Result<()> {
+        let ConvCall { problem: p, op, buffers: b, workspace, stream } = *call;
         let key = self.key(p, op, &b);
         // a planned call's workspace: the stream's, or the room's when the plan needs more
         // (grown when that plan was made, or now if this stream's workspace is smaller)
@@ -326,7 +330,7 @@ impl DnnState {
                     let plan = self.plans.get_mut(&key).expect("checked above");
                     // SAFETY: the capture stream is private and idle; the launch enqueues only
                     // on it; the buffers stay the caller's contract for every replay (the key).
-                    match unsafe { capture(cap, |_| launch(h, p, op, plan, b, ws)) } {
+                    match unsafe { capture(cap, |_| launch(h, call, plan, ws)) } {
                         Ok(g) => {
                             self.seen.remove(&rkey);
                             let g = self.graphs.entry(rkey).or_insert(g);
@@ -344,44 +348,36 @@ impl DnnState {
         if self.plans.contains_key(&key) {
             let plan = self.plans.get_mut(&key).expect("checked");
             // SAFETY: forwarded; `ws` holds the plan's workspace.
-            return unsafe { launch(h, p, op, plan, b, ws) };
+            return unsafe { launch(h, call, plan, ws) };
         }
         // SAFETY: forwarded.
-        let plan = unsafe { self.make(h, stream, p, op, key.2, &b, workspace)? };
+        let plan = unsafe { self.make(h, call, key.2)? };
         let ws = self.big.get(&mut self.graphs, workspace, plan.workspace(), stream)?;
         let plan = self.plans.entry(key).or_insert(plan);
         // SAFETY: forwarded; `ws` holds the plan's workspace.
-        let first = unsafe { launch(h, p, op, plan, b, ws) };
+        let first = unsafe { launch(h, call, plan, ws) };
         let (Err(e), Planned::Graph(..)) = (&first, &*plan) else { return first };
         // a graph-API plan that fails its first launch (cuDNN can refuse at execute time):
         // the legacy API's plan instead, for this and later calls
         tracing::warn!(problem = %p.describe(), ?op, error = %e, "the graph API's plan failed its first launch; legacy API");
         // SAFETY: forwarded.
-        let legacy = unsafe { self.make_legacy(h, p, op, key.2, &b, workspace)? };
+        let legacy = unsafe { self.make_legacy(h, call, key.2)? };
         let ws = self.big.get(&mut self.graphs, workspace, legacy.workspace(), stream)?;
         let plan = self.plans.entry(key).insert_entry(legacy).into_mut();
         // SAFETY: as above.
-        unsafe { launch(h, p, op, plan, b, ws) }
+        unsafe { launch(h, call, plan, ws) }
     }
 
-    /// Makes the plan of `p` and `op` (`fuse`: a fused forward runs fused): the graph API's
-    /// where it has an engine, else the legacy API's, each fallback logged.
+    /// Makes the plan of the call's problem and direction (`fuse`: a fused forward runs
+    /// fused): the graph API's where it has an engine, else the legacy API's, each fallback
+    /// logged.
     ///
     /// # Safety
-    /// As [`DnnState::run`]; `h` is bound to `stream`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn make(
-        &self,
-        h: raw::cudnnHandle_t,
-        stream: CUstream,
-        p: &Conv2d,
-        op: ConvOp,
-        fuse: bool,
-        b: &ConvBuffers,
-        workspace: (u64, usize),
-    ) -> Result<Planned> {
+    /// As [`DnnState::run`]; `h` is bound to the call's stream.
+    unsafe fn make(&self, h: raw::cudnnHandle_t, call: &ConvCall, fuse: bool) -> Result<Planned> {
+        let ConvCall { problem: p, op, workspace, stream, .. } = *call;
         // SAFETY: forwarded.
-        if let Some(plan) = unsafe { self.database_plan(h, p, op, fuse, b, workspace) } {
+        if let Some(plan) = unsafe { self.database_plan(h, call, fuse) } {
             return Ok(plan);
         }
         if self.api == ConvApi::Graph {
@@ -403,7 +399,7 @@ impl DnnState {
             // SAFETY (every call): forwarded.
             if let ConvOp::Fused(act) = op {
                 if fuse {
-                    match unsafe { graph::make(h, stream, p, op, b, &mut ws, limit, search) } {
+                    match unsafe { graph::make(h, call, &mut ws, limit, search) } {
                         Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
                         r => tracing::info!(
                             problem = %p.describe(), ?op, error = ?r.err(),
@@ -412,14 +408,15 @@ impl DnnState {
                         ),
                     }
                 }
-                match unsafe { graph::make(h, stream, p, ConvOp::Forward, b, &mut ws, limit, search) } {
+                let forward = ConvCall { op: ConvOp::Forward, ..*call };
+                match unsafe { graph::make(h, &forward, &mut ws, limit, search) } {
                     Ok(Some(g)) => return Ok(Planned::Graph(g, Some(Tail::new(p, act)?))),
                     r => {
                         tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")
                     }
                 }
             } else {
-                match unsafe { graph::make(h, stream, p, op, b, &mut ws, limit, search) } {
+                match unsafe { graph::make(h, call, &mut ws, limit, search) } {
                     Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
                     r => {
                         tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")
@@ -428,23 +425,16 @@ impl DnnState {
             }
         }
         // SAFETY: forwarded.
-        unsafe { self.make_legacy(h, p, op, fuse, b, workspace) }
+        unsafe { self.make_legacy(h, call, fuse) }
     }
 
-    /// The legacy API's plan of `p` and `op` (its measured search on `b` where the search is
-    /// measured), within the stream's workspace.
+    /// The legacy API's plan of the call's problem and direction (its measured search on the
+    /// call's buffers where the search is measured), within the stream's workspace.
     ///
     /// # Safety
     /// As [`DnnState::make`].
-    unsafe fn make_legacy(
-        &self,
-        h: raw::cudnnHandle_t,
-        p: &Conv2d,
-        op: ConvOp,
-        fuse: bool,
-        b: &ConvBuffers,
-        workspace: (u64, usize),
-    ) -> Result<Planned> {
+    unsafe fn make_legacy(&self, h: raw::cudnnHandle_t, call: &ConvCall, fuse: bool) -> Result<Planned> {
+        let ConvCall { problem: p, op, buffers: b, workspace, .. } = *call;
         let search =
             (self.search == ConvSearch::Measured).then_some(SearchBuffers { x: b.x, w: b.w, y: b.y, workspace });
         // SAFETY: forwarded.
@@ -482,17 +472,11 @@ impl DnnState {
 ///
 /// # Safety
 /// As [`DnnState::run`]; `h` is bound to the call's stream and `ws` holds the plan's workspace.
-unsafe fn launch(
-    h: raw::cudnnHandle_t,
-    p: &Conv2d,
-    op: ConvOp,
-    plan: &mut Planned,
-    b: ConvBuffers,
-    ws: u64,
-) -> Result<()> {
+unsafe fn launch(h: raw::cudnnHandle_t, call: &ConvCall, plan: &mut Planned, ws: u64) -> Result<()> {
+    let ConvCall { problem: p, op, buffers: b, .. } = *call;
     match plan {
         // SAFETY (all arms): forwarded.
-        Planned::Legacy(pl) => unsafe { legacy::launch(h, p, op, pl, b, ws) },
+        Planned::Legacy(pl) => unsafe { legacy::launch(h, call, pl, ws) },
         Planned::Graph(g, None) => unsafe { g.launch(h, op, &b, ws) },
         Planned::Graph(g, Some(t)) => {
             let act = match op {

@@ -14,7 +14,7 @@ use raw::cudnnBackendDescriptorType_t as D;
 use super::graph::{self, Desc, GraphPlan};
 use super::legacy::{self, Algo, ConvPlan};
 use super::sys::{math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
-use super::{ConvApi, ConvBuffers, ConvOp, DnnState, EngineConfig, PlanKey, Planned, Tail};
+use super::{ConvApi, ConvCall, ConvOp, DnnState, EngineConfig, PlanKey, Planned, Tail};
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
 use crate::tactics::{Choice, Library, ProblemKind, Tactic};
@@ -100,9 +100,10 @@ pub(super) fn export(plan: &Planned, version: usize) -> Option<Tactic> {
     Some(Tactic::cudnn_conv(choice, version, m.heuristic_ms, m.tuned_ms))
 }
 
-/// The plan `choice` describes for `p`, `op` (`fuse`: a fused forward runs fused) and buffers
-/// aligned as `b`, without a search: the graph API's engine configuration needing at most
-/// `limit` bytes of workspace, or the legacy API's algorithm needing at most `legacy_limit`.
+/// The plan `choice` describes for the call's problem and direction (`fuse`: a fused forward
+/// runs fused) and buffers aligned as the call's, without a search: the graph API's engine
+/// configuration needing at most `limit` bytes of workspace, or the legacy API's algorithm
+/// needing at most the stream's workspace.
 ///
 /// # Errors
 /// Whatever cuDNN refuses (an engine index that does not exist, knobs it does not take, a plan
@@ -112,17 +113,14 @@ pub(super) fn export(plan: &Planned, version: usize) -> Option<Tactic> {
 ///
 /// # Safety
 /// `h` is a live handle.
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn rebuild(
     h: raw::cudnnHandle_t,
-    p: &Conv2d,
-    op: ConvOp,
+    call: &ConvCall,
     fuse: bool,
-    b: &ConvBuffers,
     choice: &Choice,
     limit: usize,
-    legacy_limit: usize,
 ) -> Result<Planned> {
+    let (p, op, legacy_limit) = (call.problem, call.op, call.workspace.1);
     let refused = |what: String| Error::Unsupported { backend: "cuDNN", what };
     match choice {
         &Choice::CudnnEngine { engine, ref knobs, unfused, .. } => {
@@ -133,7 +131,7 @@ pub(super) unsafe fn rebuild(
             };
             let graph_op = if tail.is_some() { ConvOp::Forward } else { op };
             let config = EngineConfig { engine, knobs: knobs.clone() };
-            let g = engine_plan(h, p, graph_op, b, config, limit)?;
+            let g = engine_plan(h, &ConvCall { op: graph_op, ..*call }, config, limit)?;
             Ok(Planned::Graph(g, tail))
         }
         &Choice::CudnnAlgo { algo, math, .. } => {
@@ -168,17 +166,11 @@ pub(super) unsafe fn rebuild(
     }
 }
 
-/// The execution plan of engine configuration `c` for `p` and `op`'s graph, with buffers
-/// aligned as `b`: finalized, its engine's numerical notes keeping the precision's promise,
-/// its workspace at most `limit`.
-fn engine_plan(
-    h: raw::cudnnHandle_t,
-    p: &Conv2d,
-    op: ConvOp,
-    b: &ConvBuffers,
-    c: EngineConfig,
-    limit: usize,
-) -> Result<GraphPlan> {
+/// The execution plan of engine configuration `c` for the graph of the call's problem and
+/// direction, with buffers aligned as the call's: finalized, its engine's numerical notes
+/// keeping the precision's promise, its workspace at most `limit`.
+fn engine_plan(h: raw::cudnnHandle_t, call: &ConvCall, c: EngineConfig, limit: usize) -> Result<GraphPlan> {
+    let (p, op, b) = (call.problem, call.op, &call.buffers);
     let what = || format!("{} {op:?} engine {}", p.describe(), c.engine);
     let (g, mut parts) = graph::graph(h, p, op, graph::alignment(b))?;
     let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?
@@ -265,27 +257,20 @@ impl DnnState {
         self.seen.retain(|k, _| !new.contains(&key_text(&k.0)));
     }
 
-    /// The plan the database holds for `p`, `op` and `b`'s alignment, rebuilt without a search;
-    /// `None` without an entry, or (logged as a warning) where cuDNN refuses it. Limits: the
-    /// room's workspace limit for the graph API, the stream's workspace for the legacy API, as
-    /// for a plan made by a search.
+    /// The plan the database holds for the call's problem, direction and alignment, rebuilt
+    /// without a search; `None` without an entry, or (logged as a warning) where cuDNN refuses
+    /// it. Limits: the room's workspace limit for the graph API, the stream's workspace for the
+    /// legacy API, as for a plan made by a search.
     ///
     /// # Safety
     /// `h` is a live handle.
-    pub(super) unsafe fn database_plan(
-        &self,
-        h: raw::cudnnHandle_t,
-        p: &Conv2d,
-        op: ConvOp,
-        fuse: bool,
-        b: &ConvBuffers,
-        workspace: (u64, usize),
-    ) -> Option<Planned> {
+    pub(super) unsafe fn database_plan(&self, h: raw::cudnnHandle_t, call: &ConvCall, fuse: bool) -> Option<Planned> {
+        let (p, op, b, workspace) = (call.problem, call.op, &call.buffers, call.workspace);
         let sig = key_text(&(*p, op, fuse, self.api, self.key(p, op, b).4));
         let choice = self.tuned.get(&sig)?;
         let limit = self.ws_limit.max(workspace.1);
         // SAFETY: forwarded.
-        match unsafe { rebuild(h, p, op, fuse, b, choice, limit, workspace.1) } {
+        match unsafe { rebuild(h, call, fuse, choice, limit) } {
             Ok(plan) => {
                 tracing::debug!(key = %sig, ?choice, "cuDNN plan from the tactic database");
                 Some(plan)
