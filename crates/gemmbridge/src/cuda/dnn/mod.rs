@@ -9,6 +9,9 @@
 //! chose as tactics for it: `tactic.rs`.
 
 mod graph;
+mod graph_desc;
+mod graph_plan;
+mod graph_search;
 mod legacy;
 mod sys;
 mod tactic;
@@ -23,7 +26,7 @@ use super::library;
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
 use crate::tactics::Choice;
-use graph::GraphPlan;
+use graph_plan::GraphPlan;
 use legacy::{ConvPlan, SearchBuffers};
 use sys::{types, ActivationDesc, Handle, TensorDesc};
 
@@ -399,7 +402,7 @@ impl DnnState {
             // SAFETY (every call): forwarded.
             if let ConvOp::Fused(act) = op {
                 if fuse {
-                    match unsafe { graph::make(h, call, &mut ws, limit, search) } {
+                    match unsafe { graph_search::make(h, call, &mut ws, limit, search) } {
                         Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
                         r => tracing::info!(
                             problem = %p.describe(), ?op, error = ?r.err(),
@@ -409,14 +412,14 @@ impl DnnState {
                     }
                 }
                 let forward = ConvCall { op: ConvOp::Forward, ..*call };
-                match unsafe { graph::make(h, &forward, &mut ws, limit, search) } {
+                match unsafe { graph_search::make(h, &forward, &mut ws, limit, search) } {
                     Ok(Some(g)) => return Ok(Planned::Graph(g, Some(Tail::new(p, act)?))),
                     r => {
                         tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")
                     }
                 }
             } else {
-                match unsafe { graph::make(h, call, &mut ws, limit, search) } {
+                match unsafe { graph_search::make(h, call, &mut ws, limit, search) } {
                     Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
                     r => {
                         tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")

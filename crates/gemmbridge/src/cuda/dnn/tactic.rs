@@ -11,7 +11,10 @@ use raw::cudnnBackendAttributeName_t as A;
 use raw::cudnnBackendAttributeType_t as T;
 use raw::cudnnBackendDescriptorType_t as D;
 
-use super::graph::{self, Desc, GraphPlan};
+use super::graph::{self, variant};
+use super::graph_desc::Desc;
+use super::graph_plan::GraphPlan;
+use super::graph_search::{engine_of, notes_ok};
 use super::legacy::{self, Algo, ConvPlan};
 use super::sys::{math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
 use super::{ConvApi, ConvCall, ConvOp, DnnState, EngineConfig, PlanKey, Planned, Tail};
@@ -61,7 +64,7 @@ const KNOB_SLOTS: usize = 64;
 
 /// The engine configuration `cfg` holds: its engine's global index and its knob choices.
 fn read_config(cfg: &Desc) -> Result<EngineConfig> {
-    let (engine, _) = graph::engine_of(cfg)?;
+    let (engine, _) = engine_of(cfg)?;
     let (attr, ty) = (A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, T::CUDNN_TYPE_BACKEND_DESCRIPTOR);
     // A count query (no array) answers 0 for the engine configurations cuDNN 9.19's heuristics
     // return (the tune run on the H200 stored 88 plans, all with no knobs, and rebuilt plans
@@ -197,8 +200,8 @@ fn engine_plan(h: raw::cudnnHandle_t, call: &ConvCall, c: EngineConfig, limit: u
         cfg = cfg.descs(A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, &knobs.iter().collect::<Vec<_>>())?;
     }
     let cfg = cfg.finalize(what)?;
-    let (_, notes) = graph::engine_of(&cfg)?;
-    if !graph::notes_ok(p.precision, &notes) {
+    let (_, notes) = engine_of(&cfg)?;
+    if !notes_ok(p.precision, &notes) {
         let what = format!("{}: numerical notes {notes:?} break {}'s promise", what(), p.precision);
         return Err(Error::Unsupported { backend: "cuDNN", what });
     }
@@ -211,7 +214,7 @@ fn engine_plan(h: raw::cudnnHandle_t, call: &ConvCall, c: EngineConfig, limit: u
         let what = format!("{} needs {bytes} bytes of workspace, over the limit of {limit}", what());
         return Err(Error::Unsupported { backend: "cuDNN", what });
     }
-    let (uids, _) = graph::variant(op, b);
+    let (uids, _) = variant(op, b);
     let name = format!("engine {} (tactic database, knobs {:?}, notes {notes:?})", c.engine, c.knobs);
     parts.extend([g, engine]);
     parts.extend(knobs);
@@ -220,14 +223,6 @@ fn engine_plan(h: raw::cudnnHandle_t, call: &ConvCall, c: EngineConfig, limit: u
     let mut g = GraphPlan::new(plan, made_of, bytes, name, uids);
     g.config = Some(c);
     Ok(g)
-}
-
-impl GraphPlan {
-    /// `plan`, needing `workspace` bytes, made of `made_of` (its engine configuration first),
-    /// with the variant pack's `uids`; no configuration read yet, no times.
-    pub(super) fn new(plan: Desc, made_of: Vec<Desc>, workspace: usize, name: String, uids: Vec<i64>) -> GraphPlan {
-        GraphPlan { plan, _made_of: made_of, workspace, name, uids, pack: None, config: None, measured: None }
-    }
 }
 
 impl DnnState {
