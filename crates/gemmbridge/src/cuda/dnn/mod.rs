@@ -13,6 +13,8 @@ mod graph_desc;
 mod graph_plan;
 mod graph_search;
 mod legacy;
+mod legacy_launch;
+mod legacy_rank;
 mod sys;
 mod tactic;
 
@@ -104,7 +106,7 @@ type ReplayKey = (PlanKey, [u64; 4], u64, usize);
 /// A planned call of either API.
 enum Planned {
     /// A graph-API plan; for a fused forward run unfused, the bias add and activation
-    /// that follow its convolution (legacy calls: [`legacy::bias_activation`]).
+    /// that follow its convolution (legacy calls: [`legacy_launch::bias_activation`]).
     Graph(GraphPlan, Option<Tail>),
     Legacy(ConvPlan),
 }
@@ -479,7 +481,7 @@ unsafe fn launch(h: raw::cudnnHandle_t, call: &ConvCall, plan: &mut Planned, ws:
     let ConvCall { problem: p, op, buffers: b, .. } = *call;
     match plan {
         // SAFETY (all arms): forwarded.
-        Planned::Legacy(pl) => unsafe { legacy::launch(h, call, pl, ws) },
+        Planned::Legacy(pl) => unsafe { legacy_launch::launch(h, call, pl, ws) },
         Planned::Graph(g, None) => unsafe { g.launch(h, op, &b, ws) },
         Planned::Graph(g, Some(t)) => {
             let act = match op {
@@ -488,7 +490,7 @@ unsafe fn launch(h: raw::cudnnHandle_t, call: &ConvCall, plan: &mut Planned, ws:
             };
             unsafe { g.launch(h, ConvOp::Forward, &b, ws)? };
             let describe = || format!("{} {op:?} (unfused tail)", p.describe());
-            unsafe { legacy::bias_activation(h, (&t.bias, b.bias), (&t.y, b.y), (&t.act, act), &describe) }
+            unsafe { legacy_launch::bias_activation(h, (&t.bias, b.bias), (&t.y, b.y), (&t.act, act), &describe) }
         }
     }
 }
