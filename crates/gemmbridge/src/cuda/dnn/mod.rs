@@ -9,7 +9,7 @@
 //! program creates no cuDNN handle. A call's way from [`ConvCall`] to its launch: `run.rs`;
 //! graph replay of repeated calls: `replay.rs`; the room's own larger workspace:
 //! `workspace.rs`. Plans from the tactic database, and plans a measured search chose as tactics
-//! for it: `tactic.rs`.
+//! for it: `tactic.rs` (rebuilt from an entry: `rebuild.rs`).
 //!
 //! This file: the settings ([`ConvSearch`], [`ConvApi`]), the call ([`ConvOp`],
 //! [`ConvBuffers`], [`ConvCall`]), the plan key and the planned call of either API, and
@@ -22,6 +22,7 @@ mod graph_search;
 mod legacy;
 mod legacy_launch;
 mod legacy_rank;
+mod rebuild;
 mod replay;
 mod run;
 mod sys;
