@@ -76,49 +76,7 @@ pub(crate) unsafe fn launch(h: cudnnHandle_t, call: &ConvCall, plan: &mut ConvPl
                 let st = sys::cudnnConvolutionForward(h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, my);
                 check(st, "cudnnConvolutionForward", describe)
             }
-            (ConvOp::Fused(act), Algo::Forward(algo)) => {
-                let (bias, act_desc) =
-                    (plan.bias.as_ref().expect("fused plan"), plan.act.as_ref().expect("fused plan"));
-                let cb = b.bias as *const c_void;
-                if plan.fused {
-                    // y = act(1·conv(x, w) + 0·z + bias), z = y (not read: α2 = 0)
-                    let st = sys::cudnnConvolutionBiasActivationForward(
-                        h,
-                        a,
-                        x,
-                        cx,
-                        w,
-                        cw,
-                        conv,
-                        algo,
-                        wsp,
-                        wsb,
-                        z,
-                        y,
-                        cy,
-                        bias.raw(),
-                        cb,
-                        act_desc.raw(),
-                        y,
-                        my,
-                    );
-                    let refused = matches!(
-                        st,
-                        sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED | sys::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM
-                    );
-                    if !refused {
-                        return check(st, "cudnnConvolutionBiasActivationForward", describe);
-                    }
-                    plan.fused = false;
-                    tracing::info!(
-                        problem = %p.describe(), status = ?st,
-                        "cuDNN refused the fused convolution + bias + activation; running it unfused (3 calls)"
-                    );
-                }
-                let st = sys::cudnnConvolutionForward(h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, my);
-                check(st, "cudnnConvolutionForward", describe)?;
-                bias_activation(h, (bias, b.bias), (&plan.y, b.y), (act_desc, act), &describe)
-            }
+            (ConvOp::Fused(act), Algo::Forward(algo)) => fused_forward(h, call, plan, ws, algo, act),
             (ConvOp::BackwardData, Algo::Data(algo)) => {
                 let st = sys::cudnnConvolutionBackwardData(
                     h,
@@ -157,5 +115,73 @@ pub(crate) unsafe fn launch(h: cudnnHandle_t, call: &ConvCall, plan: &mut ConvPl
             }
             (op, algo) => Err(Error::Unsupported { backend: "cuDNN", what: format!("{op:?} with {}", algo.name()) }),
         }
+    }
+}
+
+/// The fused forward with the plan's bias and activation: `cudnnConvolutionBiasActivationForward`
+/// until cuDNN refuses it (logged once; the plan runs unfused from then on), else the
+/// convolution, then the bias add and the activation ([`bias_activation`]).
+///
+/// # Safety
+/// As [`launch`]; `plan` is a fused forward's (its bias and activation descriptors set).
+unsafe fn fused_forward(
+    h: cudnnHandle_t,
+    call: &ConvCall,
+    plan: &mut ConvPlan,
+    ws: u64,
+    algo: sys::cudnnConvolutionFwdAlgo_t,
+    act: ConvActivation,
+) -> Result<()> {
+    let (p, op, b) = (call.problem, call.op, call.buffers);
+    let (one, zero) = (1.0f32, 0.0f32);
+    let (a, z) = (&one as *const f32 as *const c_void, &zero as *const f32 as *const c_void);
+    let (wsp, wsb) = (ws as *mut c_void, plan.choice.workspace);
+    let (x, w, y, conv) = (plan.x.raw(), plan.w.raw(), plan.y.raw(), plan.conv.raw());
+    let (cx, cw, cy, my) = (b.x as *const c_void, b.w as *const c_void, b.y as *const c_void, b.y as *mut c_void);
+    let describe = || format!("{} {op:?} {}", p.describe(), plan.choice.algo.name());
+    // SAFETY (every call): live descriptors of the problem, device buffers of its sizes (the
+    // caller's contract), a workspace of at least `wsb` bytes, host scalars of f32 (cuDNN's
+    // scaling type for float, half and bfloat16 data).
+    unsafe {
+        let (bias, act_desc) = (plan.bias.as_ref().expect("fused plan"), plan.act.as_ref().expect("fused plan"));
+        let cb = b.bias as *const c_void;
+        if plan.fused {
+            // y = act(1·conv(x, w) + 0·z + bias), z = y (not read: α2 = 0)
+            let st = sys::cudnnConvolutionBiasActivationForward(
+                h,
+                a,
+                x,
+                cx,
+                w,
+                cw,
+                conv,
+                algo,
+                wsp,
+                wsb,
+                z,
+                y,
+                cy,
+                bias.raw(),
+                cb,
+                act_desc.raw(),
+                y,
+                my,
+            );
+            let refused = matches!(
+                st,
+                sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED | sys::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM
+            );
+            if !refused {
+                return check(st, "cudnnConvolutionBiasActivationForward", describe);
+            }
+            plan.fused = false;
+            tracing::info!(
+                problem = %p.describe(), status = ?st,
+                "cuDNN refused the fused convolution + bias + activation; running it unfused (3 calls)"
+            );
+        }
+        let st = sys::cudnnConvolutionForward(h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, my);
+        check(st, "cudnnConvolutionForward", describe)?;
+        bias_activation(h, (bias, b.bias), (&plan.y, b.y), (act_desc, act), &describe)
     }
 }
