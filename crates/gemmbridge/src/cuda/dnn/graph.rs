@@ -79,14 +79,56 @@ pub(crate) fn alignment(b: &ConvBuffers) -> u8 {
 /// documented, and cudnn-frontend keeps them too).
 pub(super) fn graph(h: raw::cudnnHandle_t, p: &Conv2d, op: ConvOp, align: u8) -> Result<(Desc, Vec<Desc>)> {
     let (dtype, _) = types(p.precision);
-    let f32_ = raw::cudnnDataType_t::CUDNN_DATA_FLOAT;
     let align = i64::from(align);
     let x = tensor(X, dtype, p.x_dims(), p.layout, align)?;
     let w = tensor(W, dtype, p.w_dims(), p.layout, align)?;
     let y = tensor(Y, dtype, p.y_dims(), p.layout, align)?;
+    let conv = convolution(p)?;
+    let describe = || format!("{} {op:?}", p.describe());
+    let (ops, mut parts) = match op {
+        ConvOp::Forward | ConvOp::Fused(_) => forward_ops(p, op, align, [&x, &w, &y], &conv)?,
+        ConvOp::BackwardData => {
+            let names = [
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+            ];
+            let ty = D::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR;
+            (vec![conv_operation(ty, names, [&x, &w, &y], &conv, describe)?], Vec::new())
+        }
+        ConvOp::BackwardFilter => {
+            let names = [
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+            ];
+            let ty = D::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR;
+            (vec![conv_operation(ty, names, [&x, &w, &y], &conv, describe)?], Vec::new())
+        }
+    };
+    let refs: Vec<&Desc> = ops.iter().collect();
+    let g = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?
+        .handle(A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, h)?
+        .descs(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &refs)?
+        .finalize(describe)?;
+    parts.extend(ops);
+    parts.extend([x, w, y, conv]);
+    Ok((g, parts))
+}
+
+/// The convolution descriptor of `p`: cross-correlation (PyTorch's `conv2d`) in two spatial
+/// dimensions with its dilation, stride and padding, f32 compute.
+fn convolution(p: &Conv2d) -> Result<Desc> {
+    let f32_ = raw::cudnnDataType_t::CUDNN_DATA_FLOAT;
     let two = |v: [usize; 2]| v.map(|x| x as i64);
     // SAFETY: COMP_TYPE reads a cudnnDataType_t, CONV_MODE a cudnnConvolutionMode_t.
-    let conv = unsafe {
+    unsafe {
         Desc::new(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?
             .set(A::CUDNN_ATTR_CONVOLUTION_COMP_TYPE, T::CUDNN_TYPE_DATA_TYPE, &[f32_])?
             .set(
@@ -99,88 +141,75 @@ pub(super) fn graph(h: raw::cudnnHandle_t, p: &Conv2d, op: ConvOp, align: u8) ->
             .i64s(A::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, &two(p.stride))?
             .i64s(A::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, &two(p.pad))?
             .i64s(A::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, &two(p.pad))?
-            .finalize(|| p.describe())?
-    };
-    let scalars = |d: Desc, alpha: A, beta: A| -> Result<Desc> {
-        // SAFETY: FLOAT attributes read a float (the scaling type of float, half and bfloat16).
-        unsafe { d.set(alpha, T::CUDNN_TYPE_FLOAT, &[1.0f32])?.set(beta, T::CUDNN_TYPE_FLOAT, &[0.0f32]) }
-    };
+            .finalize(|| p.describe())
+    }
+}
+
+/// A convolution operation descriptor of type `ty`, finalized: its x, w and y (dx, dw, dy
+/// backward) and the convolution `conv` set as the attributes `names` name them (x, w, y,
+/// convolution, then α and β), α = 1, β = 0.
+fn conv_operation(
+    ty: D,
+    [ax, aw, ay, aconv, alpha, beta]: [A; 6],
+    [x, w, y]: [&Desc; 3],
+    conv: &Desc,
+    what: impl FnOnce() -> String,
+) -> Result<Desc> {
+    let d = Desc::new(ty)?.descs(ax, &[x])?.descs(aw, &[w])?.descs(ay, &[y])?.descs(aconv, &[conv])?;
+    // SAFETY: FLOAT attributes read a float (the scaling type of float, half and bfloat16).
+    let d = unsafe { d.set(alpha, T::CUDNN_TYPE_FLOAT, &[1.0f32])?.set(beta, T::CUDNN_TYPE_FLOAT, &[0.0f32])? };
+    d.finalize(what)
+}
+
+/// The forward graph's operations, and the descriptors they use besides x, w, y and the
+/// convolution: the convolution writing y, or (fused) writing a virtual f32 tensor that a bias
+/// ADD carries to y, for ReLU through a second virtual tensor and a RELU_FWD.
+fn forward_ops(
+    p: &Conv2d,
+    op: ConvOp,
+    align: i64,
+    [x, w, y]: [&Desc; 3],
+    conv: &Desc,
+) -> Result<(Vec<Desc>, Vec<Desc>)> {
+    let (dtype, _) = types(p.precision);
+    let f32_ = raw::cudnnDataType_t::CUDNN_DATA_FLOAT;
     let describe = || format!("{} {op:?}", p.describe());
     let mut ops = Vec::with_capacity(3);
     let mut parts = Vec::new();
-    match op {
-        ConvOp::Forward | ConvOp::Fused(_) => {
-            // the fused graph's convolution writes a virtual f32 tensor, its bias ADD (and ReLU)
-            // write y
-            let conv_out = match op {
-                ConvOp::Fused(_) => Some(tensor(CONV_OUT, f32_, p.y_dims(), p.layout, align)?),
-                _ => None,
-            };
-            let out = conv_out.as_ref().unwrap_or(&y);
-            let d = Desc::new(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[&x])?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, &[&w])?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, &[out])?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, &[&conv])?;
-            let d = scalars(
-                d,
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
-            )?;
-            ops.push(d.finalize(describe)?);
-            if let ConvOp::Fused(act) = op {
-                let bias = tensor(BIAS, dtype, [1, p.k, 1, 1], p.layout, align)?;
-                use raw::cudnnPointwiseMode_t::*;
-                if act == ConvActivation::Relu {
-                    let biased = tensor(BIASED, f32_, p.y_dims(), p.layout, align)?;
-                    let [add, add_pw] = pointwise(CUDNN_POINTWISE_ADD, out, Some(&bias), &biased)?;
-                    let [relu, relu_pw] = pointwise(CUDNN_POINTWISE_RELU_FWD, &biased, None, &y)?;
-                    ops.extend([add, relu]);
-                    parts.extend([add_pw, relu_pw, biased]);
-                } else {
-                    let [add, add_pw] = pointwise(CUDNN_POINTWISE_ADD, out, Some(&bias), &y)?;
-                    ops.push(add);
-                    parts.push(add_pw);
-                }
-                parts.push(bias);
-            }
-            parts.extend(conv_out);
+    // the fused graph's convolution writes a virtual f32 tensor, its bias ADD (and ReLU) write y
+    let conv_out = match op {
+        ConvOp::Fused(_) => Some(tensor(CONV_OUT, f32_, p.y_dims(), p.layout, align)?),
+        _ => None,
+    };
+    let out = conv_out.as_ref().unwrap_or(y);
+    let names = [
+        A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+        A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+        A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+        A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+        A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+        A::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+    ];
+    let ty = D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR;
+    ops.push(conv_operation(ty, names, [x, w, out], conv, describe)?);
+    if let ConvOp::Fused(act) = op {
+        let bias = tensor(BIAS, dtype, [1, p.k, 1, 1], p.layout, align)?;
+        use raw::cudnnPointwiseMode_t::*;
+        if act == ConvActivation::Relu {
+            let biased = tensor(BIASED, f32_, p.y_dims(), p.layout, align)?;
+            let [add, add_pw] = pointwise(CUDNN_POINTWISE_ADD, out, Some(&bias), &biased)?;
+            let [relu, relu_pw] = pointwise(CUDNN_POINTWISE_RELU_FWD, &biased, None, y)?;
+            ops.extend([add, relu]);
+            parts.extend([add_pw, relu_pw, biased]);
+        } else {
+            let [add, add_pw] = pointwise(CUDNN_POINTWISE_ADD, out, Some(&bias), y)?;
+            ops.push(add);
+            parts.push(add_pw);
         }
-        ConvOp::BackwardData => {
-            let d = Desc::new(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR)?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, &[&x])?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, &[&w])?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, &[&y])?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, &[&conv])?;
-            let d = scalars(
-                d,
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
-            )?;
-            ops.push(d.finalize(describe)?);
-        }
-        ConvOp::BackwardFilter => {
-            let d = Desc::new(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR)?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, &[&x])?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, &[&w])?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, &[&y])?
-                .descs(A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, &[&conv])?;
-            let d = scalars(
-                d,
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
-                A::CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
-            )?;
-            ops.push(d.finalize(describe)?);
-        }
+        parts.push(bias);
     }
-    let refs: Vec<&Desc> = ops.iter().collect();
-    let g = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?
-        .handle(A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, h)?
-        .descs(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &refs)?
-        .finalize(describe)?;
-    parts.extend(ops);
-    parts.extend([x, w, y, conv]);
-    Ok((g, parts))
+    parts.extend(conv_out);
+    Ok((ops, parts))
 }
 
 /// The variant pack's unique ids and pointers of a call, in the same order.
