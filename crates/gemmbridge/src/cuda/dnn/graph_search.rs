@@ -158,43 +158,13 @@ pub(crate) unsafe fn make(
         };
         let mut timed = 0usize;
         for cfg in cfgs {
-            let Ok((index, notes)) = engine_of(&cfg) else { continue };
-            let name = format!("engine {index} ({mode:?}, notes {notes:?})");
-            if !notes_ok(p.precision, &notes) {
-                tracing::debug!(problem = %what(), %name, "skipped: numerical notes break the precision");
-                continue;
-            }
-            let made = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
-                .and_then(|d| d.handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h))
-                .and_then(|d| d.descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg]))
-                .and_then(|d| d.finalize(String::new));
-            let Ok(plan) = made else {
-                tracing::debug!(problem = %what(), %name, "skipped: the plan does not finalize");
-                continue;
-            };
-            let Ok(bytes) = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE) else { continue };
-            let bytes = bytes.max(0) as usize;
-            if bytes > limit {
-                tracing::debug!(problem = %what(), %name, bytes, limit, "skipped: workspace over the limit");
-                continue;
-            }
-            let mut gp = GraphPlan::new(plan, vec![cfg], bytes, name, uids.clone());
+            let Some(mut gp) = qualified(h, call, mode, cfg, limit, &uids) else { continue };
             if search == ConvSearch::Heuristic {
                 best = Some((0.0, gp));
                 break 'modes;
             }
-            let timing = ws(bytes).and_then(|addr| {
-                // SAFETY: forwarded; `addr` holds `bytes`.
-                unsafe { time(h, call, &mut gp, addr) }
-            });
-            let ms = match timing {
-                Ok(ms) => ms,
-                Err(e) => {
-                    tracing::debug!(problem = %what(), name = %gp.name, error = %e, "skipped: the plan fails to run");
-                    continue;
-                }
-            };
-            tracing::debug!(problem = %what(), name = %gp.name, bytes, ms, "timed");
+            // SAFETY: forwarded.
+            let Some(ms) = (unsafe { measure(h, call, &mut gp, ws) }) else { continue };
             first_ms.get_or_insert(ms); // the heuristic's choice: the first that runs
             gp.name = format!("{} {ms:.4} ms", gp.name);
             if best.as_ref().is_none_or(|(t, _)| ms < *t) {
@@ -213,4 +183,69 @@ pub(crate) unsafe fn make(
     plan._made_of.append(&mut parts);
     tracing::debug!(problem = %p.describe(), ?op, plan = %plan.name, workspace = plan.workspace, "cuDNN graph plan");
     Ok(Some(plan))
+}
+
+/// The execution plan of engine configuration `cfg` (ranked under `mode`) for the call's
+/// problem and direction, where it qualifies: its engine's numerical notes keep the
+/// precision's promise, the plan finalizes and needs at most `limit` bytes of workspace.
+/// `None` otherwise (each refusal logged at debug level).
+fn qualified(
+    h: raw::cudnnHandle_t,
+    call: &ConvCall,
+    mode: raw::cudnnBackendHeurMode_t,
+    cfg: Desc,
+    limit: usize,
+    uids: &[i64],
+) -> Option<GraphPlan> {
+    let (p, op) = (call.problem, call.op);
+    let what = || format!("{} {op:?}", p.describe());
+    let Ok((index, notes)) = engine_of(&cfg) else { return None };
+    let name = format!("engine {index} ({mode:?}, notes {notes:?})");
+    if !notes_ok(p.precision, &notes) {
+        tracing::debug!(problem = %what(), %name, "skipped: numerical notes break the precision");
+        return None;
+    }
+    let made = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
+        .and_then(|d| d.handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h))
+        .and_then(|d| d.descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg]))
+        .and_then(|d| d.finalize(String::new));
+    let Ok(plan) = made else {
+        tracing::debug!(problem = %what(), %name, "skipped: the plan does not finalize");
+        return None;
+    };
+    let Ok(bytes) = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE) else { return None };
+    let bytes = bytes.max(0) as usize;
+    if bytes > limit {
+        tracing::debug!(problem = %what(), %name, bytes, limit, "skipped: workspace over the limit");
+        return None;
+    }
+    Some(GraphPlan::new(plan, vec![cfg], bytes, name, uids.to_vec()))
+}
+
+/// Device ms per call of `gp` on the call's buffers ([`time`]), on a workspace from `ws`;
+/// `None` where it fails to run (logged at debug level).
+///
+/// # Safety
+/// As [`make`] with a measured search.
+unsafe fn measure(
+    h: raw::cudnnHandle_t,
+    call: &ConvCall,
+    gp: &mut GraphPlan,
+    ws: &mut WorkspaceFor<'_>,
+) -> Option<f64> {
+    let (p, op, bytes) = (call.problem, call.op, gp.workspace);
+    let what = || format!("{} {op:?}", p.describe());
+    let timing = ws(bytes).and_then(|addr| {
+        // SAFETY: forwarded; `addr` holds `bytes`.
+        unsafe { time(h, call, gp, addr) }
+    });
+    let ms = match timing {
+        Ok(ms) => ms,
+        Err(e) => {
+            tracing::debug!(problem = %what(), name = %gp.name, error = %e, "skipped: the plan fails to run");
+            return None;
+        }
+    };
+    tracing::debug!(problem = %what(), name = %gp.name, bytes, ms, "timed");
+    Some(ms)
 }
