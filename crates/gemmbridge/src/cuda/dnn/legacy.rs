@@ -104,8 +104,8 @@ pub(crate) unsafe fn make(
     let y = TensorDesc::new(dtype, p.y_dims(), p.layout)?;
     let conv = ConvDesc::new(p, math)?;
     let descs = (x.raw(), w.raw(), y.raw(), conv.raw());
-    // SAFETY: forwarded; the descriptors are live.
     let problem = || format!("{} {op:?}", p.describe());
+    // SAFETY: forwarded; the descriptors are live.
     let candidates = unsafe { rank(h, op, descs, search, &problem)? };
     let fits = |c: &&Ranked| c.2 <= workspace_limit && math_ok(p.precision, c.1);
     // the identity activation of the fused call exists only with IMPLICIT_PRECOMP_GEMM (cuDNN

@@ -63,13 +63,13 @@ fn read_config(cfg: &Desc) -> Result<EngineConfig> {
     let (engine, _) = engine_of(cfg)?;
     let (attr, ty) = (A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, T::CUDNN_TYPE_BACKEND_DESCRIPTOR);
     // A count query (no array) answers 0 for the engine configurations cuDNN 9.19's heuristics
-    // return (the tune run on the H200 stored 88 plans, all with no knobs, and rebuilt plans
-    // ran up to 7.7× slower than the tuned ones): as cudnn-frontend does, ask for up to
-    // KNOB_SLOTS choices into descriptors created beforehand.
+    // return (read that way, 88 plans tuned on the H200 were stored with no knobs, and the
+    // plans rebuilt from them ran up to 7.7× slower than the tuned ones): as cudnn-frontend
+    // does, ask for up to KNOB_SLOTS choices into descriptors created beforehand.
     let choices: Vec<Desc> =
         (0..KNOB_SLOTS).map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)).collect::<Result<_>>()?;
     let mut raws: Vec<raw::cudnnBackendDescriptor_t> = choices.iter().map(|d| d.0).collect();
-    // SAFETY: cuDNN fills the caller's created KNOB_CHOICE descriptors, at most `n`.
+    // SAFETY: cuDNN fills the caller's created KNOB_CHOICE descriptors, at most KNOB_SLOTS.
     let got = unsafe { cfg.get(attr, ty, &mut raws) }?;
     let mut knobs = Vec::with_capacity(got);
     for c in choices.iter().take(got) {
