@@ -9,7 +9,7 @@ use super::checks::same_context;
 use super::engine::Gpu;
 use crate::conv::{Conv2d, ConvActivation};
 use crate::cuda::device::{is_capturing, GraphReplay, Relaxed};
-use crate::cuda::dnn::{ConvApi, ConvBuffers, ConvOp, ConvSearch, DnnState};
+use crate::cuda::dnn::{ConvApi, ConvBuffers, ConvCall, ConvOp, ConvSearch, DnnState};
 use crate::cuda::status;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, Which};
@@ -350,7 +350,8 @@ impl Gpu {
         // SAFETY: every address was checked above against the problem's sizes and belongs to
         // this context, borrowed (guards) until the call is enqueued; the workspace is this
         // stream's; the stream is the Gpu's own, live; `cap` is the device's capture stream.
-        let r = unsafe { dnn.run(p, op, b, (ws.ptr, ws.matmul_bytes), stream, replay, cap) };
+        let call = ConvCall { problem: p, op, buffers: b, workspace: (ws.ptr, ws.matmul_bytes), stream };
+        let r = unsafe { dnn.run(&call, replay, cap) };
         drop((guards, out_guard));
         r
     }

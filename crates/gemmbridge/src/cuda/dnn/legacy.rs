@@ -1,7 +1,7 @@
 //! The legacy convolution API (`cudnnConvolutionForward` and friends): a plan's descriptors and
-//! the algorithm chosen for it, once per problem, and its launch. The room's fallback where the
-//! graph API (`graph.rs`) finds no engine, and selectable for comparisons
-//! ([`super::ConvApi::Legacy`]).
+//! the algorithm chosen for it, once per problem (the candidates: `legacy_rank.rs`; the
+//! launches: `legacy_launch.rs`). The room's fallback where the graph API (`graph.rs`) finds no
+//! engine, and selectable for comparisons ([`super::ConvApi::Legacy`]).
 //!
 //! The choice: cuDNN's heuristic (`cudnnGetConvolution*Algorithm_v7`, its ranked list) by
 //! default, or a measured search on request (`cudnnFindConvolution*AlgorithmEx` on the call's
@@ -12,15 +12,13 @@
 //! measured a 10× slowdown when the heuristic's math type is ignored, as cudarc's safe
 //! `pick_algorithm` does).
 
-use std::ffi::c_void;
-
 use cudarc::cudnn::sys;
 
+use super::legacy_rank::{rank, Ranked};
 use super::sys::{check, math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
-use super::{ConvBuffers, ConvOp, Measured};
+use super::{ConvOp, Measured};
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
-use cudarc::cudnn::sys::cudnnHandle_t;
 
 /// The algorithm chosen, in its direction's enum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,44 +85,6 @@ pub(crate) struct SearchBuffers {
     pub workspace: (u64, usize),
 }
 
-/// What the three directions' performance records share.
-trait Perf: Copy {
-    fn status(&self) -> sys::cudnnStatus_t;
-    fn memory(&self) -> usize;
-    fn math(&self) -> sys::cudnnMathType_t;
-    fn algo(&self) -> Algo;
-    fn time(&self) -> f32;
-}
-
-macro_rules! perf {
-    ($t:ty, $variant:ident) => {
-        impl Perf for $t {
-            fn status(&self) -> sys::cudnnStatus_t {
-                self.status
-            }
-            fn memory(&self) -> usize {
-                self.memory
-            }
-            fn math(&self) -> sys::cudnnMathType_t {
-                self.mathType
-            }
-            fn algo(&self) -> Algo {
-                Algo::$variant(self.algo)
-            }
-            fn time(&self) -> f32 {
-                self.time
-            }
-        }
-    };
-}
-
-perf!(sys::cudnnConvolutionFwdAlgoPerf_t, Forward);
-perf!(sys::cudnnConvolutionBwdDataAlgoPerf_t, Data);
-perf!(sys::cudnnConvolutionBwdFilterAlgoPerf_t, Filter);
-
-/// Room for every algorithm cuDNN has in a direction (8, 6 and 7 in cuDNN 9).
-const MAX_ALGOS: usize = 16;
-
 /// Makes the plan for `p` and `op`: descriptors, then the heuristic's (or, with `search`, the
 /// measured) ranking, then the first candidate that fits `workspace_limit` bytes.
 ///
@@ -144,8 +104,8 @@ pub(crate) unsafe fn make(
     let y = TensorDesc::new(dtype, p.y_dims(), p.layout)?;
     let conv = ConvDesc::new(p, math)?;
     let descs = (x.raw(), w.raw(), y.raw(), conv.raw());
-    // SAFETY: forwarded; the descriptors are live.
     let problem = || format!("{} {op:?}", p.describe());
+    // SAFETY: forwarded; the descriptors are live.
     let candidates = unsafe { rank(h, op, descs, search, &problem)? };
     let fits = |c: &&Ranked| c.2 <= workspace_limit && math_ok(p.precision, c.1);
     // the identity activation of the fused call exists only with IMPLICIT_PRECOMP_GEMM (cuDNN
@@ -196,138 +156,12 @@ pub(crate) unsafe fn make(
     Ok(ConvPlan { x, w, y, conv, choice, bias, act, fused: true, from_database: false })
 }
 
-/// A ranked candidate: algorithm, math type, workspace bytes and (measured) time in ms.
-type Ranked = (Algo, sys::cudnnMathType_t, usize, f32);
-
 pub(super) type Descs = (
     sys::cudnnTensorDescriptor_t,
     sys::cudnnFilterDescriptor_t,
     sys::cudnnTensorDescriptor_t,
     sys::cudnnConvolutionDescriptor_t,
 );
-
-/// The ranked candidates that succeeded.
-unsafe fn rank(
-    h: sys::cudnnHandle_t,
-    op: ConvOp,
-    (x, w, y, conv): Descs,
-    search: Option<SearchBuffers>,
-    problem: &dyn Fn() -> String,
-) -> Result<Vec<Ranked>> {
-    fn keep<P: Perf>(v: &[P], n: i32) -> Vec<Ranked> {
-        let ok = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-        v[..n.clamp(0, v.len() as i32) as usize]
-            .iter()
-            .filter(|r| r.status() == ok)
-            .map(|r| (r.algo(), r.math(), r.memory(), r.time()))
-            .collect()
-    }
-    let (mut n, req) = (0i32, MAX_ALGOS as i32);
-    let cv = |a: u64| a as *const c_void;
-    let mv = |a: u64| a as *mut c_void;
-    // SAFETY (every arm): live descriptors, out-arrays of MAX_ALGOS records, the search's
-    // buffers per the caller's contract.
-    unsafe {
-        match op {
-            ConvOp::Forward | ConvOp::Fused(_) => {
-                let mut r = [std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>(); MAX_ALGOS];
-                let (st, name) = match search {
-                    None => (
-                        sys::cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, conv, y, req, &mut n, r.as_mut_ptr()),
-                        "cudnnGetConvolutionForwardAlgorithm_v7",
-                    ),
-                    Some(b) => (
-                        sys::cudnnFindConvolutionForwardAlgorithmEx(
-                            h,
-                            x,
-                            cv(b.x),
-                            w,
-                            cv(b.w),
-                            conv,
-                            y,
-                            mv(b.y),
-                            req,
-                            &mut n,
-                            r.as_mut_ptr(),
-                            mv(b.workspace.0),
-                            b.workspace.1,
-                        ),
-                        "cudnnFindConvolutionForwardAlgorithmEx",
-                    ),
-                };
-                check(st, name, problem)?;
-                Ok(keep(&r, n))
-            }
-            ConvOp::BackwardData => {
-                let mut r = [std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(); MAX_ALGOS];
-                let (st, name) = match search {
-                    None => (
-                        sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, conv, x, req, &mut n, r.as_mut_ptr()),
-                        "cudnnGetConvolutionBackwardDataAlgorithm_v7",
-                    ),
-                    Some(b) => (
-                        sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                            h,
-                            w,
-                            cv(b.w),
-                            y,
-                            cv(b.y),
-                            conv,
-                            x,
-                            mv(b.x),
-                            req,
-                            &mut n,
-                            r.as_mut_ptr(),
-                            mv(b.workspace.0),
-                            b.workspace.1,
-                        ),
-                        "cudnnFindConvolutionBackwardDataAlgorithmEx",
-                    ),
-                };
-                check(st, name, problem)?;
-                Ok(keep(&r, n))
-            }
-            ConvOp::BackwardFilter => {
-                let mut r = [std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(); MAX_ALGOS];
-                let (st, name) = match search {
-                    None => (
-                        sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                            h,
-                            x,
-                            y,
-                            conv,
-                            w,
-                            req,
-                            &mut n,
-                            r.as_mut_ptr(),
-                        ),
-                        "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
-                    ),
-                    Some(b) => (
-                        sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                            h,
-                            x,
-                            cv(b.x),
-                            y,
-                            cv(b.y),
-                            conv,
-                            w,
-                            mv(b.w),
-                            req,
-                            &mut n,
-                            r.as_mut_ptr(),
-                            mv(b.workspace.0),
-                            b.workspace.1,
-                        ),
-                        "cudnnFindConvolutionBackwardFilterAlgorithmEx",
-                    ),
-                };
-                check(st, name, problem)?;
-                Ok(keep(&r, n))
-            }
-        }
-    }
-}
 
 /// The exact workspace of `algo` with the descriptor's math type as set.
 pub(super) unsafe fn workspace_size(h: sys::cudnnHandle_t, (x, w, y, conv): Descs, algo: Algo) -> Result<usize> {
@@ -351,155 +185,4 @@ pub(super) unsafe fn workspace_size(h: sys::cudnnHandle_t, (x, w, y, conv): Desc
     };
     check(st, name, || algo.name())?;
     Ok(bytes)
-}
-
-/// The unfused tail of a forward with bias and activation, after the convolution wrote `y`:
-/// `y += bias` (`cudnnAddTensor`, the bias `[1, K, 1, 1]` broadcast), then (ReLU)
-/// `y = relu(y)` (`cudnnActivationForward`, in place).
-///
-/// # Safety
-/// `h` is live and bound to the call's stream; `y` (described by `yd`) and `bias` (by `bd`)
-/// are device buffers of the problem's sizes.
-pub(crate) unsafe fn bias_activation(
-    h: cudnnHandle_t,
-    (bd, bias): (&TensorDesc, u64),
-    (yd, y): (&TensorDesc, u64),
-    act: (&ActivationDesc, ConvActivation),
-    describe: &dyn Fn() -> String,
-) -> Result<()> {
-    let one = 1.0f32;
-    let a = &one as *const f32 as *const c_void;
-    let zero = 0.0f32;
-    let z = &zero as *const f32 as *const c_void;
-    // SAFETY: live descriptors, device buffers per the caller's contract, f32 host scalars.
-    unsafe {
-        let st = sys::cudnnAddTensor(h, a, bd.raw(), bias as *const c_void, a, yd.raw(), y as *mut c_void);
-        check(st, "cudnnAddTensor", describe)?;
-        if act.1 == ConvActivation::Relu {
-            let st = sys::cudnnActivationForward(
-                h,
-                act.0.raw(),
-                a,
-                yd.raw(),
-                y as *const c_void,
-                z,
-                yd.raw(),
-                y as *mut c_void,
-            );
-            check(st, "cudnnActivationForward", describe)?;
-        }
-    }
-    Ok(())
-}
-
-/// The launch of one planned call (α = 1, β = 0: every output is overwritten).
-///
-/// # Safety
-/// `h` is live and bound to the call's stream; `b` holds device buffers of `p`'s sizes; `ws`
-/// has at least the plan's workspace.
-pub(crate) unsafe fn launch(
-    h: cudnnHandle_t,
-    p: &Conv2d,
-    op: ConvOp,
-    plan: &mut ConvPlan,
-    b: ConvBuffers,
-    ws: u64,
-) -> Result<()> {
-    let (one, zero) = (1.0f32, 0.0f32);
-    let (a, z) = (&one as *const f32 as *const c_void, &zero as *const f32 as *const c_void);
-    let (wsp, wsb) = (ws as *mut c_void, plan.choice.workspace);
-    let (x, w, y, conv) = (plan.x.raw(), plan.w.raw(), plan.y.raw(), plan.conv.raw());
-    let (cx, cw, cy, my) = (b.x as *const c_void, b.w as *const c_void, b.y as *const c_void, b.y as *mut c_void);
-    let describe = || format!("{} {op:?} {}", p.describe(), plan.choice.algo.name());
-    // SAFETY (every call): live descriptors of the problem, device buffers of its sizes (the
-    // caller's contract), a workspace of at least `wsb` bytes, host scalars of f32 (cuDNN's
-    // scaling type for float, half and bfloat16 data).
-    unsafe {
-        match (op, plan.choice.algo) {
-            (ConvOp::Forward, Algo::Forward(algo)) => {
-                let st = sys::cudnnConvolutionForward(h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, my);
-                check(st, "cudnnConvolutionForward", describe)
-            }
-            (ConvOp::Fused(act), Algo::Forward(algo)) => {
-                let (bias, act_desc) =
-                    (plan.bias.as_ref().expect("fused plan"), plan.act.as_ref().expect("fused plan"));
-                let cb = b.bias as *const c_void;
-                if plan.fused {
-                    // y = act(1·conv(x, w) + 0·z + bias), z = y (not read: α2 = 0)
-                    let st = sys::cudnnConvolutionBiasActivationForward(
-                        h,
-                        a,
-                        x,
-                        cx,
-                        w,
-                        cw,
-                        conv,
-                        algo,
-                        wsp,
-                        wsb,
-                        z,
-                        y,
-                        cy,
-                        bias.raw(),
-                        cb,
-                        act_desc.raw(),
-                        y,
-                        my,
-                    );
-                    let refused = matches!(
-                        st,
-                        sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED | sys::cudnnStatus_t::CUDNN_STATUS_BAD_PARAM
-                    );
-                    if !refused {
-                        return check(st, "cudnnConvolutionBiasActivationForward", describe);
-                    }
-                    plan.fused = false;
-                    tracing::info!(
-                        problem = %p.describe(), status = ?st,
-                        "cuDNN refused the fused convolution + bias + activation; running it unfused (3 calls)"
-                    );
-                }
-                let st = sys::cudnnConvolutionForward(h, a, x, cx, w, cw, conv, algo, wsp, wsb, z, y, my);
-                check(st, "cudnnConvolutionForward", describe)?;
-                bias_activation(h, (bias, b.bias), (&plan.y, b.y), (act_desc, act), &describe)
-            }
-            (ConvOp::BackwardData, Algo::Data(algo)) => {
-                let st = sys::cudnnConvolutionBackwardData(
-                    h,
-                    a,
-                    w,
-                    cw,
-                    y,
-                    cy,
-                    conv,
-                    algo,
-                    wsp,
-                    wsb,
-                    z,
-                    x,
-                    b.x as *mut c_void,
-                );
-                check(st, "cudnnConvolutionBackwardData", describe)
-            }
-            (ConvOp::BackwardFilter, Algo::Filter(algo)) => {
-                let st = sys::cudnnConvolutionBackwardFilter(
-                    h,
-                    a,
-                    x,
-                    cx,
-                    y,
-                    cy,
-                    conv,
-                    algo,
-                    wsp,
-                    wsb,
-                    z,
-                    w,
-                    b.w as *mut c_void,
-                );
-                check(st, "cudnnConvolutionBackwardFilter", describe)
-            }
-            (op, algo) => Err(Error::Unsupported { backend: "cuDNN", what: format!("{op:?} with {}", algo.name()) }),
-        }
-    }
 }

@@ -1,31 +1,47 @@
 //! The cuDNN room: one raw handle per `Gpu`, kept under the device's lock and bound per call
 //! to the call's stream (docs/DESIGN.md says why not cudarc's safe `Cudnn`), a plan per
 //! problem, direction and alignment, and its launch. Two cuDNN APIs: the graph (backend) API
-//! (`graph.rs`, the default: an execution plan per problem, `cudnnBackendExecute` per call) and
-//! the legacy API (`legacy.rs`: `cudnnConvolutionForward`, `cudnnConvolutionBiasActivationForward`,
+//! (`graph.rs` and its `graph_*.rs`, the default: an execution plan per problem,
+//! `cudnnBackendExecute` per call) and the legacy API (`legacy.rs` and its `legacy_*.rs`:
+//! `cudnnConvolutionForward`, `cudnnConvolutionBiasActivationForward`,
 //! `cudnnConvolutionBackwardData`, `cudnnConvolutionBackwardFilter`), taken where the graph API
 //! has no engine and on request ([`ConvApi`]). Created on the first convolution, so a GEMM-only
-//! program creates no cuDNN handle. Plans from the tactic database, and plans a measured search
-//! chose as tactics for it: `tactic.rs`.
+//! program creates no cuDNN handle. A call's way from [`ConvCall`] to its launch: `run.rs`;
+//! graph replay of repeated calls: `replay.rs`; the room's own larger workspace:
+//! `workspace.rs`. Plans from the tactic database, and plans a measured search chose as tactics
+//! for it: `tactic.rs` (rebuilt from an entry: `rebuild.rs`).
+//!
+//! This file: the settings ([`ConvSearch`], [`ConvApi`]), the call ([`ConvOp`],
+//! [`ConvBuffers`], [`ConvCall`]), the plan key and the planned call of either API, and
+//! [`DnnState`] with its reports.
 
 mod graph;
+mod graph_desc;
+mod graph_plan;
+mod graph_search;
 mod legacy;
+mod legacy_launch;
+mod legacy_rank;
+mod rebuild;
+mod replay;
+mod run;
 mod sys;
 mod tactic;
+mod workspace;
 
-use cudarc::cudnn::sys as raw;
 use cudarc::driver::sys::CUstream;
 use rustc_hash::FxHashMap as HashMap;
 
-use super::device::GraphReplay;
-use super::device::{capture, is_capturing, GraphExec, Scratch};
+use super::device::GraphExec;
 use super::library;
 use crate::conv::{Conv2d, ConvActivation};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tactics::Choice;
-use graph::GraphPlan;
-use legacy::{ConvPlan, SearchBuffers};
+use graph_plan::GraphPlan;
+use legacy::ConvPlan;
+use replay::ReplayKey;
 use sys::{types, ActivationDesc, Handle, TensorDesc};
+use workspace::BigWorkspaces;
 
 /// One convolution direction (the fused forward with its activation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,17 +94,27 @@ pub(crate) struct ConvBuffers {
     pub bias: u64,
 }
 
+/// One convolution call, carried as one value from the entry point to its launch: the
+/// problem, its direction, its buffers, the stream's workspace (address, bytes) and the stream.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConvCall<'a> {
+    pub problem: &'a Conv2d,
+    pub op: ConvOp,
+    pub buffers: ConvBuffers,
+    /// The stream's workspace (address, bytes); a plan that needs more runs on the room's
+    /// own ([`BigWorkspaces`]).
+    pub workspace: (u64, usize),
+    pub stream: CUstream,
+}
+
 /// A plan's key: problem, direction, whether a fused forward is fused, the API, and (graph
 /// API) the buffers' common alignment (cuDNN's `BYTE_ALIGNMENT`; 0 for the legacy API).
 type PlanKey = (Conv2d, ConvOp, bool, ConvApi, u8);
 
-/// A replayable call: its plan, its buffers, its workspace and its stream (as an integer).
-type ReplayKey = (PlanKey, [u64; 4], u64, usize);
-
 /// A planned call of either API.
 enum Planned {
     /// A graph-API plan; for a fused forward run unfused, the bias add and activation
-    /// that follow its convolution (legacy calls: [`legacy::bias_activation`]).
+    /// that follow its convolution (legacy calls: [`legacy_launch::bias_activation`]).
     Graph(GraphPlan, Option<Tail>),
     Legacy(ConvPlan),
 }
@@ -144,9 +170,10 @@ pub(crate) const CONV_WORKSPACE_LIMIT: usize = 1 << 30;
 pub(crate) struct DnnState {
     handle: Handle,
     plans: HashMap<PlanKey, Planned>,
-    /// Graph replay of repeated calls (the GEMMs' [`GraphReplay`] settings, every size: a
-    /// convolution call costs the host tens of µs): captured graphs, and how often each call
-    /// has been seen (cleared past 4 × capacity keys).
+    /// Graph replay of repeated calls (`replay.rs`; the GEMMs'
+    /// [`GraphReplay`](super::device::GraphReplay) settings, every size: a convolution call
+    /// costs the host tens of µs): captured graphs, and how often each call has been seen
+    /// (cleared past 4 × capacity keys).
     graphs: HashMap<ReplayKey, GraphExec>,
     seen: HashMap<ReplayKey, u32>,
     pub search: ConvSearch,
@@ -163,60 +190,6 @@ pub(crate) struct DnnState {
     tuned: HashMap<String, Choice>,
     /// The loaded libcudnn's version (`cudnnGetVersion`).
     version: usize,
-}
-
-/// The room's larger workspace and its size in bytes.
-struct Big(Scratch, usize);
-
-// SAFETY: the memory and the stream it is freed on are the Gpu's own; the value is used and
-// dropped only under the device's Mutex.
-unsafe impl Send for Big {}
-
-/// The room's workspaces: the one in use, and those it replaced, kept until the room is
-/// released (a graph the caller captured may still name one).
-#[derive(Default)]
-struct BigWorkspaces {
-    current: Option<Big>,
-    retired: Vec<Big>,
-}
-
-impl BigWorkspaces {
-    /// The address of `bytes` of workspace for a call on `stream`: the stream's own
-    /// (`stream_ws`) when it is large enough, else the room's, grown first if needed (a new
-    /// stream-ordered allocation; the old one is retired, not freed, and the room's replay
-    /// graphs that name it are dropped). Growing inside a capture is refused.
-    fn get(
-        &mut self,
-        graphs: &mut HashMap<ReplayKey, GraphExec>,
-        stream_ws: (u64, usize),
-        bytes: usize,
-        stream: CUstream,
-    ) -> Result<u64> {
-        if bytes <= stream_ws.1 {
-            return Ok(stream_ws.0);
-        }
-        if let Some(Big(s, n)) = self.current.as_ref() {
-            if *n >= bytes {
-                return Ok(s.ptr);
-            }
-        }
-        if is_capturing(stream)? {
-            return Err(Error::NotCapturable {
-                action: "grow the convolution workspace",
-                problem: format!("{bytes} bytes of workspace"),
-            });
-        }
-        // SAFETY: the Gpu's live stream, context bound by the caller; every use of the memory is
-        // enqueued on this stream (or replayed on it) after this allocation.
-        let s = unsafe { Scratch::alloc(bytes, stream)? };
-        let ptr = s.ptr;
-        if let Some(old) = self.current.replace(Big(s, bytes)) {
-            graphs.retain(|k, _| k.2 != old.0.ptr);
-            self.retired.push(old);
-        }
-        tracing::debug!(bytes, "convolution workspace grown beyond the stream's");
-        Ok(ptr)
-    }
 }
 
 impl DnnState {
@@ -274,185 +247,6 @@ impl DnnState {
         self.plans.contains_key(&self.key(p, op, b))
     }
 
-    /// Runs one convolution on `stream`: its plan (made on first use; the caller has checked
-    /// that the stream is not capturing then) and the launch, with `workspace` (address,
-    /// bytes) as cuDNN's workspace. With `replay` on and a private capture stream `cap`, a
-    /// call seen `after_calls` times with the same buffers, workspace and stream is captured
-    /// into a CUDA graph (on `cap`) and from then on launched as that graph; a capture that
-    /// fails leaves the call to run directly.
-    ///
-    /// # Safety
-    /// The addresses in `b` are device memory of this context holding the problem's tensors
-    /// (checked by the entry point), `workspace` is this stream's, `stream` is live; `cap`
-    /// is the device's private capture stream.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn run(
-        &mut self,
-        p: &Conv2d,
-        op: ConvOp,
-        b: ConvBuffers,
-        workspace: (u64, usize),
-        stream: CUstream,
-        replay: GraphReplay,
-        cap: Option<CUstream>,
-    ) -> Result<()> {
-        let key = self.key(p, op, &b);
-        // a planned call's workspace: the stream's, or the room's when the plan needs more
-        // (grown when that plan was made, or now if this stream's workspace is smaller)
-        let ws = match self.plans.get(&key).map(Planned::workspace) {
-            Some(bytes) => self.big.get(&mut self.graphs, workspace, bytes, stream)?,
-            None => workspace.0,
-        };
-        let rkey = (key, [b.x, b.w, b.y, b.bias], ws, stream as usize);
-        if let (true, Some(g)) = (replay.enabled, self.graphs.get(&rkey)) {
-            // never a graph launch into the caller's capture (as for the GEMMs): the call is
-            // then captured directly below
-            if !is_capturing(stream)? {
-                // SAFETY: the graph was captured for exactly these buffers, workspace and stream.
-                return unsafe { g.launch(stream) };
-            }
-        }
-        if replay.enabled && self.plans.contains_key(&key) {
-            if self.seen.len() > 4 * replay.capacity.max(1) {
-                self.seen.clear();
-            }
-            let n = self.seen.entry(rkey).or_insert(0);
-            *n = n.saturating_add(1);
-            // this call is the (n + 1)-th with this key: the first one planned it
-            let due = *n + 1 >= replay.after_calls.max(1) && self.graphs.len() < replay.capacity;
-            if let (true, Some(cap)) = (due, cap) {
-                if !is_capturing(stream)? {
-                    let h = self.handle.on(cap)?;
-                    let plan = self.plans.get_mut(&key).expect("checked above");
-                    // SAFETY: the capture stream is private and idle; the launch enqueues only
-                    // on it; the buffers stay the caller's contract for every replay (the key).
-                    match unsafe { capture(cap, |_| launch(h, p, op, plan, b, ws)) } {
-                        Ok(g) => {
-                            self.seen.remove(&rkey);
-                            let g = self.graphs.entry(rkey).or_insert(g);
-                            // SAFETY: as for a cached graph above.
-                            return unsafe { g.launch(stream) };
-                        }
-                        Err(e) => {
-                            tracing::debug!(problem = %p.describe(), error = %e, "convolution capture failed; direct call")
-                        }
-                    }
-                }
-            }
-        }
-        let h = self.handle.on(stream)?;
-        if self.plans.contains_key(&key) {
-            let plan = self.plans.get_mut(&key).expect("checked");
-            // SAFETY: forwarded; `ws` holds the plan's workspace.
-            return unsafe { launch(h, p, op, plan, b, ws) };
-        }
-        // SAFETY: forwarded.
-        let plan = unsafe { self.make(h, stream, p, op, key.2, &b, workspace)? };
-        let ws = self.big.get(&mut self.graphs, workspace, plan.workspace(), stream)?;
-        let plan = self.plans.entry(key).or_insert(plan);
-        // SAFETY: forwarded; `ws` holds the plan's workspace.
-        let first = unsafe { launch(h, p, op, plan, b, ws) };
-        let (Err(e), Planned::Graph(..)) = (&first, &*plan) else { return first };
-        // a graph-API plan that fails its first launch (cuDNN can refuse at execute time):
-        // the legacy API's plan instead, for this and later calls
-        tracing::warn!(problem = %p.describe(), ?op, error = %e, "the graph API's plan failed its first launch; legacy API");
-        // SAFETY: forwarded.
-        let legacy = unsafe { self.make_legacy(h, p, op, key.2, &b, workspace)? };
-        let ws = self.big.get(&mut self.graphs, workspace, legacy.workspace(), stream)?;
-        let plan = self.plans.entry(key).insert_entry(legacy).into_mut();
-        // SAFETY: as above.
-        unsafe { launch(h, p, op, plan, b, ws) }
-    }
-
-    /// Makes the plan of `p` and `op` (`fuse`: a fused forward runs fused): the graph API's
-    /// where it has an engine, else the legacy API's, each fallback logged.
-    ///
-    /// # Safety
-    /// As [`DnnState::run`]; `h` is bound to `stream`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn make(
-        &self,
-        h: raw::cudnnHandle_t,
-        stream: CUstream,
-        p: &Conv2d,
-        op: ConvOp,
-        fuse: bool,
-        b: &ConvBuffers,
-        workspace: (u64, usize),
-    ) -> Result<Planned> {
-        // SAFETY: forwarded.
-        if let Some(plan) = unsafe { self.database_plan(h, p, op, fuse, b, workspace) } {
-            return Ok(plan);
-        }
-        if self.api == ConvApi::Graph {
-            let (search, limit) = (self.search, self.ws_limit.max(workspace.1));
-            // a measured search times candidates that need more than the stream's workspace on
-            // a temporary one (freed in stream order; the search synchronises after each)
-            let mut temp: Option<Scratch> = None;
-            let mut ws = |bytes: usize| -> Result<u64> {
-                if bytes <= workspace.1 {
-                    return Ok(workspace.0);
-                }
-                temp = None;
-                // SAFETY: the Gpu's live stream, context bound; used by the timing only.
-                let s = unsafe { Scratch::alloc(bytes, stream)? };
-                let ptr = s.ptr;
-                temp = Some(s);
-                Ok(ptr)
-            };
-            // SAFETY (every call): forwarded.
-            if let ConvOp::Fused(act) = op {
-                if fuse {
-                    match unsafe { graph::make(h, stream, p, op, b, &mut ws, limit, search) } {
-                        Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
-                        r => tracing::info!(
-                            problem = %p.describe(), ?op, error = ?r.err(),
-                            "no engine of cuDNN's graph API runs the fused convolution + bias + activation; \
-                             trying the convolution alone, then the bias add and activation"
-                        ),
-                    }
-                }
-                match unsafe { graph::make(h, stream, p, ConvOp::Forward, b, &mut ws, limit, search) } {
-                    Ok(Some(g)) => return Ok(Planned::Graph(g, Some(Tail::new(p, act)?))),
-                    r => {
-                        tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")
-                    }
-                }
-            } else {
-                match unsafe { graph::make(h, stream, p, op, b, &mut ws, limit, search) } {
-                    Ok(Some(g)) => return Ok(Planned::Graph(g, None)),
-                    r => {
-                        tracing::info!(problem = %p.describe(), ?op, error = ?r.err(), "no engine of cuDNN's graph API; legacy API")
-                    }
-                }
-            }
-        }
-        // SAFETY: forwarded.
-        unsafe { self.make_legacy(h, p, op, fuse, b, workspace) }
-    }
-
-    /// The legacy API's plan of `p` and `op` (its measured search on `b` where the search is
-    /// measured), within the stream's workspace.
-    ///
-    /// # Safety
-    /// As [`DnnState::make`].
-    unsafe fn make_legacy(
-        &self,
-        h: raw::cudnnHandle_t,
-        p: &Conv2d,
-        op: ConvOp,
-        fuse: bool,
-        b: &ConvBuffers,
-        workspace: (u64, usize),
-    ) -> Result<Planned> {
-        let search =
-            (self.search == ConvSearch::Measured).then_some(SearchBuffers { x: b.x, w: b.w, y: b.y, workspace });
-        // SAFETY: forwarded.
-        let mut plan = unsafe { legacy::make(h, p, op, workspace.1, search)? };
-        plan.fused = fuse;
-        Ok(Planned::Legacy(plan))
-    }
-
     /// Whether the fused call ran `p`'s fused forward (`None` before its first call).
     pub fn fused_used(&self, p: &Conv2d, act: ConvActivation) -> Option<bool> {
         self.any_plan(p, ConvOp::Fused(act)).map(|pl| match pl {
@@ -475,34 +269,6 @@ impl DnnState {
                 format!("legacy API {} {:?}{db} workspace {} B", c.algo.name(), c.math, c.workspace)
             }
         })
-    }
-}
-
-/// The launch of one planned call (α = 1, β = 0: every output is overwritten).
-///
-/// # Safety
-/// As [`DnnState::run`]; `h` is bound to the call's stream and `ws` holds the plan's workspace.
-unsafe fn launch(
-    h: raw::cudnnHandle_t,
-    p: &Conv2d,
-    op: ConvOp,
-    plan: &mut Planned,
-    b: ConvBuffers,
-    ws: u64,
-) -> Result<()> {
-    match plan {
-        // SAFETY (all arms): forwarded.
-        Planned::Legacy(pl) => unsafe { legacy::launch(h, p, op, pl, b, ws) },
-        Planned::Graph(g, None) => unsafe { g.launch(h, op, &b, ws) },
-        Planned::Graph(g, Some(t)) => {
-            let act = match op {
-                ConvOp::Fused(a) => a,
-                _ => ConvActivation::Identity,
-            };
-            unsafe { g.launch(h, ConvOp::Forward, &b, ws)? };
-            let describe = || format!("{} {op:?} (unfused tail)", p.describe());
-            unsafe { legacy::bias_activation(h, (&t.bias, b.bias), (&t.y, b.y), (&t.act, act), &describe) }
-        }
     }
 }
 

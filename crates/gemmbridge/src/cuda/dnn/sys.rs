@@ -1,7 +1,7 @@
 //! Small safe wrappers over cudarc's raw cuDNN calls (cudarc's safe `Cudnn` is `!Send`, unwraps
 //! in `new`/`Drop` and picks algorithms by assertion): statuses by name, descriptors that
 //! destroy themselves, nothing that panics. Every function here is host-side set-up; the
-//! launches are in `dnn/mod.rs`.
+//! launches are in `run.rs`, `legacy_launch.rs` and `graph_plan.rs`.
 
 use cudarc::cudnn::sys;
 use cudarc::driver::sys::CUstream;

@@ -1,8 +1,7 @@
 //! The cuDNN room's plans in the tactic database ([`crate::tactics`], kind "conv2d"): a
-//! plan key's stable text, a chosen plan as a [`Tactic`] (after a measured search), and a plan
-//! rebuilt from one without searching — the graph API's engine by its global index with the
-//! recorded knob choices, or the legacy API's algorithm with its math type — used only where
-//! cuDNN finalizes it, it keeps the precision's promise and its workspace fits.
+//! plan key's stable text, a chosen plan as a [`Tactic`] (after a measured search), the
+//! database's entries taken in, and a problem's plan from its entry (rebuilt without searching:
+//! `rebuild.rs`).
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -11,12 +10,12 @@ use raw::cudnnBackendAttributeName_t as A;
 use raw::cudnnBackendAttributeType_t as T;
 use raw::cudnnBackendDescriptorType_t as D;
 
-use super::graph::{self, Desc, GraphPlan};
-use super::legacy::{self, Algo, ConvPlan};
-use super::sys::{math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
-use super::{ConvApi, ConvBuffers, ConvOp, DnnState, EngineConfig, PlanKey, Planned, Tail};
+use super::graph_desc::Desc;
+use super::graph_search::engine_of;
+use super::rebuild::rebuild;
+use super::{ConvApi, ConvCall, ConvOp, DnnState, EngineConfig, PlanKey, Planned};
 use crate::conv::{Conv2d, ConvActivation};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tactics::{Choice, Library, ProblemKind, Tactic};
 
 /// The database key of a plan key (the format is the tactics module's, "Signatures").
@@ -61,16 +60,16 @@ const KNOB_SLOTS: usize = 64;
 
 /// The engine configuration `cfg` holds: its engine's global index and its knob choices.
 fn read_config(cfg: &Desc) -> Result<EngineConfig> {
-    let (engine, _) = graph::engine_of(cfg)?;
+    let (engine, _) = engine_of(cfg)?;
     let (attr, ty) = (A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, T::CUDNN_TYPE_BACKEND_DESCRIPTOR);
     // A count query (no array) answers 0 for the engine configurations cuDNN 9.19's heuristics
-    // return (the tune run on the H200 stored 88 plans, all with no knobs, and rebuilt plans
-    // ran up to 7.7× slower than the tuned ones): as cudnn-frontend does, ask for up to
-    // KNOB_SLOTS choices into descriptors created beforehand.
+    // return (read that way, 88 plans tuned on the H200 were stored with no knobs, and the
+    // plans rebuilt from them ran up to 7.7× slower than the tuned ones): as cudnn-frontend
+    // does, ask for up to KNOB_SLOTS choices into descriptors created beforehand.
     let choices: Vec<Desc> =
         (0..KNOB_SLOTS).map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)).collect::<Result<_>>()?;
     let mut raws: Vec<raw::cudnnBackendDescriptor_t> = choices.iter().map(|d| d.0).collect();
-    // SAFETY: cuDNN fills the caller's created KNOB_CHOICE descriptors, at most `n`.
+    // SAFETY: cuDNN fills the caller's created KNOB_CHOICE descriptors, at most KNOB_SLOTS.
     let got = unsafe { cfg.get(attr, ty, &mut raws) }?;
     let mut knobs = Vec::with_capacity(got);
     for c in choices.iter().take(got) {
@@ -100,144 +99,6 @@ pub(super) fn export(plan: &Planned, version: usize) -> Option<Tactic> {
     Some(Tactic::cudnn_conv(choice, version, m.heuristic_ms, m.tuned_ms))
 }
 
-/// The plan `choice` describes for `p`, `op` (`fuse`: a fused forward runs fused) and buffers
-/// aligned as `b`, without a search: the graph API's engine configuration needing at most
-/// `limit` bytes of workspace, or the legacy API's algorithm needing at most `legacy_limit`.
-///
-/// # Errors
-/// Whatever cuDNN refuses (an engine index that does not exist, knobs it does not take, a plan
-/// that does not finalize), a choice that breaks the precision's promise, needs more workspace
-/// than allowed, or is of an unknown kind: [`Error::Cudnn`] or [`Error::Unsupported`]. The
-/// caller plans the problem as without the database.
-///
-/// # Safety
-/// `h` is a live handle.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn rebuild(
-    h: raw::cudnnHandle_t,
-    p: &Conv2d,
-    op: ConvOp,
-    fuse: bool,
-    b: &ConvBuffers,
-    choice: &Choice,
-    limit: usize,
-    legacy_limit: usize,
-) -> Result<Planned> {
-    let refused = |what: String| Error::Unsupported { backend: "cuDNN", what };
-    match choice {
-        &Choice::CudnnEngine { engine, ref knobs, unfused, .. } => {
-            // a fused forward's tail: the forward graph's engine, then the bias and activation
-            let tail = match op {
-                ConvOp::Fused(act) if unfused || !fuse => Some(Tail::new(p, act)?),
-                _ => None,
-            };
-            let graph_op = if tail.is_some() { ConvOp::Forward } else { op };
-            let config = EngineConfig { engine, knobs: knobs.clone() };
-            let g = engine_plan(h, p, graph_op, b, config, limit)?;
-            Ok(Planned::Graph(g, tail))
-        }
-        &Choice::CudnnAlgo { algo, math, .. } => {
-            let algo = algo_of(op, algo).ok_or_else(|| refused(format!("no legacy algorithm {algo} for {op:?}")))?;
-            let math = math_of(math).ok_or_else(|| refused(format!("no math type {math}")))?;
-            if !math_ok(p.precision, math) {
-                return Err(refused(format!("{math:?} breaks {}'s promise", p.precision)));
-            }
-            let (dtype, _) = types(p.precision);
-            let x = TensorDesc::new(dtype, p.x_dims(), p.layout)?;
-            let w = FilterDesc::new(dtype, p.w_dims(), p.layout)?;
-            let y = TensorDesc::new(dtype, p.y_dims(), p.layout)?;
-            let conv = ConvDesc::new(p, math)?;
-            // SAFETY: live descriptors, the math type set.
-            let workspace = unsafe { legacy::workspace_size(h, (x.raw(), w.raw(), y.raw(), conv.raw()), algo)? };
-            if workspace > legacy_limit {
-                return Err(refused(format!(
-                    "{} needs {workspace} bytes of workspace, over {legacy_limit}",
-                    algo.name()
-                )));
-            }
-            let (bias, act) = match op {
-                ConvOp::Fused(a) => {
-                    (Some(TensorDesc::new(dtype, [1, p.k, 1, 1], p.layout)?), Some(ActivationDesc::new(a)?))
-                }
-                _ => (None, None),
-            };
-            let choice = legacy::Choice { algo, math, workspace, measured: None };
-            Ok(Planned::Legacy(ConvPlan { x, w, y, conv, choice, bias, act, fused: fuse, from_database: true }))
-        }
-        other => Err(refused(format!("{other:?} is not a convolution plan"))),
-    }
-}
-
-/// The execution plan of engine configuration `c` for `p` and `op`'s graph, with buffers
-/// aligned as `b`: finalized, its engine's numerical notes keeping the precision's promise,
-/// its workspace at most `limit`.
-fn engine_plan(
-    h: raw::cudnnHandle_t,
-    p: &Conv2d,
-    op: ConvOp,
-    b: &ConvBuffers,
-    c: EngineConfig,
-    limit: usize,
-) -> Result<GraphPlan> {
-    let what = || format!("{} {op:?} engine {}", p.describe(), c.engine);
-    let (g, mut parts) = graph::graph(h, p, op, graph::alignment(b))?;
-    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?
-        .descs(A::CUDNN_ATTR_ENGINE_OPERATION_GRAPH, &[&g])?
-        .i64s(A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX, &[c.engine])?
-        .finalize(what)?;
-    let mut knobs = Vec::with_capacity(c.knobs.len());
-    for &(ty, value) in &c.knobs {
-        // SAFETY: KNOB_TYPE reads the (32-bit) enum, passed as its value (cuDNN refuses values
-        // it does not know); KNOB_VALUE an int64_t.
-        let k = unsafe {
-            Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)?.set(
-                A::CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
-                T::CUDNN_TYPE_KNOB_TYPE,
-                &[ty],
-            )?
-        };
-        knobs
-            .push(k.i64s(A::CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, &[value])?.finalize(|| format!("knob {ty} = {value}"))?);
-    }
-    let mut cfg =
-        Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)?.descs(A::CUDNN_ATTR_ENGINECFG_ENGINE, &[&engine])?;
-    if !knobs.is_empty() {
-        cfg = cfg.descs(A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, &knobs.iter().collect::<Vec<_>>())?;
-    }
-    let cfg = cfg.finalize(what)?;
-    let (_, notes) = graph::engine_of(&cfg)?;
-    if !graph::notes_ok(p.precision, &notes) {
-        let what = format!("{}: numerical notes {notes:?} break {}'s promise", what(), p.precision);
-        return Err(Error::Unsupported { backend: "cuDNN", what });
-    }
-    let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?
-        .handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h)?
-        .descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg])?
-        .finalize(what)?;
-    let bytes = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
-    if bytes > limit {
-        let what = format!("{} needs {bytes} bytes of workspace, over the limit of {limit}", what());
-        return Err(Error::Unsupported { backend: "cuDNN", what });
-    }
-    let (uids, _) = graph::variant(op, b);
-    let name = format!("engine {} (tactic database, knobs {:?}, notes {notes:?})", c.engine, c.knobs);
-    parts.extend([g, engine]);
-    parts.extend(knobs);
-    let mut made_of = vec![cfg];
-    made_of.append(&mut parts);
-    let mut g = GraphPlan::new(plan, made_of, bytes, name, uids);
-    g.config = Some(c);
-    Ok(g)
-}
-
-impl GraphPlan {
-    /// `plan`, needing `workspace` bytes, made of `made_of` (its engine configuration first),
-    /// with the variant pack's `uids`; no configuration read yet, no times.
-    pub(super) fn new(plan: Desc, made_of: Vec<Desc>, workspace: usize, name: String, uids: Vec<i64>) -> GraphPlan {
-        GraphPlan { plan, _made_of: made_of, workspace, name, uids, pack: None, config: None, measured: None }
-    }
-}
-
 impl DnnState {
     /// Takes the tactic database's convolution entries of this cuDNN version (entries of
     /// another are left out with one warning) and drops the plans, and their replay graphs,
@@ -265,27 +126,20 @@ impl DnnState {
         self.seen.retain(|k, _| !new.contains(&key_text(&k.0)));
     }
 
-    /// The plan the database holds for `p`, `op` and `b`'s alignment, rebuilt without a search;
-    /// `None` without an entry, or (logged as a warning) where cuDNN refuses it. Limits: the
-    /// room's workspace limit for the graph API, the stream's workspace for the legacy API, as
-    /// for a plan made by a search.
+    /// The plan the database holds for the call's problem, direction and alignment, rebuilt
+    /// without a search; `None` without an entry, or (logged as a warning) where cuDNN refuses
+    /// it. Limits: the room's workspace limit for the graph API, the stream's workspace for the
+    /// legacy API, as for a plan made by a search.
     ///
     /// # Safety
     /// `h` is a live handle.
-    pub(super) unsafe fn database_plan(
-        &self,
-        h: raw::cudnnHandle_t,
-        p: &Conv2d,
-        op: ConvOp,
-        fuse: bool,
-        b: &ConvBuffers,
-        workspace: (u64, usize),
-    ) -> Option<Planned> {
+    pub(super) unsafe fn database_plan(&self, h: raw::cudnnHandle_t, call: &ConvCall, fuse: bool) -> Option<Planned> {
+        let (p, op, b, workspace) = (call.problem, call.op, &call.buffers, call.workspace);
         let sig = key_text(&(*p, op, fuse, self.api, self.key(p, op, b).4));
         let choice = self.tuned.get(&sig)?;
         let limit = self.ws_limit.max(workspace.1);
         // SAFETY: forwarded.
-        match unsafe { rebuild(h, p, op, fuse, b, choice, limit, workspace.1) } {
+        match unsafe { rebuild(h, call, fuse, choice, limit) } {
             Ok(plan) => {
                 tracing::debug!(key = %sig, ?choice, "cuDNN plan from the tactic database");
                 Some(plan)
@@ -311,59 +165,6 @@ impl DnnState {
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }
-}
-
-/// The legacy algorithm of `op`'s direction whose enum value is `v`.
-fn algo_of(op: ConvOp, v: u32) -> Option<Algo> {
-    use raw::cudnnConvolutionBwdDataAlgo_t::*;
-    use raw::cudnnConvolutionBwdFilterAlgo_t::*;
-    use raw::cudnnConvolutionFwdAlgo_t::*;
-    match op {
-        ConvOp::Forward | ConvOp::Fused(_) => [
-            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-            CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
-            CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
-            CUDNN_CONVOLUTION_FWD_ALGO_FFT,
-            CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
-            CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
-            CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
-        ]
-        .into_iter()
-        .find(|a| *a as u32 == v)
-        .map(Algo::Forward),
-        ConvOp::BackwardData => [
-            CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
-            CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
-            CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
-            CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
-            CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
-            CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
-        ]
-        .into_iter()
-        .find(|a| *a as u32 == v)
-        .map(Algo::Data),
-        ConvOp::BackwardFilter => [
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
-            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
-        ]
-        .into_iter()
-        .find(|a| *a as u32 == v)
-        .map(Algo::Filter),
-    }
-}
-
-/// The math type whose enum value is `v`.
-fn math_of(v: u32) -> Option<raw::cudnnMathType_t> {
-    use raw::cudnnMathType_t::*;
-    [CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, CUDNN_FMA_MATH]
-        .into_iter()
-        .find(|m| *m as u32 == v)
 }
 
 #[cfg(test)]
@@ -448,22 +249,5 @@ mod tests {
         // stable: the same key, the same text
         let again = keys[0];
         assert_eq!(key_text(&keys[0]), key_text(&again));
-    }
-
-    #[test]
-    fn legacy_enum_values_map_back_and_unknown_ones_are_refused() {
-        for (op, n) in [(ConvOp::Forward, 8), (ConvOp::BackwardData, 6), (ConvOp::BackwardFilter, 7)] {
-            for v in 0..n {
-                let a = algo_of(op, v).unwrap_or_else(|| panic!("{op:?} {v}"));
-                assert_eq!(a.value(), v);
-            }
-            assert_eq!(algo_of(op, n), None, "{op:?}: the COUNT value is no algorithm");
-            assert_eq!(algo_of(op, u32::MAX), None);
-        }
-        assert!(matches!(algo_of(ConvOp::Fused(ConvActivation::Relu), 1), Some(Algo::Forward(_))));
-        for v in 0..4 {
-            assert_eq!(math_of(v).map(|m| m as u32), Some(v));
-        }
-        assert_eq!(math_of(4), None);
     }
 }
