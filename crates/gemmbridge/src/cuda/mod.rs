@@ -1,8 +1,8 @@
 //! The CUDA backend: cuBLAS, cuBLASLt and cuDNN through cudarc, loaded at run time.
 //!
 //! - [`Gpu`]: context + stream + handles + per-stream workspaces + plan caches;
-//!   [`Gpu::gemm`] / [`Gpu::gemm_fused`] (safe, cudarc buffers) and [`Gpu::gemm_raw`] /
-//!   [`Gpu::gemm_raw_fused`] (unsafe, raw device addresses on the caller's stream); FP8
+//!   [`Gpu::gemm`] / [`Gpu::gemm_fused`] (safe, cudarc buffers) and [`Gpu::gemm_raw`] with
+//!   [`RawOperands`] (unsafe, raw device addresses on the caller's stream); FP8
 //!   ([`Gpu::quantize`], [`Gpu::fp8_gemm`]), convolutions ([`Gpu::conv2d_forward`] and the
 //!   rest), training layers ([`train::Mlp`]).
 //! - [`Backend`]: cuBLAS, cuBLASLt, or Auto (cuBLASLt where it serves).
@@ -12,7 +12,7 @@
 //! - [`churn`]: a self-test of engines created and dropped on many threads.
 //!
 //! Inside, in floors (docs/DESIGN.md): the API (`api/`: one `impl Gpu` block per capability)
-//! builds one [`call`] value per GEMM and hands it to the routing floor (`route/`: which
+//! builds one call value (`call.rs`) per GEMM and hands it to the routing floor (`route/`: which
 //! library serves, misaligned operands on padded copies), which calls one room per library
 //! side by side (`blas/`, `lt/` with FP8 as a mode of it, `dnn/`), all on the device layer
 //! (`device/`: context, streams, workspaces, graph capture and replay, gemmbridge's own

@@ -131,8 +131,8 @@
 //! or "cudnn_algo" entries is corrupt to builds from before the convolutions were tuned.
 
 //!
-//! The file's parts: [`entry`] (what one tactic is: [`Identity`], [`Library`],
-//! [`ProblemKind`], [`Choice`], [`Tactic`], the bucketing rule) and [`db`] (the file:
+//! The file's parts: `entry.rs` (what one tactic is: [`Identity`], [`Library`],
+//! [`ProblemKind`], [`Choice`], [`Tactic`], the bucketing rule) and `db.rs` (the file:
 //! [`TacticDb`]'s load, merge and atomic save). The kinds `attention` and `grouped_gemm` are
 //! reserved (no choice is stored under them yet); a build that reads them keeps their
 //! entries in the file and uses none.

@@ -47,7 +47,7 @@ use crate::error::{Error, Result};
 /// `cublasLtMatmul`, which costs the host less (docs/PERFORMANCE.md, host cost per call). The result is the
 /// direct call's: same kernel, same stream order, operands read when the GEMM runs. Graphs are
 /// never launched into a stream being captured, and a bias that needs staging is never
-/// replayed. A capture and an instantiation are paid once per distinct call. See [`GraphReplay`] and
+/// replayed. A capture and an instantiation are paid once per distinct call. See [`GraphReplay`](crate::cuda::GraphReplay) and
 /// [`Gpu::set_graph_replay`] (`GraphReplay::off()` turns it off).
 ///
 /// Captures and other threads: another thread's first launch of a kernel can invalidate a

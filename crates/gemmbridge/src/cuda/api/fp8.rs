@@ -25,11 +25,11 @@ impl Gpu {
     /// docs/DESIGN.md). No host synchronisation.
     ///
     /// # Errors
-    /// Before anything is enqueued: [`Error::Fp8`] (the rule broken, with the values),
-    /// [`Error::BufferTooSmall`] / [`Error::Misaligned`] for `y` or the bias,
-    /// [`Error::WrongContext`] (an operand, `y` or the bias from another context),
-    /// [`Error::LibraryNotFound`] without cuBLASLt. From the launch:
-    /// [`Error::Cublas`], [`Error::NotCapturable`], [`Error::Driver`].
+    /// Before anything is enqueued: [`Error::Fp8`](crate::Error::Fp8) (the rule broken, with the values),
+    /// [`Error::BufferTooSmall`](crate::Error::BufferTooSmall) / [`Error::Misaligned`](crate::Error::Misaligned) for `y` or the bias,
+    /// [`Error::WrongContext`](crate::Error::WrongContext) (an operand, `y` or the bias from another context),
+    /// [`Error::LibraryNotFound`](crate::Error::LibraryNotFound) without cuBLASLt. From the launch:
+    /// [`Error::Cublas`](crate::Error::Cublas), [`Error::NotCapturable`](crate::Error::NotCapturable), [`Error::Driver`](crate::Error::Driver).
     pub fn fp8_gemm<O: Element, Y: DevicePtrMut<O>>(
         &self,
         x: &Fp8Tensor,
@@ -66,7 +66,7 @@ impl Gpu {
     /// amax ([`Fp8Out`]); tensor-wise scales only, β = 0, the bias (if any) bf16.
     ///
     /// # Errors
-    /// As [`Gpu::fp8_gemm`]; [`Error::Fp8`] with [`Fp8Rule::OutputDtype`] for other scales
+    /// As [`Gpu::fp8_gemm`]; [`Error::Fp8`](crate::Error::Fp8) with [`Fp8Rule::OutputDtype`] for other scales
     /// or β ≠ 0.
     pub fn fp8_gemm_to_fp8<Y: DevicePtrMut<u8>>(
         &self,

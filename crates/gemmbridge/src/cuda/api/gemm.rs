@@ -36,10 +36,10 @@ impl Gpu {
     /// For a problem with an epilogue use [`Gpu::gemm_fused`].
     ///
     /// # Errors
-    /// Before launching, with no buffer touched: [`Error::WrongContext`],
-    /// [`Error::DTypeMismatch`], [`Error::BufferTooSmall`], [`Error::Misaligned`],
-    /// [`Error::OutputOverlapsInput`], [`Error::EpilogueOperand`]. From the launch:
-    /// [`Error::Cublas`], [`Error::NotCapturable`], [`Error::Unsupported`].
+    /// Before launching, with no buffer touched: [`Error::WrongContext`](crate::Error::WrongContext),
+    /// [`Error::DTypeMismatch`](crate::Error::DTypeMismatch), [`Error::BufferTooSmall`](crate::Error::BufferTooSmall), [`Error::Misaligned`](crate::Error::Misaligned),
+    /// [`Error::OutputOverlapsInput`](crate::Error::OutputOverlapsInput), [`Error::EpilogueOperand`](crate::Error::EpilogueOperand). From the launch:
+    /// [`Error::Cublas`](crate::Error::Cublas), [`Error::NotCapturable`](crate::Error::NotCapturable), [`Error::Unsupported`](crate::Error::Unsupported).
     pub fn gemm<TI, TO, A, B, C>(&self, p: &GemmProblem, alpha: f32, a: &A, b: &B, beta: f32, c: &mut C) -> Result<()>
     where
         TI: Element,
@@ -59,10 +59,10 @@ impl Gpu {
     /// A and B (cuBLASLt computes the product); without one it never does.
     ///
     /// # Errors
-    /// As [`Gpu::gemm`]; [`Error::EpilogueOperand`] when an operand the epilogue needs is
+    /// As [`Gpu::gemm`]; [`Error::EpilogueOperand`](crate::Error::EpilogueOperand) when an operand the epilogue needs is
     /// missing, one it does not use is given, or one it writes is passed read-only;
-    /// [`Error::Misaligned`] for an aux off 16 bytes; [`Error::Unsupported`] with
-    /// [`Backend::Blas`](crate::cuda::Backend::Blas) or past the staging limit; [`Error::LibraryNotFound`] without
+    /// [`Error::Misaligned`](crate::Error::Misaligned) for an aux off 16 bytes; [`Error::Unsupported`](crate::Error::Unsupported) with
+    /// [`Backend::Blas`](crate::cuda::Backend::Blas) or past the staging limit; [`Error::LibraryNotFound`](crate::Error::LibraryNotFound) without
     /// libcublasLt.
     pub fn gemm_fused<TI, TO, A, B, C>(
         &self,
@@ -144,12 +144,12 @@ impl Gpu {
     /// be destroyed first.
     ///
     /// # Errors
-    /// Before anything is enqueued, with no buffer touched: [`Error::NullPointer`],
-    /// [`Error::Misaligned`], [`Error::BufferTooSmall`], [`Error::OutputOverlapsInput`],
-    /// [`Error::NotDeviceMemory`] (with the check on), and the epilogue's as
-    /// [`Gpu::gemm_fused`]. From the launch: [`Error::Cublas`] (status by name),
-    /// [`Error::NotCapturable`] (a plan or workspace would be created while `stream` is
-    /// capturing), [`Error::Driver`].
+    /// Before anything is enqueued, with no buffer touched: [`Error::NullPointer`](crate::Error::NullPointer),
+    /// [`Error::Misaligned`](crate::Error::Misaligned), [`Error::BufferTooSmall`](crate::Error::BufferTooSmall), [`Error::OutputOverlapsInput`](crate::Error::OutputOverlapsInput),
+    /// [`Error::NotDeviceMemory`](crate::Error::NotDeviceMemory) (with the check on), and the epilogue's as
+    /// [`Gpu::gemm_fused`]. From the launch: [`Error::Cublas`](crate::Error::Cublas) (status by name),
+    /// [`Error::NotCapturable`](crate::Error::NotCapturable) (a plan or workspace would be created while `stream` is
+    /// capturing), [`Error::Driver`](crate::Error::Driver).
     pub unsafe fn gemm_raw(&self, p: &GemmProblem, scale: Scale, ops: RawOperands, stream: CUstream) -> Result<()> {
         let (descs, extras) = (ops.descs(p), ops.extras());
         if self.device().checks_raw_addresses() {

@@ -83,7 +83,7 @@ pub(crate) struct RawExtras {
     pub aux: Option<RawBuffer>,
 }
 
-/// The epilogue's extra operands as cudarc buffers, for [`Gpu::gemm_fused`]. Give exactly the
+/// The epilogue's extra operands as cudarc buffers, for [`Gpu::gemm_fused`](crate::cuda::Gpu::gemm_fused). Give exactly the
 /// ones the epilogue uses (see [`crate::epilogue`]).
 pub struct Extras<'a, T> {
     /// A bias `[n]` the epilogue reads.

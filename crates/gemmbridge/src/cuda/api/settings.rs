@@ -162,7 +162,7 @@ impl Gpu {
         Some(self.lock().libs.sm_count_target).filter(|&n| n > 0)
     }
 
-    /// Checks, before each raw call ([`Gpu::gemm_raw`], [`Gpu::gemm_raw_fused`]), that every
+    /// Checks, before each raw call ([`Gpu::gemm_raw`], [`Gpu::autotune_raw`]), that every
     /// byte the call reads or writes lies inside one allocation this GPU can access — its own
     /// device memory (plain, stream-ordered pool or virtual-memory-managed), managed memory,
     /// or host memory CUDA allocated or registered — with `cuPointerGetAttributes`, one query
