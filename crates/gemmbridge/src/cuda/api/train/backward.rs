@@ -1,0 +1,196 @@
+//! [`Mlp::backward`]: per layer, from the last, the activation's backward (a kernel, or fused
+//! into the next layer's data-gradient GEMM), the weight gradient with the bias gradient fused,
+//! and the data gradient; in FP8 layers, `fp8.rs`'s GEMMs.
+
+use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+
+use super::buffers::alloc;
+use super::fp8::{self, Fp8Step};
+use super::grads::{accumulate_bias_grad, bias_grad_out};
+use super::instruments::{gemm, DynRef, GemmRole};
+use super::mlp::Mlp;
+use crate::cuda::api::engine::Gpu;
+use crate::cuda::api::operands::Extras;
+use crate::dtype::Element;
+use crate::epilogue::{Epilogue, VectorUse};
+use crate::error::{Error, Result};
+use crate::layout::{MatrixLayout, Operand};
+use crate::problem::GemmProblem;
+use crate::train::{check_len, Activation, GradMode};
+
+impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
+    /// The backward of the last training forward, on [`Gpu::stream`]: every layer's weight
+    /// and bias gradient (overwritten or accumulated per `mode`) and, if `dx` is given, the
+    /// input gradient `dx[tokens, in]`. `x` is the forward's input (the same buffer),
+    /// `dy[tokens, out]` the gradient of its output (not modified).
+    ///
+    /// # Errors
+    /// Before anything is enqueued: [`Error::TrainingOrder`] without a training forward or
+    /// with another `x`; [`Error::LayerShape`] for `dy` or `dx` of the wrong length. Then as
+    /// [`Gpu::gemm_fused`].
+    pub fn backward<X, D, DX>(&mut self, gpu: &Gpu, x: &X, dy: &D, dx: Option<&mut DX>, mode: GradMode) -> Result<()>
+    where
+        X: DevicePtr<T>,
+        D: DevicePtr<T>,
+        DX: DevicePtrMut<T>,
+    {
+        let f = match self.last {
+            Some(f) if f.train => f,
+            _ => return Err(self.order_error("backward needs the last forward to have run with train = true")),
+        };
+        let (px, guard) = x.device_ptr(gpu.stream());
+        drop(guard);
+        if (px, x.len()) != f.x {
+            return Err(Error::TrainingOrder {
+                problem: format!(
+                    "backward was given another input ({px:#x}, {} elements) than the training forward read ({:#x}, {})",
+                    x.len(),
+                    f.x.0,
+                    f.x.1
+                ),
+            });
+        }
+        let (tokens, last) = (f.tokens, self.layers.len() - 1);
+        check_len(last, "dy length (tokens × out_features)", dy.len(), tokens, self.layers[last].out_features)?;
+        if let Some(dx) = dx.as_ref() {
+            check_len(0, "dx length (tokens × in_features)", dx.len(), tokens, self.layers[0].in_features)?;
+        }
+        if mode == GradMode::Accumulate && self.fp8.is_none() {
+            for (i, l) in self.layers.iter().enumerate() {
+                if l.bias && self.db_tmp[i].is_none() {
+                    self.db_tmp[i] = Some(alloc(gpu, l.out_features)?);
+                }
+            }
+        }
+        let mut dx = dx;
+        for i in (0..self.layers.len()).rev() {
+            self.layer_backward(gpu, i, x, dy, dx.as_deref_mut(), mode)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `i`'s backward: its activation's backward unless the GEMM of layer `i + 1`
+    /// applied it, then its weight gradient (bias gradient fused), then its data gradient
+    /// (layer `i - 1`'s tanh-GELU backward fused) into `grad[i - 1]` or `dx`.
+    fn layer_backward<X, D, DX>(
+        &mut self,
+        gpu: &Gpu,
+        i: usize,
+        x: &X,
+        dy: &D,
+        dx: Option<&mut DX>,
+        mode: GradMode,
+    ) -> Result<()>
+    where
+        X: DevicePtr<T>,
+        D: DevicePtr<T>,
+        DX: DevicePtrMut<T>,
+    {
+        let places = self.placements();
+        let bufs = self.bufs.as_mut().expect("a training forward allocated them");
+        let (tokens, prec, l, fp8) = (bufs.tokens, self.precision, self.layers[i], self.fp8);
+        let last = i + 1 == self.layers.len();
+        let s = gpu.stream();
+        // 1. dpre: the gradient of the pre-activation
+        let fused_by_next = !last && places.fused_backward(&l).is_some();
+        if l.activation != Activation::None && !fused_by_next {
+            let (saved, ld) = match l.activation {
+                Activation::Relu => (&bufs.out[i], l.out_features),
+                _ => (bufs.pre[i].as_ref().expect("GELU layers keep pre"), places.pre_ld(&l)),
+            };
+            let (ps, _gs) = saved.device_ptr(s);
+            let g = bufs.grad[i].as_mut().expect("allocated for every layer with an activation");
+            let (pg, _gg) = g.device_ptr_mut(s);
+            let (pd, _gd) = if last {
+                let (p, g) = dy.device_ptr(s);
+                (p, Some(g))
+            } else {
+                (pg, None)
+            };
+            // SAFETY: dy (or grad[i], in place) and grad[i] hold tokens × out elements; saved
+            // holds tokens rows of ld; all of this context.
+            unsafe { gpu.enqueue_dact(l.activation, T::DTYPE, pd, ps, pg, (tokens, l.out_features, ld)) }?;
+        }
+        let dpre: &dyn DevicePtr<T> = match (&bufs.grad[i], last) {
+            (Some(g), _) => g,
+            (None, true) => dy,
+            (None, false) => unreachable!("every layer but the last has a gradient buffer"),
+        };
+        // 2. dw[out, in] = dpreᵀ·x (β = 1 accumulates), db = Σ_tokens dpre (BiasGradA)
+        let input: &dyn DevicePtr<T> = if i == 0 { x } else { &bufs.out[i - 1] };
+        let beta = if mode == GradMode::Accumulate { 1.0 } else { 0.0 };
+        if let Some(recipe) = fp8 {
+            // 2.–3. in FP8: dw, db (its own GEMM, β accumulates), then the data gradient
+            let st = Fp8Step { recipe, layer: i, spec: l, tokens };
+            let ones = bufs.ones.as_ref();
+            let db = self.db[i].as_mut().map(|d| (d, ones.expect("allocated for FP8 layers with a bias")));
+            let (ins, dw) = (&mut self.ins, &mut self.dw[i]);
+            fp8::weight_grads(gpu, ins, st, prec, &DynRef(dpre), &DynRef(input), beta, dw, db)?;
+            let (before, rest) = bufs.grad.split_at_mut(i);
+            let dpre = rest[0].as_ref().map_or(dy as &dyn DevicePtr<T>, |g| g as &dyn DevicePtr<T>);
+            return match (i, dx) {
+                (0, None) => Ok(()),
+                (0, Some(dx)) => fp8::data_grad(gpu, ins, st, &DynRef(dpre), &self.w[i], dx),
+                _ => {
+                    let out = before[i - 1].as_mut().expect("every layer but the last has a gradient buffer");
+                    fp8::data_grad(gpu, ins, st, &DynRef(dpre), &self.w[i], out)
+                }
+            };
+        }
+        // the bias gradient here unless the next layer's data-gradient GEMM wrote it
+        let own_bias_grad = l.bias && (last || !places.bias_grad_by_next(&l));
+        let pw = GemmProblem::new(
+            Operand::t(MatrixLayout::row_major(tokens, l.out_features)),
+            Operand::n(MatrixLayout::row_major(tokens, l.in_features)),
+            MatrixLayout::row_major(l.out_features, l.in_features),
+            1,
+            prec,
+        )?
+        .with_epilogue(if own_bias_grad { Epilogue::BiasGradA } else { Epilogue::None })?;
+        let db = bias_grad_out(mode, &mut self.db[i], &mut self.db_tmp[i]).filter(|_| own_bias_grad);
+        let extras = Extras { bias_grad: db, ..Extras::default() };
+        let role = (i, GemmRole::WeightGrad);
+        gemm(gpu, &mut self.ins, role, &pw, &DynRef(dpre), &DynRef(input), beta, &mut self.dw[i], extras)?;
+        if own_bias_grad {
+            accumulate_bias_grad(gpu, mode, &self.db_tmp[i], &mut self.db[i])?;
+        }
+        // 3. the data gradient dpre·w[out, in] → [tokens, in]
+        if i == 0 && dx.is_none() {
+            return Ok(());
+        }
+        let prev = (i > 0).then(|| self.layers[i - 1]);
+        let e = prev.and_then(|p| places.fused_backward(&p)).unwrap_or(Epilogue::None);
+        let mut px = GemmProblem::matmul(tokens, l.in_features, l.out_features, prec)?.with_epilogue(e)?;
+        let (before, rest) = bufs.grad.split_at_mut(i);
+        let dpre: &dyn DevicePtr<T> = match (&rest[0], last) {
+            (Some(g), _) => g,
+            _ => dy,
+        };
+        match (i, dx) {
+            (0, Some(dx)) => {
+                let role = (i, GemmRole::DataGrad);
+                gemm(gpu, &mut self.ins, role, &px, &DynRef(dpre), &self.w[i], 0.0, dx, Extras::default())
+            }
+            _ => {
+                let out = before[i - 1].as_mut().expect("every layer but the last has a gradient buffer");
+                let aux_in = if px.uses_aux() {
+                    let p = prev.expect("i > 0");
+                    px =
+                        px.with_aux_layout(MatrixLayout::row_major(tokens, p.out_features).with_ld(places.pre_ld(&p)))?;
+                    bufs.pre[i - 1].as_ref().map(|v| v as &dyn DevicePtr<T>)
+                } else {
+                    None
+                };
+                // DGeluBiasGrad: the previous layer's bias gradient
+                let by_here = e.vector() == VectorUse::WritesGrad;
+                let db = bias_grad_out(mode, &mut self.db[i - 1], &mut self.db_tmp[i - 1]).filter(|_| by_here);
+                let (role, extras) = ((i, GemmRole::DataGrad), Extras { aux_in, bias_grad: db, ..Extras::default() });
+                gemm(gpu, &mut self.ins, role, &px, &DynRef(dpre), &self.w[i], 0.0, out, extras)?;
+                match by_here {
+                    true => accumulate_bias_grad(gpu, mode, &self.db_tmp[i - 1], &mut self.db[i - 1]),
+                    false => Ok(()),
+                }
+            }
+        }
+    }
+}
