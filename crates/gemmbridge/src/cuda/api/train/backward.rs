@@ -8,6 +8,7 @@ use super::buffers::alloc;
 use super::fp8::{self, Fp8Step};
 use super::grads::{accumulate_bias_grad, bias_grad_out};
 use super::instruments::{gemm, DynRef, GemmRole};
+use super::kernels::DactLaunch;
 use super::mlp::Mlp;
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::api::operands::Extras;
@@ -107,9 +108,11 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             } else {
                 (pg, None)
             };
+            let shape = (tokens, l.out_features, ld);
+            let launch = DactLaunch { act: l.activation, dtype: T::DTYPE, dy: pd, saved: ps, out: pg, shape };
             // SAFETY: dy (or grad[i], in place) and grad[i] hold tokens × out elements; saved
             // holds tokens rows of ld; all of this context.
-            unsafe { gpu.enqueue_dact(l.activation, T::DTYPE, pd, ps, pg, (tokens, l.out_features, ld)) }?;
+            unsafe { gpu.enqueue_dact(launch) }?;
         }
         let dpre: &dyn DevicePtr<T> = match (&bufs.grad[i], last) {
             (Some(g), _) => g,
