@@ -5,9 +5,9 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::buffers::alloc;
-use super::fp8::{self, Fp8Step};
+use super::fp8::{self, Fp8Step, WeightGrads};
 use super::grads::{accumulate_bias_grad, bias_grad_out};
-use super::instruments::{gemm, DynRef, GemmRole};
+use super::instruments::{gemm, DynRef, GemmRole, TrainGemm};
 use super::kernels::DactLaunch;
 use super::mlp::Mlp;
 use crate::cuda::api::engine::Gpu;
@@ -124,11 +124,11 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         let beta = if mode == GradMode::Accumulate { 1.0 } else { 0.0 };
         if let Some(recipe) = fp8 {
             // 2.–3. in FP8: dw, db (its own GEMM, β accumulates), then the data gradient
-            let st = Fp8Step { recipe, layer: i, spec: l, tokens };
+            let st = Fp8Step { recipe, layer: i, spec: l, tokens, precision: prec };
             let ones = bufs.ones.as_ref();
             let db = self.db[i].as_mut().map(|d| (d, ones.expect("allocated for FP8 layers with a bias")));
             let (ins, dw) = (&mut self.ins, &mut self.dw[i]);
-            fp8::weight_grads(gpu, ins, st, prec, &DynRef(dpre), &DynRef(input), beta, dw, db)?;
+            fp8::weight_grads(gpu, ins, st, WeightGrads { g: &DynRef(dpre), h: &DynRef(input), beta, dw, db })?;
             let (before, rest) = bufs.grad.split_at_mut(i);
             let dpre = rest[0].as_ref().map_or(dy as &dyn DevicePtr<T>, |g| g as &dyn DevicePtr<T>);
             return match (i, dx) {
@@ -152,8 +152,9 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         .with_epilogue(if own_bias_grad { Epilogue::BiasGradA } else { Epilogue::None })?;
         let db = bias_grad_out(mode, &mut self.db[i], &mut self.db_tmp[i]).filter(|_| own_bias_grad);
         let extras = Extras { bias_grad: db, ..Extras::default() };
-        let role = (i, GemmRole::WeightGrad);
-        gemm(gpu, &mut self.ins, role, &pw, &DynRef(dpre), &DynRef(input), beta, &mut self.dw[i], extras)?;
+        let (a, b, c) = (&DynRef(dpre), &DynRef(input), &mut self.dw[i]);
+        let call = TrainGemm { layer: i, role: GemmRole::WeightGrad, problem: &pw, a, b, beta, c, extras };
+        gemm(gpu, &mut self.ins, call)?;
         if own_bias_grad {
             accumulate_bias_grad(gpu, mode, &self.db_tmp[i], &mut self.db[i])?;
         }
@@ -171,8 +172,9 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         };
         match (i, dx) {
             (0, Some(dx)) => {
-                let role = (i, GemmRole::DataGrad);
-                gemm(gpu, &mut self.ins, role, &px, &DynRef(dpre), &self.w[i], 0.0, dx, Extras::default())
+                let (role, a, b, extras) = (GemmRole::DataGrad, &DynRef(dpre), &self.w[i], Extras::default());
+                let call = TrainGemm { layer: i, role, problem: &px, a, b, beta: 0.0, c: dx, extras };
+                gemm(gpu, &mut self.ins, call)
             }
             _ => {
                 let out = before[i - 1].as_mut().expect("every layer but the last has a gradient buffer");
@@ -187,8 +189,10 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 // DGeluBiasGrad: the previous layer's bias gradient
                 let by_here = e.vector() == VectorUse::WritesGrad;
                 let db = bias_grad_out(mode, &mut self.db[i - 1], &mut self.db_tmp[i - 1]).filter(|_| by_here);
-                let (role, extras) = ((i, GemmRole::DataGrad), Extras { aux_in, bias_grad: db, ..Extras::default() });
-                gemm(gpu, &mut self.ins, role, &px, &DynRef(dpre), &self.w[i], 0.0, out, extras)?;
+                let extras = Extras { aux_in, bias_grad: db, ..Extras::default() };
+                let (role, a, b) = (GemmRole::DataGrad, &DynRef(dpre), &self.w[i]);
+                let call = TrainGemm { layer: i, role, problem: &px, a, b, beta: 0.0, c: out, extras };
+                gemm(gpu, &mut self.ins, call)?;
                 match by_here {
                     true => accumulate_bias_grad(gpu, mode, &self.db_tmp[i - 1], &mut self.db[i - 1]),
                     false => Ok(()),
