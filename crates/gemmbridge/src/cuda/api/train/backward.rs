@@ -2,7 +2,7 @@
 //! into the next layer's data-gradient GEMM), the weight gradient with the bias gradient fused,
 //! and the data gradient; in FP8 layers, `fp8.rs`'s GEMMs.
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::buffers::alloc;
 use super::fp8::{self, Fp8Step, WeightGrads};
@@ -87,59 +87,106 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         D: DevicePtr<T>,
         DX: DevicePtrMut<T>,
     {
+        // 1. dpre: the gradient of the pre-activation
+        self.activation_backward(gpu, i, dy)?;
+        if let Some(recipe) = self.fp8 {
+            // 2.–3. in FP8: dw, db (its own GEMM, β accumulates), then the data gradient
+            let tokens = self.bufs.as_ref().expect("a training forward allocated them").tokens;
+            let st = Fp8Step { recipe, layer: i, spec: self.layers[i], tokens, precision: self.precision };
+            return self.fp8_grad_gemms(gpu, st, x, dy, dx, mode);
+        }
+        // 2. dw[out, in] = dpreᵀ·x (β = 1 accumulates), db = Σ_tokens dpre (BiasGradA)
+        self.weight_grad_gemm(gpu, i, x, dy, mode)?;
+        // 3. the data gradient dpre·w[out, in] → [tokens, in]
+        self.data_grad_gemm(gpu, i, dy, dx, mode)
+    }
+
+    /// Step 1 of layer `i`'s backward: `grad[i] = d ⊙ act′(saved)`, `d` the caller's `dy` for
+    /// the last layer and `grad[i]` itself (in place) for the others, `saved` the layer's
+    /// output (ReLU) or pre-activation (GELU); one kernel. Nothing for a layer without an
+    /// activation or one whose backward the next layer's data-gradient GEMM applies.
+    fn activation_backward<D: DevicePtr<T>>(&mut self, gpu: &Gpu, i: usize, dy: &D) -> Result<()> {
         let places = self.placements();
         let bufs = self.bufs.as_mut().expect("a training forward allocated them");
-        let (tokens, prec, l, fp8) = (bufs.tokens, self.precision, self.layers[i], self.fp8);
-        let last = i + 1 == self.layers.len();
-        let s = gpu.stream();
-        // 1. dpre: the gradient of the pre-activation
+        let (tokens, l, last) = (bufs.tokens, self.layers[i], i + 1 == self.layers.len());
         let fused_by_next = !last && places.fused_backward(&l).is_some();
-        if l.activation != Activation::None && !fused_by_next {
-            let (saved, ld) = match l.activation {
-                Activation::Relu => (&bufs.out[i], l.out_features),
-                _ => (bufs.pre[i].as_ref().expect("GELU layers keep pre"), places.pre_ld(&l)),
-            };
-            let (ps, _gs) = saved.device_ptr(s);
-            let g = bufs.grad[i].as_mut().expect("allocated for every layer with an activation");
-            let (pg, _gg) = g.device_ptr_mut(s);
-            let (pd, _gd) = if last {
-                let (p, g) = dy.device_ptr(s);
-                (p, Some(g))
-            } else {
-                (pg, None)
-            };
-            let shape = (tokens, l.out_features, ld);
-            let launch = DactLaunch { act: l.activation, dtype: T::DTYPE, dy: pd, saved: ps, out: pg, shape };
-            // SAFETY: dy (or grad[i], in place) and grad[i] hold tokens × out elements; saved
-            // holds tokens rows of ld; all of this context.
-            unsafe { gpu.enqueue_dact(launch) }?;
+        if l.activation == Activation::None || fused_by_next {
+            return Ok(());
         }
-        let dpre: &dyn DevicePtr<T> = match (&bufs.grad[i], last) {
-            (Some(g), _) => g,
-            (None, true) => dy,
-            (None, false) => unreachable!("every layer but the last has a gradient buffer"),
+        let s = gpu.stream();
+        let (saved, ld) = match l.activation {
+            Activation::Relu => (&bufs.out[i], l.out_features),
+            _ => (bufs.pre[i].as_ref().expect("GELU layers keep pre"), places.pre_ld(&l)),
         };
-        // 2. dw[out, in] = dpreᵀ·x (β = 1 accumulates), db = Σ_tokens dpre (BiasGradA)
+        let (ps, _gs) = saved.device_ptr(s);
+        let g = bufs.grad[i].as_mut().expect("allocated for every layer with an activation");
+        let (pg, _gg) = g.device_ptr_mut(s);
+        let (pd, _gd) = if last {
+            let (p, g) = dy.device_ptr(s);
+            (p, Some(g))
+        } else {
+            (pg, None)
+        };
+        let shape = (tokens, l.out_features, ld);
+        let launch = DactLaunch { act: l.activation, dtype: T::DTYPE, dy: pd, saved: ps, out: pg, shape };
+        // SAFETY: dy (or grad[i], in place) and grad[i] hold tokens × out elements; saved
+        // holds tokens rows of ld; all of this context.
+        unsafe { gpu.enqueue_dact(launch) }
+    }
+
+    /// Steps 2 and 3 of an FP8 layer's backward (`fp8.rs`): the weight gradient and, with a
+    /// bias, the bias gradient (its own GEMM; β accumulates both under
+    /// [`GradMode::Accumulate`]), then the data gradient into `dx` (layer 0, when asked for)
+    /// or `grad[i - 1]`.
+    fn fp8_grad_gemms<X, D, DX>(
+        &mut self,
+        gpu: &Gpu,
+        st: Fp8Step,
+        x: &X,
+        dy: &D,
+        dx: Option<&mut DX>,
+        mode: GradMode,
+    ) -> Result<()>
+    where
+        X: DevicePtr<T>,
+        D: DevicePtr<T>,
+        DX: DevicePtrMut<T>,
+    {
+        let (i, last) = (st.layer, st.layer + 1 == self.layers.len());
+        let bufs = self.bufs.as_mut().expect("a training forward allocated them");
+        let dpre = layer_grad(&bufs.grad[i], last, dy);
         let input: &dyn DevicePtr<T> = if i == 0 { x } else { &bufs.out[i - 1] };
-        let beta = if mode == GradMode::Accumulate { 1.0 } else { 0.0 };
-        if let Some(recipe) = fp8 {
-            // 2.–3. in FP8: dw, db (its own GEMM, β accumulates), then the data gradient
-            let st = Fp8Step { recipe, layer: i, spec: l, tokens, precision: prec };
-            let ones = bufs.ones.as_ref();
-            let db = self.db[i].as_mut().map(|d| (d, ones.expect("allocated for FP8 layers with a bias")));
-            let (ins, dw) = (&mut self.ins, &mut self.dw[i]);
-            fp8::weight_grads(gpu, ins, st, WeightGrads { g: &DynRef(dpre), h: &DynRef(input), beta, dw, db })?;
-            let (before, rest) = bufs.grad.split_at_mut(i);
-            let dpre = rest[0].as_ref().map_or(dy as &dyn DevicePtr<T>, |g| g as &dyn DevicePtr<T>);
-            return match (i, dx) {
-                (0, None) => Ok(()),
-                (0, Some(dx)) => fp8::data_grad(gpu, ins, st, &DynRef(dpre), &self.w[i], dx),
-                _ => {
-                    let out = before[i - 1].as_mut().expect("every layer but the last has a gradient buffer");
-                    fp8::data_grad(gpu, ins, st, &DynRef(dpre), &self.w[i], out)
-                }
-            };
+        let ones = bufs.ones.as_ref();
+        let db = self.db[i].as_mut().map(|d| (d, ones.expect("allocated for FP8 layers with a bias")));
+        let (ins, dw) = (&mut self.ins, &mut self.dw[i]);
+        let grads = WeightGrads { g: &DynRef(dpre), h: &DynRef(input), beta: grad_beta(mode), dw, db };
+        fp8::weight_grads(gpu, ins, st, grads)?;
+        let (before, rest) = bufs.grad.split_at_mut(i);
+        let dpre = layer_grad(&rest[0], last, dy);
+        match (i, dx) {
+            (0, None) => Ok(()),
+            (0, Some(dx)) => fp8::data_grad(gpu, ins, st, &DynRef(dpre), &self.w[i], dx),
+            _ => {
+                let out = before[i - 1].as_mut().expect("every layer but the last has a gradient buffer");
+                fp8::data_grad(gpu, ins, st, &DynRef(dpre), &self.w[i], out)
+            }
         }
+    }
+
+    /// Step 2 of layer `i`'s backward: `dw[out, in] = dpreᵀ·x` (β = 1 accumulates) with the
+    /// bias gradient `db = Σ_tokens dpre` fused (`BiasGradA`) unless the next layer's
+    /// data-gradient GEMM writes it; under [`GradMode::Accumulate`] the fused bias gradient,
+    /// written to the layer's temporary, is then added to `db`.
+    fn weight_grad_gemm<X, D>(&mut self, gpu: &Gpu, i: usize, x: &X, dy: &D, mode: GradMode) -> Result<()>
+    where
+        X: DevicePtr<T>,
+        D: DevicePtr<T>,
+    {
+        let places = self.placements();
+        let bufs = self.bufs.as_ref().expect("a training forward allocated them");
+        let (tokens, prec, l, last) = (bufs.tokens, self.precision, self.layers[i], i + 1 == self.layers.len());
+        let dpre = layer_grad(&bufs.grad[i], last, dy);
+        let input: &dyn DevicePtr<T> = if i == 0 { x } else { &bufs.out[i - 1] };
         // the bias gradient here unless the next layer's data-gradient GEMM wrote it
         let own_bias_grad = l.bias && (last || !places.bias_grad_by_next(&l));
         let pw = GemmProblem::new(
@@ -152,24 +199,36 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         .with_epilogue(if own_bias_grad { Epilogue::BiasGradA } else { Epilogue::None })?;
         let db = bias_grad_out(mode, &mut self.db[i], &mut self.db_tmp[i]).filter(|_| own_bias_grad);
         let extras = Extras { bias_grad: db, ..Extras::default() };
-        let (a, b, c) = (&DynRef(dpre), &DynRef(input), &mut self.dw[i]);
+        let (a, b, c, beta) = (&DynRef(dpre), &DynRef(input), &mut self.dw[i], grad_beta(mode));
         let call = TrainGemm { layer: i, role: GemmRole::WeightGrad, problem: &pw, a, b, beta, c, extras };
         gemm(gpu, &mut self.ins, call)?;
         if own_bias_grad {
             accumulate_bias_grad(gpu, mode, &self.db_tmp[i], &mut self.db[i])?;
         }
-        // 3. the data gradient dpre·w[out, in] → [tokens, in]
+        Ok(())
+    }
+
+    /// Step 3 of layer `i`'s backward: `dpre·w[out, in]` → `[tokens, in]`, into `dx` for
+    /// layer 0 (nothing without it), else into `grad[i - 1]` with layer `i - 1`'s activation
+    /// backward fused where its placement puts it in this GEMM's epilogue (its saved
+    /// pre-activation read as aux) and, with `DGeluBiasGrad`, its bias gradient written too
+    /// (then, under [`GradMode::Accumulate`], added to its `db`).
+    fn data_grad_gemm<D, DX>(&mut self, gpu: &Gpu, i: usize, dy: &D, dx: Option<&mut DX>, mode: GradMode) -> Result<()>
+    where
+        D: DevicePtr<T>,
+        DX: DevicePtrMut<T>,
+    {
         if i == 0 && dx.is_none() {
             return Ok(());
         }
+        let places = self.placements();
+        let bufs = self.bufs.as_mut().expect("a training forward allocated them");
+        let (tokens, prec, l, last) = (bufs.tokens, self.precision, self.layers[i], i + 1 == self.layers.len());
         let prev = (i > 0).then(|| self.layers[i - 1]);
         let e = prev.and_then(|p| places.fused_backward(&p)).unwrap_or(Epilogue::None);
         let mut px = GemmProblem::matmul(tokens, l.in_features, l.out_features, prec)?.with_epilogue(e)?;
         let (before, rest) = bufs.grad.split_at_mut(i);
-        let dpre: &dyn DevicePtr<T> = match (&rest[0], last) {
-            (Some(g), _) => g,
-            _ => dy,
-        };
+        let dpre = layer_grad(&rest[0], last, dy);
         match (i, dx) {
             (0, Some(dx)) => {
                 let (role, a, b, extras) = (GemmRole::DataGrad, &DynRef(dpre), &self.w[i], Extras::default());
@@ -199,5 +258,25 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 }
             }
         }
+    }
+}
+
+/// β of the gradient GEMMs: 1 adds to the gradients ([`GradMode::Accumulate`]), 0 overwrites.
+fn grad_beta(mode: GradMode) -> f32 {
+    if mode == GradMode::Accumulate {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// The gradient a layer's GEMMs read once its activation's backward has run (of its
+/// pre-activation, or of its output without an activation): its gradient buffer `grad`, or
+/// the caller's `dy` for the last layer when that has none.
+fn layer_grad<'a, T, D: DevicePtr<T>>(grad: &'a Option<CudaSlice<T>>, last: bool, dy: &'a D) -> &'a dyn DevicePtr<T> {
+    match (grad, last) {
+        (Some(g), _) => g,
+        (None, true) => dy,
+        (None, false) => unreachable!("every layer but the last has a gradient buffer"),
     }
 }

@@ -58,8 +58,8 @@ pub struct Mlp<T: Element> {
     pub(super) b: Vec<Option<CudaSlice<T>>>,
     pub(super) dw: Vec<CudaSlice<T>>,
     pub(super) db: Vec<Option<CudaSlice<T>>>,
-    /// Per layer with a bias, under [`GradMode::Accumulate`]: the fused bias gradient before
-    /// it is added to `db`.
+    /// Per layer with a bias, under [`GradMode::Accumulate`](crate::train::GradMode::Accumulate):
+    /// the fused bias gradient before it is added to `db`.
     pub(super) db_tmp: Vec<Option<CudaSlice<T>>>,
     pub(super) bufs: Option<Buffers<T>>,
     pub(super) last: Option<Forward>,
