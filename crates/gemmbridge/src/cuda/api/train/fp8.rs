@@ -6,7 +6,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-use super::instruments::{gemm, timed, GemmRole, Instruments};
+use super::instruments::{gemm, timed, GemmRole, Instruments, TrainGemm};
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::api::operands::Extras;
 use crate::cuda::route::fp8::Fp8Options;
@@ -18,13 +18,45 @@ use crate::problem::GemmProblem;
 use crate::train::fp8::Fp8Training;
 use crate::train::LinearSpec;
 
-/// One FP8 layer's fixed facts for a step: the recipe, the layer, its index and the tokens.
+/// One FP8 layer's fixed facts for a step: the recipe, the layer, its index, the tokens and
+/// the tensors' precision.
 #[derive(Clone, Copy)]
 pub(super) struct Fp8Step {
     pub recipe: Fp8Training,
     pub layer: usize,
     pub spec: LinearSpec,
     pub tokens: usize,
+    /// The tensors' own precision (bf16 or f16), that of the bias-gradient GEMM.
+    pub precision: Precision,
+}
+
+/// One FP8 layer's forward operands ([`layer_forward`]): its input, parameters and outputs.
+pub(super) struct LayerForward<'a, T, H> {
+    /// The input `h[tokens, in]`.
+    pub h: &'a H,
+    /// The weight `w[out, in]`.
+    pub w: &'a CudaSlice<T>,
+    /// The bias `b[out]`, if the layer has one.
+    pub b: Option<&'a CudaSlice<T>>,
+    /// GELU layers: the pre-activation `[tokens, out]` the GEMM writes.
+    pub pre: Option<&'a mut CudaSlice<T>>,
+    /// The layer's output `act(pre)`, `[tokens, out]`.
+    pub out: &'a mut CudaSlice<T>,
+}
+
+/// One FP8 layer's gradient operands ([`weight_grads`]): the pre-activation's gradient, the
+/// layer's input and the gradients written.
+pub(super) struct WeightGrads<'a, T, G, H> {
+    /// The pre-activation's gradient `g[tokens, out]`.
+    pub g: &'a G,
+    /// The layer's input `h[tokens, in]`.
+    pub h: &'a H,
+    /// 1 to accumulate into the gradients, 0 to overwrite them.
+    pub beta: f32,
+    /// The weight gradient `dw[out, in]`.
+    pub dw: &'a mut CudaSlice<T>,
+    /// Layers with a bias: the bias gradient `db[out]` and the `[tokens]` ones it is summed with.
+    pub db: Option<(&'a mut CudaSlice<T>, &'a CudaSlice<T>)>,
 }
 
 /// `out[tokens, out] = h[tokens, in]·w[out, in]ᵀ (+ b)`.
@@ -45,28 +77,24 @@ pub(super) fn forward<T: Element, H: DevicePtr<T>, O: DevicePtrMut<T>>(
 }
 
 /// `dw[out, in] = gᵀ·h` (`β·dw +` with β = 1 to accumulate) and, with `db`, the bias
-/// gradient `db[out] = ones[1, tokens]·g` in `precision` (same β), where `g[tokens, out]` is
-/// the pre-activation's gradient and `h[tokens, in]` the layer's input.
-#[allow(clippy::too_many_arguments)]
+/// gradient `db[out] = ones[1, tokens]·g` in the step's `precision` (same β), where
+/// `g[tokens, out]` is the pre-activation's gradient and `h[tokens, in]` the layer's input.
 pub(super) fn weight_grads<T: Element, G: DevicePtr<T>, H: DevicePtr<T>>(
     gpu: &Gpu,
     ins: &mut Instruments,
     st: Fp8Step,
-    precision: Precision,
-    g: &G,
-    h: &H,
-    beta: f32,
-    dw: &mut CudaSlice<T>,
-    db: Option<(&mut CudaSlice<T>, &CudaSlice<T>)>,
+    grads: WeightGrads<'_, T, G, H>,
 ) -> Result<()> {
+    let WeightGrads { g, h, beta, dw, db } = grads;
     let (r, l, tokens) = (st.recipe, st.spec, st.tokens);
     let gt = gpu.quantize(g, l.out_features, tokens, Source::Transposed, r.gradients, r.x_scaling)?;
     let ht = gpu.quantize(h, l.in_features, tokens, Source::Transposed, r.activations, r.w_scaling)?;
     let opts = Fp8Options { beta, ..Fp8Options::default() };
     timed(gpu, ins, (st.layer, GemmRole::WeightGrad), || gpu.fp8_gemm(&gt, &ht, dw, None, opts))?;
     if let Some((db, ones)) = db {
-        let p = GemmProblem::matmul(1, l.out_features, tokens, precision)?;
-        gemm(gpu, ins, (st.layer, GemmRole::BiasGrad), &p, ones, g, beta, db, Extras::default())?;
+        let p = GemmProblem::matmul(1, l.out_features, tokens, st.precision)?;
+        let (layer, role) = (st.layer, GemmRole::BiasGrad);
+        gemm(gpu, ins, TrainGemm { layer, role, problem: &p, a: ones, b: g, beta, c: db, extras: Extras::default() })?;
     }
     Ok(())
 }
@@ -88,17 +116,13 @@ pub(super) fn data_grad<T: Element, G: DevicePtr<T>, O: DevicePtrMut<T>>(
 
 /// Layer `st.layer`'s forward: the FP8 GEMM into `pre` (GELU layers; a kernel then writes the
 /// activation into `out`) or into `out` (ReLU, applied in place by a kernel; the identity).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn layer_forward<T: Element, H: DevicePtr<T>>(
     gpu: &Gpu,
     ins: &mut Instruments,
     st: Fp8Step,
-    h: &H,
-    w: &CudaSlice<T>,
-    b: Option<&CudaSlice<T>>,
-    pre: Option<&mut CudaSlice<T>>,
-    out: &mut CudaSlice<T>,
+    io: LayerForward<'_, T, H>,
 ) -> Result<()> {
+    let LayerForward { h, w, b, pre, out } = io;
     let (act, n, s) = (st.spec.activation, st.tokens * st.spec.out_features, gpu.stream());
     match pre {
         Some(pre) => {

@@ -43,20 +43,34 @@ fn event(gpu: &Gpu) -> Result<CudaEvent> {
     gpu.stream().record_event(flags).map_err(status::driver("cuEventRecord"))
 }
 
-/// `c = a·b` per `p` (α = 1) with `extras`, on [`Gpu::stream`]: tuned first in a tuning step,
-/// timed when timing is on.
-#[allow(clippy::too_many_arguments)]
+/// One GEMM of a training step, as [`gemm`] runs it: `c = a·b (+ β·c)` per `problem` (α = 1)
+/// with the epilogue's `extras`, named by its layer and role for the timing and tuning records.
+pub(super) struct TrainGemm<'a, T, A, B, C> {
+    /// The layer the GEMM belongs to.
+    pub layer: usize,
+    /// What it computes for that layer.
+    pub role: GemmRole,
+    /// Shapes, layouts, precision and epilogue.
+    pub problem: &'a GemmProblem,
+    /// The problem's `A`.
+    pub a: &'a A,
+    /// The problem's `B`.
+    pub b: &'a B,
+    /// 1 to accumulate into `c`, 0 to overwrite it.
+    pub beta: f32,
+    /// The problem's `C`, the output (β = 1 adds to what it holds).
+    pub c: &'a mut C,
+    /// The epilogue's operands (bias, bias gradient, aux).
+    pub extras: Extras<'a, T>,
+}
+
+/// Enqueues `call` on [`Gpu::stream`]: tuned first in a tuning step, timed when timing is on.
 pub(super) fn gemm<T: Element, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut<T>>(
     gpu: &Gpu,
     ins: &mut Instruments,
-    (layer, role): (usize, GemmRole),
-    p: &GemmProblem,
-    a: &A,
-    b: &B,
-    beta: f32,
-    c: &mut C,
-    mut extras: Extras<'_, T>,
+    call: TrainGemm<'_, T, A, B, C>,
 ) -> Result<()> {
+    let TrainGemm { layer, role, problem: p, a, b, beta, c, mut extras } = call;
     if let Some((opts, tuned)) = ins.tune.as_mut() {
         let s = gpu.stream();
         let raw = |address, len_bytes| RawBuffer { address, len_bytes };

@@ -30,6 +30,24 @@ fn wide((rows, cols, ld): (usize, usize, usize), addrs: &[u64]) -> Option<(u32, 
     (aligned && small).then(|| ((rows * cols / 8) as u32, (cols / 8) as u32, (ld / 8) as u32))
 }
 
+/// One activation-backward launch ([`Gpu::enqueue_dact`]):
+/// `out[rows, cols] = dy[rows, cols] ⊙ act′(saved)`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DactLaunch {
+    /// The activation whose derivative is applied.
+    pub act: Activation,
+    /// The element type of all three operands.
+    pub dtype: DType,
+    /// The incoming gradient, `[rows, cols]` contiguous.
+    pub dy: u64,
+    /// The layer's output (ReLU) or pre-activation (GELU), `[rows, cols]` with row stride `ld`.
+    pub saved: u64,
+    /// The result, `[rows, cols]` contiguous; may be `dy`.
+    pub out: u64,
+    /// `(rows, cols, ld)`.
+    pub shape: (usize, usize, usize),
+}
+
 impl Gpu {
     /// Compiles the training layers' kernels now (NVRTC, tens of ms) rather than on the first
     /// step that needs one, which a CUDA graph capture then may contain.
@@ -48,23 +66,14 @@ impl Gpu {
         f(k)
     }
 
-    /// `out[rows, cols] = dy[rows, cols] ⊙ act′(saved)` on [`Gpu::stream`], where `saved` is
-    /// the layer's output (ReLU) or pre-activation (GELU), `[rows, cols]` with row stride `ld`;
-    /// `dy` and `out` contiguous (`out` may be `dy`).
+    /// `out[rows, cols] = dy[rows, cols] ⊙ act′(saved)` per `launch` ([`DactLaunch`]) on
+    /// [`Gpu::stream`].
     ///
     /// # Safety
-    /// The addresses are device memory of this context holding those elements of `dtype`;
-    /// `saved` does not overlap `out`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn enqueue_dact(
-        &self,
-        act: Activation,
-        dtype: DType,
-        dy: u64,
-        saved: u64,
-        out: u64,
-        (rows, cols, ld): (usize, usize, usize),
-    ) -> Result<()> {
+    /// `launch`'s addresses are device memory of this context holding the elements its shape
+    /// names, of its `dtype`; `saved` does not overlap `out`.
+    pub(crate) unsafe fn enqueue_dact(&self, launch: DactLaunch) -> Result<()> {
+        let DactLaunch { act, dtype, dy, saved, out, shape: (rows, cols, ld) } = launch;
         if act == Activation::GeluTanh {
             if let Some((n8, cols8, ld8)) = wide((rows, cols, ld), &[dy, saved, out]) {
                 let name = format!("dact_gelu_tanh_v8_{}", suffix(dtype));
@@ -237,11 +246,12 @@ mod tests {
         let (ps, ds, os) = (addr(gpu, &pre_s) + e, addr(gpu, &dy_s) + e, addr(gpu, &out_s) + e);
         assert!(wide((rows, cols, ld), &[da, pa, oa]).is_some() && wide((rows, cols, ld), &[ds, ps, os]).is_none());
         let (act, dt) = (Activation::GeluTanh, T::DTYPE);
+        let launch = |dy, saved, out| DactLaunch { act, dtype: dt, dy, saved, out, shape: (rows, cols, ld) };
         // SAFETY: every buffer holds the elements named (the shifted ones one more), on this
         // context; saved and out do not overlap.
         unsafe {
-            gpu.enqueue_dact(act, dt, da, pa, oa, (rows, cols, ld)).unwrap();
-            gpu.enqueue_dact(act, dt, ds, ps, os, (rows, cols, ld)).unwrap();
+            gpu.enqueue_dact(launch(da, pa, oa)).unwrap();
+            gpu.enqueue_dact(launch(ds, ps, os)).unwrap();
         }
         let (got_a, got_s) = (host(gpu, &out_a, 0), host(gpu, &out_s, 1));
         let same =

@@ -1,7 +1,11 @@
-//! The training layers on the GPU ([`crate::train`] says what fuses where): [`Mlp`], its FP8
-//! mode's GEMMs (`fp8.rs`, [`crate::train::fp8`] says what runs in FP8), and the launches that
-//! are not GEMMs (`kernels.rs`).
+//! The training layers on the GPU ([`crate::train`] says what fuses where): [`Mlp`] (its state
+//! and parameters in `mlp.rs`, its buffers in `buffers.rs`, the step in `forward.rs` and
+//! `backward.rs`), its FP8 mode's GEMMs (`fp8.rs`, [`crate::train::fp8`] says what runs in
+//! FP8), and the launches that are not GEMMs (`kernels.rs`).
 
+mod backward;
+mod buffers;
+mod forward;
 mod fp8;
 mod grads;
 mod instruments;
