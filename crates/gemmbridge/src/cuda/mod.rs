@@ -34,7 +34,7 @@ pub use api::{cuda_version_string, DeviceInfo, Extras, Gpu, RawBuffer, RawOperan
 pub use call::Scale;
 pub use device::GraphReplay;
 pub use dnn::{cudnn_version, ConvApi, ConvSearch};
-pub use lt::plan::Algorithm;
+pub use lt::launch::Algorithm;
 pub use lt::tune::{TuneOptions, TuneReport};
 pub use route::{Backend, Fp8Options, Fp8Out, Fp8Tensor, Padding, Served};
 

@@ -3,7 +3,7 @@
 
 use super::engine::Gpu;
 use crate::cuda::device::GraphReplay;
-use crate::cuda::lt::plan::Algorithm;
+use crate::cuda::lt::launch::Algorithm;
 use crate::cuda::route::{Backend, Padding};
 use crate::cuda::status;
 use crate::error::{Error, Result};

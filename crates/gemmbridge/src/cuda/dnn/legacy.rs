@@ -14,38 +14,13 @@
 
 use cudarc::cudnn::sys;
 
+use super::legacy_rank::Descs;
 use super::legacy_rank::{rank, Ranked};
+pub(crate) use super::legacy_rank::{Algo, SearchBuffers};
 use super::sys::{check, math_ok, types, ActivationDesc, ConvDesc, FilterDesc, TensorDesc};
 use super::{ConvOp, Measured};
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::{Error, Result};
-
-/// The algorithm chosen, in its direction's enum.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Algo {
-    Forward(sys::cudnnConvolutionFwdAlgo_t),
-    Data(sys::cudnnConvolutionBwdDataAlgo_t),
-    Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
-}
-
-impl Algo {
-    /// cuDNN's name for it, e.g. `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`.
-    pub fn name(&self) -> String {
-        match self {
-            Algo::Forward(a) => format!("{a:?}"),
-            Algo::Data(a) => format!("{a:?}"),
-            Algo::Filter(a) => format!("{a:?}"),
-        }
-    }
-    /// Its value in its direction's enum (the tactic database's record).
-    pub fn value(&self) -> u32 {
-        match *self {
-            Algo::Forward(a) => a as u32,
-            Algo::Data(a) => a as u32,
-            Algo::Filter(a) => a as u32,
-        }
-    }
-}
 
 /// The chosen algorithm, its math type and its workspace in bytes; a measured search's times
 /// (the heuristic's choice and this one, as `cudnnFind…` timed them).
@@ -73,16 +48,6 @@ pub(crate) struct ConvPlan {
     pub fused: bool,
     /// Whether the choice came from the tactic database.
     pub from_database: bool,
-}
-
-/// The buffers a measured search runs on (device addresses) and the workspace it may use.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SearchBuffers {
-    /// x (or dx), w (or dw), y (or dy).
-    pub x: u64,
-    pub w: u64,
-    pub y: u64,
-    pub workspace: (u64, usize),
 }
 
 /// Makes the plan for `p` and `op`: descriptors, then the heuristic's (or, with `search`, the
@@ -155,13 +120,6 @@ pub(crate) unsafe fn make(
     tracing::debug!(problem = %p.describe(), ?op, algo = %choice.algo.name(), math = ?choice.math, workspace = choice.workspace, "cuDNN plan");
     Ok(ConvPlan { x, w, y, conv, choice, bias, act, fused: true, from_database: false })
 }
-
-pub(super) type Descs = (
-    sys::cudnnTensorDescriptor_t,
-    sys::cudnnFilterDescriptor_t,
-    sys::cudnnTensorDescriptor_t,
-    sys::cudnnConvolutionDescriptor_t,
-);
 
 /// The exact workspace of `algo` with the descriptor's math type as set.
 pub(super) unsafe fn workspace_size(h: sys::cudnnHandle_t, (x, w, y, conv): Descs, algo: Algo) -> Result<usize> {

@@ -6,10 +6,54 @@ use std::ffi::c_void;
 
 use cudarc::cudnn::sys;
 
-use super::legacy::{Algo, Descs, SearchBuffers};
 use super::sys::check;
 use super::ConvOp;
 use crate::error::Result;
+
+/// The algorithm chosen, in its direction's enum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Algo {
+    Forward(sys::cudnnConvolutionFwdAlgo_t),
+    Data(sys::cudnnConvolutionBwdDataAlgo_t),
+    Filter(sys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+impl Algo {
+    /// cuDNN's name for it, e.g. `CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`.
+    pub fn name(&self) -> String {
+        match self {
+            Algo::Forward(a) => format!("{a:?}"),
+            Algo::Data(a) => format!("{a:?}"),
+            Algo::Filter(a) => format!("{a:?}"),
+        }
+    }
+    /// Its value in its direction's enum (the tactic database's record).
+    pub fn value(&self) -> u32 {
+        match *self {
+            Algo::Forward(a) => a as u32,
+            Algo::Data(a) => a as u32,
+            Algo::Filter(a) => a as u32,
+        }
+    }
+}
+
+/// The buffers a measured search runs on (device addresses) and the workspace it may use.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SearchBuffers {
+    /// x (or dx), w (or dw), y (or dy).
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+    pub workspace: (u64, usize),
+}
+
+/// A problem's descriptors: x, w, y and the convolution.
+pub(super) type Descs = (
+    sys::cudnnTensorDescriptor_t,
+    sys::cudnnFilterDescriptor_t,
+    sys::cudnnTensorDescriptor_t,
+    sys::cudnnConvolutionDescriptor_t,
+);
 
 /// What the three directions' performance records share.
 trait Perf: Copy {

@@ -10,8 +10,8 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::sys as lt;
 
+use super::launch::Algorithm;
 use super::launch::{matmul, Matmul};
-use super::plan::Algorithm;
 use super::sys::{algo_check, heuristic, lt_dtype, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
 use crate::dtype::{Compute, DType};

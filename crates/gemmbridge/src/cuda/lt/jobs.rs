@@ -20,7 +20,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::fp8::{fp8_signature, Fp8Key, Fp8Operands, Fp8Plan};
-use super::plan::{signature, Algorithm, LtOperands, Plan, PlanKey};
+use super::launch::Algorithm;
+use super::plan::{signature, LtOperands, Plan, PlanKey};
 use super::sys::LtHandle;
 use super::tune::{logical_elements, Tunable};
 use super::LtState;

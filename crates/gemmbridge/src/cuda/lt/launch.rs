@@ -5,10 +5,18 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::sys as lt;
 
-use super::plan::Algorithm;
 use super::sys::{check, Desc, Layout, LtHandle};
 use crate::cuda::device::Workspace;
 use crate::error::Result;
+
+/// A cuBLASLt algorithm as stored (opaque 64 bytes), with what running it needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Algorithm {
+    /// cublasLtMatmulAlgo_t's opaque data.
+    pub data: [u64; 8],
+    /// Workspace it needs, in bytes.
+    pub workspace: usize,
+}
 
 /// One matmul's descriptor, layouts and addresses: `D = α·op(A)·op(B) + β·C`.
 pub(crate) struct Matmul<'a> {

@@ -8,7 +8,7 @@
 
 pub(crate) mod fp8;
 pub(crate) mod jobs;
-mod launch;
+pub(crate) mod launch;
 pub(crate) mod plan;
 mod search;
 pub(crate) mod sys;
@@ -27,7 +27,8 @@ use crate::epilogue::VectorUse;
 use crate::error::{Error, Result, Which};
 use crate::problem::GemmProblem;
 use fp8::{fp8_signature, Fp8Key, Fp8Operands, Fp8Plan};
-use plan::{Algorithm, LtOperands, Plan, PlanKey};
+use launch::Algorithm;
+use plan::{LtOperands, Plan, PlanKey};
 use sys::LtHandle;
 
 /// Most plans kept (and most problems remembered as unsupported): a program that makes

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::sys as lt;
 
-use super::launch::{matmul, Matmul};
+use super::launch::{matmul, Algorithm, Matmul};
 use super::sys::{algo_check, heuristic, lt_dtype, lt_op, Desc, DescAttr as A, Layout, LtHandle, Pref};
 use crate::cuda::device::Workspace;
 use crate::epilogue::{AuxUse, Epilogue, VectorUse};
@@ -121,15 +121,6 @@ impl LtOperands {
     pub fn addresses(&self) -> [u64; 5] {
         [self.first, self.second, self.c, self.bias.unwrap_or(0), self.aux.unwrap_or(0)]
     }
-}
-
-/// A cuBLASLt algorithm as stored (opaque 64 bytes), with what running it needs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Algorithm {
-    /// cublasLtMatmulAlgo_t's opaque data.
-    pub data: [u64; 8],
-    /// Workspace it needs, in bytes.
-    pub workspace: usize,
 }
 
 /// Descriptors, layouts and the algorithm for one [`PlanKey`].

@@ -6,7 +6,8 @@ use cudarc::cublaslt::sys as lt;
 use lt::cublasLtMatmulAlgoCapAttributes_t as Cap;
 use lt::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
 
-use super::plan::{Algorithm, Plan, PlanKey};
+use super::launch::Algorithm;
+use super::plan::{Plan, PlanKey};
 use super::sys::{lt_compute, lt_dtype, LtHandle};
 
 /// The types an algorithm id is queried and initialised with (A, B, then C and D).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::plan::Algorithm;
+use super::launch::Algorithm;
 use super::sys::LtHandle;
 use super::timing::{time_interleaved, Call, Timed};
 use super::LtState;

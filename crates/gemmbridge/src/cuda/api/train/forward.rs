@@ -3,11 +3,14 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
+use super::buffers::{alloc, Buffers};
 use super::fp8::{self, Fp8Step, LayerForward};
 use super::instruments::{gemm, DynRef, GemmRole, TrainGemm};
 use super::mlp::{Forward, Mlp};
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::api::operands::Extras;
+use crate::cuda::device::Relaxed;
+use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::layout::MatrixLayout;
@@ -84,5 +87,37 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 gemm(gpu, &mut self.ins, call)
             }
         }
+    }
+}
+
+impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
+    /// Allocates the activation and gradient buffers for `tokens` unless they exist.
+    pub(super) fn ensure_buffers(&mut self, gpu: &Gpu, tokens: usize) -> Result<()> {
+        if self.bufs.as_ref().is_some_and(|b| b.tokens == tokens) {
+            return Ok(());
+        }
+        self.bufs = None; // freed in stream order before the new ones are allocated
+        let (last, places) = (self.layers.len() - 1, self.placements());
+        let _relaxed = Relaxed::enter()?;
+        let ones = match self.fp8.is_some() && self.layers.iter().any(|l| l.bias) {
+            true => Some(
+                gpu.stream()
+                    .clone_htod(&vec![T::from_f32(1.0); tokens])
+                    .map_err(status::driver("cuMemcpyHtoDAsync"))?,
+            ),
+            false => None,
+        };
+        let mut b = Buffers { tokens, out: Vec::new(), pre: Vec::new(), grad: Vec::new(), ones };
+        for (i, l) in self.layers.iter().enumerate() {
+            let n = tokens * l.out_features;
+            b.out.push(alloc(gpu, n)?);
+            let ld = places.pre_ld(l);
+            let pre = l.activation.saves_pre().then(|| alloc(gpu, tokens * ld)).transpose()?;
+            b.pre.push(pre);
+            let needs_grad = i < last || l.activation != Activation::None;
+            b.grad.push(if needs_grad { Some(alloc(gpu, n)?) } else { None });
+        }
+        self.bufs = Some(b);
+        Ok(())
     }
 }
