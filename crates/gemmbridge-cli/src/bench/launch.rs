@@ -17,7 +17,7 @@
 
 use std::time::Instant;
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstream, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use gemmbridge::cuda::{Gpu, GraphReplay, RawBuffer, Served};
 use gemmbridge::{DType, Element, GemmProblem};
@@ -61,7 +61,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         RawBuffer { address: w.device_ptr(&s).0, len_bytes: bytes },
     );
     let ro = RawBuffer { address: o.device_ptr_mut(&s).0, len_bytes: bytes };
-    let cs = s.cu_stream();
+    let raw = Raw { rx, rw, ro, cs: s.cu_stream() };
     // The same stream and buffers through a second Gpu with replay off: every call goes
     // through cublasLtMatmul (its own handles, plan cache and workspace).
     let direct = Gpu::with_stream(s.clone())?;
@@ -76,6 +76,47 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         direct.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;
     }
     s.synchronize()?;
+    let e = eager(gpu, &direct, p, (&x, &w, &mut o), raw)?;
+    let graph_us = graph_us(gpu, p, raw)?;
+    Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": e.host_us,
+        "wall_us": e.wall_us, "graph_us": graph_us, "host_raw_us": e.host_raw_us, "bare_lt_us": e.bare_lt_us,
+        "bare_blas_us": e.bare_blas_us, "host_direct_us": e.host_direct_us, "wall_direct_us": e.wall_direct_us,
+        "host_raw_direct_us": e.host_raw_direct_us, "host_fresh_us": e.host_fresh_us,
+        "replay_graphs": gpu.cached_graphs()}))
+}
+
+/// The launch GEMM's operands as raw buffers, and the stream they are used on.
+#[derive(Clone, Copy)]
+struct Raw {
+    rx: RawBuffer,
+    rw: RawBuffer,
+    ro: RawBuffer,
+    cs: CUstream,
+}
+
+/// The eager (not captured) measurements, µs per call (medians over the batches).
+struct Eager {
+    host_us: f64,
+    wall_us: f64,
+    host_raw_us: f64,
+    host_direct_us: f64,
+    wall_direct_us: f64,
+    host_raw_direct_us: f64,
+    host_fresh_us: f64,
+    bare_lt_us: Option<f64>,
+    bare_blas_us: f64,
+}
+
+/// Every eager way of making the call, `gpu` (replay on) beside `direct` (replay off) and the
+/// bare library calls, on the operands `(x, w, o)` (and `raw`, the same buffers).
+fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    direct: &Gpu,
+    p: GemmProblem,
+    (x, w, o): (&CudaSlice<T>, &CudaSlice<T>, &mut CudaSlice<T>),
+    Raw { rx, rw, ro, cs }: Raw,
+) -> anyhow::Result<Eager> {
+    let s = gpu.stream();
     // One batch of BATCH calls: (host µs per call, wall µs per call).
     let batch = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64)> {
         s.synchronize()?;
@@ -98,13 +139,13 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         f32::from_bits(1.0f32.to_bits() + call)
     };
     for _ in 0..BATCHES {
-        let (host, wall) = batch(&mut || Ok(gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
+        let (host, wall) = batch(&mut || Ok(gpu.gemm(&p, 1.0, x, w, 0.0, o)?))?;
         hosts.push(host);
         walls.push(wall);
-        let (host, wall) = batch(&mut || Ok(direct.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
+        let (host, wall) = batch(&mut || Ok(direct.gemm(&p, 1.0, x, w, 0.0, o)?))?;
         hosts_d.push(host);
         walls_d.push(wall);
-        fresh.push(batch(&mut || Ok(gpu.gemm(&p, fresh_alpha(), &x, &w, 0.0, &mut o)?))?.0);
+        fresh.push(batch(&mut || Ok(gpu.gemm(&p, fresh_alpha(), x, w, 0.0, o)?))?.0);
         // SAFETY: the three buffers are live allocations of this context used only on `s`.
         raws.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
         // SAFETY: as above.
@@ -116,15 +157,25 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         // SAFETY: as above.
         bare_blas.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Blas, 1, BATCH) }?);
     }
-    let (host_us, wall_us, host_raw_us) = (median(hosts), median(walls), median(raws));
-    let (host_direct_us, wall_direct_us, host_raw_direct_us) = (median(hosts_d), median(walls_d), median(raws_d));
-    let host_fresh_us = median(fresh);
-    let bare_lt_us = (!bare_lt.is_empty()).then(|| median(bare_lt));
-    let bare_blas_us = median(bare_blas);
+    Ok(Eager {
+        host_us: median(hosts),
+        wall_us: median(walls),
+        host_raw_us: median(raws),
+        host_direct_us: median(hosts_d),
+        wall_direct_us: median(walls_d),
+        host_raw_direct_us: median(raws_d),
+        host_fresh_us: median(fresh),
+        bare_lt_us: (!bare_lt.is_empty()).then(|| median(bare_lt)),
+        bare_blas_us: median(bare_blas),
+    })
+}
 
+/// GPU time per GEMM when BATCH raw calls captured into one graph are replayed (median of 20).
+fn graph_us(gpu: &Gpu, p: GemmProblem, Raw { rx, rw, ro, cs }: Raw) -> anyhow::Result<f64> {
+    let s = gpu.stream();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
     for _ in 0..BATCH {
-        // SAFETY: as above.
+        // SAFETY: the three buffers are live allocations of this context used only on `s`.
         unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?;
     }
     let graph = s.end_capture(CUgraphInstantiate_flags(0))?.ok_or_else(|| anyhow::anyhow!("empty graph"))?;
@@ -137,14 +188,10 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         (ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?, ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?);
     let mut reps = Vec::new();
     for _ in 0..20 {
-        e0.record(&s)?;
+        e0.record(s)?;
         graph.launch()?;
-        e1.record(&s)?;
+        e1.record(s)?;
         reps.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / BATCH as f64);
     }
-    let graph_us = median(reps);
-    Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": host_us,
-        "wall_us": wall_us, "graph_us": graph_us, "host_raw_us": host_raw_us, "bare_lt_us": bare_lt_us,
-        "bare_blas_us": bare_blas_us, "host_direct_us": host_direct_us, "wall_direct_us": wall_direct_us,
-        "host_raw_direct_us": host_raw_direct_us, "host_fresh_us": host_fresh_us, "replay_graphs": gpu.cached_graphs()}))
+    Ok(median(reps))
 }
