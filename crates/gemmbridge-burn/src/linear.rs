@@ -70,7 +70,8 @@ impl<B: GemmOps> GemmLinear<B> {
     }
 
     /// `act(x·W + b)` with the activation fused into the GEMM's epilogue (see
-    /// [`Activation`]; under `Autodiff` a tracked call applies it as burn's op).
+    /// [`Activation`]: GELU-erf follows the GEMM as burn's op; under `Autodiff` a tracked call
+    /// applies any activation as burn's op).
     pub fn forward_activation<const D: usize>(&self, x: Tensor<B, D>, act: Activation) -> Tensor<B, D> {
         crate::linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()), act)
     }

@@ -180,24 +180,20 @@ fn linear_reference(
     let mut y = reference(x, [1, m, k], w, [1, k, n]);
     for (i, v) in y.iter_mut().enumerate() {
         let pre = *v + b.map_or(0.0, |b| b[i % n]);
-        *v = match act {
-            Activation::None => pre,
-            Activation::Relu => pre.max(0.0),
-            Activation::GeluTanh => gemmbridge::epilogue::gelu_tanh(pre),
-        };
+        *v = act.apply(pre);
     }
     y
 }
 
-/// The fused linear (bias and activation in the epilogue) against float64 and against burn's
-/// `module::linear` followed by burn's activation, rank-3 x, weight row-major or a transposed
+/// The fused linear (bias and activation in the epilogue; GELU-erf: the bias, then burn's
+/// `gelu`) against float64 and against burn's `module::linear` followed by burn's activation, rank-3 x, weight row-major or a transposed
 /// view (`LinearLayout::Col`).
 fn linear_cases<B: GemmOps>() {
     let dev = B::Device::default();
     let (batch, rows, k, n) = (2, 37, 96, 72);
     for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
         for col in [false, true] {
-            for act in [Activation::None, Activation::Relu, Activation::GeluTanh] {
+            for act in Activation::ALL {
                 for bias in [true, false] {
                     let what = format!("linear col {col} bias {bias} {act:?} {dtype:?}");
                     let x = Tensor::<B, 3>::random([batch, rows, k], Distribution::Normal(0.0, 1.0), &dev).cast(dtype);
@@ -220,6 +216,7 @@ fn linear_cases<B: GemmOps>() {
                         Activation::None => pre,
                         Activation::Relu => activation::relu(pre),
                         Activation::GeluTanh => activation::gelu_approximate(pre),
+                        Activation::GeluErf => activation::gelu(pre),
                     });
                     let before = counts().0;
                     let got = values(linear(x, w, bias.then_some(b), act));
