@@ -3,9 +3,14 @@
 //! burn 0.21's `matmul` through gemmbridge (cuBLASLt / cuBLAS) on burn's own CUDA buffers:
 //! zero-copy, the output allocated by burn's allocator and returned as an ordinary burn tensor.
 //!
-//! ```ignore
+//! ```no_run
+//! use burn::backend::Cuda;
+//! use burn::tensor::Tensor;
 //! use gemmbridge_burn::matmul;
-//! let y = matmul(x, w); // x: Tensor<B, D>, w: Tensor<B, D>, B: GemmOps
+//!
+//! let device = Default::default();
+//! let (x, w) = (Tensor::<Cuda, 2>::ones([4, 8], &device), Tensor::<Cuda, 2>::ones([8, 2], &device));
+//! let y = matmul(x, w); // Tensor<B, D> · Tensor<B, D> for any B: GemmOps, burn's broadcasting
 //! ```
 //!
 //! - [`GemmOps`] is implemented for the plain CUDA backend
@@ -39,6 +44,11 @@ pub use linear::{GemmLinear, GemmLinearConfig, GemmLinearRecord};
 pub use order::GemmOrdering;
 #[doc(hidden)]
 pub use order::{with_device_edges, Spinner};
+
+/// The README's example, compiled as a doctest so that it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
