@@ -4,7 +4,7 @@
 //! Same fields, same record: `GemmLinear<B>` has `nn::Linear<B>`'s `weight: Param<Tensor<B, 2>>`
 //! (`[d_input, d_output]`) and `bias: Option<Param<Tensor<B, 1>>>` (`[d_output]`), so its
 //! derived record serializes exactly as `LinearRecord<B>` and a file saved from one loads into
-//! the other (tested in `tests/linear.rs`). [`GemmLinearConfig`] has `LinearConfig`'s fields
+//! the other (tested in `tests/adapter/linear.rs`). [`GemmLinearConfig`] has `LinearConfig`'s fields
 //! and defaults, and initialises through it, so the same seed gives the same weights.
 
 use burn::config::Config;

@@ -1,5 +1,6 @@
 //! gemmbridge-burn on a CUDA GPU (ignored elsewhere): forward and gradients equal burn's own
 //! matmul within the precision bands, on the plain backend, under fusion and under Autodiff.
+//! These tests run beside each other, with the adapter in its default state ([`crate::shared`]).
 
 use burn::backend::autodiff::Autodiff;
 use burn::module::Param;
@@ -111,12 +112,14 @@ fn forward_cases<B: GemmOps>() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn forward_plain_backend() {
+    let _shared = crate::shared();
     forward_cases::<Plain>();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn forward_under_fusion() {
+    let _shared = crate::shared();
     forward_cases::<Fused>();
 }
 
@@ -163,6 +166,7 @@ fn grads<B: GemmOps + burn::tensor::backend::AutodiffBackend>(dtype: FloatDType)
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gradients_under_autodiff() {
+    let _shared = crate::shared();
     for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
         grads::<Autodiff<Plain>>(dtype);
         grads::<Autodiff<Fused>>(dtype);
@@ -234,12 +238,14 @@ fn linear_cases<B: GemmOps>() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn linear_plain_backend() {
+    let _shared = crate::shared();
     linear_cases::<Plain>();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn linear_under_fusion() {
+    let _shared = crate::shared();
     linear_cases::<Fused>();
 }
 
@@ -292,6 +298,7 @@ fn linear_grads<B: GemmOps + burn::tensor::backend::AutodiffBackend>(dtype: Floa
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn linear_module_gradients_under_autodiff() {
+    let _shared = crate::shared();
     for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
         linear_grads::<Autodiff<Plain>>(dtype);
         linear_grads::<Autodiff<Fused>>(dtype);
@@ -342,6 +349,7 @@ fn view_cases<B: GemmOps>() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn unusual_views_plain_and_fused() {
+    let _shared = crate::shared();
     view_cases::<Plain>();
     view_cases::<Fused>();
 }
