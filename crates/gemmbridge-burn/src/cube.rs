@@ -20,9 +20,9 @@ use cubecl::stream_id::StreamId;
 use gemmbridge::cuda::tactics::TacticDb;
 use gemmbridge::cudarc::driver::sys;
 
-use crate::layout::{plan, plan_linear, Fallback, MatmulPlan};
+use crate::layout::{after_epilogue, plan, plan_linear, Fallback, MatmulPlan};
 use crate::order::{self, GemmOrdering};
-use crate::{burn_linear, Activation, GemmOps};
+use crate::{activate, burn_linear, Activation, GemmOps};
 
 type Cuda = CubeTensor<CudaRuntime>;
 
@@ -337,7 +337,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> GemmOps fo
             (Some(x), Some(w), Some(Some(b))) => try_linear(x, w, Some(b), act).map(from_cuda::<R>),
             _ => Err(Fallback::Problem("not a CUDA backend".into())),
         };
-        served("linear", &shapes, attempt).unwrap_or_else(|| burn_linear::<Self>(x, weight, bias, act))
+        // what the epilogue cannot apply (GELU-erf) follows as burn's op on the GEMM's output
+        served("linear", &shapes, attempt)
+            .map(|y| activate::<Self>(y, after_epilogue(act)))
+            .unwrap_or_else(|| burn_linear::<Self>(x, weight, bias, act))
     }
 
     fn gemm_linear_param_grads(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {

@@ -125,15 +125,26 @@ pub fn plan(
     Ok(MatmulPlan { problem, out_shape })
 }
 
-/// The epilogue for a linear layer with or without a bias and with an activation.
+/// The epilogue for a linear layer with or without a bias and with an activation: the bias and
+/// the activation where cuBLASLt has it (GELU-erf's GEMM fuses the bias only; the activation
+/// follows, [`after_epilogue`]).
 pub fn linear_epilogue(bias: bool, act: Activation) -> Epilogue {
     match (bias, act) {
-        (false, Activation::None) => Epilogue::None,
-        (true, Activation::None) => Epilogue::Bias,
+        (false, Activation::None | Activation::GeluErf) => Epilogue::None,
+        (true, Activation::None | Activation::GeluErf) => Epilogue::Bias,
         (false, Activation::Relu) => Epilogue::Relu,
         (true, Activation::Relu) => Epilogue::ReluBias,
         (false, Activation::GeluTanh) => Epilogue::Gelu,
         (true, Activation::GeluTanh) => Epilogue::GeluBias,
+    }
+}
+
+/// What of `act` is left to apply, as burn's op, after the GEMM of [`linear_epilogue`]:
+/// GELU-erf (cuBLASLt's GELU epilogue is the tanh form), nothing for the others.
+pub fn after_epilogue(act: Activation) -> Activation {
+    match act {
+        Activation::GeluErf => Activation::GeluErf,
+        Activation::None | Activation::Relu | Activation::GeluTanh => Activation::None,
     }
 }
 
@@ -285,8 +296,15 @@ mod tests {
             (true, Activation::Relu, Epilogue::ReluBias),
             (false, Activation::Relu, Epilogue::Relu),
             (true, Activation::GeluTanh, Epilogue::GeluBias),
+            (false, Activation::GeluErf, Epilogue::None),
+            (true, Activation::GeluErf, Epilogue::Bias),
         ] {
             assert_eq!(linear_epilogue(bias, act), e);
+        }
+        // only GELU-erf has a part left after the GEMM
+        for act in Activation::ALL {
+            let left = if act == Activation::GeluErf { Activation::GeluErf } else { Activation::None };
+            assert_eq!(after_epilogue(act), left, "{act:?}");
         }
     }
 

@@ -3,9 +3,14 @@
 //! burn 0.21's `matmul` through gemmbridge (cuBLASLt / cuBLAS) on burn's own CUDA buffers:
 //! zero-copy, the output allocated by burn's allocator and returned as an ordinary burn tensor.
 //!
-//! ```ignore
+//! ```no_run
+//! use burn::backend::Cuda;
+//! use burn::tensor::Tensor;
 //! use gemmbridge_burn::matmul;
-//! let y = matmul(x, w); // x: Tensor<B, D>, w: Tensor<B, D>, B: GemmOps
+//!
+//! let device = Default::default();
+//! let (x, w) = (Tensor::<Cuda, 2>::ones([4, 8], &device), Tensor::<Cuda, 2>::ones([8, 2], &device));
+//! let y = matmul(x, w); // Tensor<B, D> · Tensor<B, D> for any B: GemmOps, burn's broadcasting
 //! ```
 //!
 //! - [`GemmOps`] is implemented for the plain CUDA backend
@@ -17,7 +22,8 @@
 //!   `tracing` debug line says which path each shape took. [`set_enabled`] switches the
 //!   adapter off and on at run time (A/B tests).
 //! - [`linear`] and the [`GemmLinear`] module (`nn::Linear`'s API and record) fuse the bias and
-//!   an [`Activation`] into the GEMM's epilogue.
+//!   an [`Activation`] into the GEMM's epilogue (GELU-erf, which cuBLASLt has no epilogue for:
+//!   the bias, then burn's `gelu` op).
 //! - Ordering with cubecl's streams (which cubecl 0.10 does not expose), chosen by
 //!   [`set_ordering`]: by default on the device, with no host wait ([`GemmOrdering::Device`]: a
 //!   one-thread cubecl kernel on the caller's stream releases gemmbridge's stream through a
@@ -38,6 +44,11 @@ pub use linear::{GemmLinear, GemmLinearConfig, GemmLinearRecord};
 pub use order::GemmOrdering;
 #[doc(hidden)]
 pub use order::{with_device_edges, Spinner};
+
+/// The README's example, compiled as a doctest so that it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
@@ -157,21 +168,17 @@ pub(crate) fn fused_bias_grad() -> bool {
     FUSED_BIAS_GRAD.load(Ordering::Relaxed)
 }
 
-/// An activation fused into [`linear`]'s epilogue.
+/// The activation of [`linear`] and [`GemmLinear::forward_activation`]: gemmbridge's own
+/// (`gemmbridge::train::Activation`), re-exported.
 ///
-/// `GeluTanh` is the tanh approximation cuBLASLt computes (`CUBLASLT_EPILOGUE_GELU`, cuBLASLt
-/// docs §cublasLtEpilogue_t), which is burn's `activation::gelu_approximate`, not burn's erf
-/// `gelu`; the two differ by up to about 5e-4 absolute.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Activation {
-    /// None: `y = x·W + b`.
-    #[default]
-    None,
-    /// `y = max(x·W + b, 0)`.
-    Relu,
-    /// `y = gelu_tanh(x·W + b)`.
-    GeluTanh,
-}
+/// - `None`, `Relu` and `GeluTanh` are fused into the GEMM's epilogue. `GeluTanh` is the tanh
+///   approximation cuBLASLt computes (`CUBLASLT_EPILOGUE_GELU`, cuBLASLt docs
+///   §cublasLtEpilogue_t), which is burn's `activation::gelu_approximate`, not burn's erf
+///   `gelu`; the two differ by up to about 5e-4 absolute.
+/// - `GeluErf` is burn's `activation::gelu` (the exact erf form). cuBLASLt has no epilogue for
+///   it, so the GEMM fuses the bias only and burn's `gelu` op follows on its output; under
+///   `Autodiff` the gradient is burn's.
+pub use gemmbridge::train::Activation;
 
 /// Backends whose matmul and linear gemmbridge can serve.
 ///
@@ -226,6 +233,7 @@ pub(crate) fn activate<B: Backend>(y: FloatTensor<B>, act: Activation) -> FloatT
     match act {
         Activation::None => y,
         Activation::Relu => B::relu(y),
+        Activation::GeluErf => B::gelu(y),
         Activation::GeluTanh => {
             // 0.5·y·(1 + tanh(√(2/π)·(y + 0.044715·y³))), as burn's gelu_approximate
             const SQRT_2_OVER_PI: f32 = 0.797_884_6;

@@ -4,7 +4,7 @@
 //! Same fields, same record: `GemmLinear<B>` has `nn::Linear<B>`'s `weight: Param<Tensor<B, 2>>`
 //! (`[d_input, d_output]`) and `bias: Option<Param<Tensor<B, 1>>>` (`[d_output]`), so its
 //! derived record serializes exactly as `LinearRecord<B>` and a file saved from one loads into
-//! the other (tested in `tests/linear.rs`). [`GemmLinearConfig`] has `LinearConfig`'s fields
+//! the other (tested in `tests/adapter/linear.rs`). [`GemmLinearConfig`] has `LinearConfig`'s fields
 //! and defaults, and initialises through it, so the same seed gives the same weights.
 
 use burn::config::Config;
@@ -70,7 +70,8 @@ impl<B: GemmOps> GemmLinear<B> {
     }
 
     /// `act(x·W + b)` with the activation fused into the GEMM's epilogue (see
-    /// [`Activation`]; under `Autodiff` a tracked call applies it as burn's op).
+    /// [`Activation`]: GELU-erf follows the GEMM as burn's op; under `Autodiff` a tracked call
+    /// applies any activation as burn's op).
     pub fn forward_activation<const D: usize>(&self, x: Tensor<B, D>, act: Activation) -> Tensor<B, D> {
         crate::linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()), act)
     }

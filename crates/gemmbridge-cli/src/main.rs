@@ -18,6 +18,7 @@ mod random;
 mod report;
 mod row;
 mod soak;
+mod suite_args;
 mod suites;
 mod timing;
 mod train_bench;
@@ -112,5 +113,55 @@ fn main() {
             eprintln!("error: {e:#}");
             std::process::exit(2);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[test]
+    fn command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// `bench` and `tune` take the same suite, dtype, recipe and convolution flags, with the
+    /// same defaults.
+    #[test]
+    fn bench_and_tune_share_the_suite_flags() {
+        let shared = [
+            "--suite=small",
+            "--dtypes=bf16,fp8_e4m3",
+            "--scalings=rowwise",
+            "--conv-layouts=nchw",
+            "--conv-batches=8",
+            "--conv-api=legacy",
+        ];
+        let parse = |cmd: &[&str], extra: &[&str]| {
+            let argv = ["gemmbridge"].iter().chain(cmd).chain(extra);
+            match Cli::try_parse_from(argv).expect("parses").command {
+                Command::Bench(a) => a.shared,
+                Command::Tune(a) => a.shared,
+                _ => unreachable!("bench or tune"),
+            }
+        };
+        for cmd in [&["bench"][..], &["tune", "--db", "t.json"]] {
+            let s = parse(cmd, &shared);
+            assert_eq!(
+                [&s.suite, &s.dtypes, &s.scalings, &s.conv_layouts, &s.conv_batches, &s.conv_api],
+                ["small", "bf16,fp8_e4m3", "rowwise", "nchw", "8", "legacy"]
+            );
+            let d = parse(cmd, &[]);
+            assert_eq!(
+                [&d.suite, &d.dtypes, &d.scalings, &d.conv_layouts, &d.conv_batches, &d.conv_api],
+                ["default", "f32,tf32,f16,bf16", "tensorwise,rowwise,block", "nhwc,nchw", "32,1", "graph"]
+            );
+        }
+        // what only one of them takes stays its own
+        assert!(Cli::try_parse_from(["gemmbridge", "tune", "--db", "t.json", "--gap-ms", "1"]).is_err());
+        assert!(Cli::try_parse_from(["gemmbridge", "bench", "--candidates", "4"]).is_err());
+        assert!(Cli::try_parse_from(["gemmbridge", "tune"]).is_err(), "tune needs --db");
     }
 }

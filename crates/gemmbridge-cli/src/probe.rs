@@ -53,12 +53,24 @@ pub fn run() -> anyhow::Result<i32> {
     Ok(if ok { 0 } else { 1 })
 }
 
+/// The convention table's operands on the device (padded, see below), its output and the
+/// float64 reference.
+struct Convention {
+    a: CudaSlice<f32>,
+    b: CudaSlice<f32>,
+    c: CudaSlice<f32>,
+    reference: Vec<f64>,
+}
+
+fn wide(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
 fn convention_table(gpu: &Gpu) -> anyhow::Result<bool> {
     let a: Vec<f32> = normal(M * K);
     let b: Vec<f32> = normal(K * N);
     let p = GemmProblem::matmul(M, N, K, Precision::F32)?;
     let mut reference = vec![0.0; M * N];
-    let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
     gemm_rowmajor(&p, 1.0, &wide(&a), &wide(&b), 0.0, &mut reference);
     // Wrong-but-accepted calls read up to (max ld)·(max dim) elements: pad both inputs to
     // 512·512 with more random values so that every call stays inside its allocation.
@@ -68,9 +80,12 @@ fn convention_table(gpu: &Gpu) -> anyhow::Result<bool> {
     let mut b_pad = b.clone();
     b_pad.extend(normal::<f32>(room - b.len()));
     let s = gpu.stream();
-    let da = s.clone_htod(&a_pad)?;
-    let db = s.clone_htod(&b_pad)?;
-    let mut dc = s.clone_htod(&vec![f32::NAN; M * N])?;
+    let mut bufs = Convention {
+        a: s.clone_htod(&a_pad)?,
+        b: s.clone_htod(&b_pad)?,
+        c: s.clone_htod(&vec![f32::NAN; M * N])?,
+        reference,
+    };
     // batch 1: the strides are never used, so the probe's calls leave them 0
     let ours = ColMajorCall { stride_a: 0, stride_b: 0, stride_c: 0, ..column_major_call(&p) };
     println!("convention table: row-major C[M,N] = A[M,K]·B[K,N], M={M} K={K} N={N}, f32");
@@ -98,49 +113,9 @@ fn convention_table(gpu: &Gpu) -> anyhow::Result<bool> {
                         stride_c: 0,
                         batch: 1,
                     };
-                    s.memcpy_htod(&vec![f32::NAN; M * N], &mut dc)?;
-                    let launched = {
-                        let (pa, _ga) = da.device_ptr(s);
-                        let (pb, _gb) = db.device_ptr(s);
-                        let (pc, _gc) = dc.device_ptr_mut(s);
-                        // SAFETY: both inputs hold 512·512 elements, more than any of these
-                        // calls can address ((max ld)·(max dim)); C holds ldc·n = N·M.
-                        unsafe { gpu.gemm_colmajor_unchecked(&call, Precision::F32, 1.0, pb, pa, 0.0, pc) }
-                    };
                     let mark = if call == ours { "  ← gemmbridge's mapping" } else { "" };
-                    match launched {
-                        Err(Error::Cublas { status, .. }) => {
-                            println!(
-                                "{:<6} {:<6} {:>5} {:>5}  {:<36} {:>12} {:>18}{mark}",
-                                transa.to_string(),
-                                transb.to_string(),
-                                lda,
-                                ldb,
-                                format!("rejected ({status})"),
-                                "-",
-                                "-"
-                            );
-                        }
-                        Err(e) => return Err(e.into()),
-                        Ok(()) => {
-                            let got = wide(&s.clone_dtoh(&dc)?);
-                            let (d, r) = max_abs_diff(&got, &reference);
-                            let ok = rel_error(&got, &reference) <= Precision::F32.tolerance();
-                            if ok {
-                                matches.push(call);
-                            }
-                            let verdict = if ok { "MATCH" } else { "accepted but WRONG" };
-                            println!(
-                                "{:<6} {:<6} {:>5} {:>5}  {:<36} {:>12.3e} {:>18.3e}{mark}",
-                                transa.to_string(),
-                                transb.to_string(),
-                                lda,
-                                ldb,
-                                verdict,
-                                d,
-                                r
-                            );
-                        }
+                    if convention_row(gpu, &mut bufs, &call, mark)? {
+                        matches.push(call);
                     }
                 }
             }
@@ -154,6 +129,38 @@ fn convention_table(gpu: &Gpu) -> anyhow::Result<bool> {
         if matches.contains(&ours) { "is the match" } else { "is NOT a match" }
     );
     Ok(ok)
+}
+
+/// One row of the convention table: `call` on a NaN-filled C, its result against the
+/// reference, printed. Returns whether it matched.
+fn convention_row(gpu: &Gpu, bufs: &mut Convention, call: &ColMajorCall, mark: &str) -> anyhow::Result<bool> {
+    let s = gpu.stream();
+    s.memcpy_htod(&vec![f32::NAN; M * N], &mut bufs.c)?;
+    let launched = {
+        let (pa, _ga) = bufs.a.device_ptr(s);
+        let (pb, _gb) = bufs.b.device_ptr(s);
+        let (pc, _gc) = bufs.c.device_ptr_mut(s);
+        // SAFETY: both inputs hold 512·512 elements, more than any of these
+        // calls can address ((max ld)·(max dim)); C holds ldc·n = N·M.
+        unsafe { gpu.gemm_colmajor_unchecked(call, Precision::F32, 1.0, pb, pa, 0.0, pc) }
+    };
+    let (transa, transb, lda, ldb) = (call.transa.to_string(), call.transb.to_string(), call.lda, call.ldb);
+    match launched {
+        Err(Error::Cublas { status, .. }) => {
+            let result = format!("rejected ({status})");
+            println!("{transa:<6} {transb:<6} {lda:>5} {ldb:>5}  {result:<36} {:>12} {:>18}{mark}", "-", "-");
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+        Ok(()) => {
+            let got = wide(&s.clone_dtoh(&bufs.c)?);
+            let (d, r) = max_abs_diff(&got, &bufs.reference);
+            let ok = rel_error(&got, &bufs.reference) <= Precision::F32.tolerance();
+            let verdict = if ok { "MATCH" } else { "accepted but WRONG" };
+            println!("{transa:<6} {transb:<6} {lda:>5} {ldb:>5}  {verdict:<36} {d:>12.3e} {r:>18.3e}{mark}");
+            Ok(ok)
+        }
+    }
 }
 
 /// One precision: error on the small problem, TFLOP/s on 8192³.

@@ -6,6 +6,9 @@
 //!     [--act gelu_tanh|gelu|relu|none] [--epochs N] [--lr LR]
 //! ```
 //!
+//! An unknown flag or a bad value is refused with a message and exit status 2 (`--help` lists
+//! the flags).
+//!
 //! Data: `examples/data/digits.csv.gz` (1797 8×8 images, see its README); 20 % are held out as
 //! the test split, the same on every run. The split matters: on the CPU with the defaults, four
 //! split seeds tried gave 94.7 %, 96.1 %, 97.2 % and 97.5 % (this one); a linear model (`--act
@@ -17,6 +20,8 @@
 use std::io::Read;
 use std::time::{Duration, Instant};
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::Parser;
 use gemmbridge::train::{cpu, init_params, Activation, GradMode, LinearSpec};
 use gemmbridge::{Element, Precision};
 
@@ -99,6 +104,49 @@ fn accuracy(logits: &[f32], labels: &[usize]) -> f64 {
     hits as f64 / labels.len() as f64
 }
 
+/// Trains a two-layer MLP (64 → 128 → 10) on the handwritten digits of examples/data/: on the
+/// GPU when there is one, on the CPU otherwise.
+#[derive(Parser)]
+#[command(name = "digits_mlp")]
+struct Args {
+    /// Train on the CPU even where there is a GPU.
+    #[arg(long)]
+    cpu: bool,
+    /// The GEMMs' precision on the GPU (the CPU computes in f32).
+    #[arg(long, default_value = "f32", value_parser = PossibleValuesParser::new(["f32", "tf32", "f16", "bf16"])
+        .map(|p| precision_of(&p)))]
+    precision: Precision,
+    /// The hidden layer's activation: gelu_tanh (the tanh approximation), gelu (erf), relu or
+    /// none.
+    #[arg(long, default_value = "gelu_tanh", value_parser = PossibleValuesParser::new(Activation::ALL.map(Activation::name))
+        .map(|a| Activation::from_name(&a).expect("a listed name")))]
+    act: Activation,
+    /// Passes over the training split.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    epochs: u32,
+    /// SGD learning rate (positive).
+    #[arg(long, default_value_t = 0.2, value_parser = positive, allow_negative_numbers = true)]
+    lr: f32,
+}
+
+fn precision_of(name: &str) -> Precision {
+    match name {
+        "tf32" => Precision::TF32,
+        "f16" => Precision::F16,
+        "bf16" => Precision::BF16,
+        _ => Precision::F32,
+    }
+}
+
+/// A finite number above 0.
+fn positive(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(v) => Err(format!("{v} is not a positive number")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// What a backend does per step; the loop below is the same for both.
 trait Trainer {
     /// Forward of `x[tokens, 64]` (training or not), logits to the host.
@@ -176,12 +224,7 @@ fn gpu_trainer<T: Element + cudarc::driver::DeviceRepr + cudarc::driver::ValidAs
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str);
-    let act_name = opt("--act").unwrap_or("gelu_tanh");
-    let act = Activation::from_name(act_name).ok_or(format!("--act {act_name}: one of none, relu, gelu_tanh, gelu"))?;
-    let epochs: usize = opt("--epochs").unwrap_or("30").parse()?;
-    let lr: f32 = opt("--lr").unwrap_or("0.2").parse()?;
+    let Args { cpu, precision, act, epochs, lr } = Args::parse();
     let layers = [LinearSpec::new(FEATURES, HIDDEN).with_activation(act), LinearSpec::new(HIDDEN, CLASSES)];
     let (train, test) = load()?;
     println!(
@@ -190,20 +233,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         test.len()
     );
 
-    let gpu = if args.iter().any(|a| a == "--cpu") {
+    let gpu = if cpu {
         None
     } else {
         gemmbridge::cuda::Gpu::new(0).map_err(|e| println!("no GPU ({e}): training on the CPU")).ok()
     };
     let mut trainer: Box<dyn Trainer> = match gpu {
         Some(gpu) => {
-            let precision = match opt("--precision").unwrap_or("f32") {
-                "f32" => Precision::F32,
-                "tf32" => Precision::TF32,
-                "f16" => Precision::F16,
-                "bf16" => Precision::BF16,
-                p => return Err(format!("--precision {p}: one of f32, tf32, f16, bf16").into()),
-            };
             println!("backend: GPU ({}), precision {precision}", gpu.context().name().unwrap_or_default());
             match precision.input() {
                 gemmbridge::DType::F16 => gpu_trainer::<gemmbridge::half::f16>(gpu, &layers, precision)?,

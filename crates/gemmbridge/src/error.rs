@@ -170,6 +170,25 @@ pub enum Error {
         elem_bytes: usize,
     },
 
+    /// A buffer that must hold exactly what its layout addresses is longer (the CPU
+    /// quantiser's source, [`crate::fp8::quantize`]: extra elements would be ignored silently).
+    #[error(
+        "{operand} buffer holds {len_bytes} bytes but its layout addresses exactly {needed_bytes} \
+         ({needed_elems} elements of {elem_bytes} bytes)"
+    )]
+    BufferTooLarge {
+        /// The operand.
+        operand: Which,
+        /// Length given, in bytes.
+        len_bytes: usize,
+        /// Bytes the layout addresses: `needed_elems · elem_bytes`.
+        needed_bytes: usize,
+        /// Elements the layout addresses.
+        needed_elems: usize,
+        /// Size of one element, in bytes.
+        elem_bytes: usize,
+    },
+
     /// A device address is not a multiple of the element size.
     #[error("{operand} address {address:#x} is not aligned to its {align}-byte elements")]
     Misaligned {

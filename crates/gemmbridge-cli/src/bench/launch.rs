@@ -20,9 +20,9 @@
 
 use std::time::Instant;
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstream, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::{Gpu, GraphReplay, RawBuffer, Served};
+use gemmbridge::cuda::{Gpu, GraphReplay, RawBuffer, RawOperands, Scale, Served};
 use gemmbridge::{DType, Element, GemmProblem};
 
 use crate::db::load_db;
@@ -64,7 +64,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         RawBuffer { address: w.device_ptr(&s).0, len_bytes: bytes },
     );
     let ro = RawBuffer { address: o.device_ptr_mut(&s).0, len_bytes: bytes };
-    let cs = s.cu_stream();
+    let raw = Raw { rx, rw, ro, cs: s.cu_stream() };
     // The same stream and buffers through a second Gpu with replay off: every call goes
     // through cublasLtMatmul (its own handles, plan cache and workspace).
     let direct = Gpu::with_stream(s.clone())?;
@@ -79,12 +79,24 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         direct.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?;
     }
     s.synchronize()?;
-    // A second stream of the context, for the raw path on a stream that is not the Gpu's own
-    // (each such call records the stream's last-use event, which the Gpu's drop waits for).
+    let e = eager(gpu, &direct, p, (&x, &w, &mut o), raw)?;
+    let (host_raw_checked_us, host_raw_other_stream_us) = raw_costs(gpu, p, raw)?;
+    let graph_us = graph_us(gpu, p, raw)?;
+    Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": e.host_us,
+        "wall_us": e.wall_us, "graph_us": graph_us, "host_raw_us": e.host_raw_us, "bare_lt_us": e.bare_lt_us,
+        "bare_blas_us": e.bare_blas_us, "host_direct_us": e.host_direct_us, "wall_direct_us": e.wall_direct_us,
+        "host_raw_direct_us": e.host_raw_direct_us, "host_fresh_us": e.host_fresh_us,
+        "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
+        "replay_graphs": gpu.cached_graphs()}))
+}
+
+/// The raw path's optional costs, µs per call (medians over the batches): with the address
+/// check on (one `cuPointerGetAttributes` per operand), and on a stream other than the Gpu's
+/// own (a last-use event recorded per call).
+fn raw_costs(gpu: &Gpu, p: GemmProblem, Raw { rx, rw, ro, cs }: Raw) -> anyhow::Result<(f64, f64)> {
+    let s = gpu.stream();
     let s2 = s.fork()?;
-    let cs2 = s2.cu_stream();
-    // One batch of BATCH calls on `on`: (host µs per call, wall µs per call).
-    let batch_on = |on: &CudaStream, f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64)> {
+    let batch_on = |on: &CudaStream, f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<f64> {
         on.synchronize()?;
         let t = Instant::now();
         for _ in 0..BATCH {
@@ -92,14 +104,70 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         }
         let host = t.elapsed().as_secs_f64() * 1e6 / BATCH as f64;
         on.synchronize()?;
+        Ok(host)
+    };
+    let ops = RawOperands::new(rx, rw, ro);
+    let (mut checked, mut other) = (vec![], vec![]);
+    let checking = gpu.check_raw_addresses();
+    for _ in 0..BATCHES {
+        gpu.set_check_raw_addresses(true);
+        // SAFETY: the three buffers are live allocations of this context used only on `s`.
+        checked.push(batch_on(s, &mut || Ok(unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, ops, cs) }?))?);
+        gpu.set_check_raw_addresses(checking);
+        // SAFETY: as above, on the second stream, which waits for `s` (fork) and is waited for
+        // by the batch; the buffers are used on one stream at a time.
+        other.push(batch_on(&s2, &mut || Ok(unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, ops, s2.cu_stream()) }?))?);
+    }
+    Ok((median(checked), median(other)))
+}
+
+/// The launch GEMM's operands as raw buffers, and the stream they are used on.
+#[derive(Clone, Copy)]
+struct Raw {
+    rx: RawBuffer,
+    rw: RawBuffer,
+    ro: RawBuffer,
+    cs: CUstream,
+}
+
+/// The eager (not captured) measurements, µs per call (medians over the batches).
+struct Eager {
+    host_us: f64,
+    wall_us: f64,
+    host_raw_us: f64,
+    host_direct_us: f64,
+    wall_direct_us: f64,
+    host_raw_direct_us: f64,
+    host_fresh_us: f64,
+    bare_lt_us: Option<f64>,
+    bare_blas_us: f64,
+}
+
+/// Every eager way of making the call, `gpu` (replay on) beside `direct` (replay off) and the
+/// bare library calls, on the operands `(x, w, o)` (and `raw`, the same buffers).
+fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    direct: &Gpu,
+    p: GemmProblem,
+    (x, w, o): (&CudaSlice<T>, &CudaSlice<T>, &mut CudaSlice<T>),
+    Raw { rx, rw, ro, cs }: Raw,
+) -> anyhow::Result<Eager> {
+    let s = gpu.stream();
+    // One batch of BATCH calls: (host µs per call, wall µs per call).
+    let batch = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(f64, f64)> {
+        s.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            f()?;
+        }
+        let host = t.elapsed().as_secs_f64() * 1e6 / BATCH as f64;
+        s.synchronize()?;
         Ok((host, t.elapsed().as_secs_f64() * 1e6 / BATCH as f64))
     };
-    let batch = |f: &mut dyn FnMut() -> anyhow::Result<()>| batch_on(&s, f);
     // The ways are interleaved batch by batch, so that clock and cache drift over the
     // measurement falls on all of them alike.
     let (mut hosts, mut walls, mut raws, mut bare_lt, mut bare_blas) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut hosts_d, mut walls_d, mut raws_d, mut fresh) = (vec![], vec![], vec![], vec![]);
-    let (mut raws_checked, mut raws_other) = (vec![], vec![]);
     // α = 1 + i ulp: a new replay key in every call of the run (2²⁰ distinct values)
     let mut call = 0u32;
     let mut fresh_alpha = move || {
@@ -107,25 +175,17 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         f32::from_bits(1.0f32.to_bits() + call)
     };
     for _ in 0..BATCHES {
-        let (host, wall) = batch(&mut || Ok(gpu.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
+        let (host, wall) = batch(&mut || Ok(gpu.gemm(&p, 1.0, x, w, 0.0, o)?))?;
         hosts.push(host);
         walls.push(wall);
-        let (host, wall) = batch(&mut || Ok(direct.gemm(&p, 1.0, &x, &w, 0.0, &mut o)?))?;
+        let (host, wall) = batch(&mut || Ok(direct.gemm(&p, 1.0, x, w, 0.0, o)?))?;
         hosts_d.push(host);
         walls_d.push(wall);
-        fresh.push(batch(&mut || Ok(gpu.gemm(&p, fresh_alpha(), &x, &w, 0.0, &mut o)?))?.0);
+        fresh.push(batch(&mut || Ok(gpu.gemm(&p, fresh_alpha(), x, w, 0.0, o)?))?.0);
         // SAFETY: the three buffers are live allocations of this context used only on `s`.
         raws.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
         // SAFETY: as above.
         raws_d.push(batch(&mut || Ok(unsafe { direct.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
-        let checking = gpu.check_raw_addresses();
-        gpu.set_check_raw_addresses(true);
-        // SAFETY: as above.
-        raws_checked.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
-        gpu.set_check_raw_addresses(checking);
-        // SAFETY: as above, on the second stream, which waits for `s` (fork) and is waited for
-        // by the batch; the buffers are used on one stream at a time.
-        raws_other.push(batch_on(&s2, &mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs2) }?))?.0);
         if gpu.has_lt() {
             // SAFETY: as above; the plan exists after the warm-up calls.
             bare_lt.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Lt, 1, BATCH) }?);
@@ -133,16 +193,25 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         // SAFETY: as above.
         bare_blas.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Blas, 1, BATCH) }?);
     }
-    let (host_us, wall_us, host_raw_us) = (median(hosts), median(walls), median(raws));
-    let (host_direct_us, wall_direct_us, host_raw_direct_us) = (median(hosts_d), median(walls_d), median(raws_d));
-    let host_fresh_us = median(fresh);
-    let (host_raw_checked_us, host_raw_other_stream_us) = (median(raws_checked), median(raws_other));
-    let bare_lt_us = (!bare_lt.is_empty()).then(|| median(bare_lt));
-    let bare_blas_us = median(bare_blas);
+    Ok(Eager {
+        host_us: median(hosts),
+        wall_us: median(walls),
+        host_raw_us: median(raws),
+        host_direct_us: median(hosts_d),
+        wall_direct_us: median(walls_d),
+        host_raw_direct_us: median(raws_d),
+        host_fresh_us: median(fresh),
+        bare_lt_us: (!bare_lt.is_empty()).then(|| median(bare_lt)),
+        bare_blas_us: median(bare_blas),
+    })
+}
 
+/// GPU time per GEMM when BATCH raw calls captured into one graph are replayed (median of 20).
+fn graph_us(gpu: &Gpu, p: GemmProblem, Raw { rx, rw, ro, cs }: Raw) -> anyhow::Result<f64> {
+    let s = gpu.stream();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
     for _ in 0..BATCH {
-        // SAFETY: as above.
+        // SAFETY: the three buffers are live allocations of this context used only on `s`.
         unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?;
     }
     let graph = s.end_capture(CUgraphInstantiate_flags(0))?.ok_or_else(|| anyhow::anyhow!("empty graph"))?;
@@ -155,16 +224,10 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         (ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?, ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?);
     let mut reps = Vec::new();
     for _ in 0..20 {
-        e0.record(&s)?;
+        e0.record(s)?;
         graph.launch()?;
-        e1.record(&s)?;
+        e1.record(s)?;
         reps.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / BATCH as f64);
     }
-    let graph_us = median(reps);
-    Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": host_us,
-        "wall_us": wall_us, "graph_us": graph_us, "host_raw_us": host_raw_us, "bare_lt_us": bare_lt_us,
-        "bare_blas_us": bare_blas_us, "host_direct_us": host_direct_us, "wall_direct_us": wall_direct_us,
-        "host_raw_direct_us": host_raw_direct_us, "host_fresh_us": host_fresh_us,
-        "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
-        "replay_graphs": gpu.cached_graphs()}))
+    Ok(median(reps))
 }

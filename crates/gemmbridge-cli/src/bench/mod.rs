@@ -12,34 +12,23 @@ use anyhow::{bail, Context};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::{Backend, Extras, Gpu, Padding};
+use gemmbridge::cuda::{Backend, ConvSearch, Extras, Gpu, Padding};
 use gemmbridge::{cpu, DType, Element, Epilogue, GemmProblem, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::db::load_db;
-use crate::ops::{op_applies, precision_of, problem, OPS};
+use crate::ops::{op_applies, problem, OPS};
 use crate::random::normal;
 use crate::row::Row;
+use crate::suite_args::{parse_ops, ConvSettings, Dtypes, OpList, SuiteArgs};
 use crate::suites::{self, Shape};
 use crate::timing;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Shape suite: default (square + llm + small), square, llm, small, misaligned (leading
-    /// dimensions off 16 bytes), deepgemm (4096×7168×16384, the block-scaled FP8 shape DeepGEMM
-    /// reports), cpu.
-    #[arg(long, default_value = "default")]
-    suite: String,
-    /// Comma-separated dtypes, as bench/peer.py names them: f32, tf32, f16, bf16, fp8_e4m3
-    /// (FP8: `scaled_mm` rows, one per --scalings recipe, E4M3 operands quantised before the
-    /// timing, bf16 output; GPU only).
-    #[arg(long, default_value = "f32,tf32,f16,bf16")]
-    dtypes: String,
-    /// FP8 recipes for fp8_e4m3 rows: tensorwise, rowwise, block (x 1×128, w 128×128),
-    /// block_1x128, block_128x128_1x128.
-    #[arg(long, default_value = "tensorwise,rowwise,block")]
-    scalings: String,
+    #[command(flatten)]
+    pub shared: SuiteArgs,
     /// Timed samples per row (each ~1 ms of back-to-back calls), median reported. Default 30
     /// on the GPU, 10 on the CPU backend (at most 10 there).
     #[arg(long)]
@@ -85,21 +74,11 @@ pub struct Args {
     /// conv_dgrad, conv_wgrad, or conv for all five.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
-    /// Convolution rows: the layouts, nhwc and/or nchw.
-    #[arg(long, default_value = "nhwc,nchw")]
-    conv_layouts: String,
-    /// Convolution rows: the batch sizes N.
-    #[arg(long, default_value = "32,1")]
-    conv_batches: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
     /// as PyTorch's cudnn.benchmark = True, the peer's setting) or "heuristic" (the library's
     /// default). Either way a convolution with an entry in --db runs that entry's plan.
     #[arg(long, default_value = "measured")]
     conv_search: String,
-    /// Convolution rows: which cuDNN API runs them, "graph" (the backend API with execution
-    /// plans, the library's default) or "legacy" (cudnnConvolutionForward and the like).
-    #[arg(long, default_value = "graph")]
-    conv_api: String,
 }
 
 /// `--padding` parsed.
@@ -134,6 +113,18 @@ struct Sink {
 }
 
 impl Sink {
+    /// JSON lines to `out` ("-": stdout), or nowhere.
+    fn create(out: Option<&str>) -> anyhow::Result<Sink> {
+        let json: Option<Box<dyn Write>> = match out {
+            None => None,
+            Some("-") => Some(Box::new(std::io::stdout())),
+            Some(path) => Some(Box::new(std::io::BufWriter::new(
+                std::fs::File::create(path).with_context(|| format!("creating {path}"))?,
+            ))),
+        };
+        Ok(Sink { json })
+    }
+
     fn emit(&mut self, v: &impl Serialize) -> anyhow::Result<()> {
         if let Some(w) = self.json.as_mut() {
             serde_json::to_writer(&mut *w, v)?;
@@ -144,135 +135,114 @@ impl Sink {
     }
 }
 
+/// A bench run: the arguments parsed and checked before anything runs.
+struct Plan {
+    shapes: Vec<Shape>,
+    /// The dense dtypes (bench/peer.py's names) and their precisions.
+    dtypes: Vec<(String, Precision)>,
+    /// The recipes of the fp8_e4m3 rows (empty: no FP8 rows).
+    scalings: Vec<String>,
+    /// The dense GEMM ops.
+    ops: Vec<String>,
+    conv_ops: Vec<String>,
+    launch: bool,
+    reps: usize,
+    sampling: timing::Sampling,
+    conv: ConvSettings,
+    conv_search: ConvSearch,
+    backend: Backend,
+    padding: Padding,
+}
+
+impl Plan {
+    fn parse(args: &Args) -> anyhow::Result<Plan> {
+        let shapes = args.shared.shapes()?;
+        let Dtypes { dense: dtypes, scalings } = args.shared.dtypes()?;
+        if dtypes.is_empty() && scalings.is_empty() {
+            bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
+        }
+        let OpList { gemm: ops, conv: conv_ops, launch } = parse_ops(&args.ops, true)?;
+        let reps = args.reps.unwrap_or(30);
+        if !(1..=100_000).contains(&reps) {
+            bail!("--reps {reps} is not between 1 and 100000");
+        }
+        let sampling = timing::Sampling {
+            warmup: 5,
+            reps,
+            heat_ms: timing::check_ms("--heat-ms", args.heat_ms)?,
+            gap_ms: timing::check_ms("--gap-ms", args.gap_ms)?,
+        };
+        let conv = args.shared.conv()?;
+        let conv_search = conv::parse_search(&args.conv_search)?;
+        if ops.is_empty() && !launch && scalings.is_empty() && conv_ops.is_empty() {
+            bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
+        }
+        let backend = parse_backend(&args.backend)?;
+        let padding = parse_padding(&args.padding)?;
+        Ok(Plan {
+            shapes,
+            dtypes,
+            scalings,
+            ops,
+            conv_ops,
+            launch,
+            reps,
+            sampling,
+            conv,
+            conv_search,
+            backend,
+            padding,
+        })
+    }
+
+    /// Without a GPU: the CPU backend's share of the plan (the small "cpu" suite, matmul and
+    /// linear), with a note for each option ignored and each op skipped.
+    fn cut_to_cpu(&mut self, args: &Args, reason: &dyn std::fmt::Display) -> anyhow::Result<()> {
+        let suite = &args.shared.suite;
+        if suite != "default" && suite != "cpu" {
+            bail!("suite {suite:?} needs a CUDA GPU ({reason}); without one use --suite cpu");
+        }
+        eprintln!("no CUDA GPU: running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
+        eprintln!("  (f32 accumulation; tf32 runs as f32; fused ops and launch rows need a GPU)");
+        if args.backend != "auto"
+            || args.db.is_some()
+            || args.heat_ms > 0.0
+            || args.gap_ms > 0.0
+            || args.padding != "on"
+        {
+            eprintln!(
+                "  (--backend, --db, --heat-ms, --gap-ms and --padding apply to the GPU only and are ignored here)"
+            );
+        }
+        if let Some(r) = args.reps.filter(|&r| r > 10) {
+            eprintln!("  (--reps {r} is capped at 10 on the CPU backend)");
+        }
+        eprintln!("  reason: {reason}");
+        self.shapes = suites::CPU.to_vec();
+        self.ops.retain(|o| o == "matmul" || o == "linear");
+        self.launch = false;
+        if !self.scalings.is_empty() {
+            eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
+            self.scalings.clear();
+        }
+        if !self.conv_ops.is_empty() {
+            eprintln!("  (the convolution ops run on cuDNN and need a GPU: skipped)");
+            self.conv_ops.clear();
+        }
+        if self.dtypes.is_empty() {
+            bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
+        }
+        if self.ops.is_empty() {
+            bail!("nothing to run on the CPU backend: it runs only the matmul and linear ops");
+        }
+        Ok(())
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let mut shapes = suites::shapes(&args.suite)?;
-    let mut dtypes: Vec<(String, Precision)> = Vec::new();
-    let mut with_fp8 = false;
-    for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        match precision_of(d) {
-            Some(_) if dtypes.iter().any(|(n, _)| n == d) => {} // listed twice
-            Some(p) => dtypes.push((d.to_string(), p)),
-            None if d == "fp8_e4m3" => with_fp8 = true,
-            None => bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16, fp8_e4m3"),
-        }
-    }
-    if dtypes.is_empty() && !with_fp8 {
-        bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
-    }
-    let scalings = if with_fp8 { fp8::parse_scalings(&args.scalings)? } else { Vec::new() };
-    let mut ops: Vec<String> = Vec::new();
-    let mut conv_ops: Vec<String> = Vec::new();
-    let mut launch = false;
-    for o in args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()) {
-        if o == "launch" {
-            launch = true;
-        } else if o == "conv" {
-            // every convolution op, as `tune --ops conv`
-            for c in conv::OPS {
-                if !conv_ops.iter().any(|x| x == c) {
-                    conv_ops.push(c.to_string());
-                }
-            }
-        } else if conv::OPS.contains(&o) {
-            if !conv_ops.iter().any(|x| x == o) {
-                conv_ops.push(o.to_string());
-            }
-        } else if OPS.contains(&o) {
-            if !ops.iter().any(|x| x == o) {
-                ops.push(o.to_string());
-            }
-        } else {
-            bail!("unknown op {o:?}; choose from {}, launch, {}, conv", OPS.join(", "), conv::OPS.join(", "));
-        }
-    }
-    let reps = args.reps.unwrap_or(30);
-    if !(1..=100_000).contains(&reps) {
-        bail!("--reps {reps} is not between 1 and 100000");
-    }
-    let sampling = timing::Sampling {
-        warmup: 5,
-        reps,
-        heat_ms: timing::check_ms("--heat-ms", args.heat_ms)?,
-        gap_ms: timing::check_ms("--gap-ms", args.gap_ms)?,
-    };
-    let conv_layouts = conv::parse_layouts(&args.conv_layouts)?;
-    let conv_batches = conv::parse_batches(&args.conv_batches)?;
-    let conv_search = conv::parse_search(&args.conv_search)?;
-    let conv_api = conv::parse_api(&args.conv_api)?;
-    if ops.is_empty() && !launch && !with_fp8 && conv_ops.is_empty() {
-        bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
-    }
-    let backend = parse_backend(&args.backend)?;
-    let padding = parse_padding(&args.padding)?;
-    let to_stdout = args.out.as_deref() == Some("-");
-    let gpu = match Gpu::new(0) {
-        Ok(g) => {
-            // SAFETY: every buffer the benchmark allocates is created, used and dropped on
-            // the one stream g.stream(), so cudarc's cross-stream events (which would add
-            // driver calls to every timed GEMM) have nothing to order.
-            unsafe { g.context().disable_event_tracking() };
-            g.set_backend(backend);
-            g.set_padding(padding);
-            if let Some(db) = &args.db {
-                let n = load_db(&g, db)?;
-                eprintln!("tactic database {db}: {n} tuned entries loaded");
-            }
-            Some(g)
-        }
-        Err(e) => {
-            if args.suite != "default" && args.suite != "cpu" {
-                bail!("suite {:?} needs a CUDA GPU ({e}); without one use --suite cpu", args.suite);
-            }
-            eprintln!("no CUDA GPU: running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
-            eprintln!("  (f32 accumulation; tf32 runs as f32; fused ops and launch rows need a GPU)");
-            if args.backend != "auto"
-                || args.db.is_some()
-                || args.heat_ms > 0.0
-                || args.gap_ms > 0.0
-                || args.padding != "on"
-            {
-                eprintln!(
-                    "  (--backend, --db, --heat-ms, --gap-ms and --padding apply to the GPU only and are ignored here)"
-                );
-            }
-            if let Some(r) = args.reps.filter(|&r| r > 10) {
-                eprintln!("  (--reps {r} is capped at 10 on the CPU backend)");
-            }
-            eprintln!("  reason: {e}");
-            shapes = suites::CPU.to_vec();
-            ops.retain(|o| o == "matmul" || o == "linear");
-            launch = false;
-            if with_fp8 {
-                eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
-                with_fp8 = false;
-            }
-            if !conv_ops.is_empty() {
-                eprintln!("  (the convolution ops run on cuDNN and need a GPU: skipped)");
-                conv_ops.clear();
-            }
-            if dtypes.is_empty() {
-                bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
-            }
-            if ops.is_empty() {
-                bail!("nothing to run on the CPU backend: it runs only the matmul and linear ops");
-            }
-            None
-        }
-    };
-    let env = match &gpu {
-        Some(g) => {
-            let i = g.info()?;
-            serde_json::json!({"op": "env", "backend": format!("gemmbridge-{}", args.backend), "device": i.name,
-                "cublas": format!("{}.{}.{}", i.cublas_version.0, i.cublas_version.1, i.cublas_version.2),
-                "cublaslt": i.cublaslt_version,
-                "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
-                "reps": reps, "heat_ms": sampling.heat_ms, "gap_ms": sampling.gap_ms, "padding": args.padding,
-                "cudnn": gemmbridge::cuda::cudnn_version(), "conv_api": args.conv_api,
-                "conv_search": args.conv_search})
-        }
-        None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu",
-            "reps": reps.min(10), "heat_ms": 0.0, "gap_ms": 0.0}),
-    };
+    let mut plan = Plan::parse(&args)?;
+    let gpu = open_gpu(&args, &mut plan)?;
+    let env = env_line(&args, &plan, gpu.as_ref())?;
     let device = env.get("device").and_then(|d| d.as_str()).unwrap_or("cpu").to_string();
     let our_gap = env.get("gap_ms").and_then(|g| g.as_f64()).unwrap_or(0.0);
     let peer = match &args.peer {
@@ -282,61 +252,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         None => None,
     };
     // the output file is created only once everything that can fail early has been read
-    let json: Option<Box<dyn Write>> = match args.out.as_deref() {
-        None => None,
-        Some("-") => Some(Box::new(std::io::stdout())),
-        Some(path) => Some(Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path).with_context(|| format!("creating {path}"))?,
-        ))),
-    };
-    let mut sink = Sink { json };
+    let mut sink = Sink::create(args.out.as_deref())?;
     sink.emit(&env)?;
-
-    let per_shape: u64 =
-        dtypes.iter().map(|(d, _)| ops.iter().filter(|o| op_applies(o, d)).count() as u64).sum::<u64>()
-            + if with_fp8 { scalings.len() as u64 } else { 0 };
-    let bar = ProgressBar::new(per_shape * shapes.len() as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let mut rows = Vec::new();
-    let mut pools = Pools::default();
-    for (name, precision) in &dtypes {
-        let ops: Vec<&str> = ops.iter().map(String::as_str).filter(|o| op_applies(o, name)).collect();
-        for &shape in &shapes {
-            bar.set_message(format!("{name} {shape:?}"));
-            let new = match &gpu {
-                Some(g) => bench_gpu_dispatch(g, &mut pools, name, *precision, shape, &ops, sampling)?,
-                None => bench_cpu_dispatch(name, *precision, shape, &ops, reps.min(10))?,
-            };
-            for r in new {
-                sink.emit(&r)?;
-                rows.push(r);
-                bar.inc(1);
-            }
-        }
-    }
-    if let (true, Some(g)) = (with_fp8, &gpu) {
-        for &shape in &shapes {
-            bar.set_message(format!("fp8_e4m3 {shape:?}"));
-            for r in fp8::bench(g, &mut pools, shape, &scalings, sampling)? {
-                sink.emit(&r)?;
-                rows.push(r);
-                bar.inc(1);
-            }
-        }
-    }
-    bar.finish_and_clear();
-    if let (false, Some(g)) = (conv_ops.is_empty(), &gpu) {
-        let plan = conv::Plan {
-            ops: &conv_ops,
-            dtypes: &dtypes,
-            layouts: conv_layouts,
-            batches: conv_batches,
-            search: conv_search,
-            api: conv_api,
-        };
-        rows.extend(conv::bench(g, &plan, sampling, &mut |r| sink.emit(r))?);
+    let mut rows = gemm_rows(gpu.as_ref(), &plan, &mut sink)?;
+    if let (false, Some(g)) = (plan.conv_ops.is_empty(), &gpu) {
+        rows.extend(conv_rows(g, &plan, &mut sink)?);
     }
     let mut table = match &gpu {
         Some(_) => format!("device: {device}\n{}", report::table(&rows, peer.as_deref(), false)),
@@ -345,25 +265,137 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             report::table(&rows, peer.as_deref(), true)
         ),
     };
-    if let (true, Some(g)) = (launch, &gpu) {
-        let mut launches = Vec::new();
-        for (name, _) in dtypes.iter().filter(|(n, _)| n != "tf32") {
-            let row = launch::measure(g, name, args.db.as_deref())?;
-            sink.emit(&row)?;
-            launches.push(row);
-        }
-        let peer_launch = match &args.peer {
-            Some(path) => report::read_peer_launch(path)?,
-            None => Vec::new(),
-        };
-        table.push_str(&report::launch_table(&launches, &peer_launch));
+    if let (true, Some(g)) = (plan.launch, &gpu) {
+        table.push_str(&launch_rows(g, &plan, &args, &mut sink)?);
     }
-    if to_stdout {
+    if args.out.as_deref() == Some("-") {
         eprint!("{table}");
     } else {
         print!("{table}");
     }
     Ok(0)
+}
+
+/// GPU 0 set up as the arguments say, or `None` without one (the plan then cut to the CPU
+/// backend's share).
+fn open_gpu(args: &Args, plan: &mut Plan) -> anyhow::Result<Option<Gpu>> {
+    match Gpu::new(0) {
+        Ok(g) => {
+            // SAFETY: every buffer the benchmark allocates is created, used and dropped on
+            // the one stream g.stream(), so cudarc's cross-stream events (which would add
+            // driver calls to every timed GEMM) have nothing to order.
+            unsafe { g.context().disable_event_tracking() };
+            g.set_backend(plan.backend);
+            g.set_padding(plan.padding);
+            if let Some(db) = &args.db {
+                let n = load_db(&g, db)?;
+                eprintln!("tactic database {db}: {n} tuned entries loaded");
+            }
+            Ok(Some(g))
+        }
+        Err(e) => {
+            plan.cut_to_cpu(args, &e)?;
+            Ok(None)
+        }
+    }
+}
+
+/// The run's first JSON line (`"op": "env"`): the device, libraries and settings.
+fn env_line(args: &Args, plan: &Plan, gpu: Option<&Gpu>) -> anyhow::Result<serde_json::Value> {
+    Ok(match gpu {
+        Some(g) => {
+            let i = g.info()?;
+            serde_json::json!({"op": "env", "backend": format!("gemmbridge-{}", args.backend), "device": i.name,
+                "cublas": format!("{}.{}.{}", i.cublas_version.0, i.cublas_version.1, i.cublas_version.2),
+                "cublaslt": i.cublaslt_version,
+                "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
+                "reps": plan.reps, "heat_ms": plan.sampling.heat_ms, "gap_ms": plan.sampling.gap_ms,
+                "padding": args.padding, "cudnn": gemmbridge::cuda::cudnn_version(),
+                "conv_api": args.shared.conv_api, "conv_search": args.conv_search})
+        }
+        None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu",
+            "reps": plan.reps.min(10), "heat_ms": 0.0, "gap_ms": 0.0}),
+    })
+}
+
+/// The dense GEMM rows, then the FP8 rows, under one progress bar.
+fn gemm_rows(gpu: Option<&Gpu>, plan: &Plan, sink: &mut Sink) -> anyhow::Result<Vec<Row>> {
+    let per_shape: u64 =
+        plan.dtypes.iter().map(|(d, _)| plan.ops.iter().filter(|o| op_applies(o, d)).count() as u64).sum::<u64>()
+            + plan.scalings.len() as u64;
+    let bar = ProgressBar::new(per_shape * plan.shapes.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut pools = Pools::default();
+    let mut rows = dense_rows(gpu, plan, &mut pools, &bar, sink)?;
+    if let (false, Some(g)) = (plan.scalings.is_empty(), gpu) {
+        for &shape in &plan.shapes {
+            bar.set_message(format!("fp8_e4m3 {shape:?}"));
+            for r in fp8::bench(g, &mut pools, shape, &plan.scalings, plan.sampling)? {
+                sink.emit(&r)?;
+                rows.push(r);
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}
+
+/// The dense GEMM rows: per dtype and shape, every op that applies.
+fn dense_rows(
+    gpu: Option<&Gpu>,
+    plan: &Plan,
+    pools: &mut Pools,
+    bar: &ProgressBar,
+    sink: &mut Sink,
+) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (name, precision) in &plan.dtypes {
+        let ops: Vec<&str> = plan.ops.iter().map(String::as_str).filter(|o| op_applies(o, name)).collect();
+        for &shape in &plan.shapes {
+            bar.set_message(format!("{name} {shape:?}"));
+            let new = match gpu {
+                Some(g) => bench_gpu_dispatch(g, pools, name, *precision, shape, &ops, plan.sampling)?,
+                None => bench_cpu_dispatch(name, *precision, shape, &ops, plan.reps.min(10))?,
+            };
+            for r in new {
+                sink.emit(&r)?;
+                rows.push(r);
+                bar.inc(1);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The convolution rows (cuDNN, ResNet-50's convolutions).
+fn conv_rows(gpu: &Gpu, plan: &Plan, sink: &mut Sink) -> anyhow::Result<Vec<Row>> {
+    let conv_plan = conv::Plan {
+        ops: &plan.conv_ops,
+        dtypes: &plan.dtypes,
+        layouts: plan.conv.layouts.clone(),
+        batches: plan.conv.batches.clone(),
+        search: plan.conv_search,
+        api: plan.conv.api,
+    };
+    conv::bench(gpu, &conv_plan, plan.sampling, &mut |r| sink.emit(r))
+}
+
+/// The launch row of every dtype but tf32; returns their table.
+fn launch_rows(gpu: &Gpu, plan: &Plan, args: &Args, sink: &mut Sink) -> anyhow::Result<String> {
+    let mut launches = Vec::new();
+    for (name, _) in plan.dtypes.iter().filter(|(n, _)| n != "tf32") {
+        let row = launch::measure(gpu, name, args.db.as_deref())?;
+        sink.emit(&row)?;
+        launches.push(row);
+    }
+    let peer_launch = match &args.peer {
+        Some(path) => report::read_peer_launch(path)?,
+        None => Vec::new(),
+    };
+    Ok(report::launch_table(&launches, &peer_launch))
 }
 
 fn bench_gpu_dispatch(

@@ -80,7 +80,8 @@ pub(crate) fn scale_of(amax: f32, format: Fp8Format) -> (f32, f32) {
 /// # Errors
 /// [`Error::Fp8`] ([`super::Fp8Rule::Empty`]) for no rows or columns;
 /// [`Error::DimensionTooLarge`] past [`super::MAX_ROWS`] rows or columns;
-/// [`Error::BufferTooSmall`] when `src` holds fewer than `rows · cols` elements.
+/// [`Error::BufferTooSmall`] when `src` holds fewer than `rows · cols` elements,
+/// [`Error::BufferTooLarge`] when it holds more (`src` must be exactly the operand).
 pub fn quantize<T: Element>(
     src: &[T],
     rows: usize,
@@ -91,14 +92,13 @@ pub fn quantize<T: Element>(
 ) -> Result<Quantized> {
     super::check_dims(rows, cols)?;
     let need = rows * cols; // < 2⁶² after check_dims
-    if src.len() < need {
+    if src.len() != need {
         let elem_bytes = T::DTYPE.size_bytes();
-        return Err(Error::BufferTooSmall {
-            operand: Which::Source,
-            len_bytes: src.len() * elem_bytes,
-            needed_bytes: need * elem_bytes,
-            needed_elems: need,
-            elem_bytes,
+        let (operand, len_bytes, needed_bytes) = (Which::Source, src.len() * elem_bytes, need * elem_bytes);
+        return Err(if src.len() < need {
+            Error::BufferTooSmall { operand, len_bytes, needed_bytes, needed_elems: need, elem_bytes }
+        } else {
+            Error::BufferTooLarge { operand, len_bytes, needed_bytes, needed_elems: need, elem_bytes }
         });
     }
     let at = |r: usize, c: usize| match source {
@@ -258,6 +258,37 @@ mod tests {
         let mut short = q.clone();
         short.scales.truncate(3);
         assert!(matches!(dequantize(&short), Err(Error::BufferTooSmall { .. })));
+    }
+
+    #[test]
+    fn a_source_of_any_other_length_than_rows_times_cols_is_refused() {
+        let src: Vec<half::f16> = (0..31).map(|i| half::f16::from_f32(i as f32 / 8.0)).collect();
+        let (rows, cols) = (5, 6);
+        assert!(quantize(&src[..30], rows, cols, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor).is_ok());
+        let short = quantize(&src[..29], rows, cols, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor).unwrap_err();
+        let want = Error::BufferTooSmall {
+            operand: Which::Source,
+            len_bytes: 58,
+            needed_bytes: 60,
+            needed_elems: 30,
+            elem_bytes: 2,
+        };
+        assert_eq!(short, want);
+        for source in [Source::RowMajor, Source::Transposed] {
+            let long = quantize(&src, rows, cols, source, Fp8Format::E5M2, Scaling::Row).unwrap_err();
+            let want = Error::BufferTooLarge {
+                operand: Which::Source,
+                len_bytes: 62,
+                needed_bytes: 60,
+                needed_elems: 30,
+                elem_bytes: 2,
+            };
+            assert_eq!(long, want, "{source:?}");
+            assert_eq!(
+                long.to_string(),
+                "quantisation source buffer holds 62 bytes but its layout addresses exactly 60 (30 elements of 2 bytes)"
+            );
+        }
     }
 
     #[test]

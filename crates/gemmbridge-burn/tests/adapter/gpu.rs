@@ -1,5 +1,6 @@
 //! gemmbridge-burn on a CUDA GPU (ignored elsewhere): forward and gradients equal burn's own
 //! matmul within the precision bands, on the plain backend, under fusion and under Autodiff.
+//! These tests run beside each other, with the adapter in its default state ([`crate::shared`]).
 
 use burn::backend::autodiff::Autodiff;
 use burn::module::Param;
@@ -111,12 +112,14 @@ fn forward_cases<B: GemmOps>() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn forward_plain_backend() {
+    let _shared = crate::shared();
     forward_cases::<Plain>();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn forward_under_fusion() {
+    let _shared = crate::shared();
     forward_cases::<Fused>();
 }
 
@@ -163,6 +166,7 @@ fn grads<B: GemmOps + burn::tensor::backend::AutodiffBackend>(dtype: FloatDType)
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gradients_under_autodiff() {
+    let _shared = crate::shared();
     for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
         grads::<Autodiff<Plain>>(dtype);
         grads::<Autodiff<Fused>>(dtype);
@@ -180,24 +184,20 @@ fn linear_reference(
     let mut y = reference(x, [1, m, k], w, [1, k, n]);
     for (i, v) in y.iter_mut().enumerate() {
         let pre = *v + b.map_or(0.0, |b| b[i % n]);
-        *v = match act {
-            Activation::None => pre,
-            Activation::Relu => pre.max(0.0),
-            Activation::GeluTanh => gemmbridge::epilogue::gelu_tanh(pre),
-        };
+        *v = act.apply(pre);
     }
     y
 }
 
-/// The fused linear (bias and activation in the epilogue) against float64 and against burn's
-/// `module::linear` followed by burn's activation, rank-3 x, weight row-major or a transposed
+/// The fused linear (bias and activation in the epilogue; GELU-erf: the bias, then burn's
+/// `gelu`) against float64 and against burn's `module::linear` followed by burn's activation, rank-3 x, weight row-major or a transposed
 /// view (`LinearLayout::Col`).
 fn linear_cases<B: GemmOps>() {
     let dev = B::Device::default();
     let (batch, rows, k, n) = (2, 37, 96, 72);
     for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
         for col in [false, true] {
-            for act in [Activation::None, Activation::Relu, Activation::GeluTanh] {
+            for act in Activation::ALL {
                 for bias in [true, false] {
                     let what = format!("linear col {col} bias {bias} {act:?} {dtype:?}");
                     let x = Tensor::<B, 3>::random([batch, rows, k], Distribution::Normal(0.0, 1.0), &dev).cast(dtype);
@@ -220,6 +220,7 @@ fn linear_cases<B: GemmOps>() {
                         Activation::None => pre,
                         Activation::Relu => activation::relu(pre),
                         Activation::GeluTanh => activation::gelu_approximate(pre),
+                        Activation::GeluErf => activation::gelu(pre),
                     });
                     let before = counts().0;
                     let got = values(linear(x, w, bias.then_some(b), act));
@@ -237,12 +238,14 @@ fn linear_cases<B: GemmOps>() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn linear_plain_backend() {
+    let _shared = crate::shared();
     linear_cases::<Plain>();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn linear_under_fusion() {
+    let _shared = crate::shared();
     linear_cases::<Fused>();
 }
 
@@ -295,6 +298,7 @@ fn linear_grads<B: GemmOps + burn::tensor::backend::AutodiffBackend>(dtype: Floa
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn linear_module_gradients_under_autodiff() {
+    let _shared = crate::shared();
     for dtype in [FloatDType::F32, FloatDType::F16, FloatDType::BF16] {
         linear_grads::<Autodiff<Plain>>(dtype);
         linear_grads::<Autodiff<Fused>>(dtype);
@@ -345,6 +349,7 @@ fn view_cases<B: GemmOps>() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn unusual_views_plain_and_fused() {
+    let _shared = crate::shared();
     view_cases::<Plain>();
     view_cases::<Fused>();
 }

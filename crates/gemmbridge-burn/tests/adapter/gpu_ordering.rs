@@ -1,5 +1,5 @@
-//! Device ordering on a CUDA GPU (ignored elsewhere), in its own process because the ordering
-//! switch is global (the tests here hold one lock while they run).
+//! Device ordering on a CUDA GPU (ignored elsewhere). The ordering is process-wide and the tests
+//! count ordered calls exactly, so each runs alone ([`crate::exclusive`]).
 //!
 //! The stress test chains adapter GEMMs with burn's own kernels on the same tensors, with no
 //! host wait between them, so that every ordering edge matters: burn writes the GEMM's input
@@ -10,7 +10,7 @@
 //! shows as a wrong value at the next checkpoint.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::{Distribution, FloatDType, Tensor, TensorData};
@@ -20,9 +20,6 @@ use gemmbridge_burn::{matmul, ordering_counts, set_ordering, GemmOps, GemmOrderi
 
 type Plain = CubeBackend<CudaRuntime, f32, i32, u8>;
 type Fused = burn_fusion::Fusion<Plain>;
-
-/// The tests change the process-wide ordering: one at a time.
-static LOCK: Mutex<()> = Mutex::new(());
 
 /// Aborts the process (a hang is a failure, not a stuck CI job) unless dropped within `secs`.
 struct Watchdog(Arc<AtomicBool>);
@@ -119,7 +116,7 @@ fn chain<B: GemmOps>(steps: usize, check: usize, (m, n): (usize, usize), dtype: 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn stress_chain_device_ordering_plain_and_fused() {
-    let _lock = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let _alone = crate::exclusive();
     set_ordering(GemmOrdering::Device);
     let steps = stress_steps();
     let _dog = Watchdog::new("stress chain", 600);
@@ -137,7 +134,7 @@ fn stress_chain_device_ordering_plain_and_fused() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn orderings_agree_bit_for_bit() {
-    let _lock = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let _alone = crate::exclusive();
     let _dog = Watchdog::new("orderings agree", 300);
     let dev = Default::default();
     let a = Tensor::<Plain, 2>::random([333, 517], Distribution::Normal(0.0, 1.0), &dev).cast(FloatDType::BF16);
@@ -155,7 +152,7 @@ fn orderings_agree_bit_for_bit() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn operand_from_another_thread_waits_on_the_host() {
-    let _lock = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let _alone = crate::exclusive();
     let _dog = Watchdog::new("cross-stream", 300);
     set_ordering(GemmOrdering::Device);
     let dev: cubecl::cuda::CudaDevice = Default::default();

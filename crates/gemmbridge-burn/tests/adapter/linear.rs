@@ -109,7 +109,7 @@ fn linear_gradients_equal_burns() {
     let device = Default::default();
     for col in [false, true] {
         for bias in [true, false] {
-            for act in [Activation::None, Activation::Relu, Activation::GeluTanh] {
+            for act in Activation::ALL {
                 let what = format!("col {col} bias {bias} {act:?}");
                 let x0 = random::<Ad, 3>([2, 5, 6], &device);
                 let w0 = if col { random::<Ad, 2>([4, 6], &device) } else { random::<Ad, 2>([6, 4], &device) };
@@ -127,6 +127,7 @@ fn linear_gradients_equal_burns() {
                     Activation::None => pre,
                     Activation::Relu => activation::relu(pre),
                     Activation::GeluTanh => activation::gelu_approximate(pre),
+                    Activation::GeluErf => activation::gelu(pre),
                 };
                 let gr = (y_ref.clone() * weights).sum().backward();
 
@@ -179,8 +180,10 @@ fn untracked_linear_with_activation_equals_burn() {
     let x = random::<Ad, 2>([5, 6], &device);
     let w = theirs.weight.val().detach();
     let b = theirs.bias.as_ref().unwrap().val().detach();
-    let ours = linear(x.clone(), w, Some(b), Activation::Relu);
-    assert_close("untracked relu", &values(ours), &values(activation::relu(theirs.forward(x))), 1e-6);
+    let ours = linear(x.clone(), w.clone(), Some(b.clone()), Activation::Relu);
+    assert_close("untracked relu", &values(ours), &values(activation::relu(theirs.forward(x.clone()))), 1e-6);
+    let ours = linear(x.clone(), w, Some(b), Activation::GeluErf);
+    assert_close("untracked erf gelu", &values(ours), &values(activation::gelu(theirs.forward(x))), 1e-6);
 }
 
 /// matmul gradients under broadcasting, rank 2 and 3, against burn's own matmul.

@@ -1,6 +1,6 @@
-//! The A/B switch on a CUDA GPU (ignored elsewhere), in its own process because the switch is
-//! global: off, every call is burn's own op (counted as fallen back) and equals burn's result
-//! exactly; on again, gemmbridge serves.
+//! The A/B switch on a CUDA GPU (ignored elsewhere): off, every call is burn's own op (counted
+//! as fallen back) and equals burn's result exactly; on again, gemmbridge serves. The switch and
+//! the counts are process-wide, so the test runs alone ([`crate::exclusive`]).
 
 use burn::tensor::{Distribution, Tensor};
 use burn_cubecl::CubeBackend;
@@ -12,6 +12,7 @@ type Plain = CubeBackend<CudaRuntime, f32, i32, u8>;
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn switch_off_is_burns_own_matmul_and_on_is_gemmbridge() {
+    let _alone = crate::exclusive();
     let dev = Default::default();
     let a = Tensor::<Plain, 2>::random([64, 48], Distribution::Normal(0.0, 1.0), &dev);
     let b = Tensor::<Plain, 2>::random([48, 40], Distribution::Normal(0.0, 1.0), &dev);

@@ -1,0 +1,48 @@
+//! gemmbridge-burn's tests, in one executable (each test executable links all of burn, so one
+//! builds much faster than several):
+//!
+//! - `linear`: `GemmLinear` and the autodiff rules on burn's NdArray backend (CPU, runs in CI);
+//! - `gpu`: forward, fused linear and gradients against float64 and burn's own ops (CUDA);
+//! - `gpu_ordering`: device ordering under stress, both orderings, the cross-thread fallback (CUDA);
+//! - `gpu_switch`: the A/B switch (CUDA).
+//!
+//! The CUDA tests are `#[ignore]`d; `cargo test -p gemmbridge-burn --test adapter --
+//! --include-ignored` runs them all, and a module path filters, e.g. `-- --include-ignored
+//! gpu_ordering::`.
+
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use gemmbridge_burn::{set_ordering, GemmOrdering};
+
+mod gpu;
+mod gpu_ordering;
+mod gpu_switch;
+mod linear;
+
+/// The adapter's switch, its ordering and its call counts are process-wide. A GPU test that
+/// changes them, or counts calls exactly, holds this lock for writing and so runs alone; every
+/// other GPU test holds it for reading.
+static ADAPTER_STATE: RwLock<()> = RwLock::new(());
+
+/// For a test that runs with the adapter as it is by default, beside other such tests.
+pub fn shared() -> RwLockReadGuard<'static, ()> {
+    ADAPTER_STATE.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// For a test that changes the adapter's process-wide state or counts its calls exactly: it
+/// runs alone, and the default ordering (device, adapter on) is back when it ends, also when
+/// it fails.
+pub fn exclusive() -> Exclusive {
+    Exclusive { _alone: ADAPTER_STATE.write().unwrap_or_else(PoisonError::into_inner) }
+}
+
+/// The write side of the adapter-state lock ([`exclusive`]).
+pub struct Exclusive {
+    _alone: RwLockWriteGuard<'static, ()>,
+}
+
+impl Drop for Exclusive {
+    fn drop(&mut self) {
+        set_ordering(GemmOrdering::Device);
+    }
+}
