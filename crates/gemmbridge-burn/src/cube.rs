@@ -13,7 +13,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::cuda::CudaRuntime;
-use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras};
+use gemmbridge::cuda::{Gpu, RawBuffer, RawOperands, Scale};
 use gemmbridge::{Epilogue, Precision};
 
 use cubecl::stream_id::StreamId;
@@ -200,12 +200,14 @@ impl Call<'_> {
             raw(rb.resource().ptr, rb.resource().size),
             raw(rc.resource().ptr, rc.resource().size),
         );
-        let extras = RawExtras { bias: rbias.as_ref().map(|r| raw(r.resource().ptr, r.resource().size)), aux: None };
+        let bias = rbias.as_ref().map(|r| raw(r.resource().ptr, r.resource().size));
         // SAFETY: the addresses are live cubecl allocations of the primary context (which
         // gemmbridge's Gpu shares), held by the bindings above and by the tensors; ordering is
         // the caller's contract; gemmbridge checks their lengths and alignment against the
         // layouts.
-        let r = unsafe { self.gpu.gemm_raw_fused(&self.p.problem, 1.0, ba, bb, 0.0, bc, extras, s) };
+        let r = unsafe {
+            self.gpu.gemm_raw(&self.p.problem, Scale::PRODUCT, RawOperands { a: ba, b: bb, c: bc, bias, aux: None }, s)
+        };
         r.map_err(|e| Fallback::Problem(e.to_string()))
     }
 

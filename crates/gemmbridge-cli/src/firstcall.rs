@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cudarc::driver::CudaSlice;
-use gemmbridge::cuda::{Extras, Gpu};
+use gemmbridge::cuda::{Extras, Gpu, Scale};
 use gemmbridge::Epilogue;
 
 use crate::ops::{precision_of, problem};
@@ -54,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 let t = Instant::now();
                 let extras =
                     Extras { bias: (p.epilogue() != Epilogue::None).then_some(&bias as _), ..Extras::default() };
-                gpu.gemm_fused(&p, 1.0, &x, &w, 0.0, &mut c, extras)?;
+                gpu.gemm_fused(&p, Scale::PRODUCT, &x, &w, &mut c, extras)?;
                 s.synchronize()?;
                 Ok(t.elapsed().as_secs_f64() * 1e3)
             };

@@ -173,7 +173,8 @@ fn quantize_rows<T: Element + cudarc::driver::DeviceRepr>(
                 gpu.quantize(&src, rows, cols, source, Fp8Format::E4M3, scaling).map(drop)
             })?;
             // each kernel alone: back-to-back launches between two events
-            let kernels = gpu.quantize_kernel_times(&src, rows, cols, source, Fp8Format::E4M3, scaling, reps * 5)?;
+            let kernels =
+                gpu.quantize_kernel_times(&src, (rows, cols), (source, Fp8Format::E4M3, scaling), reps * 5)?;
             // the whole call moves what its kernels read and write together
             let bytes: u64 = kernels.iter().map(|k| k.2).sum();
             let name = format!("{source:?}");

@@ -14,7 +14,7 @@
 
 use anyhow::Context;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::Gpu;
+use gemmbridge::cuda::{Gpu, Scale};
 use gemmbridge::mapping::{column_major_call, ColMajorCall};
 use gemmbridge::reference::{gemm_rowmajor, max_abs_diff, rel_error};
 use gemmbridge::{DType, Element, Error, GemmProblem, Op, Precision};
@@ -142,7 +142,7 @@ fn convention_row(gpu: &Gpu, bufs: &mut Convention, call: &ColMajorCall, mark: &
         let (pc, _gc) = bufs.c.device_ptr_mut(s);
         // SAFETY: both inputs hold 512·512 elements, more than any of these
         // calls can address ((max ld)·(max dim)); C holds ldc·n = N·M.
-        unsafe { gpu.gemm_colmajor_unchecked(call, Precision::F32, 1.0, pb, pa, 0.0, pc) }
+        unsafe { gpu.gemm_colmajor_unchecked(call, Precision::F32, Scale::PRODUCT, [pb, pa, pc]) }
     };
     let (transa, transb, lda, ldb) = (call.transa.to_string(), call.transb.to_string(), call.lda, call.ldb);
     match launched {

@@ -14,7 +14,7 @@ use crate::timing;
 
 fn check<T: Element + DeviceRepr>(gpu: &Gpu, precision: Precision) -> anyhow::Result<(f64, f64)> {
     let s = gpu.stream();
-    let p = Conv2d::new(3, 12, 15, 13, 16, 3, 3, precision).with_stride(2, 1).with_pad(1, 1).with_groups(2);
+    let p = Conv2d::new([3, 12, 15, 13], [16, 3, 3], precision).with_stride(2, 1).with_pad(1, 1).with_groups(2);
     let [lx, lw, ly] = p.lens();
     let (x, w, dy, b) = (normal::<T>(lx), normal::<T>(lw), normal::<T>(ly), normal::<T>(p.k));
     let wide = |v: &[T]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
@@ -33,7 +33,7 @@ fn check<T: Element + DeviceRepr>(gpu: &Gpu, precision: Precision) -> anyhow::Re
         rel_error(&got(&dw)?, &reference::backward_filter(&p, &wide(&x), &wide(&dy))),
     ];
     let worst = errors.iter().copied().fold(0.0, f64::max);
-    let big = Conv2d::new(32, 64, 56, 56, 64, 3, 3, precision).with_pad(1, 1);
+    let big = Conv2d::new([32, 64, 56, 56], [64, 3, 3], precision).with_pad(1, 1);
     let [lx, lw, ly] = big.lens();
     let (bx, bw, mut by) =
         (s.clone_htod(&normal::<T>(lx))?, s.clone_htod(&normal::<T>(lw))?, s.clone_htod(&normal::<T>(ly))?);

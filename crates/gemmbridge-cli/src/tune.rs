@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use gemmbridge::cuda::tactics::{Tactic, TacticDb};
 use gemmbridge::cuda::TuneReport;
-use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras, TuneOptions};
+use gemmbridge::cuda::{Gpu, RawBuffer, RawOperands, Scale, TuneOptions};
 use gemmbridge::{DType, Element, Epilogue, Precision};
 
 use crate::db::identity;
@@ -270,9 +270,11 @@ fn tune_one<T: Element + DeviceRepr + ValidAsZeroBits>(
     let sz = std::mem::size_of::<T>();
     let r = |b: &CudaSlice<T>| RawBuffer { address: b.device_ptr(s).0, len_bytes: b.len() * sz };
     let rc = RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: m * n * b * sz };
-    let extras = RawExtras { bias: (p.epilogue() != Epilogue::None).then(|| r(&bias)), aux: None };
+    let bias = (p.epilogue() != Epilogue::None).then(|| r(&bias));
     // f32/tf32 inputs with f32 outputs, half inputs with half outputs: T serves both.
     // SAFETY: live buffers of this context, sized by the problem, used on gpu.stream() only.
-    let out = unsafe { gpu.autotune_raw(&p, 1.0, r(&x), r(&w), 0.0, rc, extras, opts) }?;
+    let out = unsafe {
+        gpu.autotune_raw(&p, Scale::PRODUCT, RawOperands { a: r(&x), b: r(&w), c: rc, bias, aux: None }, opts)
+    }?;
     Ok(out)
 }

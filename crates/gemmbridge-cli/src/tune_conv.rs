@@ -38,7 +38,7 @@ pub fn run(gpu: &Gpu, plan: &Plan<'_>, db: &mut TacticDb, path: &Path) -> anyhow
         for &layout in &plan.layouts {
             for &n in &plan.batches {
                 for &(c, h, w, k, r, s, stride, pad) in &resnet50()? {
-                    let p = Conv2d::new(n, c, h, w, k, r, s, *precision)
+                    let p = Conv2d::new([n, c, h, w], [k, r, s], *precision)
                         .with_stride(stride, stride)
                         .with_pad(pad, pad)
                         .with_layout(layout);

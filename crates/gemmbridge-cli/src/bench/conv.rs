@@ -122,7 +122,7 @@ pub fn bench(
         for &layout in &plan.layouts {
             for &n in &plan.batches {
                 for &(c, h, w, k, r, s, stride, pad) in &shapes {
-                    let p = Conv2d::new(n, c, h, w, k, r, s, *precision)
+                    let p = Conv2d::new([n, c, h, w], [k, r, s], *precision)
                         .with_stride(stride, stride)
                         .with_pad(pad, pad)
                         .with_layout(layout);

@@ -183,15 +183,17 @@ fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
         walls_d.push(wall);
         fresh.push(batch(&mut || Ok(gpu.gemm(&p, fresh_alpha(), x, w, 0.0, o)?))?.0);
         // SAFETY: the three buffers are live allocations of this context used only on `s`.
-        raws.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
+        raws.push(batch(&mut || Ok(unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(rx, rw, ro), cs) }?))?.0);
         // SAFETY: as above.
-        raws_d.push(batch(&mut || Ok(unsafe { direct.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?))?.0);
+        raws_d.push(
+            batch(&mut || Ok(unsafe { direct.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(rx, rw, ro), cs) }?))?.0,
+        );
         if gpu.has_lt() {
             // SAFETY: as above; the plan exists after the warm-up calls.
-            bare_lt.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Lt, 1, BATCH) }?);
+            bare_lt.push(unsafe { gpu.bare_host_us(&p, RawOperands::new(rx, rw, ro), Served::Lt, 1, BATCH) }?);
         }
         // SAFETY: as above.
-        bare_blas.push(unsafe { gpu.bare_host_us(&p, rx, rw, ro, Served::Blas, 1, BATCH) }?);
+        bare_blas.push(unsafe { gpu.bare_host_us(&p, RawOperands::new(rx, rw, ro), Served::Blas, 1, BATCH) }?);
     }
     Ok(Eager {
         host_us: median(hosts),
@@ -212,7 +214,7 @@ fn graph_us(gpu: &Gpu, p: GemmProblem, Raw { rx, rw, ro, cs }: Raw) -> anyhow::R
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)?;
     for _ in 0..BATCH {
         // SAFETY: the three buffers are live allocations of this context used only on `s`.
-        unsafe { gpu.gemm_raw(&p, 1.0, rx, rw, 0.0, ro, cs) }?;
+        unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(rx, rw, ro), cs) }?;
     }
     let graph = s.end_capture(CUgraphInstantiate_flags(0))?.ok_or_else(|| anyhow::anyhow!("empty graph"))?;
     for _ in 0..5 {

@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::{Backend, ConvSearch, Extras, Gpu, Padding};
+use gemmbridge::cuda::{Backend, ConvSearch, Extras, Gpu, Padding, Scale};
 use gemmbridge::{cpu, DType, Element, Epilogue, GemmProblem, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -477,7 +477,7 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
         let t = timing::time_gpu(gpu, sampling, &mut || {
             i = (i + 1) % count;
             let extras = Extras { bias: (p.epilogue() != Epilogue::None).then_some(&bias as _), ..Extras::default() };
-            gpu.gemm_fused(&p, 1.0, &xs[i], &ws[i], 0.0, &mut c, extras)
+            gpu.gemm_fused(&p, Scale::PRODUCT, &xs[i], &ws[i], &mut c, extras)
         })?;
         out.push(row(op, name, &p, t));
     }

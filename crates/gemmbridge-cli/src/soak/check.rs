@@ -135,10 +135,8 @@ mod tests {
         let mut want_aux = vec![0.0; naux];
         gemm_epilogue_rowmajor(
             &p,
-            alpha as f64,
-            &v(ti, &a),
-            &v(ti, &b),
-            beta as f64,
+            (alpha as f64, beta as f64),
+            [&v(ti, &a), &v(ti, &b)],
             &mut want_c,
             (nbias > 0).then_some(&mut want_bias[..]),
             (naux > 0).then_some(&mut want_aux[..]),

@@ -7,7 +7,14 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use gemmbridge::cuda::{Gpu, RawBuffer, RawExtras};
+use gemmbridge::cuda::{Gpu, RawBuffer, RawOperands, Scale};
+
+/// The epilogue operands of a case by address.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RawExtras {
+    pub bias: Option<RawBuffer>,
+    pub aux: Option<RawBuffer>,
+}
 use gemmbridge::{DType, Epilogue, MatrixLayout};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -254,14 +261,10 @@ impl Worker {
         // problem, used only on this thread's stream (in stream order) and kept until the
         // stream is synchronised at the end; the stream is a live stream of the context.
         let r = unsafe {
-            sh.gpus[bk].gemm_raw_fused(
+            sh.gpus[bk].gemm_raw(
                 &sh.cases[ci].problem,
-                alpha,
-                d.raw[0],
-                d.raw[1],
-                beta,
-                d.raw[2],
-                d.extras,
+                Scale::new(alpha, beta),
+                RawOperands { a: d.raw[0], b: d.raw[1], c: d.raw[2], bias: d.extras.bias, aux: d.extras.aux },
                 self.stream.cu_stream(),
             )
         };

@@ -32,7 +32,7 @@ use burn::tensor::{Distribution, FloatDType, Tensor, TensorPrimitive};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
-use gemmbridge::cuda::{Gpu, RawBuffer};
+use gemmbridge::cuda::{Gpu, RawBuffer, RawOperands, Scale};
 use gemmbridge::Precision;
 use serde::Serialize;
 
@@ -356,11 +356,12 @@ impl Case<'_> {
                     unsafe {
                         self.gpu.gemm_raw(
                             &plan.problem,
-                            1.0,
-                            raw(ra.resource().ptr, ra.resource().size),
-                            raw(rb.resource().ptr, rb.resource().size),
-                            0.0,
-                            raw(rc.resource().ptr, rc.resource().size),
+                            Scale::PRODUCT,
+                            RawOperands::new(
+                                raw(ra.resource().ptr, ra.resource().size),
+                                raw(rb.resource().ptr, rb.resource().size),
+                                raw(rc.resource().ptr, rc.resource().size),
+                            ),
                             s.cu_stream(),
                         )
                     }?;
@@ -438,7 +439,8 @@ impl Case<'_> {
             // and every adapter/burn loop ends with a device sync), and nothing else writes
             // them (adapter and burn outputs are their own allocations); gemmbridge checks their
             // lengths against the plan.
-            unsafe { self.gpu.gemm_raw(&plan.problem, 1.0, a, b, 0.0, c, s.cu_stream()) }.expect("raw GEMM");
+            unsafe { self.gpu.gemm_raw(&plan.problem, Scale::PRODUCT, RawOperands::new(a, b, c), s.cu_stream()) }
+                .expect("raw GEMM");
         };
         let sync = || s.synchronize().expect("stream synchronize");
         let gemm_wait = |i: usize| {
