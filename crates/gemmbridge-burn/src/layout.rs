@@ -329,7 +329,7 @@ mod tests {
     }
 
     /// Views whose size-1 or broadcast dims would make a naive collapse read the wrong rows
-    /// (found by a reviewer's random search against the CPU GEMM).
+    /// (found by a random search against the CPU GEMM).
     #[test]
     fn linear_collapse_ignores_size_one_dims_and_rejects_broadcasts() {
         let lin = |shape: &[usize], strides: &[usize]| {

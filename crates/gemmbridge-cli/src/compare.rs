@@ -2,7 +2,7 @@
 //! row by row.
 //!
 //! One run of a large row differs by 3–8 % from the next run of the same side on the H200
-//! (docs/notes/performance-history.md §2.2), more than the 3 % margin of a "no row below 0.97" bound, so a
+//! (docs/DESIGN.md, Design rationale), more than the 3 % margin of a "no row below 0.97" bound, so a
 //! single pair of runs cannot settle such a bound either way. Given N pairs (ours i, peer i),
 //! taken alternately on one machine, this prints for every row present in all pairs the
 //! ratio peer time / our time of each pair and their median (the row's estimate), and per

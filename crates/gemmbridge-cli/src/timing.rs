@@ -7,8 +7,7 @@
 //! One option on the GPU: before the samples, [`Sampling::heat_ms`] of back-to-back calls
 //! (GPU time), so that a row is timed at the sustained, power-limited clock rather than in a
 //! short burst as bench/peer.py times it. Off in `bench` by default: the clock of a burst and
-//! the sustained clock differ (a fused row took 1.37× as long with heat, docs/notes/performance-history.md
-//! §2.3), so only rows timed the same way may be compared.
+//! the sustained clock differ (a fused row took 1.37× as long with heat; docs/DESIGN.md, Design rationale), so only rows timed the same way may be compared.
 //!
 //! Another: [`Sampling::gap_ms`] of idle GPU before the warm-up (the stream drained, the host
 //! asleep), so that every row starts from the same idle state instead of from whatever the row

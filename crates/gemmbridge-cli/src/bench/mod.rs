@@ -36,7 +36,7 @@ pub struct Args {
     /// GPU time of back-to-back calls before each row's samples, ms. Default 0: only the 5
     /// warm-up calls, as bench/peer.py, so both sides time a short burst. Heat times the row
     /// at the sustained, power-limited clock instead (f16 linear_bias_gelu 4096×4096×14336
-    /// took 1.37× as long, docs/notes/performance-history.md §2.3): do not compare such rows with the
+    /// took 1.37× as long; docs/DESIGN.md, Design rationale): do not compare such rows with the
     /// peer's.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     heat_ms: f64,
@@ -460,7 +460,7 @@ fn bench_gpu<TI: Element + DeviceRepr, TO: Element + DeviceRepr + ValidAsZeroBit
     // As bench/peer.py, every op gets its own rotation of random buffers and bias, made on the
     // GPU just before it is timed (the peer draws them with torch.randn on the GPU) and
     // dropped after: the GPU sees the same short, memory-bound pause before every row as the
-    // peer's. A row's clock depends on what ran just before it (docs/notes/performance-history.md §2.3).
+    // peer's. A row's clock depends on what ran just before it (docs/DESIGN.md, Design rationale).
     let pool = pools.get::<TI>(s)?;
     let mut c: CudaSlice<TO> = s.alloc_zeros(m * n * batch)?;
     let mut out = Vec::new();
