@@ -1,5 +1,10 @@
 //! `gemmbridge`: device info, a correctness probe, and the benchmark that stands beside
 //! PyTorch's (`bench/peer.py`).
+//!
+//! `bench` and `tune` take their shared flags (suite, dtypes, FP8 recipes, convolution
+//! settings) from one argument struct, `suite_args::SuiteArgs`, and parse `--dtypes` and
+//! `--ops` the same way. Each `run` reads: parse the arguments into a plan, then one runner per
+//! kind of row. No function here is longer than 80 lines (`tests/function_length.rs`).
 
 // Doc comments here are also `--help` text, where shapes such as x[m,k] read as written.
 #![allow(rustdoc::broken_intra_doc_links)]
