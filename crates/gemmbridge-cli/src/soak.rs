@@ -86,6 +86,9 @@ pub fn validate(args: &Args) -> anyhow::Result<Settings> {
     if !(1..=604_800).contains(&args.seconds) {
         bail!("--seconds {} is not between 1 and 604800 (a week)", args.seconds);
     }
+    if args.churn && !(1..=100_000).contains(&args.rounds) {
+        bail!("--rounds {} is not between 1 and 100000", args.rounds);
+    }
     if !(1..=1_000_000).contains(&args.check_every) {
         bail!("--check-every {} is not between 1 and 1000000", args.check_every);
     }
@@ -288,10 +291,12 @@ fn churn(args: &Args) -> anyhow::Result<i32> {
         seed,
         ..ChurnOptions::default()
     };
-    println!(
-        "churn: {} threads × {} rounds, seed {seed} (repeat with --seed {seed}), {opts:?}",
-        opts.threads, opts.rounds
-    );
+    let mut off: Vec<&str> = Vec::new();
+    off.extend(args.no_capture.then_some("no capturing thread"));
+    off.extend(args.no_replay.then_some("graph replay off"));
+    off.extend(args.gemms_only.then_some("GEMMs only"));
+    let off = if off.is_empty() { String::new() } else { format!(" ({})", off.join(", ")) };
+    println!("churn: {} threads × {} rounds{off}, seed {seed} (repeat with --seed {seed})", opts.threads, opts.rounds);
     let t = Instant::now();
     let r = churn::run(&opts).map_err(|e| anyhow::anyhow!("churn: {e}"))?;
     println!(
@@ -341,6 +346,10 @@ mod tests {
         assert_eq!(err(args(8, 180, 50, Some("/tmp"))), "--json \"/tmp\" is not a file name");
         let ok = validate(&args(8, 180, 50, Some("soak.json"))).unwrap();
         assert_eq!(ok, Settings { threads: 8, seconds: 180, seed: 7, check_every: 50, json: Some("soak.json".into()) });
+        let churn = |rounds| Args { churn: true, rounds, ..args(8, 180, 50, None) };
+        assert_eq!(err(churn(0)), "--rounds 0 is not between 1 and 100000");
+        assert_eq!(err(churn(100_001)), "--rounds 100001 is not between 1 and 100000");
+        assert!(validate(&churn(12)).is_ok());
         let clock = validate(&Args { seed: None, ..args(1, 1, 1, None) }).unwrap();
         assert!(clock.seed > 0);
     }
