@@ -4,7 +4,7 @@
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUstream;
 
-use crate::cuda::device::{synchronising, DeviceState, Pool};
+use crate::cuda::device::{DeviceState, Pool};
 use crate::cuda::status;
 use crate::error::Result;
 
@@ -16,13 +16,8 @@ pub(crate) struct BlasHandle {
     pool: Option<usize>,
 }
 
-/// A pooled handle (idle, of a primary context that lives as long as the process).
-struct Idle(cublas_sys::cublasHandle_t);
-// SAFETY: an idle handle is used by one engine at a time, under its lock (see BlasHandle).
-unsafe impl Send for Idle {}
-
 /// Handles of dropped engines, by device.
-static POOL: Pool<Idle> = Pool::new();
+static POOL: Pool<cublas_sys::cublasContext> = Pool::new();
 
 // SAFETY: the raw handle is used only under the device's Mutex; cuBLAS allows a handle to be
 // used from any host thread when calls on it do not overlap (cuBLAS documentation, "Thread
@@ -34,15 +29,17 @@ impl BlasHandle {
     /// [`Pool`] (its SM count target reset) or a new one; `pool` is `Some(ordinal)` for a
     /// primary context, `None` otherwise (the handle is then destroyed at the end).
     pub fn new(pool: Option<usize>) -> Result<BlasHandle> {
-        if let Some(Idle(raw)) = pool.and_then(|o| POOL.take(o)) {
-            let mut h = BlasHandle { raw, bound: std::ptr::null_mut(), pool };
+        let (raw, reused) = POOL.take_or_create(pool, || {
+            let mut raw = std::ptr::null_mut();
+            // SAFETY: `raw` is a valid out-pointer; the context is current on this thread.
+            status::cublas(unsafe { cublas_sys::cublasCreate_v2(&mut raw) }, "cublasCreate_v2", String::new)?;
+            Ok(raw)
+        })?;
+        let mut h = BlasHandle { raw, bound: std::ptr::null_mut(), pool };
+        if reused {
             h.set_sm_count_target(0)?;
-            return Ok(h);
         }
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out-pointer; the context is current on this thread.
-        status::cublas(unsafe { cublas_sys::cublasCreate_v2(&mut raw) }, "cublasCreate_v2", String::new)?;
-        Ok(BlasHandle { raw, bound: std::ptr::null_mut(), pool })
+        Ok(h)
     }
 
     /// Tells cuBLAS how many SMs its kernels should use (`cublasSetSmCountTarget`; 0: all).
@@ -60,14 +57,11 @@ impl BlasHandle {
     /// with the handle has finished (the caller's contract).
     pub fn release(&mut self) {
         let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
-        match (raw.is_null(), self.pool) {
-            (true, _) => {}
-            (false, Some(o)) => POOL.give(o, Idle(raw)),
-            (false, None) => {
-                let _gate = synchronising();
+        if !raw.is_null() {
+            POOL.release(self.pool, raw, |raw| {
                 // SAFETY: created in new and destroyed once (the field is null from now on).
                 let _ = unsafe { cublas_sys::cublasDestroy_v2(raw) };
-            }
+            });
         }
     }
 

@@ -157,27 +157,58 @@ pub(crate) fn first_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
 /// "cublasDestroy()/cublasLtDestroy() will implicitly call cudaDeviceSynchronize()"; cuDNN:
 /// `cudnnDestroy` likewise), which would wait for, and race with, every other owner of the
 /// context. Only handles of primary contexts are pooled: [`keep_primary`] keeps those
-/// contexts alive, so a pooled handle never outlives its context.
-pub(crate) struct Pool<H> {
-    free: Mutex<Vec<(usize, H)>>,
+/// contexts alive, so a pooled handle never outlives its context. `C` is the library's opaque
+/// context type; its handles are `*mut C`.
+pub(crate) struct Pool<C> {
+    free: Mutex<Vec<(usize, Idle<C>)>>,
 }
 
-impl<H> Pool<H> {
+/// A raw library handle lying idle in a [`Pool`].
+struct Idle<C>(*mut C);
+
+// SAFETY: a pool holds only raw library handles, which the libraries allow on any host thread
+// as long as no two threads use one at once (cuBLAS and cuDNN documentation, "Thread Safety");
+// an idle one is used by nobody until one engine takes it, and then under that engine's lock.
+unsafe impl<C> Send for Idle<C> {}
+
+impl<C> Pool<C> {
     /// An empty pool (for a `static`).
-    pub const fn new() -> Pool<H> {
+    pub const fn new() -> Pool<C> {
         Pool { free: Mutex::new(Vec::new()) }
     }
 
-    /// A handle of device `ordinal`'s primary context given back earlier, if any.
-    pub fn take(&self, ordinal: usize) -> Option<H> {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let at = free.iter().position(|(o, _)| *o == ordinal)?;
-        Some(free.swap_remove(at).1)
+    /// A handle for the current context: an idle one of device `pool`'s (`Some(ordinal)` for
+    /// a primary context), else a new one from `create`; and whether it came from the pool (it
+    /// may carry an earlier engine's settings).
+    ///
+    /// # Errors
+    /// `create`'s.
+    pub fn take_or_create(
+        &self,
+        pool: Option<usize>,
+        create: impl FnOnce() -> Result<*mut C>,
+    ) -> Result<(*mut C, bool)> {
+        let idle = pool.and_then(|ordinal| {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let at = free.iter().position(|(o, _)| *o == ordinal)?;
+            Some(free.swap_remove(at).1 .0)
+        });
+        match idle {
+            Some(h) => Ok((h, true)),
+            None => Ok((create()?, false)),
+        }
     }
 
-    /// Keeps `handle` (of device `ordinal`'s primary context, idle: nothing enqueued with it
-    /// is still to run) for the next engine.
-    pub fn give(&self, ordinal: usize, handle: H) {
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).push((ordinal, handle));
+    /// Lets go of `handle` (idle: nothing enqueued with it is still to run): back to device
+    /// `pool`'s idle ones, or — the handle of a context that is not a primary one — destroyed
+    /// by `destroy` while this process's own captures are held off ([`synchronising`]).
+    pub fn release(&self, pool: Option<usize>, handle: *mut C, destroy: impl FnOnce(*mut C)) {
+        match pool {
+            Some(ordinal) => self.free.lock().unwrap_or_else(|p| p.into_inner()).push((ordinal, Idle(handle))),
+            None => {
+                let _gate = synchronising();
+                destroy(handle);
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@
 use cudarc::cudnn::sys;
 use cudarc::driver::sys::CUstream;
 
-use crate::cuda::device::{synchronising, Pool};
+use crate::cuda::device::Pool;
 
 use crate::conv::{Conv2d, ConvActivation, ConvLayout};
 use crate::error::{Error, Result};
@@ -39,13 +39,8 @@ pub(crate) struct Handle {
     pool: Option<usize>,
 }
 
-/// A pooled handle (idle, of a primary context that lives as long as the process).
-struct Idle(sys::cudnnHandle_t);
-// SAFETY: an idle handle is used by one engine at a time, under its lock.
-unsafe impl Send for Idle {}
-
 /// Handles of dropped engines, by device.
-static POOL: Pool<Idle> = Pool::new();
+static POOL: Pool<sys::cudnnContext> = Pool::new();
 
 // SAFETY: the raw handle is used only under the device's Mutex, one call at a time; cuDNN
 // allows a handle on any host thread as long as no two threads use it at once (cuDNN
@@ -57,12 +52,12 @@ impl Handle {
     /// [`Pool`] or a new one; `pool` is `Some(ordinal)` for a primary context, `None`
     /// otherwise (the handle is then destroyed at the end).
     pub fn new(pool: Option<usize>) -> Result<Handle> {
-        if let Some(Idle(raw)) = pool.and_then(|o| POOL.take(o)) {
-            return Ok(Handle { raw, bound: std::ptr::null_mut(), pool });
-        }
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the context is current.
-        check(unsafe { sys::cudnnCreate(&mut raw) }, "cudnnCreate", none)?;
+        let (raw, _) = POOL.take_or_create(pool, || {
+            let mut raw = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; the context is current.
+            check(unsafe { sys::cudnnCreate(&mut raw) }, "cudnnCreate", none)?;
+            Ok(raw)
+        })?;
         Ok(Handle { raw, bound: std::ptr::null_mut(), pool })
     }
 
@@ -81,14 +76,11 @@ impl Handle {
     /// with the handle has finished (the caller's contract).
     pub fn release(&mut self) {
         let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
-        match (raw.is_null(), self.pool) {
-            (true, _) => {}
-            (false, Some(o)) => POOL.give(o, Idle(raw)),
-            (false, None) => {
-                let _gate = synchronising();
+        if !raw.is_null() {
+            POOL.release(self.pool, raw, |raw| {
                 // SAFETY: created in new, destroyed once (the field is null from now on).
                 let _ = unsafe { sys::cudnnDestroy(raw) };
-            }
+            });
         }
     }
 

@@ -6,7 +6,7 @@ use std::mem::size_of;
 
 use cudarc::cublaslt::sys as lt;
 
-use crate::cuda::device::{synchronising, Pool};
+use crate::cuda::device::Pool;
 
 use crate::dtype::{Compute, DType};
 use crate::error::{Error, Result};
@@ -27,25 +27,20 @@ pub(crate) fn check(s: lt::cublasStatus_t, operation: &'static str) -> Result<()
 /// An owned cuBLASLt handle.
 pub(crate) struct LtHandle(pub lt::cublasLtHandle_t, Option<usize>);
 
-/// A pooled handle (idle, of a primary context that lives as long as the process).
-struct Idle(lt::cublasLtHandle_t);
-// SAFETY: an idle handle is used by one engine at a time, under its lock.
-unsafe impl Send for Idle {}
-
 /// Handles of dropped engines, by device.
-static POOL: Pool<Idle> = Pool::new();
+static POOL: Pool<lt::cublasLtContext> = Pool::new();
 
 impl LtHandle {
     /// A handle for the current context: one from device `pool`'s [`Pool`] or a new one;
     /// `pool` is `Some(ordinal)` for a primary context, `None` otherwise (the handle is then
     /// destroyed on drop). The library is loaded (checked by the caller).
     pub fn new(pool: Option<usize>) -> Result<LtHandle> {
-        if let Some(Idle(h)) = pool.and_then(|o| POOL.take(o)) {
-            return Ok(LtHandle(h, pool));
-        }
-        let mut h = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; the library is loaded (checked by the caller).
-        check(unsafe { lt::cublasLtCreate(&mut h) }, "cublasLtCreate")?;
+        let (h, _) = POOL.take_or_create(pool, || {
+            let mut h = std::ptr::null_mut();
+            // SAFETY: out-pointer to a local; the library is loaded (checked by the caller).
+            check(unsafe { lt::cublasLtCreate(&mut h) }, "cublasLtCreate")?;
+            Ok(h)
+        })?;
         Ok(LtHandle(h, pool))
     }
 }
@@ -54,14 +49,10 @@ impl Drop for LtHandle {
     /// Back to its pool, or destroyed (which synchronises the device: cuBLASLt's
     /// documentation of `cublasLtDestroy`). The work enqueued with it has finished.
     fn drop(&mut self) {
-        match self.1 {
-            Some(o) => POOL.give(o, Idle(self.0)),
-            None => {
-                let _gate = synchronising();
-                // SAFETY: created in new, destroyed once.
-                let _ = unsafe { lt::cublasLtDestroy(self.0) };
-            }
-        }
+        POOL.release(self.1, self.0, |h| {
+            // SAFETY: created in new, destroyed once.
+            let _ = unsafe { lt::cublasLtDestroy(h) };
+        });
     }
 }
 
