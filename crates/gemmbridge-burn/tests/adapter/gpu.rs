@@ -37,7 +37,7 @@ fn band(dtype: FloatDType) -> f64 {
 }
 
 /// Band for agreeing with burn's own matmul: burn's f32 matmul on the H200 is itself ~3e-4
-/// from float64 (tf32-like; device call 9), so the comparison with it uses the tf32 band.
+/// from float64 (tf32-like, measured there), so the comparison with it uses the tf32 band.
 fn band_vs_burn(dtype: FloatDType) -> f64 {
     if dtype == FloatDType::F32 {
         1e-3
