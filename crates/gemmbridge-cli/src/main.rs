@@ -28,7 +28,6 @@ mod suites;
 mod timing;
 mod train_bench;
 mod tune;
-mod tune_conv;
 
 use clap::{Parser, Subcommand};
 

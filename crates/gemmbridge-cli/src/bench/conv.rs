@@ -2,8 +2,10 @@
 //! convolutions, timed as the GEMM rows are, in `bench/conv_peer.py`'s fields (m = P·Q,
 //! n = K, k = C/groups·R·S, batch = N, the layout in `layout`).
 
+use std::sync::Arc;
+
 use anyhow::{bail, Context};
-use cudarc::driver::{CudaSlice, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use gemmbridge::conv::{Conv2d, ConvActivation, ConvLayout};
 use gemmbridge::cuda::{ConvApi, ConvSearch, Gpu};
 use gemmbridge::{DType, Element, Precision};
@@ -143,6 +145,53 @@ pub fn bench(
     Ok(rows)
 }
 
+/// The device buffers of one problem (x, w, bias, dy, y, dx, dw), random normals, made on
+/// stream `s` (and waited for): usable by any `Gpu` of the same device.
+pub struct Buffers<T> {
+    x: CudaSlice<T>,
+    w: CudaSlice<T>,
+    b: CudaSlice<T>,
+    dy: CudaSlice<T>,
+    y: CudaSlice<T>,
+    dx: CudaSlice<T>,
+    dw: CudaSlice<T>,
+}
+
+impl<T: Element + DeviceRepr> Buffers<T> {
+    pub fn new(s: &Arc<CudaStream>, p: &Conv2d) -> anyhow::Result<Self> {
+        let [lx, lw, ly] = p.lens();
+        let up = |v: Vec<T>| -> anyhow::Result<CudaSlice<T>> { Ok(s.clone_htod(&v)?) };
+        let (x, w, b, dy) = (up(normal(lx))?, up(normal(lw))?, up(normal(p.k))?, up(normal(ly))?);
+        let (y, dx, dw) = (up(normal(ly))?, up(normal(lx))?, up(normal(lw))?);
+        s.synchronize()?;
+        Ok(Buffers { x, w, b, dy, y, dx, dw })
+    }
+}
+
+/// One convolution op of `p` on `gpu`, timed as a bench row (`sampling`); the first call
+/// makes its plan (a measured search, the database's entry, or the heuristic's). Leaves the
+/// fusion setting as the op needs it (off for `conv_bias_relu_unfused`).
+pub fn time_op<T: Element + DeviceRepr>(
+    gpu: &Gpu,
+    p: &Conv2d,
+    bufs: &mut Buffers<T>,
+    op: &str,
+    sampling: timing::Sampling,
+) -> anyhow::Result<timing::Timing> {
+    let Buffers { x, w, b, dy, y, dx, dw } = bufs;
+    gpu.set_conv_fusion(op != "conv_bias_relu_unfused");
+    let t = match op {
+        "conv_fwd" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_forward(p, &*x, &*w, &mut *y)),
+        "conv_bias_relu" | "conv_bias_relu_unfused" => {
+            timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_fused(p, &*x, &*w, &*b, ConvActivation::Relu, &mut *y))
+        }
+        "conv_dgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_data(p, &*w, &*dy, &mut *dx)),
+        "conv_wgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_filter(p, &*x, &*dy, &mut *dw)),
+        other => bail!("unknown convolution op {other:?}"),
+    };
+    t
+}
+
 /// The rows of one problem: its buffers made once, every op timed on them.
 fn shape_rows<T: Element + DeviceRepr>(
     gpu: &Gpu,
@@ -151,24 +200,11 @@ fn shape_rows<T: Element + DeviceRepr>(
     ops: &[String],
     sampling: timing::Sampling,
 ) -> anyhow::Result<Vec<Row>> {
-    let s = gpu.stream();
-    let [lx, lw, ly] = p.lens();
-    let up = |v: Vec<T>| -> anyhow::Result<CudaSlice<T>> { Ok(s.clone_htod(&v)?) };
-    let (x, wt, b, dy) = (up(normal(lx))?, up(normal(lw))?, up(normal(p.k))?, up(normal(ly))?);
-    let (mut y, mut dx, mut dw) = (up(normal(ly))?, up(normal(lx))?, up(normal(lw))?);
+    let mut bufs = Buffers::<T>::new(gpu.stream(), p)?;
     let [_, _, pp, q] = p.y_dims();
     let mut rows = Vec::new();
     for op in ops {
-        gpu.set_conv_fusion(op != "conv_bias_relu_unfused");
-        let t = match op.as_str() {
-            "conv_fwd" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_forward(p, &x, &wt, &mut y))?,
-            "conv_bias_relu" | "conv_bias_relu_unfused" => {
-                timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_fused(p, &x, &wt, &b, ConvActivation::Relu, &mut y))?
-            }
-            "conv_dgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_data(p, &wt, &dy, &mut dx))?,
-            "conv_wgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_filter(p, &x, &dy, &mut dw))?,
-            other => bail!("unknown convolution op {other:?}"),
-        };
+        let t = time_op(gpu, p, &mut bufs, op, sampling)?;
         tracing::info!(problem = %p.describe(), op = %op, plan = ?gpu.conv2d_plan(p, direction(op)), "convolution row");
         let (m, kk) = (pp * q, p.c_per_group() * p.r * p.s);
         rows.push(Row {

@@ -398,7 +398,7 @@ fn launch_rows(gpu: &Gpu, plan: &Plan, args: &Args, sink: &mut Sink) -> anyhow::
     Ok(report::launch_table(&launches, &peer_launch))
 }
 
-fn bench_gpu_dispatch(
+pub(crate) fn bench_gpu_dispatch(
     gpu: &Gpu,
     pools: &mut Pools,
     name: &str,
@@ -494,7 +494,7 @@ pub struct Pools(std::collections::HashMap<std::any::TypeId, Box<dyn std::any::A
 
 impl Pools {
     /// The pool of `T` (drawn and uploaded on first use).
-    fn get<T: Element + DeviceRepr>(&mut self, s: &Arc<CudaStream>) -> anyhow::Result<&CudaSlice<T>> {
+    pub(crate) fn get<T: Element + DeviceRepr>(&mut self, s: &Arc<CudaStream>) -> anyhow::Result<&CudaSlice<T>> {
         let pool = match self.0.entry(std::any::TypeId::of::<T>()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {

@@ -70,6 +70,22 @@ impl Gpu {
         });
     }
 
+    /// The signatures of the tactic database entries ([`Gpu::load_tactics`]) this `Gpu` has
+    /// built plans with so far, sorted: cuBLASLt GEMM and FP8 entries whose algorithm
+    /// cuBLASLt accepted for the call, convolution entries cuDNN rebuilt. An entry that was
+    /// loaded but is missing here has served no call yet — or was refused (a warning is
+    /// logged) or does not match the calls made (another alignment, workspace or SM count
+    /// target gives another signature). `gemmbridge tune` uses this to check that the call it
+    /// times is the one an entry serves.
+    pub fn applied_tactics(&self) -> Vec<String> {
+        let st = self.lock();
+        let mut all: Vec<String> =
+            st.libs.lt.as_ref().map(|lt| lt.applied.iter().cloned().collect()).unwrap_or_default();
+        all.extend(st.libs.dnn.as_ref().map(|d| d.applied().iter().cloned().collect::<Vec<_>>()).unwrap_or_default());
+        all.sort();
+        all
+    }
+
     /// Number of cached cuBLASLt plans.
     pub fn cached_plans(&self) -> usize {
         self.lock().libs.lt.as_ref().map_or(0, |lt| lt.plans.len())

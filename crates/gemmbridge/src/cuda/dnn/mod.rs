@@ -188,6 +188,8 @@ pub(crate) struct DnnState {
     big: BigWorkspaces,
     /// The tactic database's plans of this cuDNN version, by key text (`tactic.rs`).
     tuned: HashMap<String, Choice>,
+    /// The key texts of the entries of `tuned` that plans were built from.
+    applied: std::collections::BTreeSet<String>,
     /// The loaded libcudnn's version (`cudnnGetVersion`).
     version: usize,
 }
@@ -204,7 +206,8 @@ impl DnnState {
         let (ws_limit, big, tuned, version) =
             (CONV_WORKSPACE_LIMIT, BigWorkspaces::default(), HashMap::default(), sys::version());
         let handle = Handle::new(pool)?;
-        Ok(DnnState { handle, plans, graphs, seen, search, fuse, api, ws_limit, big, tuned, version })
+        let applied = Default::default();
+        Ok(DnnState { handle, plans, graphs, seen, search, fuse, api, ws_limit, big, tuned, applied, version })
     }
 
     fn key(&self, p: &Conv2d, op: ConvOp, b: &ConvBuffers) -> PlanKey {

@@ -55,8 +55,14 @@ impl DnnState {
     /// As [`DnnState::run`]; `h` is bound to the call's stream.
     unsafe fn first_call(&mut self, h: raw::cudnnHandle_t, call: &ConvCall, key: PlanKey) -> Result<()> {
         let ConvCall { problem: p, op, workspace, stream, .. } = *call;
-        // SAFETY: forwarded.
-        let plan = unsafe { self.make(h, call, key.2)? };
+        // SAFETY: forwarded (both).
+        let plan = match unsafe { self.database_plan(h, call, key.2) } {
+            Some((plan, sig)) => {
+                self.applied.insert(sig);
+                plan
+            }
+            None => unsafe { self.make(h, call, key.2)? },
+        };
         let ws = self.big.get(&mut self.graphs, workspace, plan.workspace(), stream)?;
         let plan = self.plans.entry(key).or_insert(plan);
         // SAFETY: forwarded; `ws` holds the plan's workspace.
@@ -74,17 +80,13 @@ impl DnnState {
     }
 
     /// Makes the plan of the call's problem and direction (`fuse`: a fused forward runs
-    /// fused): the graph API's where it has an engine, else the legacy API's, each fallback
-    /// logged.
+    /// fused) without the tactic database: the graph API's where it has an engine, else the
+    /// legacy API's, each fallback logged.
     ///
     /// # Safety
     /// As [`DnnState::run`]; `h` is bound to the call's stream.
     unsafe fn make(&self, h: raw::cudnnHandle_t, call: &ConvCall, fuse: bool) -> Result<Planned> {
         let ConvCall { problem: p, op, workspace, stream, .. } = *call;
-        // SAFETY: forwarded.
-        if let Some(plan) = unsafe { self.database_plan(h, call, fuse) } {
-            return Ok(plan);
-        }
         if self.api == ConvApi::Graph {
             let (search, limit) = (self.search, self.ws_limit.max(workspace.1));
             // a measured search times candidates that need more than the stream's workspace on

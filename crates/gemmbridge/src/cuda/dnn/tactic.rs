@@ -129,11 +129,16 @@ impl DnnState {
     /// The plan the database holds for the call's problem, direction and alignment, rebuilt
     /// without a search; `None` without an entry, or (logged as a warning) where cuDNN refuses
     /// it. Limits: the room's workspace limit for the graph API, the stream's workspace for the
-    /// legacy API, as for a plan made by a search.
+    /// legacy API, as for a plan made by a search. Returned with the entry's key text.
     ///
     /// # Safety
     /// `h` is a live handle.
-    pub(super) unsafe fn database_plan(&self, h: raw::cudnnHandle_t, call: &ConvCall, fuse: bool) -> Option<Planned> {
+    pub(super) unsafe fn database_plan(
+        &self,
+        h: raw::cudnnHandle_t,
+        call: &ConvCall,
+        fuse: bool,
+    ) -> Option<(Planned, String)> {
         let (p, op, b, workspace) = (call.problem, call.op, &call.buffers, call.workspace);
         let sig = key_text(&(*p, op, fuse, self.api, self.key(p, op, b).4));
         let choice = self.tuned.get(&sig)?;
@@ -142,7 +147,7 @@ impl DnnState {
         match unsafe { rebuild(h, call, fuse, choice, limit) } {
             Ok(plan) => {
                 tracing::debug!(key = %sig, ?choice, "cuDNN plan from the tactic database");
-                Some(plan)
+                Some((plan, sig))
             }
             Err(e) => {
                 tracing::warn!(key = %sig, ?choice, error = %e, "cuDNN refused the tactic database's plan; planning without it");
@@ -156,6 +161,11 @@ impl DnnState {
     pub fn tactic(&self, p: &Conv2d, op: ConvOp) -> Option<(String, Tactic)> {
         let (key, plan) = self.any_entry(p, op)?;
         export(plan, self.version).map(|t| (key_text(key), t))
+    }
+
+    /// The key texts of the database entries plans were built from so far.
+    pub fn applied(&self) -> &BTreeSet<String> {
+        &self.applied
     }
 
     /// The tactics of every plan a measured search chose, by key text.

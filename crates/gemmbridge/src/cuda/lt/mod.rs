@@ -45,6 +45,8 @@ pub(crate) struct LtState {
     pub unsupported: HashSet<PlanKey>,
     /// Tuned algorithms by bucketed signature (see [`plan::signature`]).
     pub tuned: HashMap<String, Algorithm>,
+    /// The signatures of the entries of `tuned` that plans were built with.
+    pub applied: std::collections::BTreeSet<String>,
     /// Cached graphs of repeated small calls (see [`replay`]).
     pub replay: ReplayCache<PlanKey>,
     /// SM count target of dense plans made from now on (0: all SMs;
@@ -89,6 +91,7 @@ impl LtState {
             fp8_plans: HashMap::default(),
             unsupported: HashSet::default(),
             tuned: HashMap::default(),
+            applied: Default::default(),
             replay: ReplayCache::default(),
             sm_count: 0,
         })
@@ -173,9 +176,13 @@ impl LtState {
                 return Err(LtFailure::NoAlgorithm(e));
             }
         };
-        if let Some(algo) = self.tuned.get(&plan::signature(key)) {
+        let sig = plan::signature(key);
+        if let Some(algo) = self.tuned.get(&sig) {
             match plan.check_algo(&self.handle, algo) {
-                Some(need) if need <= key.workspace => plan.algo = Algorithm { workspace: need, ..*algo },
+                Some(need) if need <= key.workspace => {
+                    plan.algo = Algorithm { workspace: need, ..*algo };
+                    self.applied.insert(sig);
+                }
                 _ => tracing::warn!(problem = %p.describe(), "tuned algorithm not valid here; using the heuristic's"),
             }
         }
@@ -220,9 +227,13 @@ impl LtState {
             }
             let _relaxed = crate::cuda::device::Relaxed::enter()?;
             let mut plan = Fp8Plan::build(&self.handle, &key, ops, 1)?;
-            if let Some(algo) = self.tuned.get(&fp8_signature(&key)) {
+            let sig = fp8_signature(&key);
+            if let Some(algo) = self.tuned.get(&sig) {
                 match plan.check_algo(&self.handle, algo) {
-                    Some(need) if need <= key.workspace => plan.algo = Algorithm { workspace: need, ..*algo },
+                    Some(need) if need <= key.workspace => {
+                        plan.algo = Algorithm { workspace: need, ..*algo };
+                        self.applied.insert(sig);
+                    }
                     _ => {
                         tracing::warn!(problem = %describe(), "tuned FP8 algorithm not valid here; using the heuristic's")
                     }

@@ -78,7 +78,16 @@ pub struct TuneReport {
     pub improved: bool,
     /// The kept algorithm.
     pub algorithm: Algorithm,
+    /// The candidates that beat the first choice by more than `threshold`, fastest first (at
+    /// most [`FINALISTS`]; the kept algorithm is the first), as tactics to store under the
+    /// returned signature. Empty when nothing beat the first choice. Timed at the sustained
+    /// clock: `gemmbridge tune` confirms them in short bursts after idle time before storing
+    /// one.
+    pub finalists: Vec<Tactic>,
 }
+
+/// At most this many finalists are reported ([`TuneReport::finalists`]).
+pub const FINALISTS: usize = 3;
 
 /// What the tuner tunes: one cuBLASLt problem on validated operands (a dense GEMM or an FP8
 /// GEMM, `jobs.rs`).
@@ -152,6 +161,13 @@ pub(crate) unsafe fn autotune<T: Tunable>(
         }
         _ => (cands[0], base, false, false),
     };
+    // SAFETY: takes no arguments; libcublasLt is loaded (an LtState exists).
+    let version = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
+    let mut faster: Vec<usize> =
+        (1..ms.len() - 1).filter(|&j| !graph_failed && ms[j] < base * (1.0 - threshold)).collect();
+    faster.sort_by(|&x, &y| ms[x].total_cmp(&ms[y]));
+    let finalists =
+        faster.iter().take(FINALISTS).map(|&j| job.tactic(&cands[timed[j]], version, base, ms[j])).collect();
     let sig = job.signature();
     lt.tuned.insert(sig.clone(), algo);
     job.forget(lt, &sig);
@@ -167,9 +183,8 @@ pub(crate) unsafe fn autotune<T: Tunable>(
         threshold,
         improved,
         algorithm: algo,
+        finalists,
     };
-    // SAFETY: takes no arguments; libcublasLt is loaded (an LtState exists).
-    let version = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
     let tactic = job.tactic(&algo, version, base, best_ms);
     Ok((report, sig, tactic))
 }

@@ -1,0 +1,145 @@
+//! `gemmbridge tune`: a tactic database that holds only what wins where it is used.
+//!
+//! For each problem of the selection (the dense GEMMs of a suite, the FP8 recipes over it,
+//! the convolutions), the search (`gemm.rs`: cuBLASLt's candidates timed at the sustained
+//! clock; `conv.rs`: cuDNN's measured search) gives finalists; each is then confirmed against
+//! the library's own choice in `bench`'s protocol (`confirm.rs`), and stored only where it
+//! wins by at least 2 %. `--verify` re-runs the confirmation for a database's entries,
+//! `--noise` measures the protocol's own spread.
+
+mod confirm;
+mod conv;
+mod gemm;
+mod items;
+mod run;
+
+use anyhow::bail;
+use gemmbridge::Precision;
+
+use crate::ops::op_applies;
+use crate::suite_args::{parse_ops, ConvSettings, Dtypes, SuiteArgs};
+use items::Item;
+
+pub use run::run;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub shared: SuiteArgs,
+    /// Comma-separated ops: matmul, linear, linear_bias, linear_bias_gelu, bmm (a strided batch
+    /// of 4 matmuls, as `bench --ops bmm`; not tuned by default). Convolutions (cuDNN's measured
+    /// search on ResNet-50's 11 convolutions per dtype, --conv-layouts and --conv-batches, as
+    /// `bench` times them; not tuned by default; --suite does not apply to them): conv_fwd,
+    /// conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, or conv for all five.
+    #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu")]
+    ops: String,
+    /// The tactic database to fill (created, or merged into: a problem tuned again gets the
+    /// new verdict, and loses its entry where nothing wins).
+    #[arg(long, required_unless_present_any = ["verify", "noise"], conflicts_with_all = ["verify", "noise"])]
+    db: Option<String>,
+    /// Candidates to ask cuBLASLt's heuristic for.
+    #[arg(long, default_value_t = 16)]
+    candidates: usize,
+    /// Timed samples per candidate in the search (at the sustained clock).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Finalists of the search to confirm per problem (fastest first; the first that wins is
+    /// stored), 1 to 3.
+    #[arg(long, default_value_t = 2)]
+    finalists: usize,
+    /// Idle GPU time before each burst of the confirmation, ms (bench's --gap-ms; the
+    /// published tables are timed with 200).
+    #[arg(long, default_value_t = 200.0)]
+    confirm_gap_ms: f64,
+    /// Rounds of the confirmation (odd; each times the baseline and the candidate once, in
+    /// alternating order). The default separates a 2 % difference from the round-to-round
+    /// spread measured on the H200 (`--noise`; docs/DESIGN.md, "Design rationale").
+    #[arg(long, default_value_t = 5)]
+    confirm_rounds: usize,
+    /// Re-run the confirmation for every entry of this database that the selection's calls
+    /// use, and report each entry's ratio (heuristic time / entry's time); nothing is tuned.
+    /// An entry loses where its median ratio is below 1.
+    #[arg(long, value_name = "DB")]
+    verify: Option<String>,
+    /// With --verify: remove the entries that lose from the database file.
+    #[arg(long, requires = "verify")]
+    prune: bool,
+    /// Measure the confirmation's noise: the baseline against itself (two engines, same
+    /// plan) for every problem of the selection, with the spread of a round's ratio and the
+    /// rounds a 2 % bar needs; nothing is tuned or stored.
+    #[arg(long, conflicts_with = "verify")]
+    noise: bool,
+    /// Tune dense GEMMs planned for this many SMs (`Gpu::set_sm_count_target`): the entries
+    /// serve only calls made under the same target, as the burn adapter's device-ordered GEMMs
+    /// are (the GPU's SM count less its SM reserve, e.g. 131 on a 132-SM H200); the
+    /// confirmation's two engines run under it too. Default: all SMs.
+    #[arg(long)]
+    sm_count_target: Option<u32>,
+}
+
+/// The selection: every problem, in order (dense jobs over the suite, FP8 recipes over it,
+/// then the convolutions), and the convolution settings.
+pub(crate) struct Plan {
+    pub items: Vec<Item>,
+    pub conv: ConvSettings,
+}
+
+impl Plan {
+    fn parse(args: &Args) -> anyhow::Result<Plan> {
+        let shapes = args.shared.shapes()?;
+        // the ops are checked first, once, whatever --dtypes holds
+        let ops = parse_ops(&args.ops, false)?;
+        let Dtypes { dense, scalings } = args.shared.dtypes()?;
+        let mut items = Vec::new();
+        for (d, prec) in &dense {
+            for op in ops.gemm.iter().filter(|op| op_applies(op, d)) {
+                items.extend(shapes.iter().map(|&shape| Item::Gemm {
+                    op: op.clone(),
+                    dtype: d.clone(),
+                    precision: *prec,
+                    shape,
+                }));
+            }
+        }
+        for sc in &scalings {
+            items.extend(shapes.iter().map(|&shape| Item::Fp8 { scaling: sc.clone(), shape }));
+        }
+        if !ops.conv.is_empty() && dense.is_empty() {
+            bail!(
+                "--ops names convolutions but --dtypes names none of f32, tf32, f16, bf16 (fp8_e4m3 has no convolutions)"
+            );
+        }
+        let conv = args.shared.conv()?;
+        if !ops.conv.is_empty() {
+            items.extend(conv::items(&ops.conv, &dense, &conv)?);
+        }
+        if items.is_empty() {
+            bail!("nothing to tune: --dtypes and --ops select no problem");
+        }
+        check_numbers(args)?;
+        Ok(Plan { items, conv })
+    }
+
+    /// Whether any problem is a GEMM (dense or FP8): those need cuBLASLt.
+    fn has_gemms(&self) -> bool {
+        self.items.iter().any(|i| !matches!(i, Item::Conv { .. }))
+    }
+}
+
+/// The numeric flags, checked before the GPU is opened.
+fn check_numbers(args: &Args) -> anyhow::Result<()> {
+    if args.candidates == 0 || args.candidates > 32 || args.reps == 0 {
+        bail!("--candidates must be 1..=32 and --reps at least 1");
+    }
+    if !(1..=3).contains(&args.finalists) {
+        bail!("--finalists {} is not between 1 and 3", args.finalists);
+    }
+    if args.confirm_rounds.is_multiple_of(2) || args.confirm_rounds > 99 {
+        bail!("--confirm-rounds {} must be odd, 1 to 99 (the median of the rounds decides)", args.confirm_rounds);
+    }
+    crate::timing::check_ms("--confirm-gap-ms", args.confirm_gap_ms)?;
+    Ok(())
+}
+
+/// A dense dtype's name and precision, as `--dtypes` lists them.
+pub(crate) type Dense = (String, Precision);
