@@ -79,15 +79,15 @@ pub struct TuneReport {
     /// The kept algorithm.
     pub algorithm: Algorithm,
     /// The candidates that beat the first choice by more than `threshold`, fastest first (at
-    /// most [`FINALISTS`]; the kept algorithm is the first), as tactics to store under the
+    /// most 3; the kept algorithm is the first), as tactics to store under the
     /// returned signature. Empty when nothing beat the first choice. Timed at the sustained
     /// clock: `gemmbridge tune` confirms them in short bursts after idle time before storing
     /// one.
     pub finalists: Vec<Tactic>,
 }
 
-/// At most this many finalists are reported ([`TuneReport::finalists`]).
-pub const FINALISTS: usize = 3;
+/// At most this many finalists are reported ([`TuneReport::finalists`] says 3).
+pub(crate) const FINALISTS: usize = 3;
 
 /// What the tuner tunes: one cuBLASLt problem on validated operands (a dense GEMM or an FP8
 /// GEMM, `jobs.rs`).
