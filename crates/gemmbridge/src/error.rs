@@ -307,6 +307,16 @@ pub enum Error {
         detail: String,
     },
 
+    /// An attention problem breaks a rule ([`crate::attention::Attention::validate`],
+    /// [`crate::attention::Attention::check_lengths`]).
+    #[error("attention: {what} ({detail})")]
+    AttentionShape {
+        /// The rule broken, e.g. "query heads are not a multiple of the key/value heads".
+        what: &'static str,
+        /// The values that broke it.
+        detail: String,
+    },
+
     /// A cuDNN call returned a status other than success.
     #[error("{operation} failed with {status} ({problem})")]
     Cudnn {

@@ -27,7 +27,8 @@
 //!   [`Epilogue`] ([`epilogue`] says what each computes), [`Error`];
 //! - the backends: [`cuda::Gpu`] (cuBLASLt / cuBLAS, FP8 on Hopper, cuDNN convolutions,
 //!   prewarm, tuning, [`cuda::tactics`]) and [`cpu`];
-//! - FP8 formats, recipes and rules: [`fp8`]; convolutions as data: [`conv`]; training
+//! - FP8 formats, recipes and rules: [`fp8`]; convolutions as data: [`conv`]; attention as
+//!   data, with its float64 reference: [`attention`]; training
 //!   layers: [`train`] (CPU) and [`cuda::train`] (GPU).
 //!
 //! Public because the command-line tool, the tests and the probe use them, and documented,
@@ -37,6 +38,7 @@
 //! shapes).
 #![warn(missing_docs)]
 
+pub mod attention;
 pub mod conv;
 pub mod cpu;
 pub mod cuda;

@@ -1,0 +1,387 @@
+//! Scaled-dot-product attention as data: [`Attention`] (PyTorch's
+//! `F.scaled_dot_product_attention` without dropout), its tensors' strides ([`HeadLayout`]),
+//! its masks ([`AttnMask`]) and every rule a problem must meet, checked on the CPU before
+//! anything is launched. The module [`self::reference`] holds the float64 definitions of the
+//! forward and the backward that tests check against.
+//!
+//! Shapes, in PyTorch's names (logical order `[b, h, s, d]` whatever the strides):
+//! - queries `q[b, h_q, s_q, d]`, keys `k[b, h_kv, s_kv, d]`, values `v[b, h_kv, s_kv, d]`;
+//! - output `o[b, h_q, s_q, d]`; the softmax statistics `lse[b, h_q, s_q]` (f32, dense);
+//! - gradients `dq`, `dk`, `dv`, `do` shaped (and strided) as `q`, `k`, `v`, `o`.
+//!
+//! Query head `hq` reads key/value head `hq / (h_q / h_kv)`: `h_kv = h_q` is multi-head,
+//! `h_kv = 1` multi-query, anything between grouped-query attention (GQA).
+//!
+//! For batch entry `n`, query head `hq`, query row `i`:
+//! `score[j] = scale · Σ_e q[n, hq, i, e] · k[n, hk, j, e]` over the visible keys `j`
+//! ([`AttnMask`] and, with per-sequence lengths, `j < len_kv[n]`);
+//! `lse[n, hq, i] = ln Σ_j exp(score[j])` (the natural-log log-sum-exp, what the backward needs);
+//! `o[n, hq, i, e] = Σ_j exp(score[j] − lse) · v[n, hk, j, e]`.
+//! A row with no visible key (possible only with the bottom-right causal mask when
+//! `len_kv < len_q`) has `o = 0` and `lse = −∞`. With per-sequence lengths, rows `i ≥ len_q[n]`
+//! are padding: nothing defines them.
+//!
+//! The backward, from `do`, `o` and `lse` (with `P = exp(score − lse)`, `D_i = Σ_e do·o`):
+//! `dv = Pᵀ·do`, `dS = P ∘ (do·vᵀ − D)`, `dq = scale·dS·k`, `dk = scale·dSᵀ·q`; with GQA,
+//! `dk` and `dv` are summed over the query heads that share a key/value head.
+
+pub mod reference;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The largest head dimension a problem may have: cuDNN's fused attention engines take head
+/// dimensions up to 256 (cuDNN's developer guide, "Scaled Dot Product Attention"); a loaded
+/// library may take less, which the GPU path checks against its version.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The largest size, stride or element count cuDNN's tensor descriptors take (`int64_t`
+/// strides, but every engine indexes in 32 bits within a tensor).
+pub const MAX_ELEMS: usize = i32::MAX as usize;
+
+/// One of the problem's tensors (for layouts and messages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnTensor {
+    /// Queries `q` (and `dq`).
+    Q,
+    /// Keys `k` (and `dk`).
+    K,
+    /// Values `v` (and `dv`).
+    V,
+    /// Output `o` (and `do`).
+    O,
+}
+
+impl AttnTensor {
+    /// `q`, `k`, `v` or `o`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            AttnTensor::Q => "q",
+            AttnTensor::K => "k",
+            AttnTensor::V => "v",
+            AttnTensor::O => "o",
+        }
+    }
+}
+
+/// Where element `[n, h, s, e]` of a `[b, heads, seq, d]` tensor lives: at
+/// `n·batch + h·head + s·seq + e` elements from its start (the head dimension is always
+/// contiguous, as cuDNN's engines need). Strides in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HeadLayout {
+    /// Elements from one batch entry to the next.
+    pub batch: usize,
+    /// Elements from one head to the next.
+    pub head: usize,
+    /// Elements from one row (query or key position) to the next.
+    pub seq: usize,
+}
+
+impl HeadLayout {
+    /// `[b, s, h, d]` contiguous: a projection's output reshaped to heads, no copy (also
+    /// PyTorch's `q.transpose(1, 2)` of a `[b, s, h, d]` tensor).
+    pub const fn bshd(seq: usize, heads: usize, d: usize) -> HeadLayout {
+        HeadLayout { batch: seq * heads * d, head: d, seq: heads * d }
+    }
+
+    /// `[b, h, s, d]` contiguous (PyTorch's default for `[b, h, s, d]` tensors).
+    pub const fn bhsd(seq: usize, heads: usize, d: usize) -> HeadLayout {
+        HeadLayout { batch: heads * seq * d, head: seq * d, seq: d }
+    }
+
+    /// One of q, k, v in a fused projection's output `[b, s, 3, h, d]` (q, k, v one after the
+    /// other in each row, `h` heads each, as `x·w_qkvᵀ` gives them): strides of the view, whose
+    /// start is `which · h·d` elements into the buffer ([`HeadLayout::packed_qkv_offset`]).
+    pub const fn packed_qkv(seq: usize, heads: usize, d: usize) -> HeadLayout {
+        HeadLayout { batch: seq * 3 * heads * d, head: d, seq: 3 * heads * d }
+    }
+
+    /// Where q (0), k (1) or v (2) starts in a packed `[b, s, 3, h, d]` buffer, in elements.
+    pub const fn packed_qkv_offset(which: usize, heads: usize, d: usize) -> usize {
+        which * heads * d
+    }
+}
+
+/// Which keys a query row sees, besides the sequence lengths.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AttnMask {
+    /// Every key.
+    #[default]
+    None,
+    /// Row `i` sees keys `j ≤ i` (PyTorch's `is_causal=True`: the diagonal starts at the top
+    /// left).
+    Causal,
+    /// Row `i` sees keys `j ≤ i + len_kv − len_q` (the diagonal ends at the bottom right: the
+    /// last query sees every key, as in decoding with a cache; PyTorch's
+    /// `causal_lower_right`). With per-sequence lengths the offset is each sequence's own.
+    CausalBottomRight,
+}
+
+/// One attention problem (see the module documentation for shapes and the definition).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attention {
+    /// Batch size.
+    pub b: usize,
+    /// Query heads (and output heads).
+    pub h_q: usize,
+    /// Key/value heads; `h_q` is a multiple of it.
+    pub h_kv: usize,
+    /// Query rows per sequence (the tensors' extent; per-sequence lengths may be shorter).
+    pub s_q: usize,
+    /// Key/value rows per sequence.
+    pub s_kv: usize,
+    /// Head dimension (of q, k, v and o alike).
+    pub d: usize,
+    /// The factor on `q·kᵀ`; default `1/√d`.
+    pub scale: f32,
+    /// Which keys each query row sees.
+    pub mask: AttnMask,
+    /// Whether per-sequence lengths (`len_q[b]`, `len_kv[b]`, `i32` on the device) come with
+    /// each call: a padded batch of variable-length sequences, without a mask tensor.
+    pub var_len: bool,
+    /// The tensors' element type: [`DType::F16`] or [`DType::BF16`] (f32 softmax and
+    /// accumulation).
+    pub dtype: DType,
+    /// Strides of q, k, v, o (in that order; the gradients share them).
+    pub layouts: [HeadLayout; 4],
+}
+
+impl Attention {
+    /// `b` sequences of `h_q` query heads and `h_kv` key/value heads, `s_q` queries and `s_kv`
+    /// keys each, head dimension `d`, in BSHD (every tensor `[b, s, h, d]` contiguous), scale
+    /// `1/√d`, no mask, no per-sequence lengths.
+    pub fn new(b: usize, (h_q, h_kv): (usize, usize), (s_q, s_kv): (usize, usize), d: usize, dtype: DType) -> Self {
+        let layouts = [
+            HeadLayout::bshd(s_q, h_q, d),
+            HeadLayout::bshd(s_kv, h_kv, d),
+            HeadLayout::bshd(s_kv, h_kv, d),
+            HeadLayout::bshd(s_q, h_q, d),
+        ];
+        let scale = if d == 0 { 1.0 } else { (1.0 / (d as f64).sqrt()) as f32 };
+        Attention { b, h_q, h_kv, s_q, s_kv, d, scale, mask: AttnMask::None, var_len: false, dtype, layouts }
+    }
+
+    /// The same with every tensor `[b, h, s, d]` contiguous.
+    #[must_use]
+    pub fn bhsd(self) -> Self {
+        let (q, kv) = (HeadLayout::bhsd(self.s_q, self.h_q, self.d), HeadLayout::bhsd(self.s_kv, self.h_kv, self.d));
+        Attention { layouts: [q, kv, kv, q], ..self }
+    }
+
+    /// The same with `tensor`'s strides replaced.
+    #[must_use]
+    pub fn with_layout(mut self, tensor: AttnTensor, layout: HeadLayout) -> Self {
+        self.layouts[tensor as usize] = layout;
+        self
+    }
+
+    /// The same with `mask`.
+    #[must_use]
+    pub fn with_mask(self, mask: AttnMask) -> Self {
+        Attention { mask, ..self }
+    }
+
+    /// The same with `scale`.
+    #[must_use]
+    pub fn with_scale(self, scale: f32) -> Self {
+        Attention { scale, ..self }
+    }
+
+    /// The same with (or without) per-sequence lengths.
+    #[must_use]
+    pub fn with_var_len(self, var_len: bool) -> Self {
+        Attention { var_len, ..self }
+    }
+
+    /// `[b, heads, seq]` of a tensor.
+    pub fn dims(&self, t: AttnTensor) -> [usize; 3] {
+        match t {
+            AttnTensor::Q | AttnTensor::O => [self.b, self.h_q, self.s_q],
+            AttnTensor::K | AttnTensor::V => [self.b, self.h_kv, self.s_kv],
+        }
+    }
+
+    /// A tensor's strides.
+    pub fn layout(&self, t: AttnTensor) -> HeadLayout {
+        self.layouts[t as usize]
+    }
+
+    /// Elements a buffer of tensor `t` must hold: one past its last element (saturating at
+    /// `usize::MAX` for a problem [`Attention::validate`] refuses).
+    pub fn required_elems(&self, t: AttnTensor) -> usize {
+        let [b, h, s] = self.dims(t);
+        let l = self.layout(t);
+        if b == 0 || h == 0 || s == 0 || self.d == 0 {
+            return 0;
+        }
+        let last = [(b - 1, l.batch), (h - 1, l.head), (s - 1, l.seq), (self.d - 1, 1)]
+            .iter()
+            .try_fold(0usize, |acc, &(i, st)| acc.checked_add(i.checked_mul(st)?));
+        last.and_then(|x| x.checked_add(1)).unwrap_or(usize::MAX)
+    }
+
+    /// Elements of the statistics `lse[b, h_q, s_q]` (dense, f32).
+    pub fn stats_elems(&self) -> usize {
+        self.b.saturating_mul(self.h_q).saturating_mul(self.s_q)
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.h_q / self.h_kv.max(1)
+    }
+
+    /// Floating-point operations of the forward as PyTorch's and FlashAttention's benchmarks
+    /// count them: `4·b·h_q·s_q·s_kv·d`, halved under a causal mask (square problems'
+    /// convention); the backward counts 2.5× the forward.
+    pub fn forward_flops(&self) -> f64 {
+        let full = 4.0 * [self.b, self.h_q, self.s_q, self.s_kv, self.d].iter().map(|&v| v as f64).product::<f64>();
+        if self.mask == AttnMask::None {
+            full
+        } else {
+            full / 2.0
+        }
+    }
+
+    /// A short description: `b2 h8/2 s129/129 d64 bf16 causal var_len`.
+    pub fn describe(&self) -> String {
+        let mask = match self.mask {
+            AttnMask::None => "",
+            AttnMask::Causal => " causal",
+            AttnMask::CausalBottomRight => " causal_bottom_right",
+        };
+        format!(
+            "b{} h{}/{} s{}/{} d{} {}{mask}{}",
+            self.b,
+            self.h_q,
+            self.h_kv,
+            self.s_q,
+            self.s_kv,
+            self.d,
+            self.dtype,
+            if self.var_len { " var_len" } else { "" }
+        )
+    }
+
+    /// Checks every rule of the problem (nothing is launched):
+    /// - every size at least 1 and at most [`MAX_ELEMS`];
+    /// - `h_q` a multiple of `h_kv`;
+    /// - `d` a multiple of 8 (16-byte rows of half-precision elements), at most
+    ///   [`MAX_HEAD_DIM`];
+    /// - `dtype` f16 or bf16;
+    /// - `scale` finite and positive;
+    /// - each tensor's strides multiples of 8 elements (16-byte aligned rows, which cuDNN's
+    ///   engines need), no two of its elements at one address, and its span at most
+    ///   [`MAX_ELEMS`].
+    ///
+    /// # Errors
+    /// [`Error::AttentionShape`] naming the rule and the values that break it.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &'static str, detail: String| Err(Error::AttentionShape { what, detail });
+        for (name, v) in [
+            ("b", self.b),
+            ("h_q", self.h_q),
+            ("h_kv", self.h_kv),
+            ("s_q", self.s_q),
+            ("s_kv", self.s_kv),
+            ("d", self.d),
+        ] {
+            if v == 0 {
+                return bad("a size is zero", format!("{name} = 0 ({})", self.describe()));
+            }
+            if v > MAX_ELEMS {
+                return bad("a size is too large", format!("{name} = {v} > {MAX_ELEMS} ({})", self.describe()));
+            }
+        }
+        if !self.h_q.is_multiple_of(self.h_kv) {
+            return bad(
+                "query heads are not a multiple of the key/value heads",
+                format!("h_q = {}, h_kv = {} ({})", self.h_q, self.h_kv, self.describe()),
+            );
+        }
+        if !self.d.is_multiple_of(8) || self.d > MAX_HEAD_DIM {
+            return bad(
+                "the head dimension is not a multiple of 8 up to 256",
+                format!("d = {} ({})", self.d, self.describe()),
+            );
+        }
+        if !matches!(self.dtype, DType::F16 | DType::BF16) {
+            return bad("the element type is not f16 or bf16", format!("{} ({})", self.dtype, self.describe()));
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return bad(
+                "the scale is not finite and positive",
+                format!("scale = {} ({})", self.scale, self.describe()),
+            );
+        }
+        for t in [AttnTensor::Q, AttnTensor::K, AttnTensor::V, AttnTensor::O] {
+            self.check_layout(t)?;
+        }
+        Ok(())
+    }
+
+    /// The layout rules of [`Attention::validate`] for one tensor.
+    fn check_layout(&self, t: AttnTensor) -> Result<()> {
+        let l = self.layout(t);
+        let [b, h, s] = self.dims(t);
+        let what =
+            || format!("{} strides batch {}, head {}, seq {} ({})", t.name(), l.batch, l.head, l.seq, self.describe());
+        let bad = |rule: &'static str| Err(Error::AttentionShape { what: rule, detail: what() });
+        if [l.batch, l.head, l.seq].iter().any(|st| !st.is_multiple_of(8)) {
+            return bad("a stride is not a multiple of 8 elements (16 bytes)");
+        }
+        if self.required_elems(t) > MAX_ELEMS {
+            return bad("a tensor spans more than 2³¹ − 1 elements");
+        }
+        // no overlap: in stride order, each dimension (of extent > 1) starts past the whole
+        // span of the ones below it
+        let mut dims: Vec<(usize, usize)> =
+            [(l.batch, b), (l.head, h), (l.seq, s), (1, self.d)].into_iter().filter(|&(_, n)| n > 1).collect();
+        dims.sort_unstable();
+        let mut span = 1usize;
+        for (stride, n) in dims {
+            if stride < span {
+                return bad("two elements of a tensor share an address");
+            }
+            span = stride.saturating_mul(n);
+        }
+        Ok(())
+    }
+
+    /// Checks per-sequence lengths against the problem: `b` of each, every `len_q` in
+    /// `1..=s_q` and every `len_kv` in `1..=s_kv` (cuDNN's padding mask reads them on the device;
+    /// the GPU path checks a host copy before launching, so a bad length is an error, never a
+    /// read out of bounds).
+    ///
+    /// # Errors
+    /// [`Error::AttentionShape`] naming the sequence and the length.
+    pub fn check_lengths(&self, len_q: &[i32], len_kv: &[i32]) -> Result<()> {
+        let bad = |what: &'static str, detail: String| Err(Error::AttentionShape { what, detail });
+        if !self.var_len {
+            return bad("lengths given to a problem without per-sequence lengths", self.describe());
+        }
+        for (name, lens, max) in [("len_q", len_q, self.s_q), ("len_kv", len_kv, self.s_kv)] {
+            if lens.len() != self.b {
+                return bad(
+                    "there is not one length per sequence",
+                    format!("{name} has {} lengths for b = {} ({})", lens.len(), self.b, self.describe()),
+                );
+            }
+            if let Some((n, &l)) = lens.iter().enumerate().find(|&(_, &l)| l < 1 || l as usize > max) {
+                return bad(
+                    "a sequence length is outside 1 to the tensor's extent",
+                    format!("{name}[{n}] = {l}, extent {max} ({})", self.describe()),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Element index of `[n, h, s, e]` in tensor `t`.
+    pub fn index(&self, t: AttnTensor, [n, h, s, e]: [usize; 4]) -> usize {
+        let l = self.layout(t);
+        n * l.batch + h * l.head + s * l.seq + e
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,217 @@
+//! Float64 definitions of attention's forward and backward, straight from the sums in
+//! [`super`]'s documentation (one query row at a time, no tiling), for tests. Every tensor in
+//! the problem's strides, of the lengths [`Attention::required_elems`] gives; the statistics
+//! `lse[b, h_q, s_q]` dense. O(b·h_q·s_q·s_kv·d) work, for small problems.
+//!
+//! With per-sequence lengths, the rows past a sequence's `len_q` are padding: the reference
+//! leaves `o` there at NaN and `lse` at NaN (nothing defines them; compare with
+//! [`rel_error_rows`], which skips them), and `dq` at 0. Key rows past `len_kv` get `dk = dv =
+//! 0`. Elements of a strided buffer that belong to no tensor element stay 0.
+//!
+//! # Panics
+//! Every function panics, naming the rule, on a problem [`Attention::validate`] refuses, on
+//! lengths [`Attention::check_lengths`] refuses, or on a slice of the wrong length (these are
+//! test references, not an API that returns errors).
+
+use super::{Attention, AttnMask, AttnTensor};
+
+/// Per-sequence lengths `(len_q, len_kv)`, one pair of slices of `b` each; `None` for a
+/// problem without them.
+pub type Lengths<'a> = Option<(&'a [i32], &'a [i32])>;
+
+/// Whether query row `i` sees key `j` under `mask`, in a sequence of `len_q` queries and
+/// `len_kv` keys.
+pub fn visible(mask: AttnMask, i: usize, j: usize, len_q: usize, len_kv: usize) -> bool {
+    j < len_kv
+        && match mask {
+            AttnMask::None => true,
+            AttnMask::Causal => j <= i,
+            AttnMask::CausalBottomRight => j as i64 <= i as i64 + len_kv as i64 - len_q as i64,
+        }
+}
+
+/// Sequence `n`'s lengths: its own with per-sequence lengths, else the tensors' extents.
+pub fn lengths(p: &Attention, lens: Lengths<'_>, n: usize) -> (usize, usize) {
+    match lens {
+        Some((lq, lkv)) => (lq[n] as usize, lkv[n] as usize),
+        None => (p.s_q, p.s_kv),
+    }
+}
+
+/// The forward's outputs: `o` (in o's strides) and `lse` (dense `[b, h_q, s_q]`).
+#[derive(Clone, Debug)]
+pub struct Forward {
+    /// The output, in o's strides.
+    pub o: Vec<f64>,
+    /// The log-sum-exp statistics, dense `[b, h_q, s_q]`.
+    pub lse: Vec<f64>,
+}
+
+/// The backward's outputs, each in its tensor's strides.
+#[derive(Clone, Debug)]
+pub struct Grads {
+    /// The query gradient, in q's strides.
+    pub dq: Vec<f64>,
+    /// The key gradient (summed over the query heads of its group), in k's strides.
+    pub dk: Vec<f64>,
+    /// The value gradient (summed likewise), in v's strides.
+    pub dv: Vec<f64>,
+}
+
+/// Panics unless `p` and `lens` are valid and each `(tensor, len)` has the problem's length.
+fn expect(p: &Attention, lens: Lengths<'_>, slices: &[(AttnTensor, usize)]) {
+    if let Err(e) = p.validate() {
+        panic!("attention::reference on an invalid problem: {e}");
+    }
+    match lens {
+        Some((lq, lkv)) => {
+            if let Err(e) = p.check_lengths(lq, lkv) {
+                panic!("attention::reference: {e}");
+            }
+        }
+        None => assert!(!p.var_len, "attention::reference: the problem has per-sequence lengths and none were given"),
+    }
+    for &(t, got) in slices {
+        let want = p.required_elems(t);
+        assert_eq!(got, want, "attention::reference: {} has {got} elements, the problem's is {want}", t.name());
+    }
+}
+
+/// The scaled scores of query row `(n, hq, i)` against every key of its sequence, `None` where
+/// the key is not visible.
+fn scores(
+    p: &Attention,
+    q: &[f64],
+    k: &[f64],
+    (n, hq, i): (usize, usize, usize),
+    (lq, lkv): (usize, usize),
+) -> Vec<Option<f64>> {
+    let hk = hq / p.group();
+    (0..p.s_kv)
+        .map(|j| {
+            visible(p.mask, i, j, lq, lkv).then(|| {
+                let dot: f64 = (0..p.d)
+                    .map(|e| q[p.index(AttnTensor::Q, [n, hq, i, e])] * k[p.index(AttnTensor::K, [n, hk, j, e])])
+                    .sum();
+                p.scale as f64 * dot
+            })
+        })
+        .collect()
+}
+
+/// `ln Σ exp(s)` over the visible scores, computed from their maximum (−∞ when none).
+fn log_sum_exp(s: &[Option<f64>]) -> f64 {
+    let m = s.iter().flatten().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if m == f64::NEG_INFINITY {
+        return m;
+    }
+    m + s.iter().flatten().map(|x| (x - m).exp()).sum::<f64>().ln()
+}
+
+/// Index of `lse[n, hq, i]`.
+pub fn stats_index(p: &Attention, n: usize, hq: usize, i: usize) -> usize {
+    (n * p.h_q + hq) * p.s_q + i
+}
+
+/// The forward: `o` and `lse` (module documentation).
+pub fn forward(p: &Attention, q: &[f64], k: &[f64], v: &[f64], lens: Lengths<'_>) -> Forward {
+    use AttnTensor::{K, O, Q, V};
+    expect(p, lens, &[(Q, q.len()), (K, k.len()), (V, v.len())]);
+    let mut o = vec![0.0; p.required_elems(O)];
+    let mut lse = vec![f64::NAN; p.stats_elems()];
+    for n in 0..p.b {
+        let (lq, lkv) = lengths(p, lens, n);
+        for hq in 0..p.h_q {
+            let hk = hq / p.group();
+            for i in 0..p.s_q {
+                if i >= lq {
+                    (0..p.d).for_each(|e| o[p.index(O, [n, hq, i, e])] = f64::NAN);
+                    continue;
+                }
+                let s = scores(p, q, k, (n, hq, i), (lq, lkv));
+                let l = log_sum_exp(&s);
+                lse[stats_index(p, n, hq, i)] = l;
+                for e in 0..p.d {
+                    let acc: f64 = s
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(j, x)| x.map(|x| (x - l).exp() * v[p.index(V, [n, hk, j, e])]))
+                        .sum();
+                    o[p.index(O, [n, hq, i, e])] = acc;
+                }
+            }
+        }
+    }
+    Forward { o, lse }
+}
+
+/// The backward: `dq`, `dk`, `dv` from `do` (in o's strides), `o` and `lse` as the forward
+/// gives them (module documentation).
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    p: &Attention,
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    o: &[f64],
+    d_o: &[f64],
+    lse: &[f64],
+    lens: Lengths<'_>,
+) -> Grads {
+    use AttnTensor::{K, O, Q, V};
+    expect(p, lens, &[(Q, q.len()), (K, k.len()), (V, v.len()), (O, o.len()), (O, d_o.len())]);
+    assert_eq!(lse.len(), p.stats_elems(), "attention::reference: lse has {} elements", lse.len());
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    let sc = p.scale as f64;
+    for n in 0..p.b {
+        let (lq, lkv) = lengths(p, lens, n);
+        for hq in 0..p.h_q {
+            let hk = hq / p.group();
+            for i in 0..lq {
+                let l = lse[stats_index(p, n, hq, i)];
+                if l == f64::NEG_INFINITY {
+                    continue; // no visible key: the row contributes nothing
+                }
+                let row = |t: AttnTensor, h: usize, r: usize, e: usize| p.index(t, [n, h, r, e]);
+                let dd: f64 = (0..p.d).map(|e| d_o[row(O, hq, i, e)] * o[row(O, hq, i, e)]).sum();
+                for (j, s) in scores(p, q, k, (n, hq, i), (lq, lkv)).into_iter().enumerate() {
+                    let Some(s) = s else { continue };
+                    let pj = (s - l).exp();
+                    let dp: f64 = (0..p.d).map(|e| d_o[row(O, hq, i, e)] * v[row(V, hk, j, e)]).sum();
+                    let ds = pj * (dp - dd);
+                    for e in 0..p.d {
+                        dv[row(V, hk, j, e)] += pj * d_o[row(O, hq, i, e)];
+                        dq[row(Q, hq, i, e)] += sc * ds * k[row(K, hk, j, e)];
+                        dk[row(K, hk, j, e)] += sc * ds * q[row(Q, hq, i, e)];
+                    }
+                }
+            }
+        }
+    }
+    Grads { dq, dk, dv }
+}
+
+/// ‖got − want‖ / ‖want‖ (Frobenius) over tensor `t`'s elements in defined rows: rows within
+/// each sequence's length (`len_q` for q and o, `len_kv` for k and v). A non-finite `got`
+/// element in a defined row makes the result ∞ (NaN never passes).
+pub fn rel_error_rows(p: &Attention, t: AttnTensor, got: &[f64], want: &[f64], lens: Lengths<'_>) -> f64 {
+    let [b, h, _] = p.dims(t);
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for n in 0..b {
+        let (lq, lkv) = lengths(p, lens, n);
+        let rows = if matches!(t, AttnTensor::Q | AttnTensor::O) { lq } else { lkv };
+        for hh in 0..h {
+            for r in 0..rows {
+                for e in 0..p.d {
+                    let i = p.index(t, [n, hh, r, e]);
+                    let (g, w) = (got[i], want[i]);
+                    diff += if g.is_finite() { (g - w) * (g - w) } else { f64::INFINITY };
+                    norm += w * w;
+                }
+            }
+        }
+    }
+    if norm == 0.0 {
+        diff.sqrt()
+    } else {
+        (diff / norm).sqrt()
+    }
+}
