@@ -317,6 +317,15 @@ pub enum Error {
         detail: String,
     },
 
+    /// A grouped GEMM's description breaks a rule ([`crate::grouped::GroupedProblem`]).
+    #[error("grouped GEMM: {what} ({detail})")]
+    GroupedShape {
+        /// The rule broken, e.g. "the offsets are not monotone".
+        what: &'static str,
+        /// The values that broke it.
+        detail: String,
+    },
+
     /// A cuDNN call returned a status other than success.
     #[error("{operation} failed with {status} ({problem})")]
     Cudnn {

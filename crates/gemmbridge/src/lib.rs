@@ -28,7 +28,8 @@
 //! - the backends: [`cuda::Gpu`] (cuBLASLt / cuBLAS, FP8 on Hopper, cuDNN convolutions,
 //!   prewarm, tuning, [`cuda::tactics`]) and [`cpu`];
 //! - FP8 formats, recipes and rules: [`fp8`]; convolutions as data: [`conv`]; attention as
-//!   data, with its float64 reference: [`attention`]; training
+//!   data, with its float64 reference: [`attention`]; mixture-of-experts grouped GEMMs as
+//!   data, with theirs: [`grouped`]; training
 //!   layers: [`train`] (CPU) and [`cuda::train`] (GPU).
 //!
 //! Public because the command-line tool, the tests and the probe use them, and documented,
@@ -46,6 +47,7 @@ mod dtype;
 pub mod epilogue;
 mod error;
 pub mod fp8;
+pub mod grouped;
 mod layout;
 pub mod mapping;
 mod pad;

@@ -1,0 +1,260 @@
+//! Grouped GEMM for mixture-of-experts layers as data: [`GroupedProblem`], the three products
+//! of an expert layer over tokens sorted by expert ([`GroupedOp`]), group sizes from host counts
+//! or from PyTorch-style offsets, every rule checked on the CPU before anything is launched,
+//! and each group as an ordinary [`GemmProblem`] on its slice of the buffers
+//! ([`GroupedProblem::group`]), which is how a backend runs it. The module
+//! [`self::reference`] holds the float64 definitions tests check against.
+//!
+//! E experts (groups), `m_e` tokens routed to expert `e` (any of them 0), `M = Σ m_e` rows,
+//! the layer maps K input features to N output features; every matrix row-major and
+//! contiguous:
+//! - [`GroupedOp::Forward`]: `y[M, N] = x[M, K] · w[e][N, K]ᵀ` (+ `bias[e][N]`), rows of x
+//!   and y sorted by group (group e's rows start at `Σ_{f<e} m_f`); w is `[E, N, K]`
+//!   (`nn.Linear`'s layout per expert), bias `[E, N]`.
+//! - [`GroupedOp::BackwardData`]: `dx[M, K] = dy[M, N] · w[e][N, K]`.
+//! - [`GroupedOp::BackwardWeight`]: `dw[e][N, K] = dy[e]ᵀ · x[e]` over group e's rows (the
+//!   product's inner dimension is `m_e`: an empty group gives a zero `dw[e]`).
+//!
+//! Rows past the last group (offsets that end before the buffers' rows) belong to no group:
+//! nothing reads or writes them.
+
+pub mod reference;
+
+use crate::error::{Error, Result};
+use crate::layout::{MatrixLayout, Operand};
+use crate::precision::Precision;
+use crate::problem::{GemmProblem, MAX_DIM};
+use crate::Epilogue;
+
+/// Which product of an expert layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GroupedOp {
+    /// `y = x · w[e]ᵀ (+ bias[e])` per group.
+    Forward,
+    /// `dx = dy · w[e]` per group.
+    BackwardData,
+    /// `dw[e] = dy[e]ᵀ · x[e]` per group.
+    BackwardWeight,
+}
+
+impl GroupedOp {
+    /// The buffers' names in argument order `[a, b, c]`: forward `(x, w, y)`, backward data
+    /// `(dy, w, dx)`, backward weight `(dy, x, dw)`.
+    pub const fn names(self) -> [&'static str; 3] {
+        match self {
+            GroupedOp::Forward => ["x", "w", "y"],
+            GroupedOp::BackwardData => ["dy", "w", "dx"],
+            GroupedOp::BackwardWeight => ["dy", "x", "dw"],
+        }
+    }
+}
+
+/// A validated grouped product (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GroupedProblem {
+    op: GroupedOp,
+    sizes: Vec<usize>,
+    /// Rows of the row-indexed buffers (at least `Σ m_e`).
+    rows: usize,
+    n: usize,
+    k: usize,
+    precision: Precision,
+    bias: bool,
+}
+
+impl GroupedProblem {
+    /// A grouped product with `sizes[e] = m_e` rows per group (host counts), N = `n`,
+    /// K = `k`, the buffers' rows exactly `Σ m_e`.
+    ///
+    /// # Errors
+    /// [`Error::GroupedShape`]: no group, N or K zero, a size or the total above [`MAX_DIM`].
+    pub fn new(op: GroupedOp, sizes: &[usize], n: usize, k: usize, precision: Precision) -> Result<GroupedProblem> {
+        let rows = sizes.iter().try_fold(0usize, |a, &m| a.checked_add(m)).unwrap_or(usize::MAX);
+        let p = GroupedProblem { op, sizes: sizes.to_vec(), rows, n, k, precision, bias: false };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// A grouped product from PyTorch's `offs` (`torch._grouped_mm`): `offsets[e]` is where
+    /// group e's rows end (so `m_e = offsets[e] − offsets[e−1]`, `offsets[−1] = 0`), over
+    /// buffers of `rows` rows; rows from the last offset on belong to no group.
+    ///
+    /// # Errors
+    /// [`Error::GroupedShape`]: an offset negative, below the one before it or past `rows`,
+    /// and as [`GroupedProblem::new`].
+    pub fn from_offsets(
+        op: GroupedOp,
+        offsets: &[i32],
+        rows: usize,
+        n: usize,
+        k: usize,
+        precision: Precision,
+    ) -> Result<GroupedProblem> {
+        let mut sizes = Vec::with_capacity(offsets.len());
+        let mut end = 0usize;
+        for (e, &o) in offsets.iter().enumerate() {
+            let bad = |what| Err(Error::GroupedShape { what, detail: format!("offsets[{e}] = {o} ({rows} rows)") });
+            if o < 0 {
+                return bad("an offset is negative");
+            }
+            let o = o as usize;
+            if o < end {
+                return bad("the offsets are not monotone");
+            }
+            if o > rows {
+                return bad("an offset is past the rows");
+            }
+            sizes.push(o - end);
+            end = o;
+        }
+        let p = GroupedProblem { op, sizes, rows, n, k, precision, bias: false };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// The same forward with a bias per group, `bias[E, N]` (added to every row of the group).
+    ///
+    /// # Errors
+    /// [`Error::GroupedShape`] for a backward product (a bias gradient is a sum over rows,
+    /// not a product's epilogue here).
+    pub fn with_bias(self) -> Result<GroupedProblem> {
+        if self.op != GroupedOp::Forward {
+            return Err(Error::GroupedShape {
+                what: "a bias belongs to the forward only",
+                detail: format!("{:?}", self.op),
+            });
+        }
+        Ok(GroupedProblem { bias: true, ..self })
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |what: &'static str, detail: String| Err(Error::GroupedShape { what, detail });
+        if self.sizes.is_empty() {
+            return bad("there is no group", "E = 0".into());
+        }
+        if self.n == 0 || self.k == 0 {
+            return bad("N or K is zero", format!("N = {}, K = {}", self.n, self.k));
+        }
+        let total = self.sizes.iter().try_fold(0usize, |a, &m| a.checked_add(m));
+        for (name, v) in [("N", self.n), ("K", self.k), ("E", self.sizes.len()), ("rows", self.rows)] {
+            if v > MAX_DIM {
+                return bad("a size is too large", format!("{name} = {v} > {MAX_DIM}"));
+            }
+        }
+        match total {
+            Some(t) if t <= self.rows => Ok(()),
+            _ => bad("the groups' rows exceed the buffers'", format!("Σ m_e = {total:?}, rows = {}", self.rows)),
+        }
+    }
+
+    /// The product.
+    pub fn op(&self) -> GroupedOp {
+        self.op
+    }
+
+    /// `m_e` per group.
+    pub fn sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    /// Groups E.
+    pub fn groups(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Rows of the row-indexed buffers (x, y, dy, dx).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// N (output features).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// K (input features).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Storage and arithmetic.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Whether the forward adds a bias per group.
+    pub fn has_bias(&self) -> bool {
+        self.bias
+    }
+
+    /// Where group `e`'s rows start.
+    pub fn row_start(&self, e: usize) -> usize {
+        self.sizes[..e].iter().sum()
+    }
+
+    /// Elements of the buffers `[a, b, c]` (argument order, [`GroupedOp::names`]); the bias,
+    /// when there is one, has `E·N`.
+    pub fn lens(&self) -> [usize; 3] {
+        let (m, e, n, k) = (self.rows, self.groups(), self.n, self.k);
+        match self.op {
+            GroupedOp::Forward => [m * k, e * n * k, m * n],
+            GroupedOp::BackwardData => [m * n, e * n * k, m * k],
+            GroupedOp::BackwardWeight => [m * n, m * k, e * n * k],
+        }
+    }
+
+    /// Group `e` as an ordinary row-major GEMM and where its operands start in the buffers
+    /// (elements, `[a, b, c]`): forward `y_e = x_e·w_eᵀ` ([`GemmProblem::linear`], with
+    /// [`Epilogue::Bias`] when there is a bias, whose start is `e·N`); backward data
+    /// `dx_e = dy_e·w_e` ([`GemmProblem::matmul`]); backward weight `dw_e = dy_eᵀ·x_e`
+    /// (`op(A)` the transpose of `dy_e[m_e, N]`, inner dimension `m_e`: 0 for an empty group,
+    /// where β = 0 gives zeros).
+    ///
+    /// # Errors
+    /// As [`GemmProblem::new`] (the sizes were checked, so only for sizes cuBLAS cannot take).
+    pub fn group(&self, e: usize) -> Result<(GemmProblem, [usize; 3])> {
+        let (m, r0, n, k) = (self.sizes[e], self.row_start(e), self.n, self.k);
+        let w0 = e * n * k;
+        Ok(match self.op {
+            GroupedOp::Forward => {
+                let p = GemmProblem::linear(m, n, k, self.precision)?;
+                let p = if self.bias { p.with_epilogue(Epilogue::Bias)? } else { p };
+                (p, [r0 * k, w0, r0 * n])
+            }
+            GroupedOp::BackwardData => (GemmProblem::matmul(m, k, n, self.precision)?, [r0 * n, w0, r0 * k]),
+            GroupedOp::BackwardWeight => {
+                let p = GemmProblem::new(
+                    Operand::t(MatrixLayout::row_major(m, n)),
+                    Operand::n(MatrixLayout::row_major(m, k)),
+                    MatrixLayout::row_major(n, k),
+                    1,
+                    self.precision,
+                )?;
+                (p, [r0 * n, r0 * k, w0])
+            }
+        })
+    }
+
+    /// Multiply-adds of all groups: `Σ m_e · N · K`.
+    pub fn macs(&self) -> f64 {
+        self.sizes.iter().map(|&m| m as f64).sum::<f64>() * self.n as f64 * self.k as f64
+    }
+
+    /// A short description: `forward E8 M4096 (0..1024 rows per group) N14336 K4096 bf16`.
+    pub fn describe(&self) -> String {
+        let (lo, hi) = (self.sizes.iter().min().unwrap_or(&0), self.sizes.iter().max().unwrap_or(&0));
+        format!(
+            "{:?} E{} M{} ({lo}..{hi} rows per group) N{} K{} {}{}",
+            self.op,
+            self.groups(),
+            self.rows,
+            self.n,
+            self.k,
+            self.precision,
+            if self.bias { " +bias" } else { "" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;
