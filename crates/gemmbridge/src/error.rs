@@ -326,6 +326,15 @@ pub enum Error {
         detail: String,
     },
 
+    /// A tensor-parallel split breaks a rule ([`crate::dist::check_block`]).
+    #[error("tensor parallelism: {what} ({detail})")]
+    TensorParallel {
+        /// The rule broken, e.g. "the hidden size is not a multiple of the world size".
+        what: &'static str,
+        /// The values that broke it.
+        detail: String,
+    },
+
     /// A cuDNN call returned a status other than success.
     #[error("{operation} failed with {status} ({problem})")]
     Cudnn {

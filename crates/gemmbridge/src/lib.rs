@@ -29,7 +29,8 @@
 //!   prewarm, tuning, [`cuda::tactics`]) and [`cpu`];
 //! - FP8 formats, recipes and rules: [`fp8`]; convolutions as data: [`conv`]; attention as
 //!   data, with its float64 reference: [`attention`]; mixture-of-experts grouped GEMMs as
-//!   data, with theirs: [`grouped`]; training
+//!   data, with theirs: [`grouped`]; the tensor-parallel split of an MLP block and its CPU
+//!   arithmetic: [`dist`]; training
 //!   layers: [`train`] (CPU) and [`cuda::train`] (GPU).
 //!
 //! Public because the command-line tool, the tests and the probe use them, and documented,
@@ -43,6 +44,7 @@ pub mod attention;
 pub mod conv;
 pub mod cpu;
 pub mod cuda;
+pub mod dist;
 mod dtype;
 pub mod epilogue;
 mod error;
