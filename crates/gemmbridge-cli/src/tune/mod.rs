@@ -35,7 +35,7 @@ pub struct Args {
     ops: String,
     /// The tactic database to fill (created, or merged into: a problem tuned again gets the
     /// new verdict, and loses its entry where nothing wins).
-    #[arg(long, required_unless_present_any = ["verify", "noise"], conflicts_with_all = ["verify", "noise"])]
+    #[arg(long, required_unless_present_any = ["verify", "noise", "prune"], conflicts_with_all = ["verify", "noise"])]
     db: Option<String>,
     /// Candidates to ask cuBLASLt's heuristic for.
     #[arg(long, default_value_t = 16)]
@@ -49,20 +49,22 @@ pub struct Args {
     finalists: usize,
     /// Idle GPU time before each burst of the confirmation, ms (bench's --gap-ms; the
     /// published tables are timed with 200).
-    #[arg(long, default_value_t = 200.0)]
+    #[arg(long, default_value_t = 200.0, allow_negative_numbers = true)]
     confirm_gap_ms: f64,
     /// Rounds of the confirmation (odd; each times the baseline and the candidate once, in
-    /// alternating order). The default separates a 2 % difference from the round-to-round
-    /// spread measured on the H200 (`--noise`; docs/DESIGN.md, "Design rationale").
-    #[arg(long, default_value_t = 5)]
+    /// alternating order). The default separates a 2 % difference at the median round-to-round
+    /// spread measured on the H200 (0.9–1.3 %, `--noise`); the longest problems' spread (up to
+    /// 2.8 %) needs 13 (docs/DESIGN.md, "Design rationale").
+    #[arg(long, default_value_t = 3)]
     confirm_rounds: usize,
     /// Re-run the confirmation for every entry of this database that the selection's calls
     /// use, and report each entry's ratio (heuristic time / entry's time); nothing is tuned.
-    /// An entry loses where its median ratio is below 1.
+    /// An entry loses where its median ratio is below 1 on any problem that uses it; the exit
+    /// status is 1 while a loser remains in the file.
     #[arg(long, value_name = "DB")]
     verify: Option<String>,
     /// With --verify: remove the entries that lose from the database file.
-    #[arg(long, requires = "verify")]
+    #[arg(long)]
     prune: bool,
     /// Measure the confirmation's noise: the baseline against itself (two engines, same
     /// plan) for every problem of the selection, with the spread of a round's ratio and the
@@ -73,7 +75,7 @@ pub struct Args {
     /// serve only calls made under the same target, as the burn adapter's device-ordered GEMMs
     /// are (the GPU's SM count less its SM reserve, e.g. 131 on a 132-SM H200); the
     /// confirmation's two engines run under it too. Default: all SMs.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     sm_count_target: Option<u32>,
 }
 
@@ -128,8 +130,19 @@ impl Plan {
 
 /// The numeric flags, checked before the GPU is opened.
 fn check_numbers(args: &Args) -> anyhow::Result<()> {
-    if args.candidates == 0 || args.candidates > 32 || args.reps == 0 {
-        bail!("--candidates must be 1..=32 and --reps at least 1");
+    if args.candidates == 0 || args.candidates > 32 {
+        bail!("--candidates {} is not between 1 and 32", args.candidates);
+    }
+    if args.reps == 0 {
+        bail!("--reps 0: at least one timed sample per candidate");
+    }
+    if args.prune && args.verify.is_none() {
+        bail!("--prune needs --verify DB (it removes the entries that lose there)");
+    }
+    if let Some(path) = &args.verify {
+        if !std::path::Path::new(path).is_file() {
+            bail!("--verify {path:?}: no such file");
+        }
     }
     if !(1..=3).contains(&args.finalists) {
         bail!("--finalists {} is not between 1 and 3", args.finalists);
@@ -143,3 +156,32 @@ fn check_numbers(args: &Args) -> anyhow::Result<()> {
 
 /// A dense dtype's name and precision, as `--dtypes` lists them.
 pub(crate) type Dense = (String, Precision);
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::Args,
+    }
+
+    /// The error `tune ARGS` stops at before any GPU is opened.
+    fn refused(args: &[&str]) -> String {
+        let cli = Cli::try_parse_from(std::iter::once("tune").chain(args.iter().copied())).expect("parses");
+        super::Plan::parse(&cli.args).err().expect("refused").to_string()
+    }
+
+    #[test]
+    fn bad_settings_are_refused_before_the_gpu_with_their_values() {
+        assert!(refused(&["--db", "t.json", "--confirm-rounds", "4"]).contains("--confirm-rounds 4 must be odd"));
+        assert!(refused(&["--db", "t.json", "--finalists", "4"]).contains("--finalists 4"));
+        assert!(refused(&["--db", "t.json", "--candidates", "33"]).contains("--candidates 33"));
+        assert!(refused(&["--db", "t.json", "--confirm-gap-ms", "-1"]).contains("--confirm-gap-ms -1"));
+        assert!(refused(&["--db", "t.json", "--prune"]).contains("--prune needs --verify"));
+        assert!(refused(&["--verify", "/no/such/file.json"]).contains("no such file"));
+        let cli = Cli::try_parse_from(["tune", "--verify", "a.json", "--db", "b.json"]);
+        assert!(cli.is_err(), "--verify and --db are two modes");
+    }
+}

@@ -70,13 +70,16 @@ impl Gpu {
         });
     }
 
-    /// The signatures of the tactic database entries ([`Gpu::load_tactics`]) this `Gpu` has
-    /// built plans with so far, sorted: cuBLASLt GEMM and FP8 entries whose algorithm
-    /// cuBLASLt accepted for the call, convolution entries cuDNN rebuilt. An entry that was
-    /// loaded but is missing here has served no call yet — or was refused (a warning is
-    /// logged) or does not match the calls made (another alignment, workspace or SM count
-    /// target gives another signature). `gemmbridge tune` uses this to check that the call it
-    /// times is the one an entry serves.
+    /// The signatures of the tuned entries this `Gpu` has built plans with since it was
+    /// created, sorted: entries of a tactic database ([`Gpu::load_tactics`]) and choices this
+    /// `Gpu` tuned itself ([`Gpu::autotune_raw`], [`Gpu::autotune_fp8`]: these keep their
+    /// result for their signature, even where it is the heuristic's own choice) — cuBLASLt GEMM
+    /// and FP8 entries whose algorithm cuBLASLt accepted for the call, convolution entries cuDNN
+    /// rebuilt. Never cleared (loading other entries or dropping plans keeps the record). An
+    /// entry that was loaded but is missing here has served no call yet — or was refused (a
+    /// warning is logged) or does not match the calls made (another alignment, workspace or SM
+    /// count target gives another signature). `gemmbridge tune` uses this to check that the
+    /// call it times is the one an entry serves.
     pub fn applied_tactics(&self) -> Vec<String> {
         let st = self.lock();
         let mut all: Vec<String> =

@@ -79,10 +79,11 @@ pub struct TuneReport {
     /// The kept algorithm.
     pub algorithm: Algorithm,
     /// The candidates that beat the first choice by more than `threshold`, fastest first (at
-    /// most 3; the kept algorithm is the first), as tactics to store under the
-    /// returned signature. Empty when nothing beat the first choice. Timed at the sustained
-    /// clock: `gemmbridge tune` confirms them in short bursts after idle time before storing
-    /// one.
+    /// most 3; the kept algorithm is the first), as tactics to store under the signature
+    /// returned with this report. Empty when nothing beat the first choice. Each one's
+    /// `heuristic_ms` and `tuned_ms` are this search's times at the sustained clock:
+    /// `gemmbridge tune` confirms the finalists in short bursts after idle time before storing
+    /// one, with the confirmed times.
     pub finalists: Vec<Tactic>,
 }
 
