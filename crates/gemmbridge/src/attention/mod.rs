@@ -2,7 +2,8 @@
 //! `F.scaled_dot_product_attention` without dropout), its tensors' strides ([`HeadLayout`]),
 //! its masks ([`AttnMask`]) and every rule a problem must meet, checked on the CPU before
 //! anything is launched. The module [`self::reference`] holds the float64 definitions of the
-//! forward and the backward that tests check against.
+//! forward and the backward that tests check against; [`self::fp8`] the CPU emulation of FP8
+//! attention (E4M3 q, k, v with tensor-wise scales).
 //!
 //! Shapes, in PyTorch's names (logical order `[b, h, s, d]` whatever the strides):
 //! - queries `q[b, h_q, s_q, d]`, keys `k[b, h_kv, s_kv, d]`, values `v[b, h_kv, s_kv, d]`;
@@ -25,6 +26,7 @@
 //! `dv = Pᵀ·do`, `dS = P ∘ (do·vᵀ − D)`, `dq = scale·dS·k`, `dk = scale·dSᵀ·q`; with GQA,
 //! `dk` and `dv` are summed over the query heads that share a key/value head.
 
+pub mod fp8;
 pub mod reference;
 
 use crate::dtype::DType;

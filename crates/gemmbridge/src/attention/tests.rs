@@ -284,3 +284,24 @@ fn the_backward_equals_finite_differences_of_the_loss() {
         assert!(worst < 1e-8, "{mask:?}: largest difference {worst}");
     }
 }
+
+#[test]
+fn the_fp8_emulation_is_the_recipes_own_error() {
+    let mut r = rng();
+    let p = bf16(2, (4, 2), (33, 40), 64).with_mask(AttnMask::Causal);
+    let (q, k, v) =
+        (tensor(&p, AttnTensor::Q, &mut r), tensor(&p, AttnTensor::K, &mut r), tensor(&p, AttnTensor::V, &mut r));
+    let exact = forward(&p, &q, &k, &v, None);
+    let e_qkv = fp8::forward(&p, &q, &k, &v, None, None);
+    let e_all = fp8::forward(&p, &q, &k, &v, None, Some(448.0));
+    let err = |f: &reference::Forward| rel_error_rows(&p, AttnTensor::O, &f.o, &exact.o, None);
+    // E4M3 keeps 3 mantissa bits: each value within 2⁻⁴ relative; the output's error is a few %
+    let (a, b) = (err(&e_qkv), err(&e_all));
+    println!("FP8 emulation error: q, k, v {a:.4}; and P {b:.4}");
+    assert!(a > 1e-3 && a < 0.06, "{a}");
+    assert!(b > a * 0.5 && b < 0.08, "{b}");
+    // values FP8 holds exactly, with amax 448 (scale 1), quantise to themselves
+    let exact_vals: Vec<f64> = (0..p.required_elems(AttnTensor::Q)).map(|i| [448.0, -1.5, 0.25, 0.0][i % 4]).collect();
+    let (back, s) = fp8::quantize_tensor(&p, AttnTensor::Q, &exact_vals);
+    assert_eq!((back, s), (exact_vals, 1.0));
+}

@@ -27,6 +27,7 @@ mod quant;
 mod rules;
 
 pub use crate::error::Fp8Rule;
+pub(crate) use quant::scale_of;
 pub use quant::{dequantize, fp8_to_f32, quantize, quantize_value, Quantized};
 pub use rules::{check_pair, check_support, OutputKind};
 

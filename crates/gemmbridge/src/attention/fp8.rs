@@ -1,0 +1,80 @@
+//! The CPU emulation of FP8 attention, the reference an FP8 attention path is judged by: q, k
+//! and v quantised to E4M3 with one scale per tensor from its current amax (tensor-wise current
+//! scaling, [`crate::fp8`]'s quantisation exactly: `s = amax/448`, `q = fp8(x·448/amax)`), the
+//! softmax probabilities optionally quantised too (as cuDNN's FP8 graph stores P in FP8 before
+//! `P·V`, with a scale the caller gives), and float64 attention on the dequantised values.
+//! Its error against the float64 attention of the unquantised inputs is the recipe's own
+//! error; an FP8 path may be no worse than 1.5× of it.
+//!
+//! # Panics
+//! As [`super::reference`]'s functions.
+
+use super::reference::{lengths, stats_index, visible, Forward, Lengths};
+use super::{Attention, AttnTensor};
+use crate::fp8::{fp8_to_f32, quantize_value, scale_of, Fp8Format};
+
+/// A tensor of the problem quantised to E4M3 with one scale, and dequantised again (in its
+/// strides, elements outside the tensor 0), with the scale `s` (dequantised = `fp8 · s`).
+pub fn quantize_tensor(p: &Attention, t: AttnTensor, x: &[f64]) -> (Vec<f64>, f32) {
+    let mut idx = Vec::new();
+    let [b, h, s] = p.dims(t);
+    for n in 0..b {
+        for hh in 0..h {
+            for r in 0..s {
+                idx.extend((0..p.d).map(|e| p.index(t, [n, hh, r, e])));
+            }
+        }
+    }
+    let amax = idx.iter().map(|&i| (x[i] as f32).abs()).fold(0.0f32, f32::max);
+    let (scale, inv) = scale_of(amax, Fp8Format::E4M3);
+    let mut out = vec![0.0; x.len()];
+    for i in idx {
+        let bits = quantize_value(x[i] as f32, inv, Fp8Format::E4M3);
+        out[i] = fp8_to_f32(bits, Fp8Format::E4M3) as f64 * scale as f64;
+    }
+    (out, scale)
+}
+
+/// The emulated FP8 forward: `o` and `lse` of attention on the dequantised q, k, v; with
+/// `p_scale`, each probability `P = exp(score − lse)` is also stored as `fp8(P·p_scale)` and
+/// used as that over `p_scale` (P ≤ 1, so `p_scale` = 448 uses E4M3's whole range).
+pub fn forward(p: &Attention, q: &[f64], k: &[f64], v: &[f64], lens: Lengths<'_>, p_scale: Option<f32>) -> Forward {
+    let (qd, kd, vd) = (
+        quantize_tensor(p, AttnTensor::Q, q).0,
+        quantize_tensor(p, AttnTensor::K, k).0,
+        quantize_tensor(p, AttnTensor::V, v).0,
+    );
+    let mut f = super::reference::forward(p, &qd, &kd, &vd, lens);
+    let Some(ps) = p_scale else { return f };
+    // o again, with P rounded through FP8 (lse is unchanged: it is computed before P)
+    for n in 0..p.b {
+        let (lq, lkv) = lengths(p, lens, n);
+        for hq in 0..p.h_q {
+            let hk = hq / p.group();
+            for i in 0..lq {
+                let l = f.lse[stats_index(p, n, hq, i)];
+                if l == f64::NEG_INFINITY {
+                    continue;
+                }
+                let probs: Vec<(usize, f64)> = (0..p.s_kv)
+                    .filter(|&j| visible(p.mask, i, j, lq, lkv))
+                    .map(|j| {
+                        let s: f64 = (0..p.d)
+                            .map(|e| {
+                                qd[p.index(AttnTensor::Q, [n, hq, i, e])] * kd[p.index(AttnTensor::K, [n, hk, j, e])]
+                            })
+                            .sum::<f64>()
+                            * p.scale as f64;
+                        let pr = (s - l).exp() as f32;
+                        (j, fp8_to_f32(quantize_value(pr, ps, Fp8Format::E4M3), Fp8Format::E4M3) as f64 / ps as f64)
+                    })
+                    .collect();
+                for e in 0..p.d {
+                    f.o[p.index(AttnTensor::O, [n, hq, i, e])] =
+                        probs.iter().map(|&(j, pr)| pr * vd[p.index(AttnTensor::V, [n, hk, j, e])]).sum();
+                }
+            }
+        }
+    }
+    f
+}
