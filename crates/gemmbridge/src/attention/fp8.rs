@@ -9,13 +9,27 @@
 //! # Panics
 //! As [`super::reference`]'s functions.
 
-use super::reference::{lengths, stats_index, visible, Forward, Lengths};
+use super::reference::{expect, lengths, stats_index, visible, Forward, Lengths};
 use super::{Attention, AttnTensor};
 use crate::fp8::{fp8_to_f32, quantize_value, scale_of, Fp8Format};
 
 /// A tensor of the problem quantised to E4M3 with one scale, and dequantised again (in its
 /// strides, elements outside the tensor 0), with the scale `s` (dequantised = `fp8 · s`).
+///
+/// # Panics
+/// On a problem [`Attention::validate`] refuses or an `x` of another length than the tensor's.
 pub fn quantize_tensor(p: &Attention, t: AttnTensor, x: &[f64]) -> (Vec<f64>, f32) {
+    if let Err(e) = p.validate() {
+        panic!("attention::fp8::quantize_tensor on an invalid problem: {e}");
+    }
+    let want = p.required_elems(t);
+    assert_eq!(
+        x.len(),
+        want,
+        "attention::fp8::quantize_tensor: {} has {} elements, the problem's is {want}",
+        t.name(),
+        x.len()
+    );
     let mut idx = Vec::new();
     let [b, h, s] = p.dims(t);
     for n in 0..b {
@@ -38,7 +52,14 @@ pub fn quantize_tensor(p: &Attention, t: AttnTensor, x: &[f64]) -> (Vec<f64>, f3
 /// The emulated FP8 forward: `o` and `lse` of attention on the dequantised q, k, v; with
 /// `p_scale`, each probability `P = exp(score − lse)` is also stored as `fp8(P·p_scale)` and
 /// used as that over `p_scale` (P ≤ 1, so `p_scale` = 448 uses E4M3's whole range).
+///
+/// # Panics
+/// As [`super::reference::forward`], and for a `p_scale` that is not finite and positive.
 pub fn forward(p: &Attention, q: &[f64], k: &[f64], v: &[f64], lens: Lengths<'_>, p_scale: Option<f32>) -> Forward {
+    expect(p, lens, &[(AttnTensor::Q, q.len()), (AttnTensor::K, k.len()), (AttnTensor::V, v.len())]);
+    if let Some(ps) = p_scale {
+        assert!(ps.is_finite() && ps > 0.0, "attention::fp8::forward: p_scale {ps} is not finite and positive");
+    }
     let (qd, kd, vd) = (
         quantize_tensor(p, AttnTensor::Q, q).0,
         quantize_tensor(p, AttnTensor::K, k).0,

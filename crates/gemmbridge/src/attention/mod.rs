@@ -68,7 +68,8 @@ impl AttnTensor {
 
 /// Where element `[n, h, s, e]` of a `[b, heads, seq, d]` tensor lives: at
 /// `n·batch + h·head + s·seq + e` elements from its start (the head dimension is always
-/// contiguous, as cuDNN's engines need). Strides in elements.
+/// contiguous, as cuDNN's engines need). Strides in elements; the constructors saturate at
+/// `usize::MAX` for sizes no buffer can have ([`Attention::validate`] refuses them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HeadLayout {
     /// Elements from one batch entry to the next.
@@ -83,24 +84,27 @@ impl HeadLayout {
     /// `[b, s, h, d]` contiguous: a projection's output reshaped to heads, no copy (also
     /// PyTorch's `q.transpose(1, 2)` of a `[b, s, h, d]` tensor).
     pub const fn bshd(seq: usize, heads: usize, d: usize) -> HeadLayout {
-        HeadLayout { batch: seq * heads * d, head: d, seq: heads * d }
+        let row = heads.saturating_mul(d);
+        HeadLayout { batch: seq.saturating_mul(row), head: d, seq: row }
     }
 
     /// `[b, h, s, d]` contiguous (PyTorch's default for `[b, h, s, d]` tensors).
     pub const fn bhsd(seq: usize, heads: usize, d: usize) -> HeadLayout {
-        HeadLayout { batch: heads * seq * d, head: seq * d, seq: d }
+        let head = seq.saturating_mul(d);
+        HeadLayout { batch: heads.saturating_mul(head), head, seq: d }
     }
 
     /// One of q, k, v in a fused projection's output `[b, s, 3, h, d]` (q, k, v one after the
     /// other in each row, `h` heads each, as `x·w_qkvᵀ` gives them): strides of the view, whose
     /// start is `which · h·d` elements into the buffer ([`HeadLayout::packed_qkv_offset`]).
     pub const fn packed_qkv(seq: usize, heads: usize, d: usize) -> HeadLayout {
-        HeadLayout { batch: seq * 3 * heads * d, head: d, seq: 3 * heads * d }
+        let row = heads.saturating_mul(d).saturating_mul(3);
+        HeadLayout { batch: seq.saturating_mul(row), head: d, seq: row }
     }
 
     /// Where q (0), k (1) or v (2) starts in a packed `[b, s, 3, h, d]` buffer, in elements.
     pub const fn packed_qkv_offset(which: usize, heads: usize, d: usize) -> usize {
-        which * heads * d
+        which.saturating_mul(heads).saturating_mul(d)
     }
 }
 
@@ -328,11 +332,11 @@ impl Attention {
         let what =
             || format!("{} strides batch {}, head {}, seq {} ({})", t.name(), l.batch, l.head, l.seq, self.describe());
         let bad = |rule: &'static str| Err(Error::AttentionShape { what: rule, detail: what() });
-        if [l.batch, l.head, l.seq].iter().any(|st| !st.is_multiple_of(8)) {
-            return bad("a stride is not a multiple of 8 elements (16 bytes)");
-        }
         if self.required_elems(t) > MAX_ELEMS {
             return bad("a tensor spans more than 2³¹ − 1 elements");
+        }
+        if [l.batch, l.head, l.seq].iter().any(|st| !st.is_multiple_of(8)) {
+            return bad("a stride is not a multiple of 8 elements (16 bytes)");
         }
         // no overlap: in stride order, each dimension (of extent > 1) starts past the whole
         // span of the ones below it

@@ -59,7 +59,7 @@ pub struct Grads {
 }
 
 /// Panics unless `p` and `lens` are valid and each `(tensor, len)` has the problem's length.
-fn expect(p: &Attention, lens: Lengths<'_>, slices: &[(AttnTensor, usize)]) {
+pub(super) fn expect(p: &Attention, lens: Lengths<'_>, slices: &[(AttnTensor, usize)]) {
     if let Err(e) = p.validate() {
         panic!("attention::reference on an invalid problem: {e}");
     }
@@ -193,6 +193,7 @@ pub fn backward(
 /// each sequence's length (`len_q` for q and o, `len_kv` for k and v). A non-finite `got`
 /// element in a defined row makes the result ∞ (NaN never passes).
 pub fn rel_error_rows(p: &Attention, t: AttnTensor, got: &[f64], want: &[f64], lens: Lengths<'_>) -> f64 {
+    expect(p, lens, &[(t, got.len()), (t, want.len())]);
     let [b, h, _] = p.dims(t);
     let (mut diff, mut norm) = (0.0f64, 0.0f64);
     for n in 0..b {

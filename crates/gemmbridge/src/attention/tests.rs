@@ -58,6 +58,10 @@ fn every_rule_is_a_named_error() {
     let overlap = HeadLayout { batch: 7 * 8 * 64, head: 32, seq: 8 * 64 };
     assert_eq!(rule(ok.with_layout(AttnTensor::Q, overlap)), "two elements of a tensor share an address");
     assert_eq!(rule(bf16(1 << 16, (64, 8), (1 << 10, 1 << 10), 128)), "a tensor spans more than 2³¹ − 1 elements");
+    // sizes whose strides overflow are refused, not a panic
+    let huge = Attention::new(1, (i32::MAX as usize, 1), (i32::MAX as usize, 1), 256, DType::F16);
+    assert_eq!(rule(huge), "a tensor spans more than 2³¹ − 1 elements");
+    assert_eq!(rule(Attention::new(1, (1 << 40, 1), (1 << 40, 1), 64, DType::F16).bhsd()), "a size is too large");
     // the message names the values
     let e = bf16(2, (8, 3), (7, 9), 64).validate().unwrap_err().to_string();
     assert!(e.contains("h_q = 8, h_kv = 3"), "{e}");
@@ -304,4 +308,20 @@ fn the_fp8_emulation_is_the_recipes_own_error() {
     let exact_vals: Vec<f64> = (0..p.required_elems(AttnTensor::Q)).map(|i| [448.0, -1.5, 0.25, 0.0][i % 4]).collect();
     let (back, s) = fp8::quantize_tensor(&p, AttnTensor::Q, &exact_vals);
     assert_eq!((back, s), (exact_vals, 1.0));
+}
+
+#[test]
+#[should_panic(expected = "q has 639 elements, the problem's is 640")]
+fn the_fp8_emulation_checks_its_inputs_first() {
+    let p = bf16(1, (1, 1), (10, 10), 64);
+    let x = vec![0.5; 640];
+    fp8::forward(&p, &x[1..], &x, &x, None, None);
+}
+
+#[test]
+#[should_panic(expected = "p_scale 0 is not finite and positive")]
+fn the_fp8_emulation_refuses_a_useless_p_scale() {
+    let p = bf16(1, (1, 1), (10, 10), 64);
+    let x = vec![0.5; 640];
+    fp8::forward(&p, &x, &x, &x, None, Some(0.0));
 }

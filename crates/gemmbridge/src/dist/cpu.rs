@@ -72,6 +72,18 @@ impl TpMlp {
     /// # Errors
     /// As [`Mlp::backward`].
     pub fn backward(&mut self, x: &[f32], dy: &[f32], dx: Option<&mut [f32]>, mode: GradMode) -> Result<()> {
+        if let Some(dx) = dx.as_deref() {
+            // checked before any rank changes its gradients
+            let (got, want) = (dx.len(), x.len());
+            if got != want {
+                return Err(crate::Error::LayerShape {
+                    layer: 0,
+                    what: "dx length (the input's)",
+                    got,
+                    expected: want,
+                });
+            }
+        }
         let want_dx = dx.is_some();
         let mut partials = Vec::with_capacity(self.ranks.len());
         for m in &mut self.ranks {

@@ -88,7 +88,9 @@ pub fn shard_mlp(layers: &[LinearSpec], params: &[LayerParams], world: usize) ->
 ///
 /// # Errors
 /// [`Error::TensorParallel`] when there is no shard, the shards are not ranks `0..world` in
-/// order, or their shapes differ.
+/// order, their layers differ or are not a shard's (a down layer with a bias or an
+/// activation), or `b2` is neither empty nor `out` long; the layers' and parameters' own
+/// errors ([`check_layers`], [`check_params`]).
 pub fn gather_mlp(shards: &[Shard], b2: &[f32]) -> Result<Params> {
     let bad = |what: &'static str, detail: String| Err(Error::TensorParallel { what, detail });
     let Some(first) = shards.first() else { return bad("there is no shard", String::new()) };
@@ -97,6 +99,17 @@ pub fn gather_mlp(shards: &[Shard], b2: &[f32]) -> Result<Params> {
             "the shards are not ranks 0.. in order with equal shapes",
             format!("shard {} has rank {}", s.0, s.1.rank),
         );
+    }
+    check_layers(&first.layers)?;
+    if first.layers[1].bias || first.layers[1].activation != crate::train::Activation::None {
+        return bad("a shard's down layer has no bias and no activation", format!("{:?}", first.layers[1]));
+    }
+    for s in shards {
+        check_params(&s.layers, &s.params)?;
+    }
+    let want_b2 = first.layers[1].out_features;
+    if !b2.is_empty() && b2.len() != want_b2 {
+        return bad("b2 is not one value per output feature", format!("{} values for {want_b2} outputs", b2.len()));
     }
     let ([up, down], fr) = (first.layers, first.layers[0].out_features);
     let f = fr * shards.len();

@@ -29,6 +29,27 @@ fn every_rule_is_a_named_error() {
     assert!(rule(check_block(&down_act, 2)).starts_with("the down layer of a block has no activation"));
     assert!(matches!(check_block(&[b[0], LinearSpec::new(7, 12)], 2), Err(Error::LayerShape { .. })));
     assert!(gather_mlp(&[], &[]).is_err());
+    // shards whose parameters do not fit their layers, or a b2 of the wrong length
+    let params = init_params(&b, 3);
+    let (shards, b2) = shard_mlp(&b, &params, 2).unwrap();
+    let mut cut = shards.clone();
+    cut[1].params[1].w.pop();
+    assert!(matches!(gather_mlp(&cut, &b2), Err(Error::LayerShape { .. })));
+    assert_eq!(
+        match gather_mlp(&shards, &[1.0]) {
+            Err(Error::TensorParallel { what, .. }) => what,
+            other => panic!("{other:?}"),
+        },
+        "b2 is not one value per output feature"
+    );
+    // a dx of the wrong length is refused before any rank's gradients change
+    let mut tp = TpMlp::new(&b, &params, 2).unwrap();
+    let x = vec![0.5f32; 2 * 16];
+    tp.forward(&x, 2, true).unwrap();
+    let before = tp.grads().unwrap();
+    let r = tp.backward(&x, &[1.0; 24], Some(&mut [0.0; 5]), GradMode::Overwrite);
+    assert!(matches!(r, Err(Error::LayerShape { .. })), "{r:?}");
+    assert_eq!(tp.grads().unwrap(), before);
 }
 
 #[test]

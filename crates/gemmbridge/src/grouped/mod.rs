@@ -67,7 +67,8 @@ impl GroupedProblem {
     /// K = `k`, the buffers' rows exactly `Σ m_e`.
     ///
     /// # Errors
-    /// [`Error::GroupedShape`]: no group, N or K zero, a size or the total above [`MAX_DIM`].
+    /// [`Error::GroupedShape`]: no group, N or K zero, a group size, E, N, K or the total
+    /// above [`MAX_DIM`], a buffer too large to address.
     pub fn new(op: GroupedOp, sizes: &[usize], n: usize, k: usize, precision: Precision) -> Result<GroupedProblem> {
         let rows = sizes.iter().try_fold(0usize, |a, &m| a.checked_add(m)).unwrap_or(usize::MAX);
         let p = GroupedProblem { op, sizes: sizes.to_vec(), rows, n, k, precision, bias: false };
@@ -135,16 +136,32 @@ impl GroupedProblem {
         if self.n == 0 || self.k == 0 {
             return bad("N or K is zero", format!("N = {}, K = {}", self.n, self.k));
         }
-        let total = self.sizes.iter().try_fold(0usize, |a, &m| a.checked_add(m));
+        if let Some((e, m)) = self.sizes.iter().enumerate().find(|(_, &m)| m > MAX_DIM) {
+            return bad("a group is too large", format!("m[{e}] = {m} > {MAX_DIM}"));
+        }
+        let total = self.sizes.iter().try_fold(0usize, |a, &m| a.checked_add(m)).filter(|&t| t <= MAX_DIM);
+        let Some(total) = total else {
+            return bad("the groups' rows add up to more than 2³¹ − 1", format!("{} groups", self.sizes.len()));
+        };
         for (name, v) in [("N", self.n), ("K", self.k), ("E", self.sizes.len()), ("rows", self.rows)] {
             if v > MAX_DIM {
                 return bad("a size is too large", format!("{name} = {v} > {MAX_DIM}"));
             }
         }
-        match total {
-            Some(t) if t <= self.rows => Ok(()),
-            _ => bad("the groups' rows exceed the buffers'", format!("Σ m_e = {total:?}, rows = {}", self.rows)),
+        if total > self.rows {
+            return bad("the groups' rows exceed the buffers'", format!("Σ m_e = {total}, rows = {}", self.rows));
         }
+        // every buffer addressable in bytes of the widest element (f32)
+        let max = isize::MAX as usize / 4;
+        let (m, e, n, k) = (self.rows, self.sizes.len(), self.n, self.k);
+        let elems = [m.checked_mul(n.max(k)), e.checked_mul(n).and_then(|x| x.checked_mul(k))];
+        if elems.iter().any(|x| x.is_none_or(|x| x > max)) {
+            return bad(
+                "a buffer is too large to address",
+                format!("rows·max(N, K) = {m}·{}, E·N·K = {e}·{n}·{k}", n.max(k)),
+            );
+        }
+        Ok(())
     }
 
     /// The product.
@@ -187,19 +204,25 @@ impl GroupedProblem {
         self.bias
     }
 
-    /// Where group `e`'s rows start.
+    /// Where group `e`'s rows start (`e` up to the number of groups: `row_start(E)` is where
+    /// the groups end).
+    ///
+    /// # Panics
+    /// For `e` past the number of groups.
     pub fn row_start(&self, e: usize) -> usize {
         self.sizes[..e].iter().sum()
     }
 
     /// Elements of the buffers `[a, b, c]` (argument order, [`GroupedOp::names`]); the bias,
     /// when there is one, has `E·N`.
+    /// Saturates at `usize::MAX` for sizes no buffer can have.
     pub fn lens(&self) -> [usize; 3] {
         let (m, e, n, k) = (self.rows, self.groups(), self.n, self.k);
+        let (mk, mn, enk) = (m.saturating_mul(k), m.saturating_mul(n), e.saturating_mul(n).saturating_mul(k));
         match self.op {
-            GroupedOp::Forward => [m * k, e * n * k, m * n],
-            GroupedOp::BackwardData => [m * n, e * n * k, m * k],
-            GroupedOp::BackwardWeight => [m * n, m * k, e * n * k],
+            GroupedOp::Forward => [mk, enk, mn],
+            GroupedOp::BackwardData => [mn, enk, mk],
+            GroupedOp::BackwardWeight => [mn, mk, enk],
         }
     }
 
@@ -211,8 +234,15 @@ impl GroupedProblem {
     /// where β = 0 gives zeros).
     ///
     /// # Errors
-    /// As [`GemmProblem::new`] (the sizes were checked, so only for sizes cuBLAS cannot take).
+    /// [`Error::GroupedShape`] for a group past the last; as [`GemmProblem::new`] (the sizes
+    /// were checked, so only for sizes cuBLAS cannot take).
     pub fn group(&self, e: usize) -> Result<(GemmProblem, [usize; 3])> {
+        if e >= self.groups() {
+            return Err(Error::GroupedShape {
+                what: "there is no such group",
+                detail: format!("group {e} of {}", self.groups()),
+            });
+        }
         let (m, r0, n, k) = (self.sizes[e], self.row_start(e), self.n, self.k);
         let w0 = e * n * k;
         Ok(match self.op {

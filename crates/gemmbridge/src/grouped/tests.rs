@@ -21,7 +21,18 @@ fn every_rule_is_a_named_error() {
     use GroupedOp::*;
     assert_eq!(rule(GroupedProblem::new(Forward, &[], 8, 8, BF16)), "there is no group");
     assert_eq!(rule(GroupedProblem::new(Forward, &[4], 0, 8, BF16)), "N or K is zero");
-    assert_eq!(rule(GroupedProblem::new(Forward, &[usize::MAX, 2], 8, 8, BF16)), "a size is too large");
+    assert_eq!(rule(GroupedProblem::new(Forward, &[usize::MAX, 2], 8, 8, BF16)), "a group is too large");
+    let big = i32::MAX as usize;
+    assert_eq!(
+        rule(GroupedProblem::new(Forward, &[big, big], 8, 8, BF16)),
+        "the groups' rows add up to more than 2³¹ − 1"
+    );
+    assert_eq!(
+        rule(GroupedProblem::new(Forward, &vec![0; 1 << 20], big, big, BF16)),
+        "a buffer is too large to address"
+    );
+    let p = GroupedProblem::new(Forward, &[1, 2, 3], 8, 8, BF16).unwrap();
+    assert_eq!(rule(p.group(3).map(|_| p.clone())), "there is no such group");
     assert_eq!(rule(GroupedProblem::from_offsets(Forward, &[4, 2], 8, 8, 8, BF16)), "the offsets are not monotone");
     assert_eq!(rule(GroupedProblem::from_offsets(Forward, &[4, 9], 8, 8, 8, BF16)), "an offset is past the rows");
     assert_eq!(rule(GroupedProblem::from_offsets(Forward, &[-1], 8, 8, 8, BF16)), "an offset is negative");
