@@ -3,7 +3,8 @@
 //! or from PyTorch-style offsets, every rule checked on the CPU before anything is launched,
 //! and each group as an ordinary [`GemmProblem`] on its slice of the buffers
 //! ([`GroupedProblem::group`]), which is how a backend runs it. The module
-//! [`self::reference`] holds the float64 definitions tests check against.
+//! [`self::reference`] holds the float64 definitions tests check against; [`self::fp8`] the
+//! CPU emulation of an FP8 grouped forward (operands quantised per group).
 //!
 //! E experts (groups), `m_e` tokens routed to expert `e` (any of them 0), `M = Σ m_e` rows,
 //! the layer maps K input features to N output features; every matrix row-major and
@@ -18,6 +19,7 @@
 //! Rows past the last group (offsets that end before the buffers' rows) belong to no group:
 //! nothing reads or writes them.
 
+pub mod fp8;
 pub mod reference;
 
 use crate::error::{Error, Result};

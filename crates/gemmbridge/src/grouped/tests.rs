@@ -105,3 +105,42 @@ fn groups_as_gemms_equal_the_grouped_definition() {
         }
     }
 }
+
+/// The FP8 emulation quantises each group on its own: its error against float64 is E4M3's
+/// (a few %), the same for every recipe's shape of scales, and a group of values FP8 holds
+/// exactly (with amax 448) comes out exact.
+#[test]
+fn the_fp8_emulation_quantises_each_group_on_its_own() {
+    use crate::fp8::Scaling;
+    let seed: u64 = rand::random();
+    println!("seed {seed}");
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let p = GroupedProblem::new(GroupedOp::Forward, &[0, 1, 7, 129, 3], 16, 256, Precision::BF16).unwrap();
+    let [lx, lw, ly] = p.lens();
+    // groups of very different magnitudes: one scale for all would lose the small ones
+    let x: Vec<f32> = (0..lx).map(|i| r.random_range(-1.0f32..1.0) * if i < 8 * 256 { 1e-5 } else { 1.0 }).collect();
+    let w: Vec<f32> = (0..lw).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let mut want = vec![0.0; ly];
+    let to64 = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<_>>();
+    run(&p, &to64(&x), &to64(&w), None, &mut want);
+    for recipe in
+        [(Scaling::Tensor, Scaling::Tensor), (Scaling::Row, Scaling::Row), (Scaling::Block1x128, Scaling::Block128x128)]
+    {
+        let mut got = vec![f64::NAN; ly];
+        fp8::forward(&p, (&x, &w), None, recipe, &mut got).unwrap();
+        // the small-magnitude rows (groups 1 and 2) keep their relative accuracy
+        let small = rel_error(&got[..8 * 16], &want[..8 * 16]);
+        let all = rel_error(&got, &want);
+        println!("{recipe:?}: error {all:.4}, small groups {small:.4}");
+        assert!(all > 1e-3 && all < 0.05 && small < 0.05, "{recipe:?}: {all} {small}");
+    }
+    let exact = GroupedProblem::new(GroupedOp::Forward, &[2], 2, 16, Precision::BF16).unwrap();
+    let xe: Vec<f32> = (0..32).map(|i| [448.0, -1.5, 0.25, 0.0][i % 4]).collect();
+    let we: Vec<f32> = (0..32).map(|i| [1.0, 448.0, -2.0, 0.5][i % 4]).collect();
+    let (mut got, mut want) = (vec![0.0; 4], vec![0.0; 4]);
+    fp8::forward(&exact, (&xe, &we), None, (Scaling::Tensor, Scaling::Tensor), &mut got).unwrap();
+    run(&exact, &to64(&xe), &to64(&we), None, &mut want);
+    assert_eq!(got, want);
+    let back = GroupedProblem::new(GroupedOp::BackwardData, &[2], 2, 16, Precision::BF16).unwrap();
+    assert!(fp8::forward(&back, (&xe, &we), None, (Scaling::Tensor, Scaling::Tensor), &mut got).is_err());
+}
