@@ -1,7 +1,8 @@
 //! Tensor parallelism for the MLP block, Megatron-LM's split, as data and CPU arithmetic: how
 //! a block's parameters are sharded over `world` ranks and gathered back ([`shard_mlp`],
 //! [`gather_mlp`]), and [`cpu::TpMlp`], the block run rank by rank with an in-process
-//! all-reduce — the arithmetic a multi-GPU run must reproduce.
+//! all-reduce — the arithmetic a multi-GPU run must reproduce; [`overlap`] the chunked schedule
+//! that hides a row-parallel layer's all-reduce behind its GEMM, and its order check.
 //!
 //! The block is two layers, `h = act(x·W1ᵀ + b1)` (up, `in → f`) and `y = h·W2ᵀ + b2`
 //! (down, `f → out`), as [`crate::train`] defines them. Over `world` ranks (Shoeybi et al.,
@@ -18,6 +19,7 @@
 //! `f` must be a multiple of `world`, so every rank holds the same shapes.
 
 pub mod cpu;
+pub mod overlap;
 
 use crate::error::{Error, Result};
 use crate::train::{check_layers, check_params, LayerParams, LinearSpec, Params};
