@@ -9,7 +9,7 @@
 //! # Panics
 //! As [`super::reference`]'s functions.
 
-use super::reference::{expect, lengths, stats_index, visible, Forward, Lengths};
+use super::reference::{expect, lengths, scores, stats_index, Forward, Lengths};
 use super::{Attention, AttnTensor};
 use crate::fp8::{fp8_to_f32, quantize_value, scale_of, Fp8Format};
 
@@ -30,15 +30,7 @@ pub fn quantize_tensor(p: &Attention, t: AttnTensor, x: &[f64]) -> (Vec<f64>, f3
         t.name(),
         x.len()
     );
-    let mut idx = Vec::new();
-    let [b, h, s] = p.dims(t);
-    for n in 0..b {
-        for hh in 0..h {
-            for r in 0..s {
-                idx.extend((0..p.d).map(|e| p.index(t, [n, hh, r, e])));
-            }
-        }
-    }
+    let idx: Vec<usize> = p.elements(t).map(|at| p.index(t, at)).collect();
     let amax = idx.iter().map(|&i| (x[i] as f32).abs()).fold(0.0f32, f32::max);
     let (scale, inv) = scale_of(amax, Fp8Format::E4M3);
     let mut out = vec![0.0; x.len()];
@@ -77,17 +69,15 @@ pub fn forward(p: &Attention, q: &[f64], k: &[f64], v: &[f64], lens: Lengths<'_>
                 if l == f64::NEG_INFINITY {
                     continue;
                 }
-                let probs: Vec<(usize, f64)> = (0..p.s_kv)
-                    .filter(|&j| visible(p.mask, i, j, lq, lkv))
-                    .map(|j| {
-                        let s: f64 = (0..p.d)
-                            .map(|e| {
-                                qd[p.index(AttnTensor::Q, [n, hq, i, e])] * kd[p.index(AttnTensor::K, [n, hk, j, e])]
-                            })
-                            .sum::<f64>()
-                            * p.scale as f64;
-                        let pr = (s - l).exp() as f32;
-                        (j, fp8_to_f32(quantize_value(pr, ps, Fp8Format::E4M3), Fp8Format::E4M3) as f64 / ps as f64)
+                let probs: Vec<(usize, f64)> = scores(p, &qd, &kd, (n, hq, i), (lq, lkv))
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(j, s)| {
+                        let pr = (s? - l).exp() as f32;
+                        Some((
+                            j,
+                            fp8_to_f32(quantize_value(pr, ps, Fp8Format::E4M3), Fp8Format::E4M3) as f64 / ps as f64,
+                        ))
                     })
                     .collect();
                 for e in 0..p.d {

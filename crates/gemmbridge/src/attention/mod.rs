@@ -387,6 +387,13 @@ impl Attention {
         let l = self.layout(t);
         n * l.batch + h * l.head + s * l.seq + e
     }
+
+    /// Every element `[n, h, s, e]` of tensor `t`, in logical order.
+    pub fn elements(&self, t: AttnTensor) -> impl Iterator<Item = [usize; 4]> {
+        let ([b, h, s], d) = (self.dims(t), self.d);
+        (0..b)
+            .flat_map(move |n| (0..h).flat_map(move |hh| (0..s).flat_map(move |r| (0..d).map(move |e| [n, hh, r, e]))))
+    }
 }
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ pub(super) fn expect(p: &Attention, lens: Lengths<'_>, slices: &[(AttnTensor, us
 
 /// The scaled scores of query row `(n, hq, i)` against every key of its sequence, `None` where
 /// the key is not visible.
-fn scores(
+pub(super) fn scores(
     p: &Attention,
     q: &[f64],
     k: &[f64],

@@ -23,14 +23,7 @@ fn tensor(p: &Attention, t: AttnTensor, r: &mut impl Rng) -> Vec<f64> {
 
 /// Calls `f` with the buffer index of every element of tensor `t`.
 fn each(p: &Attention, t: AttnTensor, mut f: impl FnMut(usize)) {
-    let [b, h, s] = p.dims(t);
-    for n in 0..b {
-        for hh in 0..h {
-            for r in 0..s {
-                (0..p.d).for_each(|e| f(p.index(t, [n, hh, r, e])));
-            }
-        }
-    }
+    p.elements(t).for_each(|at| f(p.index(t, at)));
 }
 
 fn bf16(b: usize, h: (usize, usize), s: (usize, usize), d: usize) -> Attention {
@@ -157,16 +150,7 @@ fn masks_see_the_keys_they_name() {
 /// The same logical tensor in another problem's strides.
 fn restride(from: &Attention, to: &Attention, t: AttnTensor, x: &[f64]) -> Vec<f64> {
     let mut y = vec![0.0; to.required_elems(t)];
-    let [b, h, s] = from.dims(t);
-    for n in 0..b {
-        for hh in 0..h {
-            for r in 0..s {
-                for e in 0..from.d {
-                    y[to.index(t, [n, hh, r, e])] = x[from.index(t, [n, hh, r, e])];
-                }
-            }
-        }
-    }
+    from.elements(t).for_each(|at| y[to.index(t, at)] = x[from.index(t, at)]);
     y
 }
 

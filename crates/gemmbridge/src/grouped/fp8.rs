@@ -40,18 +40,17 @@ pub fn forward(
             format!("{:?} where {want_bias:?}", bias.map(<[f64]>::len)),
         );
     }
+    // the dequantised operands, each group quantised on its own, then the float64 product
     let (n, k) = (p.n(), p.k());
+    let (mut xd, mut wd) = (vec![0.0; lx], vec![0.0; lw]);
     for (e, &m) in p.sizes().iter().enumerate().filter(|(_, &m)| m > 0) {
-        let r0 = p.row_start(e);
-        let xq = dequantize(&quantize(&x[r0 * k..(r0 + m) * k], m, k, Source::RowMajor, Fp8Format::E4M3, x_scaling)?)?;
-        let wq =
-            dequantize(&quantize(&w[e * n * k..(e + 1) * n * k], n, k, Source::RowMajor, Fp8Format::E4M3, w_scaling)?)?;
-        for r in 0..m {
-            for j in 0..n {
-                let dot: f64 = (0..k).map(|t| xq[r * k + t] * wq[j * k + t]).sum();
-                y[(r0 + r) * n + j] = dot + bias.map_or(0.0, |b| b[e * n + j]);
-            }
-        }
+        let (xs, ws) = (p.row_start(e) * k..(p.row_start(e) + m) * k, e * n * k..(e + 1) * n * k);
+        let q = |src: &[f32], rows, scaling| {
+            dequantize(&quantize(src, rows, k, Source::RowMajor, Fp8Format::E4M3, scaling)?)
+        };
+        xd[xs.clone()].copy_from_slice(&q(&x[xs], m, x_scaling)?);
+        wd[ws.clone()].copy_from_slice(&q(&w[ws], n, w_scaling)?);
     }
+    super::reference::run(p, &xd, &wd, bias, y);
     Ok(())
 }
