@@ -31,6 +31,20 @@ pub enum Which {
     ConvW,
     /// A convolution's output-shaped tensor: `y[N, K, P, Q]` (or its gradient `dy`).
     ConvY,
+    /// Attention's queries `q[b, h_q, s_q, d]` (or their gradient `dq`).
+    AttnQ,
+    /// Attention's keys `k[b, h_kv, s_kv, d]` (or their gradient `dk`).
+    AttnK,
+    /// Attention's values `v[b, h_kv, s_kv, d]` (or their gradient `dv`).
+    AttnV,
+    /// Attention's output `o[b, h_q, s_q, d]`.
+    AttnO,
+    /// The gradient of attention's output, `do[b, h_q, s_q, d]`.
+    AttnDo,
+    /// Attention's softmax statistics `lse[b, h_q, s_q]` (f32).
+    AttnStats,
+    /// Attention's per-sequence lengths (`len_q` or `len_kv`, `b` int32 each).
+    AttnLens,
 }
 
 impl std::fmt::Display for Which {
@@ -46,6 +60,13 @@ impl std::fmt::Display for Which {
             Which::ConvX => "convolution input x (or dx)",
             Which::ConvW => "convolution filter w (or dw)",
             Which::ConvY => "convolution output y (or dy)",
+            Which::AttnQ => "attention queries q (or dq)",
+            Which::AttnK => "attention keys k (or dk)",
+            Which::AttnV => "attention values v (or dv)",
+            Which::AttnO => "attention output o",
+            Which::AttnDo => "attention output gradient do",
+            Which::AttnStats => "attention softmax statistics lse",
+            Which::AttnLens => "attention sequence lengths",
         })
     }
 }

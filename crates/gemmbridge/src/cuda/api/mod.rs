@@ -1,11 +1,12 @@
 //! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability —
 //! its settings (`settings.rs`), GEMMs (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`),
-//! convolutions (`conv.rs`), set-up and tuning (`tune.rs`), diagnostics (`diagnostics.rs`,
+//! convolutions (`conv.rs`), attention (`attention.rs`), set-up and tuning (`tune.rs`), diagnostics (`diagnostics.rs`,
 //! `info.rs`), the training layers ([`train`]) — over the checks every entry shares
 //! (`checks.rs`) and the operand types (`operands.rs`). Each entry validates its arguments,
 //! builds its call and hands it to the routing floor (`crate::cuda::route`) or to a library
 //! room; no entry calls another file's entry code.
 
+mod attention;
 mod checks;
 mod conv;
 mod diagnostics;
@@ -19,6 +20,7 @@ mod settings;
 pub mod train;
 mod tune;
 
+pub use attention::{AttnSaved, SeqLens};
 pub use engine::Gpu;
 pub use info::{cuda_version_string, DeviceInfo};
 pub use operands::{Extras, RawBuffer, RawOperands};

@@ -34,7 +34,7 @@ pub(crate) struct GraphPlan {
     pub measured: Option<Measured>,
 }
 
-fn pack(uids: &[i64], ptrs: &[*mut c_void], ws: u64) -> Result<Desc> {
+pub(super) fn pack(uids: &[i64], ptrs: &[*mut c_void], ws: u64) -> Result<Desc> {
     // SAFETY: VOID_PTR attributes read pointers.
     unsafe {
         Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?

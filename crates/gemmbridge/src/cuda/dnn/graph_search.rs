@@ -31,7 +31,7 @@ use crate::precision::Precision;
 pub(crate) const SEARCH_LIMIT: usize = 10;
 
 /// The engine configurations cuDNN ranks for `graph` under `mode`, best first.
-fn configs(graph: &Desc, mode: raw::cudnnBackendHeurMode_t) -> Result<Vec<Desc>> {
+pub(super) fn configs(graph: &Desc, mode: raw::cudnnBackendHeurMode_t) -> Result<Vec<Desc>> {
     // SAFETY: HEUR_MODE reads the enum.
     let heur = unsafe {
         Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?

@@ -15,6 +15,7 @@
 //! [`ConvBuffers`], [`ConvCall`]), the plan key and the planned call of either API, and
 //! [`DnnState`] with its reports.
 
+pub(crate) mod attention;
 mod graph;
 mod graph_desc;
 mod graph_plan;
@@ -192,6 +193,8 @@ pub(crate) struct DnnState {
     applied: std::collections::BTreeSet<String>,
     /// The loaded libcudnn's version (`cudnnGetVersion`).
     version: usize,
+    /// Attention plans, by problem, direction and alignment (`attention/`).
+    attn: HashMap<attention::AttnKey, attention::AttnPlan>,
 }
 
 impl DnnState {
@@ -207,7 +210,8 @@ impl DnnState {
             (CONV_WORKSPACE_LIMIT, BigWorkspaces::default(), HashMap::default(), sys::version());
         let handle = Handle::new(pool)?;
         let applied = Default::default();
-        Ok(DnnState { handle, plans, graphs, seen, search, fuse, api, ws_limit, big, tuned, applied, version })
+        let attn = HashMap::default();
+        Ok(DnnState { handle, plans, graphs, seen, search, fuse, api, ws_limit, big, tuned, applied, version, attn })
     }
 
     fn key(&self, p: &Conv2d, op: ConvOp, b: &ConvBuffers) -> PlanKey {
@@ -233,6 +237,7 @@ impl DnnState {
     pub fn release(&mut self) {
         self.graphs.clear();
         self.plans.clear();
+        self.attn.clear();
         self.big = BigWorkspaces::default();
         self.handle.release();
     }
@@ -241,6 +246,7 @@ impl DnnState {
     pub fn leak(&mut self) {
         std::mem::forget(std::mem::take(&mut self.graphs));
         std::mem::forget(std::mem::take(&mut self.plans));
+        std::mem::forget(std::mem::take(&mut self.attn));
         std::mem::forget(std::mem::take(&mut self.big));
         self.handle.leak();
     }

@@ -46,7 +46,7 @@ impl BigWorkspaces {
         }
         if is_capturing(stream)? {
             return Err(Error::NotCapturable {
-                action: "grow the convolution workspace",
+                action: "grow the cuDNN workspace",
                 problem: format!("{bytes} bytes of workspace"),
             });
         }

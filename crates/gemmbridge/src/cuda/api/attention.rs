@@ -1,0 +1,379 @@
+//! The attention entry points on cuDNN: validate (the problem, every buffer's dtype, length,
+//! alignment, context and overlap, the lengths) before anything is enqueued → plan (once per
+//! problem, direction and alignment, `dnn/attention/`) → launch on [`Gpu::stream`], no host
+//! synchronisation.
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+use super::checks::same_context;
+use super::engine::Gpu;
+use crate::attention::{Attention, AttnMask, AttnTensor};
+use crate::cuda::device::{is_capturing, Relaxed};
+use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp};
+use crate::cuda::dnn::DnnState;
+use crate::dtype::Element;
+use crate::error::{Error, Result, Which};
+
+/// The per-sequence lengths of a padded variable-length batch ([`Attention::var_len`]):
+/// `len_q[b]` and `len_kv[b]`, each in `1..=s_q` and `1..=s_kv`.
+#[derive(Clone, Copy)]
+pub struct SeqLens<'a>(Lens<'a>);
+
+#[derive(Clone, Copy)]
+enum Lens<'a> {
+    Host(&'a [i32], &'a [i32]),
+    Device(&'a dyn DevicePtr<i32>, &'a dyn DevicePtr<i32>),
+}
+
+impl<'a> SeqLens<'a> {
+    /// Lengths on the host: checked against the problem ([`Attention::check_lengths`]) before
+    /// anything is enqueued, then copied in stream order into the call's workspace (a pageable
+    /// copy the driver stages before returning). Such a call cannot be captured into a CUDA
+    /// graph ([`Error::NotCapturable`]); device lengths can.
+    pub fn host(len_q: &'a [i32], len_kv: &'a [i32]) -> SeqLens<'a> {
+        SeqLens(Lens::Host(len_q, len_kv))
+    }
+
+    /// Lengths already on the device (int32, `b` each, read by cuDNN's engine in stream order):
+    /// no host copy, no synchronisation, capturable. Their buffers are checked (context, size,
+    /// alignment); their values cannot be without a synchronisation.
+    ///
+    /// # Safety
+    /// When the call runs, every `len_q[n]` is in `1..=s_q` and every `len_kv[n]` in
+    /// `1..=s_kv` (for the bottom-right causal mask also `len_kv[n] ≥ len_q[n]`); a length out
+    /// of range makes cuDNN's engine read and write outside the tensors.
+    pub unsafe fn device(len_q: &'a dyn DevicePtr<i32>, len_kv: &'a dyn DevicePtr<i32>) -> SeqLens<'a> {
+        SeqLens(Lens::Device(len_q, len_kv))
+    }
+}
+
+/// What the backward reads: the forward's inputs `q`, `k`, `v`, its output `o` and statistics
+/// `stats` (`lse[b, h_q, s_q]`, f32, dense, as [`Gpu::attention_forward`] writes them), and the
+/// output's gradient `d_o` (strided as `o`).
+#[derive(Clone, Copy)]
+pub struct AttnSaved<'a, T> {
+    /// The queries `q[b, h_q, s_q, d]`.
+    pub q: &'a dyn DevicePtr<T>,
+    /// The keys `k[b, h_kv, s_kv, d]`.
+    pub k: &'a dyn DevicePtr<T>,
+    /// The values `v[b, h_kv, s_kv, d]`.
+    pub v: &'a dyn DevicePtr<T>,
+    /// The forward's output `o[b, h_q, s_q, d]`.
+    pub o: &'a dyn DevicePtr<T>,
+    /// The output's gradient `do`, shaped and strided as `o`.
+    pub d_o: &'a dyn DevicePtr<T>,
+    /// The forward's statistics `lse[b, h_q, s_q]` (f32, dense).
+    pub stats: &'a dyn DevicePtr<f32>,
+}
+
+/// Host lengths `(len_q, len_kv)`, passed on to the launch.
+type HostLens<'a> = Option<(&'a [i32], &'a [i32])>;
+
+/// One checked buffer: which, address, byte span the problem touches.
+#[derive(Clone, Copy)]
+struct Span {
+    which: Which,
+    addr: u64,
+    bytes: usize,
+}
+
+/// The buffer rules: the buffer holds `elems` elements of `elem` bytes, its address is 16-byte
+/// aligned (cuDNN's attention engines load 16-byte vectors).
+fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
+    let needed = elems.saturating_mul(elem);
+    if have < needed {
+        return Err(Error::BufferTooSmall {
+            operand: which,
+            len_bytes: have,
+            needed_bytes: needed,
+            needed_elems: elems,
+            elem_bytes: elem,
+        });
+    }
+    if !addr.is_multiple_of(16) {
+        return Err(Error::Misaligned { operand: which, address: addr, align: 16 });
+    }
+    Ok(Span { which, addr, bytes: needed })
+}
+
+/// No written span overlaps another written span or a read one.
+fn disjoint(written: &[Span], read: &[Span]) -> Result<()> {
+    for (i, o) in written.iter().enumerate() {
+        for r in written[i + 1..].iter().chain(read) {
+            let (o1, r1) = (o.addr + o.bytes as u64, r.addr + r.bytes as u64);
+            if o.addr < r1 && r.addr < o1 && o.bytes > 0 && r.bytes > 0 {
+                return Err(Error::OutputOverlapsInput {
+                    output: o.which,
+                    input: r.which,
+                    out_start: o.addr,
+                    out_end: o1,
+                    in_start: r.addr,
+                    in_end: r1,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The problem's rules for the GPU path: [`Attention::validate`], the element type, the
+/// lengths present exactly with [`Attention::var_len`] (host lengths checked), and no query
+/// row left without keys by the bottom-right causal mask (cuDNN's engines give such rows no
+/// defined value).
+fn check_problem<T: Element>(p: &Attention, lens: Option<SeqLens>) -> Result<()> {
+    p.validate()?;
+    if T::DTYPE != p.dtype {
+        return Err(Error::DTypeMismatch { operand: Which::AttnQ, expected: p.dtype, got: T::DTYPE });
+    }
+    let bad = |what: &'static str, detail: String| Err(Error::AttentionShape { what, detail });
+    match (p.var_len, lens) {
+        (true, None) => return bad("a problem with per-sequence lengths was given none", p.describe()),
+        (false, Some(_)) => p.check_lengths(&[], &[])?,
+        (true, Some(SeqLens(Lens::Host(q, kv)))) => {
+            p.check_lengths(q, kv)?;
+            if p.mask == AttnMask::CausalBottomRight {
+                if let Some(n) = (0..p.b).find(|&n| kv[n] < q[n]) {
+                    return bad(
+                        "the bottom-right causal mask leaves query rows without keys",
+                        format!("len_kv[{n}] = {} < len_q[{n}] = {} ({})", kv[n], q[n], p.describe()),
+                    );
+                }
+            }
+        }
+        _ => {}
+    }
+    if p.mask == AttnMask::CausalBottomRight && p.s_kv < p.s_q && !p.var_len {
+        return bad(
+            "the bottom-right causal mask leaves query rows without keys",
+            format!("s_kv = {} < s_q = {} ({})", p.s_kv, p.s_q, p.describe()),
+        );
+    }
+    Ok(())
+}
+
+impl Gpu {
+    /// Scaled-dot-product attention, PyTorch's `F.scaled_dot_product_attention(q, k, v,
+    /// is_causal=…, scale=p.scale)` without dropout, on cuDNN's fused flash-attention engines:
+    /// `o = softmax(scale·q·kᵀ + mask)·v` on [`Gpu::stream`]. Shapes, strides, masks, grouped
+    /// key/value heads and the definition: [`crate::attention`]. `q`, `k`, `v`, `o` are
+    /// `p.dtype` (f16 or bf16; f32 softmax and accumulation), strided as `p.layouts` say (so a
+    /// fused QKV projection's output is read in place); `o` is overwritten. With `stats`, the
+    /// softmax statistics `lse[b, h_q, s_q]` (f32, dense, natural log) are written too — the
+    /// backward needs them. With per-sequence lengths (`p.var_len`), `lens` gives them; query
+    /// rows past a sequence's length are padding (their `o` and `lse` are not defined).
+    ///
+    /// The first call of a problem (per direction and buffer alignment) builds its cuDNN
+    /// operation graph and plan (cuDNN's best-ranked engine configuration); later calls only
+    /// launch and can be captured into a CUDA graph (with no or device lengths). The workspace
+    /// is this stream's ([`Gpu::set_workspace_bytes`]) where it fits, else the cuDNN room's own
+    /// (up to [`Gpu::set_conv_workspace_limit`]).
+    ///
+    /// # Errors
+    /// Before anything is enqueued: [`Error::AttentionShape`] (the problem's rules, the
+    /// lengths); [`Error::DTypeMismatch`], [`Error::BufferTooSmall`], [`Error::Misaligned`]
+    /// (every address 16-byte aligned), [`Error::OutputOverlapsInput`], [`Error::WrongContext`]
+    /// for a buffer; [`Error::LibraryNotFound`] without libcudnn; [`Error::NotCapturable`] for
+    /// a first call, or host lengths, inside a capture; [`Error::Unsupported`] where no engine
+    /// of the loaded cuDNN takes the problem. From cuDNN: [`Error::Cudnn`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_forward<T: Element>(
+        &self,
+        p: &Attention,
+        q: &dyn DevicePtr<T>,
+        k: &dyn DevicePtr<T>,
+        v: &dyn DevicePtr<T>,
+        o: &mut dyn DevicePtrMut<T>,
+        stats: Option<&mut dyn DevicePtrMut<f32>>,
+        lens: Option<SeqLens>,
+    ) -> Result<()> {
+        check_problem::<T>(p, lens)?;
+        let (ctx, s) = (self.context(), self.stream());
+        let ins =
+            [(Which::AttnQ, q, AttnTensor::Q), (Which::AttnK, k, AttnTensor::K), (Which::AttnV, v, AttnTensor::V)];
+        for (w, b, _) in &ins {
+            same_context(*w, b.stream(), ctx)?;
+        }
+        same_context(Which::AttnO, o.stream(), ctx)?;
+        if let Some(st) = stats.as_ref() {
+            same_context(Which::AttnStats, st.stream(), ctx)?;
+        }
+        let elem = T::DTYPE.size_bytes();
+        let mut guards = Vec::with_capacity(8);
+        let mut read = Vec::with_capacity(5);
+        for (w, b, t) in ins {
+            let (addr, g) = b.device_ptr(s);
+            guards.push(g);
+            read.push(span(w, addr, b.num_bytes(), p.required_elems(t), elem)?);
+        }
+        let o_bytes = o.num_bytes();
+        let (o_addr, g) = o.device_ptr_mut(s);
+        guards.push(g);
+        let mut written = vec![span(Which::AttnO, o_addr, o_bytes, p.required_elems(AttnTensor::O), elem)?];
+        let mut stats_addr = 0;
+        if let Some(st) = stats {
+            let bytes = st.num_bytes();
+            let (addr, g) = st.device_ptr_mut(s);
+            guards.push(g);
+            written.push(span(Which::AttnStats, addr, bytes, p.stats_elems(), 4)?);
+            stats_addr = addr;
+        }
+        let (mut b, host) = self.lens_buffers(p, lens, &mut guards, &mut read)?;
+        disjoint(&written, &read)?;
+        (b.q, b.k, b.v, b.o, b.stats) = (read[0].addr, read[1].addr, read[2].addr, o_addr, stats_addr);
+        let op = AttnOp::Forward { stats: stats_addr != 0 };
+        let r = self.attention_run(p, op, b, host);
+        drop(guards);
+        r
+    }
+
+    /// The backward of [`Gpu::attention_forward`]: `dq`, `dk`, `dv` (shaped and strided as `q`,
+    /// `k`, `v`; overwritten) from the forward's `q`, `k`, `v`, `o`, its statistics and the
+    /// output's gradient `do` ([`AttnSaved`]), on [`Gpu::stream`]: `dv = Pᵀ·do`,
+    /// `dS = P ∘ (do·vᵀ − rowsum(do ∘ o))`, `dq = scale·dS·k`, `dk = scale·dSᵀ·q` with
+    /// `P = exp(scale·q·kᵀ − lse)` masked as the forward; with grouped key/value heads `dk`
+    /// and `dv` are summed over the query heads that share them. The same mask, lengths and
+    /// plans as the forward.
+    ///
+    /// cuDNN before 9.15.1 ran this backward wrongly for key lengths that are not a multiple of
+    /// 128 without a padding mask (fixed in 9.15.1, per its release notes); on such a cuDNN
+    /// the backward of those problems runs with a padding mask of the full lengths (the
+    /// lengths written into the workspace in stream order), as cudnn-frontend does.
+    ///
+    /// # Errors
+    /// As [`Gpu::attention_forward`]; every gradient is checked against every input and the
+    /// other gradients (dq, dk, dv in one packed buffer are refused: their spans overlap).
+    pub fn attention_backward<T: Element>(
+        &self,
+        p: &Attention,
+        saved: AttnSaved<T>,
+        dq: &mut dyn DevicePtrMut<T>,
+        dk: &mut dyn DevicePtrMut<T>,
+        dv: &mut dyn DevicePtrMut<T>,
+        lens: Option<SeqLens>,
+    ) -> Result<()> {
+        check_problem::<T>(p, lens)?;
+        let (ctx, s) = (self.context(), self.stream());
+        let AttnSaved { q, k, v, o, d_o, stats } = saved;
+        let ins = [
+            (Which::AttnQ, q, AttnTensor::Q),
+            (Which::AttnK, k, AttnTensor::K),
+            (Which::AttnV, v, AttnTensor::V),
+            (Which::AttnO, o, AttnTensor::O),
+            (Which::AttnDo, d_o, AttnTensor::O),
+        ];
+        for (w, b, _) in &ins {
+            same_context(*w, b.stream(), ctx)?;
+        }
+        same_context(Which::AttnStats, stats.stream(), ctx)?;
+        let outs: [(Which, &mut dyn DevicePtrMut<T>, AttnTensor); 3] =
+            [(Which::AttnQ, dq, AttnTensor::Q), (Which::AttnK, dk, AttnTensor::K), (Which::AttnV, dv, AttnTensor::V)];
+        for (w, b, _) in &outs {
+            same_context(*w, b.stream(), ctx)?;
+        }
+        let elem = T::DTYPE.size_bytes();
+        let mut guards = Vec::with_capacity(12);
+        let mut read = Vec::with_capacity(8);
+        for (w, b, t) in ins {
+            let (addr, g) = b.device_ptr(s);
+            guards.push(g);
+            read.push(span(w, addr, b.num_bytes(), p.required_elems(t), elem)?);
+        }
+        let (addr, g) = stats.device_ptr(s);
+        guards.push(g);
+        read.push(span(Which::AttnStats, addr, stats.num_bytes(), p.stats_elems(), 4)?);
+        let mut written = Vec::with_capacity(3);
+        for (w, b, t) in outs {
+            let bytes = b.num_bytes();
+            let (addr, g) = b.device_ptr_mut(s);
+            guards.push(g);
+            written.push(span(w, addr, bytes, p.required_elems(t), elem)?);
+        }
+        let (mut b, host) = self.lens_buffers(p, lens, &mut guards, &mut read)?;
+        disjoint(&written, &read)?;
+        (b.q, b.k, b.v, b.o, b.d_o, b.stats) =
+            (read[0].addr, read[1].addr, read[2].addr, read[3].addr, read[4].addr, read[5].addr);
+        (b.dq, b.dk, b.dv) = (written[0].addr, written[1].addr, written[2].addr);
+        let r = self.attention_run(p, AttnOp::Backward, b, host);
+        drop(guards);
+        r
+    }
+
+    /// The cuDNN engine planned for `p`'s `"forward"` or `"backward"` (the forward planned
+    /// with or without statistics, whichever ran), once its first call has run; `None` before
+    /// or for another name.
+    pub fn attention_plan(&self, p: &Attention, direction: &str) -> Option<String> {
+        let ops: &[AttnOp] = match direction {
+            "forward" => &[AttnOp::Forward { stats: true }, AttnOp::Forward { stats: false }],
+            "backward" => &[AttnOp::Backward],
+            _ => return None,
+        };
+        let st = self.lock();
+        let d = st.libs.dnn.as_ref()?;
+        ops.iter().find_map(|&op| d.attention_plan(p, op))
+    }
+
+    /// The lengths' buffers: device lengths checked (context, size, alignment) and added to
+    /// `read`, their guards to `guards`; host lengths passed on.
+    fn lens_buffers<'a: 'g, 'g>(
+        &'g self,
+        p: &Attention,
+        lens: Option<SeqLens<'a>>,
+        guards: &mut Vec<cudarc::driver::SyncOnDrop<'g>>,
+        read: &mut Vec<Span>,
+    ) -> Result<(AttnBuffers, HostLens<'a>)> {
+        let mut b = AttnBuffers::default();
+        match lens.map(|l| l.0) {
+            None => Ok((b, None)),
+            Some(Lens::Host(q, kv)) => Ok((b, Some((q, kv)))),
+            Some(Lens::Device(q, kv)) => {
+                let s = self.stream();
+                for (buf, slot) in [(q, &mut b.len_q), (kv, &mut b.len_kv)] {
+                    same_context(Which::AttnLens, buf.stream(), self.context())?;
+                    let (addr, g) = buf.device_ptr(s);
+                    guards.push(g);
+                    read.push(span(Which::AttnLens, addr, buf.num_bytes(), p.b, 4)?);
+                    *slot = addr;
+                }
+                Ok((b, None))
+            }
+        }
+    }
+
+    /// Plan (on first use) and launch one checked call.
+    fn attention_run(&self, p: &Attention, op: AttnOp, b: AttnBuffers, host: HostLens) -> Result<()> {
+        let stream = self.stream().cu_stream();
+        self.device().bind()?;
+        let mut st = self.lock();
+        let st = &mut *st;
+        let mut call = AttnCall { problem: p, op, buffers: b, host_lens: host, workspace: (0, 0), stream };
+        let planned = st.libs.dnn.as_ref().is_some_and(|d| d.attention_planned(&call));
+        if (!planned || host.is_some()) && is_capturing(stream)? {
+            return Err(Error::NotCapturable {
+                action: if planned {
+                    "copy host sequence lengths (pass them with SeqLens::device)"
+                } else {
+                    "plan an attention call (cuDNN operation graph and engine choice)"
+                },
+                problem: format!("attention {} {op:?}", p.describe()),
+            });
+        }
+        // Planning may allocate and load kernels: allowed while another thread captures in
+        // global mode.
+        let _relaxed = if planned { None } else { Some(Relaxed::enter()?) };
+        if st.libs.dnn.is_none() {
+            let ctx = self.context();
+            let pool = ctx.is_primary().then(|| ctx.ordinal());
+            let mut d = DnnState::new(st.libs.conv_search, st.libs.conv_fuse, st.libs.conv_api, pool)?;
+            d.ws_limit = st.libs.conv_ws_limit;
+            d.load_tactics(st.libs.conv_tactics.iter());
+            st.libs.dnn = Some(d);
+        }
+        let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
+        call.workspace = (ws.ptr, ws.matmul_bytes);
+        let dnn = st.libs.dnn.as_mut().expect("created above");
+        // SAFETY: every address was checked above against the problem's sizes and belongs to
+        // this context, borrowed (guards) until the call is enqueued; the workspace is this
+        // stream's; the stream is the Gpu's own, live.
+        unsafe { dnn.attention(&call) }
+    }
+}

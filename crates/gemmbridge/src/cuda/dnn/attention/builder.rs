@@ -1,0 +1,264 @@
+//! A small builder for cuDNN operation graphs of four-dimensional tensors: tensors (by unique
+//! id, virtual, or a host scalar passed by value), the pointwise, reduction, matmul and reshape
+//! operations the attention graphs are made of, and the finalized operation graph with every
+//! descriptor it was made of (kept alive with the plan, as `graph.rs` does for convolutions).
+//!
+//! Virtual tensors take unique ids from [`FIRST_VIRTUAL_UID`] up; by-value scalars are named in
+//! the variant pack with a host pointer to their value (cuDNN reads it when the plan is
+//! executed: cuDNN's developer guide, "Backend Descriptor Types", `CUDNN_ATTR_TENSOR_IS_BY_VALUE`).
+
+use cudarc::cudnn::sys as raw;
+use raw::cudnnBackendAttributeName_t as A;
+use raw::cudnnBackendAttributeType_t as T;
+use raw::cudnnBackendDescriptorType_t as D;
+pub(super) use raw::cudnnDataType_t as Dt;
+pub(super) use raw::cudnnPointwiseMode_t as Pw;
+pub(super) use raw::cudnnReduceTensorOp_t as Red;
+
+use crate::cuda::dnn::graph_desc::Desc;
+use crate::error::Result;
+
+/// Dimensions or strides of a four-dimensional tensor, in elements.
+pub(super) type Dims = [i64; 4];
+
+/// The first unique id a virtual tensor or a by-value scalar gets (the graphs' own tensors
+/// have small fixed ids).
+const FIRST_VIRTUAL_UID: i64 = 1000;
+
+/// A host scalar passed by value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Scalar {
+    F32(f32),
+    I32(i32),
+}
+
+/// A tensor of the graph being built: where its descriptor is, and its shape and type.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Tensor {
+    idx: usize,
+    pub dims: Dims,
+    pub strides: Dims,
+}
+
+/// Packed strides of `dims` (the last dimension contiguous).
+pub(super) fn dense(d: Dims) -> Dims {
+    [d[1] * d[2] * d[3], d[2] * d[3], d[3], 1]
+}
+
+/// An operation graph under construction.
+pub(super) struct Builder {
+    tensors: Vec<Desc>,
+    parts: Vec<Desc>,
+    ops: Vec<Desc>,
+    scalars: Vec<(i64, Scalar)>,
+    next_uid: i64,
+    align: i64,
+}
+
+/// A finalized operation graph, what it was made of, and its by-value scalars (unique id,
+/// value).
+pub(super) struct Graph {
+    pub graph: Desc,
+    pub parts: Vec<Desc>,
+    pub scalars: Vec<(i64, Scalar)>,
+}
+
+impl Builder {
+    /// An empty graph whose tensors declare `align` bytes of alignment (cuDNN's
+    /// `BYTE_ALIGNMENT`).
+    pub fn new(align: u8) -> Builder {
+        Builder {
+            tensors: Vec::new(),
+            parts: Vec::new(),
+            ops: Vec::new(),
+            scalars: Vec::new(),
+            next_uid: FIRST_VIRTUAL_UID,
+            align: i64::from(align),
+        }
+    }
+
+    fn make(&mut self, uid: i64, dims: Dims, strides: Dims, dtype: Dt, kind: Kind) -> Result<Tensor> {
+        let (virt, by_value) = (kind == Kind::Virtual, kind == Kind::ByValue);
+        // SAFETY: DATA_TYPE reads cudnnDataType_t, BOOLEAN a C bool, the rest int64_t.
+        let mut d = unsafe {
+            Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?
+                .set(A::CUDNN_ATTR_TENSOR_DATA_TYPE, T::CUDNN_TYPE_DATA_TYPE, &[dtype])?
+                .i64s(A::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims)?
+                .i64s(A::CUDNN_ATTR_TENSOR_STRIDES, &strides)?
+                .i64s(A::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?
+                .i64s(A::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[self.align])?
+                .set(A::CUDNN_ATTR_TENSOR_IS_VIRTUAL, T::CUDNN_TYPE_BOOLEAN, &[virt])?
+        };
+        if by_value {
+            // SAFETY: as above.
+            d = unsafe { d.set(A::CUDNN_ATTR_TENSOR_IS_BY_VALUE, T::CUDNN_TYPE_BOOLEAN, &[true])? };
+        }
+        let d = d.finalize(|| format!("tensor {uid} dims {dims:?} strides {strides:?} {dtype:?}"))?;
+        self.tensors.push(d);
+        Ok(Tensor { idx: self.tensors.len() - 1, dims, strides })
+    }
+
+    fn uid(&mut self) -> i64 {
+        self.next_uid += 1;
+        self.next_uid - 1
+    }
+
+    /// A tensor in device memory, named `uid` in the variant pack.
+    pub fn io(&mut self, uid: i64, dims: Dims, strides: Dims, dtype: Dt) -> Result<Tensor> {
+        self.make(uid, dims, strides, dtype, Kind::Memory)
+    }
+
+    /// A virtual tensor (an intermediate the engine keeps to itself).
+    pub fn virt(&mut self, dims: Dims, strides: Dims, dtype: Dt) -> Result<Tensor> {
+        let uid = self.uid();
+        self.make(uid, dims, strides, dtype, Kind::Virtual)
+    }
+
+    /// A host scalar passed by value, `[1, 1, 1, 1]`.
+    pub fn scalar(&mut self, v: Scalar) -> Result<Tensor> {
+        let uid = self.uid();
+        let dtype = match v {
+            Scalar::F32(_) => Dt::CUDNN_DATA_FLOAT,
+            Scalar::I32(_) => Dt::CUDNN_DATA_INT32,
+        };
+        self.scalars.push((uid, v));
+        self.make(uid, [1; 4], [1; 4], dtype, Kind::ByValue)
+    }
+
+    fn get(&self, t: Tensor) -> &Desc {
+        &self.tensors[t.idx]
+    }
+
+    /// `out = mode(ins…)` (one to three inputs: x, b, and for BINARY_SELECT the condition t),
+    /// computed in `math`, with `axis` for GEN_INDEX.
+    pub fn pointwise(&mut self, mode: Pw, math: Dt, ins: &[Tensor], out: Tensor, axis: Option<i64>) -> Result<()> {
+        // SAFETY: POINTWISE_MODE reads the enum, MATH_PREC a cudnnDataType_t, AXIS int64_t.
+        let mut pw = unsafe {
+            Desc::new(D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?
+                .set(A::CUDNN_ATTR_POINTWISE_MODE, T::CUDNN_TYPE_POINTWISE_MODE, &[mode])?
+                .set(A::CUDNN_ATTR_POINTWISE_MATH_PREC, T::CUDNN_TYPE_DATA_TYPE, &[math])?
+        };
+        if let Some(axis) = axis {
+            pw = pw.i64s(A::CUDNN_ATTR_POINTWISE_AXIS, &[axis])?;
+        }
+        let pw = pw.finalize(|| format!("pointwise {mode:?}"))?;
+        let names = [
+            A::CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+            A::CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
+            A::CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
+        ];
+        let mut op = Desc::new(D::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?
+            .descs(A::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&pw])?;
+        for (name, t) in names.iter().zip(ins) {
+            op = op.descs(*name, &[self.get(*t)])?;
+        }
+        let op = op
+            .descs(A::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &[self.get(out)])?
+            .finalize(|| format!("pointwise operation {mode:?}"))?;
+        self.ops.push(op);
+        self.parts.push(pw);
+        Ok(())
+    }
+
+    /// [`Builder::pointwise`] into a new virtual tensor of `ins[0]`'s shape and type `dtype`.
+    pub fn pw(&mut self, mode: Pw, math: Dt, ins: &[Tensor], dtype: Dt) -> Result<Tensor> {
+        let out = self.virt(ins[0].dims, ins[0].strides, dtype)?;
+        self.pointwise(mode, math, ins, out, None)?;
+        Ok(out)
+    }
+
+    /// An f32 pointwise operation into a new f32 virtual tensor.
+    pub fn f32(&mut self, mode: Pw, ins: &[Tensor]) -> Result<Tensor> {
+        self.pw(mode, Dt::CUDNN_DATA_FLOAT, ins, Dt::CUDNN_DATA_FLOAT)
+    }
+
+    /// GEN_INDEX along `axis` of `of`'s shape: an int32 virtual tensor, computed in `math`.
+    pub fn index(&mut self, of: Tensor, axis: i64, math: Dt) -> Result<Tensor> {
+        let out = self.virt(of.dims, of.strides, Dt::CUDNN_DATA_INT32)?;
+        self.pointwise(Pw::CUDNN_POINTWISE_GEN_INDEX, math, &[of], out, Some(axis))?;
+        Ok(out)
+    }
+
+    /// `y = reduce(x)` over the dimensions where y has extent 1, in f32.
+    pub fn reduce(&mut self, mode: Red, x: Tensor, y: Tensor) -> Result<()> {
+        let f32_ = Dt::CUDNN_DATA_FLOAT;
+        // SAFETY: OPERATOR reads cudnnReduceTensorOp_t, COMP_TYPE a cudnnDataType_t.
+        let r = unsafe {
+            Desc::new(D::CUDNN_BACKEND_REDUCTION_DESCRIPTOR)?
+                .set(A::CUDNN_ATTR_REDUCTION_OPERATOR, T::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &[mode])?
+                .set(A::CUDNN_ATTR_REDUCTION_COMP_TYPE, T::CUDNN_TYPE_DATA_TYPE, &[f32_])?
+                .finalize(|| format!("reduction {mode:?}"))?
+        };
+        let op = Desc::new(D::CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR)?
+            .descs(A::CUDNN_ATTR_OPERATION_REDUCTION_XDESC, &[self.get(x)])?
+            .descs(A::CUDNN_ATTR_OPERATION_REDUCTION_YDESC, &[self.get(y)])?
+            .descs(A::CUDNN_ATTR_OPERATION_REDUCTION_DESC, &[&r])?
+            .finalize(|| format!("reduction operation {mode:?}"))?;
+        self.ops.push(op);
+        self.parts.push(r);
+        Ok(())
+    }
+
+    /// `c = a · b` batched over the first two dimensions (b broadcast over a's heads), f32
+    /// accumulation; `m`, `n`, `k` overridden per batch entry by device int32 tensors where
+    /// given.
+    pub fn matmul(&mut self, a: Tensor, b: Tensor, c: Tensor, [m, n, k]: [Option<Tensor>; 3]) -> Result<()> {
+        let f32_ = Dt::CUDNN_DATA_FLOAT;
+        // SAFETY: COMP_TYPE reads a cudnnDataType_t.
+        let mm = unsafe {
+            Desc::new(D::CUDNN_BACKEND_MATMUL_DESCRIPTOR)?
+                .set(A::CUDNN_ATTR_MATMUL_COMP_TYPE, T::CUDNN_TYPE_DATA_TYPE, &[f32_])?
+                .finalize(|| "matmul".into())?
+        };
+        let mut op = Desc::new(D::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR)?
+            .descs(A::CUDNN_ATTR_OPERATION_MATMUL_ADESC, &[self.get(a)])?
+            .descs(A::CUDNN_ATTR_OPERATION_MATMUL_BDESC, &[self.get(b)])?
+            .descs(A::CUDNN_ATTR_OPERATION_MATMUL_CDESC, &[self.get(c)])?
+            .descs(A::CUDNN_ATTR_OPERATION_MATMUL_DESC, &[&mm])?;
+        let names = [
+            A::CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC,
+            A::CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC,
+            A::CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC,
+        ];
+        for (name, t) in names.iter().zip([m, n, k]) {
+            if let Some(t) = t {
+                op = op.descs(*name, &[self.get(t)])?;
+            }
+        }
+        let op = op.finalize(|| format!("matmul a {:?} b {:?} c {:?}", a.dims, b.dims, c.dims))?;
+        self.ops.push(op);
+        self.parts.push(mm);
+        Ok(())
+    }
+
+    /// `y` = `x`'s elements under y's dimensions and strides.
+    pub fn reshape(&mut self, x: Tensor, y: Tensor) -> Result<()> {
+        let op = Desc::new(D::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR)?
+            .descs(A::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, &[self.get(x)])?
+            .descs(A::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, &[self.get(y)])?
+            .finalize(|| format!("reshape {:?} → {:?}", x.dims, y.dims))?;
+        self.ops.push(op);
+        Ok(())
+    }
+
+    /// The operation graph of every operation added, on handle `h`.
+    pub fn finish(self, h: raw::cudnnHandle_t, what: impl FnOnce() -> String) -> Result<Graph> {
+        let refs: Vec<&Desc> = self.ops.iter().collect();
+        let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?
+            .handle(A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, h)?
+            .descs(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &refs)?
+            .finalize(what)?;
+        let mut parts = self.ops;
+        parts.extend(self.parts);
+        parts.extend(self.tensors);
+        Ok(Graph { graph, parts, scalars: self.scalars })
+    }
+}
+
+/// What a tensor descriptor is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Memory,
+    Virtual,
+    ByValue,
+}

@@ -1,0 +1,236 @@
+//! The operation graphs of scaled-dot-product attention in cuDNN's documented pattern, the one
+//! its fused flash-attention engines recognise (cuDNN's developer guide, "Scaled Dot Product
+//! Attention"; the same pattern cudnn-frontend's composite SDPA node lowers to, which is what
+//! PyTorch's cuDNN backend runs): matmul, scale, masks as index comparisons and selects,
+//! softmax as reductions and pointwise operations with the statistics, matmul — every
+//! intermediate virtual.
+//!
+//! Logical shapes as cuDNN takes them: `q[b, h_q, s_q, d]`, `kᵀ[b, h_kv, d, s_kv]` (k's own
+//! strides, the last two swapped), `v[b, h_kv, s_kv, d]` (backward: `vᵀ`), `o[b, h_q, s_q, d]`,
+//! statistics `[b, h_q, s_q, 1]` f32 dense, lengths `[b, 1, 1, 1]` int32.
+
+use super::builder::{dense, Builder, Dims, Dt, Pw, Red, Scalar, Tensor};
+use crate::attention::{Attention, AttnMask, AttnTensor};
+use crate::dtype::DType;
+use crate::error::Result;
+
+/// Unique ids of the graphs' tensors in device memory (the variant pack names them).
+pub(crate) mod uid {
+    pub const Q: i64 = 1;
+    pub const K: i64 = 2;
+    pub const V: i64 = 3;
+    pub const O: i64 = 4;
+    pub const STATS: i64 = 5;
+    pub const DO: i64 = 6;
+    pub const DQ: i64 = 7;
+    pub const DK: i64 = 8;
+    pub const DV: i64 = 9;
+    pub const LEN_Q: i64 = 10;
+    pub const LEN_KV: i64 = 11;
+    /// Backward: `Σ_e do·o` per query row, f32 `[b, h_q, s_q, 1]`, in the workspace.
+    pub const SOFTMAX_SUM: i64 = 12;
+    /// Backward: dq accumulated in f32 `[b, h_q, s_q, d]`, in the workspace.
+    pub const DQ_ACCUM: i64 = 13;
+}
+
+const F32: Dt = Dt::CUDNN_DATA_FLOAT;
+const I32: Dt = Dt::CUDNN_DATA_INT32;
+const BOOL: Dt = Dt::CUDNN_DATA_BOOLEAN;
+
+/// cuDNN's data type of the problem's tensors.
+fn io_type(p: &Attention) -> Dt {
+    match p.dtype {
+        DType::BF16 => Dt::CUDNN_DATA_BFLOAT16,
+        _ => Dt::CUDNN_DATA_HALF,
+    }
+}
+
+fn i(v: usize) -> i64 {
+    // Attention::validate bounds every size and stride by i32::MAX
+    v as i64
+}
+
+/// Tensor `t` of the problem (uid `uid`), as `[b, h, s, d]` or (`transposed`) `[b, h, d, s]`.
+fn operand(g: &mut Builder, p: &Attention, t: AttnTensor, uid: i64, transposed: bool) -> Result<Tensor> {
+    let ([b, h, s], l, d) = (p.dims(t), p.layout(t), p.d);
+    let (dims, strides) = if transposed {
+        ([i(b), i(h), i(d), i(s)], [i(l.batch), i(l.head), 1, i(l.seq)])
+    } else {
+        ([i(b), i(h), i(s), i(d)], [i(l.batch), i(l.head), i(l.seq), 1])
+    };
+    g.io(uid, dims, strides, io_type(p))
+}
+
+/// The per-sequence lengths, `[b, 1, 1, 1]` int32 each.
+#[derive(Clone, Copy)]
+struct Lens {
+    q: Tensor,
+    kv: Tensor,
+}
+
+fn lens(g: &mut Builder, p: &Attention) -> Result<Lens> {
+    let dims = [i(p.b), 1, 1, 1];
+    Ok(Lens { q: g.io(uid::LEN_Q, dims, [1; 4], I32)?, kv: g.io(uid::LEN_KV, dims, [1; 4], I32)? })
+}
+
+/// The scores `[b, h_q, s_q, s_kv]` (f32, virtual).
+fn scores_dims(p: &Attention) -> Dims {
+    [i(p.b), i(p.h_q), i(p.s_q), i(p.s_kv)]
+}
+
+/// Per-row values `[b, h_q, s_q, 1]`.
+fn row_dims(p: &Attention) -> Dims {
+    [i(p.b), i(p.h_q), i(p.s_q), 1]
+}
+
+/// The masks on the scores `s`: the padding mask where there are lengths (rows and columns
+/// past them), then the causal mask of `p`; masked scores become f32's lowest value.
+fn masks(g: &mut Builder, p: &Attention, s: Tensor, lens: Option<Lens>) -> Result<Tensor> {
+    let mut s = s;
+    if let Some(l) = lens {
+        let row = g.index(s, 2, I32)?;
+        let col = g.index(s, 3, I32)?;
+        let row_in = g.pw(Pw::CUDNN_POINTWISE_CMP_LT, BOOL, &[row, l.q], BOOL)?;
+        let col_in = g.pw(Pw::CUDNN_POINTWISE_CMP_LT, BOOL, &[col, l.kv], BOOL)?;
+        let keep = g.pw(Pw::CUDNN_POINTWISE_LOGICAL_AND, BOOL, &[row_in, col_in], BOOL)?;
+        let lowest = g.scalar(Scalar::F32(f32::MIN))?;
+        s = g.pw(Pw::CUDNN_POINTWISE_BINARY_SELECT, F32, &[s, lowest, keep], F32)?;
+    }
+    if p.mask == AttnMask::None {
+        return Ok(s);
+    }
+    let mut row = g.index(s, 2, F32)?;
+    let col = g.index(s, 3, F32)?;
+    if p.mask == AttnMask::CausalBottomRight {
+        // row + len_kv − len_q ≥ col: the diagonal ends at the bottom right
+        let kv = match lens {
+            Some(l) => l.kv,
+            None => g.scalar(Scalar::I32(p.s_kv as i32))?,
+        };
+        row = g.pw(Pw::CUDNN_POINTWISE_ADD, I32, &[row, kv], I32)?;
+        let q = match lens {
+            Some(l) => l.q,
+            None => g.scalar(Scalar::I32(p.s_q as i32))?,
+        };
+        row = g.pw(Pw::CUDNN_POINTWISE_SUB, I32, &[row, q], I32)?;
+    }
+    let keep = g.pw(Pw::CUDNN_POINTWISE_CMP_GE, BOOL, &[row, col], BOOL)?;
+    let lowest = g.scalar(Scalar::F32(f32::MIN))?;
+    g.pw(Pw::CUDNN_POINTWISE_BINARY_SELECT, F32, &[s, lowest, keep], F32)
+}
+
+/// The scaled, masked scores `scale·q·kᵀ` (f32, virtual); the backward subtracts the
+/// statistics `stats` before masking, as cuDNN's backward pattern has it.
+fn scores(
+    g: &mut Builder,
+    p: &Attention,
+    q: Tensor,
+    kt: Tensor,
+    lens: Option<Lens>,
+    stats: Option<Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let dims = scores_dims(p);
+    let s = g.virt(dims, dense(dims), F32)?;
+    g.matmul(q, kt, s, [lens.map(|l| l.q), lens.map(|l| l.kv), None])?;
+    let scale = g.scalar(Scalar::F32(p.scale))?;
+    let mut s = g.f32(Pw::CUDNN_POINTWISE_MUL, &[s, scale])?;
+    if let Some(st) = stats {
+        s = g.f32(Pw::CUDNN_POINTWISE_SUB, &[s, st])?;
+    }
+    Ok((masks(g, p, s, lens)?, scale))
+}
+
+/// The forward graph: `o` (and, with `stats`, the statistics `lse` as a tensor in memory;
+/// otherwise virtual); `var_len` adds the lengths.
+pub(super) fn forward(g: &mut Builder, p: &Attention, stats: bool) -> Result<()> {
+    let q = operand(g, p, AttnTensor::Q, uid::Q, false)?;
+    let kt = operand(g, p, AttnTensor::K, uid::K, true)?;
+    let v = operand(g, p, AttnTensor::V, uid::V, false)?;
+    let o = operand(g, p, AttnTensor::O, uid::O, false)?;
+    let lens = if p.var_len { Some(lens(g, p)?) } else { None };
+    let (s, _) = scores(g, p, q, kt, lens, None)?;
+    // softmax with its statistics: max, exp(s − max), sum, lse = max + ln(sum), p = exp / sum
+    let rows = row_dims(p);
+    let max = g.virt(rows, dense(rows), F32)?;
+    g.reduce(Red::CUDNN_REDUCE_TENSOR_MAX, s, max)?;
+    let shifted = g.f32(Pw::CUDNN_POINTWISE_SUB, &[s, max])?;
+    let e = g.f32(Pw::CUDNN_POINTWISE_EXP, &[shifted])?;
+    let sum = g.virt(rows, dense(rows), F32)?;
+    g.reduce(Red::CUDNN_REDUCE_TENSOR_ADD, e, sum)?;
+    let log = g.f32(Pw::CUDNN_POINTWISE_LOG, &[sum])?;
+    let lse = if stats { g.io(uid::STATS, rows, dense(rows), F32)? } else { g.virt(rows, dense(rows), F32)? };
+    g.pointwise(Pw::CUDNN_POINTWISE_ADD, F32, &[max, log], lse, None)?;
+    let probs = g.virt(s.dims, s.strides, io_type(p))?;
+    g.pointwise(Pw::CUDNN_POINTWISE_DIV, F32, &[e, sum], probs, None)?;
+    g.matmul(probs, v, o, [lens.map(|l| l.q), None, lens.map(|l| l.kv)])
+}
+
+/// The backward graph: `dq`, `dk`, `dv` from q, k, v, o, `do` and the statistics, with
+/// `lens` (per-sequence lengths, or the full extents where cuDNN needs a padding mask) and
+/// f32 `softmax_sum` and `dq` accumulator tensors in the workspace.
+pub(super) fn backward(g: &mut Builder, p: &Attention, with_lens: bool) -> Result<()> {
+    let ty = io_type(p);
+    let q = operand(g, p, AttnTensor::Q, uid::Q, false)?;
+    let kt = operand(g, p, AttnTensor::K, uid::K, true)?;
+    let vt = operand(g, p, AttnTensor::V, uid::V, true)?;
+    let o = operand(g, p, AttnTensor::O, uid::O, false)?;
+    let d_o = operand(g, p, AttnTensor::O, uid::DO, false)?;
+    let dq = operand(g, p, AttnTensor::Q, uid::DQ, false)?;
+    let dk = operand(g, p, AttnTensor::K, uid::DK, false)?;
+    let dv = operand(g, p, AttnTensor::V, uid::DV, false)?;
+    let rows = row_dims(p);
+    let stats = g.io(uid::STATS, rows, dense(rows), F32)?;
+    let lens = if with_lens { Some(lens(g, p)?) } else { None };
+    let (lq, lkv) = (lens.map(|l| l.q), lens.map(|l| l.kv));
+    let (b, hq, sq, skv, d) = (i(p.b), i(p.h_q), i(p.s_q), i(p.s_kv), i(p.d));
+
+    // D = Σ_e do·o per row, kept in the workspace
+    let prod = g.virt([b, hq, sq, d], [hq * sq * d, sq * d, hq * d, 1], F32)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_MUL, F32, &[d_o, o], prod, None)?;
+    let red = g.virt(rows, dense(rows), F32)?;
+    g.reduce(Red::CUDNN_REDUCE_TENSOR_ADD, prod, red)?;
+    let one = g.scalar(Scalar::F32(1.0))?;
+    let softmax_sum = g.io(uid::SOFTMAX_SUM, rows, dense(rows), F32)?;
+    g.pointwise(Pw::CUDNN_POINTWISE_MUL, F32, &[red, one], softmax_sum, None)?;
+
+    // P = exp(scale·q·kᵀ − lse), masked; dv = Pᵀ·do (summed over a key/value head's queries)
+    let (s, scale) = scores(g, p, q, kt, lens, Some(stats))?;
+    let probs = g.f32(Pw::CUDNN_POINTWISE_EXP, &[s])?;
+    let transposed = [b, hq, skv, sq];
+    let t_strides = [hq * sq * skv, sq * skv, 1, skv];
+    let pt = g.virt(transposed, t_strides, ty)?;
+    g.reshape(probs, pt)?;
+    grad_kv(g, p, pt, d_o, dv, [lkv, None, lq])?;
+
+    // dS = P ∘ (do·vᵀ − D) · scale; dk = dSᵀ·q; dq = dS·k (accumulated in f32)
+    let dims = scores_dims(p);
+    let dp = g.virt(dims, dense(dims), F32)?;
+    g.matmul(d_o, vt, dp, [lq, lkv, None])?;
+    let centred = g.f32(Pw::CUDNN_POINTWISE_SUB, &[dp, softmax_sum])?;
+    let weighted = g.f32(Pw::CUDNN_POINTWISE_MUL, &[centred, probs])?;
+    let ds = g.f32(Pw::CUDNN_POINTWISE_MUL, &[weighted, scale])?;
+    let dst = g.virt(transposed, t_strides, ty)?;
+    g.reshape(ds, dst)?;
+    grad_kv(g, p, dst, q, dk, [lkv, None, lq])?;
+    let k = g.virt(
+        [kt.dims[0], kt.dims[1], kt.dims[3], kt.dims[2]],
+        [kt.strides[0], kt.strides[1], kt.strides[3], kt.strides[2]],
+        F32,
+    )?;
+    g.reshape(kt, k)?;
+    let accum = g.io(uid::DQ_ACCUM, [b, hq, sq, d], dense([b, hq, sq, d]), F32)?;
+    g.matmul(ds, k, accum, [lq, None, lkv])?;
+    g.pointwise(Pw::CUDNN_POINTWISE_IDENTITY, F32, &[accum], dq, None)
+}
+
+/// `out = aᵀ · b` into a key/value-shaped gradient: directly with one query head per
+/// key/value head, else into all query heads and summed over each group (GQA).
+fn grad_kv(g: &mut Builder, p: &Attention, a: Tensor, b: Tensor, out: Tensor, ov: [Option<Tensor>; 3]) -> Result<()> {
+    if p.h_q == p.h_kv {
+        return g.matmul(a, b, out, ov);
+    }
+    let full = [i(p.b), i(p.h_q), i(p.s_kv), i(p.d)];
+    let per_head = g.virt(full, dense(full), io_type(p))?;
+    g.matmul(a, b, per_head, ov)?;
+    g.reduce(Red::CUDNN_REDUCE_TENSOR_ADD, per_head, out)
+}

@@ -1,0 +1,150 @@
+//! Scaled-dot-product attention on cuDNN's graph API: the call ([`AttnOp`], [`AttnBuffers`],
+//! [`AttnCall`]), the plan kept per problem, direction and buffer alignment, and its launch.
+//! The operation graphs are built in `graphs.rs` (with `builder.rs`); the plan is cuDNN's
+//! best-ranked engine configuration for the graph that finalizes and fits the workspace limit
+//! (`plan.rs`).
+//!
+//! A backward plan needs f32 scratch besides cuDNN's workspace — the per-row `Σ do·o` and the
+//! dq accumulator — and, where lengths are used, the lengths; all of it lives in the call's
+//! workspace after cuDNN's own part (the layout is [`Extra`]).
+
+mod builder;
+mod graphs;
+mod plan;
+mod run;
+
+use cudarc::driver::sys::CUstream;
+
+use crate::attention::{Attention, AttnMask, HeadLayout};
+use crate::dtype::DType;
+
+pub(crate) use plan::AttnPlan;
+
+/// cuDNN 9.15.1 fixed an attention-backward bug for key lengths that are not a multiple of
+/// 128 without a padding mask; before it, the backward runs with a padding mask of the full
+/// lengths (cudnn-frontend applies the same workaround up to 9.15.0).
+pub(crate) const BACKWARD_FIX_VERSION: usize = 91501;
+
+/// One attention direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum AttnOp {
+    /// The forward; `stats`: the statistics are written.
+    Forward { stats: bool },
+    /// The backward.
+    Backward,
+}
+
+/// Device addresses of one call (0 where the direction has no such tensor).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AttnBuffers {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub stats: u64,
+    pub d_o: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    /// Per-sequence lengths on the device (the caller's); 0 for host lengths or none.
+    pub len_q: u64,
+    pub len_kv: u64,
+}
+
+impl AttnBuffers {
+    /// The largest power of two ≤ 16 bytes dividing every address (cuDNN's BYTE_ALIGNMENT).
+    pub fn alignment(&self) -> u8 {
+        let all = [self.q, self.k, self.v, self.o, self.stats, self.d_o, self.dq, self.dk, self.dv]
+            .iter()
+            .fold(0u64, |a, b| a | b);
+        1u8 << all.trailing_zeros().min(4)
+    }
+}
+
+/// One attention call, carried as one value from the entry point to its launch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttnCall<'a> {
+    pub problem: &'a Attention,
+    pub op: AttnOp,
+    pub buffers: AttnBuffers,
+    /// Host lengths (checked), copied into the workspace in stream order before the launch.
+    pub host_lens: Option<(&'a [i32], &'a [i32])>,
+    /// The stream's workspace (address, bytes).
+    pub workspace: (u64, usize),
+    pub stream: CUstream,
+}
+
+/// Where a plan's lengths come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LensSource {
+    /// No lengths in the graph.
+    None,
+    /// The call's (device buffers, or host lengths copied into the workspace).
+    Call,
+    /// The full extents, written into the workspace by the launch (the pre-9.15.1 backward).
+    Full,
+}
+
+/// A plan's key: the problem (scale by its bits), direction and buffer alignment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct AttnKey {
+    sizes: [usize; 6],
+    scale: u32,
+    mask: AttnMask,
+    var_len: bool,
+    dtype: DType,
+    layouts: [HeadLayout; 4],
+    op: AttnOp,
+    align: u8,
+}
+
+impl AttnKey {
+    pub fn new(p: &Attention, op: AttnOp, align: u8) -> AttnKey {
+        AttnKey {
+            sizes: [p.b, p.h_q, p.h_kv, p.s_q, p.s_kv, p.d],
+            scale: p.scale.to_bits(),
+            mask: p.mask,
+            var_len: p.var_len,
+            dtype: p.dtype,
+            layouts: p.layouts,
+            op,
+            align,
+        }
+    }
+}
+
+/// The workspace a plan uses after cuDNN's own `cudnn` bytes: byte offsets of the backward's
+/// f32 `Σ do·o` rows and dq accumulator, and of the lengths; `total` bytes in all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Extra {
+    pub softmax_sum: usize,
+    pub dq_accum: usize,
+    pub lens: usize,
+    pub total: usize,
+}
+
+impl Extra {
+    /// The layout for `p`, `op` and `lens`, after `cudnn` bytes of cuDNN's workspace (each
+    /// part 256-byte aligned).
+    pub fn new(p: &Attention, op: AttnOp, lens: LensSource, cudnn: usize) -> Extra {
+        let up = |x: usize| x.div_ceil(256) * 256;
+        let mut at = up(cudnn);
+        let (mut softmax_sum, mut dq_accum, mut lens_at) = (0, 0, 0);
+        if op == AttnOp::Backward {
+            softmax_sum = at;
+            at += up(p.stats_elems() * 4);
+            dq_accum = at;
+            at += up(p.stats_elems() * p.d * 4);
+        }
+        if lens != LensSource::None {
+            lens_at = at;
+            at += up(p.b * 4) * 2;
+        }
+        Extra { softmax_sum, dq_accum, lens: lens_at, total: at }
+    }
+
+    /// Byte offset of the kv lengths (the q lengths are at [`Extra::lens`]).
+    pub fn lens_kv(&self, p: &Attention) -> usize {
+        self.lens + (p.b * 4).div_ceil(256) * 256
+    }
+}

@@ -1,0 +1,219 @@
+//! An attention execution plan: the graph of one problem and direction, cuDNN's best-ranked
+//! engine configuration for it that finalizes and fits the workspace limit (heuristic mode A,
+//! then the fallback list), and its launch — the lengths written into the workspace where the
+//! plan takes them from there, a variant pack (the last one kept while the pointers repeat),
+//! `cudnnBackendExecute`.
+
+use std::ffi::c_void;
+
+use cudarc::cudnn::sys as raw;
+use cudarc::driver::sys as drv;
+use raw::cudnnBackendAttributeName_t as A;
+use raw::cudnnBackendDescriptorType_t as D;
+
+use super::builder::{Builder, Scalar};
+use super::graphs::{self, uid};
+use super::{AttnBuffers, AttnCall, AttnOp, Extra, LensSource};
+use crate::attention::Attention;
+use crate::cuda::dnn::graph_desc::Desc;
+use crate::cuda::dnn::graph_plan::pack;
+use crate::cuda::dnn::graph_search::{configs, engine_of};
+use crate::cuda::dnn::sys::check;
+use crate::cuda::status;
+use crate::error::Result;
+
+/// A finalized attention plan and what a call needs to run it.
+pub(crate) struct AttnPlan {
+    plan: Desc,
+    /// The engine configuration, the graph and what it was made of, alive as long as the plan.
+    _made_of: Vec<Desc>,
+    /// The workspace layout after cuDNN's part; `extra.total` bytes in all.
+    pub extra: Extra,
+    pub lens: LensSource,
+    /// The engine's global index and notes, for the log and reports.
+    pub name: String,
+    /// By-value scalars: unique ids and the values' bits (the variant pack points at them).
+    scalar_uids: Vec<i64>,
+    scalar_bits: Box<[u32]>,
+    /// The last variant pack and the addresses it holds.
+    pack: Option<([u64; 12], Desc)>,
+}
+
+// SAFETY: host-side cuDNN objects and plain data, used under the device's Mutex only.
+unsafe impl Send for AttnPlan {}
+
+/// Makes the plan of `p` and `op` for buffers aligned to `align` bytes, with lengths from
+/// `lens`, needing at most `limit` bytes of cuDNN workspace. `Ok(None)` when no engine
+/// configuration of cuDNN's lists finalizes within the limit.
+pub(crate) fn make(
+    h: raw::cudnnHandle_t,
+    p: &Attention,
+    op: AttnOp,
+    align: u8,
+    lens: LensSource,
+    limit: usize,
+) -> Result<Option<AttnPlan>> {
+    let what = || format!("attention {} {op:?}", p.describe());
+    let mut g = Builder::new(align);
+    match op {
+        AttnOp::Forward { stats } => graphs::forward(&mut g, p, stats)?,
+        AttnOp::Backward => graphs::backward(&mut g, p, lens != LensSource::None)?,
+    }
+    let graph = g.finish(h, what)?;
+    use raw::cudnnBackendHeurMode_t::*;
+    for mode in [CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK] {
+        let cfgs = match configs(&graph.graph, mode) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(problem = %what(), ?mode, error = %e, "cuDNN heuristic list unavailable");
+                continue;
+            }
+        };
+        for cfg in cfgs {
+            let Ok((index, notes)) = engine_of(&cfg) else { continue };
+            let name = format!("engine {index} ({mode:?}, notes {notes:?})");
+            let made = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
+                .and_then(|d| d.handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h))
+                .and_then(|d| d.descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg]))
+                .and_then(|d| d.finalize(String::new));
+            let plan = match made {
+                Ok(plan) => plan,
+                Err(e) => {
+                    tracing::debug!(problem = %what(), %name, error = %e, "skipped: the plan does not finalize");
+                    continue;
+                }
+            };
+            let bytes = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
+            if bytes > limit {
+                tracing::debug!(problem = %what(), %name, bytes, limit, "skipped: workspace over the limit");
+                continue;
+            }
+            tracing::debug!(problem = %what(), %name, workspace = bytes, "cuDNN attention plan");
+            let (scalar_uids, bits): (Vec<i64>, Vec<u32>) = graph
+                .scalars
+                .iter()
+                .map(|&(u, v)| {
+                    let bits = match v {
+                        Scalar::F32(x) => x.to_bits(),
+                        Scalar::I32(x) => x as u32,
+                    };
+                    (u, bits)
+                })
+                .unzip();
+            let mut made_of = vec![cfg, graph.graph];
+            made_of.extend(graph.parts);
+            return Ok(Some(AttnPlan {
+                plan,
+                _made_of: made_of,
+                extra: Extra::new(p, op, lens, bytes),
+                lens,
+                name,
+                scalar_uids,
+                scalar_bits: bits.into_boxed_slice(),
+                pack: None,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+impl AttnPlan {
+    /// The variant pack's unique ids and addresses for the call's buffers, with the workspace
+    /// at `ws` and the lengths at `lens` (q, kv).
+    fn variant(&self, op: AttnOp, b: &AttnBuffers, ws: u64, lens: (u64, u64)) -> (Vec<i64>, Vec<*mut c_void>) {
+        let v = |a: u64| a as *mut c_void;
+        let (mut uids, mut ptrs) = match op {
+            AttnOp::Forward { stats } => {
+                let mut u = vec![uid::Q, uid::K, uid::V, uid::O];
+                let mut p = vec![v(b.q), v(b.k), v(b.v), v(b.o)];
+                if stats {
+                    u.push(uid::STATS);
+                    p.push(v(b.stats));
+                }
+                (u, p)
+            }
+            AttnOp::Backward => (
+                vec![
+                    uid::Q,
+                    uid::K,
+                    uid::V,
+                    uid::O,
+                    uid::DO,
+                    uid::STATS,
+                    uid::DQ,
+                    uid::DK,
+                    uid::DV,
+                    uid::SOFTMAX_SUM,
+                    uid::DQ_ACCUM,
+                ],
+                vec![
+                    v(b.q),
+                    v(b.k),
+                    v(b.v),
+                    v(b.o),
+                    v(b.d_o),
+                    v(b.stats),
+                    v(b.dq),
+                    v(b.dk),
+                    v(b.dv),
+                    v(ws + self.extra.softmax_sum as u64),
+                    v(ws + self.extra.dq_accum as u64),
+                ],
+            ),
+        };
+        if self.lens != LensSource::None {
+            uids.extend([uid::LEN_Q, uid::LEN_KV]);
+            ptrs.extend([v(lens.0), v(lens.1)]);
+        }
+        uids.extend(&self.scalar_uids);
+        ptrs.extend(self.scalar_bits.iter().map(|b| b as *const u32 as *mut c_void));
+        (uids, ptrs)
+    }
+
+    /// Enqueues the plan on the handle's stream with the call's buffers and the workspace at
+    /// `ws` (at least `extra.total` bytes): the lengths first where the plan takes them from
+    /// the workspace (the call's host lengths copied, or the full extents set), then the
+    /// execution.
+    ///
+    /// # Safety
+    /// `h` is the live handle the plan was made with, bound to the call's stream; the call's
+    /// buffers are device buffers of the problem's sizes; `ws` holds `extra.total` bytes.
+    pub unsafe fn launch(&mut self, h: raw::cudnnHandle_t, call: &AttnCall, ws: u64) -> Result<()> {
+        let (p, b, stream) = (call.problem, &call.buffers, call.stream);
+        let in_ws = (ws + self.extra.lens as u64, ws + self.extra.lens_kv(p) as u64);
+        let lens = match self.lens {
+            LensSource::None => (0, 0),
+            LensSource::Call if b.len_q != 0 => (b.len_q, b.len_kv),
+            LensSource::Call => {
+                let (q, kv) = call.host_lens.expect("the entry passes host lengths when there are no device ones");
+                // SAFETY: `in_ws` holds b int32 each (Extra::new); the host slices have b
+                // elements (checked); a pageable copy is staged before this returns.
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(in_ws.0, q, stream)
+                        .map_err(status::driver("cuMemcpyHtoDAsync"))?;
+                    cudarc::driver::result::memcpy_htod_async(in_ws.1, kv, stream)
+                        .map_err(status::driver("cuMemcpyHtoDAsync"))?;
+                }
+                in_ws
+            }
+            LensSource::Full => {
+                for (at, len) in [(in_ws.0, p.s_q), (in_ws.1, p.s_kv)] {
+                    // SAFETY: `at` holds b int32 (Extra::new); a stream-ordered memset.
+                    unsafe { drv::cuMemsetD32Async(at, len as u32, p.b, stream) }
+                        .result()
+                        .map_err(status::driver("cuMemsetD32Async"))?;
+                }
+                in_ws
+            }
+        };
+        let key = [b.q, b.k, b.v, b.o, b.stats, b.d_o, b.dq, b.dk, b.dv, lens.0, lens.1, ws];
+        if self.pack.as_ref().is_none_or(|(k, _)| *k != key) {
+            let (uids, ptrs) = self.variant(call.op, b, ws, lens);
+            self.pack = Some((key, pack(&uids, &ptrs, ws)?));
+        }
+        let vp = &self.pack.as_ref().expect("set above").1;
+        // SAFETY: a finalized plan and variant pack of this handle (contract); the by-value
+        // scalars the pack points at live in `self`.
+        check(unsafe { raw::cudnnBackendExecute(h, self.plan.0, vp.0) }, "cudnnBackendExecute", || self.name.clone())
+    }
+}
