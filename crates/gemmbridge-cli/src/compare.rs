@@ -44,9 +44,25 @@ fn key(r: &Row) -> Key {
 }
 
 /// The group a row is summarised in: its dtype and its op, convolution rows also by batch
-/// size N (`conv_fwd/nhwc/n32`).
+/// size N (`conv_fwd/nhwc/n32`), attention rows by kind: `attn_fwd gpu-bound` (full batches of
+/// s ≥ 2048), `attn_fwd varlen` (per-sequence lengths; the peer's row is its padded
+/// equivalent), `attn_fwd host-bound` (the rest: shorter sequences, decoding).
 pub fn group(k: &Key) -> (String, String) {
-    let op = if k.1.starts_with("conv") { format!("{}/n{}", k.1, k.5) } else { k.1.clone() };
+    let op = if k.1.starts_with("conv") {
+        format!("{}/n{}", k.1, k.5)
+    } else if let Some(rest) = k.1.strip_prefix("attn") {
+        let (op, label) = rest.split_once('/').unwrap_or((rest, ""));
+        let kind = if label.contains("varlen") {
+            "varlen"
+        } else if k.2 >= 2048 && k.3 >= 2048 {
+            "gpu-bound"
+        } else {
+            "host-bound"
+        };
+        format!("attn{op} {kind}")
+    } else {
+        k.1.clone()
+    };
     (k.0.clone(), op)
 }
 
@@ -93,7 +109,7 @@ pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
     let _ = writeln!(s, "peer time / our time per row (> 1: gemmbridge faster), {} pair{plural}", pairs.len());
     let _ = writeln!(
         s,
-        "{:<16} {:<5} {:>6} {:>6} {:>6} {:>8} {:>7}  per pair",
+        "{:<28} {:<5} {:>6} {:>6} {:>6} {:>8} {:>7}  per pair",
         "op", "dtype", "m", "n", "k", "median", "lowest"
     );
     for ((dtype, op, m, n, k, _), v) in &rows {
@@ -102,7 +118,7 @@ pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
         let mark = if median(v) < bound { " ◂" } else { "" };
         let _ = writeln!(
             s,
-            "{op:<16} {dtype:<5} {m:>6} {n:>6} {k:>6} {:>8.3} {min:>7.3}  {}{mark}",
+            "{op:<28} {dtype:<5} {m:>6} {n:>6} {k:>6} {:>8.3} {min:>7.3}  {}{mark}",
             median(v),
             each.join(" ")
         );
@@ -112,11 +128,12 @@ pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
     }
     // per (dtype, op), square + llm rows only; convolution rows per op, layout and batch
     let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
-    for (k, v) in rows.iter().filter(|(k, _)| k.1.starts_with("conv") || is_square_or_llm((k.2, k.3, k.4))) {
+    let grouped = |k: &Key| k.1.starts_with("conv") || k.1.starts_with("attn") || is_square_or_llm((k.2, k.3, k.4));
+    for (k, v) in rows.iter().filter(|(k, _)| grouped(k)) {
         groups.entry(group(k)).or_default().push((k, v));
     }
-    let _ = writeln!(s, "\nsquare + llm (convolutions: per layout and batch N), per dtype and op: geometric mean of the row medians; rows whose median < {bound}; each pair's own geometric mean / rows < {bound}");
-    let _ = writeln!(s, "{:<5} {:<16} {:>4} {:>8} {:>7}  per pair", "dtype", "op", "rows", "geomean", "< bound");
+    let _ = writeln!(s, "\nsquare + llm (convolutions: per layout and batch N; attention: per kind), per dtype and op: geometric mean of the row medians; rows whose median < {bound}; each pair's own geometric mean / rows < {bound}");
+    let _ = writeln!(s, "{:<5} {:<28} {:>4} {:>8} {:>7}  per pair", "dtype", "op", "rows", "geomean", "< bound");
     for ((dtype, op), members) in &groups {
         let medians: Vec<f64> = members.iter().map(|(_, v)| median(v)).collect();
         let below = medians.iter().filter(|&&m| m < bound).count();
@@ -128,7 +145,7 @@ pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "{dtype:<5} {op:<16} {:>4} {:>8.3} {below:>7}  {}",
+            "{dtype:<5} {op:<28} {:>4} {:>8.3} {below:>7}  {}",
             medians.len(),
             geomean(&medians),
             per_pair.join(" ")
@@ -247,7 +264,16 @@ mod tests {
         assert!(s.contains("   1.050   0.900  0.900 1.100 1.050\n"), "{s}");
         assert!(s.contains("   0.960   0.950  0.950 0.960 1.200 ◂\n"), "{s}");
         // geomean of medians sqrt(1.05·0.96) = 1.004; one row below; pair 1: sqrt(0.9·0.95) = 0.925, 2 below
-        assert!(s.contains("f16   linear              2    1.004       1  0.925/2 1.028/1 1.122/0"), "{s}");
+        assert!(s.contains("f16   linear                          2    1.004       1  0.925/2 1.028/1 1.122/0"), "{s}");
+    }
+
+    #[test]
+    fn attention_rows_are_grouped_by_kind() {
+        let key = |label: &str, s_q: usize, s_kv: usize| ("bf16".to_string(), label.to_string(), s_q, s_kv, 128, 4);
+        assert_eq!(group(&key("attn_fwd/h32-causal", 4096, 4096)).1, "attn_fwd gpu-bound");
+        assert_eq!(group(&key("attn_fwd_bwd/h32", 1024, 1024)).1, "attn_fwd_bwd host-bound");
+        assert_eq!(group(&key("attn_fwd/h32:8-decode", 1, 4096)).1, "attn_fwd host-bound");
+        assert_eq!(group(&key("attn_fwd/h32-causal-varlen", 2738, 2738)).1, "attn_fwd varlen");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use gemmbridge::conv::ConvLayout;
 use gemmbridge::cuda::ConvApi;
 use gemmbridge::Precision;
 
-use crate::bench::{conv, fp8};
+use crate::bench::{attn, conv, fp8};
 use crate::ops::{precision_of, OPS};
 use crate::suites::{self, Shape};
 
@@ -49,12 +49,13 @@ pub struct Dtypes {
     pub scalings: Vec<String>,
 }
 
-/// `--ops` parsed: GEMM ops and convolution ops in the order given, each once (`conv` stands
-/// for every convolution op), and whether the launch row was asked for.
+/// `--ops` parsed: GEMM ops, convolution ops and attention ops in the order given, each once
+/// (`conv` stands for every convolution op), and whether the launch row was asked for.
 #[derive(Debug, PartialEq)]
 pub struct OpList {
     pub gemm: Vec<String>,
     pub conv: Vec<String>,
+    pub attn: Vec<String>,
     pub launch: bool,
 }
 
@@ -98,9 +99,11 @@ impl SuiteArgs {
     }
 }
 
-/// A comma-separated `--ops` list parsed; `launch` is accepted only where `with_launch`.
-pub fn parse_ops(list: &str, with_launch: bool) -> anyhow::Result<OpList> {
-    let mut out = OpList { gemm: Vec::new(), conv: Vec::new(), launch: false };
+/// A comma-separated `--ops` list parsed; `launch` and the attention ops are accepted only where
+/// `bench_only` (they are `bench`'s, not `tune`'s).
+pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
+    let with_launch = bench_only;
+    let mut out = OpList { gemm: Vec::new(), conv: Vec::new(), attn: Vec::new(), launch: false };
     let push = |v: &mut Vec<String>, o: &str| {
         if !v.iter().any(|x| x == o) {
             v.push(o.to_string());
@@ -115,9 +118,12 @@ pub fn parse_ops(list: &str, with_launch: bool) -> anyhow::Result<OpList> {
             push(&mut out.conv, o);
         } else if OPS.contains(&o) {
             push(&mut out.gemm, o);
+        } else if bench_only && attn::OPS.contains(&o) {
+            push(&mut out.attn, o);
         } else {
             let launch = if with_launch { "launch, " } else { "" };
-            bail!("unknown op {o:?}; choose from {}, {launch}{}, conv", OPS.join(", "), conv::OPS.join(", "));
+            let attn = if bench_only { format!(", {}", attn::OPS.join(", ")) } else { String::new() };
+            bail!("unknown op {o:?}; choose from {}, {launch}{}, conv{attn}", OPS.join(", "), conv::OPS.join(", "));
         }
     }
     Ok(out)
@@ -191,7 +197,9 @@ mod tests {
         assert_eq!(o.gemm, ["linear", "matmul"]);
         assert_eq!(o.conv, ["conv_dgrad", "conv_fwd", "conv_bias_relu", "conv_bias_relu_unfused", "conv_wgrad"]);
         assert!(o.launch);
-        assert_eq!(parse_ops(" ", true).unwrap(), OpList { gemm: vec![], conv: vec![], launch: false });
+        assert_eq!(parse_ops(" ", true).unwrap(), OpList { gemm: vec![], conv: vec![], attn: vec![], launch: false });
+        assert_eq!(parse_ops("attn_fwd_bwd,attn_fwd", true).unwrap().attn, ["attn_fwd_bwd", "attn_fwd"]);
+        assert!(parse_ops("attn_fwd", false).is_err());
     }
 
     #[test]
@@ -206,7 +214,7 @@ mod tests {
         assert_eq!(
             e,
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
-             conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv"
+             conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd"
         );
     }
 }

@@ -1,6 +1,7 @@
 //! `gemmbridge bench`: the suites, shapes and JSON-lines fields of
 //! `bench/peer.py`, timed the same way, with an optional side-by-side ratio.
 
+pub mod attn;
 pub mod conv;
 pub mod fp8;
 pub mod launch;
@@ -71,7 +72,10 @@ pub struct Args {
     /// ResNet-50's 11 convolutions, GPU only; not run by default; their peer is
     /// bench/conv_peer.py): conv_fwd, conv_bias_relu (bias and ReLU fused where cuDNN offers
     /// it), conv_bias_relu_unfused (the convolution, then cuDNN's bias add and ReLU),
-    /// conv_dgrad, conv_wgrad, or conv for all five.
+    /// conv_dgrad, conv_wgrad, or conv for all five. Attention (cuDNN's fused engines, f16 and
+    /// bf16, on bench/attention.json's shapes, GPU only; not run by default; their peer is
+    /// bench/attn_peer.py): attn_fwd (the forward with its statistics), attn_fwd_bwd (the
+    /// forward and the backward).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
@@ -145,6 +149,7 @@ struct Plan {
     /// The dense GEMM ops.
     ops: Vec<String>,
     conv_ops: Vec<String>,
+    attn_ops: Vec<String>,
     launch: bool,
     reps: usize,
     sampling: timing::Sampling,
@@ -161,7 +166,7 @@ impl Plan {
         if dtypes.is_empty() && scalings.is_empty() {
             bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
         }
-        let OpList { gemm: ops, conv: conv_ops, launch } = parse_ops(&args.ops, true)?;
+        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, launch } = parse_ops(&args.ops, true)?;
         let reps = args.reps.unwrap_or(30);
         if !(1..=100_000).contains(&reps) {
             bail!("--reps {reps} is not between 1 and 100000");
@@ -174,7 +179,7 @@ impl Plan {
         };
         let conv = args.shared.conv()?;
         let conv_search = conv::parse_search(&args.conv_search)?;
-        if ops.is_empty() && !launch && scalings.is_empty() && conv_ops.is_empty() {
+        if ops.is_empty() && !launch && scalings.is_empty() && conv_ops.is_empty() && attn_ops.is_empty() {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
         let backend = parse_backend(&args.backend)?;
@@ -185,6 +190,7 @@ impl Plan {
             scalings,
             ops,
             conv_ops,
+            attn_ops,
             launch,
             reps,
             sampling,
@@ -225,9 +231,10 @@ impl Plan {
             eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
             self.scalings.clear();
         }
-        if !self.conv_ops.is_empty() {
-            eprintln!("  (the convolution ops run on cuDNN and need a GPU: skipped)");
+        if !self.conv_ops.is_empty() || !self.attn_ops.is_empty() {
+            eprintln!("  (the convolution and attention ops run on cuDNN and need a GPU: skipped)");
             self.conv_ops.clear();
+            self.attn_ops.clear();
         }
         if self.dtypes.is_empty() {
             bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
@@ -257,6 +264,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut rows = gemm_rows(gpu.as_ref(), &plan, &mut sink)?;
     if let (false, Some(g)) = (plan.conv_ops.is_empty(), &gpu) {
         rows.extend(conv_rows(g, &plan, &mut sink)?);
+    }
+    if let (false, Some(g)) = (plan.attn_ops.is_empty(), &gpu) {
+        rows.extend(attn::bench(g, &plan.attn_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     let mut table = match &gpu {
         Some(_) => format!("device: {device}\n{}", report::table(&rows, peer.as_deref(), false)),

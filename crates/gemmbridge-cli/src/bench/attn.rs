@@ -1,0 +1,198 @@
+//! The attention rows of `gemmbridge bench` (`--ops attn_fwd,attn_fwd_bwd`): the shapes of
+//! `bench/attention.json` (the file `bench/attn_peer.py` reads too), BSHD tensors, timed as the
+//! GEMM rows are. A row's m is s_q, n is s_kv, k is d, batch is b, its layout the shape's name
+//! (heads, mask, lengths); its TFLOP/s counts 4·b·h_q·s_q·s_kv·d per forward (halved under a
+//! causal mask; with per-sequence lengths, each sequence's own lengths) and 2.5× that for the
+//! backward, as PyTorch's and FlashAttention's benchmarks do. Decoding shapes (one query row)
+//! get no attn_fwd_bwd row.
+
+use anyhow::{bail, Context};
+use cudarc::driver::{CudaSlice, DeviceRepr};
+use gemmbridge::attention::{Attention, AttnMask, AttnTensor};
+use gemmbridge::cuda::{AttnSaved, Gpu, SeqLens};
+use gemmbridge::{DType, Element, Precision};
+
+use crate::random::normal;
+use crate::row::Row;
+use crate::timing;
+
+/// The attention ops: the forward (with the statistics, as training runs it), and the forward
+/// followed by the backward.
+pub const OPS: [&str; 2] = ["attn_fwd", "attn_fwd_bwd"];
+
+/// One shape of `bench/attention.json`.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct Shape {
+    pub name: String,
+    pub b: usize,
+    pub h_q: usize,
+    pub h_kv: usize,
+    pub s_q: usize,
+    pub s_kv: usize,
+    pub d: usize,
+    pub mask: String,
+    #[serde(default)]
+    pub lens_q: Option<Vec<i32>>,
+    #[serde(default)]
+    pub lens_kv: Option<Vec<i32>>,
+}
+
+impl Shape {
+    /// The problem in `dtype`, BSHD.
+    pub fn problem(&self, dtype: DType) -> anyhow::Result<Attention> {
+        let mask = match self.mask.as_str() {
+            "none" => AttnMask::None,
+            "causal" => AttnMask::Causal,
+            "bottom_right" => AttnMask::CausalBottomRight,
+            other => bail!("bench/attention.json: unknown mask {other:?}"),
+        };
+        let p = Attention::new(self.b, (self.h_q, self.h_kv), (self.s_q, self.s_kv), self.d, dtype)
+            .with_mask(mask)
+            .with_var_len(self.lens_q.is_some());
+        p.validate()?;
+        if let (Some(q), Some(kv)) = (&self.lens_q, &self.lens_kv) {
+            p.check_lengths(q, kv)?;
+        }
+        Ok(p)
+    }
+
+    /// Floating-point operations of the forward: per sequence `4·h_q·len_q·len_kv·d`, halved
+    /// under a causal mask.
+    pub fn forward_flops(&self, p: &Attention) -> f64 {
+        match (&self.lens_q, &self.lens_kv) {
+            (Some(q), Some(kv)) => {
+                let per: f64 = q.iter().zip(kv).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let full = 4.0 * (self.h_q * self.d) as f64 * per;
+                if p.mask == AttnMask::None {
+                    full
+                } else {
+                    full / 2.0
+                }
+            }
+            _ => p.forward_flops(),
+        }
+    }
+}
+
+/// The shapes of `bench/attention.json`.
+pub fn shapes() -> anyhow::Result<Vec<Shape>> {
+    #[derive(serde::Deserialize)]
+    struct Suite {
+        shapes: Vec<Shape>,
+    }
+    let suite: Suite =
+        serde_json::from_str(include_str!("../../../../bench/attention.json")).context("bench/attention.json")?;
+    Ok(suite.shapes)
+}
+
+/// Every row: per f16/bf16 dtype of `dtypes`, per shape, per op; `each` is called with every
+/// row as it is made.
+pub fn bench(
+    gpu: &Gpu,
+    ops: &[String],
+    dtypes: &[(String, Precision)],
+    sampling: timing::Sampling,
+    each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (name, precision) in dtypes.iter().filter(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
+        for shape in shapes()? {
+            let p = shape.problem(precision.input())?;
+            let new = match p.dtype {
+                DType::F16 => shape_rows::<half::f16>(gpu, &shape, &p, name, ops, sampling)?,
+                _ => shape_rows::<half::bf16>(gpu, &shape, &p, name, ops, sampling)?,
+            };
+            for row in new {
+                each(&row)?;
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The device buffers of one problem: q, k, v, o, do, dq, dk, dv and the statistics.
+struct Buffers<T> {
+    t: [CudaSlice<T>; 8],
+    lse: CudaSlice<f32>,
+}
+
+fn shape_rows<T: Element + DeviceRepr>(
+    gpu: &Gpu,
+    shape: &Shape,
+    p: &Attention,
+    dtype: &str,
+    ops: &[String],
+    sampling: timing::Sampling,
+) -> anyhow::Result<Vec<Row>> {
+    use AttnTensor::{K, O, Q, V};
+    let s = gpu.stream();
+    let up = |t: AttnTensor| -> anyhow::Result<CudaSlice<T>> { Ok(s.clone_htod(&normal::<T>(p.required_elems(t)))?) };
+    let mut b = Buffers {
+        t: [up(Q)?, up(K)?, up(V)?, up(O)?, up(O)?, up(Q)?, up(K)?, up(V)?],
+        lse: s.alloc_zeros(p.stats_elems())?,
+    };
+    s.synchronize()?;
+    let lens = match (&shape.lens_q, &shape.lens_kv) {
+        (Some(q), Some(kv)) => Some((s.clone_htod(q)?, s.clone_htod(kv)?)),
+        _ => None,
+    };
+    // SAFETY: the lengths were checked against the problem (Shape::problem).
+    let seq = lens.as_ref().map(|(q, kv)| unsafe { SeqLens::device(q, kv) });
+    let mut rows = Vec::new();
+    for op in ops {
+        if op == "attn_fwd_bwd" && p.s_q == 1 {
+            // decoding runs no backward (and cuDNN's backward engines may refuse one query row)
+            continue;
+        }
+        let Buffers { t: [q, k, v, o, d_o, dq, dk, dv], lse } = &mut b;
+        let t = match op.as_str() {
+            "attn_fwd" => timing::time_gpu(gpu, sampling, &mut || {
+                gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)
+            })?,
+            "attn_fwd_bwd" => timing::time_gpu(gpu, sampling, &mut || {
+                gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)?;
+                let saved = AttnSaved { q: &*q, k: &*k, v: &*v, o: &*o, d_o: &*d_o, stats: &*lse };
+                gpu.attention_backward(p, saved, &mut *dq, &mut *dk, &mut *dv, seq)
+            })?,
+            other => bail!("unknown attention op {other:?}"),
+        };
+        tracing::info!(problem = %p.describe(), op = %op, forward = ?gpu.attention_plan(p, "forward"),
+            backward = ?gpu.attention_plan(p, "backward"), "attention row");
+        let flops = shape.forward_flops(p) * if op == "attn_fwd" { 1.0 } else { 3.5 };
+        rows.push(Row {
+            op: op.clone(),
+            dtype: dtype.to_string(),
+            m: p.s_q,
+            n: p.s_kv,
+            k: p.d,
+            batch: p.b,
+            median_ms: t.median_ms,
+            min_ms: t.min_ms,
+            tflops: flops / (t.median_ms * 1e-3) / 1e12,
+            scaling: None,
+            layout: Some(shape.name.clone()),
+        });
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_suite_names_its_shapes_and_they_are_valid_problems() {
+        let shapes = shapes().unwrap();
+        assert_eq!(shapes.len(), 8);
+        for s in &shapes {
+            let p = s.problem(DType::BF16).unwrap();
+            assert!(s.forward_flops(&p) > 0.0, "{}", s.name);
+        }
+        let decode = shapes.iter().find(|s| s.name == "h32:8-decode").unwrap();
+        assert_eq!((decode.s_q, decode.s_kv, decode.lens_kv.as_ref().unwrap().len()), (1, 4096, 16));
+        // a causal full batch counts half of 4·b·h·s²·d
+        let p = shapes[1].problem(DType::BF16).unwrap();
+        assert_eq!(shapes[1].forward_flops(&p), 2.0 * 4.0 * 32.0 * 4096.0 * 4096.0 * 128.0);
+    }
+}
