@@ -31,12 +31,18 @@ pub enum Which {
     ConvW,
     /// A convolution's output-shaped tensor: `y[N, K, P, Q]` (or its gradient `dy`).
     ConvY,
-    /// Attention's queries `q[b, h_q, s_q, d]` (or their gradient `dq`).
+    /// Attention's queries `q[b, h_q, s_q, d]`.
     AttnQ,
-    /// Attention's keys `k[b, h_kv, s_kv, d]` (or their gradient `dk`).
+    /// Attention's keys `k[b, h_kv, s_kv, d]`.
     AttnK,
-    /// Attention's values `v[b, h_kv, s_kv, d]` (or their gradient `dv`).
+    /// Attention's values `v[b, h_kv, s_kv, d]`.
     AttnV,
+    /// The gradient of attention's queries, `dq` (shaped as `q`).
+    AttnDq,
+    /// The gradient of attention's keys, `dk` (shaped as `k`).
+    AttnDk,
+    /// The gradient of attention's values, `dv` (shaped as `v`).
+    AttnDv,
     /// Attention's output `o[b, h_q, s_q, d]`.
     AttnO,
     /// The gradient of attention's output, `do[b, h_q, s_q, d]`.
@@ -60,9 +66,12 @@ impl std::fmt::Display for Which {
             Which::ConvX => "convolution input x (or dx)",
             Which::ConvW => "convolution filter w (or dw)",
             Which::ConvY => "convolution output y (or dy)",
-            Which::AttnQ => "attention queries q (or dq)",
-            Which::AttnK => "attention keys k (or dk)",
-            Which::AttnV => "attention values v (or dv)",
+            Which::AttnQ => "attention queries q",
+            Which::AttnK => "attention keys k",
+            Which::AttnV => "attention values v",
+            Which::AttnDq => "attention query gradient dq",
+            Which::AttnDk => "attention key gradient dk",
+            Which::AttnDv => "attention value gradient dv",
             Which::AttnO => "attention output o",
             Which::AttnDo => "attention output gradient do",
             Which::AttnStats => "attention softmax statistics lse",

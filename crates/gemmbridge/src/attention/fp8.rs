@@ -89,3 +89,15 @@ pub fn forward(p: &Attention, q: &[f64], k: &[f64], v: &[f64], lens: Lengths<'_>
     }
     f
 }
+
+/// `o` (in o's strides) stored in E4M3 with the dequantisation scale `scale` and read back:
+/// each element `fp8(x/scale)·scale` ([`crate::fp8`]'s rounding), as an FP8 output is.
+pub fn round_output(p: &Attention, o: &[f64], scale: f32) -> Vec<f64> {
+    let mut out = o.to_vec();
+    for at in p.elements(AttnTensor::O) {
+        let i = p.index(AttnTensor::O, at);
+        let bits = quantize_value(o[i] as f32, 1.0 / scale, Fp8Format::E4M3);
+        out[i] = fp8_to_f32(bits, Fp8Format::E4M3) as f64 * scale as f64;
+    }
+    out
+}

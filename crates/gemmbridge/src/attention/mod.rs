@@ -19,8 +19,9 @@
 //! `lse[n, hq, i] = ln Σ_j exp(score[j])` (the natural-log log-sum-exp, what the backward needs);
 //! `o[n, hq, i, e] = Σ_j exp(score[j] − lse) · v[n, hk, j, e]`.
 //! A row with no visible key (possible only with the bottom-right causal mask when
-//! `len_kv < len_q`) has `o = 0` and `lse = −∞`. With per-sequence lengths, rows `i ≥ len_q[n]`
-//! are padding: nothing defines them.
+//! `len_kv < len_q`) has `o = 0` and `lse = −∞` here; the GPU path refuses such problems
+//! (cuDNN's engines give those rows no defined value: [`crate::Error::AttentionShape`]). With
+//! per-sequence lengths, rows `i ≥ len_q[n]` are padding: nothing defines them.
 //!
 //! The backward, from `do`, `o` and `lse` (with `P = exp(score − lse)`, `D_i = Σ_e do·o`):
 //! `dv = Pᵀ·do`, `dS = P ∘ (do·vᵀ − D)`, `dq = scale·dS·k`, `dk = scale·dSᵀ·q`; with GQA,
@@ -33,8 +34,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// The largest head dimension a problem may have: cuDNN's fused attention engines take head
-/// dimensions up to 256 (cuDNN's developer guide, "Scaled Dot Product Attention"); a loaded
-/// library may take less, which the GPU path checks against its version.
+/// dimensions up to 256 (cuDNN's developer guide, "Scaled Dot Product Attention"); where a
+/// loaded library has no engine for a head dimension, the GPU path says so
+/// ([`crate::Error::Unsupported`] naming the cuDNN version) before anything runs.
 pub const MAX_HEAD_DIM: usize = 256;
 
 /// The largest size, stride or element count cuDNN's tensor descriptors take (`int64_t`
@@ -124,6 +126,11 @@ pub enum AttnMask {
 }
 
 /// One attention problem (see the module documentation for shapes and the definition).
+///
+/// The fields are public to be read; [`Attention::new`] derives the strides and the default
+/// scale from the sizes, so a problem with other sizes is made with `new` again (changing `d`
+/// or a head count in place keeps the old strides and scale, which [`Attention::validate`]
+/// then judges as given).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Attention {
     /// Batch size.
@@ -369,7 +376,7 @@ impl Attention {
             if lens.len() != self.b {
                 return bad(
                     "there is not one length per sequence",
-                    format!("{name} has {} lengths for b = {} ({})", lens.len(), self.b, self.describe()),
+                    format!("{name} has {} length(s) for b = {} ({})", lens.len(), self.b, self.describe()),
                 );
             }
             if let Some((n, &l)) = lens.iter().enumerate().find(|&(_, &l)| l < 1 || l as usize > max) {

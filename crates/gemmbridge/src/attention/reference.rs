@@ -101,6 +101,9 @@ pub(super) fn scores(
 
 /// `ln Σ exp(s)` over the visible scores, computed from their maximum (−∞ when none).
 fn log_sum_exp(s: &[Option<f64>]) -> f64 {
+    if s.iter().flatten().any(|x| x.is_nan()) {
+        return f64::NAN; // NaN in, NaN out (f64::max would skip it)
+    }
     let m = s.iter().flatten().cloned().fold(f64::NEG_INFINITY, f64::max);
     if m == f64::NEG_INFINITY {
         return m;

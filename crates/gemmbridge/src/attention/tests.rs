@@ -309,3 +309,17 @@ fn the_fp8_emulation_refuses_a_useless_p_scale() {
     let x = vec![0.5; 640];
     fp8::forward(&p, &x, &x, &x, None, Some(0.0));
 }
+
+#[test]
+fn an_fp8_output_is_rounded_through_e4m3_with_its_scale() {
+    let p = bf16(1, (1, 1), (1, 1), 16);
+    let scale = 0.25f32;
+    // 1.5·0.25 is exact in E4M3 (1.5 = 1.1₂); 1.0625 is not (three mantissa bits): it rounds to 1.0
+    let mut o = vec![0.0; p.required_elems(AttnTensor::O)];
+    o[0] = 1.5 * 0.25;
+    o[1] = 1.0625 * 0.25;
+    o[2] = -448.0 * 0.25;
+    let r = fp8::round_output(&p, &o, scale);
+    assert_eq!((r[0], r[1], r[2]), (0.375, 0.25, -112.0));
+    assert!(r[3..].iter().all(|&x| x == 0.0));
+}

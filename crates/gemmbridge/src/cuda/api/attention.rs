@@ -71,7 +71,7 @@ type HostLens<'a> = Option<(&'a [i32], &'a [i32])>;
 
 /// One checked buffer: which, address, byte span the problem touches.
 #[derive(Clone, Copy)]
-struct Span {
+pub(super) struct Span {
     which: Which,
     addr: u64,
     bytes: usize,
@@ -79,7 +79,7 @@ struct Span {
 
 /// The buffer rules: the buffer holds `elems` elements of `elem` bytes, its address is 16-byte
 /// aligned (cuDNN's attention engines load 16-byte vectors).
-fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
+pub(super) fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
     let needed = elems.saturating_mul(elem);
     if have < needed {
         return Err(Error::BufferTooSmall {
@@ -121,10 +121,16 @@ fn disjoint(written: &[Span], read: &[Span]) -> Result<()> {
 /// row left without keys by the bottom-right causal mask (cuDNN's engines give such rows no
 /// defined value).
 fn check_problem<T: Element>(p: &Attention, lens: Option<SeqLens>) -> Result<()> {
-    p.validate()?;
     if T::DTYPE != p.dtype {
+        p.validate()?;
         return Err(Error::DTypeMismatch { operand: Which::AttnQ, expected: p.dtype, got: T::DTYPE });
     }
+    check_problem_of(p, lens)
+}
+
+/// [`check_problem`] without the element type (the FP8 path's inputs are E4M3).
+pub(super) fn check_problem_of(p: &Attention, lens: Option<SeqLens>) -> Result<()> {
+    p.validate()?;
     let bad = |what: &'static str, detail: String| Err(Error::AttentionShape { what, detail });
     match (p.var_len, lens) {
         (true, None) => return bad("a problem with per-sequence lengths was given none", p.describe()),
@@ -193,10 +199,6 @@ impl Gpu {
         for (w, b, _) in &ins {
             same_context(*w, b.stream(), ctx)?;
         }
-        same_context(Which::AttnO, o.stream(), ctx)?;
-        if let Some(st) = stats.as_ref() {
-            same_context(Which::AttnStats, st.stream(), ctx)?;
-        }
         let elem = T::DTYPE.size_bytes();
         let mut guards = Vec::with_capacity(8);
         let mut read = Vec::with_capacity(5);
@@ -205,10 +207,35 @@ impl Gpu {
             guards.push(g);
             read.push(span(w, addr, b.num_bytes(), p.required_elems(t), elem)?);
         }
+        same_context(Which::AttnO, o.stream(), ctx)?;
         let o_bytes = o.num_bytes();
         let (o_addr, g) = o.device_ptr_mut(s);
         guards.push(g);
-        let mut written = vec![span(Which::AttnO, o_addr, o_bytes, p.required_elems(AttnTensor::O), elem)?];
+        let o = span(Which::AttnO, o_addr, o_bytes, p.required_elems(AttnTensor::O), elem)?;
+        let r = self.forward_outputs(p, None, read, o, stats, lens);
+        drop(guards);
+        r
+    }
+
+    /// The rest of a forward whose inputs q, k, v and output o are checked (`read`: the
+    /// inputs' spans, in that order, `o` the output's; the caller holds their guards until this
+    /// returns): the statistics checked, the lengths, the overlaps, then the call; `fp8`: the
+    /// dequantisation scales' addresses of q and k for an FP8 forward.
+    pub(super) fn forward_outputs(
+        &self,
+        p: &Attention,
+        fp8: Option<[u64; 2]>,
+        mut read: Vec<Span>,
+        o: Span,
+        stats: Option<&mut dyn DevicePtrMut<f32>>,
+        lens: Option<SeqLens>,
+    ) -> Result<()> {
+        let (ctx, s) = (self.context(), self.stream());
+        let mut guards = Vec::with_capacity(4);
+        if let Some(st) = stats.as_ref() {
+            same_context(Which::AttnStats, st.stream(), ctx)?;
+        }
+        let mut written = vec![o];
         let mut stats_addr = 0;
         if let Some(st) = stats {
             let bytes = st.num_bytes();
@@ -219,8 +246,15 @@ impl Gpu {
         }
         let (mut b, host) = self.lens_buffers(p, lens, &mut guards, &mut read)?;
         disjoint(&written, &read)?;
-        (b.q, b.k, b.v, b.o, b.stats) = (read[0].addr, read[1].addr, read[2].addr, o_addr, stats_addr);
-        let op = AttnOp::Forward { stats: stats_addr != 0 };
+        (b.q, b.k, b.v, b.o, b.stats) = (read[0].addr, read[1].addr, read[2].addr, o.addr, stats_addr);
+        let stats = stats_addr != 0;
+        let op = match fp8 {
+            Some(d) => {
+                b.descale = d;
+                AttnOp::ForwardFp8 { stats }
+            }
+            None => AttnOp::Forward { stats },
+        };
         let r = self.attention_run(p, op, b, host);
         drop(guards);
         r
@@ -265,8 +299,11 @@ impl Gpu {
             same_context(*w, b.stream(), ctx)?;
         }
         same_context(Which::AttnStats, stats.stream(), ctx)?;
-        let outs: [(Which, &mut dyn DevicePtrMut<T>, AttnTensor); 3] =
-            [(Which::AttnQ, dq, AttnTensor::Q), (Which::AttnK, dk, AttnTensor::K), (Which::AttnV, dv, AttnTensor::V)];
+        let outs: [(Which, &mut dyn DevicePtrMut<T>, AttnTensor); 3] = [
+            (Which::AttnDq, dq, AttnTensor::Q),
+            (Which::AttnDk, dk, AttnTensor::K),
+            (Which::AttnDv, dv, AttnTensor::V),
+        ];
         for (w, b, _) in &outs {
             same_context(*w, b.stream(), ctx)?;
         }
@@ -298,12 +335,13 @@ impl Gpu {
         r
     }
 
-    /// The cuDNN engine planned for `p`'s `"forward"` or `"backward"` (the forward planned
-    /// with or without statistics, whichever ran), once its first call has run; `None` before
-    /// or for another name.
+    /// The cuDNN engine planned for `p`'s `"forward"`, `"forward_fp8"` or `"backward"` (a
+    /// forward planned with or without statistics, whichever ran), once its first call has run;
+    /// `None` before or for another name.
     pub fn attention_plan(&self, p: &Attention, direction: &str) -> Option<String> {
         let ops: &[AttnOp] = match direction {
             "forward" => &[AttnOp::Forward { stats: true }, AttnOp::Forward { stats: false }],
+            "forward_fp8" => &[AttnOp::ForwardFp8 { stats: true }, AttnOp::ForwardFp8 { stats: false }],
             "backward" => &[AttnOp::Backward],
             _ => return None,
         };

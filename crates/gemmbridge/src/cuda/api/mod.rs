@@ -7,6 +7,7 @@
 //! room; no entry calls another file's entry code.
 
 mod attention;
+mod attention_fp8;
 mod checks;
 mod conv;
 mod diagnostics;

@@ -31,44 +31,68 @@ pub(crate) mod uid {
     pub const SOFTMAX_SUM: i64 = 12;
     /// Backward: dq accumulated in f32 `[b, h_q, s_q, d]`, in the workspace.
     pub const DQ_ACCUM: i64 = 13;
+    /// FP8: the dequantisation scales of q, k, v (f32 `[1, 1, 1, 1]`, the quantisation's).
+    pub const DESCALE_Q: i64 = 20;
+    pub const DESCALE_K: i64 = 21;
+    pub const DESCALE_V: i64 = 22;
+    /// FP8: P's scale into E4M3 and its inverse, o's scale (f32, in the workspace).
+    pub const SCALE_S: i64 = 23;
+    pub const DESCALE_S: i64 = 24;
+    pub const SCALE_O: i64 = 25;
+    /// FP8: the largest |P| and |o| (f32, in the workspace).
+    pub const AMAX_S: i64 = 26;
+    pub const AMAX_O: i64 = 27;
 }
 
-const F32: Dt = Dt::CUDNN_DATA_FLOAT;
+pub(super) const F32: Dt = Dt::CUDNN_DATA_FLOAT;
 const I32: Dt = Dt::CUDNN_DATA_INT32;
 const BOOL: Dt = Dt::CUDNN_DATA_BOOLEAN;
 
 /// cuDNN's data type of the problem's tensors.
-fn io_type(p: &Attention) -> Dt {
+pub(super) fn io_type(p: &Attention) -> Dt {
     match p.dtype {
         DType::BF16 => Dt::CUDNN_DATA_BFLOAT16,
         _ => Dt::CUDNN_DATA_HALF,
     }
 }
 
-fn i(v: usize) -> i64 {
+pub(super) fn i(v: usize) -> i64 {
     // Attention::validate bounds every size and stride by i32::MAX
     v as i64
 }
 
-/// Tensor `t` of the problem (uid `uid`), as `[b, h, s, d]` or (`transposed`) `[b, h, d, s]`.
+/// Tensor `t` of the problem (uid `uid`), as `[b, h, s, d]` or (`transposed`) `[b, h, d, s]`,
+/// of the problem's type.
 fn operand(g: &mut Builder, p: &Attention, t: AttnTensor, uid: i64, transposed: bool) -> Result<Tensor> {
+    operand_of(g, p, t, uid, transposed, io_type(p))
+}
+
+/// [`operand`] of type `dtype`.
+pub(super) fn operand_of(
+    g: &mut Builder,
+    p: &Attention,
+    t: AttnTensor,
+    uid: i64,
+    transposed: bool,
+    dtype: Dt,
+) -> Result<Tensor> {
     let ([b, h, s], l, d) = (p.dims(t), p.layout(t), p.d);
     let (dims, strides) = if transposed {
         ([i(b), i(h), i(d), i(s)], [i(l.batch), i(l.head), 1, i(l.seq)])
     } else {
         ([i(b), i(h), i(s), i(d)], [i(l.batch), i(l.head), i(l.seq), 1])
     };
-    g.io(uid, dims, strides, io_type(p))
+    g.io(uid, dims, strides, dtype)
 }
 
 /// The per-sequence lengths, `[b, 1, 1, 1]` int32 each.
 #[derive(Clone, Copy)]
-struct Lens {
-    q: Tensor,
-    kv: Tensor,
+pub(super) struct Lens {
+    pub q: Tensor,
+    pub kv: Tensor,
 }
 
-fn lens(g: &mut Builder, p: &Attention) -> Result<Lens> {
+pub(super) fn lens(g: &mut Builder, p: &Attention) -> Result<Lens> {
     let dims = [i(p.b), 1, 1, 1];
     Ok(Lens { q: g.io(uid::LEN_Q, dims, [1; 4], I32)?, kv: g.io(uid::LEN_KV, dims, [1; 4], I32)? })
 }
@@ -79,7 +103,7 @@ fn scores_dims(p: &Attention) -> Dims {
 }
 
 /// Per-row values `[b, h_q, s_q, 1]`.
-fn row_dims(p: &Attention) -> Dims {
+pub(super) fn row_dims(p: &Attention) -> Dims {
     [i(p.b), i(p.h_q), i(p.s_q), 1]
 }
 
@@ -119,37 +143,36 @@ fn masks(g: &mut Builder, p: &Attention, s: Tensor, lens: Option<Lens>) -> Resul
     g.pw(Pw::CUDNN_POINTWISE_BINARY_SELECT, F32, &[s, lowest, keep], F32)
 }
 
-/// The scaled, masked scores `scale·q·kᵀ` (f32, virtual); the backward subtracts the
-/// statistics `stats` before masking, as cuDNN's backward pattern has it.
-fn scores(
+/// The scaled, masked scores `scale·q·kᵀ` (f32, virtual), multiplied by the `descales` (FP8:
+/// q's and k's dequantisation scales) after the scale; the backward subtracts the statistics
+/// `stats` before masking, as cuDNN's backward pattern has it. Returns the scores and the
+/// scale's tensor.
+pub(super) fn scores(
     g: &mut Builder,
     p: &Attention,
-    q: Tensor,
-    kt: Tensor,
+    (q, kt): (Tensor, Tensor),
     lens: Option<Lens>,
     stats: Option<Tensor>,
+    descales: &[Tensor],
 ) -> Result<(Tensor, Tensor)> {
     let dims = scores_dims(p);
     let s = g.virt(dims, dense(dims), F32)?;
     g.matmul(q, kt, s, [lens.map(|l| l.q), lens.map(|l| l.kv), None])?;
     let scale = g.scalar(Scalar::F32(p.scale))?;
     let mut s = g.f32(Pw::CUDNN_POINTWISE_MUL, &[s, scale])?;
+    for &d in descales {
+        s = g.f32(Pw::CUDNN_POINTWISE_MUL, &[s, d])?;
+    }
     if let Some(st) = stats {
         s = g.f32(Pw::CUDNN_POINTWISE_SUB, &[s, st])?;
     }
     Ok((masks(g, p, s, lens)?, scale))
 }
 
-/// The forward graph: `o` (and, with `stats`, the statistics `lse` as a tensor in memory;
-/// otherwise virtual); `var_len` adds the lengths.
-pub(super) fn forward(g: &mut Builder, p: &Attention, stats: bool) -> Result<()> {
-    let q = operand(g, p, AttnTensor::Q, uid::Q, false)?;
-    let kt = operand(g, p, AttnTensor::K, uid::K, true)?;
-    let v = operand(g, p, AttnTensor::V, uid::V, false)?;
-    let o = operand(g, p, AttnTensor::O, uid::O, false)?;
-    let lens = if p.var_len { Some(lens(g, p)?) } else { None };
-    let (s, _) = scores(g, p, q, kt, lens, None)?;
-    // softmax with its statistics: max, exp(s − max), sum, lse = max + ln(sum), p = exp / sum
+/// The softmax of the scores `s` with its statistics (the lse in memory with `stats`, else
+/// virtual): max, `e = exp(s − max)`, `sum = Σ e`, `lse = max + ln(sum)`; returns `(e, sum)`,
+/// whose quotient is P.
+pub(super) fn softmax(g: &mut Builder, p: &Attention, s: Tensor, stats: bool) -> Result<(Tensor, Tensor)> {
     let rows = row_dims(p);
     let max = g.virt(rows, dense(rows), F32)?;
     g.reduce(Red::CUDNN_REDUCE_TENSOR_MAX, s, max)?;
@@ -160,6 +183,19 @@ pub(super) fn forward(g: &mut Builder, p: &Attention, stats: bool) -> Result<()>
     let log = g.f32(Pw::CUDNN_POINTWISE_LOG, &[sum])?;
     let lse = if stats { g.io(uid::STATS, rows, dense(rows), F32)? } else { g.virt(rows, dense(rows), F32)? };
     g.pointwise(Pw::CUDNN_POINTWISE_ADD, F32, &[max, log], lse, None)?;
+    Ok((e, sum))
+}
+
+/// The forward graph: `o` (and, with `stats`, the statistics `lse` as a tensor in memory;
+/// otherwise virtual); `var_len` adds the lengths.
+pub(super) fn forward(g: &mut Builder, p: &Attention, stats: bool) -> Result<()> {
+    let q = operand(g, p, AttnTensor::Q, uid::Q, false)?;
+    let kt = operand(g, p, AttnTensor::K, uid::K, true)?;
+    let v = operand(g, p, AttnTensor::V, uid::V, false)?;
+    let o = operand(g, p, AttnTensor::O, uid::O, false)?;
+    let lens = if p.var_len { Some(lens(g, p)?) } else { None };
+    let (s, _) = scores(g, p, (q, kt), lens, None, &[])?;
+    let (e, sum) = softmax(g, p, s, stats)?;
     let probs = g.virt(s.dims, s.strides, io_type(p))?;
     g.pointwise(Pw::CUDNN_POINTWISE_DIV, F32, &[e, sum], probs, None)?;
     g.matmul(probs, v, o, [lens.map(|l| l.q), None, lens.map(|l| l.kv)])
@@ -194,7 +230,7 @@ pub(super) fn backward(g: &mut Builder, p: &Attention, with_lens: bool) -> Resul
     g.pointwise(Pw::CUDNN_POINTWISE_MUL, F32, &[red, one], softmax_sum, None)?;
 
     // P = exp(scale·q·kᵀ − lse), masked; dv = Pᵀ·do (summed over a key/value head's queries)
-    let (s, scale) = scores(g, p, q, kt, lens, Some(stats))?;
+    let (s, scale) = scores(g, p, (q, kt), lens, Some(stats), &[])?;
     let probs = g.f32(Pw::CUDNN_POINTWISE_EXP, &[s])?;
     let transposed = [b, hq, skv, sq];
     let t_strides = [hq * sq * skv, sq * skv, 1, skv];

@@ -9,6 +9,7 @@
 //! workspace after cuDNN's own part (the layout is [`Extra`]).
 
 mod builder;
+mod fp8;
 mod graphs;
 mod plan;
 mod run;
@@ -18,6 +19,7 @@ use cudarc::driver::sys::CUstream;
 use crate::attention::{Attention, AttnMask, HeadLayout};
 use crate::dtype::DType;
 
+pub(crate) use fp8::O_FACTOR;
 pub(crate) use plan::AttnPlan;
 
 /// cuDNN 9.15.1 fixed an attention-backward bug for key lengths that are not a multiple of
@@ -32,6 +34,8 @@ pub(crate) enum AttnOp {
     Forward { stats: bool },
     /// The backward.
     Backward,
+    /// The FP8 forward (E4M3 q, k, v and o); `stats` as for `Forward`.
+    ForwardFp8 { stats: bool },
 }
 
 /// Device addresses of one call (0 where the direction has no such tensor).
@@ -49,6 +53,8 @@ pub(crate) struct AttnBuffers {
     /// Per-sequence lengths on the device (the caller's); 0 for host lengths or none.
     pub len_q: u64,
     pub len_kv: u64,
+    /// FP8: the dequantisation scales of q and k (one f32 each; v's enters the output's scale).
+    pub descale: [u64; 2],
 }
 
 impl AttnBuffers {
@@ -114,12 +120,15 @@ impl AttnKey {
 }
 
 /// The workspace a plan uses after cuDNN's own `cudnn` bytes: byte offsets of the backward's
-/// f32 `Σ do·o` rows and dq accumulator, and of the lengths; `total` bytes in all.
+/// f32 `Σ do·o` rows and dq accumulator, of the lengths, and of the FP8 forward's six f32
+/// scalars (P's scale and its inverse, o's scale, the graph's v descale, P's and o's absolute
+/// maximum, in that order); `total` bytes in all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Extra {
     pub softmax_sum: usize,
     pub dq_accum: usize,
     pub lens: usize,
+    pub fp8: usize,
     pub total: usize,
 }
 
@@ -140,7 +149,12 @@ impl Extra {
             lens_at = at;
             at += up(p.b * 4) * 2;
         }
-        Extra { softmax_sum, dq_accum, lens: lens_at, total: at }
+        let mut fp8 = 0;
+        if matches!(op, AttnOp::ForwardFp8 { .. }) {
+            fp8 = at;
+            at += 256;
+        }
+        Extra { softmax_sum, dq_accum, lens: lens_at, fp8, total: at }
     }
 
     /// Byte offset of the kv lengths (the q lengths are at [`Extra::lens`]).

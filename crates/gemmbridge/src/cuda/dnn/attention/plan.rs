@@ -12,6 +12,7 @@ use raw::cudnnBackendAttributeName_t as A;
 use raw::cudnnBackendDescriptorType_t as D;
 
 use super::builder::{Builder, Scalar};
+use super::fp8::{self, O_FACTOR, P_SCALE};
 use super::graphs::{self, uid};
 use super::{AttnBuffers, AttnCall, AttnOp, Extra, LensSource};
 use crate::attention::Attention;
@@ -36,7 +37,7 @@ pub(crate) struct AttnPlan {
     scalar_uids: Vec<i64>,
     scalar_bits: Box<[u32]>,
     /// The last variant pack and the addresses it holds.
-    pack: Option<([u64; 12], Desc)>,
+    pack: Option<([u64; 14], Desc)>,
 }
 
 // SAFETY: host-side cuDNN objects and plain data, used under the device's Mutex only.
@@ -57,6 +58,7 @@ pub(crate) fn make(
     let mut g = Builder::new(align);
     match op {
         AttnOp::Forward { stats } => graphs::forward(&mut g, p, stats)?,
+        AttnOp::ForwardFp8 { stats } => fp8::forward(&mut g, p, stats)?,
         AttnOp::Backward => graphs::backward(&mut g, p, lens != LensSource::None)?,
     }
     let graph = g.finish(h, what)?;
@@ -123,12 +125,19 @@ impl AttnPlan {
     fn variant(&self, op: AttnOp, b: &AttnBuffers, ws: u64, lens: (u64, u64)) -> (Vec<i64>, Vec<*mut c_void>) {
         let v = |a: u64| a as *mut c_void;
         let (mut uids, mut ptrs) = match op {
-            AttnOp::Forward { stats } => {
+            AttnOp::Forward { stats } | AttnOp::ForwardFp8 { stats } => {
                 let mut u = vec![uid::Q, uid::K, uid::V, uid::O];
                 let mut p = vec![v(b.q), v(b.k), v(b.v), v(b.o)];
                 if stats {
                     u.push(uid::STATS);
                     p.push(v(b.stats));
+                }
+                if matches!(op, AttnOp::ForwardFp8 { .. }) {
+                    let at = |i: u64| v(ws + self.extra.fp8 as u64 + 4 * i);
+                    u.extend([uid::DESCALE_Q, uid::DESCALE_K]);
+                    p.extend([v(b.descale[0]), v(b.descale[1])]);
+                    u.extend([uid::SCALE_S, uid::DESCALE_S, uid::SCALE_O, uid::DESCALE_V, uid::AMAX_S, uid::AMAX_O]);
+                    p.extend([at(0), at(1), at(2), at(3), at(4), at(5)]);
                 }
                 (u, p)
             }
@@ -206,7 +215,19 @@ impl AttnPlan {
                 in_ws
             }
         };
-        let key = [b.q, b.k, b.v, b.o, b.stats, b.d_o, b.dq, b.dk, b.dv, lens.0, lens.1, ws];
+        if matches!(call.op, AttnOp::ForwardFp8 { .. }) {
+            // P's scale, its inverse, o's scale and the graph's constant v descale (`fp8.rs`), set
+            // for every call (the workspace is shared with other calls on the stream)
+            let at = ws + self.extra.fp8 as u64;
+            for (i, x) in [P_SCALE, 1.0 / P_SCALE, 1.0, O_FACTOR].into_iter().enumerate() {
+                // SAFETY: `at` holds 6 f32 (Extra::new); a stream-ordered memset.
+                unsafe { drv::cuMemsetD32Async(at + 4 * i as u64, x.to_bits(), 1, stream) }
+                    .result()
+                    .map_err(status::driver("cuMemsetD32Async"))?;
+            }
+        }
+        let d = b.descale;
+        let key = [b.q, b.k, b.v, b.o, b.stats, b.d_o, b.dq, b.dk, b.dv, lens.0, lens.1, ws, d[0], d[1]];
         if self.pack.as_ref().is_none_or(|(k, _)| *k != key) {
             let (uids, ptrs) = self.variant(call.op, b, ws, lens);
             self.pack = Some((key, pack(&uids, &ptrs, ws)?));

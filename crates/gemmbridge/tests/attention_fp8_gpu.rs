@@ -1,0 +1,197 @@
+//! GPU tests of FP8 attention ([`Gpu::attention_quantize`], [`Gpu::attention_forward_fp8`]):
+//! q, k, v quantised on the GPU, cuDNN's FP8 graph, judged against the float64 attention of the
+//! unquantised inputs — no worse than 1.5× the CPU emulation's own error (the same recipe:
+//! E4M3 q, k, v with tensor-wise scales, P in E4M3 with the scale 448;
+//! `gemmbridge::attention::fp8`) — outputs poisoned with NaN first; the statistics against the
+//! emulation's; bad input named before anything runs.
+
+mod common;
+
+use common::{gpu, normal, rng};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+use gemmbridge::attention::{fp8, reference, Attention, AttnMask, AttnTensor};
+use gemmbridge::cuda::{Fp8Tensor, Gpu, SeqLens};
+use gemmbridge::fp8::{fp8_to_f32, Fp8Format, Scaling, Source};
+use gemmbridge::half::{bf16, f16};
+use gemmbridge::{DType, Element, Error};
+use rand::rngs::StdRng;
+
+/// P's scale in cuDNN's FP8 graph (gemmbridge's fixed choice: E4M3's largest value).
+const P_SCALE: f32 = 448.0;
+
+struct Case {
+    p: Attention,
+    lens: Option<(Vec<i32>, Vec<i32>)>,
+}
+
+fn cases(dtype: DType) -> Vec<Case> {
+    let c = |b, h, s, d, mask| Case { p: Attention::new(b, h, s, d, dtype).with_mask(mask), lens: None };
+    let mut v = vec![
+        c(2, (8, 8), (129, 129), 128, AttnMask::Causal),
+        c(2, (8, 2), (257, 257), 128, AttnMask::None),
+        c(2, (4, 4), (200, 200), 64, AttnMask::Causal),
+    ];
+    v[1].p = v[1].p.bhsd();
+    let mut varlen = c(3, (8, 2), (256, 256), 128, AttnMask::Causal);
+    varlen.p = varlen.p.with_var_len(true);
+    varlen.lens = Some((vec![256, 100, 7], vec![256, 180, 7]));
+    v.push(varlen);
+    v
+}
+
+/// Fills an FP8 tensor's data with 0x7F, E4M3's NaN.
+fn poison_fp8(gpu: &Gpu, t: &Fp8Tensor) {
+    let s = gpu.stream();
+    let (ptr, _guard) = t.data().device_ptr(s);
+    s.synchronize().unwrap();
+    // SAFETY: the tensor's own allocation of data().len() bytes, idle after the synchronisation.
+    unsafe { cudarc::driver::result::memset_d8_sync(ptr, 0x7f, t.data().len()) }.unwrap();
+}
+
+fn wide<T: Element>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// The GPU's FP8 forward of one case against float64, within 1.5× the emulation's error.
+fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
+    let (p, s) = (&c.p, gpu.stream());
+    let what = p.describe();
+    let lens = c.lens.as_ref().map(|(q, kv)| (q.as_slice(), kv.as_slice()));
+    let host: Vec<Vec<T>> =
+        [AttnTensor::Q, AttnTensor::K, AttnTensor::V].iter().map(|&t| normal(rng, p.required_elems(t))).collect();
+    let dev: Vec<CudaSlice<T>> = host.iter().map(|x| s.clone_htod(x).unwrap()).collect();
+    let [q8, k8, v8] = [AttnTensor::Q, AttnTensor::K, AttnTensor::V]
+        .map(|t| gpu.attention_quantize(p, t, &dev[t as usize]).unwrap_or_else(|e| panic!("{what}: {e}")));
+    let mut o = gpu.attention_fp8_output(p).unwrap();
+    // poison: 0x7F is NaN in E4M3
+    poison_fp8(gpu, &o);
+    let mut lse = s.clone_htod(&vec![f32::NAN; p.stats_elems()]).unwrap();
+    let seq = lens.map(|(q, kv)| SeqLens::host(q, kv));
+    gpu.attention_forward_fp8(p, [&q8, &k8, &v8], &mut o, Some(&mut lse), seq)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let (q64, k64, v64) = (wide(&host[0]), wide(&host[1]), wide(&host[2]));
+    let exact = reference::forward(p, &q64, &k64, &v64, lens);
+    // the recipe: q, k, v and P in E4M3, o stored in E4M3 with twice v's scale
+    let v_scale = fp8::quantize_tensor(p, AttnTensor::V, &v64).1;
+    let o_scale = s.clone_dtoh(o.scales()).unwrap()[0];
+    assert_eq!(o_scale, 2.0 * v_scale, "{what}: o's scale is twice v's");
+    let mut emulated = fp8::forward(p, &q64, &k64, &v64, lens, Some(P_SCALE));
+    emulated.o = fp8::round_output(p, &emulated.o, o_scale);
+    let bytes = s.clone_dtoh(o.data()).unwrap();
+    let got: Vec<f64> = (0..p.required_elems(AttnTensor::O))
+        .map(|i| fp8_to_f32(bytes[i], Fp8Format::E4M3) as f64 * o_scale as f64)
+        .collect();
+    let e_gpu = reference::rel_error_rows(p, AttnTensor::O, &got, &exact.o, lens);
+    let e_emu = reference::rel_error_rows(p, AttnTensor::O, &emulated.o, &exact.o, lens);
+    eprintln!(
+        "{what}: o error {e_gpu:.3e}, emulation {e_emu:.3e} (ratio {:.2}); plan {:?}",
+        e_gpu / e_emu,
+        gpu.attention_plan(p, "forward_fp8")
+    );
+    assert!(e_gpu <= 1.5 * e_emu, "{what}: FP8 o error {e_gpu:e} > 1.5 × the emulation's {e_emu:e}");
+    // the statistics come from the dequantised q and k: the emulation's, up to f32 rounding
+    let lse_got = wide(&s.clone_dtoh(&lse).unwrap());
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for n in 0..p.b {
+        let (lq, _) = reference::lengths(p, lens, n);
+        for h in 0..p.h_q {
+            for i in 0..lq {
+                let at = reference::stats_index(p, n, h, i);
+                let (g, w) = (lse_got[at], emulated.lse[at]);
+                diff += if g.is_finite() { (g - w) * (g - w) } else { f64::INFINITY };
+                norm += w * w;
+            }
+        }
+    }
+    let e = (diff / norm).sqrt();
+    assert!(e <= 1e-3, "{what}: lse error {e:e} against the emulation's");
+}
+
+/// The bottom-right causal mask: within the recipe's error where the loaded cuDNN has an FP8
+/// engine for it (cuDNN 9.19 has, for more than one query row), else a named error
+/// (`Error::Unsupported`, naming the cuDNN version) and nothing written.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_bottom_right_causal_runs_or_is_a_named_error() {
+    let (gpu, mut rng) = (gpu(), rng());
+    let s = gpu.stream();
+    let p = Attention::new(1, (8, 1), (64, 300), 128, DType::BF16).with_mask(AttnMask::CausalBottomRight);
+    let up = |t: AttnTensor, rng: &mut StdRng| s.clone_htod(&normal::<bf16>(rng, p.required_elems(t))).unwrap();
+    let x = [AttnTensor::Q, AttnTensor::K, AttnTensor::V].map(|t| up(t, &mut rng));
+    let [q8, k8, v8] =
+        [AttnTensor::Q, AttnTensor::K, AttnTensor::V].map(|t| gpu.attention_quantize(&p, t, &x[t as usize]).unwrap());
+    let mut o = gpu.attention_fp8_output(&p).unwrap();
+    poison_fp8(&gpu, &o);
+    match gpu.attention_forward_fp8(&p, [&q8, &k8, &v8], &mut o, None, None) {
+        Err(Error::Unsupported { what, .. }) => {
+            assert!(what.contains("cuDNN"), "{what}");
+            assert!(s.clone_dtoh(o.data()).unwrap().iter().all(|&b| b == 0x7f), "a refused call wrote o");
+        }
+        // a cuDNN that offers it: then it must be right (the other tests' check)
+        Ok(()) => check_case::<bf16>(&gpu, &Case { p, lens: None }, &mut rng),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_forward_is_within_the_recipes_error_bf16() {
+    let (gpu, mut rng) = (gpu(), rng());
+    for c in cases(DType::BF16) {
+        check_case::<bf16>(&gpu, &c, &mut rng);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_forward_is_within_the_recipes_error_f16() {
+    let (gpu, mut rng) = (gpu(), rng());
+    for c in cases(DType::F16) {
+        check_case::<f16>(&gpu, &c, &mut rng);
+    }
+}
+
+/// Inputs that are not E4M3 with one scale, a head dimension that is not a multiple of 16, a
+/// packed (not dense) tensor to quantise and a short FP8 tensor are named errors; nothing is
+/// written; a good call runs afterwards.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_bad_input_is_named_and_nothing_is_written() {
+    let (gpu, mut rng) = (gpu(), rng());
+    let s = gpu.stream();
+    let p = Attention::new(2, (8, 2), (64, 64), 128, DType::BF16);
+    let up = |t: AttnTensor, rng: &mut StdRng| s.clone_htod(&normal::<bf16>(rng, p.required_elems(t))).unwrap();
+    let (q, k, v) = (up(AttnTensor::Q, &mut rng), up(AttnTensor::K, &mut rng), up(AttnTensor::V, &mut rng));
+    let [q8, k8, v8] = [(AttnTensor::Q, &q), (AttnTensor::K, &k), (AttnTensor::V, &v)]
+        .map(|(t, x)| gpu.attention_quantize(&p, t, x).unwrap());
+    let mut o = gpu.attention_fp8_output(&p).unwrap();
+    poison_fp8(&gpu, &o);
+    let shape = |e: Error| match e {
+        Error::AttentionShape { what, .. } => what,
+        other => panic!("{other:?}"),
+    };
+    let e5 = gpu.quantize(&q, p.b * p.s_q * p.h_q, p.d, Source::RowMajor, Fp8Format::E5M2, Scaling::Tensor).unwrap();
+    let e = gpu.attention_forward_fp8(&p, [&e5, &k8, &v8], &mut o, None, None).unwrap_err();
+    assert_eq!(shape(e), "FP8 attention takes E4M3 tensors with one scale each");
+    let rows = gpu.quantize(&q, p.b * p.s_q * p.h_q, p.d, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap();
+    let e = gpu.attention_forward_fp8(&p, [&rows, &k8, &v8], &mut o, None, None).unwrap_err();
+    assert_eq!(shape(e), "FP8 attention takes E4M3 tensors with one scale each");
+    let narrow = Attention::new(2, (8, 2), (64, 64), 24, DType::BF16);
+    let e = gpu.attention_forward_fp8(&narrow, [&q8, &k8, &v8], &mut o, None, None).unwrap_err();
+    assert_eq!(shape(e), "an FP8 tensor's head dimension or stride is not a multiple of 16 elements (16 bytes)");
+    let longer = Attention::new(2, (8, 2), (64, 128), 128, DType::BF16);
+    let e = gpu.attention_forward_fp8(&longer, [&q8, &k8, &v8], &mut o, None, None).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { .. }), "{e:?}");
+    let packed = p.with_layout(AttnTensor::Q, gemmbridge::attention::HeadLayout::packed_qkv(64, 8, 128));
+    let e = gpu.attention_quantize(&packed, AttnTensor::Q, &q).unwrap_err();
+    assert_eq!(shape(e), "a tensor to quantise is not dense (its elements leave gaps)");
+    // an output made for another problem
+    let shorter = Attention::new(2, (8, 2), (32, 64), 128, DType::BF16);
+    let mut other = gpu.attention_fp8_output(&shorter).unwrap();
+    let e = gpu.attention_forward_fp8(&p, [&q8, &k8, &v8], &mut other, None, None).unwrap_err();
+    assert_eq!(shape(e), "the FP8 output was not made for this problem (Gpu::attention_fp8_output)");
+    let n_o = p.required_elems(AttnTensor::O);
+    assert!(s.clone_dtoh(o.data()).unwrap()[..n_o].iter().all(|&x| x == 0x7f), "a refused call wrote the output");
+    gpu.attention_forward_fp8(&p, [&q8, &k8, &v8], &mut o, None, None).unwrap();
+    assert!(s.clone_dtoh(o.data()).unwrap()[..n_o].iter().all(|&x| x & 0x7f != 0x7f), "NaN in o");
+}
