@@ -4,7 +4,8 @@
 //! (heads, mask, lengths); its TFLOP/s counts 4·b·h_q·s_q·s_kv·d per forward (halved under a
 //! causal mask; with per-sequence lengths, each sequence's own lengths) and 2.5× that for the
 //! backward, as PyTorch's and FlashAttention's benchmarks do. Decoding shapes (one query row)
-//! get no attn_fwd_bwd row.
+//! get no attn_fwd_bwd row. The FP8 rows (`attn_fwd_fp8`, `attn_fp8_cast`) have no peer: PyTorch
+//! offers no FP8 attention; they read against the bf16/f16 rows of the same run.
 
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaSlice, DeviceRepr};
@@ -16,9 +17,10 @@ use crate::random::normal;
 use crate::row::Row;
 use crate::timing;
 
-/// The attention ops: the forward (with the statistics, as training runs it), and the forward
-/// followed by the backward.
-pub const OPS: [&str; 2] = ["attn_fwd", "attn_fwd_bwd"];
+/// The attention ops: the forward (with the statistics, as training runs it), the forward
+/// followed by the backward; the FP8 forward on q, k, v quantised beforehand (the attention
+/// call alone), and the quantisation of q, k and v into E4M3 that it needs (the casts alone).
+pub const OPS: [&str; 4] = ["attn_fwd", "attn_fwd_bwd", "attn_fwd_fp8", "attn_fp8_cast"];
 
 /// One shape of `bench/attention.json`.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -85,18 +87,31 @@ pub fn shapes() -> anyhow::Result<Vec<Shape>> {
     Ok(suite.shapes)
 }
 
-/// Every row: per f16/bf16 dtype of `dtypes`, per shape, per op; `each` is called with every
-/// row as it is made.
+/// `--attn-shapes` parsed: shape names of `bench/attention.json` (empty: every shape).
+pub fn parse_shapes(list: &str) -> anyhow::Result<Vec<String>> {
+    let known: Vec<String> = shapes()?.into_iter().map(|s| s.name).collect();
+    let mut out = Vec::new();
+    for n in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !known.iter().any(|k| k == n) {
+            bail!("--attn-shapes: unknown shape {n:?}; bench/attention.json has {}", known.join(", "));
+        }
+        out.push(n.to_string());
+    }
+    Ok(out)
+}
+
+/// Every row: per f16/bf16 dtype of `dtypes`, per shape (of `names`; every shape when empty),
+/// per op; `each` is called with every row as it is made.
 pub fn bench(
     gpu: &Gpu,
-    ops: &[String],
+    (ops, names): (&[String], &[String]),
     dtypes: &[(String, Precision)],
     sampling: timing::Sampling,
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (name, precision) in dtypes.iter().filter(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
-        for shape in shapes()? {
+        for shape in shapes()?.into_iter().filter(|s| names.is_empty() || names.contains(&s.name)) {
             let p = shape.problem(precision.input())?;
             let new = match p.dtype {
                 DType::F16 => shape_rows::<half::f16>(gpu, &shape, &p, name, ops, sampling)?,
@@ -146,20 +161,45 @@ fn shape_rows<T: Element + DeviceRepr>(
             continue;
         }
         let Buffers { t: [q, k, v, o, d_o, dq, dk, dv], lse } = &mut b;
-        let t = match op.as_str() {
+        let timed = match op.as_str() {
             "attn_fwd" => timing::time_gpu(gpu, sampling, &mut || {
                 gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)
-            })?,
+            }),
             "attn_fwd_bwd" => timing::time_gpu(gpu, sampling, &mut || {
                 gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)?;
                 let saved = AttnSaved { q: &*q, k: &*k, v: &*v, o: &*o, d_o: &*d_o, stats: &*lse };
                 gpu.attention_backward(p, saved, &mut *dq, &mut *dk, &mut *dv, seq)
-            })?,
+            }),
+            "attn_fwd_fp8" => {
+                let [q8, k8, v8] = [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)]
+                    .map(|(t, x)| gpu.attention_quantize(p, t, x));
+                let (q8, k8, v8) = (q8?, k8?, v8?);
+                let mut o8 = gpu.attention_fp8_output(p)?;
+                timing::time_gpu(gpu, sampling, &mut || {
+                    gpu.attention_forward_fp8(p, [&q8, &k8, &v8], &mut o8, Some(&mut *lse), seq)
+                })
+            }
+            "attn_fp8_cast" => timing::time_gpu(gpu, sampling, &mut || {
+                for (t, x) in [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)] {
+                    gpu.attention_quantize(p, t, x)?;
+                }
+                Ok::<(), gemmbridge::Error>(())
+            }),
             other => bail!("unknown attention op {other:?}"),
         };
+        // a problem the loaded cuDNN has no engine for (FP8 with a bottom-right mask, say) is
+        // reported and skipped, not the end of the run
+        let t = match timed {
+            Err(e) if matches!(e.downcast_ref::<gemmbridge::Error>(), Some(gemmbridge::Error::Unsupported { .. })) => {
+                eprintln!("{op} {}: skipped: {e}", p.describe());
+                continue;
+            }
+            other => other?,
+        };
         tracing::info!(problem = %p.describe(), op = %op, forward = ?gpu.attention_plan(p, "forward"),
-            backward = ?gpu.attention_plan(p, "backward"), "attention row");
-        let flops = shape.forward_flops(p) * if op == "attn_fwd" { 1.0 } else { 3.5 };
+            backward = ?gpu.attention_plan(p, "backward"), fp8 = ?gpu.attention_plan(p, "forward_fp8"), "attention row");
+        // the cast row's TFLOP/s is its forward's, so that its time reads against the forward's
+        let flops = shape.forward_flops(p) * if op == "attn_fwd_bwd" { 3.5 } else { 1.0 };
         rows.push(Row {
             op: op.clone(),
             dtype: dtype.to_string(),
@@ -189,6 +229,8 @@ mod tests {
             let p = s.problem(DType::BF16).unwrap();
             assert!(s.forward_flops(&p) > 0.0, "{}", s.name);
         }
+        assert!(parse_shapes("h24,nope").is_err());
+        assert_eq!(parse_shapes(" h24 ,").unwrap(), ["h24"]);
         let decode = shapes.iter().find(|s| s.name == "h32:8-decode").unwrap();
         assert_eq!((decode.s_q, decode.s_kv, decode.lens_kv.as_ref().unwrap().len()), (1, 4096, 16));
         // a causal full batch counts half of 4·b·h·s²·d
