@@ -10,7 +10,6 @@ use super::engine::Gpu;
 use crate::attention::{Attention, AttnMask, AttnTensor};
 use crate::cuda::device::{is_capturing, Relaxed};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp};
-use crate::cuda::dnn::DnnState;
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 
@@ -398,14 +397,8 @@ impl Gpu {
         // Planning may allocate and load kernels: allowed while another thread captures in
         // global mode.
         let _relaxed = if planned { None } else { Some(Relaxed::enter()?) };
-        if st.libs.dnn.is_none() {
-            let ctx = self.context();
-            let pool = ctx.is_primary().then(|| ctx.ordinal());
-            let mut d = DnnState::new(st.libs.conv_search, st.libs.conv_fuse, st.libs.conv_api, pool)?;
-            d.ws_limit = st.libs.conv_ws_limit;
-            d.load_tactics(st.libs.conv_tactics.iter());
-            st.libs.dnn = Some(d);
-        }
+        let ctx = self.context();
+        st.libs.ensure_dnn(ctx.is_primary().then(|| ctx.ordinal()))?;
         let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
         call.workspace = (ws.ptr, ws.matmul_bytes);
         let dnn = st.libs.dnn.as_mut().expect("created above");

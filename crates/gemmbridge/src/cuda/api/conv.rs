@@ -9,7 +9,7 @@ use super::checks::same_context;
 use super::engine::Gpu;
 use crate::conv::{Conv2d, ConvActivation};
 use crate::cuda::device::{is_capturing, GraphReplay, Relaxed};
-use crate::cuda::dnn::{ConvApi, ConvBuffers, ConvCall, ConvOp, ConvSearch, DnnState};
+use crate::cuda::dnn::{ConvApi, ConvBuffers, ConvCall, ConvOp, ConvSearch};
 use crate::cuda::status;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, Which};
@@ -335,14 +335,8 @@ impl Gpu {
         // Planning may allocate, load modules and time candidates: allowed while another
         // thread captures in global mode.
         let _relaxed = if planned { None } else { Some(Relaxed::enter()?) };
-        if st.libs.dnn.is_none() {
-            let ctx = self.context();
-            let pool = ctx.is_primary().then(|| ctx.ordinal());
-            let mut d = DnnState::new(st.libs.conv_search, st.libs.conv_fuse, st.libs.conv_api, pool)?;
-            d.ws_limit = st.libs.conv_ws_limit;
-            d.load_tactics(st.libs.conv_tactics.iter());
-            st.libs.dnn = Some(d);
-        }
+        let ctx = self.context();
+        st.libs.ensure_dnn(ctx.is_primary().then(|| ctx.ordinal()))?;
         let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
         let replay = st.libs.lt.as_ref().map_or_else(GraphReplay::default, |lt| lt.replay.options);
         let cap = if replay.enabled { st.dev.capture_stream().map(|c| c.raw()) } else { None };

@@ -54,6 +54,23 @@ pub(crate) struct Libraries {
     pub sm_count_target: u32,
 }
 
+impl Libraries {
+    /// Creates the cuDNN room on first use (libcudnn loaded, the handle made, the convolution
+    /// settings and tactic-database entries handed over); `pool` as [`DnnState::new`]'s.
+    ///
+    /// # Errors
+    /// As [`DnnState::new`].
+    pub fn ensure_dnn(&mut self, pool: Option<usize>) -> crate::error::Result<()> {
+        if self.dnn.is_none() {
+            let mut d = DnnState::new(self.conv_search, self.conv_fuse, self.conv_api, pool)?;
+            d.ws_limit = self.conv_ws_limit;
+            d.load_tactics(self.conv_tactics.iter());
+            self.dnn = Some(d);
+        }
+        Ok(())
+    }
+}
+
 impl Resources for Libraries {
     fn release(&mut self) {
         self.lt = None; // plans, graphs and the handle
