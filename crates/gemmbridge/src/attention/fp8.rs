@@ -14,7 +14,9 @@ use super::{Attention, AttnTensor};
 use crate::fp8::{fp8_to_f32, quantize_value, scale_of, Fp8Format};
 
 /// A tensor of the problem quantised to E4M3 with one scale, and dequantised again (in its
-/// strides, elements outside the tensor 0), with the scale `s` (dequantised = `fp8 · s`).
+/// strides, elements outside the tensor 0), with the scale `s` (dequantised = `fp8 · s`). As
+/// the GPU's quantisation, an infinite element (or one past f32's range) makes the amax
+/// infinite and every element NaN.
 ///
 /// # Panics
 /// On a problem [`Attention::validate`] refuses or an `x` of another length than the tensor's.
@@ -92,7 +94,13 @@ pub fn forward(p: &Attention, q: &[f64], k: &[f64], v: &[f64], lens: Lengths<'_>
 
 /// `o` (in o's strides) stored in E4M3 with the dequantisation scale `scale` and read back:
 /// each element `fp8(x/scale)·scale` ([`crate::fp8`]'s rounding), as an FP8 output is.
+///
+/// # Panics
+/// On a problem [`Attention::validate`] refuses, an `o` of another length than the problem's
+/// output, or a `scale` that is not finite and positive.
 pub fn round_output(p: &Attention, o: &[f64], scale: f32) -> Vec<f64> {
+    expect(p, None, &[(AttnTensor::O, o.len())]);
+    assert!(scale.is_finite() && scale > 0.0, "attention::fp8::round_output: scale {scale} is not finite and positive");
     let mut out = o.to_vec();
     for at in p.elements(AttnTensor::O) {
         let i = p.index(AttnTensor::O, at);

@@ -10,7 +10,7 @@ use super::checks::same_context;
 use super::engine::Gpu;
 use crate::attention::{Attention, AttnTensor, HeadLayout};
 use crate::cuda::device::{Relaxed, RelaxedDrop};
-use crate::cuda::dnn::attention::O_FACTOR;
+use crate::cuda::dnn::attention::{MAX_KEYS, O_FACTOR};
 use crate::cuda::route::fp8::Fp8Tensor;
 use crate::cuda::status;
 use crate::dtype::{DType, Element};
@@ -18,8 +18,15 @@ use crate::error::{Error, Result, Which};
 use crate::fp8::{Fp8Format, Fp8Layout, Scaling, Source};
 
 /// The FP8 rules of a problem beside [`Attention::validate`]'s: the head dimension and every
-/// stride of q, k and v multiples of 16 elements (16-byte rows of one-byte elements).
+/// stride of q, k and v multiples of 16 elements (16-byte rows of one-byte elements); at most
+/// 400 000 keys (o's fixed scale leaves room for P's rounding up to there).
 fn check_fp8_layout(p: &Attention) -> Result<()> {
+    if p.s_kv > MAX_KEYS {
+        return Err(Error::AttentionShape {
+            what: "an FP8 attention has more keys than its output's fixed scale allows",
+            detail: format!("s_kv = {} > {MAX_KEYS} ({})", p.s_kv, p.describe()),
+        });
+    }
     for t in [AttnTensor::Q, AttnTensor::K, AttnTensor::V] {
         let l = p.layout(t);
         if [p.d, l.batch, l.head, l.seq].iter().any(|x| !x.is_multiple_of(16)) {
@@ -48,7 +55,8 @@ impl Gpu {
     /// ([`Gpu::quantize`] with [`Scaling::Tensor`]: `scale = amax/448`, the GPU's result equal
     /// to [`crate::fp8::quantize`]'s bit for bit), on [`Gpu::stream`], no host synchronisation.
     /// The FP8 tensor keeps the source's element layout (one byte per element), so `p` describes
-    /// it too. The tensor must be dense — its elements fill `[0, required_elems)` with no gaps
+    /// it too (pass [`Gpu::attention_forward_fp8`] the problem with the same layouts); as an
+    /// [`Fp8Tensor`] it is the matrix `[b·h·s, d]` (rows of one head and position). The tensor must be dense — its elements fill `[0, required_elems)` with no gaps
     /// (BSHD or BHSD as [`Attention::new`] and [`Attention::bhsd`] make them; not a view into a
     /// packed QKV projection) — and its head dimension a multiple of 16.
     ///
@@ -112,23 +120,29 @@ impl Gpu {
     }
 
     /// [`Gpu::attention_forward`] on FP8 inputs: `q`, `k`, `v` in E4M3 with one dequantisation
-    /// scale each (as [`Gpu::attention_quantize`] makes them), read in `p.layouts`'s strides
-    /// (one byte per element), through cuDNN's FP8 attention graph — the scores in f32 from the
-    /// FP8 product and the two scales, the softmax in f32 (with its statistics `lse` when
-    /// `stats` is given), P stored in E4M3 with the fixed scale 448 (P ≤ 1: E4M3's whole
-    /// range), `P·v` in FP8 — into `o` ([`Gpu::attention_fp8_output`]): E4M3 with the scale
-    /// `v's scale / 0.5` (o is a convex combination of v's rows, so no value can overflow;
-    /// module `cuda::dnn::attention::fp8` has the arithmetic), written on the device after the
-    /// attention call (a copy and a cuBLAS `axpy` of one value): no host round trip. On Hopper
-    /// cuDNN's FP8 attention writes o only in FP8; an f16/bf16 o is not offered. Masks, grouped
-    /// key/value heads and per-sequence lengths as the f16/bf16 forward, where cuDNN's FP8
-    /// engines take them (a combination they do not take is [`Error::Unsupported`] naming the
-    /// cuDNN version). `p.dtype` names the type the inputs were quantised from.
+    /// scale each, as [`Gpu::attention_quantize`] makes them from dense tensors (checked),
+    /// read in `p.layouts`'s strides (one byte per element), through cuDNN's FP8 attention
+    /// graph — the scores in f32 from the FP8 product and the two scales, the softmax in f32
+    /// (with its statistics `lse` when `stats` is given), P stored in E4M3 with the fixed scale
+    /// 448 (P ≤ 1: E4M3's whole range), `P·v` in FP8 — into `o` ([`Gpu::attention_fp8_output`]).
+    ///
+    /// `o` is E4M3 with a fixed dequantisation scale of twice v's (not o's own amax/448): o is a
+    /// convex combination of v's rows, so in units of v's scale it cannot exceed v's largest
+    /// value, and the factor 2 leaves room for P's rounding (hence at most 400 000 keys); o uses
+    /// about half of E4M3's range. The scale is written on the device after the attention call
+    /// (a copy and a cuBLAS `axpy` of one value): no host round trip. Read o back with
+    /// `o.to_host()?` and [`crate::fp8::dequantize`]. On Hopper cuDNN's FP8 attention writes o
+    /// only in FP8; an f16/bf16 o is not offered. Masks, grouped key/value heads and
+    /// per-sequence lengths as the f16/bf16 forward, where cuDNN's FP8 engines take them (a
+    /// combination they do not take — decoding, one query row, on cuDNN 9.19 — is
+    /// [`Error::Unsupported`] naming the cuDNN version). `p.dtype` names the type the inputs were
+    /// quantised from.
     ///
     /// # Errors
     /// As [`Gpu::attention_forward`]; and [`Error::AttentionShape`] for an input that is not
-    /// E4M3 with one scale, a head dimension or stride that is not a multiple of 16, or an `o`
-    /// not made for this problem; [`Error::BufferTooSmall`] for an FP8 tensor smaller than the
+    /// E4M3 with one scale or was not quantised for this problem, a head dimension or stride
+    /// that is not a multiple of 16, more than 400 000 keys, or an `o` not made for this
+    /// problem; [`Error::BufferTooSmall`] for an FP8 tensor smaller than the
     /// problem's; [`Error::Fp8`] on a GPU without FP8.
     pub fn attention_forward_fp8(
         &self,
@@ -214,5 +228,35 @@ fn output_matrix(p: &Attention) -> Result<(usize, usize)> {
             what: "an FP8 output must be dense BSHD or dense BHSD",
             detail: format!("o strides batch {}, head {}, seq {} ({})", l.batch, l.head, l.seq, p.describe()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    fn rule(p: &Attention) -> &'static str {
+        match check_fp8_layout(p).and_then(|()| output_matrix(p).map(|_| ())) {
+            Err(Error::AttentionShape { what, .. }) => what,
+            other => panic!("{}: {other:?}", p.describe()),
+        }
+    }
+
+    #[test]
+    fn the_fp8_rules_are_named_errors() {
+        let p = Attention::new(2, (8, 2), (64, 64), 128, DType::BF16);
+        check_fp8_layout(&p).unwrap();
+        assert_eq!(output_matrix(&p).unwrap(), (2 * 64, 8 * 128));
+        assert_eq!(output_matrix(&p.bhsd()).unwrap(), (2 * 8 * 64, 128));
+        let narrow = Attention::new(2, (8, 2), (64, 64), 72, DType::BF16);
+        assert_eq!(
+            rule(&narrow),
+            "an FP8 tensor's head dimension or stride is not a multiple of 16 elements (16 bytes)"
+        );
+        let long = Attention::new(1, (1, 1), (1, MAX_KEYS + 1), 128, DType::BF16);
+        assert_eq!(rule(&long), "an FP8 attention has more keys than its output's fixed scale allows");
+        let packed_o = p.with_layout(AttnTensor::O, HeadLayout::packed_qkv(64, 8, 128));
+        assert_eq!(rule(&packed_o), "an FP8 output must be dense BSHD or dense BHSD");
     }
 }

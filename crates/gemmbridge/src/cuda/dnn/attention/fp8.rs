@@ -10,9 +10,14 @@
 //! The scales, fixed so that no value can overflow and no host value is needed: P ≤ 1 is stored
 //! as `fp8(P·448)` ([`P_SCALE`]); o, a convex combination of v's rows (Σ P = 1), is bounded by v's
 //! largest value, so the graph's "descale v" is the constant [`O_FACTOR`] and o is stored in
-//! units of v's FP8 values: `o = fp8(P₈·v₈/448 · O_FACTOR) · (v's scale / O_FACTOR)`, at most
-//! 448·O_FACTOR·(1 + P's rounding) in magnitude. The output's dequantisation scale is
-//! `v's scale / O_FACTOR`, made on the device by the entry point.
+//! units of v's FP8 values: `o = fp8(P₈·v₈/448 · O_FACTOR) · (v's scale / O_FACTOR)`. The stored
+//! probabilities may sum past 1: each normal E4M3 value is at most 1/16 high, and one in E4M3's
+//! subnormal range (P·448 < 2⁻⁶) up to 2⁻¹⁰ high in absolute terms, so Σ P₈/448 ≤ 1 + 1/16 +
+//! s_kv·2⁻¹⁰/448 — below 1/O_FACTOR = 2 while s_kv ≤ [`MAX_KEYS`], the limit the entry point
+//! enforces. Where P·448 falls into the subnormal range (rows spread evenly over tens of
+//! thousands of keys) the stored probabilities lose precision, as the CPU emulation shows. The
+//! output's dequantisation scale is `v's scale / O_FACTOR`, made on the device by the entry
+//! point.
 
 use super::builder::{dense, Builder, Dt, Pw, Red};
 use super::graphs::{i, lens, operand_of, scores, softmax, uid, F32};
@@ -24,8 +29,12 @@ use crate::error::Result;
 pub(crate) const P_SCALE: f32 = 448.0;
 
 /// The graph's constant "descale v" (see the module documentation): ½ leaves o room for P's
-/// rounding (each stored probability may be up to 1/16 high, so Σ P₈/448 may exceed 1).
+/// rounding (the stored probabilities may sum past 1).
 pub(crate) const O_FACTOR: f32 = 0.5;
+
+/// The most keys per row the FP8 forward takes: Σ P₈/448 ≤ 1 + 1/16 + s_kv·2⁻¹⁰/448 stays below
+/// 1/[`O_FACTOR`] = 2 up to about 430 000 keys (module documentation).
+pub const MAX_KEYS: usize = 400_000;
 
 /// The FP8 forward graph; with `stats` the statistics are a tensor in memory.
 pub(super) fn forward(g: &mut Builder, p: &Attention, stats: bool) -> Result<()> {

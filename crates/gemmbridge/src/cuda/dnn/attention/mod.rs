@@ -19,7 +19,7 @@ use cudarc::driver::sys::CUstream;
 use crate::attention::{Attention, AttnMask, HeadLayout};
 use crate::dtype::DType;
 
-pub(crate) use fp8::O_FACTOR;
+pub(crate) use fp8::{MAX_KEYS, O_FACTOR};
 pub(crate) use plan::AttnPlan;
 
 /// cuDNN 9.15.1 fixed an attention-backward bug for key lengths that are not a multiple of
