@@ -160,35 +160,9 @@ fn shape_rows<T: Element + DeviceRepr>(
             // decoding runs no backward (and cuDNN's backward engines may refuse one query row)
             continue;
         }
-        let Buffers { t: [q, k, v, o, d_o, dq, dk, dv], lse } = &mut b;
-        let timed = match op.as_str() {
-            "attn_fwd" => timing::time_gpu(gpu, sampling, &mut || {
-                gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)
-            }),
-            "attn_fwd_bwd" => timing::time_gpu(gpu, sampling, &mut || {
-                gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)?;
-                let saved = AttnSaved { q: &*q, k: &*k, v: &*v, o: &*o, d_o: &*d_o, stats: &*lse };
-                gpu.attention_backward(p, saved, &mut *dq, &mut *dk, &mut *dv, seq)
-            }),
-            "attn_fwd_fp8" => {
-                let [q8, k8, v8] = [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)]
-                    .map(|(t, x)| gpu.attention_quantize(p, t, x));
-                let (q8, k8, v8) = (q8?, k8?, v8?);
-                let mut o8 = gpu.attention_fp8_output(p)?;
-                timing::time_gpu(gpu, sampling, &mut || {
-                    gpu.attention_forward_fp8(p, [&q8, &k8, &v8], &mut o8, Some(&mut *lse), seq)
-                })
-            }
-            "attn_fp8_cast" => timing::time_gpu(gpu, sampling, &mut || {
-                for (t, x) in [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)] {
-                    gpu.attention_quantize(p, t, x)?;
-                }
-                Ok::<(), gemmbridge::Error>(())
-            }),
-            other => bail!("unknown attention op {other:?}"),
-        };
-        // a problem the loaded cuDNN has no engine for (FP8 with a bottom-right mask, say) is
-        // reported and skipped, not the end of the run
+        let timed = time_op(gpu, p, &mut b, op, seq, sampling);
+        // a problem the loaded cuDNN has no engine for (FP8 decoding, say) is reported and
+        // skipped, not the end of the run
         let t = match timed {
             Err(e) if matches!(e.downcast_ref::<gemmbridge::Error>(), Some(gemmbridge::Error::Unsupported { .. })) => {
                 eprintln!("{op} {}: skipped: {e}", p.describe());
@@ -215,6 +189,44 @@ fn shape_rows<T: Element + DeviceRepr>(
         });
     }
     Ok(rows)
+}
+
+/// One op timed on the problem's buffers (`seq`: its lengths on the device).
+fn time_op<T: Element + DeviceRepr>(
+    gpu: &Gpu,
+    p: &Attention,
+    b: &mut Buffers<T>,
+    op: &str,
+    seq: Option<SeqLens>,
+    sampling: timing::Sampling,
+) -> anyhow::Result<timing::Timing> {
+    let Buffers { t: [q, k, v, o, d_o, dq, dk, dv], lse } = b;
+    match op {
+        "attn_fwd" => timing::time_gpu(gpu, sampling, &mut || {
+            gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)
+        }),
+        "attn_fwd_bwd" => timing::time_gpu(gpu, sampling, &mut || {
+            gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)?;
+            let saved = AttnSaved { q: &*q, k: &*k, v: &*v, o: &*o, d_o: &*d_o, stats: &*lse };
+            gpu.attention_backward(p, saved, &mut *dq, &mut *dk, &mut *dv, seq)
+        }),
+        "attn_fwd_fp8" => {
+            let [q8, k8, v8] = [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)]
+                .map(|(t, x)| gpu.attention_quantize(p, t, x));
+            let (q8, k8, v8) = (q8?, k8?, v8?);
+            let mut o8 = gpu.attention_fp8_output(p)?;
+            timing::time_gpu(gpu, sampling, &mut || {
+                gpu.attention_forward_fp8(p, [&q8, &k8, &v8], &mut o8, Some(&mut *lse), seq)
+            })
+        }
+        "attn_fp8_cast" => timing::time_gpu(gpu, sampling, &mut || {
+            for (t, x) in [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)] {
+                gpu.attention_quantize(p, t, x)?;
+            }
+            Ok::<(), gemmbridge::Error>(())
+        }),
+        other => bail!("unknown attention op {other:?}"),
+    }
 }
 
 #[cfg(test)]
