@@ -4,7 +4,8 @@
 //! and each group as an ordinary [`GemmProblem`] on its slice of the buffers
 //! ([`GroupedProblem::group`]), which is how a backend runs it. The module
 //! [`self::reference`] holds the float64 definitions tests check against; [`self::fp8`] the
-//! CPU emulation of an FP8 grouped forward (operands quantised per group).
+//! CPU emulation of an FP8 grouped forward (operands quantised per group); [`self::streams`]
+//! the ways to run one ([`streams::candidates`]) and the pool-of-streams schedule as data.
 //!
 //! E experts (groups), `m_e` tokens routed to expert `e` (any of them 0), `M = Σ m_e` rows,
 //! the layer maps K input features to N output features; every matrix row-major and
@@ -21,6 +22,7 @@
 
 pub mod fp8;
 pub mod reference;
+pub mod streams;
 
 use crate::error::{Error, Result};
 use crate::layout::{MatrixLayout, Operand};

@@ -1,0 +1,209 @@
+//! A grouped product spread over a small pool of streams, as data: the groups' GEMMs assigned to
+//! the pool's streams by their work, longest first, each to the stream with the least work so far
+//! (so that small groups, which leave most of the GPU idle on their own, run side by side); the
+//! pool forked from the caller's stream with an event and joined back to it with one event per
+//! pool stream, so that what follows on the caller's stream sees every group and a capture of
+//! the caller's stream takes the pool's work with it. [`schedule`] makes the steps; [`check`]
+//! replays them on in-order queues with events and says whether every group runs once, after
+//! the fork and before the join — the order a GPU run must keep. Empty groups launch nothing.
+//!
+//! Which way a grouped product runs — this pool of per-group plans, one grouped call, or one
+//! strided batch — is chosen among the [`candidates`] that apply.
+
+use crate::error::{Error, Result};
+use crate::precision::Precision;
+
+use super::GroupedProblem;
+
+/// A way to run a grouped product on the vendor libraries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GroupedBackend {
+    /// One strided-batched GEMM: every group has the same (non-zero) size.
+    StridedBatch,
+    /// cuBLAS's grouped batched GEMM (`cublasGemmGroupedBatchedEx`, cuBLAS 12.5 and later: f16,
+    /// bf16, tf32 and f32).
+    GroupedBatched,
+    /// A plan per group (cuBLASLt), launched on a pool of streams ([`schedule`]).
+    StreamPool,
+}
+
+/// The ways that apply to `p`, the pool of per-group plans always among them: a strided batch
+/// where every group has the same non-zero size, cuBLAS's grouped call for the precisions whose
+/// inputs and output share a type (f32, tf32, f16, bf16; cuBLAS's documentation of
+/// `cublasGemmGroupedBatchedEx` lists those).
+pub fn candidates(p: &GroupedProblem) -> Vec<GroupedBackend> {
+    let mut out = Vec::with_capacity(3);
+    let first = p.sizes()[0];
+    if first > 0 && p.sizes().iter().all(|&m| m == first) {
+        out.push(GroupedBackend::StridedBatch);
+    }
+    if matches!(p.precision(), Precision::F16 | Precision::BF16 | Precision::TF32 | Precision::F32) {
+        out.push(GroupedBackend::GroupedBatched);
+    }
+    out.push(GroupedBackend::StreamPool);
+    out
+}
+
+/// A queue: lane 0 is the caller's stream, lanes 1.. the pool's.
+pub type Lane = usize;
+
+/// One step on a lane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Group `e`'s GEMM.
+    Launch(usize),
+    /// Records event `n` on the lane (after what the lane enqueued so far).
+    Record(usize),
+    /// The lane waits for event `n`.
+    Wait(usize),
+}
+
+/// The groups assigned to `streams` pool streams (at most one per group with work; at least
+/// one), longest-processing-time first: `work[e]` is group e's work (e.g. its multiply-adds);
+/// groups of no work are assigned nowhere. Returns each pool stream's groups in launch order.
+pub fn assign(work: &[u64], streams: usize) -> Vec<Vec<usize>> {
+    let busy = work.iter().filter(|&&w| w > 0).count();
+    let lanes = streams.min(busy).max(1);
+    let mut order: Vec<usize> = (0..work.len()).filter(|&e| work[e] > 0).collect();
+    order.sort_by_key(|&e| (std::cmp::Reverse(work[e]), e));
+    let mut load = vec![0u64; lanes];
+    let mut out = vec![Vec::new(); lanes];
+    for e in order {
+        let lane = (0..lanes).min_by_key(|&l| (load[l], l)).expect("at least one lane");
+        load[lane] += work[e];
+        out[lane].push(e);
+    }
+    out
+}
+
+/// The steps of a pooled run: the caller's stream records the fork (event 0), each pool stream
+/// waits for it, launches its groups and records its own event (1, 2, …), and the caller's
+/// stream waits for every one of them. Per lane, in enqueue order.
+pub fn schedule(assigned: &[Vec<usize>]) -> Vec<(Lane, Step)> {
+    let mut steps = vec![(0, Step::Record(0))];
+    for (i, groups) in assigned.iter().enumerate() {
+        let lane = i + 1;
+        steps.push((lane, Step::Wait(0)));
+        steps.extend(groups.iter().map(|&e| (lane, Step::Launch(e))));
+        steps.push((lane, Step::Record(lane)));
+    }
+    steps.extend((1..=assigned.len()).map(|lane| (0, Step::Wait(lane))));
+    steps
+}
+
+/// Replays `steps` on in-order lanes with events: every group of `work` with work runs exactly
+/// once, after the fork (the caller's event 0, recorded before anything else) and before the
+/// caller's stream has waited for its lane; an empty group never runs.
+///
+/// # Errors
+/// [`Error::GroupedShape`] naming the first step out of order.
+pub fn check(steps: &[(Lane, Step)], work: &[u64]) -> Result<()> {
+    let bad = |detail: String| Err(Error::GroupedShape { what: "a pooled schedule runs out of order", detail });
+    let lanes = steps.iter().map(|&(l, _)| l + 1).max().unwrap_or(1);
+    // per lane: whether it has waited for the fork; per event: the lane that recorded it and
+    // the groups that lane had run by then
+    let mut forked = vec![false; lanes];
+    forked[0] = true;
+    let mut ran: Vec<Vec<usize>> = vec![Vec::new(); lanes];
+    let mut recorded: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    let mut seen = vec![0usize; work.len()];
+    let mut joined: Vec<usize> = Vec::new();
+    for (i, &(lane, step)) in steps.iter().enumerate() {
+        match step {
+            Step::Record(n) => {
+                if n == 0 && (lane != 0 || i != 0) {
+                    return bad(format!("step {i}: the fork is not the caller's first step"));
+                }
+                recorded.insert(n, ran[lane].clone());
+            }
+            Step::Wait(n) => {
+                let Some(done) = recorded.get(&n) else {
+                    return bad(format!("step {i}: lane {lane} waits for event {n}, not recorded before"));
+                };
+                if n == 0 {
+                    forked[lane] = true;
+                } else if lane == 0 {
+                    joined.extend(done);
+                }
+            }
+            Step::Launch(e) => {
+                if !forked[lane] {
+                    return bad(format!("step {i}: group {e} launched on lane {lane} before the fork"));
+                }
+                if e >= work.len() || work[e] == 0 {
+                    return bad(format!("step {i}: group {e} has no work and launches"));
+                }
+                seen[e] += 1;
+                ran[lane].push(e);
+            }
+        }
+    }
+    for (e, &w) in work.iter().enumerate() {
+        if w > 0 && seen[e] != 1 {
+            return bad(format!("group {e} runs {} times", seen[e]));
+        }
+        if w > 0 && !joined.contains(&e) {
+            return bad(format!("group {e} is not covered by the join"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grouped::GroupedOp;
+
+    #[test]
+    fn groups_go_longest_first_to_the_least_loaded_stream_and_empty_groups_nowhere() {
+        let work = [5, 0, 9, 3, 3, 0, 7];
+        let a = assign(&work, 3);
+        assert_eq!(a, vec![vec![2], vec![6, 4], vec![0, 3]]);
+        let loads: Vec<u64> = a.iter().map(|g| g.iter().map(|&e| work[e]).sum()).collect();
+        assert_eq!(loads, [9, 10, 8]); // the sum 27 over 3 streams, none above 10
+                                       // never more streams than groups with work, and one even when none has any
+        assert_eq!(assign(&[4, 0, 4], 8).len(), 2);
+        assert_eq!(assign(&[0, 0], 4), vec![Vec::<usize>::new()]);
+    }
+
+    #[test]
+    fn the_schedule_forks_launches_every_group_once_and_joins() {
+        for (work, streams) in [(vec![5u64, 0, 9, 3, 3, 0, 7], 3), (vec![1; 128], 4), (vec![0, 0], 2), (vec![7], 1)] {
+            let steps = schedule(&assign(&work, streams));
+            check(&steps, &work).unwrap_or_else(|e| panic!("{work:?} on {streams}: {e}"));
+        }
+    }
+
+    #[test]
+    fn a_schedule_out_of_order_is_caught() {
+        let work = [2u64, 3, 0];
+        let good = schedule(&assign(&work, 2));
+        let rule = |steps: &[(Lane, Step)]| check(steps, &work).unwrap_err().to_string();
+        // a launch before its lane waited for the fork
+        let mut early = good.clone();
+        let at = early.iter().position(|s| s.1 == Step::Wait(0)).unwrap();
+        early.remove(at);
+        assert!(rule(&early).contains("before the fork"), "{}", rule(&early));
+        // the caller forgets to wait for a lane
+        let mut unjoined = good.clone();
+        unjoined.pop();
+        assert!(rule(&unjoined).contains("not covered by the join"), "{}", rule(&unjoined));
+        // a group twice, an empty group launched
+        let mut twice = good.clone();
+        twice.insert(2, (1, Step::Launch(1)));
+        assert!(rule(&twice).contains("runs 2 times") || rule(&twice).contains("before the fork"), "{}", rule(&twice));
+        let mut empty = good;
+        empty.insert(2, (1, Step::Launch(2)));
+        assert!(rule(&empty).contains("has no work"), "{}", rule(&empty));
+    }
+
+    #[test]
+    fn candidates_follow_the_sizes_and_the_precision() {
+        let p = |sizes: &[usize], precision| GroupedProblem::new(GroupedOp::Forward, sizes, 64, 32, precision).unwrap();
+        use GroupedBackend::*;
+        assert_eq!(candidates(&p(&[4, 4, 4], Precision::BF16)), [StridedBatch, GroupedBatched, StreamPool]);
+        assert_eq!(candidates(&p(&[4, 0, 4], Precision::F16)), [GroupedBatched, StreamPool]);
+        assert_eq!(candidates(&p(&[0, 0], Precision::F32)), [GroupedBatched, StreamPool]);
+        assert_eq!(candidates(&p(&[8, 8], Precision::BF16_F32OUT)), [StridedBatch, StreamPool]);
+    }
+}
