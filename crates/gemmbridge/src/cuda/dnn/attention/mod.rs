@@ -162,3 +162,46 @@ impl Extra {
         self.lens + (p.b * 4).div_ceil(256) * 256
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem() -> Attention {
+        Attention::new(3, (8, 2), (100, 130), 64, DType::BF16)
+    }
+
+    #[test]
+    fn the_workspace_layout_puts_every_part_apart_and_256_byte_aligned() {
+        let p = problem();
+        let e = Extra::new(&p, AttnOp::Backward, LensSource::Full, 1000);
+        // cuDNN's 1000 bytes, then Σ do·o (3·8·100 f32), the dq accumulator (·64), the lengths
+        assert_eq!(e.softmax_sum, 1024);
+        assert_eq!(e.dq_accum, 1024 + 9728);
+        assert_eq!(e.lens, e.dq_accum + 3 * 8 * 100 * 64 * 4);
+        assert_eq!(e.lens_kv(&p), e.lens + 256);
+        assert_eq!(e.total, e.lens + 512);
+        for at in [e.softmax_sum, e.dq_accum, e.lens, e.lens_kv(&p), e.total] {
+            assert_eq!(at % 256, 0, "{e:?}");
+        }
+        // a forward without lengths needs nothing past cuDNN's part; the FP8 forward its scalars
+        let f = Extra::new(&p, AttnOp::Forward { stats: true }, LensSource::None, 1000);
+        assert_eq!(f.total, 1024);
+        let f8 = Extra::new(&p, AttnOp::ForwardFp8 { stats: false }, LensSource::Call, 0);
+        assert_eq!((f8.lens, f8.fp8, f8.total), (0, 512, 768));
+    }
+
+    #[test]
+    fn the_common_alignment_and_the_plan_key_tell_problems_apart() {
+        let b = AttnBuffers { q: 0x1000, k: 0x2010, v: 0x3000, o: 0x4000, ..Default::default() };
+        assert_eq!(b.alignment(), 16);
+        assert_eq!(AttnBuffers { k: 0x2008, ..b }.alignment(), 8);
+        let p = problem();
+        let key = AttnKey::new(&p, AttnOp::Forward { stats: true }, 16);
+        assert_eq!(key, AttnKey::new(&p, AttnOp::Forward { stats: true }, 16));
+        assert_ne!(key, AttnKey::new(&p.with_scale(0.5), AttnOp::Forward { stats: true }, 16));
+        assert_ne!(key, AttnKey::new(&p.bhsd(), AttnOp::Forward { stats: true }, 16));
+        assert_ne!(key, AttnKey::new(&p, AttnOp::Forward { stats: false }, 16));
+        assert_ne!(key, AttnKey::new(&p, AttnOp::ForwardFp8 { stats: true }, 16));
+    }
+}
