@@ -58,21 +58,11 @@ impl Shape {
         Ok(p)
     }
 
-    /// Floating-point operations of the forward: per sequence `4·h_q·len_q·len_kv·d`, halved
-    /// under a causal mask.
+    /// Floating-point operations of the forward ([`Attention::forward_flops_with`] of the
+    /// shape's lengths).
     pub fn forward_flops(&self, p: &Attention) -> f64 {
-        match (&self.lens_q, &self.lens_kv) {
-            (Some(q), Some(kv)) => {
-                let per: f64 = q.iter().zip(kv).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let full = 4.0 * (self.h_q * self.d) as f64 * per;
-                if p.mask == AttnMask::None {
-                    full
-                } else {
-                    full / 2.0
-                }
-            }
-            _ => p.forward_flops(),
-        }
+        let lens = self.lens_q.as_deref().zip(self.lens_kv.as_deref());
+        p.forward_flops_with(lens)
     }
 }
 

@@ -247,7 +247,17 @@ impl Attention {
     /// count them: `4·b·h_q·s_q·s_kv·d`, halved under a causal mask (square problems'
     /// convention); the backward counts 2.5× the forward.
     pub fn forward_flops(&self) -> f64 {
-        let full = 4.0 * [self.b, self.h_q, self.s_q, self.s_kv, self.d].iter().map(|&v| v as f64).product::<f64>();
+        self.forward_flops_with(None)
+    }
+
+    /// [`Attention::forward_flops`] with per-sequence lengths `(len_q, len_kv)`: each sequence
+    /// counts `4·h_q·len_q·len_kv·d` (halved under a causal mask) instead of the extents'.
+    pub fn forward_flops_with(&self, lens: Option<(&[i32], &[i32])>) -> f64 {
+        let pairs: f64 = match lens {
+            Some((q, kv)) => q.iter().zip(kv).map(|(&a, &b)| a as f64 * b as f64).sum(),
+            None => self.b as f64 * self.s_q as f64 * self.s_kv as f64,
+        };
+        let full = 4.0 * self.h_q as f64 * self.d as f64 * pairs;
         if self.mask == AttnMask::None {
             full
         } else {

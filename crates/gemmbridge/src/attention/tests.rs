@@ -323,3 +323,12 @@ fn an_fp8_output_is_rounded_through_e4m3_with_its_scale() {
     assert_eq!((r[0], r[1], r[2]), (0.375, 0.25, -112.0));
     assert!(r[3..].iter().all(|&x| x == 0.0));
 }
+
+#[test]
+fn flops_count_each_sequences_own_lengths() {
+    let p = bf16(2, (8, 2), (100, 300), 64).with_mask(AttnMask::Causal);
+    assert_eq!(p.forward_flops(), 4.0 * 8.0 * 64.0 * 2.0 * 100.0 * 300.0 / 2.0);
+    assert_eq!(p.forward_flops(), p.forward_flops_with(Some((&[100, 100], &[300, 300]))));
+    let lens: (&[i32], &[i32]) = (&[10, 100], &[30, 200]);
+    assert_eq!(p.forward_flops_with(Some(lens)), 4.0 * 8.0 * 64.0 * (10.0 * 30.0 + 100.0 * 200.0) / 2.0);
+}
