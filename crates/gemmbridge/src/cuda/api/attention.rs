@@ -195,17 +195,9 @@ impl Gpu {
         let (ctx, s) = (self.context(), self.stream());
         let ins =
             [(Which::AttnQ, q, AttnTensor::Q), (Which::AttnK, k, AttnTensor::K), (Which::AttnV, v, AttnTensor::V)];
-        for (w, b, _) in &ins {
-            same_context(*w, b.stream(), ctx)?;
-        }
+        let mut guards = Vec::with_capacity(4);
+        let read = self.input_spans(p, &ins, &mut guards)?;
         let elem = T::DTYPE.size_bytes();
-        let mut guards = Vec::with_capacity(8);
-        let mut read = Vec::with_capacity(5);
-        for (w, b, t) in ins {
-            let (addr, g) = b.device_ptr(s);
-            guards.push(g);
-            read.push(span(w, addr, b.num_bytes(), p.required_elems(t), elem)?);
-        }
         same_context(Which::AttnO, o.stream(), ctx)?;
         let o_bytes = o.num_bytes();
         let (o_addr, g) = o.device_ptr_mut(s);
@@ -294,9 +286,6 @@ impl Gpu {
             (Which::AttnO, o, AttnTensor::O),
             (Which::AttnDo, d_o, AttnTensor::O),
         ];
-        for (w, b, _) in &ins {
-            same_context(*w, b.stream(), ctx)?;
-        }
         same_context(Which::AttnStats, stats.stream(), ctx)?;
         let outs: [(Which, &mut dyn DevicePtrMut<T>, AttnTensor); 3] = [
             (Which::AttnDq, dq, AttnTensor::Q),
@@ -308,12 +297,7 @@ impl Gpu {
         }
         let elem = T::DTYPE.size_bytes();
         let mut guards = Vec::with_capacity(12);
-        let mut read = Vec::with_capacity(8);
-        for (w, b, t) in ins {
-            let (addr, g) = b.device_ptr(s);
-            guards.push(g);
-            read.push(span(w, addr, b.num_bytes(), p.required_elems(t), elem)?);
-        }
+        let mut read = self.input_spans(p, &ins, &mut guards)?;
         let (addr, g) = stats.device_ptr(s);
         guards.push(g);
         read.push(span(Which::AttnStats, addr, stats.num_bytes(), p.stats_elems(), 4)?);
@@ -347,6 +331,28 @@ impl Gpu {
         let st = self.lock();
         let d = st.libs.dnn.as_ref()?;
         ops.iter().find_map(|&op| d.attention_plan(p, op))
+    }
+
+    /// The checked spans of the inputs `ins` (each of the problem's tensor, in `T`): every
+    /// buffer's context first, then its guard (added to `guards`), size and alignment.
+    fn input_spans<'a: 's, 's, T: Element>(
+        &'s self,
+        p: &Attention,
+        ins: &[(Which, &'a dyn DevicePtr<T>, AttnTensor)],
+        guards: &mut Vec<cudarc::driver::SyncOnDrop<'s>>,
+    ) -> Result<Vec<Span>> {
+        let (ctx, s) = (self.context(), self.stream());
+        for (w, b, _) in ins {
+            same_context(*w, b.stream(), ctx)?;
+        }
+        let elem = T::DTYPE.size_bytes();
+        let mut read = Vec::with_capacity(ins.len() + 3);
+        for &(w, b, t) in ins {
+            let (addr, g) = b.device_ptr(s);
+            guards.push(g);
+            read.push(span(w, addr, b.num_bytes(), p.required_elems(t), elem)?);
+        }
+        Ok(read)
     }
 
     /// The lengths' buffers: device lengths checked (context, size, alignment) and added to
