@@ -91,19 +91,7 @@ fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
     assert!(e_gpu <= 1.5 * e_emu, "{what}: FP8 o error {e_gpu:e} > 1.5 × the emulation's {e_emu:e}");
     // the statistics come from the dequantised q and k: the emulation's, up to f32 rounding
     let lse_got = wide(&s.clone_dtoh(&lse).unwrap());
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for n in 0..p.b {
-        let (lq, _) = reference::lengths(p, lens, n);
-        for h in 0..p.h_q {
-            for i in 0..lq {
-                let at = reference::stats_index(p, n, h, i);
-                let (g, w) = (lse_got[at], emulated.lse[at]);
-                diff += if g.is_finite() { (g - w) * (g - w) } else { f64::INFINITY };
-                norm += w * w;
-            }
-        }
-    }
-    let e = (diff / norm).sqrt();
+    let e = reference::rel_error_stats(p, &lse_got, &emulated.lse, lens);
     assert!(e <= 1e-3, "{what}: lse error {e:e} against the emulation's");
 }
 

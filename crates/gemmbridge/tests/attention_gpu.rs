@@ -82,23 +82,6 @@ fn down<T: Element + DeviceRepr>(gpu: &Gpu, v: &CudaSlice<T>) -> Vec<f64> {
     wide(&gpu.stream().clone_dtoh(v).unwrap())
 }
 
-/// ‖got − want‖/‖want‖ of the statistics over the defined rows (NaN never passes).
-fn lse_error(p: &Attention, got: &[f64], want: &[f64], lens: reference::Lengths) -> f64 {
-    let (mut diff, mut norm) = (0.0, 0.0);
-    for n in 0..p.b {
-        let (lq, _) = reference::lengths(p, lens, n);
-        for h in 0..p.h_q {
-            for i in 0..lq {
-                let at = reference::stats_index(p, n, h, i);
-                let (g, w) = (got[at], want[at]);
-                diff += if g.is_finite() { (g - w) * (g - w) } else { f64::INFINITY };
-                norm += w * w;
-            }
-        }
-    }
-    (diff / norm).sqrt()
-}
-
 /// The host inputs of one case: q, k, v (one packed buffer and offsets when packed) and `do`.
 struct Inputs<T> {
     qkv: [Vec<T>; 3],
@@ -143,7 +126,7 @@ fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
     let (o_got, lse_got) = (down(gpu, &o), wide(&s.clone_dtoh(&lse).unwrap()));
     let e = reference::rel_error_rows(p, AttnTensor::O, &o_got, &want.o, lens_ref);
     assert!(e <= BAND, "{what} forward o: rel error {e:e} > {BAND:e}");
-    let e = lse_error(p, &lse_got, &want.lse, lens_ref);
+    let e = reference::rel_error_stats(p, &lse_got, &want.lse, lens_ref);
     assert!(e <= BAND, "{what} forward lse: rel error {e:e} > {BAND:e}");
     assert!(gpu.attention_plan(p, "forward").is_some());
 
@@ -352,7 +335,7 @@ fn large_shapes_match_pytorch_math_backend() {
         gpu.attention_backward(&p, saved, dq, dk, dv, None).unwrap();
         let what = c.file_name().unwrap().to_string_lossy().to_string();
         let lse_got = wide(&s.clone_dtoh(&lse).unwrap());
-        let e = lse_error(&p, &lse_got, &f64s("lse"), None);
+        let e = reference::rel_error_stats(&p, &lse_got, &f64s("lse"), None);
         assert!(e <= BAND, "{what} lse: rel error {e:e}");
         for (name, t, got) in [
             ("o", AttnTensor::O, &o),

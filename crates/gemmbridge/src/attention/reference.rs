@@ -219,3 +219,29 @@ pub fn rel_error_rows(p: &Attention, t: AttnTensor, got: &[f64], want: &[f64], l
         (diff / norm).sqrt()
     }
 }
+
+/// ‖got − want‖ / ‖want‖ (Frobenius) of the statistics `lse[b, h_q, s_q]` over the defined rows
+/// (within each sequence's `len_q`), as [`rel_error_rows`] for a tensor: a non-finite `got` in a
+/// defined row makes it ∞.
+pub fn rel_error_stats(p: &Attention, got: &[f64], want: &[f64], lens: Lengths<'_>) -> f64 {
+    assert!(
+        got.len() == p.stats_elems() && want.len() == p.stats_elems(),
+        "attention::reference: statistics of {} and {} elements, the problem's are {}",
+        got.len(),
+        want.len(),
+        p.stats_elems()
+    );
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for n in 0..p.b {
+        let (lq, _) = lengths(p, lens, n);
+        for h in 0..p.h_q {
+            for i in 0..lq {
+                let at = stats_index(p, n, h, i);
+                let (g, w) = (got[at], want[at]);
+                diff += if g.is_finite() { (g - w) * (g - w) } else { f64::INFINITY };
+                norm += w * w;
+            }
+        }
+    }
+    (diff / norm).sqrt()
+}

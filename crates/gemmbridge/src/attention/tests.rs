@@ -332,3 +332,15 @@ fn flops_count_each_sequences_own_lengths() {
     let lens: (&[i32], &[i32]) = (&[10, 100], &[30, 200]);
     assert_eq!(p.forward_flops_with(Some(lens)), 4.0 * 8.0 * 64.0 * (10.0 * 30.0 + 100.0 * 200.0) / 2.0);
 }
+
+#[test]
+fn the_statistics_error_skips_padding_rows_and_never_passes_nan() {
+    let p = bf16(2, (2, 1), (3, 3), 8).with_var_len(true);
+    let lens: (&[i32], &[i32]) = (&[3, 1], &[3, 3]);
+    let want: Vec<f64> = (0..p.stats_elems()).map(|i| 1.0 + i as f64).collect();
+    let mut got = want.clone();
+    got[stats_index(&p, 1, 0, 2)] = f64::NAN; // a padding row: not judged
+    assert_eq!(reference::rel_error_stats(&p, &got, &want, Some(lens)), 0.0);
+    got[stats_index(&p, 0, 1, 2)] = f64::NAN;
+    assert_eq!(reference::rel_error_stats(&p, &got, &want, Some(lens)), f64::INFINITY);
+}
