@@ -285,6 +285,72 @@ fn planned_attention_is_capturable() {
 }
 
 /// Reads a raw little-endian file of `N`-byte values.
+/// The tactic database's key of a BSHD problem's forward with statistics, as the tactics
+/// module documents it.
+fn forward_key(p: &Attention) -> String {
+    let mask = match p.mask {
+        AttnMask::None => "none",
+        AttnMask::Causal => "causal",
+        AttnMask::CausalBottomRight => "causal_bottom_right",
+    };
+    let lens = if p.var_len { "var_len" } else { "fixed" };
+    let l = |t: AttnTensor| p.layout(t);
+    let strides: Vec<String> = [("q", AttnTensor::Q), ("k", AttnTensor::K), ("v", AttnTensor::V), ("o", AttnTensor::O)]
+        .iter()
+        .map(|&(n, t)| format!("{n}{},{},{}", l(t).batch, l(t).head, l(t).seq))
+        .collect();
+    format!(
+        "attention fwd_stats b{} hq{} hkv{} sq{} skv{} d{} {} {mask} {lens} scale{:?} {} al16",
+        p.b,
+        p.h_q,
+        p.h_kv,
+        p.s_q,
+        p.s_kv,
+        p.d,
+        p.dtype,
+        p.scale,
+        strides.join(" ")
+    )
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn measured_search_and_tactic_entries_keep_results_within_the_band() {
+    use gemmbridge::tactics::{Choice, Tactic, TacticDb};
+    let _shared = shared();
+    let mut rng = rng();
+    let all = cases(DType::BF16);
+    let (gqa, varlen) = (&all[1], &all[6]);
+    // a measured search times every candidate on the call's own buffers; the call's results
+    // are still the chosen plan's
+    let searched = gpu();
+    searched.set_attention_search(true);
+    for c in [gqa, varlen] {
+        check_case::<bf16>(&searched, c, &mut rng);
+        let t = searched.attention_tactic(&c.p, "forward");
+        eprintln!("{}: measured search's tactic {t:?}", c.p.describe());
+        if let Some((sig, t)) = t {
+            assert_eq!(sig, forward_key(&c.p), "the documented key");
+            assert!(t.tuned_ms < t.heuristic_ms, "{t:?}");
+        }
+    }
+    // an entry cuDNN refuses (no such engine) is warned about and not used; an entry naming the
+    // engine the search chose, without knob choices (cuDNN's defaults), is rebuilt and used
+    let plan = searched.attention_plan(&varlen.p, "forward").expect("planned above");
+    let engine: i64 = plan.split_whitespace().nth(1).and_then(|e| e.parse().ok()).expect("\"engine N …\"");
+    let version = gemmbridge::cuda::cudnn_version().expect("cuDNN loaded");
+    for (index, used) in [(999_999, false), (engine, true)] {
+        let mut db = TacticDb::new(searched.tactic_identity().unwrap());
+        let choice = Choice::CudnnEngine { engine: index, knobs: vec![], workspace: 0, unfused: false };
+        db.entries.insert(forward_key(&varlen.p), Tactic::cudnn_attention(choice, version, 1.0, 1.0));
+        let g = gpu();
+        g.load_tactics(&db);
+        check_case::<bf16>(&g, varlen, &mut rng);
+        let applied = g.applied_tactics().contains(&forward_key(&varlen.p));
+        assert_eq!(applied, used, "engine {index}: {:?}", g.attention_plan(&varlen.p, "forward"));
+    }
+}
+
 fn raw<const N: usize, V>(path: &std::path::Path, f: impl Fn([u8; N]) -> V) -> Vec<V> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     bytes.chunks_exact(N).map(|c| f(c.try_into().expect("N bytes"))).collect()

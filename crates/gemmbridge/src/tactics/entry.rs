@@ -70,7 +70,7 @@ pub enum ProblemKind {
     Fp8Gemm,
     /// A 2-D convolution; key prefix "conv2d ".
     Conv2d,
-    /// Scaled-dot-product attention; key prefix "attention " (reserved: no choice yet).
+    /// Scaled-dot-product attention on cuDNN; key prefix "attention ".
     Attention,
     /// A grouped GEMM; key prefix "grouped_gemm " (reserved: no choice yet).
     GroupedGemm,
@@ -160,6 +160,13 @@ impl Tactic {
         Tactic { library: Library::Cudnn, version, kind: ProblemKind::Conv2d, choice, heuristic_ms, tuned_ms }
     }
 
+    /// A cuDNN attention tactic (kind [`ProblemKind::Attention`]): `choice` (a
+    /// [`Choice::CudnnEngine`]; its workspace is the plan's whole, cuDNN's part and the
+    /// attention's own scratch) tuned with cuDNN `version`; median times in ms.
+    pub fn cudnn_attention(choice: Choice, version: usize, heuristic_ms: f64, tuned_ms: f64) -> Tactic {
+        Tactic { library: Library::Cudnn, version, kind: ProblemKind::Attention, choice, heuristic_ms, tuned_ms }
+    }
+
     /// The cuBLASLt algorithm data and its workspace (bytes), for a cuBLASLt entry (of any
     /// kind: check [`kind`](Tactic::kind)); `None` for another library's.
     pub fn lt_algo(&self) -> Option<([u64; 8], usize)> {
@@ -183,17 +190,20 @@ pub(super) fn valid(t: &Tactic) -> bool {
 /// Whether an entry's library, kind, choice and key agree: cuBLASLt GEMMs (`gemm`, key of no
 /// other kind's prefix; `fp8_gemm`, key prefix "fp8_gemm ") hold a cuBLASLt algorithm, cuDNN
 /// convolutions (key prefix "conv2d ") a graph-API engine (key token "graph") or a legacy
-/// algorithm (token "legacy"). Anything else — the reserved kinds included — cannot have been
+/// algorithm (token "legacy"), cuDNN attention (key prefix "attention ") a graph-API engine.
+/// Anything else — the reserved kinds included — cannot have been
 /// written by this crate.
 pub(crate) fn consistent(sig: &str, t: &Tactic) -> bool {
     let conv = sig.starts_with("conv2d ");
     let fp8 = sig.starts_with("fp8_gemm ");
+    let attn = sig.starts_with("attention ");
     let has = |token: &str| sig.split(' ').any(|w| w == token);
     match (t.library, t.kind, &t.choice) {
-        (Library::CublasLt, ProblemKind::Gemm, Choice::LtAlgo { .. }) => !conv && !fp8,
+        (Library::CublasLt, ProblemKind::Gemm, Choice::LtAlgo { .. }) => !conv && !fp8 && !attn,
         (Library::CublasLt, ProblemKind::Fp8Gemm, Choice::LtAlgo { .. }) => fp8,
         (Library::Cudnn, ProblemKind::Conv2d, Choice::CudnnEngine { .. }) => conv && has("graph"),
         (Library::Cudnn, ProblemKind::Conv2d, Choice::CudnnAlgo { .. }) => conv && has("legacy"),
+        (Library::Cudnn, ProblemKind::Attention, Choice::CudnnEngine { .. }) => attn,
         _ => false,
     }
 }

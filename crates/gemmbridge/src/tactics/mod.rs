@@ -51,7 +51,7 @@
 //! - `entries`: [`Tactic`]s by signature. Each names its `library` ([`Library`]: "cublaslt",
 //!   "cudnn"), that library's `version` when it was tuned (cuBLASLt: `cublasLtGetVersion()`,
 //!   cuDNN: `cudnnGetVersion()`, both `major·10000 + minor·100 + patch`), the `kind` of problem
-//!   ([`ProblemKind`]: "gemm", "fp8_gemm", "conv2d"), the tuned `choice` ([`Choice`], tagged by
+//!   ([`ProblemKind`]: "gemm", "fp8_gemm", "conv2d", "attention"), the tuned `choice` ([`Choice`], tagged by
 //!   `type`: "lt_algo"; for cuDNN's graph API "cudnn_engine", the engine's global index, its
 //!   knob choices as `[knob type, value]` pairs and the plan's workspace in bytes; for cuDNN's
 //!   legacy API "cudnn_algo", the algorithm's and the math type's enum values and the
@@ -74,6 +74,16 @@
 //! two ≤ 16 dividing every address, as cuDNN's `BYTE_ALIGNMENT`; `alany` for the legacy API,
 //! whose plans do not depend on it). Nothing is bucketed: a tactic serves exactly that
 //! problem.
+//!
+//! An attention ("attention") key states the same for cuDNN's attention graph: the direction
+//! (`fwd`, `fwd_stats` where the statistics are written, `bwd`, `fp8_fwd`, `fp8_fwd_stats`),
+//! `b hq hkv sq skv d` with their values, the dtype, the mask (`none`, `causal`,
+//! `causal_bottom_right`), `var_len` or `fixed`, `scale` (the f32's shortest exact decimal),
+//! the strides of q, k, v and o (`q<batch>,<head>,<row>` in elements) and the alignment class,
+//! e.g. `attention fwd_stats b4 hq32 hkv8 sq4096 skv4096 d128 bf16 causal fixed
+//! scale0.088388346 q16777216,128,4096 k4194304,128,1024 v4194304,128,1024 o16777216,128,4096
+//! al16`. Its choice is a "cudnn_engine" whose workspace is the plan's whole (cuDNN's part and
+//! the attention's own scratch). Nothing is bucketed.
 //!
 //! # Bucketing rule (GEMM)
 //! A signature leaves out the row-major M (the column-major call's n) in favour of its bucket,
@@ -108,14 +118,15 @@
 //!   each kind ("inconsistent"); [`TacticDb::save`] refuses to write either.
 //!
 //! The engine ([`Gpu::load_tactics`](crate::cuda::Gpu::load_tactics)) uses the cuBLASLt "gemm" and
-//! "fp8_gemm" entries and the cuDNN "conv2d" entries of the cuDNN version it loads (it checks
+//! "fp8_gemm" entries and the cuDNN "conv2d" and "attention" entries of the cuDNN version it loads (it checks
 //! the version again, for a database built in memory). A cuBLASLt entry's algorithm is still
 //! checked by cuBLASLt (`cublasLtMatmulAlgoCheck`) before a plan uses it, and one cuBLASLt
 //! rejects is not used. A convolution entry is rebuilt, without a search, the first time its
 //! problem is planned: the engine by its global index with the recorded knobs (or the legacy
 //! algorithm with its math type), used only if cuDNN finalizes it, it keeps the precision's
 //! promise and its workspace fits the limit; otherwise a warning is logged and the problem is
-//! planned as without the database.
+//! planned as without the database. An attention entry is rebuilt the same way (engine and
+//! knobs).
 //!
 //! # Writing
 //! Writes are atomic: the file is written beside its final name, flushed to disk and renamed
@@ -133,9 +144,9 @@
 //!
 //! The file's parts: `entry.rs` (what one tactic is: [`Identity`], [`Library`],
 //! [`ProblemKind`], [`Choice`], [`Tactic`], the bucketing rule) and `db.rs` (the file:
-//! [`TacticDb`]'s load, merge and atomic save). The kinds `attention` and `grouped_gemm` are
-//! reserved (no choice is stored under them yet); a build that reads them keeps their
-//! entries in the file and uses none.
+//! [`TacticDb`]'s load, merge and atomic save). The kind `grouped_gemm` is reserved (no
+//! choice is stored under it yet); a build that reads it keeps such entries in the file and
+//! uses none.
 
 mod db;
 mod entry;

@@ -12,6 +12,7 @@ use crate::cuda::device::{is_capturing, Relaxed};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
+use crate::tactics::Tactic;
 
 /// The per-sequence lengths of a padded variable-length batch ([`Attention::var_len`]):
 /// `len_q[b]` and `len_kv[b]`, each in `1..=s_q` and `1..=s_kv`.
@@ -322,15 +323,39 @@ impl Gpu {
     /// forward planned with or without statistics, whichever ran), once its first call has run;
     /// `None` before or for another name.
     pub fn attention_plan(&self, p: &Attention, direction: &str) -> Option<String> {
-        let ops: &[AttnOp] = match direction {
-            "forward" => &[AttnOp::Forward { stats: true }, AttnOp::Forward { stats: false }],
-            "forward_fp8" => &[AttnOp::ForwardFp8 { stats: true }, AttnOp::ForwardFp8 { stats: false }],
-            "backward" => &[AttnOp::Backward],
-            _ => return None,
-        };
+        let ops = direction_ops(direction)?;
         let st = self.lock();
         let d = st.libs.dnn.as_ref()?;
         ops.iter().find_map(|&op| d.attention_plan(p, op))
+    }
+
+    /// How attention plans are chosen from now on (problems already planned keep theirs):
+    /// `false` (the default) takes cuDNN's heuristic's first engine configuration that
+    /// finalizes; `true` times up to 10 qualifying configurations of each of cuDNN's lists
+    /// (heuristic mode A, then the fallback list) on the first call's own buffers and keeps the
+    /// fastest — that first call then synchronises its stream, runs every candidate and is not
+    /// capturable. A problem with an entry in a loaded tactic database ([`Gpu::load_tactics`])
+    /// takes the entry's engine instead, unless cuDNN refuses it; a measured choice can be
+    /// stored there ([`Gpu::attention_tactic`]).
+    pub fn set_attention_search(&self, measured: bool) {
+        let mut st = self.lock();
+        st.libs.attn_search = measured;
+        if let Some(d) = st.libs.dnn.as_mut() {
+            d.attn_search = measured;
+        }
+    }
+
+    /// The plan a measured search ([`Gpu::set_attention_search`]) chose for `p`'s direction
+    /// (named as for [`Gpu::attention_plan`], for buffers aligned as allocations are) as a
+    /// tactic for the database: its signature (the "attention" key, [`crate::tactics`]) and the
+    /// [`Tactic`] (cuDNN, this cuDNN version, the engine and knobs, the workspace, the
+    /// heuristic's and the chosen plan's measured times). `None` before the first call, for a
+    /// heuristic choice, for a plan that came from the database and for another name.
+    pub fn attention_tactic(&self, p: &Attention, direction: &str) -> Option<(String, Tactic)> {
+        let ops = direction_ops(direction)?;
+        let st = self.lock();
+        let d = st.libs.dnn.as_ref()?;
+        ops.iter().find_map(|&op| d.attention_tactic(p, op))
     }
 
     /// The checked spans of the inputs `ins` (each of the problem's tensor, in `T`): every
@@ -413,4 +438,14 @@ impl Gpu {
         // stream's; the stream is the Gpu's own, live.
         unsafe { dnn.attention(&call) }
     }
+}
+
+/// The directions a name stands for ("forward": with or without statistics).
+fn direction_ops(direction: &str) -> Option<&'static [AttnOp]> {
+    Some(match direction {
+        "forward" => &[AttnOp::Forward { stats: true }, AttnOp::Forward { stats: false }],
+        "forward_fp8" => &[AttnOp::ForwardFp8 { stats: true }, AttnOp::ForwardFp8 { stats: false }],
+        "backward" => &[AttnOp::Backward],
+        _ => return None,
+    })
 }

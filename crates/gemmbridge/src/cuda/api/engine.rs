@@ -124,7 +124,8 @@ impl Gpu {
             conv_fuse: true,
             conv_api: ConvApi::default(),
             conv_ws_limit: crate::cuda::dnn::CONV_WORKSPACE_LIMIT,
-            conv_tactics: Default::default(),
+            dnn_tactics: Default::default(),
+            attn_search: false,
             sm_count_target: 0,
         };
         Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })

@@ -51,8 +51,9 @@ impl Gpu {
     pub fn load_tactics(&self, db: &tactics::TacticDb) {
         {
             let mut st = self.lock();
-            let conv = db.entries.iter().filter(|(_, t)| t.kind == tactics::ProblemKind::Conv2d);
-            st.libs.conv_tactics.extend(conv.map(|(k, t)| (k.clone(), t.clone())));
+            let kinds = [tactics::ProblemKind::Conv2d, tactics::ProblemKind::Attention];
+            let dnn = db.entries.iter().filter(|(_, t)| kinds.contains(&t.kind));
+            st.libs.dnn_tactics.extend(dnn.map(|(k, t)| (k.clone(), t.clone())));
             if let Some(d) = st.libs.dnn.as_mut() {
                 let _ = self.device().bind(); // replay graphs may be destroyed
                 d.load_tactics(db.entries.iter());

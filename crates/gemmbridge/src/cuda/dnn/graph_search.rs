@@ -13,7 +13,7 @@ use std::ptr::null_mut;
 
 use cudarc::cudnn::sys as raw;
 use cudarc::driver::result::event;
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUstream};
 use raw::cudnnBackendAttributeName_t as A;
 use raw::cudnnBackendAttributeType_t as T;
 use raw::cudnnBackendDescriptorType_t as D;
@@ -83,26 +83,25 @@ pub(super) fn notes_ok(precision: Precision, notes: &[u32]) -> bool {
     !notes.contains(&down) && (precision != Precision::F32 || !notes.contains(&tensor_core))
 }
 
-/// Device ms per call of `plan` with the call's buffers on its stream: two warm-up calls,
-/// then the faster of two rounds of 3 calls between events.
+/// Device ms per call of `launch` on `stream`: two warm-up calls, then the faster of two
+/// rounds of 3 calls between events (waits for the stream).
 ///
 /// # Safety
-/// As [`GraphPlan::launch`]; the call's stream is the handle's.
-unsafe fn time(h: raw::cudnnHandle_t, call: &ConvCall, plan: &mut GraphPlan, ws: u64) -> Result<f64> {
-    let (op, b, stream) = (call.op, &call.buffers, call.stream);
+/// `launch` enqueues valid work on `stream`, a live stream of the bound context.
+pub(super) unsafe fn time_launches(stream: CUstream, launch: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     let drv = status::driver;
     let create = || event::create(CUevent_flags::CU_EVENT_DEFAULT).map_err(drv("cuEventCreate"));
     let (e0, e1) = (create()?, create()?);
     // SAFETY: live events and stream; launches per the caller's contract.
     let r = unsafe {
         (|| -> Result<f64> {
-            plan.launch(h, op, b, ws)?;
-            plan.launch(h, op, b, ws)?;
+            launch()?;
+            launch()?;
             let mut best = f64::INFINITY;
             for _ in 0..2 {
                 event::record(e0, stream).map_err(drv("cuEventRecord"))?;
                 for _ in 0..3 {
-                    plan.launch(h, op, b, ws)?;
+                    launch()?;
                 }
                 event::record(e1, stream).map_err(drv("cuEventRecord"))?;
                 event::synchronize(e1).map_err(drv("cuEventSynchronize"))?;
@@ -117,6 +116,16 @@ unsafe fn time(h: raw::cudnnHandle_t, call: &ConvCall, plan: &mut GraphPlan, ws:
         let _ = event::destroy(e1);
     }
     r
+}
+
+/// Device ms per call of `plan` with the call's buffers on its stream ([`time_launches`]).
+///
+/// # Safety
+/// As [`GraphPlan::launch`]; the call's stream is the handle's.
+unsafe fn time(h: raw::cudnnHandle_t, call: &ConvCall, plan: &mut GraphPlan, ws: u64) -> Result<f64> {
+    let (op, b) = (call.op, &call.buffers);
+    // SAFETY: forwarded.
+    unsafe { time_launches(call.stream, &mut || plan.launch(h, op, b, ws)) }
 }
 
 /// Where a plan's workspace comes from: `bytes` → the address of at least that many bytes,

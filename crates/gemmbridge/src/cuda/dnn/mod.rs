@@ -195,6 +195,9 @@ pub(crate) struct DnnState {
     version: usize,
     /// Attention plans, by problem, direction and alignment (`attention/`).
     attn: HashMap<attention::AttnKey, attention::AttnPlan>,
+    /// Whether an attention plan is chosen by a measured search
+    /// ([`crate::cuda::Gpu::set_attention_search`]).
+    pub attn_search: bool,
 }
 
 impl DnnState {
@@ -211,7 +214,22 @@ impl DnnState {
         let handle = Handle::new(pool)?;
         let applied = Default::default();
         let attn = HashMap::default();
-        Ok(DnnState { handle, plans, graphs, seen, search, fuse, api, ws_limit, big, tuned, applied, version, attn })
+        Ok(DnnState {
+            handle,
+            plans,
+            graphs,
+            seen,
+            search,
+            fuse,
+            api,
+            ws_limit,
+            big,
+            tuned,
+            applied,
+            version,
+            attn,
+            attn_search: false,
+        })
     }
 
     fn key(&self, p: &Conv2d, op: ConvOp, b: &ConvBuffers) -> PlanKey {

@@ -91,10 +91,42 @@ fn engine_plan(h: raw::cudnnHandle_t, call: &ConvCall, c: EngineConfig, limit: u
     let (p, op, b) = (call.problem, call.op, &call.buffers);
     let what = || format!("{} {op:?} engine {}", p.describe(), c.engine);
     let (g, mut parts) = graph::graph(h, p, op, graph::alignment(b))?;
-    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?
-        .descs(A::CUDNN_ATTR_ENGINE_OPERATION_GRAPH, &[&g])?
-        .i64s(A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX, &[c.engine])?
+    let (cfg, made_of) = config(&g, &c, what)?;
+    let (_, notes) = engine_of(&cfg)?;
+    if !notes_ok(p.precision, &notes) {
+        let what = format!("{}: numerical notes {notes:?} break {}'s promise", what(), p.precision);
+        return Err(Error::Unsupported { backend: "cuDNN", what });
+    }
+    let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?
+        .handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h)?
+        .descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg])?
         .finalize(what)?;
+    let bytes = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
+    if bytes > limit {
+        let what = format!("{} needs {bytes} bytes of workspace, over the limit of {limit}", what());
+        return Err(Error::Unsupported { backend: "cuDNN", what });
+    }
+    let (uids, _) = variant(op, b);
+    let name = format!("engine {} (tactic database, knobs {:?}, notes {notes:?})", c.engine, c.knobs);
+    parts.push(g);
+    parts.extend(made_of);
+    let mut made_of = vec![cfg];
+    made_of.append(&mut parts);
+    let mut g = GraphPlan::new(plan, made_of, bytes, name, uids);
+    g.config = Some(c);
+    Ok(g)
+}
+
+/// The finalized engine configuration `c` describes for `graph`: the configuration, and the
+/// engine and knob descriptors it was made of (alive as long as it).
+///
+/// # Errors
+/// [`Error::Cudnn`] where cuDNN refuses the engine index or a knob.
+pub(super) fn config(graph: &Desc, c: &EngineConfig, what: impl Fn() -> String) -> Result<(Desc, Vec<Desc>)> {
+    let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?
+        .descs(A::CUDNN_ATTR_ENGINE_OPERATION_GRAPH, &[graph])?
+        .i64s(A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX, &[c.engine])?
+        .finalize(&what)?;
     let mut knobs = Vec::with_capacity(c.knobs.len());
     for &(ty, value) in &c.knobs {
         // SAFETY: KNOB_TYPE reads the (32-bit) enum, passed as its value (cuDNN refuses values
@@ -114,30 +146,10 @@ fn engine_plan(h: raw::cudnnHandle_t, call: &ConvCall, c: EngineConfig, limit: u
     if !knobs.is_empty() {
         cfg = cfg.descs(A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, &knobs.iter().collect::<Vec<_>>())?;
     }
-    let cfg = cfg.finalize(what)?;
-    let (_, notes) = engine_of(&cfg)?;
-    if !notes_ok(p.precision, &notes) {
-        let what = format!("{}: numerical notes {notes:?} break {}'s promise", what(), p.precision);
-        return Err(Error::Unsupported { backend: "cuDNN", what });
-    }
-    let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?
-        .handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h)?
-        .descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg])?
-        .finalize(what)?;
-    let bytes = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
-    if bytes > limit {
-        let what = format!("{} needs {bytes} bytes of workspace, over the limit of {limit}", what());
-        return Err(Error::Unsupported { backend: "cuDNN", what });
-    }
-    let (uids, _) = variant(op, b);
-    let name = format!("engine {} (tactic database, knobs {:?}, notes {notes:?})", c.engine, c.knobs);
-    parts.extend([g, engine]);
-    parts.extend(knobs);
-    let mut made_of = vec![cfg];
-    made_of.append(&mut parts);
-    let mut g = GraphPlan::new(plan, made_of, bytes, name, uids);
-    g.config = Some(c);
-    Ok(g)
+    let cfg = cfg.finalize(&what)?;
+    let mut made_of = vec![engine];
+    made_of.extend(knobs);
+    Ok((cfg, made_of))
 }
 
 /// The legacy algorithm of `op`'s direction whose enum value is `v`.

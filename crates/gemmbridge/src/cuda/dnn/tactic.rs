@@ -13,7 +13,7 @@ use raw::cudnnBackendDescriptorType_t as D;
 use super::graph_desc::Desc;
 use super::graph_search::engine_of;
 use super::rebuild::rebuild;
-use super::{ConvApi, ConvCall, ConvOp, DnnState, EngineConfig, PlanKey, Planned};
+use super::{attention, ConvApi, ConvCall, ConvOp, DnnState, EngineConfig, PlanKey, Planned};
 use crate::conv::{Conv2d, ConvActivation};
 use crate::error::Result;
 use crate::tactics::{Choice, Library, ProblemKind, Tactic};
@@ -59,7 +59,7 @@ pub(super) fn key_text(&(p, op, fused, api, align): &PlanKey) -> String {
 const KNOB_SLOTS: usize = 64;
 
 /// The engine configuration `cfg` holds: its engine's global index and its knob choices.
-fn read_config(cfg: &Desc) -> Result<EngineConfig> {
+pub(super) fn read_config(cfg: &Desc) -> Result<EngineConfig> {
     let (engine, _) = engine_of(cfg)?;
     let (attr, ty) = (A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, T::CUDNN_TYPE_BACKEND_DESCRIPTOR);
     // A count query (no array) answers 0 for the engine configurations cuDNN 9.19's heuristics
@@ -100,13 +100,14 @@ pub(super) fn export(plan: &Planned, version: usize) -> Option<Tactic> {
 }
 
 impl DnnState {
-    /// Takes the tactic database's convolution entries of this cuDNN version (entries of
-    /// another are left out with one warning) and drops the plans, and their replay graphs,
-    /// that the new entries replace: they are rebuilt from the entries on next use. The context
-    /// is bound by the caller.
+    /// Takes the tactic database's convolution and attention entries of this cuDNN version
+    /// (entries of another are left out with one warning) and drops the plans, and their replay
+    /// graphs, that the new entries replace: they are rebuilt from the entries on next use. The
+    /// context is bound by the caller.
     pub fn load_tactics<'a>(&mut self, entries: impl IntoIterator<Item = (&'a String, &'a Tactic)>) {
         let (mut new, mut other) = (HashSet::<String>::new(), BTreeSet::new());
-        let conv = entries.into_iter().filter(|(_, t)| t.library == Library::Cudnn && t.kind == ProblemKind::Conv2d);
+        let kinds = [ProblemKind::Conv2d, ProblemKind::Attention];
+        let conv = entries.into_iter().filter(|(_, t)| t.library == Library::Cudnn && kinds.contains(&t.kind));
         let mut stale = 0usize;
         for (sig, t) in conv {
             if t.version == self.version {
@@ -119,9 +120,10 @@ impl DnnState {
         }
         if stale > 0 {
             let cudnn = self.version;
-            tracing::warn!(stale, tuned_with = ?other, cudnn, "convolution tactics of another cuDNN version; not used");
+            tracing::warn!(stale, tuned_with = ?other, cudnn, "cuDNN tactics of another cuDNN version; not used");
         }
         self.plans.retain(|k, _| !new.contains(&key_text(k)));
+        self.attn.retain(|k, _| !new.contains(&attention::key_text(k)));
         self.graphs.retain(|k, _| !new.contains(&key_text(&k.0)));
         self.seen.retain(|k, _| !new.contains(&key_text(&k.0)));
     }

@@ -47,9 +47,11 @@ pub(crate) struct Libraries {
     pub conv_fuse: bool,
     pub conv_api: ConvApi,
     pub conv_ws_limit: usize,
-    /// The tactic database's convolution entries ([`Gpu::load_tactics`]), handed to the cuDNN
-    /// room when it is created (it keeps those of its cuDNN version).
-    pub conv_tactics: std::collections::BTreeMap<String, tactics::Tactic>,
+    /// The tactic database's convolution and attention entries ([`Gpu::load_tactics`]), handed
+    /// to the cuDNN room when it is created (it keeps those of its cuDNN version).
+    pub dnn_tactics: std::collections::BTreeMap<String, tactics::Tactic>,
+    /// [`Gpu::set_attention_search`]'s value.
+    pub attn_search: bool,
     /// [`Gpu::set_sm_count_target`]'s value (0: all SMs); cuBLASLt's room keeps its own copy.
     pub sm_count_target: u32,
 }
@@ -64,7 +66,8 @@ impl Libraries {
         if self.dnn.is_none() {
             let mut d = DnnState::new(self.conv_search, self.conv_fuse, self.conv_api, pool)?;
             d.ws_limit = self.conv_ws_limit;
-            d.load_tactics(self.conv_tactics.iter());
+            d.attn_search = self.attn_search;
+            d.load_tactics(self.dnn_tactics.iter());
             self.dnn = Some(d);
         }
         Ok(())

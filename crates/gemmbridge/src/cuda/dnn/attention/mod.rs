@@ -13,6 +13,7 @@ mod fp8;
 mod graphs;
 mod plan;
 mod run;
+mod tactic;
 
 use cudarc::driver::sys::CUstream;
 
@@ -21,6 +22,7 @@ use crate::dtype::DType;
 
 pub(crate) use fp8::{MAX_KEYS, O_FACTOR};
 pub(crate) use plan::AttnPlan;
+pub(crate) use tactic::key_text;
 
 /// cuDNN 9.15.1 fixed an attention-backward bug for key lengths that are not a multiple of
 /// 128 without a padding mask; before it, the backward runs with a padding mask of the full

@@ -18,10 +18,13 @@ use super::{AttnBuffers, AttnCall, AttnOp, Extra, LensSource};
 use crate::attention::Attention;
 use crate::cuda::dnn::graph_desc::Desc;
 use crate::cuda::dnn::graph_plan::pack;
-use crate::cuda::dnn::graph_search::{configs, engine_of};
+use crate::cuda::dnn::graph_search::{configs, engine_of, SEARCH_LIMIT};
+use crate::cuda::dnn::rebuild::config;
 use crate::cuda::dnn::sys::check;
+use crate::cuda::dnn::tactic::read_config;
+use crate::cuda::dnn::{EngineConfig, Measured};
 use crate::cuda::status;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A finalized attention plan and what a call needs to run it.
 pub(crate) struct AttnPlan {
@@ -33,6 +36,11 @@ pub(crate) struct AttnPlan {
     pub lens: LensSource,
     /// The engine's global index and notes, for the log and reports.
     pub name: String,
+    /// The engine configuration (read back for a measured search's choice; the entry's for a
+    /// plan from the tactic database).
+    pub config: Option<EngineConfig>,
+    /// A measured search's times (`None` for the heuristic's plan or the database's).
+    pub measured: Option<Measured>,
     /// By-value scalars: unique ids and the values' bits (the variant pack points at them).
     scalar_uids: Vec<i64>,
     scalar_bits: Box<[u32]>,
@@ -43,80 +51,170 @@ pub(crate) struct AttnPlan {
 // SAFETY: host-side cuDNN objects and plain data, used under the device's Mutex only.
 unsafe impl Send for AttnPlan {}
 
-/// Makes the plan of `p` and `op` for buffers aligned to `align` bytes, with lengths from
-/// `lens`, needing at most `limit` bytes of cuDNN workspace. `Ok(None)` when no engine
-/// configuration of cuDNN's lists finalizes within the limit.
-pub(crate) fn make(
+/// How [`make`] chooses among cuDNN's engine configurations.
+pub(crate) enum Choose<'a> {
+    /// The first of cuDNN's ranked lists (heuristic mode A, then the fallback list) that
+    /// finalizes and fits the workspace limit.
+    Heuristic,
+    /// The tactic database's engine and knobs.
+    Tuned(&'a EngineConfig),
+    /// The fastest of up to [`SEARCH_LIMIT`] qualifying configurations of each list, each
+    /// timed by the closure (device ms; `None` where it fails to run).
+    Measured(&'a mut dyn FnMut(&mut AttnPlan) -> Option<f64>),
+}
+
+/// What every plan of one graph shares: the problem, direction, lengths and the graph's
+/// by-value scalars.
+struct Common<'a> {
     h: raw::cudnnHandle_t,
-    p: &Attention,
+    p: &'a Attention,
     op: AttnOp,
-    align: u8,
     lens: LensSource,
     limit: usize,
+    scalars: &'a [(i64, Scalar)],
+}
+
+impl Common<'_> {
+    fn what(&self) -> String {
+        format!("attention {} {:?}", self.p.describe(), self.op)
+    }
+
+    /// The plan of configuration `cfg` where it finalizes and fits the limit (each refusal
+    /// logged at debug level, or returned for a database entry).
+    fn plan(&self, cfg: Desc, name: String) -> Result<AttnPlan> {
+        let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?
+            .handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, self.h)?
+            .descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg])?
+            .finalize(|| format!("{} {name}", self.what()))?;
+        let bytes = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
+        if bytes > self.limit {
+            let what =
+                format!("{} {name} needs {bytes} bytes of workspace, over the limit of {}", self.what(), self.limit);
+            return Err(Error::Unsupported { backend: "cuDNN", what });
+        }
+        let (scalar_uids, bits): (Vec<i64>, Vec<u32>) = self
+            .scalars
+            .iter()
+            .map(|&(u, v)| {
+                let bits = match v {
+                    Scalar::F32(x) => x.to_bits(),
+                    Scalar::I32(x) => x as u32,
+                };
+                (u, bits)
+            })
+            .unzip();
+        Ok(AttnPlan {
+            plan,
+            _made_of: vec![cfg],
+            extra: Extra::new(self.p, self.op, self.lens, bytes),
+            lens: self.lens,
+            name,
+            config: None,
+            measured: None,
+            scalar_uids,
+            scalar_bits: bits.into_boxed_slice(),
+            pack: None,
+        })
+    }
+}
+
+/// Makes the plan of `p` and `op` for buffers aligned to `align` bytes, with lengths from
+/// `lens`, needing at most `limit` bytes of cuDNN workspace, chosen as `choose` says.
+/// `Ok(None)` when no engine configuration of cuDNN's lists finalizes within the limit.
+///
+/// # Errors
+/// The graph's errors; for [`Choose::Tuned`], whatever cuDNN refuses of the entry.
+pub(crate) fn make(
+    h: raw::cudnnHandle_t,
+    (p, op, align): (&Attention, AttnOp, u8),
+    lens: LensSource,
+    limit: usize,
+    choose: Choose,
 ) -> Result<Option<AttnPlan>> {
-    let what = || format!("attention {} {op:?}", p.describe());
     let mut g = Builder::new(align);
     match op {
         AttnOp::Forward { stats } => graphs::forward(&mut g, p, stats)?,
         AttnOp::ForwardFp8 { stats } => fp8::forward(&mut g, p, stats)?,
         AttnOp::Backward => graphs::backward(&mut g, p, lens != LensSource::None)?,
     }
-    let graph = g.finish(h, what)?;
+    let graph = g.finish(h, || format!("attention {} {op:?}", p.describe()))?;
+    let common = Common { h, p, op, lens, limit, scalars: &graph.scalars };
+    let chosen = match choose {
+        Choose::Tuned(c) => {
+            let (cfg, parts) = config(&graph.graph, c, || common.what())?;
+            let name = format!("engine {} (tactic database, knobs {:?})", c.engine, c.knobs);
+            let mut plan = common.plan(cfg, name)?;
+            plan._made_of.extend(parts);
+            plan.config = Some(c.clone());
+            Some(plan)
+        }
+        Choose::Heuristic => ranked(&common, &graph.graph, &mut |_| Some(0.0), 1),
+        Choose::Measured(time) => ranked(&common, &graph.graph, time, SEARCH_LIMIT),
+    };
+    Ok(chosen.map(|mut plan| {
+        tracing::debug!(problem = %common.what(), name = %plan.name, workspace = plan.extra.total, "cuDNN attention plan");
+        plan._made_of.push(graph.graph);
+        plan._made_of.extend(graph.parts);
+        plan
+    }))
+}
+
+/// The fastest by `time` of the first `per_list` qualifying plans of each of cuDNN's ranked
+/// lists (mode A, then the fallback list); with `per_list` 1 and a constant time, the
+/// heuristic's first. A measured choice other than the heuristic's first keeps both times (the
+/// tactic database stores only such a choice).
+fn ranked(
+    c: &Common,
+    graph: &Desc,
+    time: &mut dyn FnMut(&mut AttnPlan) -> Option<f64>,
+    per_list: usize,
+) -> Option<AttnPlan> {
     use raw::cudnnBackendHeurMode_t::*;
+    // the best, and whether it is the first that ran (the heuristic's own choice)
+    let (mut best, mut first_ms): (Option<(f64, AttnPlan, bool)>, Option<f64>) = (None, None);
     for mode in [CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK] {
-        let cfgs = match configs(&graph.graph, mode) {
-            Ok(c) => c,
+        let cfgs = match configs(graph, mode) {
+            Ok(cfgs) => cfgs,
             Err(e) => {
-                tracing::debug!(problem = %what(), ?mode, error = %e, "cuDNN heuristic list unavailable");
+                tracing::debug!(problem = %c.what(), ?mode, error = %e, "cuDNN heuristic list unavailable");
                 continue;
             }
         };
+        let mut taken = 0;
         for cfg in cfgs {
             let Ok((index, notes)) = engine_of(&cfg) else { continue };
-            let name = format!("engine {index} ({mode:?}, notes {notes:?})");
-            let made = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)
-                .and_then(|d| d.handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h))
-                .and_then(|d| d.descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg]))
-                .and_then(|d| d.finalize(String::new));
-            let plan = match made {
+            let config = if per_list > 1 { read_config(&cfg).ok() } else { None };
+            let mut plan = match c.plan(cfg, format!("engine {index} ({mode:?}, notes {notes:?})")) {
                 Ok(plan) => plan,
                 Err(e) => {
-                    tracing::debug!(problem = %what(), %name, error = %e, "skipped: the plan does not finalize");
+                    tracing::debug!(problem = %c.what(), error = %e, "skipped");
                     continue;
                 }
             };
-            let bytes = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
-            if bytes > limit {
-                tracing::debug!(problem = %what(), %name, bytes, limit, "skipped: workspace over the limit");
-                continue;
+            let Some(ms) = time(&mut plan) else { continue };
+            if per_list == 1 {
+                return Some(plan);
             }
-            tracing::debug!(problem = %what(), %name, workspace = bytes, "cuDNN attention plan");
-            let (scalar_uids, bits): (Vec<i64>, Vec<u32>) = graph
-                .scalars
-                .iter()
-                .map(|&(u, v)| {
-                    let bits = match v {
-                        Scalar::F32(x) => x.to_bits(),
-                        Scalar::I32(x) => x as u32,
-                    };
-                    (u, bits)
-                })
-                .unzip();
-            let mut made_of = vec![cfg, graph.graph];
-            made_of.extend(graph.parts);
-            return Ok(Some(AttnPlan {
-                plan,
-                _made_of: made_of,
-                extra: Extra::new(p, op, lens, bytes),
-                lens,
-                name,
-                scalar_uids,
-                scalar_bits: bits.into_boxed_slice(),
-                pack: None,
-            }));
+            tracing::debug!(problem = %c.what(), name = %plan.name, ms, "timed");
+            let first = first_ms.is_none();
+            first_ms.get_or_insert(ms);
+            plan.config = config;
+            if best.as_ref().is_none_or(|(t, _, _)| ms < *t) {
+                best = Some((ms, plan, first));
+            }
+            taken += 1;
+            if taken >= per_list {
+                break;
+            }
         }
     }
-    Ok(None)
+    let (ms, mut plan, first) = best?;
+    plan.pack = None;
+    // the heuristic's own choice is what a call without the database gets: nothing to store
+    if !first {
+        plan.measured = first_ms.map(|heuristic_ms| Measured { heuristic_ms, tuned_ms: ms });
+    }
+    Some(plan)
 }
 
 impl AttnPlan {

@@ -1,11 +1,17 @@
 //! One attention call's way through the cuDNN room: its plan looked up, or made on its first
-//! call, the workspace it runs on (the stream's, or the room's larger one), and the launch.
+//! call (from the tactic database's entry, by a measured search, or cuDNN's heuristic), the
+//! workspace it runs on (the stream's, or the room's larger one), and the launch.
 
-use super::plan::{self, AttnPlan};
+use cudarc::cudnn::sys as raw;
+
+use super::plan::{self, AttnPlan, Choose};
+use super::tactic::{export, key_text};
 use super::{AttnCall, AttnKey, AttnOp, LensSource, BACKWARD_FIX_VERSION};
 use crate::attention::Attention;
-use crate::cuda::dnn::DnnState;
+use crate::cuda::dnn::graph_search::time_launches;
+use crate::cuda::dnn::{DnnState, EngineConfig};
 use crate::error::{Error, Result};
+use crate::tactics::{Choice, Tactic};
 
 impl DnnState {
     /// Whether the call's plan exists (a call is then capturable, given device lengths).
@@ -42,8 +48,8 @@ impl DnnState {
         let h = self.handle.on(call.stream)?;
         if !self.attn.contains_key(&key) {
             let limit = self.ws_limit.max(call.workspace.1);
-            let made = plan::make(h, p, op, align, self.lens_source(p, op), limit)?;
-            let Some(made) = made else {
+            // SAFETY: forwarded.
+            let Some(made) = (unsafe { self.attention_make(h, call, &key, limit) })? else {
                 return Err(Error::Unsupported {
                     backend: "cuDNN",
                     what: format!(
@@ -61,6 +67,56 @@ impl DnnState {
         let ws = self.big.get(&mut self.graphs, call.workspace, plan.extra.total, call.stream)?;
         // SAFETY: forwarded; `ws` holds the plan's workspace.
         unsafe { plan.launch(h, call, ws) }
+    }
+
+    /// The plan for the call's key: the tactic database's entry where there is one (a warning
+    /// and the search below where cuDNN refuses it), else a measured search where
+    /// [`DnnState::attn_search`] is set (each candidate timed on the call's own buffers), else
+    /// the heuristic's first.
+    ///
+    /// # Safety
+    /// As [`DnnState::attention`]; `h` is bound to the call's stream.
+    unsafe fn attention_make(
+        &mut self,
+        h: raw::cudnnHandle_t,
+        call: &AttnCall,
+        key: &AttnKey,
+        limit: usize,
+    ) -> Result<Option<AttnPlan>> {
+        let (p, op, align) = (call.problem, call.op, key.align);
+        let lens = self.lens_source(p, op);
+        let sig = key_text(key);
+        if let Some(Choice::CudnnEngine { engine, knobs, .. }) = self.tuned.get(&sig) {
+            let c = EngineConfig { engine: *engine, knobs: knobs.clone() };
+            match plan::make(h, (p, op, align), lens, limit, Choose::Tuned(&c)) {
+                Ok(made) => {
+                    self.applied.insert(sig);
+                    return Ok(made);
+                }
+                Err(e) => {
+                    tracing::warn!(key = %sig, ?c, error = %e, "cuDNN refused the tactic database's attention plan; planning without it");
+                }
+            }
+        }
+        if !self.attn_search {
+            return plan::make(h, (p, op, align), lens, limit, Choose::Heuristic);
+        }
+        let (big, graphs) = (&mut self.big, &mut self.graphs);
+        let mut time = |pl: &mut AttnPlan| -> Option<f64> {
+            let ws = big.get(graphs, call.workspace, pl.extra.total, call.stream).ok()?;
+            // SAFETY: forwarded; `ws` holds the plan's workspace.
+            let ms = unsafe { time_launches(call.stream, &mut || pl.launch(h, call, ws)) };
+            ms.map_err(|e| tracing::debug!(name = %pl.name, error = %e, "skipped: the plan fails to run")).ok()
+        };
+        plan::make(h, (p, op, align), lens, limit, Choose::Measured(&mut time))
+    }
+
+    /// The tactic of `p` and `op`'s plan (the best-aligned one), where a measured search
+    /// chose it: its key text and the tactic.
+    pub fn attention_tactic(&self, p: &Attention, op: AttnOp) -> Option<(String, Tactic)> {
+        let keys = (0..=4).rev().map(|s| AttnKey::new(p, op, 1 << s));
+        let (key, plan) = keys.filter_map(|k| self.attn.get(&k).map(|pl| (k, pl))).next()?;
+        export(plan, self.version).map(|t| (key_text(&key), t))
     }
 
     /// The engine planned for `p` and `op` (at the best alignment planned), once planned.
