@@ -38,6 +38,10 @@ pub struct SuiteArgs {
     /// the like).
     #[arg(long, default_value = "graph")]
     pub conv_api: String,
+    /// Attention: the shapes of bench/attention.json to run, by name (comma-separated; default
+    /// every shape).
+    #[arg(long, default_value = "")]
+    pub attn_shapes: String,
 }
 
 /// `--dtypes` parsed: the dense precisions, in order, each once, and the FP8 recipes.
@@ -99,8 +103,8 @@ impl SuiteArgs {
     }
 }
 
-/// A comma-separated `--ops` list parsed; `launch` and the attention ops are accepted only where
-/// `bench_only` (they are `bench`'s, not `tune`'s).
+/// A comma-separated `--ops` list parsed; `launch` and `attn_fp8_cast` (no plan to tune) are
+/// accepted only where `bench_only` (they are `bench`'s, not `tune`'s).
 pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
     let with_launch = bench_only;
     let mut out = OpList { gemm: Vec::new(), conv: Vec::new(), attn: Vec::new(), launch: false };
@@ -118,11 +122,12 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             push(&mut out.conv, o);
         } else if OPS.contains(&o) {
             push(&mut out.gemm, o);
-        } else if bench_only && attn::OPS.contains(&o) {
+        } else if attn::OPS.contains(&o) && (bench_only || o != "attn_fp8_cast") {
             push(&mut out.attn, o);
         } else {
             let launch = if with_launch { "launch, " } else { "" };
-            let attn = if bench_only { format!(", {}", attn::OPS.join(", ")) } else { String::new() };
+            let attn: Vec<&str> = attn::OPS.iter().copied().filter(|a| bench_only || *a != "attn_fp8_cast").collect();
+            let attn = format!(", {}", attn.join(", "));
             bail!("unknown op {o:?}; choose from {}, {launch}{}, conv{attn}", OPS.join(", "), conv::OPS.join(", "));
         }
     }
@@ -199,7 +204,8 @@ mod tests {
         assert!(o.launch);
         assert_eq!(parse_ops(" ", true).unwrap(), OpList { gemm: vec![], conv: vec![], attn: vec![], launch: false });
         assert_eq!(parse_ops("attn_fwd_bwd,attn_fwd", true).unwrap().attn, ["attn_fwd_bwd", "attn_fwd"]);
-        assert!(parse_ops("attn_fwd", false).is_err());
+        assert_eq!(parse_ops("attn_fwd", false).unwrap().attn, ["attn_fwd"]);
+        assert!(parse_ops("attn_fp8_cast", false).is_err(), "a cast has no plan to tune");
     }
 
     #[test]
@@ -208,7 +214,7 @@ mod tests {
         assert_eq!(
             e,
             "unknown op \"launch\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, conv_fwd, \
-             conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv"
+             conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8"
         );
         let e = parse_ops("foo", true).unwrap_err().to_string();
         assert_eq!(

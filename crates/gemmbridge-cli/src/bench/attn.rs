@@ -8,7 +8,9 @@
 //! offers no FP8 attention; they read against the bf16/f16 rows of the same run.
 
 use anyhow::{bail, Context};
-use cudarc::driver::{CudaSlice, DeviceRepr};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use gemmbridge::attention::{Attention, AttnMask, AttnTensor};
 use gemmbridge::cuda::{AttnSaved, Gpu, SeqLens};
 use gemmbridge::{DType, Element, Precision};
@@ -116,12 +118,6 @@ pub fn bench(
     Ok(rows)
 }
 
-/// The device buffers of one problem: q, k, v, o, do, dq, dk, dv and the statistics.
-struct Buffers<T> {
-    t: [CudaSlice<T>; 8],
-    lse: CudaSlice<f32>,
-}
-
 fn shape_rows<T: Element + DeviceRepr>(
     gpu: &Gpu,
     shape: &Shape,
@@ -130,27 +126,14 @@ fn shape_rows<T: Element + DeviceRepr>(
     ops: &[String],
     sampling: timing::Sampling,
 ) -> anyhow::Result<Vec<Row>> {
-    use AttnTensor::{K, O, Q, V};
-    let s = gpu.stream();
-    let up = |t: AttnTensor| -> anyhow::Result<CudaSlice<T>> { Ok(s.clone_htod(&normal::<T>(p.required_elems(t)))?) };
-    let mut b = Buffers {
-        t: [up(Q)?, up(K)?, up(V)?, up(O)?, up(O)?, up(Q)?, up(K)?, up(V)?],
-        lse: s.alloc_zeros(p.stats_elems())?,
-    };
-    s.synchronize()?;
-    let lens = match (&shape.lens_q, &shape.lens_kv) {
-        (Some(q), Some(kv)) => Some((s.clone_htod(q)?, s.clone_htod(kv)?)),
-        _ => None,
-    };
-    // SAFETY: the lengths were checked against the problem (Shape::problem).
-    let seq = lens.as_ref().map(|(q, kv)| unsafe { SeqLens::device(q, kv) });
+    let mut b = Buffers::<T>::new(gpu.stream(), shape, p)?;
     let mut rows = Vec::new();
     for op in ops {
         if op == "attn_fwd_bwd" && p.s_q == 1 {
             // decoding runs no backward (and cuDNN's backward engines may refuse one query row)
             continue;
         }
-        let timed = time_op(gpu, p, &mut b, op, seq, sampling);
+        let timed = time_op(gpu, p, &mut b, op, sampling);
         // a problem the loaded cuDNN has no engine for (FP8 decoding, say) is reported and
         // skipped, not the end of the run
         let t = match timed {
@@ -181,16 +164,46 @@ fn shape_rows<T: Element + DeviceRepr>(
     Ok(rows)
 }
 
-/// One op timed on the problem's buffers (`seq`: its lengths on the device).
-fn time_op<T: Element + DeviceRepr>(
+/// The device buffers of one problem: q, k, v, o, do, dq, dk, dv (random), the statistics and
+/// the shape's lengths.
+pub struct Buffers<T> {
+    t: [CudaSlice<T>; 8],
+    lse: CudaSlice<f32>,
+    lens: Option<(CudaSlice<i32>, CudaSlice<i32>)>,
+}
+
+impl<T: Element + DeviceRepr> Buffers<T> {
+    /// Made on `s`, and waited for.
+    pub fn new(s: &Arc<CudaStream>, shape: &Shape, p: &Attention) -> anyhow::Result<Buffers<T>> {
+        use AttnTensor::{K, O, Q, V};
+        let up =
+            |t: AttnTensor| -> anyhow::Result<CudaSlice<T>> { Ok(s.clone_htod(&normal::<T>(p.required_elems(t)))?) };
+        let lens = match (&shape.lens_q, &shape.lens_kv) {
+            (Some(q), Some(kv)) => Some((s.clone_htod(q)?, s.clone_htod(kv)?)),
+            _ => None,
+        };
+        let b = Buffers {
+            t: [up(Q)?, up(K)?, up(V)?, up(O)?, up(O)?, up(Q)?, up(K)?, up(V)?],
+            lse: s.alloc_zeros(p.stats_elems())?,
+            lens,
+        };
+        s.synchronize()?;
+        Ok(b)
+    }
+}
+
+/// One op of `bench`'s attention rows timed on the problem's buffers (made for `p` by
+/// [`Buffers::new`]).
+pub fn time_op<T: Element + DeviceRepr>(
     gpu: &Gpu,
     p: &Attention,
     b: &mut Buffers<T>,
     op: &str,
-    seq: Option<SeqLens>,
     sampling: timing::Sampling,
 ) -> anyhow::Result<timing::Timing> {
-    let Buffers { t: [q, k, v, o, d_o, dq, dk, dv], lse } = b;
+    let Buffers { t: [q, k, v, o, d_o, dq, dk, dv], lse, lens } = b;
+    // SAFETY: the lengths were checked against the problem (Shape::problem).
+    let seq = lens.as_ref().map(|(q, kv)| unsafe { SeqLens::device(q, kv) });
     match op {
         "attn_fwd" => timing::time_gpu(gpu, sampling, &mut || {
             gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)

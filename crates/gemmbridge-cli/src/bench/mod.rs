@@ -83,10 +83,6 @@ pub struct Args {
     /// default). Either way a convolution with an entry in --db runs that entry's plan.
     #[arg(long, default_value = "measured")]
     conv_search: String,
-    /// Attention rows: the shapes of bench/attention.json to run, by name (comma-separated;
-    /// default every shape).
-    #[arg(long, default_value = "")]
-    attn_shapes: String,
 }
 
 /// `--padding` parsed.
@@ -270,7 +266,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         rows.extend(conv_rows(g, &plan, &mut sink)?);
     }
     if let (false, Some(g)) = (plan.attn_ops.is_empty(), &gpu) {
-        let names = attn::parse_shapes(&args.attn_shapes)?;
+        let names = attn::parse_shapes(&args.shared.attn_shapes)?;
         rows.extend(attn::bench(g, (&plan.attn_ops, &names), &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     let mut table = match &gpu {

@@ -4,21 +4,25 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
+use gemmbridge::attention::Attention;
 use gemmbridge::conv::Conv2d;
 use gemmbridge::cuda::Gpu;
 use gemmbridge::{DType, Precision};
 
+use crate::bench::attn;
 use crate::bench::conv::{self, Buffers};
 use crate::bench::{self, fp8, Pools};
 use crate::suites::Shape;
 use crate::timing::Sampling;
 
-/// One problem: a dense GEMM op, an FP8 recipe's `scaled_mm`, or a convolution op.
+/// One problem: a dense GEMM op, an FP8 recipe's `scaled_mm`, a convolution op, or an
+/// attention op on a shape of `bench/attention.json`.
 #[derive(Clone, Debug)]
 pub enum Item {
     Gemm { op: String, dtype: String, precision: Precision, shape: Shape },
     Fp8 { scaling: String, shape: Shape },
     Conv { op: String, dtype: String, precision: Precision, problem: Conv2d },
+    Attn { op: String, dtype: String, shape: attn::Shape, problem: Attention },
 }
 
 impl Item {
@@ -33,6 +37,7 @@ impl Item {
                 "{op:<16} {dtype:<8} {} n{} c{} {}×{} k{} {}×{}/{}",
                 p.layout, p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.stride[0]
             ),
+            Item::Attn { op, dtype, shape, .. } => format!("{op:<16} {dtype:<8} {}", shape.name),
         }
     }
 }
@@ -44,6 +49,12 @@ enum ConvBufs {
     BF16(Buffers<half::bf16>),
 }
 
+/// An attention problem's buffers, of its dtype.
+enum AttnBufs {
+    F16(attn::Buffers<half::f16>),
+    BF16(attn::Buffers<half::bf16>),
+}
+
 /// Times items' rows on any `Gpu` of the device. The random inputs are made once, on the home
 /// stream (whose `Gpu` outlives the `Rows`), and read by every `Gpu`.
 pub struct Rows {
@@ -51,11 +62,13 @@ pub struct Rows {
     pools: Pools,
     /// The last convolution problem's buffers (a problem's ops come one after another).
     conv: Option<(Conv2d, ConvBufs)>,
+    /// The last attention problem's buffers.
+    attn: Option<(Attention, AttnBufs)>,
 }
 
 impl Rows {
     pub fn new(home: &Arc<CudaStream>) -> Rows {
-        Rows { home: home.clone(), pools: Pools::default(), conv: None }
+        Rows { home: home.clone(), pools: Pools::default(), conv: None, attn: None }
     }
 
     /// The row's median time per call, ms, timed on `gpu` as `bench` times it (`sampling`:
@@ -82,6 +95,13 @@ impl Rows {
                 gpu.set_conv_fusion(true);
                 t.median_ms
             }
+            Item::Attn { op, shape, problem, .. } => {
+                let t = match self.attn_buffers(shape, problem)? {
+                    AttnBufs::F16(b) => attn::time_op(gpu, problem, b, op, sampling)?,
+                    AttnBufs::BF16(b) => attn::time_op(gpu, problem, b, op, sampling)?,
+                };
+                t.median_ms
+            }
         };
         // the inputs made on this stream are read by other streams next
         gpu.stream().synchronize()?;
@@ -96,6 +116,18 @@ impl Rows {
             _ => self.pools.get::<half::bf16>(&self.home).map(drop)?,
         }
         Ok(self.home.synchronize()?)
+    }
+
+    fn attn_buffers(&mut self, shape: &attn::Shape, p: &Attention) -> anyhow::Result<&mut AttnBufs> {
+        if self.attn.as_ref().is_none_or(|(q, _)| q != p) {
+            self.attn = None; // freed before the next problem's are made
+            let bufs = match p.dtype {
+                DType::F16 => AttnBufs::F16(attn::Buffers::new(&self.home, shape, p)?),
+                _ => AttnBufs::BF16(attn::Buffers::new(&self.home, shape, p)?),
+            };
+            self.attn = Some((*p, bufs));
+        }
+        Ok(&mut self.attn.as_mut().expect("set above").1)
     }
 
     fn conv_buffers(&mut self, p: &Conv2d, precision: Precision) -> anyhow::Result<&mut ConvBufs> {

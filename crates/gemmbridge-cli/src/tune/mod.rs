@@ -1,12 +1,13 @@
 //! `gemmbridge tune`: a tactic database that holds only what wins where it is used.
 //!
 //! For each problem of the selection (the dense GEMMs of a suite, the FP8 recipes over it,
-//! the convolutions), the search (`gemm.rs`: cuBLASLt's candidates timed at the sustained
-//! clock; `conv.rs`: cuDNN's measured search) gives finalists; each is then confirmed against
+//! the convolutions, the attention rows), the search (`gemm.rs`: cuBLASLt's candidates timed
+//! at the sustained clock; `conv.rs`, `attn.rs`: cuDNN's measured search) gives finalists; each is then confirmed against
 //! the library's own choice in `bench`'s protocol (`confirm.rs`), and stored only where it
 //! wins by at least 2 %. `--verify` re-runs the confirmation for a database's entries,
 //! `--noise` measures the protocol's own spread.
 
+mod attn;
 mod confirm;
 mod conv;
 mod gemm;
@@ -14,7 +15,7 @@ mod items;
 mod run;
 
 use anyhow::bail;
-use gemmbridge::Precision;
+use gemmbridge::{DType, Precision};
 
 use crate::ops::op_applies;
 use crate::suite_args::{parse_ops, ConvSettings, Dtypes, SuiteArgs};
@@ -31,6 +32,9 @@ pub struct Args {
     /// search on ResNet-50's 11 convolutions per dtype, --conv-layouts and --conv-batches, as
     /// `bench` times them; not tuned by default; --suite does not apply to them): conv_fwd,
     /// conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, or conv for all five.
+    /// Attention (cuDNN's measured search on the shapes of bench/attention.json, --attn-shapes,
+    /// f16/bf16; not tuned by default): attn_fwd (the forward), attn_fwd_bwd (the backward,
+    /// judged in the forward-and-backward row), attn_fwd_fp8 (the FP8 forward).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu")]
     ops: String,
     /// The tactic database to fill (created, or merged into: a problem tuned again gets the
@@ -111,9 +115,16 @@ impl Plan {
                 "--ops names convolutions but --dtypes names none of f32, tf32, f16, bf16 (fp8_e4m3 has no convolutions)"
             );
         }
+        if !ops.attn.is_empty() && !dense.iter().any(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
+            bail!("--ops names attention but --dtypes names neither f16 nor bf16 (attention's input types)");
+        }
         let conv = args.shared.conv()?;
         if !ops.conv.is_empty() {
             items.extend(conv::items(&ops.conv, &dense, &conv)?);
+        }
+        if !ops.attn.is_empty() {
+            let names = crate::bench::attn::parse_shapes(&args.shared.attn_shapes)?;
+            items.extend(attn::items(&ops.attn, &dense, &names)?);
         }
         if items.is_empty() {
             bail!("nothing to tune: --dtypes and --ops select no problem");
@@ -124,7 +135,7 @@ impl Plan {
 
     /// Whether any problem is a GEMM (dense or FP8): those need cuBLASLt.
     fn has_gemms(&self) -> bool {
-        self.items.iter().any(|i| !matches!(i, Item::Conv { .. }))
+        self.items.iter().any(|i| matches!(i, Item::Gemm { .. } | Item::Fp8 { .. }))
     }
 }
 
@@ -181,6 +192,10 @@ mod tests {
         assert!(refused(&["--db", "t.json", "--confirm-gap-ms", "-1"]).contains("--confirm-gap-ms -1"));
         assert!(refused(&["--db", "t.json", "--prune"]).contains("--prune needs --verify"));
         assert!(refused(&["--verify", "/no/such/file.json"]).contains("no such file"));
+        let e = refused(&["--db", "t.json", "--ops", "attn_fwd", "--dtypes", "f32,tf32"]);
+        assert!(e.contains("neither f16 nor bf16"), "{e}");
+        let e = refused(&["--db", "t.json", "--ops", "attn_fwd", "--attn-shapes", "h7"]);
+        assert!(e.contains("unknown shape \"h7\""), "{e}");
         let cli = Cli::try_parse_from(["tune", "--verify", "a.json", "--db", "b.json"]);
         assert!(cli.is_err(), "--verify and --db are two modes");
     }

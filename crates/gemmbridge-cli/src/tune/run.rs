@@ -11,7 +11,7 @@ use gemmbridge::cuda::{ConvSearch, Gpu, TuneOptions};
 use super::confirm::{confirm, median, rounds_needed, spread, Bar, Protocol, Verdict};
 use super::gemm::{self, Found};
 use super::items::{Item, Rows};
-use super::{conv, Args, Plan};
+use super::{attn, conv, Args, Plan};
 use crate::db::identity;
 use crate::timing::Sampling;
 
@@ -73,6 +73,8 @@ fn tune(args: &Args, plan: &Plan, (base, rows): (&Gpu, &mut Rows), proto: Protoc
     let path_s = args.db.as_deref().expect("clap requires --db in this mode");
     let path = Path::new(path_s);
     let tuner = engine(args, plan)?;
+    // the baseline and the candidates keep cuDNN's heuristic attention plans, as `bench` does
+    tuner.set_attention_search(true);
     let mut db = TacticDb::new(identity(&tuner)?);
     // checked before any GPU time is spent: a file that save() would refuse to overwrite
     if let Err(e) = TacticDb::check_writable(path, &db.identity) {
@@ -86,6 +88,16 @@ fn tune(args: &Args, plan: &Plan, (base, rows): (&Gpu, &mut Rows), proto: Protoc
     let mut stored = 0;
     for item in &plan.items {
         let (sig, finalists, cols) = match item {
+            Item::Attn { .. } => match attn::search(&tuner, rows, item)? {
+                Some((sig, t)) => {
+                    let cols = conv::columns(&t);
+                    (sig, vec![t], cols)
+                }
+                None => {
+                    println!("{}  the heuristic's plan is the fastest measured (nothing to store)", item.describe());
+                    continue;
+                }
+            },
             Item::Conv { .. } => match conv::search(&tuner, rows, item)? {
                 Some((sig, t, _plan)) => {
                     let cols = conv::columns(&t);
