@@ -9,7 +9,7 @@
 //! # Panics
 //! As [`super::reference`]'s functions.
 
-use super::reference::{expect, lengths, scores, stats_index, Forward, Lengths};
+use super::reference::{expect, expect_sizes, lengths, scores, stats_index, Forward, Lengths};
 use super::{Attention, AttnTensor};
 use crate::fp8::{fp8_to_f32, quantize_value, scale_of, Fp8Format};
 
@@ -99,7 +99,8 @@ pub fn forward(p: &Attention, q: &[f64], k: &[f64], v: &[f64], lens: Lengths<'_>
 /// On a problem [`Attention::validate`] refuses, an `o` of another length than the problem's
 /// output, or a `scale` that is not finite and positive.
 pub fn round_output(p: &Attention, o: &[f64], scale: f32) -> Vec<f64> {
-    expect(p, None, &[(AttnTensor::O, o.len())]);
+    // every element is rounded, inside the lengths or not: no lengths needed
+    expect_sizes(p, &[(AttnTensor::O, o.len())]);
     assert!(scale.is_finite() && scale > 0.0, "attention::fp8::round_output: scale {scale} is not finite and positive");
     let mut out = o.to_vec();
     for at in p.elements(AttnTensor::O) {

@@ -60,9 +60,7 @@ pub struct Grads {
 
 /// Panics unless `p` and `lens` are valid and each `(tensor, len)` has the problem's length.
 pub(super) fn expect(p: &Attention, lens: Lengths<'_>, slices: &[(AttnTensor, usize)]) {
-    if let Err(e) = p.validate() {
-        panic!("attention::reference on an invalid problem: {e}");
-    }
+    expect_sizes(p, slices);
     match lens {
         Some((lq, lkv)) => {
             if let Err(e) = p.check_lengths(lq, lkv) {
@@ -70,6 +68,14 @@ pub(super) fn expect(p: &Attention, lens: Lengths<'_>, slices: &[(AttnTensor, us
             }
         }
         None => assert!(!p.var_len, "attention::reference: the problem has per-sequence lengths and none were given"),
+    }
+}
+
+/// Panics unless `p` is valid and each `(tensor, len)` has the problem's length (what an
+/// elementwise step that does not read the lengths needs).
+pub(super) fn expect_sizes(p: &Attention, slices: &[(AttnTensor, usize)]) {
+    if let Err(e) = p.validate() {
+        panic!("attention::reference on an invalid problem: {e}");
     }
     for &(t, got) in slices {
         let want = p.required_elems(t);
