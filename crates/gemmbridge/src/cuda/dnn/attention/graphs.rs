@@ -39,8 +39,7 @@ pub(crate) mod uid {
     pub const SCALE_S: i64 = 23;
     pub const DESCALE_S: i64 = 24;
     pub const SCALE_O: i64 = 25;
-    /// FP8: the largest |P| and |o| (f32, in the workspace).
-    pub const AMAX_S: i64 = 26;
+    /// FP8: the largest |o| (f32, in the workspace; not read).
     pub const AMAX_O: i64 = 27;
 }
 

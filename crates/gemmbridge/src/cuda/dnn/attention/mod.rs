@@ -122,9 +122,9 @@ impl AttnKey {
 }
 
 /// The workspace a plan uses after cuDNN's own `cudnn` bytes: byte offsets of the backward's
-/// f32 `Σ do·o` rows and dq accumulator, of the lengths, and of the FP8 forward's six f32
-/// scalars (P's scale and its inverse, o's scale, the graph's v descale, P's and o's absolute
-/// maximum, in that order); `total` bytes in all.
+/// f32 `Σ do·o` rows and dq accumulator, of the lengths, and of the FP8 forward's five f32
+/// scalars (P's scale and its inverse, o's scale, the graph's v descale, o's absolute maximum,
+/// in that order); `total` bytes in all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Extra {
     pub softmax_sum: usize,

@@ -234,8 +234,8 @@ impl AttnPlan {
                     let at = |i: u64| v(ws + self.extra.fp8 as u64 + 4 * i);
                     u.extend([uid::DESCALE_Q, uid::DESCALE_K]);
                     p.extend([v(b.descale[0]), v(b.descale[1])]);
-                    u.extend([uid::SCALE_S, uid::DESCALE_S, uid::SCALE_O, uid::DESCALE_V, uid::AMAX_S, uid::AMAX_O]);
-                    p.extend([at(0), at(1), at(2), at(3), at(4), at(5)]);
+                    u.extend([uid::SCALE_S, uid::DESCALE_S, uid::SCALE_O, uid::DESCALE_V, uid::AMAX_O]);
+                    p.extend([at(0), at(1), at(2), at(3), at(4)]);
                 }
                 (u, p)
             }
@@ -318,7 +318,7 @@ impl AttnPlan {
             // for every call (the workspace is shared with other calls on the stream)
             let at = ws + self.extra.fp8 as u64;
             for (i, x) in [P_SCALE, 1.0 / P_SCALE, 1.0, O_FACTOR].into_iter().enumerate() {
-                // SAFETY: `at` holds 6 f32 (Extra::new); a stream-ordered memset.
+                // SAFETY: `at` holds 5 f32 (Extra::new); a stream-ordered memset.
                 unsafe { drv::cuMemsetD32Async(at + 4 * i as u64, x.to_bits(), 1, stream) }
                     .result()
                     .map_err(status::driver("cuMemsetD32Async"))?;
