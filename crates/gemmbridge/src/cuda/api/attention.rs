@@ -5,7 +5,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::checks::same_context;
+use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use crate::attention::{Attention, AttnMask, AttnTensor};
 use crate::cuda::device::{is_capturing, Relaxed};
@@ -69,14 +69,6 @@ pub struct AttnSaved<'a, T> {
 /// Host lengths `(len_q, len_kv)`, passed on to the launch.
 type HostLens<'a> = Option<(&'a [i32], &'a [i32])>;
 
-/// One checked buffer: which, address, byte span the problem touches.
-#[derive(Clone, Copy)]
-pub(super) struct Span {
-    which: Which,
-    addr: u64,
-    bytes: usize,
-}
-
 /// The buffer rules: the buffer holds `elems` elements of `elem` bytes, its address is 16-byte
 /// aligned (cuDNN's attention engines load 16-byte vectors).
 pub(super) fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
@@ -94,26 +86,6 @@ pub(super) fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usi
         return Err(Error::Misaligned { operand: which, address: addr, align: 16 });
     }
     Ok(Span { which, addr, bytes: needed })
-}
-
-/// No written span overlaps another written span or a read one.
-fn disjoint(written: &[Span], read: &[Span]) -> Result<()> {
-    for (i, o) in written.iter().enumerate() {
-        for r in written[i + 1..].iter().chain(read) {
-            let (o1, r1) = (o.addr + o.bytes as u64, r.addr + r.bytes as u64);
-            if o.addr < r1 && r.addr < o1 && o.bytes > 0 && r.bytes > 0 {
-                return Err(Error::OutputOverlapsInput {
-                    output: o.which,
-                    input: r.which,
-                    out_start: o.addr,
-                    out_end: o1,
-                    in_start: r.addr,
-                    in_end: r1,
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The problem's rules for the GPU path: [`Attention::validate`], the element type, the

@@ -56,3 +56,31 @@ pub(super) fn either_ptr<'g, 'o: 'g, T>(
         (None, None) => (None, 0, None),
     }
 }
+
+/// One checked buffer: which, address, byte span the problem touches.
+#[derive(Clone, Copy)]
+pub(super) struct Span {
+    pub which: Which,
+    pub addr: u64,
+    pub bytes: usize,
+}
+
+/// No written span overlaps another written span or a read one.
+pub(super) fn disjoint(written: &[Span], read: &[Span]) -> Result<()> {
+    for (i, o) in written.iter().enumerate() {
+        for r in written[i + 1..].iter().chain(read) {
+            let (o1, r1) = (o.addr + o.bytes as u64, r.addr + r.bytes as u64);
+            if o.addr < r1 && r.addr < o1 && o.bytes > 0 && r.bytes > 0 {
+                return Err(Error::OutputOverlapsInput {
+                    output: o.which,
+                    input: r.which,
+                    out_start: o.addr,
+                    out_end: o1,
+                    in_start: r.addr,
+                    in_end: r1,
+                });
+            }
+        }
+    }
+    Ok(())
+}
