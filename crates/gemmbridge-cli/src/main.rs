@@ -35,7 +35,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "gemmbridge",
     version,
-    about = "Row-major GEMM on cuBLAS/cuBLASLt and convolutions on cuDNN: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench, report"
+    about = "Row-major GEMM on cuBLAS/cuBLASLt, convolutions and attention on cuDNN: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench, report"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -57,8 +57,8 @@ enum Command {
     /// gemmbridge's CPU backend instead (the matrixmultiply crate) on the small "cpu" suite,
     /// matmul and linear only, rates in GFLOP/s; GPU-only options are then ignored with a note.
     Bench(bench::Args),
-    /// Autotunes cuBLASLt algorithms for a suite (and, with --ops conv_…, cuDNN's convolution
-    /// plans) and stores the winners in a tactic database (a GEMM whose heuristic choice
+    /// Autotunes cuBLASLt algorithms for a suite (and, with --ops conv_… or attn_…, cuDNN's
+    /// convolution or attention plans) and stores the winners in a tactic database (a GEMM whose heuristic choice
     /// nothing beat gets no entry).
     Tune(tune::Args),
     /// Measures the first GEMM of this (fresh) process, with or without prewarm.

@@ -56,9 +56,9 @@ pub struct Args {
     /// Library: auto (cuBLASLt where it serves), blas (cuBLAS), lt (cuBLASLt).
     #[arg(long, default_value = "auto")]
     backend: String,
-    /// Tactic database from `gemmbridge tune` to use: its GEMM entries, and its convolution
-    /// entries of the cuDNN version loaded (a convolution with an entry runs the stored plan,
-    /// without a search).
+    /// Tactic database from `gemmbridge tune` to use: its GEMM entries, and its convolution and
+    /// attention entries of the cuDNN version loaded (a convolution or attention call with an
+    /// entry runs the stored plan, without a search).
     #[arg(long)]
     db: Option<String>,
     /// Misaligned operands (leading dimension or address off 16 bytes): "on" runs large such
@@ -75,7 +75,8 @@ pub struct Args {
     /// conv_dgrad, conv_wgrad, or conv for all five. Attention (cuDNN's fused engines, f16 and
     /// bf16, on bench/attention.json's shapes, GPU only; not run by default; their peer is
     /// bench/attn_peer.py): attn_fwd (the forward with its statistics), attn_fwd_bwd (the
-    /// forward and the backward).
+    /// forward and the backward); FP8 (no peer): attn_fwd_fp8 (the FP8 forward on q, k, v
+    /// quantised beforehand), attn_fp8_cast (those casts alone).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
@@ -167,6 +168,8 @@ impl Plan {
             bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
         }
         let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, launch } = parse_ops(&args.ops, true)?;
+        // checked whatever --ops holds, as the convolution flags are
+        attn::parse_shapes(&args.shared.attn_shapes)?;
         let reps = args.reps.unwrap_or(30);
         if !(1..=100_000).contains(&reps) {
             bail!("--reps {reps} is not between 1 and 100000");

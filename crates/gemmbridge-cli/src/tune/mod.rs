@@ -84,7 +84,7 @@ pub struct Args {
 }
 
 /// The selection: every problem, in order (dense jobs over the suite, FP8 recipes over it,
-/// then the convolutions), and the convolution settings.
+/// the convolutions, then the attention rows), and the convolution settings.
 pub(crate) struct Plan {
     pub items: Vec<Item>,
     pub conv: ConvSettings,
@@ -95,6 +95,7 @@ impl Plan {
         let shapes = args.shared.shapes()?;
         // the ops are checked first, once, whatever --dtypes holds
         let ops = parse_ops(&args.ops, false)?;
+        let attn_names = crate::bench::attn::parse_shapes(&args.shared.attn_shapes)?;
         let Dtypes { dense, scalings } = args.shared.dtypes()?;
         let mut items = Vec::new();
         for (d, prec) in &dense {
@@ -123,8 +124,7 @@ impl Plan {
             items.extend(conv::items(&ops.conv, &dense, &conv)?);
         }
         if !ops.attn.is_empty() {
-            let names = crate::bench::attn::parse_shapes(&args.shared.attn_shapes)?;
-            items.extend(attn::items(&ops.attn, &dense, &names)?);
+            items.extend(attn::items(&ops.attn, &dense, &attn_names)?);
         }
         if items.is_empty() {
             bail!("nothing to tune: --dtypes and --ops select no problem");

@@ -1,4 +1,5 @@
-//! The tactic database: tuned library choices (cuBLASLt algorithms, cuDNN convolution plans)
+//! The tactic database: tuned library choices (cuBLASLt algorithms, cuDNN convolution and
+//! attention plans)
 //! that persist across runs, one file for every library and kind of problem.
 //!
 //! # File format 2 ([`FORMAT`])
@@ -78,8 +79,10 @@
 //! An attention ("attention") key states the same for cuDNN's attention graph: the direction
 //! (`fwd`, `fwd_stats` where the statistics are written, `bwd`, `fp8_fwd`, `fp8_fwd_stats`),
 //! `b hq hkv sq skv d` with their values, the dtype, the mask (`none`, `causal`,
-//! `causal_bottom_right`), `var_len` or `fixed`, `scale` (the f32's shortest exact decimal),
-//! the strides of q, k, v and o (`q<batch>,<head>,<row>` in elements) and the alignment class,
+//! `causal_bottom_right`), `var_len` or `fixed`, `scale` (the f32 as Rust's `{:?}` writes it:
+//! the shortest decimal that reads back as the same f32, e.g. `scale1.0`, `scale0.125`,
+//! `scale1e-6`), the strides of q, k, v and o (`q<batch>,<head>,<row>` in elements) and the
+//! alignment class (`al16`, `al8`, `al4`, `al2`, `al1`),
 //! e.g. `attention fwd_stats b4 hq32 hkv8 sq4096 skv4096 d128 bf16 causal fixed
 //! scale0.088388346 q16777216,128,4096 k4194304,128,1024 v4194304,128,1024 o16777216,128,4096
 //! al16`. Its choice is a "cudnn_engine" whose workspace is the plan's whole (cuDNN's part and

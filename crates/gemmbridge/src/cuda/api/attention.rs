@@ -318,7 +318,8 @@ impl Gpu {
     }
 
     /// The plan a measured search ([`Gpu::set_attention_search`]) chose for `p`'s direction
-    /// (named as for [`Gpu::attention_plan`], for buffers aligned as allocations are) as a
+    /// (named as for [`Gpu::attention_plan`]: "forward", "forward_fp8", "backward"; of the
+    /// best-aligned plan made, which for allocations is the 16-byte one) as a
     /// tactic for the database: its signature (the "attention" key, [`crate::tactics`]) and the
     /// [`Tactic`] (cuDNN, this cuDNN version, the engine and knobs, the workspace, the
     /// heuristic's and the chosen plan's measured times). `None` before the first call, for a

@@ -68,7 +68,8 @@ impl Gpu {
             }
         }
         if bias.is_some() != p.has_bias() {
-            let problem = if p.has_bias() { "is missing (the problem has a bias)" } else { "was given to a problem without one" };
+            let problem =
+                if p.has_bias() { "is missing (the problem has a bias)" } else { "was given to a problem without one" };
             return Err(Error::EpilogueOperand { epilogue: crate::Epilogue::Bias, operand: "bias", problem });
         }
         let s = self.stream();
@@ -89,7 +90,13 @@ impl Gpu {
         for ((which, (addr, have)), elems) in names.into_iter().zip(bufs).zip(p.lens()) {
             let needed = elems.saturating_mul(elem);
             if have < needed {
-                let e = Error::BufferTooSmall { operand: which, len_bytes: have, needed_bytes: needed, needed_elems: elems, elem_bytes: elem };
+                let e = Error::BufferTooSmall {
+                    operand: which,
+                    len_bytes: have,
+                    needed_bytes: needed,
+                    needed_elems: elems,
+                    elem_bytes: elem,
+                };
                 return Err(e);
             }
             spans.push(Span { which, addr, bytes: needed });

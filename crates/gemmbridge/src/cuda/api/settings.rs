@@ -48,6 +48,12 @@ impl Gpu {
     /// promise and its workspace fits [`Gpu::set_conv_workspace_limit`] (the legacy API: the
     /// stream's workspace); otherwise a warning is logged and the problem is planned as without
     /// the database. Convolution plans an entry replaces are dropped.
+    ///
+    /// Attention: the entries of kind "attention" of the cuDNN version loaded are taken the
+    /// same way; a problem, direction and alignment with an entry is planned from its engine
+    /// and knobs, whatever [`Gpu::set_attention_search`] says, if cuDNN finalizes the plan and
+    /// its workspace fits the limit (otherwise a warning, and the usual planning). Attention
+    /// plans an entry replaces are dropped.
     pub fn load_tactics(&self, db: &tactics::TacticDb) {
         {
             let mut st = self.lock();
@@ -75,8 +81,8 @@ impl Gpu {
     /// created, sorted: entries of a tactic database ([`Gpu::load_tactics`]) and choices this
     /// `Gpu` tuned itself ([`Gpu::autotune_raw`], [`Gpu::autotune_fp8`]: these keep their
     /// result for their signature, even where it is the heuristic's own choice) — cuBLASLt GEMM
-    /// and FP8 entries whose algorithm cuBLASLt accepted for the call, convolution entries cuDNN
-    /// rebuilt. Never cleared (loading other entries or dropping plans keeps the record). An
+    /// and FP8 entries whose algorithm cuBLASLt accepted for the call, convolution and attention
+    /// entries cuDNN rebuilt. Never cleared (loading other entries or dropping plans keeps the record). An
     /// entry that was loaded but is missing here has served no call yet — or was refused (a
     /// warning is logged) or does not match the calls made (another alignment, workspace or SM
     /// count target gives another signature). `gemmbridge tune` uses this to check that the

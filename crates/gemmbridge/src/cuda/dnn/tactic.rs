@@ -1,4 +1,5 @@
-//! The cuDNN room's plans in the tactic database ([`crate::tactics`], kind "conv2d"): a
+//! The cuDNN room's convolution plans in the tactic database ([`crate::tactics`], kind
+//! "conv2d"; attention plans' keys are `attention/tactic.rs`'s, both kinds taken in here): a
 //! plan key's stable text, a chosen plan as a [`Tactic`] (after a measured search), the
 //! database's entries taken in, and a problem's plan from its entry (rebuilt without searching:
 //! `rebuild.rs`).

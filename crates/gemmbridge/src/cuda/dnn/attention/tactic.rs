@@ -8,8 +8,8 @@ use crate::tactics::{Choice, Tactic};
 
 /// The database key of a plan key: `attention`, the direction (`fwd`, `fwd_stats`, `bwd`,
 /// `fp8_fwd`, `fp8_fwd_stats`), the sizes (`b hq hkv sq skv d`), the dtype, the mask (`none`,
-/// `causal`, `causal_bottom_right`), `var_len` or `fixed`, the scale (the f32's shortest
-/// exact decimal), the strides of q, k, v and o (batch, head, row, in elements) and the
+/// `causal`, `causal_bottom_right`), `var_len` or `fixed`, the scale (the f32 as `{:?}` writes
+/// it: the shortest decimal that reads back as the same f32), the strides of q, k, v and o (batch, head, row, in elements) and the
 /// buffers' byte alignment class (`al16` … `al1`). Nothing is bucketed: a tactic serves exactly
 /// that problem.
 pub(crate) fn key_text(k: &AttnKey) -> String {
