@@ -6,7 +6,7 @@ use gemmbridge::conv::ConvLayout;
 use gemmbridge::cuda::ConvApi;
 use gemmbridge::Precision;
 
-use crate::bench::{attn, conv, fp8};
+use crate::bench::{attn, conv, fp8, grouped};
 use crate::ops::{precision_of, OPS};
 use crate::suites::{self, Shape};
 
@@ -60,6 +60,7 @@ pub struct OpList {
     pub gemm: Vec<String>,
     pub conv: Vec<String>,
     pub attn: Vec<String>,
+    pub grouped: Vec<String>,
     pub launch: bool,
 }
 
@@ -107,7 +108,7 @@ impl SuiteArgs {
 /// accepted only where `bench_only` (they are `bench`'s, not `tune`'s).
 pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
     let with_launch = bench_only;
-    let mut out = OpList { gemm: Vec::new(), conv: Vec::new(), attn: Vec::new(), launch: false };
+    let mut out = OpList { gemm: Vec::new(), conv: Vec::new(), attn: Vec::new(), grouped: Vec::new(), launch: false };
     let push = |v: &mut Vec<String>, o: &str| {
         if !v.iter().any(|x| x == o) {
             v.push(o.to_string());
@@ -124,10 +125,13 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             push(&mut out.gemm, o);
         } else if attn::OPS.contains(&o) && (bench_only || o != "attn_fp8_cast") {
             push(&mut out.attn, o);
+        } else if bench_only && grouped::OPS.contains(&o) {
+            push(&mut out.grouped, o);
         } else {
             let launch = if with_launch { "launch, " } else { "" };
             let attn: Vec<&str> = attn::OPS.iter().copied().filter(|a| bench_only || *a != "attn_fp8_cast").collect();
-            let attn = format!(", {}", attn.join(", "));
+            let grouped = if bench_only { format!(", {}", grouped::OPS.join(", ")) } else { String::new() };
+            let attn = format!(", {}{grouped}", attn.join(", "));
             bail!("unknown op {o:?}; choose from {}, {launch}{}, conv{attn}", OPS.join(", "), conv::OPS.join(", "));
         }
     }
@@ -202,7 +206,10 @@ mod tests {
         assert_eq!(o.gemm, ["linear", "matmul"]);
         assert_eq!(o.conv, ["conv_dgrad", "conv_fwd", "conv_bias_relu", "conv_bias_relu_unfused", "conv_wgrad"]);
         assert!(o.launch);
-        assert_eq!(parse_ops(" ", true).unwrap(), OpList { gemm: vec![], conv: vec![], attn: vec![], launch: false });
+        assert_eq!(
+            parse_ops(" ", true).unwrap(),
+            OpList { gemm: vec![], conv: vec![], attn: vec![], grouped: vec![], launch: false }
+        );
         assert_eq!(parse_ops("attn_fwd_bwd,attn_fwd", true).unwrap().attn, ["attn_fwd_bwd", "attn_fwd"]);
         assert_eq!(parse_ops("attn_fwd", false).unwrap().attn, ["attn_fwd"]);
         assert!(parse_ops("attn_fp8_cast", false).is_err(), "a cast has no plan to tune");
@@ -220,7 +227,7 @@ mod tests {
         assert_eq!(
             e,
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
-             conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fp8_cast"
+             conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fp8_cast, grouped"
         );
     }
 }

@@ -4,6 +4,7 @@
 pub mod attn;
 pub mod conv;
 pub mod fp8;
+pub mod grouped;
 pub mod launch;
 pub mod report;
 
@@ -76,7 +77,9 @@ pub struct Args {
     /// bf16, on bench/attention.json's shapes, GPU only; not run by default; their peer is
     /// bench/attn_peer.py): attn_fwd (the forward with its statistics), attn_fwd_bwd (the
     /// forward and the backward); FP8 (no peer): attn_fwd_fp8 (the FP8 forward on q, k, v
-    /// quantised beforehand), attn_fp8_cast (those casts alone).
+    /// quantised beforehand), attn_fp8_cast (those casts alone). Grouped GEMM (f16 and bf16,
+    /// the mixture-of-experts shapes of bench/grouped.json, GPU only; not run by default; their
+    /// peer is bench/grouped_peer.py): grouped (the forward).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
@@ -151,6 +154,7 @@ struct Plan {
     ops: Vec<String>,
     conv_ops: Vec<String>,
     attn_ops: Vec<String>,
+    grouped_ops: Vec<String>,
     launch: bool,
     reps: usize,
     sampling: timing::Sampling,
@@ -167,7 +171,8 @@ impl Plan {
         if dtypes.is_empty() && scalings.is_empty() {
             bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
         }
-        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, launch } = parse_ops(&args.ops, true)?;
+        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, grouped: grouped_ops, launch } =
+            parse_ops(&args.ops, true)?;
         // checked whatever --ops holds, as the convolution flags are
         attn::parse_shapes(&args.shared.attn_shapes)?;
         let reps = args.reps.unwrap_or(30);
@@ -182,7 +187,13 @@ impl Plan {
         };
         let conv = args.shared.conv()?;
         let conv_search = conv::parse_search(&args.conv_search)?;
-        if ops.is_empty() && !launch && scalings.is_empty() && conv_ops.is_empty() && attn_ops.is_empty() {
+        if ops.is_empty()
+            && !launch
+            && scalings.is_empty()
+            && conv_ops.is_empty()
+            && attn_ops.is_empty()
+            && grouped_ops.is_empty()
+        {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
         let backend = parse_backend(&args.backend)?;
@@ -194,6 +205,7 @@ impl Plan {
             ops,
             conv_ops,
             attn_ops,
+            grouped_ops,
             launch,
             reps,
             sampling,
@@ -234,10 +246,11 @@ impl Plan {
             eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
             self.scalings.clear();
         }
-        if !self.conv_ops.is_empty() || !self.attn_ops.is_empty() {
-            eprintln!("  (the convolution and attention ops run on cuDNN and need a GPU: skipped)");
+        if !self.conv_ops.is_empty() || !self.attn_ops.is_empty() || !self.grouped_ops.is_empty() {
+            eprintln!("  (the convolution, attention and grouped ops need a GPU: skipped)");
             self.conv_ops.clear();
             self.attn_ops.clear();
+            self.grouped_ops.clear();
         }
         if self.dtypes.is_empty() {
             bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
@@ -271,6 +284,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let (false, Some(g)) = (plan.attn_ops.is_empty(), &gpu) {
         let names = attn::parse_shapes(&args.shared.attn_shapes)?;
         rows.extend(attn::bench(g, (&plan.attn_ops, &names), &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+    }
+    if let (false, Some(g)) = (plan.grouped_ops.is_empty(), &gpu) {
+        rows.extend(grouped::bench(g, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     let mut table = match &gpu {
         Some(_) => format!("device: {device}\n{}", report::table(&rows, peer.as_deref(), false)),
@@ -521,7 +537,11 @@ impl Pools {
 
 /// A new device buffer of `len` elements copied on the GPU from `pool`, starting at a random
 /// offset (wrapping around, so a buffer longer than the pool repeats it).
-fn rotate<T: DeviceRepr>(s: &Arc<CudaStream>, pool: &CudaSlice<T>, len: usize) -> anyhow::Result<CudaSlice<T>> {
+pub(crate) fn rotate<T: DeviceRepr>(
+    s: &Arc<CudaStream>,
+    pool: &CudaSlice<T>,
+    len: usize,
+) -> anyhow::Result<CudaSlice<T>> {
     // SAFETY: every element is written by the copies below (stream-ordered) before use.
     let mut buf = unsafe { s.alloc::<T>(len) }?;
     let (mut done, mut from) = (0, rand::random_range(0..pool.len()));
