@@ -46,13 +46,18 @@ fn key(r: &Row) -> Key {
 /// The group a row is summarised in: its dtype and its op, convolution rows also by batch
 /// size N (`conv_fwd/nhwc/n32`), attention rows by kind: `attn_fwd gpu-bound` (full batches of
 /// s ≥ 2048), `attn_fwd varlen` (per-sequence lengths; the peer's row is its padded
-/// equivalent), `attn_fwd host-bound` (the rest: shorter sequences, decoding).
+/// equivalent), `attn_fwd vs varlen_attn` (the same rows against the peer's packed
+/// variable-length kernel), `attn_fwd host-bound` (the rest: shorter sequences, decoding);
+/// grouped GEMM rows by routing (`grouped equal`, `grouped skewed`, and `grouped vs matmul
+/// loop` against the peer's per-expert loop).
 pub fn group(k: &Key) -> (String, String) {
     let op = if k.1.starts_with("conv") {
         format!("{}/n{}", k.1, k.5)
     } else if let Some(rest) = k.1.strip_prefix("attn") {
         let (op, label) = rest.split_once('/').unwrap_or((rest, ""));
-        let kind = if label.contains("varlen") {
+        let kind = if label.ends_with("+varlen_attn") {
+            "vs varlen_attn"
+        } else if label.contains("varlen") {
             "varlen"
         } else if k.2 >= 2048 && k.3 >= 2048 {
             "gpu-bound"
@@ -60,6 +65,15 @@ pub fn group(k: &Key) -> (String, String) {
             "host-bound"
         };
         format!("attn{op} {kind}")
+    } else if let Some(rest) = k.1.strip_prefix("grouped/") {
+        let kind = if rest.ends_with("+loop") {
+            "vs matmul loop"
+        } else if rest.contains("zipf") {
+            "skewed"
+        } else {
+            "equal"
+        };
+        format!("grouped {kind}")
     } else {
         k.1.clone()
     };
@@ -83,16 +97,28 @@ fn geomean(v: &[f64]) -> f64 {
 }
 
 /// Per row present in every pair: the ratio (peer median ms / our median ms) of each pair, in
-/// pair order. Also returns how many rows some pair lacked (left out).
+/// pair order. A peer row whose label is one of ours followed by `+variant` (another way the
+/// peer runs the same problem: `…+varlen_attn`, `…+loop`) is compared with that row of ours,
+/// under its own label. Also returns how many rows some pair lacked (left out).
 pub fn ratios(pairs: &[(Vec<Row>, Vec<Row>)]) -> (BTreeMap<Key, Vec<f64>>, usize) {
     let mut all: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
     let mut seen: BTreeMap<Key, usize> = BTreeMap::new();
     for (ours, peer) in pairs {
-        let peer: BTreeMap<Key, &Row> = peer.iter().map(|r| (key(r), r)).collect();
+        let mine: BTreeMap<Key, &Row> = ours.iter().map(|r| (key(r), r)).collect();
         for o in ours {
             *seen.entry(key(o)).or_default() += 1;
-            if let Some(p) = peer.get(&key(o)) {
-                all.entry(key(o)).or_default().push(p.median_ms / o.median_ms);
+        }
+        for p in peer {
+            let k = key(p);
+            let base = match k.1.split_once('+') {
+                Some((label, _)) => (k.0.clone(), label.to_string(), k.2, k.3, k.4, k.5),
+                None => k.clone(),
+            };
+            if let Some(o) = mine.get(&base) {
+                if k != base {
+                    *seen.entry(k.clone()).or_default() += 1;
+                }
+                all.entry(k).or_default().push(p.median_ms / o.median_ms);
             }
         }
     }
@@ -128,7 +154,12 @@ pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
     }
     // per (dtype, op), square + llm rows only; convolution rows per op, layout and batch
     let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
-    let grouped = |k: &Key| k.1.starts_with("conv") || k.1.starts_with("attn") || is_square_or_llm((k.2, k.3, k.4));
+    let grouped = |k: &Key| {
+        k.1.starts_with("conv")
+            || k.1.starts_with("attn")
+            || k.1.starts_with("grouped")
+            || is_square_or_llm((k.2, k.3, k.4))
+    };
     for (k, v) in rows.iter().filter(|(k, _)| grouped(k)) {
         groups.entry(group(k)).or_default().push((k, v));
     }
@@ -274,6 +305,28 @@ mod tests {
         assert_eq!(group(&key("attn_fwd_bwd/h32", 1024, 1024)).1, "attn_fwd_bwd host-bound");
         assert_eq!(group(&key("attn_fwd/h32:8-decode", 1, 4096)).1, "attn_fwd host-bound");
         assert_eq!(group(&key("attn_fwd/h32-causal-varlen", 2738, 2738)).1, "attn_fwd varlen");
+        let v = "attn_fwd/h32-causal-varlen+varlen_attn";
+        assert_eq!(group(&key(v, 2738, 2738)).1, "attn_fwd vs varlen_attn");
+        assert_eq!(group(&key("grouped/qwen3-zipf", 32768, 768)).1, "grouped skewed");
+        assert_eq!(group(&key("grouped/dsv3+loop", 32768, 2048)).1, "grouped vs matmul loop");
+    }
+
+    #[test]
+    fn a_peer_variant_row_is_compared_with_our_row_under_its_own_label() {
+        let with = |op: &str, layout: &str, ms: f64| Row { layout: Some(layout.into()), ..row("bf16", op, 2048, ms) };
+        let ours = vec![with("attn_fwd", "v", 1.0)];
+        let peer = vec![with("attn_fwd", "v", 4.0), with("attn_fwd", "v+varlen_attn", 0.9)];
+        let (rows, left_out) = ratios(&[(ours.clone(), peer.clone()), (ours, peer)]);
+        let got: Vec<(String, f64)> = rows.iter().map(|(k, v)| (k.1.clone(), v[0])).collect();
+        assert_eq!(got, [("attn_fwd/v".to_string(), 4.0), ("attn_fwd/v+varlen_attn".to_string(), 0.9)]);
+        assert_eq!(left_out, 0);
+        // a variant row missing from one pair is left out and counted
+        let (rows, left_out) = ratios(&[
+            (vec![with("attn_fwd", "v", 1.0)], vec![with("attn_fwd", "v+varlen_attn", 0.9)]),
+            (vec![with("attn_fwd", "v", 1.0)], vec![]),
+        ]);
+        assert!(rows.is_empty());
+        assert_eq!(left_out, 2);
     }
 
     #[test]
