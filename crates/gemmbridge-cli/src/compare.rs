@@ -96,6 +96,10 @@ fn geomean(v: &[f64]) -> f64 {
     crate::bench::report::geomean(v).unwrap_or(f64::NAN)
 }
 
+/// The peers' other ways of running one of our rows: `bench/attn_peer.py`'s packed
+/// variable-length kernel, `bench/grouped_peer.py`'s per-expert loop.
+const PEER_VARIANTS: [&str; 2] = ["varlen_attn", "loop"];
+
 /// Per row present in every pair: the ratio (peer median ms / our median ms) of each pair, in
 /// pair order. A peer row whose label is one of ours followed by `+variant` (another way the
 /// peer runs the same problem: `…+varlen_attn`, `…+loop`) is compared with that row of ours,
@@ -110,14 +114,16 @@ pub fn ratios(pairs: &[(Vec<Row>, Vec<Row>)]) -> (BTreeMap<Key, Vec<f64>>, usize
         }
         for p in peer {
             let k = key(p);
-            let base = match k.1.split_once('+') {
-                Some((label, _)) => (k.0.clone(), label.to_string(), k.2, k.3, k.4, k.5),
-                None => k.clone(),
+            // the same label first; a known variant's suffix only where there is none
+            let variant = || {
+                let (label, suffix) = k.1.rsplit_once('+')?;
+                let base = (k.0.clone(), label.to_string(), k.2, k.3, k.4, k.5);
+                PEER_VARIANTS.contains(&suffix).then(|| mine.get(&base)).flatten()
             };
-            if let Some(o) = mine.get(&base) {
-                if k != base {
-                    *seen.entry(k.clone()).or_default() += 1;
-                }
+            if let Some(o) = mine.get(&k) {
+                all.entry(k).or_default().push(p.median_ms / o.median_ms);
+            } else if let Some(o) = variant() {
+                *seen.entry(k.clone()).or_default() += 1;
                 all.entry(k).or_default().push(p.median_ms / o.median_ms);
             }
         }
@@ -320,6 +326,11 @@ mod tests {
         let got: Vec<(String, f64)> = rows.iter().map(|(k, v)| (k.1.clone(), v[0])).collect();
         assert_eq!(got, [("attn_fwd/v".to_string(), 4.0), ("attn_fwd/v+varlen_attn".to_string(), 0.9)]);
         assert_eq!(left_out, 0);
+        // a label that itself holds a '+' is matched as it is, not as a variant
+        let exact = vec![with("attn_fwd", "v", 1.0), with("attn_fwd", "v+varlen_attn", 2.0)];
+        let (rows, _) = ratios(&[(exact, vec![with("attn_fwd", "v+varlen_attn", 2.0), with("attn_fwd", "v+x", 1.0)])]);
+        let got: Vec<(String, f64)> = rows.iter().map(|(k, v)| (k.1.clone(), v[0])).collect();
+        assert_eq!(got, [("attn_fwd/v+varlen_attn".to_string(), 1.0)], "an unknown suffix is no variant");
         // a variant row missing from one pair is left out and counted
         let (rows, left_out) = ratios(&[
             (vec![with("attn_fwd", "v", 1.0)], vec![with("attn_fwd", "v+varlen_attn", 0.9)]),

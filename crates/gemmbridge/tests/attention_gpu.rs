@@ -284,7 +284,6 @@ fn planned_attention_is_capturable() {
     }
 }
 
-/// Reads a raw little-endian file of `N`-byte values.
 /// The tactic database's key of a BSHD problem's forward with statistics, as the tactics
 /// module documents it.
 fn forward_key(p: &Attention) -> String {
@@ -351,6 +350,7 @@ fn measured_search_and_tactic_entries_keep_results_within_the_band() {
     }
 }
 
+/// Reads a raw little-endian file of `N`-byte values.
 fn raw<const N: usize, V>(path: &std::path::Path, f: impl Fn([u8; N]) -> V) -> Vec<V> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     bytes.chunks_exact(N).map(|c| f(c.try_into().expect("N bytes"))).collect()

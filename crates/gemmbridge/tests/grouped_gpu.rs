@@ -105,6 +105,13 @@ fn bad_input_is_named_and_nothing_is_written() {
         other => panic!("{other:?}"),
     }
     assert!(untouched(&c));
+    // a bias shorter than E·N
+    let short_bias = up(3 * 16 - 1, &mut rng);
+    match gpu.grouped_gemm(&pb, &a, &b, &mut c, Some(&short_bias)) {
+        Err(Error::BufferTooSmall { operand: Which::Bias, needed_elems, .. }) => assert_eq!(needed_elems, 48),
+        other => panic!("{other:?}"),
+    }
+    assert!(untouched(&c));
     // the engine is usable afterwards
     let mut c = s.clone_htod(&poison::<bf16>(lc)).unwrap();
     gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap();

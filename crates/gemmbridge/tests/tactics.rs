@@ -648,6 +648,11 @@ fn cudnn_entries_of_another_version_are_stale_and_kept() {
 /// leaves them out with an "inconsistent" warning, save refuses them.
 #[test]
 fn inconsistent_entries_are_left_out_and_never_saved() {
+    let lt_under_cudnn_copy = || Tactic { library: Library::Cudnn, version: 91900, ..tactic(0.5, 2) };
+    let attention_engine = |unfused: bool| {
+        let choice = Choice::CudnnEngine { engine: 2, knobs: vec![(24, 7)], workspace: 256, unfused };
+        Tactic::cudnn_attention(choice, 91900, 1.0, 0.9)
+    };
     let path = tmp("inconsistent");
     let good_gemm = tactic(0.5, 1);
     let mut lt_under_cudnn = tactic(0.5, 2);
@@ -662,6 +667,9 @@ fn inconsistent_entries_are_left_out_and_never_saved() {
         ("conv2d engine-choice legacy alany", engine_tactic(91900, 3, 0.5)),
         ("NN gemm-key-for-a-conv", engine_tactic(91900, 3, 0.5)),
         ("conv2d gemm-under-a-conv-key", good_gemm.clone()),
+        ("attention lt-algo", Tactic { kind: ProblemKind::Attention, ..lt_under_cudnn_copy() }),
+        ("attention unfused-engine", attention_engine(true)),
+        ("conv2d attention-kind graph al16", attention_engine(false)),
     ];
     for (key, t) in cases {
         let mut db = TacticDb::new(with_cudnn());

@@ -39,11 +39,33 @@ pub fn direction(op: &str) -> &'static str {
     }
 }
 
+/// What the measured search of an attention item found.
+pub enum Found {
+    /// A plan faster than the heuristic's first: its signature and tactic.
+    Tactic(String, Tactic),
+    /// The heuristic's first plan was the fastest timed (a call without the database runs it
+    /// already).
+    Heuristic,
+    /// The loaded cuDNN has no engine for the row (FP8 decoding, say): the error.
+    Unsupported(String),
+}
+
+/// Whether `e` is the library's [`gemmbridge::Error::Unsupported`]: a row the loaded libraries
+/// have no engine for, skipped (as `bench` skips it) rather than the end of the run.
+pub fn unsupported(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<gemmbridge::Error>(), Some(gemmbridge::Error::Unsupported { .. }))
+}
+
 /// Runs the measured search for an attention item on `gpu` (its first call, on the shared
-/// inputs): the chosen plan's signature and tactic; `Ok(None)` where the heuristic's first plan
-/// was the fastest timed (a call without the database runs it already).
-pub fn search(gpu: &Gpu, rows: &mut Rows, item: &Item) -> anyhow::Result<Option<(String, Tactic)>> {
+/// inputs).
+pub fn search(gpu: &Gpu, rows: &mut Rows, item: &Item) -> anyhow::Result<Found> {
     let Item::Attn { op, problem, .. } = item else { anyhow::bail!("{} is not an attention row", item.describe()) };
-    rows.time(gpu, item, Sampling::new(0, 1))?;
-    Ok(gpu.attention_tactic(problem, direction(op)))
+    match rows.time(gpu, item, Sampling::new(0, 1)) {
+        Err(e) if unsupported(&e) => return Ok(Found::Unsupported(e.to_string())),
+        other => other?,
+    };
+    Ok(match gpu.attention_tactic(problem, direction(op)) {
+        Some((sig, t)) => Found::Tactic(sig, t),
+        None => Found::Heuristic,
+    })
 }

@@ -62,8 +62,9 @@ pub struct Rows {
     pools: Pools,
     /// The last convolution problem's buffers (a problem's ops come one after another).
     conv: Option<(Conv2d, ConvBufs)>,
-    /// The last attention problem's buffers.
-    attn: Option<(Attention, AttnBufs)>,
+    /// The last attention problem's buffers (with its shape's name: the lengths are the
+    /// shape's).
+    attn: Option<((String, Attention), AttnBufs)>,
 }
 
 impl Rows {
@@ -119,13 +120,14 @@ impl Rows {
     }
 
     fn attn_buffers(&mut self, shape: &attn::Shape, p: &Attention) -> anyhow::Result<&mut AttnBufs> {
-        if self.attn.as_ref().is_none_or(|(q, _)| q != p) {
+        let key = (shape.name.clone(), *p);
+        if self.attn.as_ref().is_none_or(|(k, _)| *k != key) {
             self.attn = None; // freed before the next problem's are made
             let bufs = match p.dtype {
                 DType::F16 => AttnBufs::F16(attn::Buffers::new(&self.home, shape, p)?),
                 _ => AttnBufs::BF16(attn::Buffers::new(&self.home, shape, p)?),
             };
-            self.attn = Some((*p, bufs));
+            self.attn = Some((key, bufs));
         }
         Ok(&mut self.attn.as_mut().expect("set above").1)
     }

@@ -89,12 +89,16 @@ fn tune(args: &Args, plan: &Plan, (base, rows): (&Gpu, &mut Rows), proto: Protoc
     for item in &plan.items {
         let (sig, finalists, cols) = match item {
             Item::Attn { .. } => match attn::search(&tuner, rows, item)? {
-                Some((sig, t)) => {
+                attn::Found::Tactic(sig, t) => {
                     let cols = conv::columns(&t);
                     (sig, vec![t], cols)
                 }
-                None => {
+                attn::Found::Heuristic => {
                     println!("{}  the heuristic's plan is the fastest measured (nothing to store)", item.describe());
+                    continue;
+                }
+                attn::Found::Unsupported(why) => {
+                    println!("{}  not offered here: {why}", item.describe());
                     continue;
                 }
             },
@@ -199,7 +203,13 @@ fn verify(
     for item in &plan.items {
         let cand = with_entries(args, plan, &db)?;
         // one call learns which entries the problem's call uses
-        rows.time(&cand, item, Sampling::new(0, 1))?;
+        match rows.time(&cand, item, Sampling::new(0, 1)) {
+            Err(e) if attn::unsupported(&e) => {
+                println!("{}  not offered here: {e}", item.describe());
+                continue;
+            }
+            other => other?,
+        };
         let used = cand.applied_tactics();
         if used.is_empty() {
             continue;
@@ -256,7 +266,13 @@ fn noise(args: &Args, plan: &Plan, base: &Gpu, rows: &mut Rows, proto: Protocol)
     println!("{:<48} {:>9} {:>8} {:>8} {:>7}", "problem", "ms", "ratio", "spread", "rounds");
     let mut spreads = Vec::new();
     for item in &plan.items {
-        let v = confirm(rows, item, (base, &other), proto, None)?;
+        let v = match confirm(rows, item, (base, &other), proto, None) {
+            Err(e) if attn::unsupported(&e) => {
+                println!("{}  not offered here: {e}", item.describe());
+                continue;
+            }
+            other => other?,
+        };
         let s = spread(&v.ratios);
         spreads.push(s);
         let need = rounds_needed(s, GAIN - 1.0);

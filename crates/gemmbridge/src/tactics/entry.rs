@@ -190,7 +190,8 @@ pub(super) fn valid(t: &Tactic) -> bool {
 /// Whether an entry's library, kind, choice and key agree: cuBLASLt GEMMs (`gemm`, key of no
 /// other kind's prefix; `fp8_gemm`, key prefix "fp8_gemm ") hold a cuBLASLt algorithm, cuDNN
 /// convolutions (key prefix "conv2d ") a graph-API engine (key token "graph") or a legacy
-/// algorithm (token "legacy"), cuDNN attention (key prefix "attention ") a graph-API engine.
+/// algorithm (token "legacy"), cuDNN attention (key prefix "attention ") a graph-API engine
+/// that is not `unfused`.
 /// Anything else — the reserved kinds included — cannot have been
 /// written by this crate.
 pub(crate) fn consistent(sig: &str, t: &Tactic) -> bool {
@@ -203,7 +204,8 @@ pub(crate) fn consistent(sig: &str, t: &Tactic) -> bool {
         (Library::CublasLt, ProblemKind::Fp8Gemm, Choice::LtAlgo { .. }) => fp8,
         (Library::Cudnn, ProblemKind::Conv2d, Choice::CudnnEngine { .. }) => conv && has("graph"),
         (Library::Cudnn, ProblemKind::Conv2d, Choice::CudnnAlgo { .. }) => conv && has("legacy"),
-        (Library::Cudnn, ProblemKind::Attention, Choice::CudnnEngine { .. }) => attn,
+        // attention has no unfused form (that flag is the fused convolution forward's)
+        (Library::Cudnn, ProblemKind::Attention, Choice::CudnnEngine { unfused: false, .. }) => attn,
         _ => false,
     }
 }

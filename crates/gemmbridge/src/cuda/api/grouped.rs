@@ -35,13 +35,17 @@ impl Gpu {
     ///
     /// Backend: one GEMM per non-empty group on [`Gpu::stream`], in group order, through the
     /// same path as [`Gpu::gemm`] (cuBLASLt, each group shape's plan kept). Group sizes are
-    /// host counts, so a call is capturable once each group shape has been planned.
+    /// host counts, so a call is capturable once each group shape has been planned: run it once
+    /// outside the capture first. Inside a capture, a group shape not planned yet fails with
+    /// [`Error::NotCapturable`] after the groups before it were recorded: end the capture and
+    /// discard it.
     ///
     /// # Errors
     /// Before anything is launched, with no buffer written: [`Error::WrongContext`],
     /// [`Error::DTypeMismatch`] (a buffer's `T` against the precision's), [`Error::BufferTooSmall`]
-    /// (a buffer shorter than [`GroupedProblem::lens`]), [`Error::OutputOverlapsInput`] (the
-    /// output's extent against an input's), [`Error::EpilogueOperand`] (a bias given without
+    /// (a buffer shorter than [`GroupedProblem::lens`], a bias shorter than `E·N`),
+    /// [`Error::OutputOverlapsInput`] (the output's extent against an input's, the bias's
+    /// included), [`Error::EpilogueOperand`] (a bias given without
     /// [`GroupedProblem::has_bias`] or missing with it), and each group's GEMM checks as
     /// [`Gpu::gemm`]'s. From the launches: as [`Gpu::gemm`] (a failure part-way leaves the
     /// earlier groups written).
@@ -101,7 +105,25 @@ impl Gpu {
             }
             spans.push(Span { which, addr, bytes: needed });
         }
-        disjoint(&spans[2..], &spans[..2])?;
+        if let Some((addr, have)) = pv {
+            let elems = p.groups().saturating_mul(p.n());
+            let needed = elems.saturating_mul(elem);
+            if have < needed {
+                let e = Error::BufferTooSmall {
+                    operand: Which::Bias,
+                    len_bytes: have,
+                    needed_bytes: needed,
+                    needed_elems: elems,
+                    elem_bytes: elem,
+                };
+                return Err(e);
+            }
+            spans.push(Span { which: Which::Bias, addr, bytes: needed });
+        }
+        // the output against every input (a, b and the bias): an earlier group's rows of c
+        // must not be what a later group reads
+        let (out, ins): (Vec<Span>, Vec<Span>) = spans.iter().partition(|s| s.which == Which::C);
+        disjoint(&out, &ins)?;
         let calls = group_calls(p, bufs, pv, elem)?;
         for call in &calls {
             let extras = RawExtras { bias: call.bias, aux: None };
