@@ -173,21 +173,16 @@ def main():
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: every shape)")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--gap-ms", type=float, default=0.0,
-                    help="idle GPU time before each row's warm-up, ms (as gemmbridge bench --gap-ms)")
-    ap.add_argument("--out")
+    peer.add_timing_args(ap)
     a = ap.parse_args()
     try:
-        peer.GAP_MS = peer.checked_gap_ms(a.gap_ms)
+        peer.use_timing_args(a)
         dtypes = peer.split_list("--dtypes", a.dtypes, DTYPES)
         ops = peer.split_list("--ops", a.ops, OPS)
         names = sorted({s["name"] for s in SHAPES})
         wanted = peer.split_list("--shapes", a.shapes, names) if a.shapes.strip() else names
     except peer.UsageError as e:
         ap.error(str(e))
-    if a.reps < 1:
-        ap.error("--reps needs at least 1")
     rc = peer.import_torch("cuda")
     if rc:
         return rc

@@ -70,13 +70,10 @@ def main():
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--layouts", default="nhwc,nchw")
     ap.add_argument("--batches", default="32,1")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--gap-ms", type=float, default=0.0,
-                    help="idle GPU time before each row's warm-up, ms (as gemmbridge bench --gap-ms)")
-    ap.add_argument("--out")
+    peer.add_timing_args(ap)
     a = ap.parse_args()
     try:
-        peer.GAP_MS = peer.checked_gap_ms(a.gap_ms)
+        peer.use_timing_args(a)
         dtypes = peer.split_list("--dtypes", a.dtypes, DTYPES)
         ops = peer.split_list("--ops", a.ops, OPS)
         layouts = peer.split_list("--layouts", a.layouts, ["nhwc", "nchw"])
@@ -86,8 +83,8 @@ def main():
         batches = [int(x) for x in a.batches.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--batches {a.batches!r} is not a comma list of whole numbers")
-    if not batches or min(batches) < 1 or a.reps < 1:
-        ap.error("--batches needs batch sizes of at least 1, and --reps at least 1")
+    if not batches or min(batches) < 1:
+        ap.error("--batches needs batch sizes of at least 1")
     rc = peer.import_torch("cuda")
     if rc:
         return rc

@@ -59,28 +59,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: every shape)")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--gap-ms", type=float, default=0.0,
-                    help="idle GPU time before each row's warm-up, ms (as gemmbridge bench --gap-ms)")
-    ap.add_argument("--out")
+    peer.add_timing_args(ap)
     a = ap.parse_args()
     try:
-        peer.GAP_MS = peer.checked_gap_ms(a.gap_ms)
+        peer.use_timing_args(a)
         dtypes = peer.split_list("--dtypes", a.dtypes, DTYPES)
         names = [s["name"] for s in SHAPES]
         wanted = peer.split_list("--shapes", a.shapes, names) if a.shapes.strip() else names
     except peer.UsageError as e:
         ap.error(str(e))
-    if a.reps < 1:
-        ap.error("--reps needs at least 1")
-    try:
-        import torch
-    except ImportError:
-        print("grouped_peer.py needs PyTorch", file=sys.stderr)
-        sys.exit(2)
-    if not torch.cuda.is_available():
-        print("grouped_peer.py needs a CUDA GPU", file=sys.stderr)
-        sys.exit(2)
+    rc = peer.import_torch("cuda")
+    if rc:
+        return rc
+    torch = peer.torch
     dts = {"bf16": torch.bfloat16, "f16": torch.float16}
     out = open(a.out, "w") if a.out else None
     env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
@@ -96,4 +87,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -286,6 +286,23 @@ def checked_gap_ms(ms):
     return ms + 0.0
 
 
+def add_timing_args(ap):
+    """--reps, --gap-ms and --out, as the per-capability peers (attn_peer.py, conv_peer.py,
+    grouped_peer.py) take them."""
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="idle GPU time before each row's warm-up, ms (as gemmbridge bench --gap-ms)")
+    ap.add_argument("--out")
+
+
+def use_timing_args(a):
+    """Sets GAP_MS from --gap-ms; UsageError for a bad --gap-ms or a --reps below 1."""
+    global GAP_MS
+    GAP_MS = checked_gap_ms(a.gap_ms)
+    if a.reps < 1:
+        raise UsageError("--reps needs at least 1")
+
+
 def time_fn(fn, clock, reps, warmup=WARMUP, sample_ms=SAMPLE_MS, check=None, gap_ms=None):
     """Median and minimum time per call, ms: `gap_ms` (default GAP_MS) of idle GPU, `warmup`
     calls, one timed call to size a sample, then `reps` samples of `inner` back-to-back
