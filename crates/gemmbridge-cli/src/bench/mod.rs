@@ -196,6 +196,10 @@ impl Plan {
         {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
+        let half = dtypes.iter().any(|(_, p)| matches!(p.input(), gemmbridge::DType::F16 | gemmbridge::DType::BF16));
+        if (!attn_ops.is_empty() || !grouped_ops.is_empty()) && !half {
+            bail!("--ops names attention or grouped GEMM rows but --dtypes names neither f16 nor bf16 (their input types)");
+        }
         let backend = parse_backend(&args.backend)?;
         let padding = parse_padding(&args.padding)?;
         Ok(Plan {
