@@ -26,11 +26,38 @@ pub struct Row {
     pub scaling: Option<String>,
     /// Convolution rows: the tensors' layout (nhwc, nchw). Their m is P·Q, n is K, k is
     /// C/groups·R·S and batch is N, so that 2·m·n·k·batch is the convolution's flop count.
+    /// Attention and grouped-GEMM rows: the shape's name in their suite file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
 }
 
 impl Row {
+    /// A timed row of `op` in `dtype` with the label `layout`: `dims` are `[m, n, k, batch]`,
+    /// `flops` the floating-point operations of one call (TFLOP/s from the median).
+    pub fn timed(
+        op: &str,
+        dtype: &str,
+        dims: [usize; 4],
+        t: &crate::timing::Timing,
+        flops: f64,
+        layout: String,
+    ) -> Row {
+        let [m, n, k, batch] = dims;
+        Row {
+            op: op.to_string(),
+            dtype: dtype.to_string(),
+            m,
+            n,
+            k,
+            batch,
+            median_ms: t.median_ms,
+            min_ms: t.min_ms,
+            tflops: flops / (t.median_ms * 1e-3) / 1e12,
+            scaling: None,
+            layout: Some(layout),
+        }
+    }
+
     /// The op as rows are told apart: `scaled_mm/rowwise` for FP8 rows, `conv_fwd/nhwc` for
     /// convolution rows, the op otherwise.
     pub fn label(&self) -> String {

@@ -137,7 +137,7 @@ fn shape_rows<T: Element + DeviceRepr>(
         // a problem the loaded cuDNN has no engine for (FP8 decoding, say) is reported and
         // skipped, not the end of the run
         let t = match timed {
-            Err(e) if matches!(e.downcast_ref::<gemmbridge::Error>(), Some(gemmbridge::Error::Unsupported { .. })) => {
+            Err(e) if unsupported(&e) => {
                 eprintln!("{op} {}: skipped: {e}", p.describe());
                 continue;
             }
@@ -147,21 +147,15 @@ fn shape_rows<T: Element + DeviceRepr>(
             backward = ?gpu.attention_plan(p, "backward"), fp8 = ?gpu.attention_plan(p, "forward_fp8"), "attention row");
         // the cast row's TFLOP/s is its forward's, so that its time reads against the forward's
         let flops = shape.forward_flops(p) * if op == "attn_fwd_bwd" { 3.5 } else { 1.0 };
-        rows.push(Row {
-            op: op.clone(),
-            dtype: dtype.to_string(),
-            m: p.s_q,
-            n: p.s_kv,
-            k: p.d,
-            batch: p.b,
-            median_ms: t.median_ms,
-            min_ms: t.min_ms,
-            tflops: flops / (t.median_ms * 1e-3) / 1e12,
-            scaling: None,
-            layout: Some(shape.name.clone()),
-        });
+        rows.push(Row::timed(op, dtype, [p.s_q, p.s_kv, p.d, p.b], &t, flops, shape.name.clone()));
     }
     Ok(rows)
+}
+
+/// Whether `e` is the library's [`gemmbridge::Error::Unsupported`]: a row the loaded libraries
+/// have no engine for, skipped rather than the end of the run (`bench` and `tune` alike).
+pub fn unsupported(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<gemmbridge::Error>(), Some(gemmbridge::Error::Unsupported { .. }))
 }
 
 /// The device buffers of one problem: q, k, v, o, do, dq, dk, dv (random), the statistics and

@@ -207,19 +207,7 @@ fn shape_rows<T: Element + DeviceRepr>(
         let t = time_op(gpu, p, &mut bufs, op, sampling)?;
         tracing::info!(problem = %p.describe(), op = %op, plan = ?gpu.conv2d_plan(p, direction(op)), "convolution row");
         let (m, kk) = (pp * q, p.c_per_group() * p.r * p.s);
-        rows.push(Row {
-            op: op.clone(),
-            dtype: name.to_string(),
-            m,
-            n: p.k,
-            k: kk,
-            batch: p.n,
-            median_ms: t.median_ms,
-            min_ms: t.min_ms,
-            tflops: 2.0 * p.macs() / (t.median_ms * 1e-3) / 1e12,
-            scaling: None,
-            layout: Some(p.layout.name().to_string()),
-        });
+        rows.push(Row::timed(op, name, [m, p.k, kk, p.n], &t, 2.0 * p.macs(), p.layout.name().to_string()));
     }
     gpu.set_conv_fusion(true);
     Ok(rows)

@@ -84,19 +84,8 @@ fn row<T: Element + DeviceRepr>(
     let (x, w) = (rotate(s, pool, la)?, rotate(s, pool, lb)?);
     let mut y = rotate(s, pool, lc)?;
     let t = timing::time_gpu(gpu, sampling, &mut || gpu.grouped_gemm(p, &x, &w, &mut y, None))?;
-    Ok(Row {
-        op: "grouped".into(),
-        dtype: dtype.to_string(),
-        m: p.rows(),
-        n: p.n(),
-        k: p.k(),
-        batch: p.groups(),
-        median_ms: t.median_ms,
-        min_ms: t.min_ms,
-        tflops: 2.0 * p.macs() / (t.median_ms * 1e-3) / 1e12,
-        scaling: None,
-        layout: Some(shape.name.clone()),
-    })
+    let dims = [p.rows(), p.n(), p.k(), p.groups()];
+    Ok(Row::timed("grouped", dtype, dims, &t, 2.0 * p.macs(), shape.name.clone()))
 }
 
 #[cfg(test)]

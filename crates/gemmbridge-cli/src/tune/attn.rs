@@ -11,6 +11,7 @@ use gemmbridge::cuda::Gpu;
 use super::items::{Item, Rows};
 use super::Dense;
 use crate::bench::attn;
+pub use crate::bench::attn::unsupported;
 use crate::timing::Sampling;
 
 /// The attention problems, in `bench`'s order: dtype, shape, op. Decoding shapes (one query
@@ -48,12 +49,6 @@ pub enum Found {
     Heuristic,
     /// The loaded cuDNN has no engine for the row (FP8 decoding, say): the error.
     Unsupported(String),
-}
-
-/// Whether `e` is the library's [`gemmbridge::Error::Unsupported`]: a row the loaded libraries
-/// have no engine for, skipped (as `bench` skips it) rather than the end of the run.
-pub fn unsupported(e: &anyhow::Error) -> bool {
-    matches!(e.downcast_ref::<gemmbridge::Error>(), Some(gemmbridge::Error::Unsupported { .. }))
 }
 
 /// Runs the measured search for an attention item on `gpu` (its first call, on the shared
