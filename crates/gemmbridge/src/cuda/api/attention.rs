@@ -72,20 +72,11 @@ type HostLens<'a> = Option<(&'a [i32], &'a [i32])>;
 /// The buffer rules: the buffer holds `elems` elements of `elem` bytes, its address is 16-byte
 /// aligned (cuDNN's attention engines load 16-byte vectors).
 pub(super) fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
-    let needed = elems.saturating_mul(elem);
-    if have < needed {
-        return Err(Error::BufferTooSmall {
-            operand: which,
-            len_bytes: have,
-            needed_bytes: needed,
-            needed_elems: elems,
-            elem_bytes: elem,
-        });
-    }
+    let s = Span::sized(which, addr, have, elems, elem)?;
     if !addr.is_multiple_of(16) {
         return Err(Error::Misaligned { operand: which, address: addr, align: 16 });
     }
-    Ok(Span { which, addr, bytes: needed })
+    Ok(s)
 }
 
 /// The problem's rules for the GPU path: [`Attention::validate`], the element type, the

@@ -65,6 +65,26 @@ pub(super) struct Span {
     pub bytes: usize,
 }
 
+impl Span {
+    /// The `elems` elements of `elem` bytes a buffer of `have` bytes at `addr` must hold.
+    ///
+    /// # Errors
+    /// [`Error::BufferTooSmall`] when it holds fewer.
+    pub(super) fn sized(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
+        let needed = elems.saturating_mul(elem);
+        if have < needed {
+            return Err(Error::BufferTooSmall {
+                operand: which,
+                len_bytes: have,
+                needed_bytes: needed,
+                needed_elems: elems,
+                elem_bytes: elem,
+            });
+        }
+        Ok(Span { which, addr, bytes: needed })
+    }
+}
+
 /// No written span overlaps another written span or a read one.
 pub(super) fn disjoint(written: &[Span], read: &[Span]) -> Result<()> {
     for (i, o) in written.iter().enumerate() {

@@ -187,6 +187,23 @@ impl Gpu {
         stream: CUstream,
     ) -> Result<()> {
         check_all(p, descs, extras)?;
+        // SAFETY: checked above; the rest is the caller's contract.
+        unsafe { self.enqueue_checked(p, scale, descs, extras, stream) }
+    }
+
+    /// [`Gpu::run`] after its buffer checks (`check_all`), for a caller that has made them
+    /// already (a grouped GEMM checks every group before it launches any).
+    ///
+    /// # Safety
+    /// As [`Gpu::run`]; `check_all(p, descs, extras)` has passed.
+    pub(crate) unsafe fn enqueue_checked(
+        &self,
+        p: &GemmProblem,
+        scale: Scale,
+        descs: [BufferDesc; 3],
+        extras: RawExtras,
+        stream: CUstream,
+    ) -> Result<()> {
         if p.is_empty() {
             return Ok(());
         }

@@ -90,35 +90,12 @@ impl Gpu {
         let (pc, _wc) = pc;
         let elem = T::DTYPE.size_bytes();
         let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
-        let mut spans = Vec::with_capacity(3);
+        let mut spans = Vec::with_capacity(4);
         for ((which, (addr, have)), elems) in names.into_iter().zip(bufs).zip(p.lens()) {
-            let needed = elems.saturating_mul(elem);
-            if have < needed {
-                let e = Error::BufferTooSmall {
-                    operand: which,
-                    len_bytes: have,
-                    needed_bytes: needed,
-                    needed_elems: elems,
-                    elem_bytes: elem,
-                };
-                return Err(e);
-            }
-            spans.push(Span { which, addr, bytes: needed });
+            spans.push(Span::sized(which, addr, have, elems, elem)?);
         }
         if let Some((addr, have)) = pv {
-            let elems = p.groups().saturating_mul(p.n());
-            let needed = elems.saturating_mul(elem);
-            if have < needed {
-                let e = Error::BufferTooSmall {
-                    operand: Which::Bias,
-                    len_bytes: have,
-                    needed_bytes: needed,
-                    needed_elems: elems,
-                    elem_bytes: elem,
-                };
-                return Err(e);
-            }
-            spans.push(Span { which: Which::Bias, addr, bytes: needed });
+            spans.push(Span::sized(Which::Bias, addr, have, p.groups().saturating_mul(p.n()), elem)?);
         }
         // the output against every input (a, b and the bias): an earlier group's rows of c
         // must not be what a later group reads
@@ -129,8 +106,8 @@ impl Gpu {
             let extras = RawExtras { bias: call.bias, aux: None };
             // SAFETY: every address is a live cudarc allocation of this context borrowed for
             // this call (the guards above); each group's slice lies inside its buffer
-            // (`group_calls`, checked by check_all), the output apart from the inputs.
-            unsafe { self.run(&call.p, Scale::PRODUCT, call.descs, extras, s.cu_stream()) }?;
+            // and passed check_all (`group_calls`), the output apart from the inputs.
+            unsafe { self.enqueue_checked(&call.p, Scale::PRODUCT, call.descs, extras, s.cu_stream()) }?;
         }
         Ok(())
     }
