@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of `gemmbridge bench --ops grouped`: the mixture-of-experts shapes of
-bench/grouped.json through torch._grouped_mm (PyTorch's own grouped kernels: y = x · w[e]ᵀ
-with the rows of x sorted by expert and the group ends as int32 offsets on the device), in the
-same JSON lines as gemmbridge (m = Σ rows, n, k, batch = experts, layout = the shape's name;
+"""The PyTorch peer of `gemmbridge bench --ops grouped,grouped_dx,grouped_dw`: the
+mixture-of-experts shapes of bench/grouped.json through torch._grouped_mm (PyTorch's own grouped
+kernels, the rows sorted by expert and the group ends as int32 offsets on the device): the
+forward y = x · w[e]ᵀ (grouped), the backward data dx = dy · w[e] (grouped_dx) and the backward
+weight dw[e] = dy[e]ᵀ · x[e] (grouped_dw, the 2-D × 2-D form with a 3-D result), in the same
+JSON lines as gemmbridge (m = Σ rows, n, k, batch = experts, layout = the shape's name;
 TFLOP/s = 2·Σ m_e·N·K / time). A second row per shape, layout "<name>+loop", times a Python
 loop of one torch.matmul per expert, for context. Timing as bench/peer.py: 5 warm-up calls,
 then --reps samples of ~1 ms of back-to-back calls between CUDA events, median and minimum per
 call; --gap-ms MS leaves the GPU idle for MS ms before each row's warm-up.
 
-Usage: python3 bench/grouped_peer.py [--dtypes bf16,f16] [--shapes NAME,...] [--reps 30]
+Usage: python3 bench/grouped_peer.py [--ops grouped,grouped_dx,grouped_dw] [--dtypes bf16,f16]
+                                     [--shapes NAME,...] [--reps 30]
                                      [--gap-ms MS] [--out FILE]
 Usage errors and a missing PyTorch or GPU exit with status 2.
 """
@@ -23,6 +26,7 @@ import peer  # noqa: E402  (Clock, time_fn: the dense peer's timing)
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "grouped.json")) as fh:
     SHAPES = json.load(fh)["shapes"]
 DTYPES = ["bf16", "f16"]
+OPS = ["grouped", "grouped_dx", "grouped_dw"]
 
 
 def timed(torch, fn, reps):
@@ -36,19 +40,29 @@ def timed(torch, fn, reps):
         return None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
-def rows(torch, s, name, dt, reps):
+def calls(torch, op, x, dy, w, offs, sizes):
+    """(grouped call, loop of matmuls) of one product."""
+    xs, dys = x.split(sizes), dy.split(sizes)
+    if op == "grouped_dx":
+        return (lambda: torch._grouped_mm(dy, w, offs=offs),
+                lambda: [torch.matmul(d, w[i]) for i, d in enumerate(dys)])
+    if op == "grouped_dw":
+        return (lambda: torch._grouped_mm(dy.t(), x, offs=offs),
+                lambda: [torch.matmul(d.t(), xi) for d, xi in zip(dys, xs)])
+    return (lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs),
+            lambda: [torch.matmul(xi, w[i].t()) for i, xi in enumerate(xs)])
+
+
+def rows(torch, op, s, name, dt, reps):
     m, n, k, e = sum(s["sizes"]), s["n"], s["k"], s["e"]
     x = torch.randn(m, k, device="cuda", dtype=dt)
+    dy = torch.randn(m, n, device="cuda", dtype=dt)
     w = torch.randn(e, n, k, device="cuda", dtype=dt)
     offs = torch.tensor(s["sizes"], device="cuda", dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    xs = x.split(s["sizes"])
-    calls = {
-        s["name"]: ("_grouped_mm", lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)),
-        s["name"] + "+loop": ("matmul loop", lambda: [torch.matmul(xi, w[i].t()) for i, xi in enumerate(xs)]),
-    }
-    for layout, (backend, fn) in calls.items():
+    grouped, loop = calls(torch, op, x, dy, w, offs, s["sizes"])
+    for layout, (backend, fn) in {s["name"]: ("_grouped_mm", grouped), s["name"] + "+loop": ("matmul loop", loop)}.items():
         med, low, why = timed(torch, fn, reps)
-        base = dict(op="grouped", dtype=name, m=m, n=n, k=k, batch=e, layout=layout, backend=backend)
+        base = dict(op=op, dtype=name, m=m, n=n, k=k, batch=e, layout=layout, backend=backend)
         if med is None:
             yield dict(base, error=why)
         else:
@@ -57,12 +71,14 @@ def rows(torch, s, name, dt, reps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ops", default="grouped")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: every shape)")
     peer.add_timing_args(ap)
     a = ap.parse_args()
     try:
         peer.use_timing_args(a)
+        ops = peer.split_list("--ops", a.ops, OPS)
         dtypes = peer.split_list("--dtypes", a.dtypes, DTYPES)
         names = [s["name"] for s in SHAPES]
         wanted = peer.split_list("--shapes", a.shapes, names) if a.shapes.strip() else names
@@ -77,7 +93,7 @@ def main():
     env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
                device=torch.cuda.get_device_name(), reps=a.reps, gap_ms=a.gap_ms)
     for line in [env] + [r for d in dtypes for s in SHAPES if s["name"] in wanted
-                         for r in rows(torch, s, d, dts[d], a.reps)]:
+                         for op in ops for r in rows(torch, op, s, d, dts[d], a.reps)]:
         text = json.dumps(line)
         print(text, flush=True)
         if out:

@@ -1,13 +1,16 @@
 //! The grouped GEMM on the GPU ([`Gpu::grouped_gemm`]) against the float64 reference
 //! (`grouped::reference`): every product (forward with and without a bias, backward data,
 //! backward weight) at ragged group sizes (0, 1, 7, 129, 4096 rows), every precision, outputs
-//! poisoned with NaN first; and bad input refused before anything is written.
+//! poisoned with NaN first, on every way of running it (one strided batch for equal groups, a
+//! pool of streams, in order); a pooled call captured into a CUDA graph replays the eager
+//! result bit for bit; and bad input refused before anything is written.
 
 mod common;
 
 use common::{gpu, normal, poison, rng};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use gemmbridge::cuda::Gpu;
+use gemmbridge::grouped::streams::{candidates, GroupedBackend};
 use gemmbridge::grouped::{reference, GroupedOp, GroupedProblem};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::rel_error;
@@ -21,8 +24,22 @@ fn wide<T: Element>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }
 
-/// One product against float64: ‖out − ref‖/‖ref‖ within the precision's band.
+/// Equal groups (one strided batch).
+const EQUAL: [usize; 3] = [65, 65, 65];
+
+/// One product against float64 on every backend that applies (forced), then as the engine
+/// chooses: ‖out − ref‖/‖ref‖ within the precision's band. The largest error.
 fn check<T: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, rng: &mut StdRng) -> f64 {
+    let mut worst = 0f64;
+    for backend in candidates(p).into_iter().map(Some).chain([None]) {
+        gpu.set_grouped_backend(backend);
+        worst = worst.max(check_one::<T>(gpu, p, rng));
+    }
+    gpu.set_grouped_backend(None);
+    worst
+}
+
+fn check_one<T: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, rng: &mut StdRng) -> f64 {
     let s = gpu.stream();
     let [la, lb, lc] = p.lens();
     let (a, b): (Vec<T>, Vec<T>) = (normal(rng, la), normal(rng, lb));
@@ -37,19 +54,25 @@ fn check<T: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, rng: &mut StdRn
     reference::run(p, &wide(&a), &wide(&b), bias.as_ref().map(|v| wide(v)).as_deref(), &mut want);
     let e = rel_error(&got, &want);
     let tol = p.precision().tolerance();
-    assert!(e <= tol, "{}: rel error {e:e} > {tol:e}", p.describe());
+    let how = gpu.grouped_backend_for(p).unwrap();
+    assert!(e <= tol, "{} on {how:?}: rel error {e:e} > {tol:e}", p.describe());
     e
 }
 
 fn all_products<T: Element + DeviceRepr>(precisions: &[Precision]) {
     let (gpu, mut rng) = (gpu(), rng());
+    // three lanes for four groups with rows: one lane runs two
+    gpu.set_grouped_streams(3).unwrap();
     for &precision in precisions {
         // (96, 64): aligned slices; (33, 17): every group's slice starts off 16 bytes
         for (n, k) in [(96, 64), (33, 17)] {
-            for op in [GroupedOp::Forward, GroupedOp::BackwardData, GroupedOp::BackwardWeight] {
-                let p = GroupedProblem::new(op, &SIZES, n, k, precision).unwrap();
+            for (op, sizes) in [GroupedOp::Forward, GroupedOp::BackwardData, GroupedOp::BackwardWeight]
+                .into_iter()
+                .flat_map(|op| [(op, &SIZES[..]), (op, &EQUAL[..])])
+            {
+                let p = GroupedProblem::new(op, sizes, n, k, precision).unwrap();
                 let e = check::<T>(&gpu, &p, &mut rng);
-                eprintln!("{}: rel error {e:.2e}", p.describe());
+                eprintln!("{}: rel error {e:.2e} (worst of {:?} and the choice)", p.describe(), candidates(&p));
             }
             let p = GroupedProblem::new(GroupedOp::Forward, &SIZES, n, k, precision).unwrap().with_bias().unwrap();
             check::<T>(&gpu, &p, &mut rng);
@@ -112,8 +135,56 @@ fn bad_input_is_named_and_nothing_is_written() {
         other => panic!("{other:?}"),
     }
     assert!(untouched(&c));
+    // a forced strided batch for groups of different sizes
+    gpu.set_grouped_backend(Some(GroupedBackend::StridedBatch));
+    match gpu.grouped_gemm(&p, &a, &b, &mut c, None) {
+        Err(Error::Unsupported { what, .. }) => assert!(what.contains("StridedBatch"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    gpu.set_grouped_backend(None);
+    assert!(untouched(&c));
+    assert!(matches!(gpu.set_grouped_streams(0), Err(Error::OutOfRange { .. })));
+    assert!(matches!(gpu.set_grouped_streams(17), Err(Error::OutOfRange { .. })));
     // the engine is usable afterwards
     let mut c = s.clone_htod(&poison::<bf16>(lc)).unwrap();
     gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap();
     assert!(!untouched(&c));
+}
+
+/// A pooled grouped call is captured with the pool's work (forked and joined by events) once
+/// the pool exists: the graph's result is the eager call's, bit for bit; before any pooled call
+/// with that many streams, the capture is refused by name.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_pooled_call_is_captured_with_its_streams() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let (gpu, mut rng) = (gpu(), rng());
+    // SAFETY: every buffer of this test is used on the Gpu's stream only, in order.
+    unsafe { gpu.context().disable_event_tracking() };
+    let s = gpu.stream().clone();
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let p = GroupedProblem::new(GroupedOp::Forward, &[40, 0, 300, 7, 129, 64], 96, 64, Precision::BF16).unwrap();
+    assert_eq!(gpu.grouped_backend_for(&p).unwrap(), GroupedBackend::StreamPool);
+    let [la, lb, lc] = p.lens();
+    let (a, b) =
+        (s.clone_htod(&normal::<bf16>(&mut rng, la)).unwrap(), s.clone_htod(&normal::<bf16>(&mut rng, lb)).unwrap());
+    let mut c = s.clone_htod(&poison::<bf16>(lc)).unwrap();
+    // no lanes yet: refused inside the capture
+    s.begin_capture(mode).unwrap();
+    let e = gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap_err();
+    let _ = s.end_capture(CUgraphInstantiate_flags(0));
+    assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
+    // eager, then captured
+    let mut eager = s.clone_htod(&poison::<bf16>(lc)).unwrap();
+    gpu.grouped_gemm(&p, &a, &b, &mut eager, None).unwrap();
+    let want = s.clone_dtoh(&eager).unwrap();
+    s.begin_capture(mode).unwrap();
+    let r = gpu.grouped_gemm(&p, &a, &b, &mut c, None);
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    r.unwrap();
+    graph.unwrap().expect("a graph").launch().unwrap();
+    let got = s.clone_dtoh(&c).unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate().take(p.row_start(p.groups()) * p.n()) {
+        assert_eq!(g.to_bits(), w.to_bits(), "captured grouped forward at element {i}");
+    }
 }

@@ -1,12 +1,16 @@
-//! The grouped-GEMM rows of `gemmbridge bench` (`--ops grouped`): the mixture-of-experts
-//! shapes of `bench/grouped.json` (the file `bench/grouped_peer.py` reads too), the forward
-//! `y = x·w[e]ᵀ` through [`Gpu::grouped_gemm`], f16 and bf16. A row's m is the total rows
-//! Σ m_e, n and k the layer's, batch the number of experts E, its layout the shape's name; its
-//! TFLOP/s counts 2·Σ m_e·N·K.
+//! The grouped-GEMM rows of `gemmbridge bench` (`--ops grouped,grouped_dx,grouped_dw`): the
+//! mixture-of-experts shapes of `bench/grouped.json` (the file `bench/grouped_peer.py` reads
+//! too), through [`Gpu::grouped_gemm`], f16 and bf16: the forward `y = x·w[e]ᵀ` (grouped), the
+//! backward data `dx = dy·w[e]` (grouped_dx) and the backward weight `dw[e] = dy[e]ᵀ·x[e]`
+//! (grouped_dw). A row's m is the total rows Σ m_e, n and k the layer's, batch the number of
+//! experts E, its layout the shape's name; its TFLOP/s counts 2·Σ m_e·N·K. `--grouped-backend`
+//! forces how the engine runs them ([`GroupedBackend`]); a shape the forced backend does not
+//! apply to is skipped with a note.
 
 use anyhow::Context;
 use cudarc::driver::DeviceRepr;
 use gemmbridge::cuda::Gpu;
+use gemmbridge::grouped::streams::GroupedBackend;
 use gemmbridge::grouped::{GroupedOp, GroupedProblem};
 use gemmbridge::{DType, Element, Precision};
 
@@ -14,8 +18,28 @@ use super::{rotate, Pools};
 use crate::row::Row;
 use crate::timing;
 
-/// The grouped ops: the forward.
-pub const OPS: [&str; 1] = ["grouped"];
+/// The grouped ops: the forward, the backward data, the backward weight.
+pub const OPS: [&str; 3] = ["grouped", "grouped_dx", "grouped_dw"];
+
+/// The product of an op of [`OPS`].
+fn product(op: &str) -> GroupedOp {
+    match op {
+        "grouped_dx" => GroupedOp::BackwardData,
+        "grouped_dw" => GroupedOp::BackwardWeight,
+        _ => GroupedOp::Forward,
+    }
+}
+
+/// `--grouped-backend` parsed: `None` for "auto".
+pub fn parse_backend(s: &str) -> anyhow::Result<Option<GroupedBackend>> {
+    Ok(match s {
+        "auto" => None,
+        "strided" => Some(GroupedBackend::StridedBatch),
+        "pool" => Some(GroupedBackend::StreamPool),
+        "in-order" => Some(GroupedBackend::InOrder),
+        other => anyhow::bail!("unknown grouped backend {other:?}; choose auto, strided, pool or in-order"),
+    })
+}
 
 /// One shape of `bench/grouped.json`.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -48,24 +72,31 @@ pub fn shapes() -> anyhow::Result<Vec<Shape>> {
     Ok(suite.shapes)
 }
 
-/// Every row: per f16/bf16 dtype of `dtypes`, per shape; `each` is called with every row as it
-/// is made.
+/// Every row: per op of `ops`, per f16/bf16 dtype of `dtypes`, per shape; `each` is called
+/// with every row as it is made. The engine's grouped backend is set beforehand (`--grouped-backend`).
 pub fn bench(
     gpu: &Gpu,
+    ops: &[String],
     dtypes: &[(String, Precision)],
     sampling: timing::Sampling,
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
     let (mut rows, mut pools) = (Vec::new(), Pools::default());
-    for (name, precision) in dtypes.iter().filter(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
-        for shape in shapes()? {
-            let p = GroupedProblem::new(GroupedOp::Forward, &shape.sizes, shape.n, shape.k, *precision)?;
-            let row = match p.precision().input() {
-                DType::F16 => row::<half::f16>(gpu, &mut pools, (&shape, &p), name, sampling)?,
-                _ => row::<half::bf16>(gpu, &mut pools, (&shape, &p), name, sampling)?,
-            };
-            each(&row)?;
-            rows.push(row);
+    for op in ops {
+        for (name, precision) in dtypes.iter().filter(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
+            for shape in shapes()? {
+                let p = GroupedProblem::new(product(op), &shape.sizes, shape.n, shape.k, *precision)?;
+                if let Err(e) = gpu.grouped_backend_for(&p) {
+                    eprintln!("  {op} {} {name}: skipped ({e})", shape.name);
+                    continue;
+                }
+                let row = match p.precision().input() {
+                    DType::F16 => row::<half::f16>(gpu, &mut pools, (op, &shape, &p), name, sampling)?,
+                    _ => row::<half::bf16>(gpu, &mut pools, (op, &shape, &p), name, sampling)?,
+                };
+                each(&row)?;
+                rows.push(row);
+            }
         }
     }
     Ok(rows)
@@ -74,7 +105,7 @@ pub fn bench(
 fn row<T: Element + DeviceRepr>(
     gpu: &Gpu,
     pools: &mut Pools,
-    (shape, p): (&Shape, &GroupedProblem),
+    (op, shape, p): (&str, &Shape, &GroupedProblem),
     dtype: &str,
     sampling: timing::Sampling,
 ) -> anyhow::Result<Row> {
@@ -85,7 +116,7 @@ fn row<T: Element + DeviceRepr>(
     let mut y = rotate(s, pool, lc)?;
     let t = timing::time_gpu(gpu, sampling, &mut || gpu.grouped_gemm(p, &x, &w, &mut y, None))?;
     let dims = [p.rows(), p.n(), p.k(), p.groups()];
-    Ok(Row::timed("grouped", dtype, dims, &t, 2.0 * p.macs(), shape.name.clone()))
+    Ok(Row::timed(op, dtype, dims, &t, 2.0 * p.macs(), shape.name.clone()))
 }
 
 #[cfg(test)]
@@ -95,10 +126,14 @@ mod tests {
     #[test]
     fn the_suite_names_its_shapes_and_they_are_valid_problems() {
         let shapes = shapes().unwrap();
-        assert_eq!(shapes.len(), 6);
+        assert_eq!(shapes.len(), 8);
         for s in &shapes {
             let p = GroupedProblem::new(GroupedOp::Forward, &s.sizes, s.n, s.k, Precision::BF16).unwrap();
-            assert_eq!(p.rows(), 32768, "{}", s.name);
+            let tokens = if s.name.starts_with("dsv3-16k") { 131072 } else { 32768 };
+            assert_eq!(p.rows(), tokens, "{}", s.name);
         }
+        assert_eq!(OPS.map(product), [GroupedOp::Forward, GroupedOp::BackwardData, GroupedOp::BackwardWeight]);
+        assert_eq!(parse_backend("pool").unwrap(), Some(GroupedBackend::StreamPool));
+        assert!(parse_backend("fast").is_err());
     }
 }

@@ -80,7 +80,8 @@ pub struct Args {
     /// forward and the backward); FP8 (no peer): attn_fwd_fp8 (the FP8 forward on q, k, v
     /// quantised beforehand), attn_fp8_cast (those casts alone). Grouped GEMM (f16 and bf16,
     /// the mixture-of-experts shapes of bench/grouped.json, GPU only; not run by default; their
-    /// peer is bench/grouped_peer.py): grouped (the forward).
+    /// peer is bench/grouped_peer.py): grouped (the forward), grouped_dx (the backward data),
+    /// grouped_dw (the backward weight).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
@@ -88,6 +89,14 @@ pub struct Args {
     /// default). Either way a convolution with an entry in --db runs that entry's plan.
     #[arg(long, default_value = "measured")]
     conv_search: String,
+    /// Grouped rows: how the engine runs them — auto (its rule: one strided batch for equal
+    /// groups, a pool of streams otherwise), strided, pool or in-order (shapes a forced backend
+    /// does not apply to are skipped).
+    #[arg(long, default_value = "auto")]
+    grouped_backend: String,
+    /// Grouped rows: streams of the pool (1 to 16).
+    #[arg(long, default_value_t = 4)]
+    grouped_streams: usize,
 }
 
 /// `--padding` parsed.
@@ -169,6 +178,8 @@ impl Plan {
             parse_ops(&args.ops, true)?;
         // checked whatever --ops holds, as the convolution flags are
         attn::parse_shapes(&args.shared.attn_shapes)?;
+        grouped::parse_backend(&args.grouped_backend)?;
+        gemmbridge::grouped::streams::GroupedSettings::check_streams(args.grouped_streams)?;
         let reps = args.reps.unwrap_or(30);
         if !(1..=100_000).contains(&reps) {
             bail!("--reps {reps} is not between 1 and 100000");
@@ -284,7 +295,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         rows.extend(attn::bench(g, (&plan.attn_ops, &names), &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     if let (false, Some(g)) = (plan.grouped_ops.is_empty(), &gpu) {
-        rows.extend(grouped::bench(g, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+        g.set_grouped_backend(grouped::parse_backend(&args.grouped_backend)?);
+        g.set_grouped_streams(args.grouped_streams)?;
+        rows.extend(grouped::bench(g, &plan.grouped_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     let mut table = match &gpu {
         Some(_) => format!("device: {device}\n{}", report::table(&rows, peer.as_deref(), false)),
@@ -339,7 +352,8 @@ fn env_line(args: &Args, plan: &Plan, gpu: Option<&Gpu>) -> anyhow::Result<serde
                 "driver_cuda": gemmbridge::cuda::cuda_version_string(i.driver_cuda_version),
                 "reps": plan.reps, "heat_ms": plan.sampling.heat_ms, "gap_ms": plan.sampling.gap_ms,
                 "padding": args.padding, "cudnn": gemmbridge::cuda::cudnn_version(),
-                "conv_api": args.shared.conv_api, "conv_search": args.conv_search})
+                "conv_api": args.shared.conv_api, "conv_search": args.conv_search,
+                "grouped_backend": args.grouped_backend, "grouped_streams": args.grouped_streams})
         }
         None => serde_json::json!({"op": "env", "backend": "gemmbridge-cpu", "device": "cpu",
             "reps": plan.reps.min(10), "heat_ms": 0.0, "gap_ms": 0.0}),

@@ -11,37 +11,97 @@
 //! strided batch — is chosen among the [`candidates`] that apply.
 
 use crate::error::{Error, Result};
-use crate::precision::Precision;
 
 use super::GroupedProblem;
 
 /// A way to run a grouped product on the vendor libraries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GroupedBackend {
-    /// One strided-batched GEMM: every group has the same (non-zero) size.
+    /// One strided-batched GEMM: every group has the same (non-zero) size and there is no
+    /// bias.
     StridedBatch,
-    /// cuBLAS's grouped batched GEMM (`cublasGemmGroupedBatchedEx`, cuBLAS 12.5 and later: f16,
-    /// bf16, tf32 and f32).
-    GroupedBatched,
     /// A plan per group (cuBLASLt), launched on a pool of streams ([`schedule`]).
     StreamPool,
+    /// A plan per group, one after another on the caller's stream.
+    InOrder,
 }
 
-/// The ways that apply to `p`, the pool of per-group plans always among them: a strided batch
-/// where every group has the same non-zero size, cuBLAS's grouped call for the precisions whose
-/// inputs and output share a type (f32, tf32, f16, bf16; cuBLAS's documentation of
-/// `cublasGemmGroupedBatchedEx` lists those).
+/// The ways that apply to `p`: a strided batch where every group has the same non-zero size
+/// and there is no bias (a bias per group would need a batch stride for the bias), then the
+/// pool of per-group plans and the same plans in order, which take any problem.
 pub fn candidates(p: &GroupedProblem) -> Vec<GroupedBackend> {
     let mut out = Vec::with_capacity(3);
     let first = p.sizes()[0];
-    if first > 0 && p.sizes().iter().all(|&m| m == first) {
+    if first > 0 && !p.has_bias() && p.sizes().iter().all(|&m| m == first) {
         out.push(GroupedBackend::StridedBatch);
     }
-    if matches!(p.precision(), Precision::F16 | Precision::BF16 | Precision::TF32 | Precision::F32) {
-        out.push(GroupedBackend::GroupedBatched);
-    }
-    out.push(GroupedBackend::StreamPool);
+    out.extend([GroupedBackend::StreamPool, GroupedBackend::InOrder]);
     out
+}
+
+/// How grouped products run on an engine: a forced backend, or `None` for the rule
+/// ([`GroupedSettings::choose`]); how many streams a pooled run spreads over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupedSettings {
+    /// The forced backend.
+    pub backend: Option<GroupedBackend>,
+    /// Streams of the pool (1 to [`MAX_STREAMS`]).
+    pub streams: usize,
+}
+
+/// The most streams a pool has.
+pub const MAX_STREAMS: usize = 16;
+
+impl Default for GroupedSettings {
+    /// The rule, and 4 streams (what TransformerEngine's grouped linear layer uses by default,
+    /// `num_gemm_streams`).
+    fn default() -> Self {
+        GroupedSettings { backend: None, streams: 4 }
+    }
+}
+
+impl GroupedSettings {
+    /// Whether `streams` is a pool size.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] for 0 or more than [`MAX_STREAMS`].
+    pub fn check_streams(streams: usize) -> Result<()> {
+        if !(1..=MAX_STREAMS).contains(&streams) {
+            let expected = format!("1 to {MAX_STREAMS}");
+            return Err(Error::OutOfRange { what: "grouped GEMM streams", value: streams as u64, expected });
+        }
+        Ok(())
+    }
+
+    /// The backend for `p` among its `candidates` ([`candidates`]): the forced one if it is a
+    /// candidate; else one strided batch where it is a candidate, the pool where more than one
+    /// group has rows, in order otherwise.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`]: the forced backend is not a candidate (naming why).
+    pub fn choose(&self, p: &GroupedProblem, candidates: &[GroupedBackend]) -> Result<GroupedBackend> {
+        if let Some(b) = self.backend {
+            if candidates.contains(&b) {
+                return Ok(b);
+            }
+            let why = match b {
+                GroupedBackend::StridedBatch => "the groups differ in size, one is empty, or there is a bias",
+                _ => "not offered for this problem",
+            };
+            return Err(Error::Unsupported {
+                backend: "grouped GEMM",
+                what: format!("{b:?} for {}: {why}", p.describe()),
+            });
+        }
+        let busy = p.sizes().iter().filter(|&&m| m > 0).count();
+        Ok(if candidates.contains(&GroupedBackend::StridedBatch) {
+            GroupedBackend::StridedBatch
+        } else if busy > 1 {
+            GroupedBackend::StreamPool
+        } else {
+            GroupedBackend::InOrder
+        })
+    }
 }
 
 /// A queue: lane 0 is the caller's stream, lanes 1.. the pool's.
@@ -153,6 +213,7 @@ pub fn check(steps: &[(Lane, Step)], work: &[u64]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::grouped::GroupedOp;
+    use crate::precision::Precision;
 
     #[test]
     fn groups_go_longest_first_to_the_least_loaded_stream_and_empty_groups_nowhere() {
@@ -201,9 +262,27 @@ mod tests {
     fn candidates_follow_the_sizes_and_the_precision() {
         let p = |sizes: &[usize], precision| GroupedProblem::new(GroupedOp::Forward, sizes, 64, 32, precision).unwrap();
         use GroupedBackend::*;
-        assert_eq!(candidates(&p(&[4, 4, 4], Precision::BF16)), [StridedBatch, GroupedBatched, StreamPool]);
-        assert_eq!(candidates(&p(&[4, 0, 4], Precision::F16)), [GroupedBatched, StreamPool]);
-        assert_eq!(candidates(&p(&[0, 0], Precision::F32)), [GroupedBatched, StreamPool]);
-        assert_eq!(candidates(&p(&[8, 8], Precision::BF16_F32OUT)), [StridedBatch, StreamPool]);
+        assert_eq!(candidates(&p(&[4, 4, 4], Precision::BF16)), [StridedBatch, StreamPool, InOrder]);
+        assert_eq!(candidates(&p(&[4, 0, 4], Precision::F16)), [StreamPool, InOrder]);
+        assert_eq!(candidates(&p(&[0, 0], Precision::F32)), [StreamPool, InOrder]);
+        assert_eq!(candidates(&p(&[8, 8], Precision::BF16).with_bias().unwrap()), [StreamPool, InOrder]);
+    }
+
+    #[test]
+    fn the_rule_batches_equal_groups_pools_ragged_ones_and_names_a_forced_misfit() {
+        use GroupedBackend::*;
+        let p = |sizes: &[usize]| GroupedProblem::new(GroupedOp::Forward, sizes, 64, 32, Precision::BF16).unwrap();
+        let auto = GroupedSettings::default();
+        let choose = |s: &GroupedSettings, p: &GroupedProblem| s.choose(p, &candidates(p));
+        assert_eq!(choose(&auto, &p(&[8, 8, 8])).unwrap(), StridedBatch);
+        assert_eq!(choose(&auto, &p(&[8, 0, 8])).unwrap(), StreamPool);
+        assert_eq!(choose(&auto, &p(&[0, 9, 0])).unwrap(), InOrder);
+        assert_eq!(choose(&auto, &p(&[8, 8]).with_bias().unwrap()).unwrap(), StreamPool);
+        let forced = |b| GroupedSettings { backend: Some(b), ..auto };
+        assert_eq!(choose(&forced(InOrder), &p(&[8, 8, 8])).unwrap(), InOrder);
+        let e = choose(&forced(StridedBatch), &p(&[8, 7])).unwrap_err().to_string();
+        assert!(e.contains("StridedBatch") && e.contains("differ in size"), "{e}");
+        assert!(GroupedSettings::check_streams(0).is_err() && GroupedSettings::check_streams(17).is_err());
+        assert!(GroupedSettings::check_streams(16).is_ok());
     }
 }

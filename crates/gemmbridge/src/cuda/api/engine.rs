@@ -127,6 +127,7 @@ impl Gpu {
             dnn_tactics: Default::default(),
             attn_search: false,
             sm_count_target: 0,
+            grouped: Default::default(),
         };
         Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })
     }

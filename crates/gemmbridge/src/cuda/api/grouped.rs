@@ -1,26 +1,22 @@
 //! The grouped GEMM entry point: validate (every buffer's context, dtype and length, the
-//! output apart from the inputs, then each group's GEMM as the dense entry checks it) → one
-//! GEMM per group on [`Gpu::stream`], in group order, through the routing floor's dense path
-//! (cuBLASLt's plan per group shape, kept and replayed as any GEMM's). Nothing is launched
-//! until every group has passed its checks.
+//! output apart from the inputs, then each group's GEMM as the dense entry checks it) → the
+//! way it runs ([`GroupedBackend`]: one strided batch, a pool of streams, or in order) → the
+//! routing floor's dense path per GEMM (cuBLASLt's plan per shape, kept and replayed as any
+//! GEMM's). Nothing is launched until every group has passed its checks.
 
+use cudarc::driver::sys::CUstream;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawExtras};
 use crate::cuda::call::Scale;
+use crate::cuda::route::grouped::{in_order, pooled, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
+use crate::grouped::streams::{candidates, GroupedBackend, GroupedSettings};
 use crate::grouped::GroupedProblem;
 use crate::validate::BufferDesc;
-
-/// One group's GEMM, ready to launch.
-struct GroupCall {
-    p: crate::problem::GemmProblem,
-    descs: [BufferDesc; 3],
-    bias: Option<RawBuffer>,
-}
 
 impl Gpu {
     /// The grouped product `p` ([`crate::grouped`]: a mixture-of-experts layer's forward
@@ -33,12 +29,21 @@ impl Gpu {
     /// are not written; an empty group writes nothing in the forward and backward data, and
     /// zeros into its `dw[e]` (k = 0: β·C with β = 0).
     ///
-    /// Backend: one GEMM per non-empty group on [`Gpu::stream`], in group order, through the
-    /// same path as [`Gpu::gemm`] (cuBLASLt, each group shape's plan kept). Group sizes are
-    /// host counts, so a call is capturable once each group shape has been planned: run it once
-    /// outside the capture first. Inside a capture, a group shape not planned yet fails with
-    /// [`Error::NotCapturable`] after the groups before it were recorded: end the capture and
-    /// discard it.
+    /// How it runs ([`Gpu::grouped_backend_for`] says which for `p`; [`Gpu::set_grouped_backend`]
+    /// forces one): all groups of one size and no bias — one strided-batched GEMM on
+    /// [`Gpu::stream`]; otherwise each group's GEMM (cuBLASLt, each shape's plan kept) on a pool
+    /// of the engine's own streams, forked from [`Gpu::stream`] with an event and joined back to
+    /// it ([`Gpu::set_grouped_streams`] lanes, 4 by default: the small GEMMs of many experts run
+    /// side by side), so that work enqueued on [`Gpu::stream`] afterwards sees every group. The
+    /// pool's streams are created with a workspace each ([`Gpu::set_workspace_bytes`]) on the
+    /// first pooled call, and kept until the engine is dropped.
+    ///
+    /// Group sizes are host counts ([`GroupedProblem::from_offsets`] takes PyTorch's `offs`
+    /// once they are on the host), so a call is capturable into a CUDA graph of
+    /// [`Gpu::stream`] — the pool's work included — once the pool exists and each group shape
+    /// has been planned: run the call once outside the capture first. Inside a capture, a
+    /// group shape not planned yet fails with [`Error::NotCapturable`] after the groups before
+    /// it were recorded: end the capture and discard it.
     ///
     /// # Errors
     /// Before anything is launched, with no buffer written: [`Error::WrongContext`],
@@ -46,9 +51,10 @@ impl Gpu {
     /// (a buffer shorter than [`GroupedProblem::lens`], a bias shorter than `E·N`),
     /// [`Error::OutputOverlapsInput`] (the output's extent against an input's, the bias's
     /// included), [`Error::EpilogueOperand`] (a bias given without
-    /// [`GroupedProblem::has_bias`] or missing with it), and each group's GEMM checks as
-    /// [`Gpu::gemm`]'s. From the launches: as [`Gpu::gemm`] (a failure part-way leaves the
-    /// earlier groups written).
+    /// [`GroupedProblem::has_bias`] or missing with it), [`Error::Unsupported`] (a forced
+    /// backend that does not apply to `p`), and each group's GEMM checks as [`Gpu::gemm`]'s.
+    /// From the launches: as [`Gpu::gemm`] (a failure part-way leaves other groups written;
+    /// the pool is joined back to [`Gpu::stream`] all the same).
     pub fn grouped_gemm<T: Element>(
         &self,
         p: &GroupedProblem,
@@ -58,24 +64,13 @@ impl Gpu {
         bias: Option<&dyn DevicePtr<T>>,
     ) -> Result<()> {
         let ctx = self.context();
-        let names = [Which::A, Which::B, Which::C];
         same_context(Which::A, a.stream(), ctx)?;
         same_context(Which::B, b.stream(), ctx)?;
         same_context(Which::C, c.stream(), ctx)?;
         if let Some(v) = bias {
             same_context(Which::Bias, v.stream(), ctx)?;
         }
-        let pr = p.precision();
-        for (which, want) in [(Which::A, pr.input()), (Which::C, pr.output())] {
-            if T::DTYPE != want {
-                return Err(Error::DTypeMismatch { operand: which, expected: want, got: T::DTYPE });
-            }
-        }
-        if bias.is_some() != p.has_bias() {
-            let problem =
-                if p.has_bias() { "is missing (the problem has a bias)" } else { "was given to a problem without one" };
-            return Err(Error::EpilogueOperand { epilogue: crate::Epilogue::Bias, operand: "bias", problem });
-        }
+        check_types::<T>(p, bias.is_some())?;
         let s = self.stream();
         let (pa, _ra) = a.device_ptr(s);
         let (pb, _rb) = b.device_ptr(s);
@@ -88,40 +83,135 @@ impl Gpu {
         };
         let (lc, pc) = (c.num_bytes(), c.device_ptr_mut(s));
         let (pc, _wc) = pc;
-        let elem = T::DTYPE.size_bytes();
         let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
-        let mut spans = Vec::with_capacity(4);
-        for ((which, (addr, have)), elems) in names.into_iter().zip(bufs).zip(p.lens()) {
-            spans.push(Span::sized(which, addr, have, elems, elem)?);
+        check_extents(p, bufs, pv, T::DTYPE.size_bytes())?;
+        let how = self.grouped_backend_for(p)?;
+        // SAFETY: every address is a live cudarc allocation of this context borrowed for this
+        // call (the guards above), each buffer long enough and the output apart from the inputs
+        // (check_extents); `launch` checks each GEMM before it enqueues any.
+        unsafe { self.launch_grouped(p, how, bufs, pv, s.cu_stream()) }
+    }
+
+    /// Runs the checked grouped product `p` on the buffers `bufs` (address, bytes) and the
+    /// bias `pv` the way `how` says, on `stream`.
+    ///
+    /// # Safety
+    /// The buffers are live allocations of this context, as long as [`GroupedProblem::lens`]
+    /// says, the output apart from the inputs, valid until the work has run; `stream` is
+    /// [`Gpu::stream`] or another live stream of the context.
+    unsafe fn launch_grouped(
+        &self,
+        p: &GroupedProblem,
+        how: GroupedBackend,
+        bufs: [(u64, usize); 3],
+        pv: Option<(u64, usize)>,
+        stream: CUstream,
+    ) -> Result<()> {
+        let elem = p.precision().input().size_bytes();
+        if how == GroupedBackend::StridedBatch {
+            let (g, _) = p.group(0)?;
+            let batched = g.batched(p.groups())?;
+            let dtypes = [p.precision().input(), p.precision().input(), p.precision().output()];
+            let descs = [0, 1, 2].map(|i| BufferDesc { address: bufs[i].0, len_bytes: bufs[i].1, dtype: dtypes[i] });
+            let extras = RawExtras { bias: None, aux: None };
+            check_all(&batched, descs, extras)?;
+            // SAFETY: checked just above on live buffers (the caller's contract).
+            return unsafe { self.enqueue_checked(&batched, Scale::PRODUCT, descs, extras, stream) };
         }
-        if let Some((addr, have)) = pv {
-            spans.push(Span::sized(Which::Bias, addr, have, p.groups().saturating_mul(p.n()), elem)?);
-        }
-        // the output against every input (a, b and the bias): an earlier group's rows of c
-        // must not be what a later group reads
-        let (out, ins): (Vec<Span>, Vec<Span>) = spans.iter().partition(|s| s.which == Which::C);
-        disjoint(&out, &ins)?;
-        let calls = group_calls(p, bufs, pv, elem)?;
-        for call in &calls {
-            let extras = RawExtras { bias: call.bias, aux: None };
-            // SAFETY: every address is a live cudarc allocation of this context borrowed for
-            // this call (the guards above); each group's slice lies inside its buffer
-            // and passed check_all (`group_calls`), the output apart from the inputs.
-            unsafe { self.enqueue_checked(&call.p, Scale::PRODUCT, call.descs, extras, s.cu_stream()) }?;
-        }
+        let groups = group_gemms(p, bufs, pv, elem)?;
+        self.device().bind()?;
+        let mut st = self.lock();
+        let lanes = st.libs.grouped.streams;
+        // SAFETY: each group passed check_all in group_gemms; the rest is the caller's contract.
+        let done = unsafe {
+            match how {
+                GroupedBackend::StreamPool if groups.len() > 1 => pooled(&mut st, &groups, lanes, stream),
+                _ => in_order(&mut st, &groups, stream),
+            }
+        };
+        // Even after a failure: part of the work may be enqueued.
+        self.device().note_use(&mut st, stream)?;
+        done
+    }
+
+    /// Forces how grouped products run from now on ([`GroupedBackend`]), or with `None` lets
+    /// [`Gpu::grouped_backend_for`] choose (the default). A forced backend that does not apply
+    /// to a problem makes that call fail with [`Error::Unsupported`] before any launch.
+    pub fn set_grouped_backend(&self, backend: Option<GroupedBackend>) {
+        self.lock().libs.grouped.backend = backend;
+    }
+
+    /// The forced backend, if any ([`Gpu::set_grouped_backend`]).
+    pub fn grouped_backend(&self) -> Option<GroupedBackend> {
+        self.lock().libs.grouped.backend
+    }
+
+    /// Sets how many streams a pooled grouped product spreads over (1 to 16; 4 by default).
+    /// Streams are added when a call first needs them and kept: raise it before capturing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 or more than 16.
+    pub fn set_grouped_streams(&self, streams: usize) -> Result<()> {
+        GroupedSettings::check_streams(streams)?;
+        self.lock().libs.grouped.streams = streams;
         Ok(())
+    }
+
+    /// How many streams a pooled grouped product spreads over.
+    pub fn grouped_streams(&self) -> usize {
+        self.lock().libs.grouped.streams
+    }
+
+    /// How [`Gpu::grouped_gemm`] would run `p`: the forced backend, or the rule
+    /// ([`GroupedSettings::choose`]).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`]: the forced backend does not apply to `p`.
+    pub fn grouped_backend_for(&self, p: &GroupedProblem) -> Result<GroupedBackend> {
+        self.lock().libs.grouped.choose(p, &candidates(p))
     }
 }
 
-/// Each group's GEMM on its slices of the buffers `bufs` (address, bytes), every one checked
-/// as the dense entry checks a call, before any is launched.
-fn group_calls(
+/// The buffers' type against the precision's, and the bias against the problem.
+fn check_types<T: Element>(p: &GroupedProblem, has_bias: bool) -> Result<()> {
+    let pr = p.precision();
+    for (which, want) in [(Which::A, pr.input()), (Which::C, pr.output())] {
+        if T::DTYPE != want {
+            return Err(Error::DTypeMismatch { operand: which, expected: want, got: T::DTYPE });
+        }
+    }
+    if has_bias != p.has_bias() {
+        let problem =
+            if p.has_bias() { "is missing (the problem has a bias)" } else { "was given to a problem without one" };
+        return Err(Error::EpilogueOperand { epilogue: crate::Epilogue::Bias, operand: "bias", problem });
+    }
+    Ok(())
+}
+
+/// Every buffer's length ([`GroupedProblem::lens`], the bias's `E·N`) and the output's extent
+/// against every input's (a, b and the bias: an earlier group's rows of c must not be what a
+/// later group reads).
+fn check_extents(p: &GroupedProblem, bufs: [(u64, usize); 3], bias: Option<(u64, usize)>, elem: usize) -> Result<()> {
+    let mut spans = Vec::with_capacity(4);
+    for ((which, (addr, have)), elems) in [Which::A, Which::B, Which::C].into_iter().zip(bufs).zip(p.lens()) {
+        spans.push(Span::sized(which, addr, have, elems, elem)?);
+    }
+    if let Some((addr, have)) = bias {
+        spans.push(Span::sized(Which::Bias, addr, have, p.groups().saturating_mul(p.n()), elem)?);
+    }
+    let (out, ins): (Vec<Span>, Vec<Span>) = spans.iter().partition(|s| s.which == Which::C);
+    disjoint(&out, &ins)
+}
+
+/// Each non-empty group's GEMM on its slices of the buffers `bufs` (address, bytes), every
+/// one checked as the dense entry checks a call, before any is launched.
+fn group_gemms(
     p: &GroupedProblem,
     bufs: [(u64, usize); 3],
     bias: Option<(u64, usize)>,
     elem: usize,
-) -> Result<Vec<GroupCall>> {
-    let (pr, mut calls) = (p.precision(), Vec::with_capacity(p.groups()));
+) -> Result<Vec<GroupGemm>> {
+    let (pr, mut out) = (p.precision(), Vec::with_capacity(p.groups()));
     let dtypes = [pr.input(), pr.input(), pr.output()];
     for e in 0..p.groups() {
         let (g, offs) = p.group(e)?;
@@ -139,8 +229,9 @@ fn group_calls(
         });
         check_all(&g, descs, RawExtras { bias, aux: None })?;
         if !g.is_empty() {
-            calls.push(GroupCall { p: g, descs, bias });
+            let abc = (descs[0].address, descs[1].address, descs[2].address);
+            out.push(GroupGemm { p: g, abc, bias: bias.map(|b| b.address) });
         }
     }
-    Ok(calls)
+    Ok(out)
 }

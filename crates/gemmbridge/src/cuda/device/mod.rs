@@ -12,6 +12,7 @@
 
 mod capture;
 mod copy;
+mod fork;
 mod fp8_cast;
 mod kernels;
 mod lifetime;
@@ -21,6 +22,7 @@ mod workspace;
 
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
 pub(crate) use copy::{copy_pitched, pad_copy, zero_pitched, PadCopy, Pitched, Scratch};
+pub(crate) use fork::Lanes;
 pub(crate) use fp8_cast::{cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob};
 pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
 pub(crate) use lifetime::{capturing, first_stream, keep_primary, Pool, Relaxed, RelaxedDrop};
@@ -32,6 +34,7 @@ pub(crate) use workspace::{Workspace, WorkspacePool};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use super::status;
@@ -64,9 +67,49 @@ pub(crate) struct DeviceState {
     /// gemmbridge's own kernels, one module per [`KernelSet`] (compiled on first use; for a
     /// primary context shared by every engine of the process, [`kernels::shared`]).
     kernels: [Option<Arc<Kernels>>; 3],
+    /// The private streams work is forked to ([`Lanes`]; created on first use).
+    lanes: Option<Lanes>,
 }
 
 impl DeviceState {
+    /// At least `n` of the device's lanes (up to [`fork::MAX_LANES`]), each with its workspace,
+    /// taken out of the state for the caller to enqueue through (give them back with
+    /// [`DeviceState::put_lanes`]). Lanes are created, never while `caller` is capturing; the
+    /// caller has bound the context.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotCapturable`] when a lane or its workspace would be created during a
+    /// capture of `caller` (naming `describe()`); [`crate::Error::Driver`].
+    pub fn take_lanes(&mut self, n: usize, caller: CUstream, describe: &dyn Fn() -> String) -> Result<Lanes> {
+        let have = self.lanes.as_ref().map_or(0, Lanes::len);
+        if have < n.min(fork::MAX_LANES) {
+            if is_capturing(caller)? {
+                return Err(crate::Error::NotCapturable {
+                    action: "create the streams a grouped GEMM is spread over",
+                    problem: format!("{}; with more streams, call once before capturing", describe()),
+                });
+            }
+            let _relaxed = Relaxed::enter()?;
+            let mut lanes = match self.lanes.take() {
+                Some(l) => l,
+                None => Lanes::new()?,
+            };
+            let grown = lanes.grow(n);
+            let made: Vec<CUstream> = (0..lanes.len()).map(|i| lanes.stream(i)).collect();
+            self.lanes = Some(lanes);
+            grown?;
+            for s in made {
+                self.workspaces.get(s, describe)?;
+            }
+        }
+        Ok(self.lanes.take().expect("made above"))
+    }
+
+    /// Gives back the lanes [`DeviceState::take_lanes`] took.
+    pub fn put_lanes(&mut self, lanes: Lanes) {
+        self.lanes = Some(lanes);
+    }
+
     /// The private capture stream, created on first use; `None` when it cannot be created
     /// (the caller then runs without capturing).
     pub fn capture_stream(&mut self) -> Option<&CaptureStream> {
@@ -148,6 +191,7 @@ impl<L: Resources> Device<L> {
             workspaces: WorkspacePool::new(workspace_bytes),
             capture_stream: None,
             kernels: [None, None, None],
+            lanes: None,
         };
         let check_raw = AtomicBool::new(CHECK_RAW_DEFAULT);
         Device { ctx: stream.context().clone(), stream, state: Mutex::new(Locked { dev, libs }), check_raw }
@@ -215,6 +259,7 @@ impl<L: Resources> Drop for Device<L> {
             // driver without one.
             st.libs.leak();
             std::mem::forget(st.dev.capture_stream.take());
+            std::mem::forget(st.dev.lanes.take());
             std::mem::forget(std::mem::take(&mut st.dev.kernels));
             st.dev.workspaces.leak();
             return;
@@ -226,6 +271,15 @@ impl<L: Resources> Drop for Device<L> {
             Ok(false) => idle &= self.stream.synchronize().is_ok(),
             // its uses before the capture cannot be waited for: keep the workspaces
             _ => idle = false,
+        }
+        // the lanes are private: waiting for them waits for this device's work only
+        if let Some(lanes) = st.dev.lanes.take() {
+            idle &= lanes.synchronize();
+            if idle {
+                drop(lanes);
+            } else {
+                std::mem::forget(lanes);
+            }
         }
         st.libs.release();
         st.dev.capture_stream = None;

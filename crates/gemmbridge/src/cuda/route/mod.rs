@@ -5,6 +5,7 @@
 
 pub(crate) mod dispatch;
 pub(crate) mod fp8;
+pub(crate) mod grouped;
 pub(crate) mod padded;
 pub(crate) mod padding;
 mod state;

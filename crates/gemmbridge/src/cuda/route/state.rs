@@ -52,6 +52,8 @@ pub(crate) struct Libraries {
     pub dnn_tactics: std::collections::BTreeMap<String, tactics::Tactic>,
     /// [`Gpu::set_attention_search`]'s value.
     pub attn_search: bool,
+    /// How grouped GEMMs run ([`Gpu::set_grouped_backend`], [`Gpu::set_grouped_streams`]).
+    pub grouped: crate::grouped::streams::GroupedSettings,
     /// [`Gpu::set_sm_count_target`]'s value (0: all SMs); cuBLASLt's room keeps its own copy.
     pub sm_count_target: u32,
 }
