@@ -188,3 +188,68 @@ fn a_pooled_call_is_captured_with_its_streams() {
         assert_eq!(g.to_bits(), w.to_bits(), "captured grouped forward at element {i}");
     }
 }
+
+/// PyTorch-style offsets on the device come back to the host for
+/// `GroupedProblem::from_offsets`, and give the same result as the host sizes; inside a capture
+/// the copy is refused by name.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_offsets_give_the_host_sizes_problem() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let (gpu, mut rng) = (gpu(), rng());
+    let s = gpu.stream().clone();
+    let sizes = [5usize, 0, 130, 1];
+    let offs: Vec<i32> = sizes
+        .iter()
+        .scan(0i32, |end, &m| {
+            *end += m as i32;
+            Some(*end)
+        })
+        .collect();
+    let doffs = s.clone_htod(&offs).unwrap();
+    let back = gpu.grouped_offsets(&doffs).unwrap();
+    assert_eq!(back, offs);
+    let p = GroupedProblem::from_offsets(GroupedOp::Forward, &back, 136, 48, 32, Precision::F16).unwrap();
+    assert_eq!(p.sizes(), sizes);
+    check::<f16>(&gpu, &p, &mut rng);
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let e = gpu.grouped_offsets(&doffs).unwrap_err();
+    let _ = s.end_capture(CUgraphInstantiate_flags(0));
+    assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
+}
+
+/// A pooled call repeated on the same buffers is replayed from one graph of the whole call
+/// (from the second call on): its result is the first call's, bit for bit, and it reads the
+/// buffers when it runs (new data in the same buffers gives the new product).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_repeated_pooled_call_replays_with_the_direct_result() {
+    let (gpu, mut rng) = (gpu(), rng());
+    let s = gpu.stream().clone();
+    let p = GroupedProblem::new(GroupedOp::BackwardWeight, &[40, 0, 300, 7, 129], 96, 64, Precision::F16).unwrap();
+    let [la, lb, lc] = p.lens();
+    let a = s.clone_htod(&normal::<f16>(&mut rng, la)).unwrap();
+    let mut b = s.clone_htod(&normal::<f16>(&mut rng, lb)).unwrap();
+    let mut c = s.clone_htod(&poison::<f16>(lc)).unwrap();
+    gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap();
+    let first = s.clone_dtoh(&c).unwrap();
+    // the groups' own small calls may have graphs already; the whole call adds one
+    let before = gpu.cached_graphs();
+    for call in 2..=4 {
+        s.memcpy_htod(&poison::<f16>(lc), &mut c).unwrap();
+        gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap();
+        let again = s.clone_dtoh(&c).unwrap();
+        assert!(first.iter().zip(&again).all(|(x, y)| x.to_bits() == y.to_bits()), "call {call} differs");
+    }
+    assert_eq!(gpu.cached_graphs(), before + 1, "one graph of the whole call");
+    // new data in b: the replayed graph reads it
+    let hb: Vec<f16> = normal(&mut rng, lb);
+    s.memcpy_htod(&hb, &mut b).unwrap();
+    s.memcpy_htod(&poison::<f16>(lc), &mut c).unwrap();
+    gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap();
+    let got = wide(&s.clone_dtoh(&c).unwrap());
+    let mut want = vec![f64::NAN; lc];
+    reference::run(&p, &wide(&s.clone_dtoh(&a).unwrap()), &wide(&hb), None, &mut want);
+    let e = rel_error(&got, &want);
+    assert!(e <= 1e-2, "replayed with new data: rel error {e:e}");
+}

@@ -11,7 +11,7 @@ use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawExtras};
 use crate::cuda::call::Scale;
-use crate::cuda::route::grouped::{in_order, pooled, GroupGemm};
+use crate::cuda::route::grouped::{replayed, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::grouped::streams::{candidates, GroupedBackend, GroupedSettings};
@@ -121,17 +121,45 @@ impl Gpu {
         let groups = group_gemms(p, bufs, pv, elem)?;
         self.device().bind()?;
         let mut st = self.lock();
-        let lanes = st.libs.grouped.streams;
-        // SAFETY: each group passed check_all in group_gemms; the rest is the caller's contract.
-        let done = unsafe {
-            match how {
-                GroupedBackend::StreamPool if groups.len() > 1 => pooled(&mut st, &groups, lanes, stream),
-                _ => in_order(&mut st, &groups, stream),
-            }
-        };
+        let lanes = (how == GroupedBackend::StreamPool && groups.len() > 1).then_some(st.libs.grouped.streams);
+        let key = replay_key(p, bufs, pv, lanes);
+        // SAFETY: each group passed check_all in group_gemms; the key encodes the problem (from
+        // which the groups follow), every address and the lanes; the rest is the caller's
+        // contract.
+        let done = unsafe { replayed(&mut st, &groups, key, lanes, stream) };
         // Even after a failure: part of the work may be enqueued.
         self.device().note_use(&mut st, stream)?;
         done
+    }
+
+    /// PyTorch's `offs` (`torch._grouped_mm`: where each group's rows end, int32, on the
+    /// device) copied to the host for [`GroupedProblem::from_offsets`]: enqueued on
+    /// [`Gpu::stream`] after what is there, then that stream is waited for (this engine's
+    /// stream only, not the device). Every backend here takes host group sizes, so a grouped call
+    /// from device offsets costs this copy and wait, and cannot be captured into a CUDA graph;
+    /// a repeated size pattern can be captured once from host sizes and replayed.
+    ///
+    /// # Errors
+    /// [`Error::WrongContext`]; [`Error::NotCapturable`] while [`Gpu::stream`] is being
+    /// captured; [`Error::Driver`] from the copy or the wait.
+    pub fn grouped_offsets(&self, offs: &dyn DevicePtr<i32>) -> Result<Vec<i32>> {
+        same_context(Which::A, offs.stream(), self.context())?;
+        let s = self.stream();
+        self.device().bind()?;
+        if crate::cuda::device::is_capturing(s.cu_stream())? {
+            return Err(Error::NotCapturable {
+                action: "copy a grouped GEMM's offsets to the host",
+                problem: "device offsets need a wait; capture with host group sizes".into(),
+            });
+        }
+        let mut host = vec![0i32; offs.num_bytes() / 4];
+        let (ptr, _guard) = offs.device_ptr(s);
+        // SAFETY: `ptr` is a live allocation of this context holding `host.len()` i32 (its
+        // byte length, rounded down); the copy is waited for before `host` is read or dropped.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut host, ptr, s.cu_stream()) }
+            .map_err(crate::cuda::status::driver("cuMemcpyDtoHAsync"))?;
+        s.synchronize().map_err(crate::cuda::status::driver("cuStreamSynchronize"))?;
+        Ok(host)
     }
 
     /// Forces how grouped products run from now on ([`GroupedBackend`]), or with `None` lets
@@ -170,6 +198,32 @@ impl Gpu {
     pub fn grouped_backend_for(&self, p: &GroupedProblem) -> Result<GroupedBackend> {
         self.lock().libs.grouped.choose(p, &candidates(p))
     }
+}
+
+/// Everything a grouped call's launches depend on, for its replay graph: the product, the
+/// precision, N, K, the rows, the bias, every address, the lanes (0: in order) and the group
+/// sizes (from which each group's GEMM and slices follow).
+fn replay_key(
+    p: &GroupedProblem,
+    bufs: [(u64, usize); 3],
+    bias: Option<(u64, usize)>,
+    lanes: Option<usize>,
+) -> Vec<u64> {
+    let precision = crate::Precision::ALL.iter().position(|&x| x == p.precision()).unwrap_or(usize::MAX);
+    let mut key = vec![
+        p.op() as u64,
+        precision as u64,
+        p.n() as u64,
+        p.k() as u64,
+        p.rows() as u64,
+        bias.map_or(0, |b| b.0),
+        bufs[0].0,
+        bufs[1].0,
+        bufs[2].0,
+        lanes.unwrap_or(0) as u64,
+    ];
+    key.extend(p.sizes().iter().map(|&m| m as u64));
+    key
 }
 
 /// The buffers' type against the precision's, and the bias against the problem.

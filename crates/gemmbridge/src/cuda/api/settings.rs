@@ -117,6 +117,8 @@ impl Gpu {
         self.with_lt(|lt| {
             lt.replay.clear();
             lt.replay.options = options;
+            lt.composite.clear();
+            lt.composite.options = options;
         });
     }
 
@@ -208,8 +210,8 @@ impl Gpu {
         self.device().checks_raw_addresses()
     }
 
-    /// Number of cached replay graphs.
+    /// Number of cached replay graphs: of single calls, and of whole grouped GEMMs.
     pub fn cached_graphs(&self) -> usize {
-        self.lock().libs.lt.as_ref().map_or(0, |lt| lt.replay.graphs.len())
+        self.lock().libs.lt.as_ref().map_or(0, |lt| lt.replay.graphs.len() + lt.composite.graphs.len())
     }
 }

@@ -145,7 +145,7 @@ impl<K> Default for ReplayCache<K> {
     }
 }
 
-impl<K: Copy + Eq + std::hash::Hash> ReplayCache<K> {
+impl<K: Clone + Eq + std::hash::Hash> ReplayCache<K> {
     /// Whether a problem of `macs` multiply-adds qualifies.
     pub fn qualifies(&self, macs: u64) -> bool {
         self.options.enabled && macs <= self.options.max_macs
@@ -162,7 +162,7 @@ impl<K: Copy + Eq + std::hash::Hash> ReplayCache<K> {
         if self.seen.len() >= self.counter_bound() {
             self.seen.clear();
         }
-        let n = self.seen.entry(*key).or_insert(0);
+        let n = self.seen.entry(key.clone()).or_insert(0);
         *n += 1;
         if *n >= self.options.after_calls.max(1) {
             self.seen.remove(key);
@@ -178,7 +178,7 @@ impl<K: Copy + Eq + std::hash::Hash> ReplayCache<K> {
     pub fn postpone(&mut self, key: &ReplayKey<K>) {
         let short = self.options.after_calls.max(1) - 1;
         if short > 0 {
-            self.seen.insert(*key, short);
+            self.seen.insert(key.clone(), short);
         }
     }
 
@@ -187,7 +187,7 @@ impl<K: Copy + Eq + std::hash::Hash> ReplayCache<K> {
         if self.failures.len() >= self.counter_bound() {
             self.failures.clear();
         }
-        *self.failures.entry(*key).or_insert(0) += 1;
+        *self.failures.entry(key.clone()).or_insert(0) += 1;
     }
 
     /// Most entries kept in each counter map (`seen`, `failures`) before it is emptied.

@@ -49,6 +49,10 @@ pub(crate) struct LtState {
     pub applied: std::collections::BTreeSet<String>,
     /// Cached graphs of repeated small calls (see [`replay`]).
     pub replay: ReplayCache<PlanKey>,
+    /// Cached graphs of repeated calls made of several launches of this room (a grouped
+    /// GEMM's), under a key the caller encodes (opaque here); dropped with the plans, since a
+    /// graph bakes in their algorithms.
+    pub composite: ReplayCache<Vec<u64>>,
     /// SM count target of dense plans made from now on (0: all SMs;
     /// [`crate::cuda::Gpu::set_sm_count_target`]).
     pub sm_count: u32,
@@ -93,6 +97,7 @@ impl LtState {
             tuned: HashMap::default(),
             applied: Default::default(),
             replay: ReplayCache::default(),
+            composite: ReplayCache::default(),
             sm_count: 0,
         })
     }
@@ -104,6 +109,7 @@ impl LtState {
         self.plans.retain(|k, _| !drop(k));
         self.fp8_plans.clear();
         self.replay.clear();
+        self.composite.clear();
     }
 
     /// Enqueues `call` on its stream: a cached graph where replay has one, otherwise the

@@ -7,7 +7,7 @@
 use cudarc::driver::sys::CUstream;
 
 use crate::cuda::call::GemmCall;
-use crate::cuda::device::Locked;
+use crate::cuda::device::{capture, Cached, Locked, ReplayKey};
 use crate::cuda::route::{dispatch, Libraries};
 use crate::error::Result;
 use crate::grouped::streams::{assign, schedule, Step};
@@ -63,7 +63,8 @@ pub(crate) unsafe fn pooled(
     lanes: usize,
     caller: CUstream,
 ) -> Result<()> {
-    let work: Vec<u64> = groups.iter().map(|g| g.p.m() as u64 * g.p.n() as u64 * g.p.k() as u64).collect();
+    // a backward weight's empty group (k = 0) still writes its zeros: count it as k = 1
+    let work: Vec<u64> = groups.iter().map(|g| g.p.m() as u64 * g.p.n() as u64 * g.p.k().max(1) as u64).collect();
     let assigned = assign(&work, lanes);
     // taken out of the state while the groups are enqueued through them, put back below
     let pool = st.dev.take_lanes(assigned.len(), caller, &|| format!("{} grouped GEMMs", groups.len()))?;
@@ -92,4 +93,58 @@ pub(crate) unsafe fn pooled(
     }
     st.dev.put_lanes(pool);
     first_error.map_or(Ok(()), Err)
+}
+
+/// Enqueues `groups` pooled (over at most `lanes` lanes) or in order, as [`pooled`] and
+/// [`in_order`] do, but a call repeated with the same `key` — which must encode everything the
+/// groups' launches depend on: their problems, addresses, the way and the lanes — on the same
+/// stream is captured once into a CUDA graph (with the lanes' work: the fork and join are
+/// captured as dependencies) and from then on launched as that one graph, when graph replay
+/// is on ([`crate::cuda::GraphReplay`]: `after_calls`, `capacity`; its `max_macs` is for single
+/// calls and not applied here). One graph launch replaces one library launch per group on the
+/// host. Never into a stream being captured; a failed capture runs the call directly.
+///
+/// # Safety
+/// As [`in_order`].
+pub(crate) unsafe fn replayed(
+    st: &mut Locked<Libraries>,
+    groups: &[GroupGemm],
+    key: Vec<u64>,
+    lanes: Option<usize>,
+    caller: CUstream,
+) -> Result<()> {
+    // SAFETY (every launch below): the caller's contract.
+    let direct = |st: &mut Locked<Libraries>, s: CUstream| match lanes {
+        Some(n) => unsafe { pooled(st, groups, n, s) },
+        None => unsafe { in_order(st, groups, s) },
+    };
+    let Some(lt) = st.libs.lt.as_mut().filter(|lt| lt.composite.options.enabled && groups.len() > 1) else {
+        return direct(st, caller);
+    };
+    let describe = || format!("{} grouped GEMMs", groups.len());
+    let key = ReplayKey::new(key, [0; 5], (1.0, 0.0), 0, caller);
+    // SAFETY: the key holds the caller's stream, the addresses and the groups.
+    let graph_unused = match unsafe { lt.composite.launch_cached(&key, caller, &describe) } {
+        Cached::Launched => return Ok(()),
+        Cached::NotLaunched { graph_unused } => graph_unused,
+    };
+    if !lt.composite.due(&key, graph_unused, caller) {
+        return direct(st, caller);
+    }
+    let Some(cap) = st.dev.capture_stream().map(|c| c.raw()) else { return direct(st, caller) };
+    // SAFETY: `cap` is the device's private capture stream, used only under its lock; the
+    // launches enqueue on it and on the lanes forked from it.
+    let graph = unsafe { capture(cap, |s| direct(st, s)) };
+    // SAFETY (launch): the graph's launches are this call's, on the caller's stream.
+    match graph.and_then(|g| unsafe { g.launch(caller) }.map(|()| g)) {
+        Ok(g) => {
+            st.libs.lt.as_mut().expect("checked above").composite.graphs.insert(key, g);
+            Ok(())
+        }
+        Err(e) => {
+            tracing::debug!(problem = %describe(), error = %e, "grouped graph capture failed; this call runs directly");
+            st.libs.lt.as_mut().expect("checked above").composite.failed(&key);
+            direct(st, caller)
+        }
+    }
 }
