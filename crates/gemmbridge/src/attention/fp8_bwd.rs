@@ -89,7 +89,13 @@ pub struct Emulated {
 ///
 /// # Panics
 /// As [`super::reference::backward`].
-pub fn backward(p: &Attention, (q, k, v): (&[f64], &[f64], &[f64]), d_o: &[f64], lens: Lengths<'_>, grad: Fp8Format) -> Emulated {
+pub fn backward(
+    p: &Attention,
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    d_o: &[f64],
+    lens: Lengths<'_>,
+    grad: Fp8Format,
+) -> Emulated {
     use AttnTensor::{K, O, Q, V};
     expect(p, lens, &[(Q, q.len()), (K, k.len()), (V, v.len()), (O, d_o.len())]);
     let ((qd, sq), (kd, sk), (vd, sv)) = (quantize_tensor(p, Q, q), quantize_tensor(p, K, k), quantize_tensor(p, V, v));
@@ -192,7 +198,7 @@ mod tests {
     fn the_bounds_hold_where_the_data_reaches_them() {
         // every probability on one key, every element at its tensor's largest magnitude
         let p = Attention::new(1, (2, 1), (9, 9), 16, DType::BF16).with_scale(4.0);
-        let sign = |i: usize| if i % 3 == 0 { -1.0 } else { 1.0 };
+        let sign = |i: usize| if i.is_multiple_of(3) { -1.0 } else { 1.0 };
         let q: Vec<f64> = (0..p.required_elems(AttnTensor::Q)).map(|_| 1.0).collect();
         let mut k = vec![-1.0; p.required_elems(AttnTensor::K)];
         k[..p.d].iter_mut().for_each(|x| *x = 1.0);

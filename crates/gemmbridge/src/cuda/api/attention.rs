@@ -205,7 +205,7 @@ impl Gpu {
         let stats = stats_addr != 0;
         let op = match fp8 {
             Some(d) => {
-                b.descale = d;
+                b.descale = [d[0], d[1], 0, 0, 0];
                 AttnOp::ForwardFp8 { stats }
             }
             None => AttnOp::Forward { stats },
@@ -346,7 +346,7 @@ impl Gpu {
 
     /// The lengths' buffers: device lengths checked (context, size, alignment) and added to
     /// `read`, their guards to `guards`; host lengths passed on.
-    fn lens_buffers<'a: 'g, 'g>(
+    pub(super) fn lens_buffers<'a: 'g, 'g>(
         &'g self,
         p: &Attention,
         lens: Option<SeqLens<'a>>,
@@ -372,7 +372,7 @@ impl Gpu {
     }
 
     /// Plan (on first use) and launch one checked call.
-    fn attention_run(&self, p: &Attention, op: AttnOp, b: AttnBuffers, host: HostLens) -> Result<()> {
+    pub(super) fn attention_run(&self, p: &Attention, op: AttnOp, b: AttnBuffers, host: HostLens) -> Result<()> {
         let stream = self.stream().cu_stream();
         self.device().bind()?;
         let mut st = self.lock();

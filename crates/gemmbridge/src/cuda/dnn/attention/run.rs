@@ -45,6 +45,16 @@ impl DnnState {
     pub unsafe fn attention(&mut self, call: &AttnCall) -> Result<()> {
         let (p, op, align) = (call.problem, call.op, call.buffers.alignment());
         let key = AttnKey::new(p, op, align);
+        if matches!(op, AttnOp::BackwardFp8 { .. }) && (self.version < 90100 || self.version == 91000) {
+            // cudnn-frontend's support checks: from 9.1.0, and not 9.10.0 (known bugs there)
+            return Err(Error::Unsupported {
+                backend: "cuDNN",
+                what: format!(
+                    "the FP8 attention backward on cuDNN {} (it needs 9.1.0 or later, not 9.10.0)",
+                    self.version
+                ),
+            });
+        }
         let h = self.handle.on(call.stream)?;
         if !self.attn.contains_key(&key) {
             let limit = self.ws_limit.max(call.workspace.1);
