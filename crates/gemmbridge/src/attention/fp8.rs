@@ -14,6 +14,7 @@ use super::reference::{expect, expect_sizes, lengths, scores, stats_index, Forwa
 use super::{Attention, AttnTensor};
 use crate::fp8::{fp8_to_f32, quantize_value, scale_of, Fp8Format};
 
+pub(crate) use super::fp8_bwd::smallest;
 pub use super::fp8_bwd::{backward, backward_scales, BwdScales, Emulated};
 
 /// A tensor of the problem quantised to E4M3 with one scale, and dequantised again (in its

@@ -42,7 +42,7 @@ pub struct BwdScales {
 }
 
 /// The smallest subnormal of `f`: 2⁻⁹ in E4M3, 2⁻¹⁶ in E5M2.
-fn smallest(f: Fp8Format) -> f32 {
+pub(crate) fn smallest(f: Fp8Format) -> f32 {
     match f {
         Fp8Format::E4M3 => 1.0 / 512.0,
         Fp8Format::E5M2 => 1.0 / 65536.0,
