@@ -307,3 +307,36 @@ impl Gpu {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    fn refused(p: &Attention, cc: (i32, i32)) -> bool {
+        matches!(check_offered(p, cc), Err(Error::Unsupported { .. }))
+    }
+
+    #[test]
+    fn what_cudnn_does_not_offer_is_refused_by_name() {
+        let p = Attention::new(2, (8, 2), (129, 129), 128, DType::BF16).with_mask(AttnMask::Causal);
+        check_offered(&p, (9, 0)).unwrap();
+        assert!(refused(&p, (8, 9)), "before Hopper");
+        let narrow = Attention::new(2, (8, 2), (129, 129), 64, DType::BF16);
+        assert!(refused(&narrow, (9, 0)));
+        check_offered(&narrow, (10, 0)).unwrap();
+        assert!(refused(&Attention::new(1, (1, 1), (16, 16), 256, DType::BF16), (10, 0)));
+        let bottom_right = p.with_mask(AttnMask::CausalBottomRight);
+        assert!(refused(&bottom_right, (9, 0)));
+        check_offered(&bottom_right, (10, 0)).unwrap();
+    }
+
+    #[test]
+    fn the_scale_job_carries_the_emulations_numbers() {
+        let p = Attention::new(2, (8, 2), (33, 40), 128, DType::BF16);
+        let job = BwdScalesJob::new(&p, [1, 2, 3, 4, 5], [6, 7, 8], Fp8Format::E5M2);
+        assert_eq!(job.numbers, [p.scale, 128.0, (4 * 33) as f32, 40.0, 57344.0, 1.0 / 65536.0]);
+        let e4 = BwdScalesJob::new(&p, [0; 5], [0; 3], Fp8Format::E4M3);
+        assert_eq!(&e4.numbers[4..], &[448.0, 1.0 / 512.0]);
+    }
+}
