@@ -104,8 +104,8 @@ impl SuiteArgs {
     }
 }
 
-/// A comma-separated `--ops` list parsed; `launch` and `attn_fp8_cast` (no plan to tune) are
-/// accepted only where `bench_only` (they are `bench`'s, not `tune`'s).
+/// A comma-separated `--ops` list parsed; `launch` and [`attn::BENCH_ONLY`] (`attn_fp8_cast`,
+/// `attn_fwd_bwd_fp8`) are accepted only where `bench_only` (they are `bench`'s, not `tune`'s).
 pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
     let with_launch = bench_only;
     let mut out = OpList { gemm: Vec::new(), conv: Vec::new(), attn: Vec::new(), grouped: Vec::new(), launch: false };
@@ -123,13 +123,14 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             push(&mut out.conv, o);
         } else if OPS.contains(&o) {
             push(&mut out.gemm, o);
-        } else if attn::OPS.contains(&o) && (bench_only || o != "attn_fp8_cast") {
+        } else if attn::OPS.contains(&o) && (bench_only || !attn::BENCH_ONLY.contains(&o)) {
             push(&mut out.attn, o);
         } else if bench_only && grouped::OPS.contains(&o) {
             push(&mut out.grouped, o);
         } else {
             let launch = if with_launch { "launch, " } else { "" };
-            let attn: Vec<&str> = attn::OPS.iter().copied().filter(|a| bench_only || *a != "attn_fp8_cast").collect();
+            let attn: Vec<&str> =
+                attn::OPS.iter().copied().filter(|a| bench_only || !attn::BENCH_ONLY.contains(a)).collect();
             let grouped = if bench_only { format!(", {}", grouped::OPS.join(", ")) } else { String::new() };
             let attn = format!(", {}{grouped}", attn.join(", "));
             bail!("unknown op {o:?}; choose from {}, {launch}{}, conv{attn}", OPS.join(", "), conv::OPS.join(", "));
@@ -213,6 +214,8 @@ mod tests {
         assert_eq!(parse_ops("attn_fwd_bwd,attn_fwd", true).unwrap().attn, ["attn_fwd_bwd", "attn_fwd"]);
         assert_eq!(parse_ops("attn_fwd", false).unwrap().attn, ["attn_fwd"]);
         assert!(parse_ops("attn_fp8_cast", false).is_err(), "a cast has no plan to tune");
+        assert!(parse_ops("attn_fwd_bwd_fp8", false).is_err(), "the FP8 backward is not tuned");
+        assert_eq!(parse_ops("attn_fwd_bwd_fp8", true).unwrap().attn, ["attn_fwd_bwd_fp8"]);
     }
 
     #[test]
@@ -227,7 +230,7 @@ mod tests {
         assert_eq!(
             e,
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
-             conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fp8_cast, grouped"
+             conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fwd_bwd_fp8, attn_fp8_cast, grouped"
         );
     }
 }

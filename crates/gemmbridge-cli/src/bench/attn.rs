@@ -4,15 +4,18 @@
 //! (heads, mask, lengths); its TFLOP/s counts 4·b·h_q·s_q·s_kv·d per forward (halved under a
 //! causal mask; with per-sequence lengths, each sequence's own lengths) and 2.5× that for the
 //! backward, as PyTorch's and FlashAttention's benchmarks do. Decoding shapes (one query row)
-//! get no attn_fwd_bwd row. The FP8 rows (`attn_fwd_fp8`, `attn_fp8_cast`) have no peer: PyTorch
-//! offers no FP8 attention; they read against the bf16/f16 rows of the same run.
+//! get no attn_fwd_bwd or attn_fwd_bwd_fp8 row. The FP8 rows (`attn_fwd_fp8`,
+//! `attn_fwd_bwd_fp8`, `attn_fp8_cast`) have no peer: PyTorch offers no FP8 attention; they read
+//! against the bf16/f16 rows of the same run. A row cuDNN's FP8 backward does not offer (on
+//! Hopper every head dimension but 128, the bottom-right causal mask) is skipped, named.
 
 use anyhow::{bail, Context};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use gemmbridge::attention::{Attention, AttnMask, AttnTensor};
-use gemmbridge::cuda::{AttnSaved, Gpu, SeqLens};
+use gemmbridge::cuda::{AttnSaved, AttnSavedFp8, Gpu, SeqLens};
+use gemmbridge::fp8::Fp8Format;
 use gemmbridge::{DType, Element, Precision};
 
 use crate::random::normal;
@@ -21,8 +24,18 @@ use crate::timing;
 
 /// The attention ops: the forward (with the statistics, as training runs it), the forward
 /// followed by the backward; the FP8 forward on q, k, v quantised beforehand (the attention
-/// call alone), and the quantisation of q, k and v into E4M3 that it needs (the casts alone).
-pub const OPS: [&str; 4] = ["attn_fwd", "attn_fwd_bwd", "attn_fwd_fp8", "attn_fp8_cast"];
+/// call alone), the FP8 forward followed by the FP8 backward (E5M2 gradients; q, k, v and do
+/// quantised beforehand, the two attention calls alone), and the quantisation of q, k and v
+/// into E4M3 that the forward needs (the casts alone).
+pub const OPS: [&str; 5] = ["attn_fwd", "attn_fwd_bwd", "attn_fwd_fp8", "attn_fwd_bwd_fp8", "attn_fp8_cast"];
+
+/// The ops `tune` does not take: a cast has no plan; the FP8 backward's plans are not tuned.
+pub const BENCH_ONLY: [&str; 2] = ["attn_fwd_bwd_fp8", "attn_fp8_cast"];
+
+/// Whether `op` runs the backward (no row for decoding shapes, 3.5× the forward's operations).
+fn with_backward(op: &str) -> bool {
+    op == "attn_fwd_bwd" || op == "attn_fwd_bwd_fp8"
+}
 
 /// One shape of `bench/attention.json`.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -129,7 +142,7 @@ fn shape_rows<T: Element + DeviceRepr>(
     let mut b = Buffers::<T>::new(gpu.stream(), shape, p)?;
     let mut rows = Vec::new();
     for op in ops {
-        if op == "attn_fwd_bwd" && p.s_q == 1 {
+        if with_backward(op) && p.s_q == 1 {
             // decoding runs no backward (and cuDNN's backward engines may refuse one query row)
             continue;
         }
@@ -144,9 +157,10 @@ fn shape_rows<T: Element + DeviceRepr>(
             other => other?,
         };
         tracing::info!(problem = %p.describe(), op = %op, forward = ?gpu.attention_plan(p, "forward"),
-            backward = ?gpu.attention_plan(p, "backward"), fp8 = ?gpu.attention_plan(p, "forward_fp8"), "attention row");
+            backward = ?gpu.attention_plan(p, "backward"), fp8 = ?gpu.attention_plan(p, "forward_fp8"),
+            fp8_backward = ?gpu.attention_plan(p, "backward_fp8"), "attention row");
         // the cast row's TFLOP/s is its forward's, so that its time reads against the forward's
-        let flops = shape.forward_flops(p) * if op == "attn_fwd_bwd" { 3.5 } else { 1.0 };
+        let flops = shape.forward_flops(p) * if with_backward(op) { 3.5 } else { 1.0 };
         rows.push(Row::timed(op, dtype, [p.s_q, p.s_kv, p.d, p.b], &t, flops, shape.name.clone()));
     }
     Ok(rows)
@@ -216,6 +230,7 @@ pub fn time_op<T: Element + DeviceRepr>(
                 gpu.attention_forward_fp8(p, [&q8, &k8, &v8], &mut o8, Some(&mut *lse), seq)
             })
         }
+        "attn_fwd_bwd_fp8" => fwd_bwd_fp8(gpu, p, b, sampling),
         "attn_fp8_cast" => timing::time_gpu(gpu, sampling, &mut || {
             for (t, x) in [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)] {
                 gpu.attention_quantize(p, t, x)?;
@@ -224,6 +239,31 @@ pub fn time_op<T: Element + DeviceRepr>(
         }),
         other => bail!("unknown attention op {other:?}"),
     }
+}
+
+/// The FP8 forward (with the statistics) and the FP8 backward with E5M2 gradients, timed
+/// together; q, k, v (E4M3) and do (E5M2) are quantised, and o and the gradients allocated,
+/// before the timing.
+fn fwd_bwd_fp8<T: Element + DeviceRepr>(
+    gpu: &Gpu,
+    p: &Attention,
+    b: &mut Buffers<T>,
+    sampling: timing::Sampling,
+) -> anyhow::Result<timing::Timing> {
+    let Buffers { t: [q, k, v, _, d_o, ..], lse, lens } = b;
+    // SAFETY: the lengths were checked against the problem (Shape::problem).
+    let seq = lens.as_ref().map(|(q, kv)| unsafe { SeqLens::device(q, kv) });
+    let [q8, k8, v8] = [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)]
+        .map(|(t, x)| gpu.attention_quantize(p, t, x));
+    let (q8, k8, v8) = (q8?, k8?, v8?);
+    let do8 = gpu.attention_quantize_grad(p, &*d_o, Fp8Format::E5M2)?;
+    let mut o8 = gpu.attention_fp8_output(p)?;
+    let [mut dq, mut dk, mut dv] = gpu.attention_fp8_grads(p, Fp8Format::E5M2)?;
+    timing::time_gpu(gpu, sampling, &mut || {
+        gpu.attention_forward_fp8(p, [&q8, &k8, &v8], &mut o8, Some(&mut *lse), seq)?;
+        let saved = AttnSavedFp8 { q: &q8, k: &k8, v: &v8, o: &o8, d_o: &do8, stats: &*lse };
+        gpu.attention_backward_fp8(p, saved, [&mut dq, &mut dk, &mut dv], seq)
+    })
 }
 
 #[cfg(test)]

@@ -78,7 +78,9 @@ pub struct Args {
     /// bf16, on bench/attention.json's shapes, GPU only; not run by default; their peer is
     /// bench/attn_peer.py): attn_fwd (the forward with its statistics), attn_fwd_bwd (the
     /// forward and the backward); FP8 (no peer): attn_fwd_fp8 (the FP8 forward on q, k, v
-    /// quantised beforehand), attn_fp8_cast (those casts alone). Grouped GEMM (f16 and bf16,
+    /// quantised beforehand), attn_fwd_bwd_fp8 (the FP8 forward and backward, E5M2 gradients,
+    /// do quantised beforehand; rows cuDNN's FP8 backward does not offer are skipped),
+    /// attn_fp8_cast (those casts alone). Grouped GEMM (f16 and bf16,
     /// the mixture-of-experts shapes of bench/grouped.json, GPU only; not run by default; their
     /// peer is bench/grouped_peer.py): grouped (the forward), grouped_dx (the backward data),
     /// grouped_dw (the backward weight).

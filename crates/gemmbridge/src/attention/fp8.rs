@@ -4,7 +4,8 @@
 //! softmax probabilities optionally quantised too (as cuDNN's FP8 graph stores P in FP8 before
 //! `P·V`, with a scale the caller gives), and float64 attention on the dequantised values.
 //! Its error against the float64 attention of the unquantised inputs is the recipe's own
-//! error; an FP8 path may be no worse than 1.5× of it.
+//! error; an FP8 path may be no worse than 1.5× of it. The backward's emulation, with its
+//! gradient scales, is [`backward`].
 //!
 //! # Panics
 //! As [`super::reference`]'s functions.
@@ -12,6 +13,9 @@
 use super::reference::{expect, expect_sizes, lengths, scores, stats_index, Forward, Lengths};
 use super::{Attention, AttnTensor};
 use crate::fp8::{fp8_to_f32, quantize_value, scale_of, Fp8Format};
+
+pub(crate) use super::fp8_bwd::smallest;
+pub use super::fp8_bwd::{backward, backward_scales, BwdScales, Emulated};
 
 /// A tensor of the problem quantised to E4M3 with one scale, and dequantised again (in its
 /// strides, elements outside the tensor 0), with the scale `s` (dequantised = `fp8 · s`). As
@@ -21,6 +25,15 @@ use crate::fp8::{fp8_to_f32, quantize_value, scale_of, Fp8Format};
 /// # Panics
 /// On a problem [`Attention::validate`] refuses or an `x` of another length than the tensor's.
 pub fn quantize_tensor(p: &Attention, t: AttnTensor, x: &[f64]) -> (Vec<f64>, f32) {
+    quantize_tensor_as(p, t, x, Fp8Format::E4M3)
+}
+
+/// [`quantize_tensor`] into `format` (`s = amax/format.max()`), as the GPU quantises an output
+/// gradient for the FP8 backward.
+///
+/// # Panics
+/// As [`quantize_tensor`].
+pub fn quantize_tensor_as(p: &Attention, t: AttnTensor, x: &[f64], format: Fp8Format) -> (Vec<f64>, f32) {
     if let Err(e) = p.validate() {
         panic!("attention::fp8::quantize_tensor on an invalid problem: {e}");
     }
@@ -34,11 +47,11 @@ pub fn quantize_tensor(p: &Attention, t: AttnTensor, x: &[f64]) -> (Vec<f64>, f3
     );
     let idx: Vec<usize> = p.elements(t).map(|at| p.index(t, at)).collect();
     let amax = idx.iter().map(|&i| (x[i] as f32).abs()).fold(0.0f32, f32::max);
-    let (scale, inv) = scale_of(amax, Fp8Format::E4M3);
+    let (scale, inv) = scale_of(amax, format);
     let mut out = vec![0.0; x.len()];
     for i in idx {
-        let bits = quantize_value(x[i] as f32, inv, Fp8Format::E4M3);
-        out[i] = fp8_to_f32(bits, Fp8Format::E4M3) as f64 * scale as f64;
+        let bits = quantize_value(x[i] as f32, inv, format);
+        out[i] = fp8_to_f32(bits, format) as f64 * scale as f64;
     }
     (out, scale)
 }

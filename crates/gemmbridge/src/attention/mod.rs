@@ -28,6 +28,7 @@
 //! `dk` and `dv` are summed over the query heads that share a key/value head.
 
 pub mod fp8;
+mod fp8_bwd;
 pub mod reference;
 
 use crate::dtype::DType;

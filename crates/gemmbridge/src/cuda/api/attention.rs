@@ -5,13 +5,15 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
+use super::attention_fp8_bwd::BwdScalesJob;
 use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use crate::attention::{Attention, AttnMask, AttnTensor};
-use crate::cuda::device::{is_capturing, Relaxed};
+use crate::cuda::device::{is_capturing, KernelSet, Relaxed};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
+use crate::fp8::Fp8Format;
 use crate::tactics::Tactic;
 
 /// The per-sequence lengths of a padded variable-length batch ([`Attention::var_len`]):
@@ -205,12 +207,12 @@ impl Gpu {
         let stats = stats_addr != 0;
         let op = match fp8 {
             Some(d) => {
-                b.descale = d;
+                b.descale = [d[0], d[1], 0, 0, 0];
                 AttnOp::ForwardFp8 { stats }
             }
             None => AttnOp::Forward { stats },
         };
-        let r = self.attention_run(p, op, b, host);
+        let r = self.attention_run(p, op, b, host, None);
         drop(guards);
         r
     }
@@ -277,14 +279,15 @@ impl Gpu {
         (b.q, b.k, b.v, b.o, b.d_o, b.stats) =
             (read[0].addr, read[1].addr, read[2].addr, read[3].addr, read[4].addr, read[5].addr);
         (b.dq, b.dk, b.dv) = (written[0].addr, written[1].addr, written[2].addr);
-        let r = self.attention_run(p, AttnOp::Backward, b, host);
+        let r = self.attention_run(p, AttnOp::Backward, b, host, None);
         drop(guards);
         r
     }
 
-    /// The cuDNN engine planned for `p`'s `"forward"`, `"forward_fp8"` or `"backward"` (a
-    /// forward planned with or without statistics, whichever ran), once its first call has run;
-    /// `None` before or for another name.
+    /// The cuDNN engine planned for `p`'s `"forward"`, `"forward_fp8"`, `"backward"` or
+    /// `"backward_fp8"` (a forward planned with or without statistics, whichever ran; an FP8
+    /// backward with E5M2 gradients, else E4M3), once its first call has run; `None` before or
+    /// for another name.
     pub fn attention_plan(&self, p: &Attention, direction: &str) -> Option<String> {
         let ops = direction_ops(direction)?;
         let st = self.lock();
@@ -309,7 +312,8 @@ impl Gpu {
     }
 
     /// The plan a measured search ([`Gpu::set_attention_search`]) chose for `p`'s direction
-    /// (named as for [`Gpu::attention_plan`]: "forward", "forward_fp8", "backward"; of the
+    /// (named as for [`Gpu::attention_plan`]: "forward", "forward_fp8", "backward",
+    /// "backward_fp8"; of the
     /// best-aligned plan made, which for allocations is the 16-byte one) as a
     /// tactic for the database: its signature (the "attention" key, [`crate::tactics`]) and the
     /// [`Tactic`] (cuDNN, this cuDNN version, the engine and knobs, the workspace, the
@@ -346,7 +350,7 @@ impl Gpu {
 
     /// The lengths' buffers: device lengths checked (context, size, alignment) and added to
     /// `read`, their guards to `guards`; host lengths passed on.
-    fn lens_buffers<'a: 'g, 'g>(
+    pub(super) fn lens_buffers<'a: 'g, 'g>(
         &'g self,
         p: &Attention,
         lens: Option<SeqLens<'a>>,
@@ -371,8 +375,16 @@ impl Gpu {
         }
     }
 
-    /// Plan (on first use) and launch one checked call.
-    fn attention_run(&self, p: &Attention, op: AttnOp, b: AttnBuffers, host: HostLens) -> Result<()> {
+    /// Plan (on first use) and launch one checked call; `scales`: the FP8 backward's scale
+    /// job (the scratch it writes becomes the call's `scalars`).
+    pub(super) fn attention_run(
+        &self,
+        p: &Attention,
+        op: AttnOp,
+        b: AttnBuffers,
+        host: HostLens,
+        scales: Option<&BwdScalesJob>,
+    ) -> Result<()> {
         let stream = self.stream().cu_stream();
         self.device().bind()?;
         let mut st = self.lock();
@@ -396,11 +408,24 @@ impl Gpu {
         st.libs.ensure_dnn(ctx.is_primary().then(|| ctx.ordinal()))?;
         let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
         call.workspace = (ws.ptr, ws.matmul_bytes);
+        let kernels = match scales {
+            Some(_) => Some(st.dev.kernels(stream, KernelSet::Fp8)?),
+            None => None,
+        };
+        // the scales live in the stream's scratch: written and read under this one lock hold,
+        // in stream order, so no other call on the stream can use the scratch in between
+        call.buffers.scalars = if scales.is_some() { ws.scratch } else { 0 };
+        let mut before = || match (scales, kernels) {
+            // SAFETY: the job's addresses were checked by the entry point; the scratch holds
+            // far more than the job's 11 f32; `stream` is the Gpu's own.
+            (Some(job), Some(k)) => unsafe { job.enqueue(k, ws.scratch, stream) },
+            _ => Ok(()),
+        };
         let dnn = st.libs.dnn.as_mut().expect("created above");
         // SAFETY: every address was checked above against the problem's sizes and belongs to
         // this context, borrowed (guards) until the call is enqueued; the workspace is this
         // stream's; the stream is the Gpu's own, live.
-        unsafe { dnn.attention(&call) }
+        unsafe { dnn.attention(&call, &mut before) }
     }
 }
 
@@ -410,6 +435,9 @@ fn direction_ops(direction: &str) -> Option<&'static [AttnOp]> {
         "forward" => &[AttnOp::Forward { stats: true }, AttnOp::Forward { stats: false }],
         "forward_fp8" => &[AttnOp::ForwardFp8 { stats: true }, AttnOp::ForwardFp8 { stats: false }],
         "backward" => &[AttnOp::Backward],
+        "backward_fp8" => {
+            &[AttnOp::BackwardFp8 { grad: Fp8Format::E5M2 }, AttnOp::BackwardFp8 { grad: Fp8Format::E4M3 }]
+        }
         _ => return None,
     })
 }

@@ -20,7 +20,7 @@ use crate::fp8::{Fp8Format, Fp8Layout, Scaling, Source};
 /// The FP8 rules of a problem beside [`Attention::validate`]'s: the head dimension and every
 /// stride of q, k and v multiples of 16 elements (16-byte rows of one-byte elements); at most
 /// 400 000 keys (o's fixed scale leaves room for P's rounding up to there).
-fn check_fp8_layout(p: &Attention) -> Result<()> {
+pub(super) fn check_fp8_layout(p: &Attention) -> Result<()> {
     if p.s_kv > MAX_KEYS {
         return Err(Error::AttentionShape {
             what: "an FP8 attention has more keys than its output's fixed scale allows",
@@ -40,7 +40,7 @@ fn check_fp8_layout(p: &Attention) -> Result<()> {
 }
 
 /// The operand name of tensor `t`.
-fn which(t: AttnTensor) -> Which {
+pub(super) fn which(t: AttnTensor) -> Which {
     match t {
         AttnTensor::Q => Which::AttnQ,
         AttnTensor::K => Which::AttnK,
@@ -217,7 +217,7 @@ impl Gpu {
 
 /// The matrix an FP8 `o` is stored as: `[b·s_q, h_q·d]` for dense BSHD, `[b·h_q·s_q, d]` for
 /// dense BHSD; another layout is refused.
-fn output_matrix(p: &Attention) -> Result<(usize, usize)> {
+pub(super) fn output_matrix(p: &Attention) -> Result<(usize, usize)> {
     let l = p.layout(AttnTensor::O);
     if l == HeadLayout::bshd(p.s_q, p.h_q, p.d) {
         Ok((p.b * p.s_q, p.h_q * p.d))

@@ -8,6 +8,7 @@
 
 mod attention;
 mod attention_fp8;
+mod attention_fp8_bwd;
 mod checks;
 mod conv;
 mod diagnostics;
@@ -23,6 +24,7 @@ pub mod train;
 mod tune;
 
 pub use attention::{AttnSaved, SeqLens};
+pub use attention_fp8_bwd::AttnSavedFp8;
 pub use engine::Gpu;
 pub use info::{cuda_version_string, DeviceInfo};
 pub use operands::{Extras, RawBuffer, RawOperands};

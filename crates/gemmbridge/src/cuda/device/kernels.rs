@@ -79,6 +79,7 @@ impl KernelSet {
                     "cast_blk128",
                     "cast_transpose",
                     "transpose",
+                    "attn_bwd_scales",
                 ],
                 DTYPES,
             ),

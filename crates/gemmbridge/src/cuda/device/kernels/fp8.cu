@@ -532,7 +532,44 @@ __device__ __forceinline__ void cast_transpose_any(const T* x, long rows, long r
     cast_transpose16_impl(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2);
 }
 
+// The FP8 attention backward's scales from the dequantisation scales of q, k, v, o and do
+// (gemmbridge::attention::fp8::backward_scales: the same f32 operations in the same order, no
+// contraction): out = P's scale and inverse, dS's scale and inverse, the graph's scales of dq,
+// dk, dv; the three gradients' dequantisation scales into gq, gk, gv. One thread.
+__device__ __forceinline__ void attn_bwd_scales_impl(const float* sq, const float* sk, const float* sv,
+                                                     const float* so, const float* sdo, float scale, float d,
+                                                     float rows, float skv, float f, float u, float* out,
+                                                     float* gq, float* gk, float* gv) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const float e4 = 448.0f;
+    float a_q = __fmul_rn(e4, *sq), a_k = __fmul_rn(e4, *sk), a_v = __fmul_rn(e4, *sv);
+    float a_o = __fmul_rn(e4, *so), a_do = __fmul_rn(f, *sdo);
+    float r = __fmul_rn(__fmul_rn(d, a_do), __fadd_rn(a_v, a_o));
+    float b = __fmul_rn(__fmul_rn(scale, r), 1.125f);
+    float ds = __fdiv_rn(b, f);
+    float b9 = __fmul_rn(1.125f, b);
+    float bq = __fmul_rn(__fadd_rn(b9, __fmul_rn(__fmul_rn(skv, u), ds)), a_k);
+    float bk = __fmul_rn(__fmul_rn(rows, __fadd_rn(b9, __fmul_rn(u, ds))), a_q);
+    float bv = __fmul_rn(__fmul_rn(rows, __fadd_rn(1.0625f, __fdiv_rn(u, e4))), a_do);
+    out[0] = e4;
+    out[1] = __fdiv_rn(1.0f, e4);
+    out[2] = __fdiv_rn(f, b);
+    out[3] = ds;
+    out[4] = __fdiv_rn(f, bq);
+    out[5] = __fdiv_rn(f, bk);
+    out[6] = __fdiv_rn(f, bv);
+    *gq = __fdiv_rn(bq, f);
+    *gk = __fdiv_rn(bk, f);
+    *gv = __fdiv_rn(bv, f);
+}
+
 #define GB_INSTANTIATE(T, SUFFIX, BLK_CTAS)                                                              \
+    extern "C" __global__ void attn_bwd_scales_##SUFFIX(const float* sq, const float* sk, const float* sv, \
+                                                        const float* so, const float* sdo, float scale,  \
+                                                        float d, float rows, float skv, float f, float u,\
+                                                        float* out, float* gq, float* gk, float* gv) {   \
+        attn_bwd_scales_impl(sq, sk, sv, so, sdo, scale, d, rows, skv, f, u, out, gq, gk, gv);           \
+    }                                                                                                    \
     extern "C" __global__ void amax_##SUFFIX(const T* x, long n, u32* out) { amax_impl(x, n, out); }    \
     extern "C" __global__ void cast_tensor_##SUFFIX(const T* x, long rows, long rows_alloc, long cols,   \
                                                     u8* q, long ld, const u32* amax, float* scale,        \

@@ -41,6 +41,20 @@ pub(crate) mod uid {
     pub const SCALE_O: i64 = 25;
     /// FP8: the largest |o| (f32, in the workspace; not read).
     pub const AMAX_O: i64 = 27;
+    /// FP8 backward: the dequantisation scales of o and do (the tensors' own).
+    pub const DESCALE_O: i64 = 28;
+    pub const DESCALE_DO: i64 = 29;
+    /// FP8 backward: dS's scale and inverse, the gradients' scales, and the four absolute
+    /// maxima (f32, in the call's scratch; the maxima not read).
+    pub const SCALE_DP: i64 = 30;
+    pub const DESCALE_DP: i64 = 31;
+    pub const SCALE_DQ: i64 = 32;
+    pub const SCALE_DK: i64 = 33;
+    pub const SCALE_DV: i64 = 34;
+    pub const AMAX_DQ: i64 = 35;
+    pub const AMAX_DK: i64 = 36;
+    pub const AMAX_DV: i64 = 37;
+    pub const AMAX_DP: i64 = 38;
 }
 
 pub(super) const F32: Dt = Dt::CUDNN_DATA_FLOAT;
@@ -108,7 +122,7 @@ pub(super) fn row_dims(p: &Attention) -> Dims {
 
 /// The masks on the scores `s`: the padding mask where there are lengths (rows and columns
 /// past them), then the causal mask of `p`; masked scores become f32's lowest value.
-fn masks(g: &mut Builder, p: &Attention, s: Tensor, lens: Option<Lens>) -> Result<Tensor> {
+pub(super) fn masks(g: &mut Builder, p: &Attention, s: Tensor, lens: Option<Lens>) -> Result<Tensor> {
     let mut s = s;
     if let Some(l) = lens {
         let row = g.index(s, 2, I32)?;

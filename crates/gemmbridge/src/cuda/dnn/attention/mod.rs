@@ -10,6 +10,7 @@
 
 mod builder;
 mod fp8;
+mod fp8_bwd;
 mod graphs;
 mod plan;
 mod run;
@@ -19,6 +20,7 @@ use cudarc::driver::sys::CUstream;
 
 use crate::attention::{Attention, AttnMask, HeadLayout};
 use crate::dtype::DType;
+use crate::fp8::Fp8Format;
 
 pub(crate) use fp8::{MAX_KEYS, O_FACTOR};
 pub(crate) use plan::AttnPlan;
@@ -38,6 +40,8 @@ pub(crate) enum AttnOp {
     Backward,
     /// The FP8 forward (E4M3 q, k, v and o); `stats` as for `Forward`.
     ForwardFp8 { stats: bool },
+    /// The FP8 backward (E4M3 q, k, v, o; do, dS and the gradients in `grad`).
+    BackwardFp8 { grad: Fp8Format },
 }
 
 /// Device addresses of one call (0 where the direction has no such tensor).
@@ -55,8 +59,12 @@ pub(crate) struct AttnBuffers {
     /// Per-sequence lengths on the device (the caller's); 0 for host lengths or none.
     pub len_q: u64,
     pub len_kv: u64,
-    /// FP8: the dequantisation scales of q and k (one f32 each; v's enters the output's scale).
-    pub descale: [u64; 2],
+    /// FP8: the dequantisation scales of q, k (the forward's; v's enters the output's scale),
+    /// and for the backward of v, o and do (one f32 each).
+    pub descale: [u64; 5],
+    /// FP8 backward: the graph's scales and absolute maxima (`fp8_bwd.rs`), 11 f32 in the
+    /// order of `plan.rs`'s variant pack.
+    pub scalars: u64,
 }
 
 impl AttnBuffers {

@@ -26,6 +26,23 @@ use crate::cuda::dnn::{EngineConfig, Measured};
 use crate::cuda::status;
 use crate::error::{Error, Result};
 
+/// The FP8 backward's scalars in the call's scratch, in this order (f32 each): P's scale and
+/// inverse, dS's scale and inverse, the scales of dq, dk, dv, and the absolute maxima of dq, dk,
+/// dv, dS.
+pub(crate) const FP8_BWD_SCALARS: [i64; 11] = [
+    uid::SCALE_S,
+    uid::DESCALE_S,
+    uid::SCALE_DP,
+    uid::DESCALE_DP,
+    uid::SCALE_DQ,
+    uid::SCALE_DK,
+    uid::SCALE_DV,
+    uid::AMAX_DQ,
+    uid::AMAX_DK,
+    uid::AMAX_DV,
+    uid::AMAX_DP,
+];
+
 /// A finalized attention plan and what a call needs to run it.
 pub(crate) struct AttnPlan {
     plan: Desc,
@@ -45,7 +62,7 @@ pub(crate) struct AttnPlan {
     scalar_uids: Vec<i64>,
     scalar_bits: Box<[u32]>,
     /// The last variant pack and the addresses it holds.
-    pack: Option<([u64; 14], Desc)>,
+    pack: Option<([u64; 18], Desc)>,
 }
 
 // SAFETY: host-side cuDNN objects and plain data, used under the device's Mutex only.
@@ -136,6 +153,7 @@ pub(crate) fn make(
         AttnOp::Forward { stats } => graphs::forward(&mut g, p, stats)?,
         AttnOp::ForwardFp8 { stats } => fp8::forward(&mut g, p, stats)?,
         AttnOp::Backward => graphs::backward(&mut g, p, lens != LensSource::None)?,
+        AttnOp::BackwardFp8 { grad } => super::fp8_bwd::backward(&mut g, p, grad)?,
     }
     let graph = g.finish(h, || format!("attention {} {op:?}", p.describe()))?;
     let common = Common { h, p, op, lens, limit, scalars: &graph.scalars };
@@ -239,6 +257,15 @@ impl AttnPlan {
                 }
                 (u, p)
             }
+            AttnOp::BackwardFp8 { .. } => {
+                let mut u = vec![uid::Q, uid::K, uid::V, uid::O, uid::DO, uid::STATS, uid::DQ, uid::DK, uid::DV];
+                let mut p = vec![v(b.q), v(b.k), v(b.v), v(b.o), v(b.d_o), v(b.stats), v(b.dq), v(b.dk), v(b.dv)];
+                u.extend([uid::DESCALE_Q, uid::DESCALE_K, uid::DESCALE_V, uid::DESCALE_O, uid::DESCALE_DO]);
+                p.extend(b.descale.map(v));
+                u.extend(FP8_BWD_SCALARS);
+                p.extend((0..FP8_BWD_SCALARS.len() as u64).map(|i| v(b.scalars + 4 * i)));
+                (u, p)
+            }
             AttnOp::Backward => (
                 vec![
                     uid::Q,
@@ -325,7 +352,10 @@ impl AttnPlan {
             }
         }
         let d = b.descale;
-        let key = [b.q, b.k, b.v, b.o, b.stats, b.d_o, b.dq, b.dk, b.dv, lens.0, lens.1, ws, d[0], d[1]];
+        let key = [
+            b.q, b.k, b.v, b.o, b.stats, b.d_o, b.dq, b.dk, b.dv, lens.0, lens.1, ws, d[0], d[1], d[2], d[3], d[4],
+            b.scalars,
+        ];
         if self.pack.as_ref().is_none_or(|(k, _)| *k != key) {
             let (uids, ptrs) = self.variant(call.op, b, ws, lens);
             self.pack = Some((key, pack(&uids, &ptrs, ws)?));

@@ -33,7 +33,9 @@ impl DnnState {
     }
 
     /// Runs one attention call on its stream: the plan (made on first use; the caller has
-    /// checked that the stream is not capturing then) and its launch.
+    /// checked that the stream is not capturing then) and its launch. `before` enqueues what
+    /// the launch reads besides the call's buffers (the FP8 backward's scales): once the plan
+    /// exists and before the launch, and before each launch a measured search times.
     ///
     /// # Safety
     /// The call's addresses are device memory of this context holding the problem's tensors
@@ -42,14 +44,24 @@ impl DnnState {
     /// # Errors
     /// [`Error::Unsupported`] where no engine of the loaded cuDNN takes the graph;
     /// [`Error::Cudnn`]; driver errors of the workspace and the lengths' copies.
-    pub unsafe fn attention(&mut self, call: &AttnCall) -> Result<()> {
+    pub unsafe fn attention(&mut self, call: &AttnCall, before: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         let (p, op, align) = (call.problem, call.op, call.buffers.alignment());
         let key = AttnKey::new(p, op, align);
+        if matches!(op, AttnOp::BackwardFp8 { .. }) && (self.version < 90100 || self.version == 91000) {
+            // cudnn-frontend's support checks: from 9.1.0, and not 9.10.0 (known bugs there)
+            return Err(Error::Unsupported {
+                backend: "cuDNN",
+                what: format!(
+                    "the FP8 attention backward on cuDNN {} (it needs 9.1.0 or later, not 9.10.0)",
+                    self.version
+                ),
+            });
+        }
         let h = self.handle.on(call.stream)?;
         if !self.attn.contains_key(&key) {
             let limit = self.ws_limit.max(call.workspace.1);
             // SAFETY: forwarded.
-            let Some(made) = (unsafe { self.attention_make(h, call, &key, limit) })? else {
+            let Some(made) = (unsafe { self.attention_make(h, call, &key, limit, before) })? else {
                 return Err(Error::Unsupported {
                     backend: "cuDNN",
                     what: format!(
@@ -65,6 +77,7 @@ impl DnnState {
         }
         let plan: &mut AttnPlan = self.attn.get_mut(&key).expect("inserted above");
         let ws = self.big.get(&mut self.graphs, call.workspace, plan.extra.total, call.stream)?;
+        before()?;
         // SAFETY: forwarded; `ws` holds the plan's workspace.
         unsafe { plan.launch(h, call, ws) }
     }
@@ -82,6 +95,7 @@ impl DnnState {
         call: &AttnCall,
         key: &AttnKey,
         limit: usize,
+        before: &mut dyn FnMut() -> Result<()>,
     ) -> Result<Option<AttnPlan>> {
         let (p, op, align) = (call.problem, call.op, key.align);
         let lens = self.lens_source(p, op);
@@ -104,6 +118,7 @@ impl DnnState {
         let (big, graphs) = (&mut self.big, &mut self.graphs);
         let mut time = |pl: &mut AttnPlan| -> Option<f64> {
             let ws = big.get(graphs, call.workspace, pl.extra.total, call.stream).ok()?;
+            before().ok()?;
             // SAFETY: forwarded; `ws` holds the plan's workspace.
             let ms = unsafe { time_launches(call.stream, &mut || pl.launch(h, call, ws)) };
             ms.map_err(|e| tracing::debug!(name = %pl.name, error = %e, "skipped: the plan fails to run")).ok()

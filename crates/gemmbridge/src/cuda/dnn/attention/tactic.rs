@@ -4,6 +4,7 @@
 
 use super::{AttnKey, AttnOp, AttnPlan};
 use crate::attention::AttnMask;
+use crate::fp8::Fp8Format;
 use crate::tactics::{Choice, Tactic};
 
 /// The database key of a plan key: `attention`, the direction (`fwd`, `fwd_stats`, `bwd`,
@@ -19,6 +20,8 @@ pub(crate) fn key_text(k: &AttnKey) -> String {
         AttnOp::Backward => "bwd",
         AttnOp::ForwardFp8 { stats: false } => "fp8_fwd",
         AttnOp::ForwardFp8 { stats: true } => "fp8_fwd_stats",
+        AttnOp::BackwardFp8 { grad: Fp8Format::E4M3 } => "fp8_bwd_e4m3",
+        AttnOp::BackwardFp8 { grad: Fp8Format::E5M2 } => "fp8_bwd_e5m2",
     };
     let mask = match k.mask {
         AttnMask::None => "none",

@@ -1,0 +1,342 @@
+//! The FP8 attention backward on cuDNN's FP8 backward graph: E4M3 q, k, v and o (as the FP8
+//! forward wrote it), do quantised by gemmbridge's kernels ([`Gpu::attention_quantize_grad`]),
+//! the forward's statistics; dq, dk, dv in do's FP8 format with scales made on the device from
+//! the inputs' scales by one kernel of gemmbridge's own (fixed bounds: nothing can overflow,
+//! nothing comes back to the host; `gemmbridge::attention::fp8::backward_scales` documents them).
+//!
+//! What cuDNN's FP8 backward offers, from cudnn-frontend's support checks for it: compute
+//! capability 9.0 or later; on 9.x a head dimension of 128 only (10.x and later: at most 128, a
+//! multiple of 16); the bottom-right causal mask only on 10.x and later; padded per-sequence
+//! lengths yes; cuDNN 9.1.0 or later, not 9.10.0. The rest is refused by name before anything
+//! runs ([`Error::Unsupported`]).
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+use super::attention::{check_problem_of, span, SeqLens};
+use super::attention_fp8::{check_fp8_layout, which};
+use super::checks::{disjoint, same_context, Span};
+use super::engine::Gpu;
+use crate::attention::fp8::smallest;
+use crate::attention::{Attention, AttnMask, AttnTensor};
+use crate::cuda::device::{arg, Kernels, Relaxed, RelaxedDrop};
+use crate::cuda::dnn::attention::AttnOp;
+use crate::cuda::route::fp8::Fp8Tensor;
+use crate::cuda::status;
+use crate::dtype::Element;
+use crate::error::{Error, Result, Which};
+use crate::fp8::{Fp8Format, Fp8Layout, Scaling, Source};
+
+/// What the FP8 backward reads: the FP8 forward's inputs `q`, `k`, `v` (E4M3, from
+/// [`Gpu::attention_quantize`]), its output `o` ([`Gpu::attention_forward_fp8`]) and statistics
+/// (`lse[b, h_q, s_q]`, f32, dense), and the output's gradient `d_o` from
+/// [`Gpu::attention_quantize_grad`] (E4M3 or E5M2, one scale).
+#[derive(Clone, Copy)]
+pub struct AttnSavedFp8<'a> {
+    /// The queries (E4M3).
+    pub q: &'a Fp8Tensor,
+    /// The keys (E4M3).
+    pub k: &'a Fp8Tensor,
+    /// The values (E4M3).
+    pub v: &'a Fp8Tensor,
+    /// The FP8 forward's output (E4M3, its scale twice v's).
+    pub o: &'a Fp8Tensor,
+    /// The output's gradient, shaped as o; its format is the gradients'.
+    pub d_o: &'a Fp8Tensor,
+    /// The forward's statistics (f32, dense).
+    pub stats: &'a dyn DevicePtr<f32>,
+}
+
+/// The launch of gemmbridge's kernel `attn_bwd_scales` (`kernels/fp8.cu`) for one call: it reads
+/// the dequantisation scales of q, k, v, o and do and writes the graph's 7 scales into the call's
+/// scalars and the gradients' dequantisation scales into their tensors — the f32 operations of
+/// [`crate::attention::fp8::backward_scales`] in its order.
+pub(super) struct BwdScalesJob {
+    /// The scales' addresses of q, k, v, o, do (one f32 each).
+    inputs: [u64; 5],
+    /// The scales' addresses of dq, dk, dv (one f32 each).
+    grads: [u64; 3],
+    /// The attention scale, d, the dS rows summed into one dk/dv row (`h_q/h_kv · s_q`), s_kv,
+    /// the gradients' format's largest value and smallest subnormal.
+    numbers: [f32; 6],
+}
+
+impl BwdScalesJob {
+    fn new(p: &Attention, inputs: [u64; 5], grads: [u64; 3], format: Fp8Format) -> BwdScalesJob {
+        let rows = (p.group() * p.s_q) as f32;
+        let numbers = [p.scale, p.d as f32, rows, p.s_kv as f32, format.max(), smallest(format)];
+        BwdScalesJob { inputs, grads, numbers }
+    }
+
+    /// Enqueues the kernel (one thread) on `stream`, its 11 f32 of scalars at `out` (the last 4,
+    /// the absolute maxima, are cuDNN's to write).
+    ///
+    /// # Safety
+    /// `out` holds 11 f32 and every address of the job one f32, all of the kernels' context;
+    /// `stream` is a live stream of that context, which is current.
+    pub(super) unsafe fn enqueue(&self, k: &Kernels, out: u64, stream: CUstream) -> Result<()> {
+        let [mut sq, mut sk, mut sv, mut so, mut sdo] = self.inputs;
+        let [mut scale, mut d, mut rows, mut skv, mut f, mut u] = self.numbers;
+        let (mut out, [mut gq, mut gk, mut gv]) = (out, self.grads);
+        let mut args = [
+            arg(&mut sq),
+            arg(&mut sk),
+            arg(&mut sv),
+            arg(&mut so),
+            arg(&mut sdo),
+            arg(&mut scale),
+            arg(&mut d),
+            arg(&mut rows),
+            arg(&mut skv),
+            arg(&mut f),
+            arg(&mut u),
+            arg(&mut out),
+            arg(&mut gq),
+            arg(&mut gk),
+            arg(&mut gv),
+        ];
+        // SAFETY: the arguments are the kernel's parameters in order (5 pointers, 6 f32, 4
+        // pointers); the addresses are the caller's contract.
+        unsafe { k.launch("attn_bwd_scales_f32", (1, 1, 1), 1, stream, &mut args) }
+    }
+}
+
+/// An [`Error::AttentionShape`] naming a tensor of the FP8 backward that is not what it takes.
+fn not_taken(what: &'static str, name: &str, t: &Fp8Tensor, p: &Attention) -> Error {
+    let l = t.layout();
+    let detail = format!("{name}: [{}, {}] {:?} {:?} ({})", l.rows, l.cols, t.format(), l.scaling, p.describe());
+    Error::AttentionShape { what, detail }
+}
+
+/// The tensors' formats and layouts: q, k, v, o E4M3 with one scale each; do with one scale, in
+/// the gradients' format; dq, dk, dv as [`Gpu::attention_fp8_grads`] makes them in do's format.
+/// Returns that format.
+fn check_tensors(p: &Attention, s: &AttnSavedFp8, grads: &[&mut Fp8Tensor; 3]) -> Result<Fp8Format> {
+    use AttnTensor::{K, O, Q, V};
+    for (t, x) in [(Q, s.q), (K, s.k), (V, s.v), (O, s.o)] {
+        if x.format() != Fp8Format::E4M3 || x.layout().scaling != Scaling::Tensor {
+            return Err(not_taken("FP8 attention takes E4M3 tensors with one scale each", t.name(), x, p));
+        }
+    }
+    if s.d_o.layout().scaling != Scaling::Tensor {
+        return Err(not_taken("the FP8 attention backward takes do with one scale", "do", s.d_o, p));
+    }
+    let format = s.d_o.format();
+    for (t, g) in [Q, K, V].into_iter().zip(grads) {
+        let [b, h, rows] = p.dims(t);
+        let l = g.layout();
+        if (l.rows, l.cols, l.scaling, g.format()) != (b * h * rows, p.d, Scaling::Tensor, format) {
+            let what = "an FP8 gradient was not made for this problem and do's format (Gpu::attention_fp8_grads)";
+            return Err(not_taken(what, &format!("d{}", t.name()), g, p));
+        }
+    }
+    Ok(format)
+}
+
+/// cudnn-frontend's support checks of the FP8 backward, for compute capability `cc`.
+fn check_offered(p: &Attention, cc: (i32, i32)) -> Result<()> {
+    let no = |what: String| Err(Error::Unsupported { backend: "cuDNN", what });
+    if cc.0 < 9 {
+        return no(format!("the FP8 attention backward on compute capability {}.{} (it needs 9.0)", cc.0, cc.1));
+    }
+    if cc.0 == 9 && p.d != 128 {
+        return no(format!("the FP8 attention backward with head dimension {} on Hopper (only 128)", p.d));
+    }
+    if p.d > 128 {
+        return no(format!("the FP8 attention backward with head dimension {} (at most 128)", p.d));
+    }
+    if p.mask == AttnMask::CausalBottomRight && cc.0 < 10 {
+        return no("the FP8 attention backward with the bottom-right causal mask before Blackwell".into());
+    }
+    Ok(())
+}
+
+impl Gpu {
+    /// The output's gradient `do` of `p` (shaped and strided as o, dense, in `p.dtype`) quantised
+    /// to `format` with one scale from its current absolute maximum, for
+    /// [`Gpu::attention_backward_fp8`] (as [`Gpu::attention_quantize`] does for q, k, v).
+    /// E5M2 (the usual format of gradients) is what the backward's fixed scales suit best.
+    ///
+    /// # Errors
+    /// As [`Gpu::attention_quantize`].
+    pub fn attention_quantize_grad<T: Element, S: DevicePtr<T>>(
+        &self,
+        p: &Attention,
+        d_o: &S,
+        format: Fp8Format,
+    ) -> Result<Fp8Tensor> {
+        p.validate()?;
+        check_fp8_layout(p)?;
+        if T::DTYPE != p.dtype {
+            return Err(Error::DTypeMismatch { operand: Which::AttnDo, expected: p.dtype, got: T::DTYPE });
+        }
+        let [b, h, s] = p.dims(AttnTensor::O);
+        let n = b * h * s * p.d;
+        if p.required_elems(AttnTensor::O) != n {
+            return Err(Error::AttentionShape {
+                what: "a tensor to quantise is not dense (its elements leave gaps)",
+                detail: format!("do spans {} elements for {n} ({})", p.required_elems(AttnTensor::O), p.describe()),
+            });
+        }
+        self.quantize(d_o, n / p.d, p.d, Source::RowMajor, format, Scaling::Tensor)
+    }
+
+    /// The FP8 gradients dq, dk, dv of `p` in `format`, for [`Gpu::attention_backward_fp8`]:
+    /// each in its tensor's layout (one byte per element) as the matrix `[b·h·s, d]` with one
+    /// dequantisation scale, allocated from the stream-ordered pool (not yet written).
+    ///
+    /// # Errors
+    /// [`Error::AttentionShape`] (the problem's rules, the FP8 layout rule); [`Error::Fp8`] on a
+    /// GPU without FP8; [`Error::Driver`].
+    pub fn attention_fp8_grads(&self, p: &Attention, format: Fp8Format) -> Result<[Fp8Tensor; 3]> {
+        p.validate()?;
+        check_fp8_layout(p)?;
+        self.check_fp8(Scaling::Tensor)?;
+        let s = self.stream();
+        let _relaxed = Relaxed::enter()?;
+        let one = |t: AttnTensor| -> Result<Fp8Tensor> {
+            let [b, h, sq] = p.dims(t);
+            let layout = Fp8Layout::new(b * h * sq, p.d, Scaling::Tensor);
+            let data = s.alloc_zeros::<u8>(layout.data_len()).map_err(status::driver("cuMemAllocAsync"))?;
+            let scales = s.alloc_zeros::<f32>(1).map_err(status::driver("cuMemAllocAsync"))?;
+            Ok(Fp8Tensor { data: RelaxedDrop::new(data), scales: RelaxedDrop::new(scales), layout, format })
+        };
+        Ok([one(AttnTensor::Q)?, one(AttnTensor::K)?, one(AttnTensor::V)?])
+    }
+
+    /// The backward of [`Gpu::attention_forward_fp8`] on cuDNN's FP8 backward graph: `dq`, `dk`,
+    /// `dv` (shaped as q, k, v: `[b, h, s, d]` in `p.layouts`'s strides, one byte per element;
+    /// [`Gpu::attention_fp8_grads`] makes them) from the FP8 forward's inputs, output and
+    /// statistics and the quantised output gradient ([`AttnSavedFp8`]), on [`Gpu::stream`], no
+    /// host synchronisation. The definition is [`Gpu::attention_backward`]'s (with grouped
+    /// key/value heads dk and dv summed over the query heads that share them); the same mask,
+    /// lengths and plans.
+    ///
+    /// The recipe, as [`crate::attention::fp8::backward`] emulates it on the CPU: q, k, v, o in
+    /// E4M3 and do in its own format, each with one dequantisation scale (stored value · scale =
+    /// value); `P = exp(scale·q·kᵀ − lse)` recomputed in f32 and stored in E4M3 with the scale
+    /// 448 for `dv = Pᵀ·do`; `dS = scale·P∘(do·vᵀ − rowsum(do∘o))` stored in do's format for
+    /// `dq = dS·k` and `dk = dSᵀ·q`; the three gradients written in do's format. Every scale
+    /// (dS's and the gradients') comes from a bound of the tensor's magnitude made from the
+    /// inputs' scales alone ([`crate::attention::fp8::backward_scales`] documents the bounds),
+    /// computed on the device by one kernel of gemmbridge's own before cuDNN's call: nothing can
+    /// overflow and nothing comes back to the host. The gradients' dequantisation scales are
+    /// written into their tensors (read them back with `to_host` and
+    /// [`crate::fp8::dequantize`]). The bounds sit far above typical values, so E5M2 gradients
+    /// (do quantised with [`Gpu::attention_quantize_grad`] to E5M2, Transformer Engine's
+    /// hybrid recipe) keep typical values at full E5M2 precision; E4M3 gradients push them into
+    /// E4M3's subnormals and lose most of their precision.
+    ///
+    /// What cuDNN offers, from cudnn-frontend's support checks of its FP8 backward: compute
+    /// capability 9.0 or later; on Hopper (9.x) a head dimension of 128 only (later GPUs: at
+    /// most 128); the bottom-right causal mask only from compute capability 10.0 on; cuDNN 9.1.0
+    /// or later, not 9.10.0. Each other combination is refused by name before anything runs.
+    ///
+    /// # Errors
+    /// Before anything is enqueued or written: [`Error::AttentionShape`] (the problem's rules,
+    /// the lengths; a head dimension or stride that is not a multiple of 16; q, k, v or o not
+    /// E4M3 with one scale; do without one scale; a gradient not made for this problem in do's
+    /// format); [`Error::Unsupported`] (what cuDNN's FP8 backward does not offer, above);
+    /// [`Error::Fp8`] on a GPU without FP8; [`Error::BufferTooSmall`], [`Error::Misaligned`],
+    /// [`Error::WrongContext`], [`Error::OutputOverlapsInput`] for a buffer (the statistics
+    /// and device lengths included). Later: [`Error::NotCapturable`] for a first call (or the
+    /// first FP8 kernel compilation, [`Gpu::prepare_fp8`]), or host lengths, inside a capture;
+    /// [`Error::Unsupported`] where no engine of the loaded cuDNN takes the graph or its
+    /// version is refused (then the gradients' data is not written);
+    /// [`Error::LibraryNotFound`], [`Error::Cudnn`], [`Error::Driver`].
+    pub fn attention_backward_fp8(
+        &self,
+        p: &Attention,
+        saved: AttnSavedFp8,
+        grads: [&mut Fp8Tensor; 3],
+        lens: Option<SeqLens>,
+    ) -> Result<()> {
+        use AttnTensor::{K, O, Q, V};
+        check_problem_of(p, lens)?;
+        check_fp8_layout(p)?;
+        self.check_fp8(Scaling::Tensor)?;
+        check_offered(p, self.fp8_platform()?.0)?;
+        let grad = check_tensors(p, &saved, &grads)?;
+        let (ctx, s) = (self.context(), self.stream());
+        let AttnSavedFp8 { q, k, v, o, d_o, stats } = saved;
+        let ins = [(which(Q), q, Q), (which(K), k, K), (which(V), v, V), (which(O), o, O), (Which::AttnDo, d_o, O)];
+        let outs = [(Which::AttnDq, Q), (Which::AttnDk, K), (Which::AttnDv, V)];
+        for (w, x, _) in &ins {
+            same_context(*w, x.data().stream(), ctx)?;
+        }
+        same_context(Which::AttnStats, stats.stream(), ctx)?;
+        for ((w, _), g) in outs.iter().zip(&grads) {
+            same_context(*w, g.data.stream(), ctx)?;
+        }
+        let mut guards = Vec::with_capacity(20);
+        // read: each input's data then its scale, then the statistics, then device lengths
+        let (mut read, mut descale) = (Vec::with_capacity(13), [0u64; 5]);
+        for (i, (w, x, t)) in ins.into_iter().enumerate() {
+            let (addr, g) = x.data().device_ptr(s);
+            guards.push(g);
+            read.push(span(w, addr, x.data().num_bytes(), p.required_elems(t), 1)?);
+            let (sc, g) = x.scales().device_ptr(s);
+            guards.push(g);
+            read.push(Span::sized(w, sc, x.scales().num_bytes(), 1, 4)?);
+            descale[i] = sc;
+        }
+        let (addr, g) = stats.device_ptr(s);
+        guards.push(g);
+        read.push(span(Which::AttnStats, addr, stats.num_bytes(), p.stats_elems(), 4)?);
+        // written: each gradient's data then its scale
+        let (mut written, mut scales) = (Vec::with_capacity(6), [0u64; 3]);
+        for (i, ((w, t), g)) in outs.into_iter().zip(grads).enumerate() {
+            let bytes = g.data.num_bytes();
+            let (addr, gd) = g.data.device_ptr_mut(s);
+            guards.push(gd);
+            written.push(span(w, addr, bytes, p.required_elems(t), 1)?);
+            let bytes = g.scales.num_bytes();
+            let (sc, gs) = g.scales.device_ptr_mut(s);
+            guards.push(gs);
+            written.push(Span::sized(w, sc, bytes, 1, 4)?);
+            scales[i] = sc;
+        }
+        let (mut b, host) = self.lens_buffers(p, lens, &mut guards, &mut read)?;
+        disjoint(&written, &read)?;
+        (b.q, b.k, b.v, b.o, b.d_o, b.stats) =
+            (read[0].addr, read[2].addr, read[4].addr, read[6].addr, read[8].addr, read[10].addr);
+        (b.dq, b.dk, b.dv, b.descale) = (written[0].addr, written[2].addr, written[4].addr, descale);
+        let job = BwdScalesJob::new(p, descale, scales, grad);
+        let r = self.attention_run(p, AttnOp::BackwardFp8 { grad }, b, host, Some(&job));
+        drop(guards);
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    fn refused(p: &Attention, cc: (i32, i32)) -> bool {
+        matches!(check_offered(p, cc), Err(Error::Unsupported { .. }))
+    }
+
+    #[test]
+    fn what_cudnn_does_not_offer_is_refused_by_name() {
+        let p = Attention::new(2, (8, 2), (129, 129), 128, DType::BF16).with_mask(AttnMask::Causal);
+        check_offered(&p, (9, 0)).unwrap();
+        assert!(refused(&p, (8, 9)), "before Hopper");
+        let narrow = Attention::new(2, (8, 2), (129, 129), 64, DType::BF16);
+        assert!(refused(&narrow, (9, 0)));
+        check_offered(&narrow, (10, 0)).unwrap();
+        assert!(refused(&Attention::new(1, (1, 1), (16, 16), 256, DType::BF16), (10, 0)));
+        let bottom_right = p.with_mask(AttnMask::CausalBottomRight);
+        assert!(refused(&bottom_right, (9, 0)));
+        check_offered(&bottom_right, (10, 0)).unwrap();
+    }
+
+    #[test]
+    fn the_scale_job_carries_the_emulations_numbers() {
+        let p = Attention::new(2, (8, 2), (33, 40), 128, DType::BF16);
+        let job = BwdScalesJob::new(&p, [1, 2, 3, 4, 5], [6, 7, 8], Fp8Format::E5M2);
+        assert_eq!(job.numbers, [p.scale, 128.0, (4 * 33) as f32, 40.0, 57344.0, 1.0 / 65536.0]);
+        let e4 = BwdScalesJob::new(&p, [0; 5], [0; 3], Fp8Format::E4M3);
+        assert_eq!(&e4.numbers[4..], &[448.0, 1.0 / 512.0]);
+    }
+}
