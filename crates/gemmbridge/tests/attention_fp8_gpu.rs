@@ -225,9 +225,10 @@ fn saved(gpu: &Gpu, c: &Case, grad: Fp8Format, rng: &mut StdRng) -> Saved {
     Saved { qkv, o, d_o, lse, host }
 }
 
-/// The GPU's FP8 backward of one case against float64, within 1.5× the emulation's error;
-/// `Err` where cuDNN refuses the case (the gradients then still poisoned).
-fn check_backward(gpu: &Gpu, c: &Case, grad: Fp8Format, rng: &mut StdRng) -> Result<(), Error> {
+/// The GPU's FP8 backward of one case against float64: the gradients over 1.5× the
+/// emulation's error, named (empty: within); `Err` where cuDNN refuses the case (the
+/// gradients then still poisoned).
+fn check_backward(gpu: &Gpu, c: &Case, grad: Fp8Format, rng: &mut StdRng) -> Result<Vec<String>, Error> {
     let p = &c.p;
     let what = format!("{} {grad:?}", p.describe());
     let lens = c.lens.as_ref().map(|(q, kv)| (q.as_slice(), kv.as_slice()));
@@ -255,6 +256,7 @@ fn check_backward(gpu: &Gpu, c: &Case, grad: Fp8Format, rng: &mut StdRng) -> Res
     let want = [&exact.dq, &exact.dk, &exact.dv];
     let emu = [&emulated.grads.dq, &emulated.grads.dk, &emulated.grads.dv];
     let emu_scales = [emulated.scales.dq, emulated.scales.dk, emulated.scales.dv];
+    let mut over = Vec::new();
     for (i, t) in ts.into_iter().enumerate() {
         let (got, scale) = dequantized(gpu, &grads[i], p.required_elems(t));
         assert!(got.iter().all(|x| x.is_finite()), "{what}: NaN or infinity in d{}", t.name());
@@ -263,10 +265,12 @@ fn check_backward(gpu: &Gpu, c: &Case, grad: Fp8Format, rng: &mut StdRng) -> Res
         let e_gpu = reference::rel_error_rows(p, t, &got, want[i], lens);
         let e_emu = reference::rel_error_rows(p, t, emu[i], want[i], lens);
         eprintln!("{what}: d{} error {e_gpu:.3e}, emulation {e_emu:.3e} (ratio {:.2})", t.name(), e_gpu / e_emu);
-        assert!(e_gpu <= 1.5 * e_emu, "{what}: FP8 d{} error {e_gpu:e} > 1.5 × the emulation's {e_emu:e}", t.name());
+        if e_gpu.is_nan() || e_gpu > 1.5 * e_emu {
+            over.push(format!("{what}: FP8 d{} error {e_gpu:e} > 1.5 × the emulation's {e_emu:e}", t.name()));
+        }
     }
     eprintln!("{what}: plan {:?}", gpu.attention_plan(p, "backward_fp8"));
-    Ok(())
+    Ok(over)
 }
 
 /// The FP8 backward (d = 128, the one head dimension cuDNN offers it with on Hopper) at short
@@ -287,14 +291,19 @@ fn fp8_backward_is_within_the_recipes_error() {
         (c(2, (8, 8), (129, 129), AttnMask::None), Fp8Format::E5M2),
         (c(2, (8, 2), (129, 129), AttnMask::Causal), Fp8Format::E4M3),
     ];
+    // every case runs before the verdict, so that one failure does not hide the others
+    let mut over = Vec::new();
     for (case, grad) in &cases {
-        check_backward(&gpu, case, *grad, &mut rng).unwrap_or_else(|e| panic!("{}: {e}", case.p.describe()));
+        over.extend(
+            check_backward(&gpu, case, *grad, &mut rng).unwrap_or_else(|e| panic!("{}: {e}", case.p.describe())),
+        );
     }
     match check_backward(&gpu, &varlen, Fp8Format::E5M2, &mut rng) {
-        Ok(()) => {}
+        Ok(v) => over.extend(v),
         Err(Error::Unsupported { what, .. }) => eprintln!("padded lengths not offered: {what}"),
         Err(e) => panic!("{}: {e}", varlen.p.describe()),
     }
+    assert!(over.is_empty(), "{}", over.join("\n"));
 }
 
 /// What cuDNN's FP8 backward does not offer on this GPU (on Hopper a head dimension other than

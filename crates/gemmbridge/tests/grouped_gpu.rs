@@ -187,6 +187,12 @@ fn a_pooled_call_is_captured_with_its_streams() {
     for (i, (g, w)) in got.iter().zip(&want).enumerate().take(p.row_start(p.groups()) * p.n()) {
         assert_eq!(g.to_bits(), w.to_bits(), "captured grouped forward at element {i}");
     }
+    // cuBLAS's grouped call copies its pointer arrays from the host: refused in a capture
+    gpu.set_grouped_backend(Some(GroupedBackend::GroupedBatched));
+    s.begin_capture(mode).unwrap();
+    let e = gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap_err();
+    let _ = s.end_capture(CUgraphInstantiate_flags(0));
+    assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
 }
 
 /// PyTorch-style offsets on the device come back to the host for

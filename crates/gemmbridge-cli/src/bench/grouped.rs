@@ -36,8 +36,11 @@ pub fn parse_backend(s: &str) -> anyhow::Result<Option<GroupedBackend>> {
         "auto" => None,
         "strided" => Some(GroupedBackend::StridedBatch),
         "pool" => Some(GroupedBackend::StreamPool),
+        "cublas-grouped" => Some(GroupedBackend::GroupedBatched),
         "in-order" => Some(GroupedBackend::InOrder),
-        other => anyhow::bail!("unknown grouped backend {other:?}; choose auto, strided, pool or in-order"),
+        other => {
+            anyhow::bail!("unknown grouped backend {other:?}; choose auto, strided, cublas-grouped, pool or in-order")
+        }
     })
 }
 

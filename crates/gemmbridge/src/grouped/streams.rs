@@ -7,10 +7,12 @@
 //! replays them on in-order queues with events and says whether every group runs once, after
 //! the fork and before the join — the order a GPU run must keep. Empty groups launch nothing.
 //!
-//! Which way a grouped product runs — this pool of per-group plans, one grouped call, or one
-//! strided batch — is chosen among the [`candidates`] that apply.
+//! Which way a grouped product runs — one strided batch, this pool of per-group plans, or the
+//! same plans in order — is chosen among the [`candidates`] that apply, by the rule of
+//! [`GroupedSettings::choose`] or forced.
 
 use crate::error::{Error, Result};
+use crate::precision::Precision;
 
 use super::GroupedProblem;
 
@@ -20,6 +22,12 @@ pub enum GroupedBackend {
     /// One strided-batched GEMM: every group has the same (non-zero) size and there is no
     /// bias.
     StridedBatch,
+    /// cuBLAS's grouped batched GEMM (`cublasGemmGroupedBatchedEx`, cuBLAS 12.5 and later):
+    /// every group in one call. For the precisions whose inputs and output share a type (f32,
+    /// tf32, f16, bf16: the types cuBLAS's documentation lists for it), without a bias and
+    /// without an empty group in a backward weight (its zeros would need a GEMM of k = 0).
+    /// Not capturable (its pointer arrays are copied from the host on each call).
+    GroupedBatched,
     /// A plan per group (cuBLASLt), launched on a pool of streams ([`schedule`]).
     StreamPool,
     /// A plan per group, one after another on the caller's stream.
@@ -27,13 +35,19 @@ pub enum GroupedBackend {
 }
 
 /// The ways that apply to `p`: a strided batch where every group has the same non-zero size
-/// and there is no bias (a bias per group would need a batch stride for the bias), then the
-/// pool of per-group plans and the same plans in order, which take any problem.
+/// and there is no bias (a bias per group would need a batch stride for the bias), cuBLAS's
+/// grouped call where [`GroupedBackend::GroupedBatched`] says it applies, then the pool of
+/// per-group plans and the same plans in order, which take any problem.
 pub fn candidates(p: &GroupedProblem) -> Vec<GroupedBackend> {
     let mut out = Vec::with_capacity(3);
     let first = p.sizes()[0];
     if first > 0 && !p.has_bias() && p.sizes().iter().all(|&m| m == first) {
         out.push(GroupedBackend::StridedBatch);
+    }
+    let same_type = matches!(p.precision(), Precision::F32 | Precision::TF32 | Precision::F16 | Precision::BF16);
+    let empty_dw = p.op() == super::GroupedOp::BackwardWeight && p.sizes().contains(&0);
+    if same_type && !p.has_bias() && !empty_dw {
+        out.push(GroupedBackend::GroupedBatched);
     }
     out.extend([GroupedBackend::StreamPool, GroupedBackend::InOrder]);
     out
@@ -86,6 +100,9 @@ impl GroupedSettings {
             }
             let why = match b {
                 GroupedBackend::StridedBatch => "the groups differ in size, one is empty, or there is a bias",
+                GroupedBackend::GroupedBatched => {
+                    "its inputs and output differ in type, there is a bias, or a backward weight has an empty group"
+                }
                 _ => "not offered for this problem",
             };
             return Err(Error::Unsupported {
@@ -213,7 +230,6 @@ pub fn check(steps: &[(Lane, Step)], work: &[u64]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::grouped::GroupedOp;
-    use crate::precision::Precision;
 
     #[test]
     fn groups_go_longest_first_to_the_least_loaded_stream_and_empty_groups_nowhere() {
@@ -262,10 +278,15 @@ mod tests {
     fn candidates_follow_the_sizes_and_the_precision() {
         let p = |sizes: &[usize], precision| GroupedProblem::new(GroupedOp::Forward, sizes, 64, 32, precision).unwrap();
         use GroupedBackend::*;
-        assert_eq!(candidates(&p(&[4, 4, 4], Precision::BF16)), [StridedBatch, StreamPool, InOrder]);
-        assert_eq!(candidates(&p(&[4, 0, 4], Precision::F16)), [StreamPool, InOrder]);
-        assert_eq!(candidates(&p(&[0, 0], Precision::F32)), [StreamPool, InOrder]);
+        assert_eq!(candidates(&p(&[4, 4, 4], Precision::BF16)), [StridedBatch, GroupedBatched, StreamPool, InOrder]);
+        assert_eq!(candidates(&p(&[4, 0, 4], Precision::F16)), [GroupedBatched, StreamPool, InOrder]);
+        assert_eq!(candidates(&p(&[0, 0], Precision::F32)), [GroupedBatched, StreamPool, InOrder]);
         assert_eq!(candidates(&p(&[8, 8], Precision::BF16).with_bias().unwrap()), [StreamPool, InOrder]);
+        assert_eq!(candidates(&p(&[8, 8], Precision::BF16_F32OUT)), [StridedBatch, StreamPool, InOrder]);
+        let dw =
+            |sizes: &[usize]| GroupedProblem::new(GroupedOp::BackwardWeight, sizes, 64, 32, Precision::TF32).unwrap();
+        assert_eq!(candidates(&dw(&[4, 0, 4])), [StreamPool, InOrder]);
+        assert_eq!(candidates(&dw(&[4, 1, 4])), [GroupedBatched, StreamPool, InOrder]);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawExtras};
 use crate::cuda::call::Scale;
-use crate::cuda::route::grouped::{replayed, GroupGemm};
+use crate::cuda::route::grouped::{batched, replayed, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::grouped::streams::{candidates, GroupedBackend, GroupedSettings};
@@ -121,6 +121,12 @@ impl Gpu {
         let groups = group_gemms(p, bufs, pv, elem)?;
         self.device().bind()?;
         let mut st = self.lock();
+        if how == GroupedBackend::GroupedBatched {
+            // SAFETY: each group passed check_all in group_gemms; the rest is the caller's contract.
+            let done = unsafe { batched(&mut st, &groups, stream) };
+            self.device().note_use(&mut st, stream)?;
+            return done;
+        }
         let lanes = (how == GroupedBackend::StreamPool && groups.len() > 1).then_some(st.libs.grouped.streams);
         let key = replay_key(p, bufs, pv, lanes);
         // SAFETY: each group passed check_all in group_gemms; the key encodes the problem (from

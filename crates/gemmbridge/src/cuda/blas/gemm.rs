@@ -81,16 +81,20 @@ impl BlasHandle {
     }
 }
 
+/// cuBLAS's operation for `o`.
+pub(super) fn op(o: Op) -> cublas_sys::cublasOperation_t {
+    match o {
+        Op::N => cublas_sys::cublasOperation_t::CUBLAS_OP_N,
+        Op::T => cublas_sys::cublasOperation_t::CUBLAS_OP_T,
+    }
+}
+
 /// One cuBLAS GemmEx / GemmStridedBatchedEx call.
 ///
 /// # Safety
 /// Live handle bound to the intended stream; addresses valid for the call.
 unsafe fn launch(h: &BlasHandle, g: &BlasGemm) -> Result<()> {
     let BlasGemm { call, precision, alpha, beta, first, second, c } = *g;
-    let op = |o: Op| match o {
-        Op::N => cublas_sys::cublasOperation_t::CUBLAS_OP_N,
-        Op::T => cublas_sys::cublasOperation_t::CUBLAS_OP_T,
-    };
     let (ti, to) = (cuda_dtype(precision.input()), cuda_dtype(precision.output()));
     let compute = compute_type(precision.compute());
     let algo = cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
@@ -162,7 +166,7 @@ unsafe fn launch(h: &BlasHandle, g: &BlasGemm) -> Result<()> {
     }
 }
 
-fn cuda_dtype(d: DType) -> cublas_sys::cudaDataType {
+pub(super) fn cuda_dtype(d: DType) -> cublas_sys::cudaDataType {
     match d {
         DType::F32 => cublas_sys::cudaDataType::CUDA_R_32F,
         DType::F16 => cublas_sys::cudaDataType::CUDA_R_16F,
@@ -173,7 +177,7 @@ fn cuda_dtype(d: DType) -> cublas_sys::cudaDataType {
 /// The cuBLAS compute type; values per cublas_api.h (32F = 68, FAST_TF32 = 77), taken from
 /// cudarc's generated enum rather than written as numbers (docs/BACKGROUND.md §2: a wrong
 /// number gives NOT_SUPPORTED).
-fn compute_type(c: Compute) -> cublas_sys::cublasComputeType_t {
+pub(super) fn compute_type(c: Compute) -> cublas_sys::cublasComputeType_t {
     match c {
         Compute::F32 => cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         Compute::Tf32 => cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,

@@ -6,6 +6,7 @@
 
 use cudarc::driver::sys::CUstream;
 
+use crate::cuda::blas::BlasGemm;
 use crate::cuda::call::GemmCall;
 use crate::cuda::device::{capture, Cached, Locked, ReplayKey};
 use crate::cuda::route::{dispatch, Libraries};
@@ -47,6 +48,24 @@ pub(crate) unsafe fn in_order(st: &mut Locked<Libraries>, groups: &[GroupGemm], 
         unsafe { dispatch::enqueue(st, &g.call(caller)) }?;
     }
     Ok(())
+}
+
+/// Enqueues `groups` as one cuBLAS grouped batched call on `caller` (not capturable).
+///
+/// # Safety
+/// As [`in_order`].
+pub(crate) unsafe fn batched(st: &mut Locked<Libraries>, groups: &[GroupGemm], caller: CUstream) -> Result<()> {
+    let gemms: Vec<BlasGemm> = groups
+        .iter()
+        .map(|g| {
+            let call = column_major_call(&g.p);
+            let (first, second) = call.operands(g.abc.0, g.abc.1);
+            BlasGemm { call, precision: g.p.precision(), alpha: 1.0, beta: 0.0, first, second, c: g.abc.2 }
+        })
+        .collect();
+    let Locked { dev, libs } = st;
+    // SAFETY: the caller's contract.
+    unsafe { libs.blas.gemm_grouped(dev, &gemms, caller) }
 }
 
 /// Enqueues `groups` over at most `lanes` of the device's lanes (created, with their
