@@ -65,7 +65,7 @@ pub fn group(k: &Key) -> (String, String) {
             "host-bound"
         };
         format!("attn{op} {kind}")
-    } else if let Some(rest) = k.1.strip_prefix("grouped/") {
+    } else if let Some((op @ ("grouped" | "grouped_dx" | "grouped_dw"), rest)) = k.1.split_once('/') {
         let kind = if rest.ends_with("+loop") {
             "vs matmul loop"
         } else if rest.contains("zipf") {
@@ -73,7 +73,7 @@ pub fn group(k: &Key) -> (String, String) {
         } else {
             "equal"
         };
-        format!("grouped {kind}")
+        format!("{op} {kind}")
     } else {
         k.1.clone()
     };
@@ -315,6 +315,7 @@ mod tests {
         assert_eq!(group(&key(v, 2738, 2738)).1, "attn_fwd vs varlen_attn");
         assert_eq!(group(&key("grouped/qwen3-zipf", 32768, 768)).1, "grouped skewed");
         assert_eq!(group(&key("grouped/dsv3+loop", 32768, 2048)).1, "grouped vs matmul loop");
+        assert_eq!(group(&key("grouped_dw/mixtral", 32768, 14336)).1, "grouped_dw equal");
     }
 
     #[test]

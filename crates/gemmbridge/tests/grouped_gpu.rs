@@ -164,6 +164,8 @@ fn a_pooled_call_is_captured_with_its_streams() {
     let s = gpu.stream().clone();
     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     let p = GroupedProblem::new(GroupedOp::Forward, &[40, 0, 300, 7, 129, 64], 96, 64, Precision::BF16).unwrap();
+    // small unequal groups would go to cuBLAS's grouped call (not capturable): force the pool
+    gpu.set_grouped_backend(Some(GroupedBackend::StreamPool));
     assert_eq!(gpu.grouped_backend_for(&p).unwrap(), GroupedBackend::StreamPool);
     let [la, lb, lc] = p.lens();
     let (a, b) =

@@ -14,7 +14,7 @@
 use crate::error::{Error, Result};
 use crate::precision::Precision;
 
-use super::GroupedProblem;
+use super::{GroupedOp, GroupedProblem};
 
 /// A way to run a grouped product on the vendor libraries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,6 +66,10 @@ pub struct GroupedSettings {
 /// The most streams a pool has.
 pub const MAX_STREAMS: usize = 16;
 
+/// The mean multiply-adds per group with rows up to which [`GroupedSettings::choose`] takes
+/// cuBLAS's grouped call for unequal groups (2³⁰, 1024³).
+pub const SMALL_GROUP_MACS: u64 = 1 << 30;
+
 impl Default for GroupedSettings {
     /// The rule, and 4 streams (what TransformerEngine's grouped linear layer uses by default,
     /// `num_gemm_streams`).
@@ -88,8 +92,16 @@ impl GroupedSettings {
     }
 
     /// The backend for `p` among its `candidates` ([`candidates`]): the forced one if it is a
-    /// candidate; else one strided batch where it is a candidate, the pool where more than one
-    /// group has rows, in order otherwise.
+    /// candidate; else one strided batch where it is a candidate; else cuBLAS's grouped call
+    /// for a forward or backward data whose groups average at most [`SMALL_GROUP_MACS`]
+    /// multiply-adds; else the pool where more than one group has rows, in order otherwise.
+    ///
+    /// The rule is the H200's measurement (cuBLAS 13.1, bf16, Mixtral's, Qwen3-30B-A3B's and
+    /// DeepSeek-V3's shapes, docs/PERFORMANCE.md): one strided batch was the fastest way for
+    /// equal groups at every shape; for unequal groups cuBLAS's grouped call was the fastest for
+    /// Qwen3's (about 0.4 G multiply-adds per group: 0.39 ms against the pool's 0.66) and 1.3 to
+    /// 2.7 times slower than the pool at every larger shape, and slower than the pool for every
+    /// backward weight.
     ///
     /// # Errors
     /// [`Error::Unsupported`]: the forced backend is not a candidate (naming why).
@@ -111,8 +123,11 @@ impl GroupedSettings {
             });
         }
         let busy = p.sizes().iter().filter(|&&m| m > 0).count();
+        let small = busy > 0 && p.macs() / busy as f64 <= SMALL_GROUP_MACS as f64;
         Ok(if candidates.contains(&GroupedBackend::StridedBatch) {
             GroupedBackend::StridedBatch
+        } else if small && p.op() != GroupedOp::BackwardWeight && candidates.contains(&GroupedBackend::GroupedBatched) {
+            GroupedBackend::GroupedBatched
         } else if busy > 1 {
             GroupedBackend::StreamPool
         } else {
@@ -296,9 +311,17 @@ mod tests {
         let auto = GroupedSettings::default();
         let choose = |s: &GroupedSettings, p: &GroupedProblem| s.choose(p, &candidates(p));
         assert_eq!(choose(&auto, &p(&[8, 8, 8])).unwrap(), StridedBatch);
-        assert_eq!(choose(&auto, &p(&[8, 0, 8])).unwrap(), StreamPool);
-        assert_eq!(choose(&auto, &p(&[0, 9, 0])).unwrap(), InOrder);
+        // small unequal groups: cuBLAS's grouped call, but not for a backward weight
+        assert_eq!(choose(&auto, &p(&[8, 0, 8])).unwrap(), GroupedBatched);
+        let dw = GroupedProblem::new(GroupedOp::BackwardWeight, &[8, 3, 8], 64, 32, Precision::BF16).unwrap();
+        assert_eq!(choose(&auto, &dw).unwrap(), StreamPool);
+        // large unequal groups (DeepSeek-V3's: 2048 × 7168 per row, 128 and 300 rows): the pool
+        let big = GroupedProblem::new(GroupedOp::Forward, &[128, 300], 2048, 7168, Precision::BF16).unwrap();
+        assert_eq!(choose(&auto, &big).unwrap(), StreamPool);
+        assert_eq!(choose(&auto, &p(&[0, 9, 0])).unwrap(), GroupedBatched);
         assert_eq!(choose(&auto, &p(&[8, 8]).with_bias().unwrap()).unwrap(), StreamPool);
+        let f32out = GroupedProblem::new(GroupedOp::Forward, &[0, 9, 0], 64, 32, Precision::BF16_F32OUT).unwrap();
+        assert_eq!(choose(&auto, &f32out).unwrap(), InOrder);
         let forced = |b| GroupedSettings { backend: Some(b), ..auto };
         assert_eq!(choose(&forced(InOrder), &p(&[8, 8, 8])).unwrap(), InOrder);
         let e = choose(&forced(StridedBatch), &p(&[8, 7])).unwrap_err().to_string();

@@ -148,6 +148,30 @@ fn check_offered(p: &Attention, cc: (i32, i32)) -> Result<()> {
     if p.mask == AttnMask::CausalBottomRight && cc.0 < 10 {
         return no("the FP8 attention backward with the bottom-right causal mask before Blackwell".into());
     }
+    if p.s_q < MIN_QUERY_ROWS {
+        return no(format!(
+            "the FP8 attention backward with {} query rows (at least {MIN_QUERY_ROWS}: with 7, cuDNN 9.14 and 9.19 \
+             gave a dq about 7 times as far from float64 as the recipe's emulation, dk and dv within it)",
+            p.s_q
+        ));
+    }
+    Ok(())
+}
+
+/// The fewest query rows the FP8 backward takes (see [`check_offered`]).
+const MIN_QUERY_ROWS: usize = 64;
+
+/// E4M3 gradients are refused: under the bound-derived scales dk's values fall below E4M3's
+/// smallest subnormal (relative error 1.0 on the GPU and in the emulation at s = 129, d = 128).
+fn check_grad_format(p: &Attention, grad: Fp8Format) -> Result<()> {
+    if grad != Fp8Format::E5M2 {
+        let what = format!(
+            "the FP8 attention backward with {grad:?} gradients ({}): under its bound-derived scales dk underflows to \
+             zero; quantise do to E5M2",
+            p.describe()
+        );
+        return Err(Error::Unsupported { backend: "cuDNN", what });
+    }
     Ok(())
 }
 
@@ -224,19 +248,24 @@ impl Gpu {
     /// written into their tensors (read them back with `to_host` and
     /// [`crate::fp8::dequantize`]). The bounds sit far above typical values, so E5M2 gradients
     /// (do quantised with [`Gpu::attention_quantize_grad`] to E5M2, Transformer Engine's
-    /// hybrid recipe) keep typical values at full E5M2 precision; E4M3 gradients push them into
-    /// E4M3's subnormals and lose most of their precision.
+    /// hybrid recipe) keep typical values at full E5M2 precision; E4M3 gradients would push dk
+    /// below E4M3's smallest subnormal (all zeros at s = 129, d = 128, in the emulation too),
+    /// so do in E4M3 is refused.
     ///
     /// What cuDNN offers, from cudnn-frontend's support checks of its FP8 backward: compute
     /// capability 9.0 or later; on Hopper (9.x) a head dimension of 128 only (later GPUs: at
     /// most 128); the bottom-right causal mask only from compute capability 10.0 on; cuDNN 9.1.0
-    /// or later, not 9.10.0. Each other combination is refused by name before anything runs.
+    /// or later, not 9.10.0. Measured on the H200 with cuDNN 9.14 and 9.19: with 7 query rows
+    /// dq came out about 7 times as far from float64 as the emulation's (dk and dv within it),
+    /// while 129 rows were within; fewer than 64 query rows are refused. Each combination not
+    /// offered is refused by name before anything runs.
     ///
     /// # Errors
     /// Before anything is enqueued or written: [`Error::AttentionShape`] (the problem's rules,
     /// the lengths; a head dimension or stride that is not a multiple of 16; q, k, v or o not
     /// E4M3 with one scale; do without one scale; a gradient not made for this problem in do's
-    /// format); [`Error::Unsupported`] (what cuDNN's FP8 backward does not offer, above);
+    /// format); [`Error::Unsupported`] (what cuDNN's FP8 backward does not offer, above; E4M3
+    /// gradients);
     /// [`Error::Fp8`] on a GPU without FP8; [`Error::BufferTooSmall`], [`Error::Misaligned`],
     /// [`Error::WrongContext`], [`Error::OutputOverlapsInput`] for a buffer (the statistics
     /// and device lengths included). Later: [`Error::NotCapturable`] for a first call (or the
@@ -257,6 +286,7 @@ impl Gpu {
         self.check_fp8(Scaling::Tensor)?;
         check_offered(p, self.fp8_platform()?.0)?;
         let grad = check_tensors(p, &saved, &grads)?;
+        check_grad_format(p, grad)?;
         let (ctx, s) = (self.context(), self.stream());
         let AttnSavedFp8 { q, k, v, o, d_o, stats } = saved;
         let ins = [(which(Q), q, Q), (which(K), k, K), (which(V), v, V), (which(O), o, O), (Which::AttnDo, d_o, O)];

@@ -29,21 +29,27 @@ impl Gpu {
     /// are not written; an empty group writes nothing in the forward and backward data, and
     /// zeros into its `dw[e]` (k = 0: β·C with β = 0).
     ///
-    /// How it runs ([`Gpu::grouped_backend_for`] says which for `p`; [`Gpu::set_grouped_backend`]
-    /// forces one): all groups of one size and no bias — one strided-batched GEMM on
-    /// [`Gpu::stream`]; otherwise each group's GEMM (cuBLASLt, each shape's plan kept) on a pool
-    /// of the engine's own streams, forked from [`Gpu::stream`] with an event and joined back to
-    /// it ([`Gpu::set_grouped_streams`] lanes, 4 by default: the small GEMMs of many experts run
-    /// side by side), so that work enqueued on [`Gpu::stream`] afterwards sees every group. The
-    /// pool's streams are created with a workspace each ([`Gpu::set_workspace_bytes`]) on the
-    /// first pooled call, and kept until the engine is dropped.
+    /// How it runs ([`Gpu::grouped_backend_for`] says which for `p`, by the rule of
+    /// [`GroupedSettings::choose`]; [`Gpu::set_grouped_backend`] forces one): all groups of one
+    /// size and no bias — one strided-batched GEMM on [`Gpu::stream`]; small unequal groups of a
+    /// forward or backward data — cuBLAS's grouped batched call on [`Gpu::stream`] (its
+    /// pointer arrays copied from the host: not capturable); otherwise each group's GEMM
+    /// (cuBLASLt, each shape's plan kept) on a pool of the engine's own streams, forked from
+    /// [`Gpu::stream`] with an event and joined back to it ([`Gpu::set_grouped_streams`] lanes,
+    /// 4 by default: the GEMMs of many experts run side by side), so that work enqueued on
+    /// [`Gpu::stream`] afterwards sees every group. The pool's streams are created with a
+    /// workspace each ([`Gpu::set_workspace_bytes`]) on the first pooled call, and kept until
+    /// the engine is dropped. A pooled or in-order call repeated on the same buffers and sizes
+    /// is captured once into a CUDA graph of the whole call and replayed from then on (with
+    /// graph replay on, [`Gpu::set_graph_replay`]).
     ///
-    /// Group sizes are host counts ([`GroupedProblem::from_offsets`] takes PyTorch's `offs`
-    /// once they are on the host), so a call is capturable into a CUDA graph of
+    /// Group sizes are host counts ([`Gpu::grouped_offsets`] brings PyTorch's `offs` to the
+    /// host), so a pooled, in-order or strided call is capturable into a CUDA graph of
     /// [`Gpu::stream`] — the pool's work included — once the pool exists and each group shape
-    /// has been planned: run the call once outside the capture first. Inside a capture, a
-    /// group shape not planned yet fails with [`Error::NotCapturable`] after the groups before
-    /// it were recorded: end the capture and discard it.
+    /// has been planned: run the call once outside the capture first (and force
+    /// [`GroupedBackend::StreamPool`] where the rule would take cuBLAS's grouped call). Inside a
+    /// capture, a group shape not planned yet fails with [`Error::NotCapturable`] after the
+    /// groups before it were recorded: end the capture and discard it.
     ///
     /// # Errors
     /// Before anything is launched, with no buffer written: [`Error::WrongContext`],
@@ -184,7 +190,7 @@ impl Gpu {
     /// Streams are added when a call first needs them and kept: raise it before capturing.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for 0 or more than 16.
+    /// [`Error::OutOfRange`] for 0 or more than 16.
     pub fn set_grouped_streams(&self, streams: usize) -> Result<()> {
         GroupedSettings::check_streams(streams)?;
         self.lock().libs.grouped.streams = streams;
