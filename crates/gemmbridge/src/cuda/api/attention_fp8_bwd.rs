@@ -148,18 +148,19 @@ fn check_offered(p: &Attention, cc: (i32, i32)) -> Result<()> {
     if p.mask == AttnMask::CausalBottomRight && cc.0 < 10 {
         return no("the FP8 attention backward with the bottom-right causal mask before Blackwell".into());
     }
-    if p.s_q < MIN_QUERY_ROWS {
+    if p.s_q < MIN_ROWS || p.s_kv < MIN_ROWS {
         return no(format!(
-            "the FP8 attention backward with {} query rows (at least {MIN_QUERY_ROWS}: with 7, cuDNN 9.14 and 9.19 \
-             gave a dq about 7 times as far from float64 as the recipe's emulation, dk and dv within it)",
-            p.s_q
+            "the FP8 attention backward with {} query and {} key rows (at least {MIN_ROWS} each: with 7 query rows \
+             cuDNN 9.14 and 9.19 gave a dq about 7 times as far from float64 as the recipe's emulation, with 7 keys \
+             1.8 times; dk and dv within it)",
+            p.s_q, p.s_kv
         ));
     }
     Ok(())
 }
 
-/// The fewest query rows the FP8 backward takes (see [`check_offered`]).
-const MIN_QUERY_ROWS: usize = 64;
+/// The fewest query rows, and the fewest keys, the FP8 backward takes (see [`check_offered`]).
+const MIN_ROWS: usize = 64;
 
 /// E4M3 gradients are refused: under the bound-derived scales dk's values fall below E4M3's
 /// smallest subnormal (relative error 1.0 on the GPU and in the emulation at s = 129, d = 128).
@@ -256,9 +257,9 @@ impl Gpu {
     /// capability 9.0 or later; on Hopper (9.x) a head dimension of 128 only (later GPUs: at
     /// most 128); the bottom-right causal mask only from compute capability 10.0 on; cuDNN 9.1.0
     /// or later, not 9.10.0. Measured on the H200 with cuDNN 9.14 and 9.19: with 7 query rows
-    /// dq came out about 7 times as far from float64 as the emulation's (dk and dv within it),
-    /// while 129 rows were within; fewer than 64 query rows are refused. Each combination not
-    /// offered is refused by name before anything runs.
+    /// dq came out about 7 times as far from float64 as the emulation's, with 7 keys 1.8 times
+    /// (dk and dv within it), while 64, 65 and 129 were within; fewer than 64 query rows or
+    /// keys are refused. Each combination not offered is refused by name before anything runs.
     ///
     /// # Errors
     /// Before anything is enqueued or written: [`Error::AttentionShape`] (the problem's rules,
