@@ -305,7 +305,7 @@ fn linear_module_gradients_under_autodiff() {
     }
 }
 
-/// Views from the review of the row-collapse rule (a sliced, unsqueezed x; a one-element
+/// Views the row-collapse rule must handle (a sliced, unsqueezed x; a one-element
 /// bias; a rank-1 x) give burn's result on the GPU too, whichever path serves them.
 fn view_cases<B: GemmOps>() {
     let dev = B::Device::default();

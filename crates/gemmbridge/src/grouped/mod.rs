@@ -104,7 +104,11 @@ impl GroupedProblem {
             }
             let o = o as usize;
             if o < end {
-                return bad("the offsets are not monotone");
+                let what = "the offsets are not monotone";
+                return Err(Error::GroupedShape {
+                    what,
+                    detail: format!("offsets[{e}] = {o} < offsets[{}] = {end}", e - 1),
+                });
             }
             if o > rows {
                 return bad("an offset is past the rows");
@@ -145,7 +149,11 @@ impl GroupedProblem {
         }
         let total = self.sizes.iter().try_fold(0usize, |a, &m| a.checked_add(m)).filter(|&t| t <= MAX_DIM);
         let Some(total) = total else {
-            return bad("the groups' rows add up to more than 2³¹ − 1", format!("{} groups", self.sizes.len()));
+            let sum: u128 = self.sizes.iter().map(|&m| m as u128).sum();
+            return bad(
+                "the groups' rows add up to more than 2³¹ − 1",
+                format!("Σ m_e = {sum} over {} groups", self.sizes.len()),
+            );
         };
         for (name, v) in [("N", self.n), ("K", self.k), ("E", self.sizes.len()), ("rows", self.rows)] {
             if v > MAX_DIM {

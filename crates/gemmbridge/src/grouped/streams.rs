@@ -7,9 +7,9 @@
 //! replays them on in-order queues with events and says whether every group runs once, after
 //! the fork and before the join — the order a GPU run must keep. Empty groups launch nothing.
 //!
-//! Which way a grouped product runs — one strided batch, this pool of per-group plans, or the
-//! same plans in order — is chosen among the [`candidates`] that apply, by the rule of
-//! [`GroupedSettings::choose`] or forced.
+//! Which way a grouped product runs — one strided batch, cuBLAS's grouped call, this pool of
+//! per-group plans, or the same plans in order — is chosen among the [`candidates`] that
+//! apply, by the rule of [`GroupedSettings::choose`] or forced.
 
 use crate::error::{Error, Result};
 use crate::precision::Precision;
@@ -91,8 +91,8 @@ impl GroupedSettings {
         Ok(())
     }
 
-    /// The backend for `p` among its `candidates` ([`candidates`]): the forced one if it is a
-    /// candidate; else one strided batch where it is a candidate; else cuBLAS's grouped call
+    /// The backend for `p` among the ways that apply to it ([`candidates`]): the forced one if
+    /// it applies; else one strided batch where it is a candidate; else cuBLAS's grouped call
     /// for a forward or backward data whose groups average at most [`SMALL_GROUP_MACS`]
     /// multiply-adds; else the pool where more than one group has rows, in order otherwise.
     ///
@@ -100,27 +100,19 @@ impl GroupedSettings {
     /// DeepSeek-V3's shapes, docs/PERFORMANCE.md): one strided batch was the fastest way for
     /// equal groups at every shape; for unequal groups cuBLAS's grouped call was the fastest for
     /// Qwen3's (about 0.4 G multiply-adds per group: 0.39 ms against the pool's 0.66) and 1.3 to
-    /// 2.7 times slower than the pool at every larger shape, and slower than the pool for every
+    /// 2.5 times slower than the pool at every larger shape, and slower than the pool for every
     /// backward weight.
     ///
     /// # Errors
     /// [`Error::Unsupported`]: the forced backend is not a candidate (naming why).
-    pub fn choose(&self, p: &GroupedProblem, candidates: &[GroupedBackend]) -> Result<GroupedBackend> {
+    pub fn choose(&self, p: &GroupedProblem) -> Result<GroupedBackend> {
+        let candidates = candidates(p);
         if let Some(b) = self.backend {
             if candidates.contains(&b) {
                 return Ok(b);
             }
-            let why = match b {
-                GroupedBackend::StridedBatch => "the groups differ in size, one is empty, or there is a bias",
-                GroupedBackend::GroupedBatched => {
-                    "its inputs and output differ in type, there is a bias, or a backward weight has an empty group"
-                }
-                _ => "not offered for this problem",
-            };
-            return Err(Error::Unsupported {
-                backend: "grouped GEMM",
-                what: format!("{b:?} for {}: {why}", p.describe()),
-            });
+            let what = format!("{b:?} for {}: {}", p.describe(), why_not(p, b));
+            return Err(Error::Unsupported { backend: "grouped GEMM", what });
         }
         let busy = p.sizes().iter().filter(|&&m| m > 0).count();
         let small = busy > 0 && p.macs() / busy as f64 <= SMALL_GROUP_MACS as f64;
@@ -133,6 +125,25 @@ impl GroupedSettings {
         } else {
             GroupedBackend::InOrder
         })
+    }
+}
+
+/// Why backend `b` does not apply to `p` (for the error of a forced one).
+fn why_not(p: &GroupedProblem, b: GroupedBackend) -> String {
+    let empty = p.sizes().iter().position(|&m| m == 0);
+    let first = p.sizes()[0];
+    match (b, empty) {
+        _ if p.has_bias() => "there is a bias".into(),
+        (GroupedBackend::StridedBatch, Some(e)) => format!("group {e} is empty"),
+        (GroupedBackend::StridedBatch, None) => {
+            let e = p.sizes().iter().position(|&m| m != first).unwrap_or(0);
+            format!("the groups differ in size (m[0] = {first}, m[{e}] = {})", p.sizes()[e])
+        }
+        (GroupedBackend::GroupedBatched, Some(e)) if p.op() == GroupedOp::BackwardWeight => {
+            format!("group {e} of a backward weight is empty (its zeros need a GEMM of k = 0)")
+        }
+        (GroupedBackend::GroupedBatched, _) => format!("its output type differs from its inputs' ({})", p.precision()),
+        _ => "not offered for this problem".into(),
     }
 }
 
@@ -309,7 +320,7 @@ mod tests {
         use GroupedBackend::*;
         let p = |sizes: &[usize]| GroupedProblem::new(GroupedOp::Forward, sizes, 64, 32, Precision::BF16).unwrap();
         let auto = GroupedSettings::default();
-        let choose = |s: &GroupedSettings, p: &GroupedProblem| s.choose(p, &candidates(p));
+        let choose = |s: &GroupedSettings, p: &GroupedProblem| s.choose(p);
         assert_eq!(choose(&auto, &p(&[8, 8, 8])).unwrap(), StridedBatch);
         // small unequal groups: cuBLAS's grouped call, but not for a backward weight
         assert_eq!(choose(&auto, &p(&[8, 0, 8])).unwrap(), GroupedBatched);
@@ -325,7 +336,9 @@ mod tests {
         let forced = |b| GroupedSettings { backend: Some(b), ..auto };
         assert_eq!(choose(&forced(InOrder), &p(&[8, 8, 8])).unwrap(), InOrder);
         let e = choose(&forced(StridedBatch), &p(&[8, 7])).unwrap_err().to_string();
-        assert!(e.contains("StridedBatch") && e.contains("differ in size"), "{e}");
+        assert!(e.contains("StridedBatch") && e.contains("differ in size (m[0] = 8, m[1] = 7)"), "{e}");
+        let e = choose(&forced(StridedBatch), &p(&[8, 0])).unwrap_err().to_string();
+        assert!(e.contains("group 1 is empty"), "{e}");
         assert!(GroupedSettings::check_streams(0).is_err() && GroupedSettings::check_streams(17).is_err());
         assert!(GroupedSettings::check_streams(16).is_ok());
     }

@@ -14,7 +14,7 @@ use crate::cuda::call::Scale;
 use crate::cuda::route::grouped::{batched, replayed, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
-use crate::grouped::streams::{candidates, GroupedBackend, GroupedSettings};
+use crate::grouped::streams::{GroupedBackend, GroupedSettings};
 use crate::grouped::GroupedProblem;
 use crate::validate::BufferDesc;
 
@@ -58,7 +58,8 @@ impl Gpu {
     /// [`Error::OutputOverlapsInput`] (the output's extent against an input's, the bias's
     /// included), [`Error::EpilogueOperand`] (a bias given without
     /// [`GroupedProblem::has_bias`] or missing with it), [`Error::Unsupported`] (a forced
-    /// backend that does not apply to `p`), and each group's GEMM checks as [`Gpu::gemm`]'s.
+    /// backend that does not apply to `p`; a precision whose output type differs from its
+    /// inputs', such as `BF16_F32OUT`), and each group's GEMM checks as [`Gpu::gemm`]'s.
     /// From the launches: as [`Gpu::gemm`] (a failure part-way leaves other groups written;
     /// the pool is joined back to [`Gpu::stream`] all the same).
     pub fn grouped_gemm<T: Element>(
@@ -208,7 +209,7 @@ impl Gpu {
     /// # Errors
     /// [`Error::Unsupported`]: the forced backend does not apply to `p`.
     pub fn grouped_backend_for(&self, p: &GroupedProblem) -> Result<GroupedBackend> {
-        self.lock().libs.grouped.choose(p, &candidates(p))
+        self.lock().libs.grouped.choose(p)
     }
 }
 
@@ -241,6 +242,10 @@ fn replay_key(
 /// The buffers' type against the precision's, and the bias against the problem.
 fn check_types<T: Element>(p: &GroupedProblem, has_bias: bool) -> Result<()> {
     let pr = p.precision();
+    if pr.input() != pr.output() {
+        let what = format!("{}: one element type for every buffer, so the output's must be the inputs'", p.describe());
+        return Err(Error::Unsupported { backend: "grouped GEMM", what });
+    }
     for (which, want) in [(Which::A, pr.input()), (Which::C, pr.output())] {
         if T::DTYPE != want {
             return Err(Error::DTypeMismatch { operand: which, expected: want, got: T::DTYPE });
