@@ -5,11 +5,10 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::attention_fp8_bwd::BwdScalesJob;
 use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use crate::attention::{Attention, AttnMask, AttnTensor};
-use crate::cuda::device::{is_capturing, KernelSet, Relaxed};
+use crate::cuda::device::{is_capturing, AttnBwdScales, KernelSet, Relaxed};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
@@ -383,7 +382,7 @@ impl Gpu {
         op: AttnOp,
         b: AttnBuffers,
         host: HostLens,
-        scales: Option<&BwdScalesJob>,
+        scales: Option<&AttnBwdScales>,
     ) -> Result<()> {
         let stream = self.stream().cu_stream();
         self.device().bind()?;

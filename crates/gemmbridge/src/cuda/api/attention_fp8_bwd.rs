@@ -10,7 +10,6 @@
 //! lengths yes; cuDNN 9.1.0 or later, not 9.10.0. The rest is refused by name before anything
 //! runs ([`Error::Unsupported`]).
 
-use cudarc::driver::sys::CUstream;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::attention::{check_problem_of, span, SeqLens};
@@ -19,7 +18,7 @@ use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use crate::attention::fp8::smallest;
 use crate::attention::{Attention, AttnMask, AttnTensor};
-use crate::cuda::device::{arg, Kernels, Relaxed, RelaxedDrop};
+use crate::cuda::device::{AttnBwdScales, Relaxed, RelaxedDrop};
 use crate::cuda::dnn::attention::AttnOp;
 use crate::cuda::route::fp8::Fp8Tensor;
 use crate::cuda::status;
@@ -47,58 +46,11 @@ pub struct AttnSavedFp8<'a> {
     pub stats: &'a dyn DevicePtr<f32>,
 }
 
-/// The launch of gemmbridge's kernel `attn_bwd_scales` (`kernels/fp8.cu`) for one call: it reads
-/// the dequantisation scales of q, k, v, o and do and writes the graph's 7 scales into the call's
-/// scalars and the gradients' dequantisation scales into their tensors — the f32 operations of
-/// [`crate::attention::fp8::backward_scales`] in its order.
-pub(super) struct BwdScalesJob {
-    /// The scales' addresses of q, k, v, o, do (one f32 each).
-    inputs: [u64; 5],
-    /// The scales' addresses of dq, dk, dv (one f32 each).
-    grads: [u64; 3],
-    /// The attention scale, d, the dS rows summed into one dk/dv row (`h_q/h_kv · s_q`), s_kv,
-    /// the gradients' format's largest value and smallest subnormal.
-    numbers: [f32; 6],
-}
-
-impl BwdScalesJob {
-    fn new(p: &Attention, inputs: [u64; 5], grads: [u64; 3], format: Fp8Format) -> BwdScalesJob {
-        let rows = (p.group() * p.s_q) as f32;
-        let numbers = [p.scale, p.d as f32, rows, p.s_kv as f32, format.max(), smallest(format)];
-        BwdScalesJob { inputs, grads, numbers }
-    }
-
-    /// Enqueues the kernel (one thread) on `stream`, its 11 f32 of scalars at `out` (the last 4,
-    /// the absolute maxima, are cuDNN's to write).
-    ///
-    /// # Safety
-    /// `out` holds 11 f32 and every address of the job one f32, all of the kernels' context;
-    /// `stream` is a live stream of that context, which is current.
-    pub(super) unsafe fn enqueue(&self, k: &Kernels, out: u64, stream: CUstream) -> Result<()> {
-        let [mut sq, mut sk, mut sv, mut so, mut sdo] = self.inputs;
-        let [mut scale, mut d, mut rows, mut skv, mut f, mut u] = self.numbers;
-        let (mut out, [mut gq, mut gk, mut gv]) = (out, self.grads);
-        let mut args = [
-            arg(&mut sq),
-            arg(&mut sk),
-            arg(&mut sv),
-            arg(&mut so),
-            arg(&mut sdo),
-            arg(&mut scale),
-            arg(&mut d),
-            arg(&mut rows),
-            arg(&mut skv),
-            arg(&mut f),
-            arg(&mut u),
-            arg(&mut out),
-            arg(&mut gq),
-            arg(&mut gk),
-            arg(&mut gv),
-        ];
-        // SAFETY: the arguments are the kernel's parameters in order (5 pointers, 6 f32, 4
-        // pointers); the addresses are the caller's contract.
-        unsafe { k.launch("attn_bwd_scales_f32", (1, 1, 1), 1, stream, &mut args) }
-    }
+/// The scale kernel's job for `p`: the scales at `inputs` (q, k, v, o, do) and `grads` (dq,
+/// dk, dv), and the numbers `crate::attention::fp8::backward_scales` uses in `format`.
+fn scales_job(p: &Attention, inputs: [u64; 5], grads: [u64; 3], format: Fp8Format) -> AttnBwdScales {
+    let rows = (p.group() * p.s_q) as f32;
+    AttnBwdScales::new(inputs, grads, [p.scale, p.d as f32, rows, p.s_kv as f32, format.max(), smallest(format)])
 }
 
 /// An [`Error::AttentionShape`] naming a tensor of the FP8 backward that is not what it takes.
@@ -148,19 +100,19 @@ fn check_offered(p: &Attention, cc: (i32, i32)) -> Result<()> {
     if p.mask == AttnMask::CausalBottomRight && cc.0 < 10 {
         return no("the FP8 attention backward with the bottom-right causal mask before Blackwell".into());
     }
-    if p.s_q < MIN_ROWS || p.s_kv < MIN_ROWS {
+    if !p.s_q.is_multiple_of(ROWS) || !p.s_kv.is_multiple_of(ROWS) {
         return no(format!(
-            "the FP8 attention backward with {} query and {} key rows (at least {MIN_ROWS} each: with 7 query rows \
-             cuDNN 9.14 and 9.19 gave a dq about 7 times as far from float64 as the recipe's emulation, with 7 keys \
-             1.8 times; dk and dv within it)",
+            "the FP8 attention backward with {} query rows and {} keys (each a multiple of {ROWS}: at 7 query rows \
+             cuDNN 9.14 and 9.19 gave a dq about 7 times as far from float64 as the recipe's emulation, at 7 and \
+             65 keys 1.8 and 1.6 times; dk and dv within it; padded lengths are taken)",
             p.s_q, p.s_kv
         ));
     }
     Ok(())
 }
 
-/// The fewest query rows, and the fewest keys, the FP8 backward takes (see [`check_offered`]).
-const MIN_ROWS: usize = 64;
+/// What the FP8 backward's query rows and keys must be multiples of (see [`check_offered`]).
+const ROWS: usize = 64;
 
 /// E4M3 gradients are refused: under the bound-derived scales dk's values fall below E4M3's
 /// smallest subnormal (relative error 1.0 on the GPU and in the emulation at s = 129, d = 128).
@@ -257,9 +209,11 @@ impl Gpu {
     /// capability 9.0 or later; on Hopper (9.x) a head dimension of 128 only (later GPUs: at
     /// most 128); the bottom-right causal mask only from compute capability 10.0 on; cuDNN 9.1.0
     /// or later, not 9.10.0. Measured on the H200 with cuDNN 9.14 and 9.19: with 7 query rows
-    /// dq came out about 7 times as far from float64 as the emulation's, with 7 keys 1.8 times
-    /// (dk and dv within it), while 64, 65 and 129 were within; fewer than 64 query rows or
-    /// keys are refused. Each combination not offered is refused by name before anything runs.
+    /// dq came out about 7 times as far from float64 as the emulation's, with 7 and 65 keys 1.8
+    /// and 1.6 times (dk and dv within it), with 64 the same as the emulation's; so query rows
+    /// and keys that are not multiples of 64 are refused (shorter sequences go in a padded
+    /// batch with their lengths, which measured within). Each combination not offered is
+    /// refused by name before anything runs.
     ///
     /// # Errors
     /// Before anything is enqueued or written: [`Error::AttentionShape`] (the problem's rules,
@@ -332,7 +286,7 @@ impl Gpu {
         (b.q, b.k, b.v, b.o, b.d_o, b.stats) =
             (read[0].addr, read[2].addr, read[4].addr, read[6].addr, read[8].addr, read[10].addr);
         (b.dq, b.dk, b.dv, b.descale) = (written[0].addr, written[2].addr, written[4].addr, descale);
-        let job = BwdScalesJob::new(p, descale, scales, grad);
+        let job = scales_job(p, descale, scales, grad);
         let r = self.attention_run(p, AttnOp::BackwardFp8 { grad }, b, host, Some(&job));
         drop(guards);
         r
@@ -350,10 +304,13 @@ mod tests {
 
     #[test]
     fn what_cudnn_does_not_offer_is_refused_by_name() {
-        let p = Attention::new(2, (8, 2), (129, 129), 128, DType::BF16).with_mask(AttnMask::Causal);
+        let p = Attention::new(2, (8, 2), (128, 128), 128, DType::BF16).with_mask(AttnMask::Causal);
         check_offered(&p, (9, 0)).unwrap();
+        for (sq, skv) in [(129, 128), (128, 65), (7, 7)] {
+            assert!(refused(&Attention::new(1, (8, 2), (sq, skv), 128, DType::BF16), (9, 0)), "{sq}/{skv}");
+        }
         assert!(refused(&p, (8, 9)), "before Hopper");
-        let narrow = Attention::new(2, (8, 2), (129, 129), 64, DType::BF16);
+        let narrow = Attention::new(2, (8, 2), (128, 128), 64, DType::BF16);
         assert!(refused(&narrow, (9, 0)));
         check_offered(&narrow, (10, 0)).unwrap();
         assert!(refused(&Attention::new(1, (1, 1), (16, 16), 256, DType::BF16), (10, 0)));
@@ -365,9 +322,9 @@ mod tests {
     #[test]
     fn the_scale_job_carries_the_emulations_numbers() {
         let p = Attention::new(2, (8, 2), (33, 40), 128, DType::BF16);
-        let job = BwdScalesJob::new(&p, [1, 2, 3, 4, 5], [6, 7, 8], Fp8Format::E5M2);
-        assert_eq!(job.numbers, [p.scale, 128.0, (4 * 33) as f32, 40.0, 57344.0, 1.0 / 65536.0]);
-        let e4 = BwdScalesJob::new(&p, [0; 5], [0; 3], Fp8Format::E4M3);
-        assert_eq!(&e4.numbers[4..], &[448.0, 1.0 / 512.0]);
+        let job = scales_job(&p, [1, 2, 3, 4, 5], [6, 7, 8], Fp8Format::E5M2);
+        assert_eq!(job.numbers(), [p.scale, 128.0, (4 * 33) as f32, 40.0, 57344.0, 1.0 / 65536.0]);
+        let e4 = scales_job(&p, [0; 5], [0; 3], Fp8Format::E4M3);
+        assert_eq!(&e4.numbers()[4..], &[448.0, 1.0 / 512.0]);
     }
 }

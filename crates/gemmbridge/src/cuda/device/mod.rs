@@ -10,6 +10,7 @@
 //!   ([`Kernels`]);
 //! - scratch beyond the fixed workspace from a stream-ordered pool beside the workspaces.
 
+mod attn_scales;
 mod capture;
 mod copy;
 mod fork;
@@ -20,6 +21,7 @@ mod pointer;
 mod replay;
 mod workspace;
 
+pub(crate) use attn_scales::AttnBwdScales;
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
 pub(crate) use copy::{copy_pitched, pad_copy, zero_pitched, PadCopy, Pitched, Scratch};
 pub(crate) use fork::Lanes;
