@@ -6,6 +6,7 @@ use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUstream;
 
 use super::handle::BlasHandle;
+use crate::cuda::call::GemmCall;
 use crate::cuda::device::DeviceState;
 use crate::cuda::status;
 use crate::dtype::{Compute, DType};
@@ -24,6 +25,15 @@ pub(crate) struct BlasGemm {
     pub first: u64,
     pub second: u64,
     pub c: u64,
+}
+
+impl BlasGemm {
+    /// The cuBLAS form of a routed call: its column-major call, operands in cuBLAS's order.
+    pub fn of(r: &GemmCall) -> BlasGemm {
+        let (first, second) = r.cm.operands(r.abc.0, r.abc.1);
+        let (precision, c) = (r.problem.precision(), r.abc.2);
+        BlasGemm { call: r.cm, precision, alpha: r.alpha, beta: r.beta, first, second, c }
+    }
 }
 
 /// One `y += α·x` over `n` contiguous elements of `dtype` by address.

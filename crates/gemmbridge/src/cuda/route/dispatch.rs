@@ -108,13 +108,10 @@ fn use_lt(libs: &Libraries, p: &GemmProblem) -> Result<bool> {
 /// # Safety
 /// As [`enqueue`].
 unsafe fn blas(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<()> {
-    let mut call = r.cm;
+    let mut g = BlasGemm::of(r);
     if r.alpha == 0.0 {
-        call.k = 0;
+        g.call.k = 0;
     }
-    let (first, second) = call.operands(r.abc.0, r.abc.1);
-    let g =
-        BlasGemm { call, precision: r.problem.precision(), alpha: r.alpha, beta: r.beta, first, second, c: r.abc.2 };
     // SAFETY: forwarded.
     unsafe { st.libs.blas.gemm(&mut st.dev, &g, r.stream) }.map_err(|e| status::with_problem(e, r.problem))
 }

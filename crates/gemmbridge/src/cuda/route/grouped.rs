@@ -55,14 +55,7 @@ pub(crate) unsafe fn in_order(st: &mut Locked<Libraries>, groups: &[GroupGemm], 
 /// # Safety
 /// As [`in_order`].
 pub(crate) unsafe fn batched(st: &mut Locked<Libraries>, groups: &[GroupGemm], caller: CUstream) -> Result<()> {
-    let gemms: Vec<BlasGemm> = groups
-        .iter()
-        .map(|g| {
-            let call = column_major_call(&g.p);
-            let (first, second) = call.operands(g.abc.0, g.abc.1);
-            BlasGemm { call, precision: g.p.precision(), alpha: 1.0, beta: 0.0, first, second, c: g.abc.2 }
-        })
-        .collect();
+    let gemms: Vec<BlasGemm> = groups.iter().map(|g| BlasGemm::of(&g.call(caller))).collect();
     let Locked { dev, libs } = st;
     // SAFETY: the caller's contract.
     unsafe { libs.blas.gemm_grouped(dev, &gemms, caller) }
