@@ -128,18 +128,16 @@ impl Gpu {
         let groups = group_gemms(p, bufs, pv, elem)?;
         self.device().bind()?;
         let mut st = self.lock();
-        if how == GroupedBackend::GroupedBatched {
-            // SAFETY: each group passed check_all in group_gemms; the rest is the caller's contract.
-            let done = unsafe { batched(&mut st, &groups, stream) };
-            self.device().note_use(&mut st, stream)?;
-            return done;
-        }
         let lanes = (how == GroupedBackend::StreamPool && groups.len() > 1).then_some(st.libs.grouped.streams);
-        let key = replay_key(p, bufs, pv, lanes);
-        // SAFETY: each group passed check_all in group_gemms; the key encodes the problem (from
-        // which the groups follow), every address and the lanes; the rest is the caller's
+        // SAFETY: each group passed check_all in group_gemms; the replay key encodes the problem
+        // (from which the groups follow), every address and the lanes; the rest is the caller's
         // contract.
-        let done = unsafe { replayed(&mut st, &groups, key, lanes, stream) };
+        let done = unsafe {
+            match how {
+                GroupedBackend::GroupedBatched => batched(&mut st, &groups, stream),
+                _ => replayed(&mut st, &groups, replay_key(p, bufs, pv, lanes), lanes, stream),
+            }
+        };
         // Even after a failure: part of the work may be enqueued.
         self.device().note_use(&mut st, stream)?;
         done

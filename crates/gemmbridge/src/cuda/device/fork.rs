@@ -17,9 +17,6 @@ use super::capture::{is_capturing, CaptureStream};
 use crate::cuda::status;
 use crate::error::Result;
 
-/// The most lanes a pool has.
-pub(crate) const MAX_LANES: usize = 16;
-
 /// An event without timing, destroyed on drop.
 struct Event(CUevent);
 
@@ -57,10 +54,10 @@ impl Lanes {
         Ok(Lanes { fork: Event::new()?, lanes: Vec::new() })
     }
 
-    /// Adds lanes up to `n` (at most [`MAX_LANES`]); lanes are never taken away, so a stream
+    /// Adds lanes up to `n` (bounded by the caller); lanes are never taken away, so a stream
     /// handle (and the workspace kept under it) is never reused while its work may run.
     pub fn grow(&mut self, n: usize) -> Result<()> {
-        while self.lanes.len() < n.min(MAX_LANES) {
+        while self.lanes.len() < n {
             self.lanes.push((CaptureStream::new()?, Event::new()?));
         }
         Ok(())

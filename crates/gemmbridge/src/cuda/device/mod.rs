@@ -74,7 +74,7 @@ pub(crate) struct DeviceState {
 }
 
 impl DeviceState {
-    /// At least `n` of the device's lanes (up to [`fork::MAX_LANES`]), each with its workspace,
+    /// At least `n` of the device's lanes (`n` bounded by the caller), each with its workspace,
     /// taken out of the state for the caller to enqueue through (give them back with
     /// [`DeviceState::put_lanes`]). Lanes are created, never while `caller` is capturing; the
     /// caller has bound the context.
@@ -84,7 +84,7 @@ impl DeviceState {
     /// capture of `caller` (naming `describe()`); [`crate::Error::Driver`].
     pub fn take_lanes(&mut self, n: usize, caller: CUstream, describe: &dyn Fn() -> String) -> Result<Lanes> {
         let have = self.lanes.as_ref().map_or(0, Lanes::len);
-        if have < n.min(fork::MAX_LANES) {
+        if have < n {
             if is_capturing(caller)? {
                 return Err(crate::Error::NotCapturable {
                     action: "create the streams a grouped GEMM is spread over",
