@@ -9,7 +9,7 @@
 //! against the bf16/f16 rows of the same run. A row cuDNN's FP8 backward does not offer (on
 //! Hopper every head dimension but 128, the bottom-right causal mask) is skipped, named.
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
@@ -83,13 +83,7 @@ impl Shape {
 
 /// The shapes of `bench/attention.json`.
 pub fn shapes() -> anyhow::Result<Vec<Shape>> {
-    #[derive(serde::Deserialize)]
-    struct Suite {
-        shapes: Vec<Shape>,
-    }
-    let suite: Suite =
-        serde_json::from_str(include_str!("../../../../bench/attention.json")).context("bench/attention.json")?;
-    Ok(suite.shapes)
+    super::suite_shapes(include_str!("../../../../bench/attention.json"), "bench/attention.json")
 }
 
 /// `--attn-shapes` parsed: shape names of `bench/attention.json` (empty: every shape).

@@ -7,7 +7,6 @@
 //! forces how the engine runs them ([`GroupedBackend`]); a shape the forced backend does not
 //! apply to is skipped with a note.
 
-use anyhow::Context;
 use cudarc::driver::DeviceRepr;
 use gemmbridge::cuda::Gpu;
 use gemmbridge::grouped::streams::GroupedBackend;
@@ -57,13 +56,8 @@ pub struct Shape {
 
 /// The shapes of `bench/grouped.json`.
 pub fn shapes() -> anyhow::Result<Vec<Shape>> {
-    #[derive(serde::Deserialize)]
-    struct Suite {
-        shapes: Vec<Shape>,
-    }
-    let suite: Suite =
-        serde_json::from_str(include_str!("../../../../bench/grouped.json")).context("bench/grouped.json")?;
-    for s in &suite.shapes {
+    let shapes: Vec<Shape> = super::suite_shapes(include_str!("../../../../bench/grouped.json"), "bench/grouped.json")?;
+    for s in &shapes {
         anyhow::ensure!(
             s.sizes.len() == s.e,
             "bench/grouped.json: {} has {} sizes for E {}",
@@ -72,7 +66,7 @@ pub fn shapes() -> anyhow::Result<Vec<Shape>> {
             s.e
         );
     }
-    Ok(suite.shapes)
+    Ok(shapes)
 }
 
 /// Every row: per op of `ops`, per f16/bf16 dtype of `dtypes`, per shape; `each` is called

@@ -102,6 +102,17 @@ pub struct Args {
     grouped_streams: usize,
 }
 
+/// The `shapes` list of a benchmark's JSON suite (`bench/attention.json`, `bench/grouped.json`),
+/// `file` naming it in errors.
+pub(crate) fn suite_shapes<S: serde::de::DeserializeOwned>(json: &str, file: &str) -> anyhow::Result<Vec<S>> {
+    #[derive(serde::Deserialize)]
+    struct Suite<S> {
+        shapes: Vec<S>,
+    }
+    let suite: Suite<S> = serde_json::from_str(json).with_context(|| file.to_string())?;
+    Ok(suite.shapes)
+}
+
 /// `--padding` parsed.
 pub fn parse_padding(s: &str) -> anyhow::Result<Padding> {
     Ok(match s {
