@@ -10,7 +10,7 @@
 //! # Panics
 //! As [`super::reference`]'s functions.
 
-use super::reference::{expect, expect_sizes, lengths, scores, stats_index, Forward, Lengths};
+use super::reference::{expect, expect_sizes, scores, visible_rows, Forward, Lengths, VisibleRow};
 use super::{Attention, AttnTensor};
 use crate::fp8::{fp8_to_f32, quantize_value, scale_of, Fp8Format};
 
@@ -75,31 +75,18 @@ pub fn forward(p: &Attention, q: &[f64], k: &[f64], v: &[f64], lens: Lengths<'_>
     let mut f = super::reference::forward(p, &qd, &kd, &vd, lens);
     let Some(ps) = p_scale else { return f };
     // o again, with P rounded through FP8 (lse is unchanged: it is computed before P)
-    for n in 0..p.b {
-        let (lq, lkv) = lengths(p, lens, n);
-        for hq in 0..p.h_q {
-            let hk = hq / p.group();
-            for i in 0..lq {
-                let l = f.lse[stats_index(p, n, hq, i)];
-                if l == f64::NEG_INFINITY {
-                    continue;
-                }
-                let probs: Vec<(usize, f64)> = scores(p, &qd, &kd, (n, hq, i), (lq, lkv))
-                    .into_iter()
-                    .enumerate()
-                    .filter_map(|(j, s)| {
-                        let pr = (s? - l).exp() as f32;
-                        Some((
-                            j,
-                            fp8_to_f32(quantize_value(pr, ps, Fp8Format::E4M3), Fp8Format::E4M3) as f64 / ps as f64,
-                        ))
-                    })
-                    .collect();
-                for e in 0..p.d {
-                    f.o[p.index(AttnTensor::O, [n, hq, i, e])] =
-                        probs.iter().map(|&(j, pr)| pr * vd[p.index(AttnTensor::V, [n, hk, j, e])]).sum();
-                }
-            }
+    for VisibleRow { n, hq, hk, i, lse: l, lens: (lq, lkv) } in visible_rows(p, lens, &f.lse) {
+        let probs: Vec<(usize, f64)> = scores(p, &qd, &kd, (n, hq, i), (lq, lkv))
+            .into_iter()
+            .enumerate()
+            .filter_map(|(j, s)| {
+                let pr = (s? - l).exp() as f32;
+                Some((j, fp8_to_f32(quantize_value(pr, ps, Fp8Format::E4M3), Fp8Format::E4M3) as f64 / ps as f64))
+            })
+            .collect();
+        for e in 0..p.d {
+            f.o[p.index(AttnTensor::O, [n, hq, i, e])] =
+                probs.iter().map(|&(j, pr)| pr * vd[p.index(AttnTensor::V, [n, hk, j, e])]).sum();
         }
     }
     f

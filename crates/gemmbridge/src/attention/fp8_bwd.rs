@@ -23,7 +23,7 @@
 //! 2⁻⁶) they fall into the subnormals or to zero. The emulation shows either.
 
 use super::fp8::{forward as fp8_forward, quantize_tensor, quantize_tensor_as, round_output};
-use super::reference::{expect, lengths, scores, stats_index, Grads, Lengths};
+use super::reference::{expect, scores, visible_rows, Grads, Lengths, VisibleRow};
 use super::{Attention, AttnTensor};
 use crate::fp8::{fp8_to_f32, quantize_value, Fp8Format};
 
@@ -106,29 +106,19 @@ pub fn backward(
     let scales = backward_scales(p, [sq, sk, sv, so, sdo], grad);
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let sc = p.scale as f64;
-    for n in 0..p.b {
-        let (lq, lkv) = lengths(p, lens, n);
-        for hq in 0..p.h_q {
-            let hk = hq / p.group();
-            for i in 0..lq {
-                let l = f.lse[stats_index(p, n, hq, i)];
-                if l == f64::NEG_INFINITY {
-                    continue;
-                }
-                let at = |t: AttnTensor, h: usize, r: usize, e: usize| p.index(t, [n, h, r, e]);
-                let dd: f64 = (0..p.d).map(|e| dod[at(O, hq, i, e)] * o[at(O, hq, i, e)]).sum();
-                for (j, s) in scores(p, &qd, &kd, (n, hq, i), (lq, lkv)).into_iter().enumerate() {
-                    let Some(s) = s else { continue };
-                    let pj = (s - l).exp();
-                    let p8 = round(pj, 1.0 / 448.0, Fp8Format::E4M3);
-                    let dp: f64 = (0..p.d).map(|e| dod[at(O, hq, i, e)] * vd[at(V, hk, j, e)]).sum();
-                    let ds = round(sc * pj * (dp - dd), scales.ds, grad);
-                    for e in 0..p.d {
-                        dv[at(V, hk, j, e)] += p8 * dod[at(O, hq, i, e)];
-                        dq[at(Q, hq, i, e)] += ds * kd[at(K, hk, j, e)];
-                        dk[at(K, hk, j, e)] += ds * qd[at(Q, hq, i, e)];
-                    }
-                }
+    for VisibleRow { n, hq, hk, i, lse: l, lens: (lq, lkv) } in visible_rows(p, lens, &f.lse) {
+        let at = |t: AttnTensor, h: usize, r: usize, e: usize| p.index(t, [n, h, r, e]);
+        let dd: f64 = (0..p.d).map(|e| dod[at(O, hq, i, e)] * o[at(O, hq, i, e)]).sum();
+        for (j, s) in scores(p, &qd, &kd, (n, hq, i), (lq, lkv)).into_iter().enumerate() {
+            let Some(s) = s else { continue };
+            let pj = (s - l).exp();
+            let p8 = round(pj, 1.0 / 448.0, Fp8Format::E4M3);
+            let dp: f64 = (0..p.d).map(|e| dod[at(O, hq, i, e)] * vd[at(V, hk, j, e)]).sum();
+            let ds = round(sc * pj * (dp - dd), scales.ds, grad);
+            for e in 0..p.d {
+                dv[at(V, hk, j, e)] += p8 * dod[at(O, hq, i, e)];
+                dq[at(Q, hq, i, e)] += ds * kd[at(K, hk, j, e)];
+                dk[at(K, hk, j, e)] += ds * qd[at(Q, hq, i, e)];
             }
         }
     }

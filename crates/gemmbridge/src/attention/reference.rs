@@ -170,32 +170,54 @@ pub fn backward(
     assert_eq!(lse.len(), p.stats_elems(), "attention::reference: lse has {} elements", lse.len());
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let sc = p.scale as f64;
-    for n in 0..p.b {
-        let (lq, lkv) = lengths(p, lens, n);
-        for hq in 0..p.h_q {
-            let hk = hq / p.group();
-            for i in 0..lq {
-                let l = lse[stats_index(p, n, hq, i)];
-                if l == f64::NEG_INFINITY {
-                    continue; // no visible key: the row contributes nothing
-                }
-                let row = |t: AttnTensor, h: usize, r: usize, e: usize| p.index(t, [n, h, r, e]);
-                let dd: f64 = (0..p.d).map(|e| d_o[row(O, hq, i, e)] * o[row(O, hq, i, e)]).sum();
-                for (j, s) in scores(p, q, k, (n, hq, i), (lq, lkv)).into_iter().enumerate() {
-                    let Some(s) = s else { continue };
-                    let pj = (s - l).exp();
-                    let dp: f64 = (0..p.d).map(|e| d_o[row(O, hq, i, e)] * v[row(V, hk, j, e)]).sum();
-                    let ds = pj * (dp - dd);
-                    for e in 0..p.d {
-                        dv[row(V, hk, j, e)] += pj * d_o[row(O, hq, i, e)];
-                        dq[row(Q, hq, i, e)] += sc * ds * k[row(K, hk, j, e)];
-                        dk[row(K, hk, j, e)] += sc * ds * q[row(Q, hq, i, e)];
-                    }
-                }
+    for VisibleRow { n, hq, hk, i, lse: l, lens: (lq, lkv) } in visible_rows(p, lens, lse) {
+        let row = |t: AttnTensor, h: usize, r: usize, e: usize| p.index(t, [n, h, r, e]);
+        let dd: f64 = (0..p.d).map(|e| d_o[row(O, hq, i, e)] * o[row(O, hq, i, e)]).sum();
+        for (j, s) in scores(p, q, k, (n, hq, i), (lq, lkv)).into_iter().enumerate() {
+            let Some(s) = s else { continue };
+            let pj = (s - l).exp();
+            let dp: f64 = (0..p.d).map(|e| d_o[row(O, hq, i, e)] * v[row(V, hk, j, e)]).sum();
+            let ds = pj * (dp - dd);
+            for e in 0..p.d {
+                dv[row(V, hk, j, e)] += pj * d_o[row(O, hq, i, e)];
+                dq[row(Q, hq, i, e)] += sc * ds * k[row(K, hk, j, e)];
+                dk[row(K, hk, j, e)] += sc * ds * q[row(Q, hq, i, e)];
             }
         }
     }
     Grads { dq, dk, dv }
+}
+
+/// A query row that sees at least one key: sequence `n`, query head `hq` and its key/value
+/// head `hk`, row `i`, the row's log-sum-exp `lse`, and the sequence's lengths `(lq, lkv)`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VisibleRow {
+    pub n: usize,
+    pub hq: usize,
+    pub hk: usize,
+    pub i: usize,
+    pub lse: f64,
+    pub lens: (usize, usize),
+}
+
+/// Every query row within its sequence's length whose statistics in `lse` are finite, in
+/// order (a row with no visible key has `lse = −∞` and contributes nothing).
+pub(crate) fn visible_rows<'a>(
+    p: &'a Attention,
+    lens: Lengths<'a>,
+    lse: &'a [f64],
+) -> impl Iterator<Item = VisibleRow> + 'a {
+    (0..p.b)
+        .flat_map(move |n| {
+            let (lq, lkv) = lengths(p, lens, n);
+            (0..p.h_q).flat_map(move |hq| {
+                (0..lq).map(move |i| {
+                    let lse = lse[stats_index(p, n, hq, i)];
+                    VisibleRow { n, hq, hk: hq / p.group(), i, lse, lens: (lq, lkv) }
+                })
+            })
+        })
+        .filter(|r| r.lse != f64::NEG_INFINITY)
 }
 
 /// ‖got − want‖ / ‖want‖ (Frobenius) over tensor `t`'s elements in defined rows: rows within
