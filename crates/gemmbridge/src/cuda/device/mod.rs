@@ -19,6 +19,7 @@ mod kernels;
 mod lifetime;
 mod pointer;
 mod replay;
+mod timing;
 mod workspace;
 
 pub(crate) use attn_scales::AttnBwdScales;
@@ -31,6 +32,7 @@ pub(crate) use lifetime::{capturing, first_stream, keep_primary, Pool, Relaxed, 
 pub(crate) use pointer::check_extent;
 pub use replay::GraphReplay;
 pub(crate) use replay::{Cached, ReplayCache, ReplayKey};
+pub(crate) use timing::{time_interleaved, Call, Timed};
 pub(crate) use workspace::{Workspace, WorkspacePool};
 
 use std::sync::atomic::{AtomicBool, Ordering};

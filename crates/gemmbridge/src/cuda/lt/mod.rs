@@ -1,7 +1,7 @@
 //! The cuBLASLt backend: plans and plan keys ([`plan`]), the bindings' small safe wrappers
 //! ([`sys`]), the launch of a validated call with its epilogue operands and bias staging
 //! (here), graph replay of repeated small calls ([`replay`]), and tuning ([`tune`],
-//! [`search`], [`timing`]). FP8 is a mode of this backend ([`fp8`]: its plans and launch,
+//! [`search`]; the timing is the device layer's). FP8 is a mode of this backend ([`fp8`]: its plans and launch,
 //! cached beside the others). It borrows the stream's
 //! workspace and the capture stream from the device layer and knows nothing of the entry
 //! points above it.
@@ -12,7 +12,6 @@ pub(crate) mod launch;
 pub(crate) mod plan;
 mod search;
 pub(crate) mod sys;
-mod timing;
 pub(crate) mod tune;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};

@@ -9,8 +9,8 @@ use cudarc::driver::CudaStream;
 
 use super::launch::Algorithm;
 use super::sys::LtHandle;
-use super::timing::{time_interleaved, Call, Timed};
 use super::LtState;
+use crate::cuda::device::{time_interleaved, Call, Timed};
 use crate::cuda::status;
 use crate::dtype::DType;
 use crate::error::Result;
