@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use gemmbridge::cuda::tactics::{m_bucket, Choice, Identity, Library, ProblemKind, Tactic, TacticDb, FORMAT};
+use gemmbridge::grouped::streams::GroupedBackend;
 
 fn identity() -> Identity {
     Identity { gpu: "NVIDIA H200".into(), sm: "9.0".into(), cublaslt: 130100, cudnn: None }
@@ -670,6 +671,8 @@ fn inconsistent_entries_are_left_out_and_never_saved() {
         ("attention lt-algo", Tactic { kind: ProblemKind::Attention, ..lt_under_cudnn_copy() }),
         ("attention unfused-engine", attention_engine(true)),
         ("conv2d attention-kind graph al16", attention_engine(false)),
+        ("NN grouped-choice-under-a-gemm-key", Tactic::grouped(GroupedBackend::StreamPool, 130100, 1.0, 0.9)),
+        ("grouped_gemm forward e2 n8 k8 m8 skew0 bf16", good_gemm.clone()),
     ];
     for (key, t) in cases {
         let mut db = TacticDb::new(with_cudnn());
@@ -707,4 +710,25 @@ fn save_dropping_retires_entries_on_disk() {
     // a plain save keeps everything
     db.save(&path).unwrap();
     assert_eq!(TacticDb::load(&path, &identity()).0.entries.len(), 2);
+}
+
+/// A grouped GEMM's measured way is stored under its problem's signature and read back as it
+/// was written (the file names the way in words).
+#[test]
+fn a_grouped_choice_round_trips() {
+    use gemmbridge::grouped::{GroupedOp, GroupedProblem};
+    let path = tmp("grouped");
+    let p =
+        GroupedProblem::new(GroupedOp::Forward, &[700, 0, 60, 264], 768, 2048, gemmbridge::Precision::BF16).unwrap();
+    let t = Tactic::grouped(GroupedBackend::StreamPool, 130100, 0.38, 0.30);
+    assert_eq!(t.grouped_backend(), Some(GroupedBackend::StreamPool));
+    let mut db = TacticDb::new(identity());
+    db.entries.insert(p.signature(), t.clone());
+    db.save(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(r#""type": "grouped_backend""#) && text.contains(r#""backend": "stream_pool""#), "{text}");
+    assert!(text.contains(r#""kind": "grouped_gemm""#), "{text}");
+    let (back, warnings) = TacticDb::load(&path, &identity());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(back.entries.get(&p.signature()), Some(&t));
 }

@@ -17,11 +17,11 @@ use super::{rotate, Pools};
 use crate::row::Row;
 use crate::timing;
 
-/// The grouped ops: the forward, the backward data, the backward weight.
-pub const OPS: [&str; 3] = ["grouped", "grouped_dx", "grouped_dw"];
+/// The grouped ops: the forward, the backward data, the backward weight, the FP8 forward.
+pub const OPS: [&str; 4] = ["grouped", "grouped_dx", "grouped_dw", "grouped_fp8"];
 
 /// The product of an op of [`OPS`].
-fn product(op: &str) -> GroupedOp {
+pub fn product(op: &str) -> GroupedOp {
     match op {
         "grouped_dx" => GroupedOp::BackwardData,
         "grouped_dw" => GroupedOp::BackwardWeight,
@@ -69,17 +69,29 @@ pub fn shapes() -> anyhow::Result<Vec<Shape>> {
     Ok(shapes)
 }
 
-/// Every row: per op of `ops`, per f16/bf16 dtype of `dtypes`, per shape; `each` is called
-/// with every row as it is made. The engine's grouped backend is set beforehand (`--grouped-backend`).
+/// Every row: per op of `ops`, per f16/bf16 dtype of `dtypes` (per recipe of `scalings` for
+/// grouped_fp8), per shape; `each` is called with every row as it is made. The engine's grouped
+/// backend is set beforehand (`--grouped-backend`).
 pub fn bench(
     gpu: &Gpu,
     ops: &[String],
-    dtypes: &[(String, Precision)],
+    (dtypes, scalings): (&[(String, Precision)], &[String]),
     sampling: timing::Sampling,
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
     let (mut rows, mut pools) = (Vec::new(), Pools::default());
     for op in ops {
+        if op == "grouped_fp8" {
+            for recipe in scalings {
+                for shape in shapes()? {
+                    for row in super::grouped_fp8::rows(gpu, &mut pools, &shape, recipe, sampling)? {
+                        each(&row)?;
+                        rows.push(row);
+                    }
+                }
+            }
+            continue;
+        }
         for (name, precision) in dtypes.iter().filter(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
             for shape in shapes()? {
                 let p = GroupedProblem::new(product(op), &shape.sizes, shape.n, shape.k, *precision)?;
@@ -99,7 +111,9 @@ pub fn bench(
     Ok(rows)
 }
 
-fn row<T: Element + DeviceRepr>(
+/// One grouped row of `op` (an op of [`OPS`] but grouped_fp8) for `shape` in `precision`,
+/// timed as [`bench`] times it (fresh random buffers from `pools`).
+pub fn row<T: Element + DeviceRepr>(
     gpu: &Gpu,
     pools: &mut Pools,
     (op, shape, p): (&str, &Shape, &GroupedProblem),
@@ -129,7 +143,8 @@ mod tests {
             let tokens = if s.name.starts_with("dsv3-16k") { 131072 } else { 32768 };
             assert_eq!(p.rows(), tokens, "{}", s.name);
         }
-        assert_eq!(OPS.map(product), [GroupedOp::Forward, GroupedOp::BackwardData, GroupedOp::BackwardWeight]);
+        let products = [GroupedOp::Forward, GroupedOp::BackwardData, GroupedOp::BackwardWeight, GroupedOp::Forward];
+        assert_eq!(OPS.map(product), products);
         assert_eq!(parse_backend("pool").unwrap(), Some(GroupedBackend::StreamPool));
         assert!(parse_backend("fast").is_err());
     }

@@ -6,6 +6,7 @@ pub mod conv;
 mod dense;
 pub mod fp8;
 pub mod grouped;
+mod grouped_fp8;
 pub mod launch;
 pub mod report;
 
@@ -83,7 +84,9 @@ pub struct Args {
     /// attn_fp8_cast (those casts alone). Grouped GEMM (f16 and bf16,
     /// the mixture-of-experts shapes of bench/grouped.json, GPU only; not run by default; their
     /// peer is bench/grouped_peer.py): grouped (the forward), grouped_dx (the backward data),
-    /// grouped_dw (the backward weight).
+    /// grouped_dw (the backward weight); grouped_fp8 (the FP8 forward per recipe of
+    /// --grouped-scalings, beside the dense FP8 GEMM of the same total size; its peer rows are
+    /// the row-wise recipe's).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
@@ -100,6 +103,9 @@ pub struct Args {
     /// Grouped rows: streams of the pool (1 to 16).
     #[arg(long, default_value_t = 4)]
     grouped_streams: usize,
+    /// grouped_fp8 rows: comma-separated FP8 recipes (as --scalings names them).
+    #[arg(long, default_value = "tensorwise,rowwise,block")]
+    grouped_scalings: String,
 }
 
 /// The `shapes` list of a benchmark's JSON suite (`bench/attention.json`, `bench/grouped.json`),
@@ -172,6 +178,8 @@ struct Plan {
     conv_ops: Vec<String>,
     attn_ops: Vec<String>,
     grouped_ops: Vec<String>,
+    /// The recipes of the grouped_fp8 rows.
+    grouped_scalings: Vec<String>,
     launch: bool,
     reps: usize,
     sampling: timing::Sampling,
@@ -193,6 +201,7 @@ impl Plan {
         // checked whatever --ops holds, as the convolution flags are
         attn::parse_shapes(&args.shared.attn_shapes)?;
         grouped::parse_backend(&args.grouped_backend)?;
+        let grouped_scalings = fp8::parse_scalings(&args.grouped_scalings)?;
         gemmbridge::grouped::streams::GroupedSettings::check_streams(args.grouped_streams)?;
         let reps = args.reps.unwrap_or(30);
         if !(1..=100_000).contains(&reps) {
@@ -216,7 +225,7 @@ impl Plan {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
         let half = dtypes.iter().any(|(_, p)| matches!(p.input(), gemmbridge::DType::F16 | gemmbridge::DType::BF16));
-        if (!attn_ops.is_empty() || !grouped_ops.is_empty()) && !half {
+        if (!attn_ops.is_empty() || grouped_ops.iter().any(|o| o != "grouped_fp8")) && !half {
             bail!("--ops names attention or grouped GEMM rows but --dtypes names neither f16 nor bf16 (their input types)");
         }
         let backend = parse_backend(&args.backend)?;
@@ -229,6 +238,7 @@ impl Plan {
             conv_ops,
             attn_ops,
             grouped_ops,
+            grouped_scalings,
             launch,
             reps,
             sampling,
@@ -311,7 +321,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let (false, Some(g)) = (plan.grouped_ops.is_empty(), &gpu) {
         g.set_grouped_backend(grouped::parse_backend(&args.grouped_backend)?);
         g.set_grouped_streams(args.grouped_streams)?;
-        rows.extend(grouped::bench(g, &plan.grouped_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+        rows.extend(grouped::bench(
+            g,
+            &plan.grouped_ops,
+            (&plan.dtypes, &plan.grouped_scalings),
+            plan.sampling,
+            &mut |r| sink.emit(r),
+        )?);
     }
     let mut table = match &gpu {
         Some(_) => format!("device: {device}\n{}", report::table(&rows, peer.as_deref(), false)),

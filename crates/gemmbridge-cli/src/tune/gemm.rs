@@ -34,7 +34,9 @@ pub fn search(gpu: &Gpu, item: &Item, opts: TuneOptions) -> anyhow::Result<Found
             }
             other => other?,
         },
-        Item::Conv { .. } | Item::Attn { .. } => anyhow::bail!("{} is not a GEMM", item.describe()),
+        Item::Conv { .. } | Item::Attn { .. } | Item::Grouped { .. } => {
+            anyhow::bail!("{} is not a dense GEMM", item.describe())
+        }
     };
     Ok(Found::Tuned(sig, report))
 }

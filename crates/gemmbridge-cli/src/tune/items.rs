@@ -7,22 +7,25 @@ use cudarc::driver::CudaStream;
 use gemmbridge::attention::Attention;
 use gemmbridge::conv::Conv2d;
 use gemmbridge::cuda::Gpu;
+use gemmbridge::grouped::GroupedProblem;
 use gemmbridge::{DType, Precision};
 
 use crate::bench::attn;
 use crate::bench::conv::{self, Buffers};
-use crate::bench::{self, fp8, Pools};
+use crate::bench::{self, fp8, grouped, Pools};
 use crate::suites::Shape;
 use crate::timing::Sampling;
 
-/// One problem: a dense GEMM op, an FP8 recipe's `scaled_mm`, a convolution op, or an
-/// attention op on a shape of `bench/attention.json`.
+/// One problem: a dense GEMM op, an FP8 recipe's `scaled_mm`, a convolution op, an
+/// attention op on a shape of `bench/attention.json`, or a grouped op on a shape of
+/// `bench/grouped.json`.
 #[derive(Clone, Debug)]
 pub enum Item {
     Gemm { op: String, dtype: String, precision: Precision, shape: Shape },
     Fp8 { scaling: String, shape: Shape },
     Conv { op: String, dtype: String, precision: Precision, problem: Conv2d },
     Attn { op: String, dtype: String, shape: attn::Shape, problem: Attention },
+    Grouped { op: String, dtype: String, shape: grouped::Shape, problem: GroupedProblem },
 }
 
 impl Item {
@@ -37,7 +40,10 @@ impl Item {
                 "{op:<16} {dtype:<8} {} n{} c{} {}×{} k{} {}×{}/{}",
                 p.layout, p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.stride[0]
             ),
-            Item::Attn { op, dtype, shape, .. } => format!("{op:<16} {dtype:<8} {}", shape.name),
+            Item::Attn { op, dtype, shape: attn::Shape { name, .. }, .. }
+            | Item::Grouped { op, dtype, shape: grouped::Shape { name, .. }, .. } => {
+                format!("{op:<16} {dtype:<8} {name}")
+            }
         }
     }
 }
@@ -68,6 +74,11 @@ pub struct Rows {
 }
 
 impl Rows {
+    /// The random pools rows are drawn from (made on the home stream).
+    pub fn pools(&mut self) -> &mut Pools {
+        &mut self.pools
+    }
+
     pub fn new(home: &Arc<CudaStream>) -> Rows {
         Rows { home: home.clone(), pools: Pools::default(), conv: None, attn: None }
     }
@@ -102,6 +113,15 @@ impl Rows {
                     AttnBufs::BF16(b) => attn::time_op(gpu, problem, b, op, sampling)?,
                 };
                 t.median_ms
+            }
+            Item::Grouped { op, dtype, shape, problem } => {
+                self.pool(problem.precision().input())?;
+                let what = (op.as_str(), shape, problem);
+                let row = match problem.precision().input() {
+                    DType::F16 => grouped::row::<half::f16>(gpu, &mut self.pools, what, dtype, sampling)?,
+                    _ => grouped::row::<half::bf16>(gpu, &mut self.pools, what, dtype, sampling)?,
+                };
+                row.median_ms
             }
         };
         // the inputs made on this stream are read by other streams next

@@ -11,6 +11,7 @@ mod attn;
 mod confirm;
 mod conv;
 mod gemm;
+mod grouped;
 mod items;
 mod run;
 
@@ -34,7 +35,9 @@ pub struct Args {
     /// conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, or conv for all five.
     /// Attention (cuDNN's measured search on the shapes of bench/attention.json, --attn-shapes,
     /// f16/bf16; not tuned by default): attn_fwd (the forward), attn_fwd_bwd (the backward,
-    /// judged in the forward-and-backward row), attn_fwd_fp8 (the FP8 forward).
+    /// judged in the forward-and-backward row), attn_fwd_fp8 (the FP8 forward). Grouped GEMM
+    /// (every way of running it measured on the shapes of bench/grouped.json, f16/bf16; not
+    /// tuned by default): grouped, grouped_dx, grouped_dw.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu")]
     ops: String,
     /// The tactic database to fill (created, or merged into: a problem tuned again gets the
@@ -126,6 +129,10 @@ impl Plan {
         if !ops.attn.is_empty() {
             items.extend(attn::items(&ops.attn, &dense, &attn_names)?);
         }
+        if !ops.grouped.is_empty() && !dense.iter().any(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
+            bail!("--ops names grouped GEMMs but --dtypes names neither f16 nor bf16 (their input types)");
+        }
+        items.extend(grouped::items(&ops.grouped, &dense)?);
         if items.is_empty() {
             bail!("nothing to tune: --dtypes and --ops select no problem");
         }

@@ -11,7 +11,7 @@ use gemmbridge::cuda::{ConvSearch, Gpu, TuneOptions};
 use super::confirm::{confirm, median, rounds_needed, spread, Bar, Protocol, Verdict};
 use super::gemm::{self, Found};
 use super::items::{Item, Rows};
-use super::{attn, conv, Args, Plan};
+use super::{attn, conv, grouped, Args, Plan};
 use crate::db::identity;
 use crate::timing::Sampling;
 
@@ -88,30 +88,12 @@ fn tune(args: &Args, plan: &Plan, (base, rows): (&Gpu, &mut Rows), proto: Protoc
     let mut stored = 0;
     for item in &plan.items {
         let (sig, finalists, cols) = match item {
-            Item::Attn { .. } => match attn::search(&tuner, rows, item)? {
-                attn::Found::Tactic(sig, t) => {
-                    let cols = conv::columns(&t);
-                    (sig, vec![t], cols)
+            Item::Attn { .. } | Item::Grouped { .. } | Item::Conv { .. } => {
+                match search(&tuner, rows, item, args.reps)? {
+                    Some(found) => found,
+                    None => continue,
                 }
-                attn::Found::Heuristic => {
-                    println!("{}  the heuristic's plan is the fastest measured (nothing to store)", item.describe());
-                    continue;
-                }
-                attn::Found::Unsupported(why) => {
-                    println!("{}  not offered here: {why}", item.describe());
-                    continue;
-                }
-            },
-            Item::Conv { .. } => match conv::search(&tuner, rows, item)? {
-                Some((sig, t, _plan)) => {
-                    let cols = conv::columns(&t);
-                    (sig, vec![t], cols)
-                }
-                None => {
-                    println!("{}  no measured plan (nothing to store)", item.describe());
-                    continue;
-                }
-            },
+            }
             _ => match gemm::search(&tuner, item, opts)? {
                 Found::NotOffered(why) => {
                     println!("{}  not offered here: {why}", item.describe());
@@ -139,6 +121,50 @@ fn tune(args: &Args, plan: &Plan, (base, rows): (&Gpu, &mut Rows), proto: Protoc
     }
     println!("{stored} entries stored in {path_s} (merged with what was there)");
     Ok(())
+}
+
+/// The finalist of a cuDNN or grouped item's search, with its signature and the table's
+/// columns; `None` (after a line saying why) where there is nothing to confirm.
+fn search(
+    tuner: &Gpu,
+    rows: &mut Rows,
+    item: &Item,
+    reps: usize,
+) -> anyhow::Result<Option<(String, Vec<Tactic>, String)>> {
+    Ok(match item {
+        Item::Attn { .. } => match attn::search(tuner, rows, item)? {
+            attn::Found::Tactic(sig, t) => {
+                let cols = conv::columns(&t);
+                Some((sig, vec![t], cols))
+            }
+            attn::Found::Heuristic => {
+                println!("{}  the heuristic's plan is the fastest measured (nothing to store)", item.describe());
+                None
+            }
+            attn::Found::Unsupported(why) => {
+                println!("{}  not offered here: {why}", item.describe());
+                None
+            }
+        },
+        Item::Grouped { .. } => match grouped::search(tuner, rows.pools(), item, reps)? {
+            grouped::Found::Tactic(sig, t, listed) => Some((sig, vec![t], format!("{listed:<40}"))),
+            grouped::Found::Rule(listed) => {
+                println!("{}  the rule's way is the fastest measured ({listed}; nothing to store)", item.describe());
+                None
+            }
+        },
+        Item::Conv { .. } => match conv::search(tuner, rows, item)? {
+            Some((sig, t, _plan)) => {
+                let cols = conv::columns(&t);
+                Some((sig, vec![t], cols))
+            }
+            None => {
+                println!("{}  no measured plan (nothing to store)", item.describe());
+                None
+            }
+        },
+        _ => anyhow::bail!("{} has its own search", item.describe()),
+    })
 }
 
 /// Confirms `finalists` of one problem in order, up to `--finalists`: the first that wins by

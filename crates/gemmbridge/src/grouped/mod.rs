@@ -53,6 +53,17 @@ impl GroupedOp {
     }
 }
 
+/// An operand of a grouped forward as [`crate::cuda::Gpu::grouped_quantize`] splits it into
+/// groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GroupedOperand {
+    /// `x[rows, K]`, rows sorted by group: group e is its `m_e` rows from
+    /// [`GroupedProblem::row_start`].
+    X,
+    /// `w[E, N, K]`: group e is expert e's `[N, K]`.
+    W,
+}
+
 /// A validated grouped product (see the module documentation).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GroupedProblem {
@@ -280,6 +291,40 @@ impl GroupedProblem {
     /// Multiply-adds of all groups: `Σ m_e · N · K`.
     pub fn macs(&self) -> f64 {
         self.sizes.iter().map(|&m| m as f64).sum::<f64>() * self.n as f64 * self.k as f64
+    }
+
+    /// The key of this problem's measured backend in a tactic database (kind "grouped_gemm"):
+    /// `grouped_gemm <op> e<E> n<N> k<K> m<bucket> <spread> <precision>[ bias]`, where the
+    /// bucket is the next power of two ≥ Σ m_e (as a GEMM key buckets M) and the spread is
+    /// `equal` (every group of one non-zero size) or `skew<s>`, `s` = log₂(largest group / mean
+    /// group with rows) rounded: group sizes change every step, so problems of one layer whose
+    /// totals and skew are alike share a choice. Example:
+    /// `grouped_gemm forward e128 n768 k2048 m32768 skew5 bf16`.
+    pub fn signature(&self) -> String {
+        let busy = self.sizes.iter().filter(|&&m| m > 0).count().max(1);
+        let total: usize = self.sizes.iter().sum();
+        let max = self.sizes.iter().copied().max().unwrap_or(0);
+        let first = self.sizes[0];
+        let spread = if first > 0 && self.sizes.iter().all(|&m| m == first) {
+            "equal".to_string()
+        } else {
+            let ratio = max as f64 * busy as f64 / total.max(1) as f64;
+            format!("skew{}", ratio.max(1.0).log2().round() as u32)
+        };
+        let op = match self.op {
+            GroupedOp::Forward => "forward",
+            GroupedOp::BackwardData => "backward_data",
+            GroupedOp::BackwardWeight => "backward_weight",
+        };
+        format!(
+            "grouped_gemm {op} e{} n{} k{} m{} {spread} {}{}",
+            self.groups(),
+            self.n,
+            self.k,
+            total.max(1).next_power_of_two(),
+            self.precision,
+            if self.bias { " bias" } else { "" }
+        )
     }
 
     /// A short description: `forward E8 M4096 (0..1024 rows per group) N14336 K4096 bf16`.

@@ -16,8 +16,10 @@ use crate::precision::Precision;
 
 use super::{GroupedOp, GroupedProblem};
 
-/// A way to run a grouped product on the vendor libraries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A way to run a grouped product on the vendor libraries (in a tactic database:
+/// "strided_batch", "grouped_batched", "stream_pool", "in_order").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum GroupedBackend {
     /// One strided-batched GEMM: every group has the same (non-zero) size and there is no
     /// bias.
@@ -53,14 +55,20 @@ pub fn candidates(p: &GroupedProblem) -> Vec<GroupedBackend> {
     out
 }
 
-/// How grouped products run on an engine: a forced backend, or `None` for the rule
-/// ([`GroupedSettings::choose`]); how many streams a pooled run spreads over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// How grouped products run on an engine: a forced backend, or `None` for the measured
+/// choices and the rule ([`GroupedSettings::choose`]); how many streams a pooled run spreads
+/// over.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GroupedSettings {
     /// The forced backend.
     pub backend: Option<GroupedBackend>,
     /// Streams of the pool (1 to [`MAX_STREAMS`]).
     pub streams: usize,
+    /// Measured choices by [`GroupedProblem::signature`] (a tactic database's entries of kind
+    /// "grouped_gemm", or the engine's own tuning).
+    pub tuned: std::collections::BTreeMap<String, GroupedBackend>,
+    /// The signatures of measured choices that have served a call ([`GroupedSettings::note_use`]).
+    pub applied: std::collections::BTreeSet<String>,
 }
 
 /// The most streams a pool has.
@@ -74,7 +82,7 @@ impl Default for GroupedSettings {
     /// The rule, and 4 streams (what TransformerEngine's grouped linear layer uses by default,
     /// `num_gemm_streams`).
     fn default() -> Self {
-        GroupedSettings { backend: None, streams: 4 }
+        GroupedSettings { backend: None, streams: 4, tuned: Default::default(), applied: Default::default() }
     }
 }
 
@@ -92,6 +100,7 @@ impl GroupedSettings {
     }
 
     /// The backend for `p` among the ways that apply to it ([`candidates`]): the forced one if
+    /// it applies; else the measured choice for `p`'s signature ([`GroupedSettings::tuned`]) if
     /// it applies; else one strided batch where it is a candidate; else cuBLAS's grouped call
     /// for a forward or backward data whose groups average at most [`SMALL_GROUP_MACS`]
     /// multiply-adds; else the pool where more than one group has rows, in order otherwise.
@@ -114,17 +123,38 @@ impl GroupedSettings {
             let what = format!("{b:?} for {}: {}", p.describe(), why_not(p, b));
             return Err(Error::Unsupported { backend: "grouped GEMM", what });
         }
-        let busy = p.sizes().iter().filter(|&&m| m > 0).count();
-        let small = busy > 0 && p.macs() / busy as f64 <= SMALL_GROUP_MACS as f64;
-        Ok(if candidates.contains(&GroupedBackend::StridedBatch) {
-            GroupedBackend::StridedBatch
-        } else if small && p.op() != GroupedOp::BackwardWeight && candidates.contains(&GroupedBackend::GroupedBatched) {
-            GroupedBackend::GroupedBatched
-        } else if busy > 1 {
-            GroupedBackend::StreamPool
-        } else {
-            GroupedBackend::InOrder
-        })
+        if let Some(&b) = self.tuned.get(&p.signature()).filter(|b| candidates.contains(b)) {
+            return Ok(b);
+        }
+        Ok(rule(p))
+    }
+
+    /// Records that `p` ran on `how`: where that was its measured choice (nothing forced), the
+    /// signature joins [`GroupedSettings::applied`].
+    pub fn note_use(&mut self, p: &GroupedProblem, how: GroupedBackend) {
+        if self.backend.is_none() {
+            let sig = p.signature();
+            if self.tuned.get(&sig) == Some(&how) {
+                self.applied.insert(sig);
+            }
+        }
+    }
+}
+
+/// The backend [`GroupedSettings::choose`]'s rule gives `p` when nothing is forced or
+/// measured for it (the baseline a measured choice is judged against).
+pub fn rule(p: &GroupedProblem) -> GroupedBackend {
+    let candidates = candidates(p);
+    let busy = p.sizes().iter().filter(|&&m| m > 0).count();
+    let small = busy > 0 && p.macs() / busy as f64 <= SMALL_GROUP_MACS as f64;
+    if candidates.contains(&GroupedBackend::StridedBatch) {
+        GroupedBackend::StridedBatch
+    } else if small && p.op() != GroupedOp::BackwardWeight && candidates.contains(&GroupedBackend::GroupedBatched) {
+        GroupedBackend::GroupedBatched
+    } else if busy > 1 {
+        GroupedBackend::StreamPool
+    } else {
+        GroupedBackend::InOrder
     }
 }
 
@@ -333,7 +363,7 @@ mod tests {
         assert_eq!(choose(&auto, &p(&[8, 8]).with_bias().unwrap()).unwrap(), StreamPool);
         let f32out = GroupedProblem::new(GroupedOp::Forward, &[0, 9, 0], 64, 32, Precision::BF16_F32OUT).unwrap();
         assert_eq!(choose(&auto, &f32out).unwrap(), InOrder);
-        let forced = |b| GroupedSettings { backend: Some(b), ..auto };
+        let forced = |b| GroupedSettings { backend: Some(b), ..auto.clone() };
         assert_eq!(choose(&forced(InOrder), &p(&[8, 8, 8])).unwrap(), InOrder);
         let e = choose(&forced(StridedBatch), &p(&[8, 7])).unwrap_err().to_string();
         assert!(e.contains("StridedBatch") && e.contains("differ in size (m[0] = 8, m[1] = 7)"), "{e}");
@@ -341,5 +371,29 @@ mod tests {
         assert!(e.contains("group 1 is empty"), "{e}");
         assert!(GroupedSettings::check_streams(0).is_err() && GroupedSettings::check_streams(17).is_err());
         assert!(GroupedSettings::check_streams(16).is_ok());
+    }
+
+    /// A measured choice serves every problem of its signature where it applies; a forced
+    /// backend still wins; a choice that does not apply falls back to the rule.
+    #[test]
+    fn a_measured_choice_serves_its_signature_where_it_applies() {
+        use GroupedBackend::*;
+        let p = |sizes: &[usize]| GroupedProblem::new(GroupedOp::Forward, sizes, 768, 2048, Precision::BF16).unwrap();
+        let mut s = GroupedSettings::default();
+        let skewed = p(&[700, 60, 100, 164]);
+        assert_eq!(s.choose(&skewed).unwrap(), GroupedBatched);
+        s.tuned.insert(skewed.signature(), StreamPool);
+        assert_eq!(s.choose(&skewed).unwrap(), StreamPool);
+        // other sizes of the same total bucket and skew: the same entry
+        assert_eq!(skewed.signature(), p(&[650, 110, 90, 174]).signature());
+        assert_eq!(s.choose(&p(&[650, 110, 90, 174])).unwrap(), StreamPool);
+        // another skew: the rule
+        assert_ne!(p(&[256, 256, 256, 256]).signature(), skewed.signature());
+        // an entry that does not apply (a strided batch for unequal groups): the rule
+        s.tuned.insert(skewed.signature(), StridedBatch);
+        assert_eq!(s.choose(&skewed).unwrap(), GroupedBatched);
+        s.backend = Some(InOrder);
+        assert_eq!(s.choose(&skewed).unwrap(), InOrder);
+        assert_eq!(rule(&skewed), GroupedBatched);
     }
 }

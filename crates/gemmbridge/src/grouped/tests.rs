@@ -144,3 +144,18 @@ fn the_fp8_emulation_quantises_each_group_on_its_own() {
     let back = GroupedProblem::new(GroupedOp::BackwardData, &[2], 2, 16, Precision::BF16).unwrap();
     assert!(fp8::forward(&back, (&xe, &we), None, (Scaling::Tensor, Scaling::Tensor), &mut got).is_err());
 }
+
+#[test]
+fn signatures_name_the_layer_the_total_bucket_and_the_skew() {
+    use GroupedOp::*;
+    let p = |op, sizes: &[usize]| GroupedProblem::new(op, sizes, 768, 2048, BF16).unwrap();
+    assert_eq!(p(Forward, &[256; 128]).signature(), "grouped_gemm forward e128 n768 k2048 m32768 equal bf16");
+    // largest 700 against a mean of 256 over the groups with rows: log₂ 2.7 rounds to 1
+    assert_eq!(
+        p(BackwardData, &[700, 0, 60, 264]).signature(),
+        "grouped_gemm backward_data e4 n768 k2048 m1024 skew1 bf16"
+    );
+    let biased = p(Forward, &[3, 5]).with_bias().unwrap();
+    assert_eq!(biased.signature(), "grouped_gemm forward e2 n768 k2048 m8 skew0 bf16 bias");
+    assert_eq!(p(BackwardWeight, &[0, 0]).signature(), "grouped_gemm backward_weight e2 n768 k2048 m1 skew0 bf16");
+}

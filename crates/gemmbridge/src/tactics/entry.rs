@@ -72,7 +72,8 @@ pub enum ProblemKind {
     Conv2d,
     /// Scaled-dot-product attention on cuDNN; key prefix "attention ".
     Attention,
-    /// A grouped GEMM; key prefix "grouped_gemm " (reserved: no choice yet).
+    /// A grouped GEMM's way of running; key prefix "grouped_gemm "
+    /// ([`GroupedProblem::signature`](crate::grouped::GroupedProblem::signature)).
     GroupedGemm,
 }
 
@@ -113,6 +114,12 @@ pub enum Choice {
         math: u32,
         /// Workspace it needs, bytes.
         workspace: usize,
+    },
+    /// How a grouped GEMM runs ("grouped_backend"): one of the ways of
+    /// [`GroupedBackend`](crate::grouped::streams::GroupedBackend), measured fastest.
+    GroupedBackend {
+        /// The way ("strided_batch", "grouped_batched", "stream_pool", "in_order").
+        backend: crate::grouped::streams::GroupedBackend,
     },
 }
 
@@ -167,6 +174,27 @@ impl Tactic {
         Tactic { library: Library::Cudnn, version, kind: ProblemKind::Attention, choice, heuristic_ms, tuned_ms }
     }
 
+    /// A grouped GEMM tactic (kind [`ProblemKind::GroupedGemm`]): `backend`, measured with
+    /// cuBLASLt `version` loaded (the pool runs cuBLASLt plans; cuBLAS's grouped call ships
+    /// with it); median times in ms, `heuristic_ms` the rule's choice's.
+    pub fn grouped(
+        backend: crate::grouped::streams::GroupedBackend,
+        version: usize,
+        heuristic_ms: f64,
+        tuned_ms: f64,
+    ) -> Tactic {
+        let choice = Choice::GroupedBackend { backend };
+        Tactic { library: Library::CublasLt, version, kind: ProblemKind::GroupedGemm, choice, heuristic_ms, tuned_ms }
+    }
+
+    /// The grouped GEMM backend of a [`ProblemKind::GroupedGemm`] entry; `None` otherwise.
+    pub fn grouped_backend(&self) -> Option<crate::grouped::streams::GroupedBackend> {
+        match (self.kind, &self.choice) {
+            (ProblemKind::GroupedGemm, &Choice::GroupedBackend { backend }) => Some(backend),
+            _ => None,
+        }
+    }
+
     /// The cuBLASLt algorithm data and its workspace (bytes), for a cuBLASLt entry (of any
     /// kind: check [`kind`](Tactic::kind)); `None` for another library's.
     pub fn lt_algo(&self) -> Option<([u64; 8], usize)> {
@@ -191,21 +219,23 @@ pub(super) fn valid(t: &Tactic) -> bool {
 /// other kind's prefix; `fp8_gemm`, key prefix "fp8_gemm ") hold a cuBLASLt algorithm, cuDNN
 /// convolutions (key prefix "conv2d ") a graph-API engine (key token "graph") or a legacy
 /// algorithm (token "legacy"), cuDNN attention (key prefix "attention ") a graph-API engine
-/// that is not `unfused`.
-/// Anything else — the reserved kinds included — cannot have been
+/// that is not `unfused`, grouped GEMMs (key prefix "grouped_gemm ") a backend.
+/// Anything else cannot have been
 /// written by this crate.
 pub(crate) fn consistent(sig: &str, t: &Tactic) -> bool {
     let conv = sig.starts_with("conv2d ");
     let fp8 = sig.starts_with("fp8_gemm ");
     let attn = sig.starts_with("attention ");
+    let grouped = sig.starts_with("grouped_gemm ");
     let has = |token: &str| sig.split(' ').any(|w| w == token);
     match (t.library, t.kind, &t.choice) {
-        (Library::CublasLt, ProblemKind::Gemm, Choice::LtAlgo { .. }) => !conv && !fp8 && !attn,
+        (Library::CublasLt, ProblemKind::Gemm, Choice::LtAlgo { .. }) => !conv && !fp8 && !attn && !grouped,
         (Library::CublasLt, ProblemKind::Fp8Gemm, Choice::LtAlgo { .. }) => fp8,
         (Library::Cudnn, ProblemKind::Conv2d, Choice::CudnnEngine { .. }) => conv && has("graph"),
         (Library::Cudnn, ProblemKind::Conv2d, Choice::CudnnAlgo { .. }) => conv && has("legacy"),
         // attention has no unfused form (that flag is the fused convolution forward's)
         (Library::Cudnn, ProblemKind::Attention, Choice::CudnnEngine { unfused: false, .. }) => attn,
+        (Library::CublasLt, ProblemKind::GroupedGemm, Choice::GroupedBackend { .. }) => grouped,
         _ => false,
     }
 }

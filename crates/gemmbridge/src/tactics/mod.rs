@@ -52,11 +52,12 @@
 //! - `entries`: [`Tactic`]s by signature. Each names its `library` ([`Library`]: "cublaslt",
 //!   "cudnn"), that library's `version` when it was tuned (cuBLASLt: `cublasLtGetVersion()`,
 //!   cuDNN: `cudnnGetVersion()`, both `major·10000 + minor·100 + patch`), the `kind` of problem
-//!   ([`ProblemKind`]: "gemm", "fp8_gemm", "conv2d", "attention"), the tuned `choice` ([`Choice`], tagged by
-//!   `type`: "lt_algo"; for cuDNN's graph API "cudnn_engine", the engine's global index, its
-//!   knob choices as `[knob type, value]` pairs and the plan's workspace in bytes; for cuDNN's
-//!   legacy API "cudnn_algo", the algorithm's and the math type's enum values and the
-//!   workspace) and two median times in milliseconds measured when it was tuned:
+//!   ([`ProblemKind`]: "gemm", "fp8_gemm", "conv2d", "attention", "grouped_gemm"), the tuned
+//!   `choice` ([`Choice`], tagged by `type`: "lt_algo"; for cuDNN's graph API "cudnn_engine",
+//!   the engine's global index, its knob choices as `[knob type, value]` pairs and the plan's
+//!   workspace in bytes; for cuDNN's legacy API "cudnn_algo", the algorithm's and the math
+//!   type's enum values and the workspace; for a grouped GEMM "grouped_backend", the way it
+//!   runs, e.g. `{ "type": "grouped_backend", "backend": "stream_pool" }`) and two median times in milliseconds measured when it was tuned:
 //!   `heuristic_ms` (the library heuristic's first choice) and `tuned_ms` (this choice).
 //!
 //! # Signatures: one prefix rule per kind
@@ -87,6 +88,15 @@
 //! scale0.088388346 q16777216,128,4096 k4194304,128,1024 v4194304,128,1024 o16777216,128,4096
 //! al16`. Its choice is a "cudnn_engine" whose workspace is the plan's whole (cuDNN's part and
 //! the attention's own scratch). Nothing is bucketed.
+//!
+//! A grouped GEMM ("grouped_gemm") key is
+//! [`GroupedProblem::signature`](crate::grouped::GroupedProblem::signature): the product, E,
+//! N, K, the bucket of the total rows, the groups' spread (`equal`, or `skew<s>` with
+//! s = log₂(largest / mean group) rounded) and the precision, e.g. `grouped_gemm forward e128
+//! n768 k2048 m32768 skew5 bf16`: the group sizes change every step, so a choice serves every
+//! problem of that layer alike in total and skew. Its entry is of library "cublaslt" (the
+//! version loaded when it was measured); its `heuristic_ms` is the time of the engine's rule's
+//! choice.
 //!
 //! # Bucketing rule (GEMM)
 //! A signature leaves out the row-major M (the column-major call's n) in favour of its bucket,
@@ -121,8 +131,9 @@
 //!   each kind ("inconsistent"); [`TacticDb::save`] refuses to write either.
 //!
 //! The engine ([`Gpu::load_tactics`](crate::cuda::Gpu::load_tactics)) uses the cuBLASLt "gemm" and
-//! "fp8_gemm" entries and the cuDNN "conv2d" and "attention" entries of the cuDNN version it loads (it checks
-//! the version again, for a database built in memory). A cuBLASLt entry's algorithm is still
+//! "fp8_gemm" entries, the "grouped_gemm" entries (a backend, used where it applies to the
+//! problem), and the cuDNN "conv2d" and "attention" entries of the cuDNN version it loads (it
+//! checks the version again, for a database built in memory). A cuBLASLt entry's algorithm is still
 //! checked by cuBLASLt (`cublasLtMatmulAlgoCheck`) before a plan uses it, and one cuBLASLt
 //! rejects is not used. A convolution entry is rebuilt, without a search, the first time its
 //! problem is planned: the engine by its global index with the recorded knobs (or the legacy
@@ -147,9 +158,7 @@
 //!
 //! The file's parts: `entry.rs` (what one tactic is: [`Identity`], [`Library`],
 //! [`ProblemKind`], [`Choice`], [`Tactic`], the bucketing rule) and `db.rs` (the file:
-//! [`TacticDb`]'s load, merge and atomic save). The kind `grouped_gemm` is reserved (no
-//! choice is stored under it yet); a build that reads it keeps such entries in the file and
-//! uses none.
+//! [`TacticDb`]'s load, merge and atomic save).
 
 mod db;
 mod entry;

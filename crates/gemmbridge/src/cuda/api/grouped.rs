@@ -11,11 +11,13 @@ use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawExtras};
 use crate::cuda::call::Scale;
+use crate::cuda::device::{time_interleaved, Call};
 use crate::cuda::route::grouped::{batched, replayed, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
-use crate::grouped::streams::{GroupedBackend, GroupedSettings};
+use crate::grouped::streams::{candidates, rule, GroupedBackend, GroupedSettings};
 use crate::grouped::GroupedProblem;
+use crate::tactics::Tactic;
 use crate::validate::BufferDesc;
 
 impl Gpu {
@@ -92,7 +94,12 @@ impl Gpu {
         let (pc, _wc) = pc;
         let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
         check_extents(p, bufs, pv, T::DTYPE.size_bytes())?;
-        let how = self.grouped_backend_for(p)?;
+        let how = {
+            let mut st = self.lock();
+            let how = st.libs.grouped.choose(p)?;
+            st.libs.grouped.note_use(p, how);
+            how
+        };
         // SAFETY: every address is a live cudarc allocation of this context borrowed for this
         // call (the guards above), each buffer long enough and the output apart from the inputs
         // (check_extents); `launch` checks each GEMM before it enqueues any.
@@ -141,6 +148,72 @@ impl Gpu {
         // Even after a failure: part of the work may be enqueued.
         self.device().note_use(&mut st, stream)?;
         done
+    }
+
+    /// Measures every way of running `p` that applies to it ([`candidates`]) on these
+    /// buffers ([`Gpu::grouped_gemm`]'s arguments; `c` is overwritten many times): after
+    /// warm-up calls, `reps` interleaved rounds of ~1 ms samples of back-to-back calls between
+    /// CUDA events on [`Gpu::stream`], each way's median; the fastest is kept for `p`'s
+    /// signature ([`GroupedProblem::signature`]: problems of that layer alike in total and
+    /// skew) and used from now on where nothing is forced. Synchronises [`Gpu::stream`].
+    ///
+    /// Returns each way's median ms (candidate order) and the (signature, tactic) pair to
+    /// store in a [`crate::tactics::TacticDb`] (kind `grouped_gemm`; its `heuristic_ms` is
+    /// the rule's choice's time, [`rule`]).
+    ///
+    /// # Errors
+    /// As [`Gpu::grouped_gemm`]; [`Error::OutOfRange`] for `reps` outside 1 to 1000, before
+    /// anything runs. A forced backend ([`Gpu::set_grouped_backend`]) is set aside while
+    /// measuring and restored afterwards.
+    #[allow(clippy::type_complexity)]
+    pub fn tune_grouped<T: Element>(
+        &self,
+        p: &GroupedProblem,
+        (a, b): (&dyn DevicePtr<T>, &dyn DevicePtr<T>),
+        c: &mut dyn DevicePtrMut<T>,
+        bias: Option<&dyn DevicePtr<T>>,
+        reps: usize,
+    ) -> Result<(Vec<(GroupedBackend, f64)>, String, Tactic)> {
+        if !(1..=1000).contains(&reps) {
+            return Err(Error::OutOfRange { what: "reps", value: reps as u64, expected: "1 to 1000".into() });
+        }
+        let forced = self.grouped_backend();
+        self.set_grouped_backend(None);
+        // one checked call first: every rule, the lanes and the plans made
+        let first = self.grouped_gemm(p, a, b, c, bias);
+        let timed = first.and_then(|()| {
+            let s = self.stream();
+            let (pa, _ra) = a.device_ptr(s);
+            let (pb, _rb) = b.device_ptr(s);
+            let pv = bias.map(|v| (v.device_ptr(s), v.num_bytes()));
+            let (lc, (pc, _wc)) = (c.num_bytes(), c.device_ptr_mut(s));
+            let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
+            let bias = pv.as_ref().map(|((ptr, _), len)| (*ptr, *len));
+            let ways = candidates(p);
+            let calls: Vec<Call<'_>> = ways
+                .iter()
+                // SAFETY: the same buffers the checked call above ran on, borrowed until the
+                // timing has waited for every call.
+                .map(|&how| {
+                    Box::new(move || unsafe { self.launch_grouped(p, how, bufs, bias, s.cu_stream()) }) as Call<'_>
+                })
+                .collect();
+            let medians = time_interleaved(s, reps, &calls)?.medians;
+            Ok(ways.into_iter().zip(medians).collect::<Vec<_>>())
+        });
+        self.set_grouped_backend(forced);
+        let times = timed?;
+        let (best, best_ms) = times.iter().copied().min_by(|x, y| x.1.total_cmp(&y.1)).expect("a candidate");
+        let rule_ms = times.iter().find(|(b, _)| *b == rule(p)).map_or(best_ms, |t| t.1);
+        let sig = p.signature();
+        self.lock().libs.grouped.tuned.insert(sig.clone(), best);
+        let version = if crate::cuda::library::has_cublaslt() {
+            // SAFETY: a version query; the library is loaded (checked).
+            unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() }
+        } else {
+            0
+        };
+        Ok((times, sig, Tactic::grouped(best, version, rule_ms, best_ms)))
     }
 
     /// PyTorch's `offs` (`torch._grouped_mm`: where each group's rows end, int32, on the
@@ -249,6 +322,11 @@ fn check_types<T: Element>(p: &GroupedProblem, has_bias: bool) -> Result<()> {
             return Err(Error::DTypeMismatch { operand: which, expected: want, got: T::DTYPE });
         }
     }
+    check_bias(p, has_bias)
+}
+
+/// [`Error::EpilogueOperand`] unless a bias is given exactly when the problem has one.
+pub(super) fn check_bias(p: &GroupedProblem, has_bias: bool) -> Result<()> {
     if has_bias != p.has_bias() {
         let problem =
             if p.has_bias() { "is missing (the problem has a bias)" } else { "was given to a problem without one" };

@@ -17,6 +17,7 @@ use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::fp8::{check_dims, check_support, Fp8Format, Fp8Layout, Scaling, Source};
+use crate::grouped::{GroupedOp, GroupedOperand, GroupedProblem};
 
 impl Gpu {
     /// The GPU's compute capability and the loaded cuBLASLt's version (0 without cuBLASLt).
@@ -87,7 +88,8 @@ impl Gpu {
         scaling: Scaling,
     ) -> Result<Fp8Tensor> {
         let mut out = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
-        self.with_cast_job(src, &mut out, source, |kernels, job, stream| {
+        let (x, _gx) = src.device_ptr(self.stream());
+        self.with_cast_job::<T, _>(x, &mut out, source, |kernels, job, stream| {
             // SAFETY: `src` holds rows·cols elements (checked), `data` and `scales` were
             // allocated for the layout; all on `stream`, a live stream of the bound context.
             unsafe { enqueue_cast(kernels, job, stream) }
@@ -95,12 +97,69 @@ impl Gpu {
         Ok(out)
     }
 
-    /// Runs `f` with the FP8 kernels (compiled on first use) and the cast of `src` into `out`
-    /// (its format and layout) on [`Gpu::stream`], the context bound and the lock held; the
-    /// buffers' stream guards are held until `f` returns.
-    fn with_cast_job<T: Element, S: DevicePtr<T>, R>(
+    /// The operand `operand` of the FP8 grouped forward `p` ([`Gpu::grouped_fp8_gemm`])
+    /// quantised one group at a time, each group on its own ([`Gpu::quantize`] of that
+    /// group's rows: its own amax and scales): [`GroupedOperand::X`] from `x[rows, K]`
+    /// (row-major, rows sorted by group) into one `[m_e, K]` operand per group with rows
+    /// (`None` for an empty group); [`GroupedOperand::W`] from `w[E, N, K]` into one `[N, K]`
+    /// operand per expert (all `Some`). On [`Gpu::stream`], not waited for. Cost: one
+    /// quantisation's launches per group (two kernels per group tensor-wise).
+    ///
+    /// # Errors
+    /// Before anything is enqueued: [`Error::GroupedShape`] for a backward product;
+    /// [`Error::WrongContext`]; [`Error::BufferTooSmall`] when `src` holds fewer elements than
+    /// [`GroupedProblem::lens`] says; as [`Gpu::quantize`] for the first group (a scaling the
+    /// GPU or cuBLASLt does not offer, sizes past its limits). Later: as [`Gpu::quantize`].
+    pub fn grouped_quantize<T: Element, S: DevicePtr<T>>(
         &self,
+        p: &GroupedProblem,
+        operand: GroupedOperand,
         src: &S,
+        format: Fp8Format,
+        scaling: Scaling,
+    ) -> Result<Vec<Option<Fp8Tensor>>> {
+        if p.op() != GroupedOp::Forward {
+            let what = "FP8 grouped operands are the forward's x and w";
+            return Err(Error::GroupedShape { what, detail: p.describe() });
+        }
+        let (n, k) = (p.n(), p.k());
+        let (rows, len) = match operand {
+            GroupedOperand::X => (p.rows(), p.lens()[0]),
+            GroupedOperand::W => (p.groups() * n, p.lens()[1]),
+        };
+        self.check_source::<T, S>(src, rows, k)?;
+        debug_assert_eq!(rows * k, len);
+        let (x, _gx) = src.device_ptr(self.stream());
+        let elem = T::DTYPE.size_bytes() as u64;
+        let mut out = Vec::with_capacity(p.groups());
+        for e in 0..p.groups() {
+            let (first, count) = match operand {
+                GroupedOperand::X => (p.row_start(e), p.sizes()[e]),
+                GroupedOperand::W => (e * n, n),
+            };
+            if count == 0 {
+                out.push(None);
+                continue;
+            }
+            let mut q = self.alloc_quantized(count, k, Source::RowMajor, format, scaling)?;
+            let at = x + (first * k) as u64 * elem;
+            self.with_cast_job::<T, _>(at, &mut q, Source::RowMajor, |kernels, job, stream| {
+                // SAFETY: group e's rows lie within `src` (its length checked against the
+                // problem's), `q` was allocated for them; all on `stream`.
+                unsafe { enqueue_cast(kernels, job, stream) }
+            })?;
+            out.push(Some(q));
+        }
+        Ok(out)
+    }
+
+    /// Runs `f` with the FP8 kernels (compiled on first use) and the cast of the `T` source at
+    /// `x` into `out` (its format and layout) on [`Gpu::stream`], the context bound and the
+    /// lock held; the output's stream guards are held until `f` returns (the caller holds the
+    /// source's).
+    fn with_cast_job<T: Element, R>(
+        &self,
+        x: u64,
         out: &mut Fp8Tensor,
         source: Source,
         f: impl FnOnce(&Kernels, &CastJob, CUstream) -> Result<R>,
@@ -110,7 +169,6 @@ impl Gpu {
         let mut st = self.lock();
         let kernels = st.dev.kernels(s.cu_stream(), KernelSet::Fp8)?;
         let (format, layout) = (out.format, out.layout);
-        let (x, _gx) = src.device_ptr(s);
         let (q, _gq) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut *out.data, s);
         let (sc, _gs) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut *out.scales, s);
         let job = CastJob { src: x, dtype: T::DTYPE, source, format, layout, data: q, scales: sc };
@@ -127,7 +185,37 @@ impl Gpu {
         format: Fp8Format,
         scaling: Scaling,
     ) -> Result<Fp8Tensor> {
+        self.check_source::<T, S>(src, rows, cols)?;
+        self.alloc_quantized(rows, cols, source, format, scaling)
+    }
+
+    /// `src` of this context, holding at least `rows · cols` elements.
+    fn check_source<T: Element, S: DevicePtr<T>>(&self, src: &S, rows: usize, cols: usize) -> Result<()> {
         same_context(Which::Source, src.stream(), self.context())?;
+        let elem_bytes = T::DTYPE.size_bytes();
+        let need = rows.saturating_mul(cols);
+        if src.num_bytes() < need.saturating_mul(elem_bytes) {
+            return Err(Error::BufferTooSmall {
+                operand: Which::Source,
+                len_bytes: src.num_bytes(),
+                needed_bytes: need * elem_bytes,
+                needed_elems: need,
+                elem_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// The checks of a `[rows, cols]` quantisation's sizes and platform, then its output
+    /// allocated from the stream-ordered pool (data not yet written).
+    fn alloc_quantized(
+        &self,
+        rows: usize,
+        cols: usize,
+        source: Source,
+        format: Fp8Format,
+        scaling: Scaling,
+    ) -> Result<Fp8Tensor> {
         check_dims(rows, cols)?;
         // the kernels' second grid dimension (at most 65535 CTAs) covers 64 rows per CTA for a
         // transposed source and 128 for 128×128 blocks (`device/fp8_cast.rs`)
@@ -141,17 +229,6 @@ impl Gpu {
             if rows > max {
                 return Err(Error::DimensionTooLarge { what: "rows of this quantisation's grid", value: rows, max });
             }
-        }
-        let elem_bytes = T::DTYPE.size_bytes();
-        let need = rows * cols;
-        if src.num_bytes() < need * elem_bytes {
-            return Err(Error::BufferTooSmall {
-                operand: Which::Source,
-                len_bytes: src.num_bytes(),
-                needed_bytes: need * elem_bytes,
-                needed_elems: need,
-                elem_bytes,
-            });
         }
         let (cc, lt_version) = self.fp8_platform()?;
         check_support(cc, lt_version, scaling)?;
@@ -192,7 +269,8 @@ impl Gpu {
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let ev = || self.context().new_event(flags).map_err(status::driver("cuEventCreate"));
         let (start, end) = (ev()?, ev()?);
-        let times = self.with_cast_job(src, &mut out, source, |kernels, job, stream| {
+        let (x, _gx) = src.device_ptr(s);
+        let times = self.with_cast_job::<T, _>(x, &mut out, source, |kernels, job, stream| {
             check_cast(job)?;
             // SAFETY: as in `quantize`.
             let held = unsafe { prepare_cast(job, stream)? };

@@ -54,9 +54,16 @@ impl Gpu {
     /// and knobs, whatever [`Gpu::set_attention_search`] says, if cuDNN finalizes the plan and
     /// its workspace fits the limit (otherwise a warning, and the usual planning). Attention
     /// plans an entry replaces are dropped.
+    ///
+    /// Grouped GEMMs: the entries of kind "grouped_gemm" are kept by signature
+    /// ([`crate::grouped::GroupedProblem::signature`]); a problem with an entry runs the
+    /// entry's backend where it applies to it and none is forced
+    /// ([`crate::grouped::streams::GroupedSettings::choose`]).
     pub fn load_tactics(&self, db: &tactics::TacticDb) {
         {
             let mut st = self.lock();
+            let grouped = db.entries.iter().filter_map(|(k, t)| Some((k.clone(), t.grouped_backend()?)));
+            st.libs.grouped.tuned.extend(grouped);
             let kinds = [tactics::ProblemKind::Conv2d, tactics::ProblemKind::Attention];
             let dnn = db.entries.iter().filter(|(_, t)| kinds.contains(&t.kind));
             st.libs.dnn_tactics.extend(dnn.map(|(k, t)| (k.clone(), t.clone())));
@@ -82,7 +89,8 @@ impl Gpu {
     /// `Gpu` tuned itself ([`Gpu::autotune_raw`], [`Gpu::autotune_fp8`]: these keep their
     /// result for their signature, even where it is the heuristic's own choice) — cuBLASLt GEMM
     /// and FP8 entries whose algorithm cuBLASLt accepted for the call, convolution and attention
-    /// entries cuDNN rebuilt. Never cleared (loading other entries or dropping plans keeps the record). An
+    /// entries cuDNN rebuilt, grouped GEMM entries whose way ran a call ([`Gpu::tune_grouped`]'s
+    /// included). Never cleared (loading other entries or dropping plans keeps the record). An
     /// entry that was loaded but is missing here has served no call yet — or was refused (a
     /// warning is logged) or does not match the calls made (another alignment, workspace or SM
     /// count target gives another signature). `gemmbridge tune` uses this to check that the
@@ -92,6 +100,7 @@ impl Gpu {
         let mut all: Vec<String> =
             st.libs.lt.as_ref().map(|lt| lt.applied.iter().cloned().collect()).unwrap_or_default();
         all.extend(st.libs.dnn.as_ref().map(|d| d.applied().iter().cloned().collect::<Vec<_>>()).unwrap_or_default());
+        all.extend(st.libs.grouped.applied.iter().cloned());
         all.sort();
         all
     }

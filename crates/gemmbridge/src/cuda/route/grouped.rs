@@ -61,11 +61,7 @@ pub(crate) unsafe fn batched(st: &mut Locked<Libraries>, groups: &[GroupGemm], c
     unsafe { libs.blas.gemm_grouped(dev, &gemms, caller) }
 }
 
-/// Enqueues `groups` over at most `lanes` of the device's lanes (created, with their
-/// workspaces, on first use — never while `caller` is capturing), the larger groups first,
-/// each to the lane with the least work so far; `caller` waits for all of them. After a failed
-/// launch the remaining groups are skipped but every lane is still joined back, so that
-/// `caller`'s order (and a capture of it) stays whole; the first error is returned.
+/// Enqueues `groups` over at most `lanes` of the device's lanes, as [`pooled_launches`] does.
 ///
 /// # Safety
 /// As [`in_order`].
@@ -77,9 +73,36 @@ pub(crate) unsafe fn pooled(
 ) -> Result<()> {
     // a backward weight's empty group (k = 0) still writes its zeros: count it as k = 1
     let work: Vec<u64> = groups.iter().map(|g| g.p.m() as u64 * g.p.n() as u64 * g.p.k().max(1) as u64).collect();
-    let assigned = assign(&work, lanes);
+    let describe = || format!("{} grouped GEMMs", groups.len());
+    // SAFETY: the caller's contract; each launch is one checked group on a live stream.
+    unsafe {
+        pooled_launches(st, &work, lanes, caller, &describe, |st, e, s| {
+            dispatch::enqueue(st, &groups[e].call(s)).map(|_| ())
+        })
+    }
+}
+
+/// Runs `launch(state, e, stream)` for every group `e` of nonzero `work[e]` over at most
+/// `lanes` of the device's lanes (created, with their workspaces, on first use — never while
+/// `caller` is capturing), the larger groups first, each to the lane with the least work so
+/// far; `caller` waits for all of them. After a failed launch the remaining groups are skipped
+/// but every lane is still joined back, so that `caller`'s order (and a capture of it) stays
+/// whole; the first error is returned. `describe` names the call in errors.
+///
+/// # Safety
+/// `caller` is a live stream of the bound context; each `launch` enqueues only work that is
+/// valid on the stream it is given (a lane with its workspace, or `caller`).
+pub(crate) unsafe fn pooled_launches(
+    st: &mut Locked<Libraries>,
+    work: &[u64],
+    lanes: usize,
+    caller: CUstream,
+    describe: &dyn Fn() -> String,
+    mut launch: impl FnMut(&mut Locked<Libraries>, usize, CUstream) -> Result<()>,
+) -> Result<()> {
+    let assigned = assign(work, lanes);
     // taken out of the state while the groups are enqueued through them, put back below
-    let pool = st.dev.take_lanes(assigned.len(), caller, &|| format!("{} grouped GEMMs", groups.len()))?;
+    let pool = st.dev.take_lanes(assigned.len(), caller, describe)?;
     let mut first_error = None;
     for (lane, step) in schedule(&assigned) {
         let stream = if lane == 0 { caller } else { pool.stream(lane - 1) };
@@ -90,8 +113,7 @@ pub(crate) unsafe fn pooled(
             Step::Record(_) => pool.record_join(lane - 1),
             Step::Wait(n) => unsafe { pool.wait_join(caller, n - 1) },
             Step::Launch(_) if first_error.is_some() => Ok(()),
-            // SAFETY: the caller's contract; the lane's workspace exists (`lanes`).
-            Step::Launch(e) => unsafe { dispatch::enqueue(st, &groups[e].call(stream)) }.map(|_| ()),
+            Step::Launch(e) => launch(st, e, stream),
         };
         if let Err(e) = done {
             if matches!(step, Step::Launch(_)) {
