@@ -151,6 +151,24 @@ fn bad_input_is_named_and_nothing_is_written() {
     assert!(!untouched(&c));
 }
 
+/// Skewed groups where one is above 2³⁰ multiply-adds (2100 · 512 · 1024) and the rest below:
+/// the split pool (the large group on a lane, the small ones in one cuBLAS grouped call on
+/// another) is a way to run them, checked with the others against float64.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_split_pool_runs_large_groups_beside_one_grouped_call() {
+    let (gpu, mut rng) = (gpu(), rng());
+    for (op, precision) in [(GroupedOp::Forward, Precision::BF16), (GroupedOp::BackwardData, Precision::F16)] {
+        let p = GroupedProblem::new(op, &[1, 0, 7, 2100, 129], 512, 1024, precision).unwrap();
+        assert!(candidates(&p).contains(&GroupedBackend::SplitPool), "{:?}", candidates(&p));
+        let e = match precision {
+            Precision::F16 => check::<f16>(&gpu, &p, &mut rng),
+            _ => check::<bf16>(&gpu, &p, &mut rng),
+        };
+        eprintln!("{}: rel error {e:.2e} (worst of {:?} and the choice)", p.describe(), candidates(&p));
+    }
+}
+
 /// A pooled grouped call is captured with the pool's work (forked and joined by events) once
 /// the pool exists: the graph's result is the eager call's, bit for bit; before any pooled call
 /// with that many streams, the capture is refused by name.

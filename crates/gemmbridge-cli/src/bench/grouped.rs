@@ -35,10 +35,13 @@ pub fn parse_backend(s: &str) -> anyhow::Result<Option<GroupedBackend>> {
         "auto" => None,
         "strided" => Some(GroupedBackend::StridedBatch),
         "pool" => Some(GroupedBackend::StreamPool),
+        "split" => Some(GroupedBackend::SplitPool),
         "cublas-grouped" => Some(GroupedBackend::GroupedBatched),
         "in-order" => Some(GroupedBackend::InOrder),
         other => {
-            anyhow::bail!("unknown grouped backend {other:?}; choose auto, strided, cublas-grouped, pool or in-order")
+            anyhow::bail!(
+                "unknown grouped backend {other:?}; choose auto, strided, cublas-grouped, pool, split or in-order"
+            )
         }
     })
 }

@@ -95,9 +95,11 @@ pub struct Args {
     #[arg(long, default_value = "measured")]
     conv_search: String,
     /// Grouped rows: how the engine runs them — auto (its rule: one strided batch for equal
-    /// groups, cuBLAS's grouped call for small unequal ones of a forward or backward data, a
-    /// pool of streams otherwise), strided, cublas-grouped (cuBLAS's grouped batched call), pool
-    /// or in-order (shapes a forced backend does not apply to are skipped).
+    /// groups, for small unequal ones of a forward or backward data cuBLAS's grouped call —
+    /// beside the large groups on the pool where some are above 2³⁰ multiply-adds — a pool of
+    /// streams otherwise), strided, cublas-grouped (cuBLAS's grouped batched call), pool, split
+    /// (the large groups on the pool, the small ones in one cuBLAS grouped call beside them) or
+    /// in-order (shapes a forced backend does not apply to are skipped).
     #[arg(long, default_value = "auto")]
     grouped_backend: String,
     /// Grouped rows: streams of the pool (1 to 16).

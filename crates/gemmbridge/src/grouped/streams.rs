@@ -32,6 +32,13 @@ pub enum GroupedBackend {
     GroupedBatched,
     /// A plan per group (cuBLASLt), launched on a pool of streams ([`schedule`]).
     StreamPool,
+    /// The groups above [`SMALL_GROUP_MACS`] multiply-adds each on the pool of streams, and
+    /// the rest in one cuBLAS grouped batched call on a stream of the same pool, beside them:
+    /// for skewed routing, where a few large groups would leave cuBLAS's grouped call waiting on
+    /// its longest GEMM and many small ones leave the pool's per-group launches half idle.
+    /// Where [`GroupedBackend::GroupedBatched`] applies, with at least one large group and two
+    /// small ones. Not capturable (as cuBLAS's grouped call).
+    SplitPool,
     /// A plan per group, one after another on the caller's stream.
     InOrder,
 }
@@ -46,13 +53,26 @@ pub fn candidates(p: &GroupedProblem) -> Vec<GroupedBackend> {
     if first > 0 && !p.has_bias() && p.sizes().iter().all(|&m| m == first) {
         out.push(GroupedBackend::StridedBatch);
     }
-    let same_type = matches!(p.precision(), Precision::F32 | Precision::TF32 | Precision::F16 | Precision::BF16);
+    let same_type = same_type(p);
     let empty_dw = p.op() == super::GroupedOp::BackwardWeight && p.sizes().contains(&0);
     if same_type && !p.has_bias() && !empty_dw {
         out.push(GroupedBackend::GroupedBatched);
+        let (large, small) = split_counts(p);
+        if large >= 1 && small >= 2 {
+            out.push(GroupedBackend::SplitPool);
+        }
     }
     out.extend([GroupedBackend::StreamPool, GroupedBackend::InOrder]);
     out
+}
+
+/// The groups with rows of `p`: how many are large (more than [`SMALL_GROUP_MACS`]
+/// multiply-adds, for [`GroupedBackend::SplitPool`]) and how many small.
+fn split_counts(p: &GroupedProblem) -> (usize, usize) {
+    let nk = p.n() as u64 * p.k() as u64;
+    let busy = p.sizes().iter().filter(|&&m| m > 0);
+    let large = busy.clone().filter(|&&m| m as u64 * nk > SMALL_GROUP_MACS).count();
+    (large, busy.count() - large)
 }
 
 /// How grouped products run on an engine: a forced backend, or `None` for the measured
@@ -149,6 +169,8 @@ pub fn rule(p: &GroupedProblem) -> GroupedBackend {
     let small = busy > 0 && p.macs() / busy as f64 <= SMALL_GROUP_MACS as f64;
     if candidates.contains(&GroupedBackend::StridedBatch) {
         GroupedBackend::StridedBatch
+    } else if small && p.op() != GroupedOp::BackwardWeight && candidates.contains(&GroupedBackend::SplitPool) {
+        GroupedBackend::SplitPool
     } else if small && p.op() != GroupedOp::BackwardWeight && candidates.contains(&GroupedBackend::GroupedBatched) {
         GroupedBackend::GroupedBatched
     } else if busy > 1 {
@@ -156,6 +178,12 @@ pub fn rule(p: &GroupedProblem) -> GroupedBackend {
     } else {
         GroupedBackend::InOrder
     }
+}
+
+/// Whether `p`'s precision is one of those cuBLAS's grouped call takes (inputs and output of
+/// one type).
+fn same_type(p: &GroupedProblem) -> bool {
+    matches!(p.precision(), Precision::F32 | Precision::TF32 | Precision::F16 | Precision::BF16)
 }
 
 /// Why backend `b` does not apply to `p` (for the error of a forced one).
@@ -169,10 +197,18 @@ fn why_not(p: &GroupedProblem, b: GroupedBackend) -> String {
             let e = p.sizes().iter().position(|&m| m != first).unwrap_or(0);
             format!("the groups differ in size (m[0] = {first}, m[{e}] = {})", p.sizes()[e])
         }
-        (GroupedBackend::GroupedBatched, Some(e)) if p.op() == GroupedOp::BackwardWeight => {
+        (GroupedBackend::GroupedBatched | GroupedBackend::SplitPool, Some(e))
+            if p.op() == GroupedOp::BackwardWeight =>
+        {
             format!("group {e} of a backward weight is empty (its zeros need a GEMM of k = 0)")
         }
-        (GroupedBackend::GroupedBatched, _) => format!("its output type differs from its inputs' ({})", p.precision()),
+        (GroupedBackend::SplitPool, _) if same_type(p) => {
+            let (large, small) = split_counts(p);
+            format!("{large} groups above 2³⁰ multiply-adds and {small} below: it needs at least one and two")
+        }
+        (GroupedBackend::GroupedBatched | GroupedBackend::SplitPool, _) => {
+            format!("its output type differs from its inputs' ({})", p.precision())
+        }
         _ => "not offered for this problem".into(),
     }
 }
@@ -380,8 +416,10 @@ mod tests {
         use GroupedBackend::*;
         let p = |sizes: &[usize]| GroupedProblem::new(GroupedOp::Forward, sizes, 768, 2048, Precision::BF16).unwrap();
         let mut s = GroupedSettings::default();
+        // one group above 2³⁰ multiply-adds (700 · 768 · 2048), three below: the split pool
         let skewed = p(&[700, 60, 100, 164]);
-        assert_eq!(s.choose(&skewed).unwrap(), GroupedBatched);
+        assert_eq!(candidates(&skewed), [GroupedBatched, SplitPool, StreamPool, InOrder]);
+        assert_eq!(s.choose(&skewed).unwrap(), SplitPool);
         s.tuned.insert(skewed.signature(), StreamPool);
         assert_eq!(s.choose(&skewed).unwrap(), StreamPool);
         // other sizes of the same total bucket and skew: the same entry
@@ -391,9 +429,12 @@ mod tests {
         assert_ne!(p(&[256, 256, 256, 256]).signature(), skewed.signature());
         // an entry that does not apply (a strided batch for unequal groups): the rule
         s.tuned.insert(skewed.signature(), StridedBatch);
-        assert_eq!(s.choose(&skewed).unwrap(), GroupedBatched);
+        assert_eq!(s.choose(&skewed).unwrap(), SplitPool);
         s.backend = Some(InOrder);
         assert_eq!(s.choose(&skewed).unwrap(), InOrder);
-        assert_eq!(rule(&skewed), GroupedBatched);
+        assert_eq!(rule(&skewed), SplitPool);
+        // fewer than two small groups: no split
+        let e = GroupedSettings { backend: Some(SplitPool), ..Default::default() }.choose(&p(&[700, 60])).unwrap_err();
+        assert!(e.to_string().contains("1 groups above 2³⁰ multiply-adds and 1 below"), "{e}");
     }
 }

@@ -12,7 +12,7 @@ use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawExtras};
 use crate::cuda::call::Scale;
 use crate::cuda::device::{time_interleaved, Call};
-use crate::cuda::route::grouped::{batched, replayed, GroupGemm};
+use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::grouped::streams::{candidates, rule, GroupedBackend, GroupedSettings};
@@ -142,6 +142,10 @@ impl Gpu {
         let done = unsafe {
             match how {
                 GroupedBackend::GroupedBatched => batched(&mut st, &groups, stream),
+                GroupedBackend::SplitPool => {
+                    let lanes = st.libs.grouped.streams;
+                    split(&mut st, &groups, lanes, stream)
+                }
                 _ => replayed(&mut st, &groups, replay_key(p, bufs, pv, lanes), lanes, stream),
             }
         };
