@@ -68,8 +68,6 @@ pub fn group(k: &Key) -> (String, String) {
     } else if let Some((op @ ("grouped" | "grouped_dx" | "grouped_dw" | "grouped_fp8"), rest)) = k.1.split_once('/') {
         let kind = if rest.ends_with("+loop") {
             "vs matmul loop"
-        } else if rest.ends_with("+dense") {
-            "dense yardstick"
         } else if rest.contains("zipf") {
             "skewed"
         } else {
@@ -319,7 +317,6 @@ mod tests {
         assert_eq!(group(&key("grouped/dsv3+loop", 32768, 2048)).1, "grouped vs matmul loop");
         assert_eq!(group(&key("grouped_dw/mixtral", 32768, 14336)).1, "grouped_dw equal");
         assert_eq!(group(&key("grouped_fp8/qwen3-zipf/rowwise", 32768, 768)).1, "grouped_fp8 skewed");
-        assert_eq!(group(&key("grouped_fp8/dsv3/block+dense", 32768, 2048)).1, "grouped_fp8 dense yardstick");
     }
 
     #[test]

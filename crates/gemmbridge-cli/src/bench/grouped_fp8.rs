@@ -2,8 +2,8 @@
 //! shape of `bench/grouped.json` through [`Gpu::grouped_fp8_gemm`], E4M3 operands quantised per
 //! group before the timing starts (as bench/grouped_peer.py quantises for
 //! `torch._scaled_grouped_mm`), bf16 output, one row per recipe of `--grouped-scalings`
-//! (layout `<shape>/<recipe>`), and beside each the dense FP8 GEMM of the same total size
-//! (`[Σ m_e, N, K]`, one expert's weight; layout `<shape>/<recipe>+dense`), the yardstick where
+//! (layout `<shape>/<recipe>`), and beside each, op grouped_fp8_dense, the dense FP8 GEMM of
+//! the same total size (`[Σ m_e, N, K]`, one expert's weight; same layout), the yardstick where
 //! PyTorch has no grouped kernel for the recipe. TFLOP/s count 2·Σ m_e·N·K.
 
 use gemmbridge::cuda::{Fp8Options, Gpu};
@@ -52,6 +52,6 @@ pub fn rows(
     let xq = gpu.quantize(&xd, p.rows(), p.k(), Source::RowMajor, Fp8Format::E4M3, xs)?;
     drop(xd);
     let t = timing::time_gpu(gpu, sampling, &mut || gpu.fp8_gemm(&xq, &qw[0], &mut y, None, opts))?;
-    let dense = Row::timed("grouped_fp8", "fp8_e4m3", dims, &t, 2.0 * p.macs(), format!("{name}+dense"));
+    let dense = Row::timed("grouped_fp8_dense", "fp8_e4m3", dims, &t, 2.0 * p.macs(), name);
     Ok(vec![grouped, dense])
 }

@@ -85,8 +85,8 @@ pub struct Args {
     /// the mixture-of-experts shapes of bench/grouped.json, GPU only; not run by default; their
     /// peer is bench/grouped_peer.py): grouped (the forward), grouped_dx (the backward data),
     /// grouped_dw (the backward weight); grouped_fp8 (the FP8 forward per recipe of
-    /// --grouped-scalings, beside the dense FP8 GEMM of the same total size; its peer rows are
-    /// the row-wise recipe's).
+    /// --grouped-scalings, with rows grouped_fp8_dense: the dense FP8 GEMM of the same total
+    /// size; its peer rows are the row-wise recipe's).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
