@@ -65,7 +65,11 @@ pub fn group(k: &Key) -> (String, String) {
             "host-bound"
         };
         format!("attn{op} {kind}")
-    } else if let Some((op @ ("grouped" | "grouped_dx" | "grouped_dw" | "grouped_fp8"), rest)) = k.1.split_once('/') {
+    } else if let Some((
+        op @ ("grouped" | "grouped_dx" | "grouped_dw" | "grouped_fp8" | "grouped_fp8_dx" | "grouped_fp8_dw"),
+        rest,
+    )) = k.1.split_once('/')
+    {
         let kind = if rest.ends_with("+loop") {
             "vs matmul loop"
         } else if rest.contains("zipf") {

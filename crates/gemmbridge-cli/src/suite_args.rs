@@ -125,14 +125,14 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             push(&mut out.gemm, o);
         } else if attn::OPS.contains(&o) && (bench_only || !attn::BENCH_ONLY.contains(&o)) {
             push(&mut out.attn, o);
-        } else if grouped::OPS.contains(&o) && (bench_only || o != "grouped_fp8") {
+        } else if grouped::OPS.contains(&o) && (bench_only || !grouped::is_fp8(o)) {
             push(&mut out.grouped, o);
         } else {
             let launch = if with_launch { "launch, " } else { "" };
             let attn: Vec<&str> =
                 attn::OPS.iter().copied().filter(|a| bench_only || !attn::BENCH_ONLY.contains(a)).collect();
             let grouped: Vec<&str> =
-                grouped::OPS.iter().copied().filter(|g| bench_only || *g != "grouped_fp8").collect();
+                grouped::OPS.iter().copied().filter(|g| bench_only || !grouped::is_fp8(g)).collect();
             let grouped = format!(", {}", grouped.join(", "));
             let attn = format!(", {}{grouped}", attn.join(", "));
             bail!("unknown op {o:?}; choose from {}, {launch}{}, conv{attn}", OPS.join(", "), conv::OPS.join(", "));
@@ -231,12 +231,13 @@ mod tests {
         );
         assert_eq!(parse_ops("grouped_dw", false).unwrap().grouped, ["grouped_dw"]);
         assert!(parse_ops("grouped_fp8", false).is_err(), "FP8 groups have no way to choose");
+        assert!(parse_ops("grouped_fp8_dw", false).is_err(), "FP8 groups have no way to choose");
         let e = parse_ops("foo", true).unwrap_err().to_string();
         assert_eq!(
             e,
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
              conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fwd_bwd_fp8, attn_fp8_cast, grouped, \
-             grouped_dx, grouped_dw, grouped_fp8"
+             grouped_dx, grouped_dw, grouped_fp8, grouped_fp8_dx, grouped_fp8_dw"
         );
     }
 }

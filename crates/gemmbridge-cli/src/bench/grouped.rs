@@ -17,16 +17,22 @@ use super::{rotate, Pools};
 use crate::row::Row;
 use crate::timing;
 
-/// The grouped ops: the forward, the backward data, the backward weight, the FP8 forward.
-pub const OPS: [&str; 4] = ["grouped", "grouped_dx", "grouped_dw", "grouped_fp8"];
+/// The grouped ops: the forward, the backward data, the backward weight, then the same three
+/// in FP8.
+pub const OPS: [&str; 6] = ["grouped", "grouped_dx", "grouped_dw", "grouped_fp8", "grouped_fp8_dx", "grouped_fp8_dw"];
 
 /// The product of an op of [`OPS`].
 pub fn product(op: &str) -> GroupedOp {
-    match op {
-        "grouped_dx" => GroupedOp::BackwardData,
-        "grouped_dw" => GroupedOp::BackwardWeight,
+    match op.strip_prefix("grouped_fp8").or(op.strip_prefix("grouped")) {
+        Some("_dx") => GroupedOp::BackwardData,
+        Some("_dw") => GroupedOp::BackwardWeight,
         _ => GroupedOp::Forward,
     }
+}
+
+/// Whether an op of [`OPS`] is an FP8 one (its rows per recipe, not per dtype).
+pub fn is_fp8(op: &str) -> bool {
+    op.starts_with("grouped_fp8")
 }
 
 /// `--grouped-backend` parsed: `None` for "auto".
@@ -73,7 +79,7 @@ pub fn shapes() -> anyhow::Result<Vec<Shape>> {
 }
 
 /// Every row: per op of `ops`, per f16/bf16 dtype of `dtypes` (per recipe of `scalings` for
-/// grouped_fp8), per shape; `each` is called with every row as it is made. The engine's grouped
+/// the FP8 ops), per shape; `each` is called with every row as it is made. The engine's grouped
 /// backend is set beforehand (`--grouped-backend`).
 pub fn bench(
     gpu: &Gpu,
@@ -84,10 +90,10 @@ pub fn bench(
 ) -> anyhow::Result<Vec<Row>> {
     let (mut rows, mut pools) = (Vec::new(), Pools::default());
     for op in ops {
-        if op == "grouped_fp8" {
+        if is_fp8(op) {
             for recipe in scalings {
                 for shape in shapes()? {
-                    for row in super::grouped_fp8::rows(gpu, &mut pools, &shape, recipe, sampling)? {
+                    for row in super::grouped_fp8::rows(gpu, &mut pools, (op, &shape), recipe, sampling)? {
                         each(&row)?;
                         rows.push(row);
                     }
@@ -114,7 +120,7 @@ pub fn bench(
     Ok(rows)
 }
 
-/// One grouped row of `op` (an op of [`OPS`] but grouped_fp8) for `shape` in `precision`,
+/// One grouped row of `op` (an op of [`OPS`] but the FP8 ones) for `shape` in `precision`,
 /// timed as [`bench`] times it (fresh random buffers from `pools`).
 pub fn row<T: Element + DeviceRepr>(
     gpu: &Gpu,
@@ -146,8 +152,9 @@ mod tests {
             let tokens = if s.name.starts_with("dsv3-16k") { 131072 } else { 32768 };
             assert_eq!(p.rows(), tokens, "{}", s.name);
         }
-        let products = [GroupedOp::Forward, GroupedOp::BackwardData, GroupedOp::BackwardWeight, GroupedOp::Forward];
-        assert_eq!(OPS.map(product), products);
+        let products = [GroupedOp::Forward, GroupedOp::BackwardData, GroupedOp::BackwardWeight];
+        assert_eq!(OPS.map(product), [products, products].concat()[..]);
+        assert_eq!(OPS.map(is_fp8), [false, false, false, true, true, true]);
         assert_eq!(parse_backend("pool").unwrap(), Some(GroupedBackend::StreamPool));
         assert!(parse_backend("fast").is_err());
     }

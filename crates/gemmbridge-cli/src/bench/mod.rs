@@ -84,9 +84,9 @@ pub struct Args {
     /// attn_fp8_cast (those casts alone). Grouped GEMM (f16 and bf16,
     /// the mixture-of-experts shapes of bench/grouped.json, GPU only; not run by default; their
     /// peer is bench/grouped_peer.py): grouped (the forward), grouped_dx (the backward data),
-    /// grouped_dw (the backward weight); grouped_fp8 (the FP8 forward per recipe of
-    /// --grouped-scalings, with rows grouped_fp8_dense: the dense FP8 GEMM of the same total
-    /// size; its peer rows are the row-wise recipe's).
+    /// grouped_dw (the backward weight); grouped_fp8, grouped_fp8_dx, grouped_fp8_dw (the same
+    /// in FP8, per recipe of --grouped-scalings, each with rows <op>_dense: the dense FP8 GEMM
+    /// of the same total size; the forward's peer rows are the row-wise recipe's).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
@@ -105,7 +105,7 @@ pub struct Args {
     /// Grouped rows: streams of the pool (1 to 16).
     #[arg(long, default_value_t = 4)]
     grouped_streams: usize,
-    /// grouped_fp8 rows: comma-separated FP8 recipes (as --scalings names them).
+    /// The FP8 grouped rows: comma-separated FP8 recipes (as --scalings names them).
     #[arg(long, default_value = "tensorwise,rowwise,block")]
     grouped_scalings: String,
 }
@@ -180,7 +180,7 @@ struct Plan {
     conv_ops: Vec<String>,
     attn_ops: Vec<String>,
     grouped_ops: Vec<String>,
-    /// The recipes of the grouped_fp8 rows.
+    /// The recipes of the FP8 grouped rows.
     grouped_scalings: Vec<String>,
     launch: bool,
     reps: usize,
@@ -227,7 +227,7 @@ impl Plan {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
         let half = dtypes.iter().any(|(_, p)| matches!(p.input(), gemmbridge::DType::F16 | gemmbridge::DType::BF16));
-        if (!attn_ops.is_empty() || grouped_ops.iter().any(|o| o != "grouped_fp8")) && !half {
+        if (!attn_ops.is_empty() || grouped_ops.iter().any(|o| !grouped::is_fp8(o))) && !half {
             bail!("--ops names attention or grouped GEMM rows but --dtypes names neither f16 nor bf16 (their input types)");
         }
         let backend = parse_backend(&args.backend)?;

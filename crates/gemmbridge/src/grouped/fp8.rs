@@ -1,37 +1,60 @@
-//! The CPU emulation of an FP8 grouped forward, the reference an FP8 grouped GEMM is judged
-//! by: each group's `x_e[m_e, K]` and `w_e[N, K]` quantised to E4M3 on their own with the
-//! recipe's scalings ([`crate::fp8::quantize`] exactly, as the crate's kernels do per group),
-//! then `y_e = x̂_e · ŵ_eᵀ` in float64 on the dequantised values (a bias added in float64). Its
-//! error against the float64 product of the unquantised operands is the recipe's own error; an
-//! FP8 path may be no worse than 1.5× of it.
+//! The CPU emulation of an FP8 grouped product, the reference an FP8 grouped GEMM is judged by:
+//! each group's two operands in the TN form of [`GroupedProblem::tn_operand`] quantised on
+//! their own with the recipe's formats and scalings ([`crate::fp8::quantize`] exactly, as the
+//! crate's kernels do per group), then `c_e = Â_e · B̂_eᵀ` in float64 on the dequantised values
+//! (a forward's bias added in float64). Its error against the float64 product of the
+//! unquantised operands is the recipe's own error; an FP8 path may be no worse than 1.5× of it.
 
-use super::{GroupedOp, GroupedProblem};
+use super::{GroupedOp, GroupedOperand, GroupedProblem};
 use crate::error::{Error, Result};
-use crate::fp8::{dequantize, quantize, Fp8Format, Scaling, Source};
+use crate::fp8::{dequantize, quantize, Fp8Format, Scaling};
 
-/// `y` of an FP8 grouped forward (module documentation), every group's rows written; rows past
-/// the last group keep their value. Empty groups are skipped (nothing to quantise).
+/// `c` of the FP8 grouped product `p` (argument order `a, b` as [`GroupedOp::names`]), `a`
+/// quantised with `recipe.0`, `b` with `recipe.1`: every group's output written (a backward
+/// weight's empty group: zeros); rows past the last group keep their value.
 ///
 /// # Errors
-/// [`Error::GroupedShape`] for a backward product or buffers of the wrong lengths; the
-/// quantisation's errors ([`quantize`]).
-pub fn forward(
+/// [`Error::GroupedShape`] for buffers of the wrong lengths; the quantisation's errors
+/// ([`quantize`]).
+pub fn run(
     p: &GroupedProblem,
-    (x, w): (&[f32], &[f32]),
+    (a, b): (&[f32], &[f32]),
     bias: Option<&[f64]>,
-    (x_scaling, w_scaling): (Scaling, Scaling),
-    y: &mut [f64],
+    recipe: ((Fp8Format, Scaling), (Fp8Format, Scaling)),
+    c: &mut [f64],
 ) -> Result<()> {
-    let bad = |what: &'static str, detail: String| Err(Error::GroupedShape { what, detail });
-    if p.op() != GroupedOp::Forward {
-        return bad("the FP8 emulation is of the forward", format!("{:?}", p.op()));
+    check_lengths(p, [a.len(), b.len(), c.len()], bias)?;
+    for e in 0..p.groups() {
+        let (c0, [rows, cols]) = p.tn_output(e);
+        let out = &mut c[c0..c0 + rows * cols];
+        let (Some(ta), Some(tb)) = (p.tn_operand(GroupedOperand::A, e), p.tn_operand(GroupedOperand::B, e)) else {
+            if p.op() == GroupedOp::BackwardWeight {
+                out.fill(0.0); // no rows: a zero gradient
+            }
+            continue;
+        };
+        let q = |src: &[f32], t: super::TnOperand, (format, scaling)| {
+            let slice = &src[t.start..t.start + t.rows * t.inner];
+            dequantize(&quantize(slice, t.rows, t.inner, t.source, format, scaling)?)
+        };
+        let (da, db) = (q(a, ta, recipe.0)?, q(b, tb, recipe.1)?);
+        let inner = ta.inner;
+        for (i, row) in out.chunks_exact_mut(cols).enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                let dot: f64 = (0..inner).map(|t| da[i * inner + t] * db[j * inner + t]).sum();
+                *v = dot + bias.map_or(0.0, |bb| bb[e * cols + j]);
+            }
+        }
     }
-    let [lx, lw, ly] = p.lens();
-    if (x.len(), w.len(), y.len()) != (lx, lw, ly) {
-        return bad(
-            "a buffer has another length than the problem's",
-            format!("x {}, w {}, y {} where {lx}, {lw}, {ly}", x.len(), w.len(), y.len()),
-        );
+    Ok(())
+}
+
+/// The buffers `[a, b, c]` and the bias against the problem's lengths.
+fn check_lengths(p: &GroupedProblem, got: [usize; 3], bias: Option<&[f64]>) -> Result<()> {
+    let bad = |what: &'static str, detail: String| Err(Error::GroupedShape { what, detail });
+    let want = p.lens();
+    if got != want {
+        return bad("a buffer has another length than the problem's", format!("{got:?} where {want:?} (a, b, c)"));
     }
     let want_bias = p.has_bias().then(|| p.groups() * p.n());
     if bias.map(<[f64]>::len) != want_bias {
@@ -40,17 +63,5 @@ pub fn forward(
             format!("{:?} where {want_bias:?}", bias.map(<[f64]>::len)),
         );
     }
-    // the dequantised operands, each group quantised on its own, then the float64 product
-    let (n, k) = (p.n(), p.k());
-    let (mut xd, mut wd) = (vec![0.0; lx], vec![0.0; lw]);
-    for (e, &m) in p.sizes().iter().enumerate().filter(|(_, &m)| m > 0) {
-        let (xs, ws) = (p.row_start(e) * k..(p.row_start(e) + m) * k, e * n * k..(e + 1) * n * k);
-        let q = |src: &[f32], rows, scaling| {
-            dequantize(&quantize(src, rows, k, Source::RowMajor, Fp8Format::E4M3, scaling)?)
-        };
-        xd[xs.clone()].copy_from_slice(&q(&x[xs], m, x_scaling)?);
-        wd[ws.clone()].copy_from_slice(&q(&w[ws], n, w_scaling)?);
-    }
-    super::reference::run(p, &xd, &wd, bias, y);
     Ok(())
 }

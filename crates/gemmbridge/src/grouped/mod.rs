@@ -4,7 +4,8 @@
 //! and each group as an ordinary [`GemmProblem`] on its slice of the buffers
 //! ([`GroupedProblem::group`]), which is how a backend runs it. The module
 //! [`self::reference`] holds the float64 definitions tests check against; [`self::fp8`] the
-//! CPU emulation of an FP8 grouped forward (operands quantised per group); [`self::streams`]
+//! CPU emulation of an FP8 grouped product (operands quantised per group, each group in the
+//! TN form of [`GroupedProblem::tn_operand`]); [`self::streams`]
 //! the ways to run one ([`streams::candidates`]) and the pool-of-streams schedule as data.
 //!
 //! E experts (groups), `m_e` tokens routed to expert `e` (any of them 0), `M = Σ m_e` rows,
@@ -23,6 +24,9 @@
 pub mod fp8;
 pub mod reference;
 pub mod streams;
+mod tn;
+
+pub use tn::TnOperand;
 
 use crate::error::{Error, Result};
 use crate::layout::{MatrixLayout, Operand};
@@ -53,15 +57,17 @@ impl GroupedOp {
     }
 }
 
-/// An operand of a grouped forward as [`crate::cuda::Gpu::grouped_quantize`] splits it into
-/// groups.
+/// One of the two operands of a grouped product, in [`crate::cuda::Gpu::grouped_gemm`]'s
+/// argument order ([`GroupedOp::names`]): what [`crate::cuda::Gpu::grouped_quantize`] splits
+/// into one FP8 operand per group ([`GroupedProblem::tn_operand`] says where each lies).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GroupedOperand {
-    /// `x[rows, K]`, rows sorted by group: group e is its `m_e` rows from
-    /// [`GroupedProblem::row_start`].
-    X,
-    /// `w[E, N, K]`: group e is expert e's `[N, K]`.
-    W,
+    /// The first: the forward's `x[rows, K]`, a backward's `dy[rows, N]` (rows sorted by
+    /// group: group e is its `m_e` rows from [`GroupedProblem::row_start`]).
+    A,
+    /// The second: `w[E, N, K]` for the forward and the backward data (group e is expert e's
+    /// `[N, K]`), the backward weight's `x[rows, K]` (group e is its rows).
+    B,
 }
 
 /// A validated grouped product (see the module documentation).

@@ -1,8 +1,8 @@
-//! The FP8 grouped forward: validate (the per-group operands against the problem, the output
-//! and bias buffers, then every group's FP8 call as [`Gpu::fp8_gemm`] checks it) → each group's
-//! FP8 GEMM through the routing floor's FP8 launch (`route/fp8.rs`: its plan, and the staged
-//! copy where the output's rows miss the FP8 kernels' alignment) on the pool of streams
-//! (`route/grouped.rs`), or in order. Nothing is launched until every group has passed.
+//! The FP8 grouped products: validate (the per-group operands against the problem's TN form,
+//! the output and bias buffers, then every group's FP8 call as [`Gpu::fp8_gemm`] checks it) →
+//! each group's FP8 GEMM through the routing floor's FP8 launch (`route/fp8.rs`: its plan, and
+//! the staged copy where the output's rows miss the FP8 kernels' alignment) on the pool of
+//! streams (`route/grouped.rs`), or in order. Nothing is launched until every group has passed.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
@@ -16,61 +16,71 @@ use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::fp8::OutputKind;
 use crate::grouped::streams::GroupedBackend;
-use crate::grouped::{GroupedOp, GroupedProblem};
+use crate::grouped::{GroupedOp, GroupedOperand, GroupedProblem};
+
+/// The operands of one FP8 grouped call: one entry per group, as [`Gpu::grouped_quantize`]
+/// makes them.
+type Operands<'a> = (&'a [Option<Fp8Tensor>], &'a [Option<Fp8Tensor>]);
 
 impl Gpu {
-    /// The grouped forward `p` in FP8: `y_e[m_e, N] = α·(x_e · w_eᵀ) (+ bias[e])` for every
-    /// group with rows, where `x[e]` is group e's `[m_e, K]` operand (`None` for an empty
-    /// group, whose entry is not read) and `w[e]` expert e's `[N, K]`, each an [`Fp8Tensor`]
-    /// with its own scales ([`Gpu::grouped_quantize`] makes both from bf16/f16/f32 buffers).
-    /// `y` is row-major `[rows, N]` of `O`, the problem's output type
-    /// ([`crate::Precision::output`]: f32, f16 or bf16), rows sorted by group; `bias` `[E, N]`
-    /// of `O` with [`GroupedProblem::with_bias`]. `opts` as [`Gpu::fp8_gemm`]'s, for every
-    /// group; β ≠ 0 reads each group's rows of `y`. Rows past the last group are not written.
+    /// The grouped product `p` in FP8, every group `c_e = α·(A_e · B_eᵀ) (+ bias[e]) (+ β·c_e)`
+    /// in the TN form of [`GroupedProblem::tn_operand`]: the forward `y_e = x_e · w_eᵀ`, the
+    /// backward data `dx_e = dy_e · w_e`, the backward weight `dw_e = dy_eᵀ · x_e`. `a` and `b`
+    /// hold one [`Fp8Tensor`] per group, each with its own scales, as
+    /// [`Gpu::grouped_quantize`] makes them from the buffers [`Gpu::grouped_gemm`] takes
+    /// ([`GroupedOperand::A`], [`GroupedOperand::B`]); an entry is read only where its group
+    /// has rows (`None` is fine elsewhere). `c` is the product's output as
+    /// [`Gpu::grouped_gemm`] writes it (`y[rows, N]`, `dx[rows, K]` or `dw[E, N, K]`,
+    /// row-major) of `O`, the problem's output type ([`crate::Precision::output`]: f32, f16 or
+    /// bf16); `bias` `[E, N]` of `O` with [`GroupedProblem::with_bias`] (the forward only).
+    /// `opts` as [`Gpu::fp8_gemm`]'s, for every group. Rows past the last group are not
+    /// written; a backward weight's empty group gets zeros (β = 0) or keeps its `dw[e]`
+    /// (β = 1).
     ///
     /// Each group is one FP8 GEMM as [`Gpu::fp8_gemm`] runs it (every recipe of
-    /// [`crate::fp8`]: tensor-wise, row-wise, 1×128 · 128×128 blocks, …, the scalings of x
-    /// and w paired as there), spread over the pool of the engine's streams forked from and
-    /// joined to [`Gpu::stream`] ([`Gpu::set_grouped_streams`]), or in order on
+    /// [`crate::fp8`]: tensor-wise, row-wise, 1×128 · 128×128 blocks, …, the scalings of the
+    /// two operands paired as there), spread over the pool of the engine's streams forked
+    /// from and joined to [`Gpu::stream`] ([`Gpu::set_grouped_streams`]), or in order on
     /// [`Gpu::stream`] when one group has rows or [`GroupedBackend::InOrder`] is forced. Work
     /// enqueued on [`Gpu::stream`] afterwards sees every group. No host synchronisation; not
     /// replayed as a whole.
     ///
     /// # Errors
-    /// Before anything is launched, with nothing written: [`Error::Unsupported`] for a backward
-    /// product, or a forced backend other than the pool or in order;
-    /// [`Error::GroupedShape`] when `x` or `w` has another number of entries than groups, or a
-    /// group's operand is missing or has other rows or K than the problem's (values named);
-    /// [`Error::WrongContext`]; [`Error::DTypeMismatch`] (`O` against the problem's output
-    /// type); [`Error::BufferTooSmall`] for `y` (`rows · N`) or the bias (`E · N`);
-    /// [`Error::OutputOverlapsInput`] (`y` against the bias); [`Error::EpilogueOperand`] (a
-    /// bias given without [`GroupedProblem::has_bias`] or missing with it); [`Error::Fp8`] (a
-    /// group's FP8 rule, as [`Gpu::fp8_gemm`]); [`Error::LibraryNotFound`] without cuBLASLt.
+    /// Before anything is launched, with nothing written: [`Error::Unsupported`] for a forced
+    /// backend other than the pool or in order, or a backward weight with an empty group and
+    /// β other than 0 or 1; [`Error::GroupedShape`] when `a` or `b` has another number of
+    /// entries than groups, or a group with rows lacks its operand or has one of another TN
+    /// shape than [`GroupedProblem::tn_operand`]'s (values named); [`Error::WrongContext`];
+    /// [`Error::DTypeMismatch`] (`O` against the problem's output type);
+    /// [`Error::BufferTooSmall`] for `c` or the bias (`E · N`); [`Error::OutputOverlapsInput`]
+    /// (`c` against the bias); [`Error::EpilogueOperand`] (a bias given without
+    /// [`GroupedProblem::has_bias`] or missing with it); [`Error::Fp8`] (a group's FP8 rule, as
+    /// [`Gpu::fp8_gemm`]: E5M2 on both sides, …); [`Error::LibraryNotFound`] without cuBLASLt.
     /// From the launches: as [`Gpu::fp8_gemm`] (a failure part-way leaves other groups
     /// written; the pool is joined back all the same).
     pub fn grouped_fp8_gemm<O: Element>(
         &self,
         p: &GroupedProblem,
-        x: &[Option<Fp8Tensor>],
-        w: &[Fp8Tensor],
-        y: &mut dyn DevicePtrMut<O>,
+        a: &[Option<Fp8Tensor>],
+        b: &[Option<Fp8Tensor>],
+        c: &mut dyn DevicePtrMut<O>,
         bias: Option<&dyn DevicePtr<O>>,
         opts: Fp8Options,
     ) -> Result<()> {
-        let lanes = self.fp8_grouped_lanes(p)?;
-        check_operands(p, x, w)?;
+        let lanes = self.fp8_grouped_lanes()?;
+        check_operands(p, (a, b))?;
         let ctx = self.context();
-        for t in x.iter().flatten() {
-            same_context(Which::A, t.data.stream(), ctx)?;
+        for (which, t) in a.iter().map(|t| (Which::A, t)).chain(b.iter().map(|t| (Which::B, t))) {
+            if let Some(t) = t {
+                same_context(which, t.data.stream(), ctx)?;
+            }
         }
-        for t in w {
-            same_context(Which::B, t.data.stream(), ctx)?;
-        }
-        same_context(Which::C, y.stream(), ctx)?;
+        same_context(Which::C, c.stream(), ctx)?;
         if let Some(v) = bias {
             same_context(Which::Bias, v.stream(), ctx)?;
         }
         check_output::<O>(p, bias.is_some())?;
+        let zeroed = empty_gradients(p, opts)?;
         if !library::has_cublaslt() {
             return Err(no_lt());
         }
@@ -82,24 +92,55 @@ impl Gpu {
             }
             None => (None, None),
         };
-        let y_len = y.num_bytes();
-        let (py, _gy) = y.device_ptr_mut(s);
+        let c_len = c.num_bytes();
+        let (pc, _gc) = c.device_ptr_mut(s);
+        let calls = self.group_calls::<O>(p, (a, b), (pc, c_len), pv, opts)?;
+        let zeroed: Vec<(u64, usize)> = zeroed.into_iter().map(|(at, bytes)| (pc + at, bytes)).collect();
+        self.launch_groups(&calls, &zeroed, lanes)
+    }
+
+    /// The lanes an FP8 grouped call spreads over: the stream setting, or 1 (in order, on
+    /// the caller's stream) when [`GroupedBackend::InOrder`] is forced.
+    fn fp8_grouped_lanes(&self) -> Result<usize> {
+        let (backend, streams) = {
+            let st = self.lock();
+            (st.libs.grouped.backend, st.libs.grouped.streams)
+        };
+        match backend {
+            None | Some(GroupedBackend::StreamPool) => Ok(streams),
+            Some(GroupedBackend::InOrder) => Ok(1),
+            Some(other) => Err(Error::Unsupported {
+                backend: "FP8 grouped GEMM",
+                what: format!("{other:?} is forced: FP8 groups run on the pool of streams or in order"),
+            }),
+        }
+    }
+
+    /// Every group's FP8 call on its slice of `c` (address, bytes) and of the bias, checked
+    /// (the spans of `c` and the bias first, then each call as [`Gpu::fp8_gemm`] checks it).
+    fn group_calls<'t, O: Element>(
+        &self,
+        p: &GroupedProblem,
+        (a, b): Operands<'t>,
+        (pc, c_len): (u64, usize),
+        pv: Option<(u64, usize)>,
+        opts: Fp8Options,
+    ) -> Result<Vec<Fp8Call<'t>>> {
         let elem = O::DTYPE.size_bytes();
-        let mut spans = vec![Span::sized(Which::C, py, y_len, p.rows() * p.n(), elem)?];
+        let mut spans = vec![Span::sized(Which::C, pc, c_len, p.lens()[2], elem)?];
         if let Some((addr, have)) = pv {
             spans.push(Span::sized(Which::Bias, addr, have, p.groups() * p.n(), elem)?);
         }
         disjoint(&spans[..1], &spans[1..])?;
-        // every group's call, checked before any is launched
         let platform = self.fp8_platform()?;
         let mut calls = Vec::with_capacity(p.groups());
-        for (e, xe) in x.iter().enumerate() {
-            let Some(xe) = xe.as_ref().filter(|_| p.sizes()[e] > 0) else { continue };
-            let (y0, b0) = (p.row_start(e) * p.n() * elem, e * p.n() * elem);
+        for e in 0..p.groups() {
+            let (Some(x), Some(w)) = (present(p, a, e), present(p, b, e)) else { continue };
+            let (c0, b0) = (p.tn_output(e).0 * elem, e * p.n() * elem);
             let call = Fp8Call {
-                x: xe,
-                w: &w[e],
-                y: (py + y0 as u64, y_len - y0),
+                x,
+                w,
+                y: (pc + c0 as u64, c_len - c0),
                 out: OutputKind::Dense(O::DTYPE),
                 bias: pv.map(|(addr, have)| (addr + b0 as u64, have - b0, O::DTYPE)),
                 d_scale: None,
@@ -109,10 +150,17 @@ impl Gpu {
             call.validate(platform)?;
             calls.push(call);
         }
-        // the operands' addresses, their guards held until every launch is enqueued
+        Ok(calls)
+    }
+
+    /// Zeroes the regions `zeroed` (address, bytes: empty groups' slices of the checked
+    /// output) on [`Gpu::stream`], then enqueues every call over at most `lanes` lanes; the
+    /// operands' guards are held until every launch is enqueued.
+    fn launch_groups(&self, calls: &[Fp8Call], zeroed: &[(u64, usize)], lanes: usize) -> Result<()> {
+        let s = self.stream();
         let mut addrs = Vec::with_capacity(calls.len());
         let mut guards = Vec::with_capacity(4 * calls.len());
-        for c in &calls {
+        for c in calls {
             let (xd, gx) = c.x.data.device_ptr(s);
             let (wd, gw) = c.w.data.device_ptr(s);
             let (xs, gxs) = c.x.scales.device_ptr(s);
@@ -126,66 +174,66 @@ impl Gpu {
         let mut st = self.lock();
         let describe = || format!("{} FP8 grouped GEMMs", calls.len());
         // SAFETY: every call passed `validate` on live buffers borrowed for this call (the
-        // guards above); each launch enqueues one of them on the stream it is given, a lane of
-        // the device (with its workspace) or the caller's stream.
+        // guards above and the caller's); each launch enqueues one of them on the stream it
+        // is given, a lane of the device (with its workspace) or the caller's stream. The
+        // zeroed regions are empty groups' slices of the checked output.
         let done = unsafe {
-            pooled_launches(&mut st, &work, lanes, s.cu_stream(), &describe, |st, e, stream| {
-                enqueue(st, &calls[e], addrs[e], stream)
+            zero_regions(zeroed, s.cu_stream()).and_then(|()| {
+                pooled_launches(&mut st, &work, lanes, s.cu_stream(), &describe, |st, e, stream| {
+                    enqueue(st, &calls[e], addrs[e], stream)
+                })
             })
         };
         // Even after a failure: part of the work may be enqueued.
         self.device().note_use(&mut st, s.cu_stream())?;
         done
     }
-
-    /// The lanes an FP8 grouped forward spreads over: the stream setting, or 1 (in order, on
-    /// the caller's stream) when [`GroupedBackend::InOrder`] is forced.
-    fn fp8_grouped_lanes(&self, p: &GroupedProblem) -> Result<usize> {
-        let unsupported = |what: String| Err(Error::Unsupported { backend: "FP8 grouped GEMM", what });
-        if p.op() != GroupedOp::Forward {
-            return unsupported(format!("{}: FP8 groups are offered for the forward only", p.describe()));
-        }
-        let (backend, streams) = {
-            let st = self.lock();
-            (st.libs.grouped.backend, st.libs.grouped.streams)
-        };
-        match backend {
-            None | Some(GroupedBackend::StreamPool) => Ok(streams),
-            Some(GroupedBackend::InOrder) => Ok(1),
-            Some(other) => unsupported(format!(
-                "{other:?} is forced: FP8 groups run on the pool of streams or in order ({})",
-                p.describe()
-            )),
-        }
-    }
 }
 
-/// One operand per group, each of the problem's rows and K.
-fn check_operands(p: &GroupedProblem, x: &[Option<Fp8Tensor>], w: &[Fp8Tensor]) -> Result<()> {
+/// Group `e`'s entry of `ops` when the group has rows (checked by [`check_operands`]).
+fn present<'t>(p: &GroupedProblem, ops: &'t [Option<Fp8Tensor>], e: usize) -> Option<&'t Fp8Tensor> {
+    (p.sizes()[e] > 0).then(|| ops[e].as_ref()).flatten()
+}
+
+/// Stream-ordered zeros over each (address, bytes) of `regions`.
+///
+/// # Safety
+/// Every region lies within a live allocation; `stream` is a live stream of the bound context.
+unsafe fn zero_regions(regions: &[(u64, usize)], stream: cudarc::driver::sys::CUstream) -> Result<()> {
+    for &(at, bytes) in regions {
+        // SAFETY: the caller's contract.
+        unsafe { cudarc::driver::result::memset_d8_async(at, 0, bytes, stream) }
+            .map_err(crate::cuda::status::driver("cuMemsetD8Async"))?;
+    }
+    Ok(())
+}
+
+/// One entry per group in `a` and `b`, and every group with rows holding operands of its TN
+/// shape ([`GroupedProblem::tn_operand`]).
+fn check_operands(p: &GroupedProblem, (a, b): Operands) -> Result<()> {
     let bad = |what: &'static str, detail: String| Err(Error::GroupedShape { what, detail });
     let e_count = p.groups();
-    if x.len() != e_count || w.len() != e_count {
+    if a.len() != e_count || b.len() != e_count {
         return bad(
-            "one FP8 operand of x and one of w per group",
-            format!("{} of x and {} of w for {e_count} groups", x.len(), w.len()),
+            "one FP8 operand of a and one of b per group",
+            format!("{} of a and {} of b for {e_count} groups", a.len(), b.len()),
         );
     }
-    for (e, (xe, we)) in x.iter().zip(w).enumerate() {
-        let m = p.sizes()[e];
-        let (wl, k, n) = (we.layout, p.k(), p.n());
-        if (wl.rows, wl.cols) != (n, k) {
-            return bad(
-                "an expert's w is not [N, K]",
-                format!("w[{e}] is [{}, {}], N = {n}, K = {k}", wl.rows, wl.cols),
-            );
-        }
-        match xe {
-            None if m > 0 => return bad("a group with rows has no x", format!("x[{e}] is None, m[{e}] = {m}")),
-            Some(t) if m > 0 && (t.layout.rows, t.layout.cols) != (m, k) => {
-                let (r, c) = (t.layout.rows, t.layout.cols);
-                return bad("a group's x is not [m_e, K]", format!("x[{e}] is [{r}, {c}], m[{e}] = {m}, K = {k}"));
+    let names = p.op().names();
+    for e in (0..e_count).filter(|&e| p.sizes()[e] > 0) {
+        for (operand, ops, name) in [(GroupedOperand::A, a, names[0]), (GroupedOperand::B, b, names[1])] {
+            let Some(want) = p.tn_operand(operand, e) else { continue };
+            let m = p.sizes()[e];
+            let Some(t) = &ops[e] else {
+                return bad("a group with rows has no FP8 operand", format!("{name}[{e}] is None, m[{e}] = {m}"));
+            };
+            let (r, c) = (t.layout.rows, t.layout.cols);
+            if (r, c) != (want.rows, want.inner) {
+                return bad(
+                    "a group's FP8 operand is not of its TN shape",
+                    format!("{name}[{e}] is [{r}, {c}] where [{}, {}] (m[{e}] = {m})", want.rows, want.inner),
+                );
             }
-            _ => {}
         }
     }
     Ok(())
@@ -198,4 +246,30 @@ fn check_output<O: Element>(p: &GroupedProblem, has_bias: bool) -> Result<()> {
         return Err(Error::DTypeMismatch { operand: Which::C, expected: want, got: O::DTYPE });
     }
     check_bias(p, has_bias)
+}
+
+/// A backward weight's empty groups (inner dimension 0: `dw[e] = β·dw[e]`) as byte ranges
+/// of the output to zero (β = 0; none for β = 1).
+///
+/// # Errors
+/// [`Error::Unsupported`] for an empty group and another β (no FP8 GEMM has an inner
+/// dimension of 0 to scale it by).
+fn empty_gradients(p: &GroupedProblem, opts: Fp8Options) -> Result<Vec<(u64, usize)>> {
+    if p.op() != GroupedOp::BackwardWeight || opts.beta == 1.0 {
+        return Ok(Vec::new());
+    }
+    let elem = p.precision().output().size_bytes();
+    let empty: Vec<usize> = (0..p.groups()).filter(|&e| p.sizes()[e] == 0).collect();
+    if opts.beta != 0.0 && !empty.is_empty() {
+        return Err(Error::Unsupported {
+            backend: "FP8 grouped GEMM",
+            what: format!(
+                "β = {} with empty groups {empty:?} of the backward weight: their dw[e] = β·dw[e] \
+                 is offered for β = 0 (zeros) and β = 1 (kept)",
+                opts.beta
+            ),
+        });
+    }
+    let bytes = p.n() * p.k() * elem;
+    Ok(empty.into_iter().map(|e| ((p.tn_output(e).0 * elem) as u64, bytes)).collect())
 }

@@ -17,7 +17,7 @@ use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::fp8::{check_dims, check_support, Fp8Format, Fp8Layout, Scaling, Source};
-use crate::grouped::{GroupedOp, GroupedOperand, GroupedProblem};
+use crate::grouped::{GroupedOperand, GroupedProblem};
 
 impl Gpu {
     /// The GPU's compute capability and the loaded cuBLASLt's version (0 without cuBLASLt).
@@ -97,19 +97,23 @@ impl Gpu {
         Ok(out)
     }
 
-    /// The operand `operand` of the FP8 grouped forward `p` ([`Gpu::grouped_fp8_gemm`])
+    /// The operand `operand` of the FP8 grouped product `p` ([`Gpu::grouped_fp8_gemm`])
     /// quantised one group at a time, each group on its own ([`Gpu::quantize`] of that
-    /// group's rows: its own amax and scales): [`GroupedOperand::X`] from `x[rows, K]`
-    /// (row-major, rows sorted by group) into one `[m_e, K]` operand per group with rows
-    /// (`None` for an empty group); [`GroupedOperand::W`] from `w[E, N, K]` into one `[N, K]`
-    /// operand per expert (all `Some`). On [`Gpu::stream`], not waited for. Cost: one
-    /// quantisation's launches per group (two kernels per group tensor-wise).
+    /// group's slice: its own amax and scales), into the TN form of
+    /// [`GroupedProblem::tn_operand`]: from `src`, the buffer [`Gpu::grouped_gemm`] would take
+    /// in that place ([`GroupedOperand::A`]: the forward's `x[rows, K]`, a backward's
+    /// `dy[rows, N]`; [`GroupedOperand::B`]: `w[E, N, K]`, the backward weight's `x[rows, K]`;
+    /// row-major, rows sorted by group), one operand per group: a forward's `x_e[m_e, K]` and
+    /// `w_e[N, K]`, the backward data's `dy_e[m_e, N]` and `w_eᵀ[K, N]`, the backward weight's
+    /// `dy_eᵀ[N, m_e]` and `x_eᵀ[K, m_e]` (transposed while they are quantised); `None` where a
+    /// group has no rows (a `w` is made for every expert). On [`Gpu::stream`], not waited
+    /// for. Cost: one quantisation's launches per group (two kernels per group tensor-wise).
     ///
     /// # Errors
-    /// Before anything is enqueued: [`Error::GroupedShape`] for a backward product;
-    /// [`Error::WrongContext`]; [`Error::BufferTooSmall`] when `src` holds fewer elements than
-    /// [`GroupedProblem::lens`] says; as [`Gpu::quantize`] for the first group (a scaling the
-    /// GPU or cuBLASLt does not offer, sizes past its limits). Later: as [`Gpu::quantize`].
+    /// Before anything is enqueued: [`Error::WrongContext`]; [`Error::BufferTooSmall`] when
+    /// `src` holds fewer elements than [`GroupedProblem::lens`] says; as [`Gpu::quantize`] for
+    /// every group (a scaling the GPU or cuBLASLt does not offer, sizes past its limits).
+    /// Later: as [`Gpu::quantize`].
     pub fn grouped_quantize<T: Element, S: DevicePtr<T>>(
         &self,
         p: &GroupedProblem,
@@ -118,37 +122,30 @@ impl Gpu {
         format: Fp8Format,
         scaling: Scaling,
     ) -> Result<Vec<Option<Fp8Tensor>>> {
-        if p.op() != GroupedOp::Forward {
-            let what = "FP8 grouped operands are the forward's x and w";
-            return Err(Error::GroupedShape { what, detail: p.describe() });
+        let len = p.lens()[match operand {
+            GroupedOperand::A => 0,
+            GroupedOperand::B => 1,
+        }];
+        self.check_source::<T, S>(src, len, 1)?;
+        // every group's output allocated (its checks passed) before any cast is enqueued
+        let slices: Vec<_> = (0..p.groups()).map(|e| p.tn_operand(operand, e)).collect();
+        let mut out = Vec::with_capacity(p.groups());
+        for t in &slices {
+            out.push(match t {
+                Some(t) => Some(self.alloc_quantized(t.rows, t.inner, t.source, format, scaling)?),
+                None => None,
+            });
         }
-        let (n, k) = (p.n(), p.k());
-        let (rows, len) = match operand {
-            GroupedOperand::X => (p.rows(), p.lens()[0]),
-            GroupedOperand::W => (p.groups() * n, p.lens()[1]),
-        };
-        self.check_source::<T, S>(src, rows, k)?;
-        debug_assert_eq!(rows * k, len);
         let (x, _gx) = src.device_ptr(self.stream());
         let elem = T::DTYPE.size_bytes() as u64;
-        let mut out = Vec::with_capacity(p.groups());
-        for e in 0..p.groups() {
-            let (first, count) = match operand {
-                GroupedOperand::X => (p.row_start(e), p.sizes()[e]),
-                GroupedOperand::W => (e * n, n),
-            };
-            if count == 0 {
-                out.push(None);
-                continue;
-            }
-            let mut q = self.alloc_quantized(count, k, Source::RowMajor, format, scaling)?;
-            let at = x + (first * k) as u64 * elem;
-            self.with_cast_job::<T, _>(at, &mut q, Source::RowMajor, |kernels, job, stream| {
-                // SAFETY: group e's rows lie within `src` (its length checked against the
-                // problem's), `q` was allocated for them; all on `stream`.
+        for (t, q) in slices.iter().zip(&mut out) {
+            let (Some(t), Some(q)) = (t, q) else { continue };
+            let at = x + t.start as u64 * elem;
+            self.with_cast_job::<T, _>(at, q, t.source, |kernels, job, stream| {
+                // SAFETY: the group's slice lies within `src` (its length checked against the
+                // problem's), `q` was allocated for its TN shape; all on `stream`.
                 unsafe { enqueue_cast(kernels, job, stream) }
             })?;
-            out.push(Some(q));
         }
         Ok(out)
     }
