@@ -8,12 +8,15 @@ JSON lines as gemmbridge (m = Σ rows, n, k, batch = experts, layout = the shape
 TFLOP/s = 2·Σ m_e·N·K / time). grouped_fp8 times torch._scaled_grouped_mm, the forward on
 E4M3 operands with row-wise scales (x per row, w per expert and output feature: PyTorch's
 grouped FP8 recipe on Hopper), bf16 output, quantised before the timing starts (dtype
-fp8_e4m3, layout "<name>/rowwise"). A second row per shape, layout "<name>+loop", times a Python
-loop of one torch.matmul per expert, for context. Timing as bench/peer.py: 5 warm-up calls,
+fp8_e4m3, layout "<name>/rowwise"); grouped_fp8_dx the backward data the same way (dy per row,
+w[e]ᵀ per expert and input feature). The FP8 backward weight has no row here. A second row per
+shape of the bf16/f16 ops, layout "<name>+loop", times a Python loop of one torch.matmul per
+expert, for context. Timing as bench/peer.py: 5 warm-up calls,
 then --reps samples of ~1 ms of back-to-back calls between CUDA events, median and minimum per
 call; --gap-ms MS leaves the GPU idle for MS ms before each row's warm-up.
 
-Usage: python3 bench/grouped_peer.py [--ops grouped,grouped_dx,grouped_dw,grouped_fp8] [--dtypes bf16,f16]
+Usage: python3 bench/grouped_peer.py [--ops grouped,grouped_dx,grouped_dw,grouped_fp8,grouped_fp8_dx]
+                                     [--dtypes bf16,f16]
                                      [--shapes NAME,...] [--reps 30]
                                      [--gap-ms MS] [--out FILE]
 Usage errors and a missing PyTorch or GPU exit with status 2.
@@ -29,7 +32,8 @@ import peer  # noqa: E402  (Clock, time_fn: the dense peer's timing)
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "grouped.json")) as fh:
     SHAPES = json.load(fh)["shapes"]
 DTYPES = ["bf16", "f16"]
-OPS = ["grouped", "grouped_dx", "grouped_dw", "grouped_fp8"]
+FP8_OPS = ["grouped_fp8", "grouped_fp8_dx"]
+OPS = ["grouped", "grouped_dx", "grouped_dw"] + FP8_OPS
 
 
 def timed(torch, fn, reps):
@@ -72,25 +76,29 @@ def rows(torch, op, s, name, dt, reps):
             yield dict(base, median_ms=med, min_ms=low, tflops=2.0 * m * n * k / (med * 1e-3) / 1e12)
 
 
-def fp8_rows(torch, s, reps):
-    """The row-wise FP8 forward through torch._scaled_grouped_mm."""
+def fp8_rows(torch, op, s, reps):
+    """The row-wise FP8 forward (grouped_fp8) or backward data (grouped_fp8_dx) through
+    torch._scaled_grouped_mm: a[M, inner] per row times b[e][inner, out] (column-major, scales
+    per expert and output feature). The forward is x · w[e]ᵀ (inner K, out N); the backward data
+    dy · w[e] is the same call with N and K swapped (inner N, out K: w[e]ᵀ stored [K, N])."""
     m, n, k, e = sum(s["sizes"]), s["n"], s["k"], s["e"]
+    out_f, inner = (k, n) if op == "grouped_fp8_dx" else (n, k)
     f8 = torch.float8_e4m3fn
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    sx = x.abs().amax(dim=1).float().clamp(min=1e-12) / 448.0
-    xq = (x.float() / sx[:, None]).to(f8)
-    del x
-    w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
-    sw = w.abs().amax(dim=2).float().clamp(min=1e-12) / 448.0
-    wq = torch.empty(e, n, k, device="cuda", dtype=f8)
+    a = torch.randn(m, inner, device="cuda", dtype=torch.bfloat16)
+    sa = a.abs().amax(dim=1).float().clamp(min=1e-12) / 448.0
+    aq = (a.float() / sa[:, None]).to(f8)
+    del a
+    b = torch.randn(e, out_f, inner, device="cuda", dtype=torch.bfloat16)
+    sb = b.abs().amax(dim=2).float().clamp(min=1e-12) / 448.0
+    bq = torch.empty(e, out_f, inner, device="cuda", dtype=f8)
     for i in range(e):  # one expert at a time: the f32 copy of every expert is large
-        wq[i] = (w[i].float() / sw[i][:, None]).to(f8)
-    del w
+        bq[i] = (b[i].float() / sb[i][:, None]).to(f8)
+    del b
     offs = torch.tensor(s["sizes"], device="cuda", dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    fn = lambda: torch._scaled_grouped_mm(xq, wq.transpose(-2, -1), sx, sw, offs=offs,  # noqa: E731
+    fn = lambda: torch._scaled_grouped_mm(aq, bq.transpose(-2, -1), sa, sb, offs=offs,  # noqa: E731
                                           out_dtype=torch.bfloat16)
     med, low, why = timed(torch, fn, reps)
-    base = dict(op="grouped_fp8", dtype="fp8_e4m3", m=m, n=n, k=k, batch=e, layout=s["name"] + "/rowwise",
+    base = dict(op=op, dtype="fp8_e4m3", m=m, n=n, k=k, batch=e, layout=s["name"] + "/rowwise",
                 backend="_scaled_grouped_mm")
     if med is None:
         return [dict(base, error=why)]
@@ -120,8 +128,8 @@ def main():
     out = open(a.out, "w") if a.out else None
     env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
                device=torch.cuda.get_device_name(), reps=a.reps, gap_ms=a.gap_ms)
-    dense_ops = [op for op in ops if op != "grouped_fp8"]
-    fp8 = [r for s in SHAPES if s["name"] in wanted and "grouped_fp8" in ops for r in fp8_rows(torch, s, a.reps)]
+    dense_ops = [op for op in ops if op not in FP8_OPS]
+    fp8 = [r for op in ops if op in FP8_OPS for s in SHAPES if s["name"] in wanted for r in fp8_rows(torch, op, s, a.reps)]
     for line in [env] + [r for d in dtypes for s in SHAPES if s["name"] in wanted
                          for op in dense_ops for r in rows(torch, op, s, d, dts[d], a.reps)] + fp8:
         text = json.dumps(line)
