@@ -94,10 +94,9 @@ pub struct Args {
     /// default). Either way a convolution with an entry in --db runs that entry's plan.
     #[arg(long, default_value = "measured")]
     conv_search: String,
-    /// Grouped rows: how the engine runs them — auto (its rule: one strided batch for equal
-    /// groups, for small unequal ones of a forward or backward data cuBLAS's grouped call —
-    /// beside the large groups on the pool where some are above 2³⁰ multiply-adds — a pool of
-    /// streams otherwise), strided, cublas-grouped (cuBLAS's grouped batched call), pool, split
+    /// Grouped rows: how the engine runs them — auto (a measured choice from --db, else its
+    /// rule: one strided batch for equal groups, for small unequal ones of a forward or
+    /// backward data cuBLAS's grouped call, a pool of streams otherwise), strided, cublas-grouped (cuBLAS's grouped batched call), pool, split
     /// (the large groups on the pool, the small ones in one cuBLAS grouped call beside them) or
     /// in-order (shapes a forced backend does not apply to are skipped).
     #[arg(long, default_value = "auto")]
