@@ -23,14 +23,8 @@ fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
 
 const SCALINGS: [Scaling; 4] = [Scaling::Tensor, Scaling::Row, Scaling::Block1x128, Scaling::Block128x128];
 
-/// The recipes cuBLASLt offers, as (x scaling, w scaling).
-const RECIPES: [(Scaling, Scaling); 5] = [
-    (Scaling::Tensor, Scaling::Tensor),
-    (Scaling::Row, Scaling::Row),
-    (Scaling::Block1x128, Scaling::Block128x128),
-    (Scaling::Block1x128, Scaling::Block1x128),
-    (Scaling::Block128x128, Scaling::Block1x128),
-];
+/// The (x, w) scalings cuBLASLt pairs.
+const RECIPES: [(Scaling, Scaling); 5] = gemmbridge::fp8::SCALING_PAIRS;
 
 fn upload<T: DeviceRepr + Clone>(gpu: &Gpu, v: &[T]) -> CudaSlice<T> {
     gpu.stream().clone_htod(v).expect("upload")

@@ -27,14 +27,8 @@ const SIZES: [usize; 6] = [0, 1, 7, 129, 4096, 0];
 /// The three products.
 const OPS: [GroupedOp; 3] = [GroupedOp::Forward, GroupedOp::BackwardData, GroupedOp::BackwardWeight];
 
-/// The (a, b) scalings cuBLASLt pairs (`gemmbridge::fp8`'s table).
-const RECIPES: [(Scaling, Scaling); 5] = [
-    (Scaling::Tensor, Scaling::Tensor),
-    (Scaling::Row, Scaling::Row),
-    (Scaling::Block1x128, Scaling::Block128x128),
-    (Scaling::Block1x128, Scaling::Block1x128),
-    (Scaling::Block128x128, Scaling::Block1x128),
-];
+/// The (x, w) scalings cuBLASLt pairs.
+const RECIPES: [(Scaling, Scaling); 5] = gemmbridge::fp8::SCALING_PAIRS;
 
 type Groups = Vec<Option<Fp8Tensor>>;
 

@@ -5,7 +5,7 @@
 mod tactics_common;
 
 use gemmbridge::cuda::tactics::{m_bucket, Identity, TacticDb, FORMAT};
-use tactics_common::{identity, serde_json_like, tactic, tactic_of, tmp};
+use tactics_common::{a100, identity, serde_json_like, tactic, tactic_of, tmp};
 
 #[test]
 fn round_trip() {
@@ -44,12 +44,7 @@ fn truncated_file_is_ignored_with_warning() {
 #[test]
 fn foreign_and_stale_files_are_ignored_with_warning() {
     let path = tmp("foreign");
-    let mut other = TacticDb::new(Identity {
-        gpu: "NVIDIA A100-SXM4-80GB".into(),
-        sm: "8.0".into(),
-        cublaslt: 130100,
-        cudnn: None,
-    });
+    let mut other = TacticDb::new(a100());
     other.entries.insert("sig-a".into(), tactic(0.5, 1));
     other.save(&path).unwrap();
     let (back, warnings) = TacticDb::load(&path, &identity());
@@ -155,12 +150,7 @@ fn concurrent_processes_merge() {
 #[test]
 fn save_never_overwrites_a_foreign_or_corrupt_file_nor_writes_nan() {
     let path = tmp("overwrite");
-    let mut other = TacticDb::new(Identity {
-        gpu: "NVIDIA A100-SXM4-80GB".into(),
-        sm: "8.0".into(),
-        cublaslt: 130100,
-        cudnn: None,
-    });
+    let mut other = TacticDb::new(a100());
     other.entries.insert("a100".into(), tactic(0.5, 1));
     other.save(&path).unwrap();
     let mut mine = TacticDb::new(identity());

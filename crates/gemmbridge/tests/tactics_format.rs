@@ -7,7 +7,7 @@ mod tactics_common;
 use std::path::{Path, PathBuf};
 
 use gemmbridge::cuda::tactics::{Identity, Library, ProblemKind, Tactic, TacticDb, FORMAT};
-use tactics_common::{identity, serde_json_like, tactic, tactic_of, tmp, V1_KEY};
+use tactics_common::{a100, identity, serde_json_like, tactic, tactic_of, tmp, V1_KEY};
 
 /// A format-1 file as the previous code wrote it (cuBLASLt `version` in its header).
 fn v1_text(version: usize) -> String {
@@ -183,12 +183,7 @@ fn unknown_library_kind_or_choice_makes_the_file_corrupt_and_never_overwritten()
 fn check_writable_matches_what_save_refuses() {
     let path = tmp("writable");
     TacticDb::check_writable(&path, &identity()).unwrap(); // missing
-    let mut other = TacticDb::new(Identity {
-        gpu: "NVIDIA A100-SXM4-80GB".into(),
-        sm: "8.0".into(),
-        cublaslt: 130100,
-        cudnn: None,
-    });
+    let mut other = TacticDb::new(a100());
     other.entries.insert("a100".into(), tactic(0.5, 1));
     other.save(&path).unwrap();
     let e = TacticDb::check_writable(&path, &identity()).unwrap_err();

@@ -29,7 +29,7 @@ mod rules;
 pub use crate::error::Fp8Rule;
 pub(crate) use quant::scale_of;
 pub use quant::{dequantize, fp8_to_f32, quantize, quantize_value, Quantized};
-pub use rules::{check_pair, check_support, OutputKind};
+pub use rules::{check_pair, check_support, OutputKind, SCALING_PAIRS};
 
 /// An 8-bit floating-point format (OCP FP8; the `FN` variants: no infinities in E4M3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -41,6 +41,16 @@ impl std::fmt::Display for OutputKind {
     }
 }
 
+/// The (x, w) scaling pairs cuBLASLt offers, every recipe [`check_pair`] accepts: tensor·tensor,
+/// row·row, 1×128·128×128 (DeepSeek-V3's), 1×128·1×128 and 128×128·1×128.
+pub const SCALING_PAIRS: [(Scaling, Scaling); 5] = [
+    (Scaling::Tensor, Scaling::Tensor),
+    (Scaling::Row, Scaling::Row),
+    (Scaling::Block1x128, Scaling::Block128x128),
+    (Scaling::Block1x128, Scaling::Block1x128),
+    (Scaling::Block128x128, Scaling::Block1x128),
+];
+
 fn broken(rule: Fp8Rule, detail: String) -> Error {
     Error::Fp8 { rule, detail }
 }
@@ -61,15 +71,7 @@ pub fn check_pair(
     if x.0 == Fp8Format::E5M2 && w.0 == Fp8Format::E5M2 {
         return Err(broken(Fp8Rule::NoE5m2Pair, "x and w are both e5m2; make one of them e4m3".into()));
     }
-    let pair_ok = matches!(
-        (x.1, w.1),
-        (Tensor, Tensor)
-            | (Row, Row)
-            | (Block1x128, Block128x128)
-            | (Block1x128, Block1x128)
-            | (Block128x128, Block1x128)
-    );
-    if !pair_ok {
+    if !SCALING_PAIRS.contains(&(x.1, w.1)) {
         return Err(broken(
             Fp8Rule::ScalingPair,
             format!(

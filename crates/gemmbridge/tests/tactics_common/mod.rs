@@ -10,6 +10,11 @@ pub fn identity() -> Identity {
     Identity { gpu: "NVIDIA H200".into(), sm: "9.0".into(), cublaslt: 130100, cudnn: None }
 }
 
+/// Another GPU's identity (an A100 with the same cuBLASLt).
+pub fn a100() -> Identity {
+    Identity { gpu: "NVIDIA A100-SXM4-80GB".into(), sm: "8.0".into(), cublaslt: 130100, cudnn: None }
+}
+
 /// A cuBLASLt GEMM tactic of this machine's cuBLASLt (130100).
 pub fn tactic(ms: f64, tag: u64) -> Tactic {
     tactic_of(130100, ms, tag)
