@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of `gemmbridge bench --ops grouped,grouped_dx,grouped_dw`: the
+"""The PyTorch peer of gemmbridge's grouped-GEMM rows (torch._grouped_mm, torch._scaled_grouped_mm).
+
+The peer of `gemmbridge bench --ops grouped,grouped_dx,grouped_dw,grouped_fp8,grouped_fp8_dx`: the
 mixture-of-experts shapes of bench/grouped.json through torch._grouped_mm (PyTorch's own grouped
 kernels, the rows sorted by expert and the group ends as int32 offsets on the device): the
 forward y = x · w[e]ᵀ (grouped), the backward data dx = dy · w[e] (grouped_dx) and the backward
@@ -107,7 +109,7 @@ def fp8_rows(torch, op, s, reps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ops", default="grouped")
+    ap.add_argument("--ops", default="grouped", help="comma list of " + ", ".join(OPS) + " (default: grouped)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--shapes", default="", help="comma list of shape names (default: every shape)")
     peer.add_timing_args(ap)

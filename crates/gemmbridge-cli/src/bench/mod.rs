@@ -86,7 +86,7 @@ pub struct Args {
     /// peer is bench/grouped_peer.py): grouped (the forward), grouped_dx (the backward data),
     /// grouped_dw (the backward weight); grouped_fp8, grouped_fp8_dx, grouped_fp8_dw (the same
     /// in FP8, per recipe of --grouped-scalings, each with rows <op>_dense: the dense FP8 GEMM
-    /// of the same total size; the forward's peer rows are the row-wise recipe's).
+    /// of the same total size; the peer has row-wise rows for the forward and backward data).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,

@@ -7,15 +7,16 @@
 
 use super::{GroupedOp, GroupedOperand, GroupedProblem};
 use crate::error::{Error, Result};
-use crate::fp8::{dequantize, quantize, Fp8Format, Scaling};
+use crate::fp8::{check_pair, dequantize, quantize, Fp8Format, OutputKind, Scaling};
 
 /// `c` of the FP8 grouped product `p` (argument order `a, b` as [`GroupedOp::names`]), `a`
 /// quantised with `recipe.0`, `b` with `recipe.1`: every group's output written (a backward
 /// weight's empty group: zeros); rows past the last group keep their value.
 ///
 /// # Errors
-/// [`Error::GroupedShape`] for buffers of the wrong lengths; the quantisation's errors
-/// ([`quantize`]).
+/// [`Error::GroupedShape`] for buffers of the wrong lengths; [`Error::Fp8`] for a recipe the
+/// GPU refuses ([`check_pair`] with the problem's output type and bias: E5M2 on both sides, a
+/// scaling pair cuBLASLt does not offer, …); the quantisation's errors ([`quantize`]).
 pub fn run(
     p: &GroupedProblem,
     (a, b): (&[f32], &[f32]),
@@ -24,6 +25,8 @@ pub fn run(
     c: &mut [f64],
 ) -> Result<()> {
     check_lengths(p, [a.len(), b.len(), c.len()], bias)?;
+    let out = p.precision().output();
+    check_pair(recipe.0, recipe.1, OutputKind::Dense(out), p.has_bias().then_some(out), false)?;
     for e in 0..p.groups() {
         let (c0, [rows, cols]) = p.tn_output(e);
         let out = &mut c[c0..c0 + rows * cols];

@@ -24,7 +24,7 @@
 pub mod fp8;
 pub mod reference;
 pub mod streams;
-mod tn;
+pub mod tn;
 
 pub use tn::TnOperand;
 

@@ -135,6 +135,12 @@ fn the_fp8_emulation_quantises_each_group_on_its_own() {
     }
     let mut short = vec![0.0; ly - 1];
     assert!(fp8::run(&p, (&x, &w), None, ((E4M3, Scaling::Row), (E4M3, Scaling::Row)), &mut short).is_err());
+    // what the GPU refuses, the emulation refuses: two E5M2 operands, a pair cuBLASLt lacks
+    let mut y = vec![0.0; ly];
+    let e5 = crate::fp8::Fp8Format::E5M2;
+    for recipe in [((e5, Scaling::Row), (e5, Scaling::Row)), ((E4M3, Scaling::Row), (E4M3, Scaling::Tensor))] {
+        assert!(matches!(fp8::run(&p, (&x, &w), None, recipe, &mut y), Err(Error::Fp8 { .. })), "{recipe:?}");
+    }
 }
 
 /// Values FP8 holds exactly at every scale (integers −2…2: a group's amax is 0, 1 or 2, and

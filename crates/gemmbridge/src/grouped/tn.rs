@@ -16,14 +16,16 @@
 use super::{GroupedOp, GroupedOperand, GroupedProblem};
 use crate::fp8::Source;
 
-/// Where one group's operand lies in its buffer and its TN shape (module documentation).
+/// Where one group's operand lies in its buffer and its TN shape (the table of
+/// [`crate::grouped::tn`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TnOperand {
     /// The first element of the group's slice in the buffer (elements, not bytes).
     pub start: usize,
     /// Rows of the operand in TN form (`r_a` or `r_b`).
     pub rows: usize,
-    /// The product's inner dimension: K, N or `m_e` (module documentation).
+    /// The product's inner dimension: K (forward), N (backward data) or `m_e` (backward
+    /// weight).
     pub inner: usize,
     /// How the slice is stored: `[rows, inner]` ([`Source::RowMajor`]) or `[inner, rows]`
     /// ([`Source::Transposed`]) row-major.
@@ -31,13 +33,14 @@ pub struct TnOperand {
 }
 
 impl GroupedProblem {
-    /// Group `e`'s operand `operand` in TN form (module documentation of `grouped::tn`):
+    /// Group `e`'s operand `operand` in TN form (the table of [`crate::grouped::tn`]):
     /// `None` where the group has nothing to read — an empty group's rows of a row-indexed
     /// operand (a forward's or backward data's w exists for every expert, empty or not).
     ///
     /// # Panics
-    /// For a group past the last.
+    /// For a group past the last (`e ≥ E`).
     pub fn tn_operand(&self, operand: GroupedOperand, e: usize) -> Option<TnOperand> {
+        self.assert_group(e);
         let (m, r0, n, k) = (self.sizes()[e], self.row_start(e), self.n(), self.k());
         let of = |start, rows, inner, source| TnOperand { start, rows, inner, source };
         let (row, tr) = (Source::RowMajor, Source::Transposed);
@@ -57,13 +60,18 @@ impl GroupedProblem {
     /// (row-major, contiguous): `y_e[m_e, N]`, `dx_e[m_e, K]` or `dw_e[N, K]`.
     ///
     /// # Panics
-    /// For a group past the last.
+    /// For a group past the last (`e ≥ E`).
     pub fn tn_output(&self, e: usize) -> (usize, [usize; 2]) {
+        self.assert_group(e);
         let (m, r0, n, k) = (self.sizes()[e], self.row_start(e), self.n(), self.k());
         match self.op() {
             GroupedOp::Forward => (r0 * n, [m, n]),
             GroupedOp::BackwardData => (r0 * k, [m, k]),
             GroupedOp::BackwardWeight => (e * n * k, [n, k]),
         }
+    }
+
+    fn assert_group(&self, e: usize) {
+        assert!(e < self.groups(), "grouped GEMM: there is no such group (group {e} of {})", self.groups());
     }
 }
