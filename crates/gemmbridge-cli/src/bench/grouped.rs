@@ -78,29 +78,18 @@ pub fn shapes() -> anyhow::Result<Vec<Shape>> {
     Ok(shapes)
 }
 
-/// Every row: per op of `ops`, per f16/bf16 dtype of `dtypes` (per recipe of `scalings` for
-/// the FP8 ops), per shape; `each` is called with every row as it is made. The engine's grouped
-/// backend is set beforehand (`--grouped-backend`).
+/// Every row of the ops of `ops` but the FP8 ones ([`super::grouped_fp8::bench`] makes
+/// theirs): per op, per f16/bf16 dtype of `dtypes`, per shape; `each` is called with every row
+/// as it is made. The engine's grouped backend is set beforehand (`--grouped-backend`).
 pub fn bench(
     gpu: &Gpu,
     ops: &[String],
-    (dtypes, scalings): (&[(String, Precision)], &[String]),
+    dtypes: &[(String, Precision)],
     sampling: timing::Sampling,
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
     let (mut rows, mut pools) = (Vec::new(), Pools::default());
-    for op in ops {
-        if is_fp8(op) {
-            for recipe in scalings {
-                for shape in shapes()? {
-                    for row in super::grouped_fp8::rows(gpu, &mut pools, (op, &shape), recipe, sampling)? {
-                        each(&row)?;
-                        rows.push(row);
-                    }
-                }
-            }
-            continue;
-        }
+    for op in ops.iter().filter(|op| !is_fp8(op)) {
         for (name, precision) in dtypes.iter().filter(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
             for shape in shapes()? {
                 let p = GroupedProblem::new(product(op), &shape.sizes, shape.n, shape.k, *precision)?;

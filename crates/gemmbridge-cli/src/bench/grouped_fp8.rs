@@ -13,13 +13,36 @@ use gemmbridge::fp8::Fp8Format;
 use gemmbridge::grouped::{GroupedOperand, GroupedProblem};
 use gemmbridge::Precision;
 
-use super::grouped::{product, Shape};
+use super::grouped::{is_fp8, product, shapes, Shape};
 use super::{fp8, rotate, Pools};
 use crate::row::Row;
 use crate::timing;
 
+/// Every row of the FP8 ops of `ops`: per op, per recipe of `scalings`, per shape; `each` is
+/// called with every row as it is made.
+pub fn bench(
+    gpu: &Gpu,
+    ops: &[String],
+    scalings: &[String],
+    sampling: timing::Sampling,
+    each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Row>> {
+    let (mut out, mut pools) = (Vec::new(), Pools::default());
+    for op in ops.iter().filter(|op| is_fp8(op)) {
+        for recipe in scalings {
+            for shape in shapes()? {
+                for row in rows(gpu, &mut pools, (op, &shape), recipe, sampling)? {
+                    each(&row)?;
+                    out.push(row);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The two rows of one op, shape and recipe (none where the GPU or cuBLASLt does not offer it).
-pub fn rows(
+fn rows(
     gpu: &Gpu,
     pools: &mut Pools,
     (op, shape): (&str, &Shape),

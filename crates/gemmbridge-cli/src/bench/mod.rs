@@ -322,13 +322,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let (false, Some(g)) = (plan.grouped_ops.is_empty(), &gpu) {
         g.set_grouped_backend(grouped::parse_backend(&args.grouped_backend)?);
         g.set_grouped_streams(args.grouped_streams)?;
-        rows.extend(grouped::bench(
-            g,
-            &plan.grouped_ops,
-            (&plan.dtypes, &plan.grouped_scalings),
-            plan.sampling,
-            &mut |r| sink.emit(r),
-        )?);
+        rows.extend(grouped::bench(g, &plan.grouped_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+        let scalings = &plan.grouped_scalings;
+        rows.extend(grouped_fp8::bench(g, &plan.grouped_ops, scalings, plan.sampling, &mut |r| sink.emit(r))?);
     }
     let mut table = match &gpu {
         Some(_) => format!("device: {device}\n{}", report::table(&rows, peer.as_deref(), false)),
