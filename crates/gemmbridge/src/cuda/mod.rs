@@ -30,7 +30,9 @@ mod route;
 mod status;
 
 pub use api::train;
-pub use api::{cuda_version_string, AttnSaved, AttnSavedFp8, DeviceInfo, Extras, Gpu, RawBuffer, RawOperands, SeqLens};
+pub use api::{
+    cuda_version_string, AttnSaved, AttnSavedFp8, DeviceInfo, Extras, Gpu, GroupMember, RawBuffer, RawOperands, SeqLens,
+};
 pub use call::Scale;
 pub use device::GraphReplay;
 pub use dnn::{cudnn_version, ConvApi, ConvSearch};

@@ -287,6 +287,16 @@ pub enum Error {
         detail: String,
     },
 
+    /// One GEMM of a general grouped call (`Gpu::gemm_group`, a list of GEMMs with their own
+    /// shapes and buffers) is refused: which one, and the error its own call would give.
+    #[error("grouped GEMM: GEMM {index} of the list: {error}")]
+    GroupMember {
+        /// Its place in the list.
+        index: usize,
+        /// Why it is refused.
+        error: Box<Error>,
+    },
+
     /// A tensor-parallel split breaks a rule ([`crate::dist::check_block`]).
     #[error("tensor parallelism: {what} ({detail})")]
     TensorParallel {

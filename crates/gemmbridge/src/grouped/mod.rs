@@ -5,7 +5,8 @@
 //! ([`GroupedProblem::group`]), which is how a backend runs it. The module
 //! [`self::reference`] holds the float64 definitions tests check against; [`self::fp8`] the
 //! CPU emulation of an FP8 grouped product (operands quantised per group, each group in the
-//! TN form of [`GroupedProblem::tn_operand`]); [`self::streams`]
+//! TN form of [`GroupedProblem::tn_operand`]); [`self::list`] the general form (a list of
+//! independent GEMMs, each with its own shapes and buffers) and the ways it runs; [`self::streams`]
 //! the ways to run one ([`streams::candidates`]) and the pool-of-streams schedule as data.
 //!
 //! E experts (groups), `m_e` tokens routed to expert `e` (any of them 0), `M = Σ m_e` rows,
@@ -22,6 +23,7 @@
 //! nothing reads or writes them.
 
 pub mod fp8;
+pub mod list;
 pub mod reference;
 pub mod streams;
 pub mod tn;

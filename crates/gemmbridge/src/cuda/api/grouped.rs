@@ -11,7 +11,7 @@ use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawExtras};
 use crate::cuda::call::Scale;
-use crate::cuda::device::{time_interleaved, Call};
+use crate::cuda::device::{check_extent, time_interleaved, Call};
 use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
@@ -93,17 +93,74 @@ impl Gpu {
         let (lc, pc) = (c.num_bytes(), c.device_ptr_mut(s));
         let (pc, _wc) = pc;
         let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
-        check_extents(p, bufs, pv, T::DTYPE.size_bytes())?;
+        // SAFETY: every address is a live cudarc allocation of this context borrowed for this
+        // call (the guards above).
+        unsafe { self.grouped_checked(p, bufs, pv, s.cu_stream()) }
+    }
+
+    /// [`Gpu::grouped_gemm`] on device memory given by address (`[a, b, c]` and the bias;
+    /// lengths in bytes; every buffer of the precision's one element type), enqueued on
+    /// `stream` (the pool forks from and joins back to it): zero-copy for other frameworks'
+    /// buffers, as [`Gpu::gemm_raw`] is for one GEMM.
+    ///
+    /// # Safety
+    /// As [`Gpu::gemm_raw`]: device memory of this context valid until the call has run on
+    /// `stream`, `stream` a live stream of this context, nothing touching the buffers
+    /// concurrently except in stream order. With [`Gpu::set_check_raw_addresses`] on, an
+    /// address this GPU cannot access is an error instead of a fault.
+    ///
+    /// # Errors
+    /// As [`Gpu::grouped_gemm`] (but [`Error::WrongContext`] and [`Error::DTypeMismatch`],
+    /// which raw addresses cannot show); [`Error::NotDeviceMemory`] with the address check on.
+    pub unsafe fn grouped_gemm_raw(
+        &self,
+        p: &GroupedProblem,
+        [a, b, c]: [RawBuffer; 3],
+        bias: Option<RawBuffer>,
+        stream: CUstream,
+    ) -> Result<()> {
+        check_precision(p, bias.is_some())?;
+        let bufs = [a, b, c].map(|r| (r.address, r.len_bytes));
+        let pv = bias.map(|r| (r.address, r.len_bytes));
+        if self.device().checks_raw_addresses() {
+            let (ordinal, elem) = (self.context().ordinal(), p.precision().input().size_bytes());
+            let needed = p.lens().into_iter().chain(bias.map(|_| p.groups() * p.n()));
+            let named = [Which::A, Which::B, Which::C, Which::Bias].into_iter().zip(bufs.into_iter().chain(pv));
+            self.device().bind()?;
+            for ((which, (addr, have)), elems) in named.zip(needed) {
+                let span = Span::sized(which, addr, have, elems, elem)?;
+                if span.bytes > 0 {
+                    check_extent(which, addr, span.bytes, ordinal)?;
+                }
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.grouped_checked(p, bufs, pv, stream) }
+    }
+
+    /// The buffers' extents checked, the way chosen, then the launches on `stream`.
+    ///
+    /// # Safety
+    /// The buffers are live device memory of this context until the work has run on `stream`,
+    /// a live stream of the context.
+    unsafe fn grouped_checked(
+        &self,
+        p: &GroupedProblem,
+        bufs: [(u64, usize); 3],
+        pv: Option<(u64, usize)>,
+        stream: CUstream,
+    ) -> Result<()> {
+        check_extents(p, bufs, pv, p.precision().input().size_bytes())?;
         let how = {
             let mut st = self.lock();
             let how = st.libs.grouped.choose(p)?;
             st.libs.grouped.note_use(p, how);
             how
         };
-        // SAFETY: every address is a live cudarc allocation of this context borrowed for this
-        // call (the guards above), each buffer long enough and the output apart from the inputs
-        // (check_extents); `launch` checks each GEMM before it enqueues any.
-        unsafe { self.launch_grouped(p, how, bufs, pv, s.cu_stream()) }
+        // SAFETY: each buffer long enough and the output apart from the inputs
+        // (check_extents); `launch_grouped` checks each GEMM before it enqueues any; the rest
+        // is the caller's contract.
+        unsafe { self.launch_grouped(p, how, bufs, pv, stream) }
     }
 
     /// Runs the checked grouped product `p` on the buffers `bufs` (address, bytes) and the
@@ -316,15 +373,23 @@ fn replay_key(
 
 /// The buffers' type against the precision's, and the bias against the problem.
 fn check_types<T: Element>(p: &GroupedProblem, has_bias: bool) -> Result<()> {
+    check_precision(p, has_bias)?;
     let pr = p.precision();
-    if pr.input() != pr.output() {
-        let what = format!("{}: one element type for every buffer, so the output's must be the inputs'", p.describe());
-        return Err(Error::Unsupported { backend: "grouped GEMM", what });
-    }
     for (which, want) in [(Which::A, pr.input()), (Which::C, pr.output())] {
         if T::DTYPE != want {
             return Err(Error::DTypeMismatch { operand: which, expected: want, got: T::DTYPE });
         }
+    }
+    Ok(())
+}
+
+/// One element type for every buffer (the precision's input and output types agree), and the
+/// bias against the problem.
+fn check_precision(p: &GroupedProblem, has_bias: bool) -> Result<()> {
+    let pr = p.precision();
+    if pr.input() != pr.output() {
+        let what = format!("{}: one element type for every buffer, so the output's must be the inputs'", p.describe());
+        return Err(Error::Unsupported { backend: "grouped GEMM", what });
     }
     check_bias(p, has_bias)
 }

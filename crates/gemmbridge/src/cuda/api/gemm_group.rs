@@ -1,0 +1,226 @@
+//! The general form of a grouped GEMM: a list of independent GEMMs, each with its own problem
+//! (shapes, layouts, precision) and buffers, run together the way
+//! [`crate::grouped::streams::GroupedSettings::choose_list`] picks (cuBLAS's grouped call, the pool of streams, the split pool or in order) — validate
+//! (every member as the dense entry checks it, every output apart from every input and from the
+//! other outputs) → the routing floor's grouped launches (`route/grouped.rs`). Nothing is
+//! launched until every member has passed.
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+
+use super::checks::{disjoint, same_context, Span};
+use super::engine::Gpu;
+use super::operands::{check_all, RawBuffer, RawOperands};
+use crate::cuda::device::check_extent;
+use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
+use crate::dtype::Element;
+use crate::epilogue::Epilogue;
+use crate::error::{Error, Result, Which};
+use crate::grouped::streams::GroupedBackend;
+use crate::layout::{MatrixLayout, Op, Operand};
+use crate::problem::GemmProblem;
+
+/// One GEMM of a general grouped call ([`Gpu::gemm_group`]): `c = op(a)·op(b) (+ bias)` for
+/// its own `problem` (any shapes, layouts and batch; [`Epilogue::None`] or [`Epilogue::Bias`]),
+/// on its own buffers. Every buffer holds `T`, the problem's input and output type.
+pub struct GroupMember<'a, T> {
+    /// The GEMM (row-major, as [`Gpu::gemm`] takes it).
+    pub problem: GemmProblem,
+    /// A, read.
+    pub a: &'a dyn DevicePtr<T>,
+    /// B, read.
+    pub b: &'a dyn DevicePtr<T>,
+    /// C, written.
+    pub c: &'a mut dyn DevicePtrMut<T>,
+    /// The bias `[n]`, read, exactly when the problem's epilogue is [`Epilogue::Bias`].
+    pub bias: Option<&'a dyn DevicePtr<T>>,
+}
+
+impl Gpu {
+    /// Runs every GEMM of `members` ([`GroupMember`]: each its own problem and buffers) as one
+    /// grouped call on [`Gpu::stream`]: `c = op(a)·op(b) (+ bias)` each (α = 1, β = 0), the way
+    /// [`crate::grouped::streams::GroupedSettings::choose_list`] picks — cuBLAS's grouped call for small plain GEMMs of
+    /// one precision (not capturable: its pointer arrays are copied from the host), else each
+    /// GEMM's cuBLASLt plan on the pool of the engine's streams ([`Gpu::set_grouped_streams`])
+    /// forked from and joined to [`Gpu::stream`], or in order where one GEMM has work;
+    /// [`Gpu::set_grouped_backend`] forces a way. A pooled call repeated with the same members
+    /// (problems and addresses) is captured once into one CUDA graph and replayed. Work
+    /// enqueued on [`Gpu::stream`] afterwards sees every GEMM. The members may come in any
+    /// order and run in any order: no output may be another member's input.
+    ///
+    /// # Errors
+    /// Before anything is launched, with nothing written: [`Error::GroupMember`] naming the
+    /// member and its own error — [`Error::WrongContext`], [`Error::DTypeMismatch`] (`T`
+    /// against its precision, whose input and output types must agree), the checks of
+    /// [`Gpu::gemm`] ([`Error::BufferTooSmall`], [`Error::Misaligned`], …),
+    /// [`Error::EpilogueOperand`] (a bias given without [`Epilogue::Bias`] or missing with it),
+    /// [`Error::Unsupported`] for another epilogue; [`Error::OutputOverlapsInput`] when an
+    /// output overlaps any input or another output; [`Error::Unsupported`] for a forced way
+    /// that does not apply. From the launches: as [`Gpu::gemm`] (a failure part-way leaves
+    /// other members written; the pool is joined back all the same).
+    pub fn gemm_group<T: Element>(&self, members: &mut [GroupMember<'_, T>]) -> Result<()> {
+        let (ctx, s) = (self.context(), self.stream());
+        for (index, m) in members.iter().enumerate() {
+            let ins = [(Which::A, m.a.stream()), (Which::B, m.b.stream()), (Which::C, m.c.stream())];
+            let bias = m.bias.map(|v| (Which::Bias, v.stream()));
+            for (which, stream) in ins.into_iter().chain(bias) {
+                same_context(which, stream, ctx).map_err(|e| member(index, e))?;
+            }
+            let pr = m.problem.precision();
+            for (which, want) in [(Which::A, pr.input()), (Which::C, pr.output())] {
+                if T::DTYPE != want {
+                    let e = Error::DTypeMismatch { operand: which, expected: want, got: T::DTYPE };
+                    return Err(member(index, e));
+                }
+            }
+        }
+        let mut list = Vec::with_capacity(members.len());
+        let mut guards = Vec::with_capacity(4 * members.len());
+        for m in members.iter_mut() {
+            let raw = |(address, g): (u64, _), len_bytes| (RawBuffer { address, len_bytes }, g);
+            let (a, ga) = raw(m.a.device_ptr(s), m.a.num_bytes());
+            let (b, gb) = raw(m.b.device_ptr(s), m.b.num_bytes());
+            let c_len = m.c.num_bytes();
+            let (c, gc) = raw(m.c.device_ptr_mut(s), c_len);
+            let mut ops = RawOperands::new(a, b, c);
+            if let Some(v) = m.bias {
+                let (bias, gv) = raw(v.device_ptr(s), v.num_bytes());
+                ops = ops.with_bias(bias);
+                guards.push(gv);
+            }
+            guards.extend([ga, gb, gc]);
+            list.push((m.problem, ops));
+        }
+        // SAFETY: every address is a live cudarc allocation of this context borrowed for this
+        // call (the guards above); `group_checked` checks every member before any launch.
+        unsafe { self.group_checked(&list, s.cu_stream()) }
+    }
+
+    /// [`Gpu::gemm_group`] on device memory given by address: each member a problem and its
+    /// [`RawOperands`] (A, B, C and, with [`Epilogue::Bias`], the bias; lengths in bytes; the
+    /// inputs of the precision's input type, C and the bias of its output type, which must be
+    /// the same), enqueued on `stream` (the pool forks from and joins back to it).
+    ///
+    /// # Safety
+    /// As [`Gpu::gemm_raw`], for every member: device memory of this context valid until the
+    /// call has run on `stream`, `stream` a live stream of this context, and nothing touching
+    /// the buffers concurrently except in stream order. With [`Gpu::set_check_raw_addresses`]
+    /// on, an address this GPU cannot access is an error instead of a fault.
+    ///
+    /// # Errors
+    /// As [`Gpu::gemm_group`] ([`Error::GroupMember`] for a member, with
+    /// [`Error::NullPointer`] and [`Error::NotDeviceMemory`] among its errors).
+    pub unsafe fn gemm_group_raw(&self, members: &[(GemmProblem, RawOperands)], stream: CUstream) -> Result<()> {
+        if self.device().checks_raw_addresses() {
+            let ordinal = self.context().ordinal();
+            self.device().bind()?;
+            for (index, (p, ops)) in members.iter().enumerate() {
+                let bufs = [(Which::A, ops.a), (Which::B, ops.b), (Which::C, ops.c)];
+                for (which, r) in bufs.into_iter().chain(ops.bias.map(|v| (Which::Bias, v))) {
+                    if !p.is_empty() && r.len_bytes > 0 {
+                        check_extent(which, r.address, r.len_bytes, ordinal).map_err(|e| member(index, e))?;
+                    }
+                }
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.group_checked(members, stream) }
+    }
+
+    /// Checks every member, then runs the list the chosen way on `stream`.
+    ///
+    /// # Safety
+    /// The caller's contract of [`Gpu::gemm_group_raw`].
+    unsafe fn group_checked(&self, members: &[(GemmProblem, RawOperands)], stream: CUstream) -> Result<()> {
+        let groups = check_members(members)?;
+        let problems: Vec<GemmProblem> = members.iter().map(|(p, _)| *p).collect();
+        let how = self.lock().libs.grouped.choose_list(&problems)?;
+        self.device().bind()?;
+        let mut st = self.lock();
+        let lanes = st.libs.grouped.streams;
+        // SAFETY: every member passed the dense entry's checks and the outputs are apart from
+        // every input and from each other; the key encodes every member's problem and
+        // addresses and the lanes; the rest is the caller's contract.
+        let done = unsafe {
+            match how {
+                GroupedBackend::GroupedBatched => batched(&mut st, &groups, stream),
+                GroupedBackend::SplitPool => split(&mut st, &groups, lanes, stream),
+                GroupedBackend::InOrder => replayed(&mut st, &groups, list_key(&groups, None), None, stream),
+                _ => replayed(&mut st, &groups, list_key(&groups, Some(lanes)), Some(lanes), stream),
+            }
+        };
+        // Even after a failure: part of the work may be enqueued.
+        self.device().note_use(&mut st, stream)?;
+        done
+    }
+}
+
+/// [`Error::GroupMember`] for member `index`.
+fn member(index: usize, error: Error) -> Error {
+    Error::GroupMember { index, error: Box::new(error) }
+}
+
+/// Every member as the dense entry checks a call (its epilogue none or a bias, its types one),
+/// then every output apart from every input and from the other outputs; the members with work
+/// as the routing floor's groups.
+fn check_members(members: &[(GemmProblem, RawOperands)]) -> Result<Vec<GroupGemm>> {
+    let (mut written, mut read) = (Vec::new(), Vec::new());
+    let mut groups = Vec::with_capacity(members.len());
+    for (index, (p, ops)) in members.iter().enumerate() {
+        let one = |e| member(index, e);
+        let pr = p.precision();
+        if pr.input() != pr.output() {
+            let what = format!("{pr}: one element type for every buffer, so the output's must be the inputs'");
+            return Err(one(Error::Unsupported { backend: "grouped GEMM", what }));
+        }
+        if !matches!(p.epilogue(), Epilogue::None | Epilogue::Bias) || ops.aux.is_some() {
+            let what = format!("epilogue {} (a grouped GEMM takes none or a bias)", p.epilogue());
+            return Err(one(Error::Unsupported { backend: "grouped GEMM", what }));
+        }
+        let (descs, extras) = (ops.descs(p), ops.extras());
+        check_all(p, descs, extras).map_err(one)?;
+        let bias = extras.bias.map(|v| crate::validate::BufferDesc {
+            address: v.address,
+            len_bytes: v.len_bytes,
+            dtype: pr.output(),
+        });
+        for (which, e, writes) in crate::validate::spans(p, descs, bias, None).map_err(one)? {
+            let span = Span { which, addr: e.start, bytes: (e.end - e.start) as usize };
+            if writes {
+                written.push(span)
+            } else {
+                read.push(span)
+            }
+        }
+        if !p.is_empty() {
+            let abc = (ops.a.address, ops.b.address, ops.c.address);
+            groups.push(GroupGemm { p: *p, abc, bias: extras.bias.map(|b| b.address) });
+        }
+    }
+    disjoint(&written, &read)?;
+    Ok(groups)
+}
+
+/// Everything a list's launches depend on, for its replay graph: a tag no grouped product's
+/// key starts with, the lanes (0: in order), then per member its precision, epilogue, batch,
+/// the three layouts (with A's and B's op) and the addresses of A, B, C and the bias.
+fn list_key(groups: &[GroupGemm], lanes: Option<usize>) -> Vec<u64> {
+    let position = |found: Option<usize>| found.unwrap_or(usize::MAX) as u64;
+    let layout = |l: MatrixLayout| [l.rows, l.cols, l.ld, l.batch_stride].map(|x| x as u64);
+    let operand = |o: Operand| {
+        let [r, c, ld, bs] = layout(o.layout);
+        [u64::from(o.op == Op::T), r, c, ld, bs]
+    };
+    let mut key = vec![u64::MAX - 1, lanes.unwrap_or(0) as u64];
+    for g in groups {
+        let p = &g.p;
+        key.push(position(crate::Precision::ALL.iter().position(|&x| x == p.precision())));
+        key.push(position(Epilogue::ALL.iter().position(|&x| x == p.epilogue())));
+        key.push(p.batch() as u64);
+        key.extend(operand(p.a()));
+        key.extend(operand(p.b()));
+        key.extend(layout(p.c()));
+        key.extend([g.abc.0, g.abc.1, g.abc.2, g.bias.unwrap_or(0)]);
+    }
+    key
+}
