@@ -58,6 +58,27 @@ impl Gpu {
     /// output overlaps any input or another output; [`Error::Unsupported`] for a forced way
     /// that does not apply. From the launches: as [`Gpu::gemm`] (a failure part-way leaves
     /// other members written; the pool is joined back all the same).
+    ///
+    /// # Example
+    /// ```no_run
+    /// use gemmbridge::cuda::{Gpu, GroupMember};
+    /// use gemmbridge::half::bf16;
+    /// use gemmbridge::{GemmProblem, Precision};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let gpu = Gpu::new(0)?;
+    /// let s = gpu.stream();
+    /// // two unlike GEMMs: a [64, 128]·[256, 128]ᵀ linear layer and a [7, 32]·[32, 16] matmul
+    /// let (p0, p1) = (GemmProblem::linear(64, 256, 128, Precision::BF16)?, GemmProblem::matmul(7, 16, 32, Precision::BF16)?);
+    /// let (x, w, mut y) = (s.alloc_zeros::<bf16>(64 * 128)?, s.alloc_zeros::<bf16>(256 * 128)?, s.alloc_zeros::<bf16>(64 * 256)?);
+    /// let (a, b, mut c) = (s.alloc_zeros::<bf16>(7 * 32)?, s.alloc_zeros::<bf16>(32 * 16)?, s.alloc_zeros::<bf16>(7 * 16)?);
+    /// gpu.gemm_group(&mut [
+    ///     GroupMember { problem: p0, a: &x, b: &w, c: &mut y, bias: None },
+    ///     GroupMember { problem: p1, a: &a, b: &b, c: &mut c, bias: None },
+    /// ])?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn gemm_group<T: Element>(&self, members: &mut [GroupMember<'_, T>]) -> Result<()> {
         let (ctx, s) = (self.context(), self.stream());
         for (index, m) in members.iter().enumerate() {
