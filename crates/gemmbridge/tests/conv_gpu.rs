@@ -397,23 +397,28 @@ fn measured_plans_round_trip_through_the_tactic_database() {
             assert_eq!(fresh.conv2d_tactic(&p, d), None, "{api:?} {d}: a plan from the database is no measurement");
         }
 
-        // refused entries: planned as without the database (the heuristic here), no error
-        let mut bad = loaded.clone();
-        for t in bad.entries.values_mut() {
-            match &mut t.choice {
-                Choice::CudnnEngine { engine, .. } => *engine = 1 << 40,
-                Choice::CudnnAlgo { algo, .. } => *algo = 1000,
-                other => panic!("not a convolution choice: {other:?}"),
-            }
+        refused_entries_fall_back(api, &p, &inputs, &loaded);
+    }
+}
+
+/// Entries cuDNN refuses (an engine index that does not exist, an algorithm value outside its
+/// enum) are planned as without the database (the heuristic here), with no error.
+fn refused_entries_fall_back(api: ConvApi, p: &Conv2d, inputs: &Inputs, loaded: &TacticDb) {
+    let mut bad = loaded.clone();
+    for t in bad.entries.values_mut() {
+        match &mut t.choice {
+            Choice::CudnnEngine { engine, .. } => *engine = 1 << 40,
+            Choice::CudnnAlgo { algo, .. } => *algo = 1000,
+            other => panic!("not a convolution choice: {other:?}"),
         }
-        let fallback = gpu();
-        fallback.set_conv_api(api);
-        fallback.load_tactics(&bad);
-        let got = outputs(&fallback, &p, &inputs);
-        check_outputs(&p, &inputs, &got, &format!("{api:?} after a refused entry"));
-        for d in DIRECTIONS {
-            let plan = fallback.conv2d_plan(&p, d).unwrap();
-            assert!(!plan.contains("tactic database"), "{api:?} {d}: {plan}");
-        }
+    }
+    let fallback = gpu();
+    fallback.set_conv_api(api);
+    fallback.load_tactics(&bad);
+    let got = outputs(&fallback, p, inputs);
+    check_outputs(p, inputs, &got, &format!("{api:?} after a refused entry"));
+    for d in DIRECTIONS {
+        let plan = fallback.conv2d_plan(p, d).unwrap();
+        assert!(!plan.contains("tactic database"), "{api:?} {d}: {plan}");
     }
 }
