@@ -156,6 +156,39 @@ fn the_pool_and_in_order_give_the_same_bits() {
     }
 }
 
+/// A repeated call on the same buffers is captured once and replayed as one graph (the
+/// zeroing of a backward weight's empty group with it): every call gives the first call's bits,
+/// into an output poisoned before each.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_repeated_call_replays_the_first_calls_bits() {
+    let (gpu, mut rng) = (gpu(), rng());
+    let s = gpu.stream();
+    for op in OPS {
+        let p = GroupedProblem::new(op, &[40, 0, 300, 7, 129], 128, 256, Precision::BF16).unwrap();
+        let [la, lb, lc] = p.lens();
+        let da = s.clone_htod(&normal::<bf16>(&mut rng, la)).unwrap();
+        let db = s.clone_htod(&normal::<bf16>(&mut rng, lb)).unwrap();
+        let (qa, qb) = quantize(&gpu, &p, (&da, &db), (Scaling::Row, Scaling::Row));
+        let mut c = s.clone_htod(&poison::<bf16>(lc)).unwrap();
+        let mut runs = Vec::new();
+        let mut before = 0;
+        for call in 0..4 {
+            s.memcpy_htod(&poison::<bf16>(lc), &mut c).unwrap();
+            gpu.grouped_fp8_gemm(&p, &qa, &qb, &mut c, None, Fp8Options::default()).unwrap();
+            runs.push(s.clone_dtoh(&c).unwrap());
+            if call == 0 {
+                before = gpu.cached_graphs();
+            }
+        }
+        assert_eq!(gpu.cached_graphs(), before + 1, "{op:?}: one graph of the whole call");
+        assert!(runs[0][..written(&p)].iter().all(|v| v.is_finite()), "{op:?}");
+        for (i, r) in runs.iter().enumerate().skip(1) {
+            assert!(r.iter().zip(&runs[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "{op:?}: call {i} differs");
+        }
+    }
+}
+
 /// A backward weight's empty group: zeros with β = 0, its `dw[e]` kept with β = 1, refused
 /// (nothing written) for another β; the groups with rows accumulate with β = 1.
 #[test]

@@ -2,7 +2,8 @@
 //! the output and bias buffers, then every group's FP8 call as [`Gpu::fp8_gemm`] checks it) →
 //! each group's FP8 GEMM through the routing floor's FP8 launch (`route/fp8.rs`: its plan, and
 //! the staged copy where the output's rows miss the FP8 kernels' alignment) on the pool of
-//! streams (`route/grouped.rs`), or in order. Nothing is launched until every group has passed.
+//! streams (`route/grouped.rs`), or in order, replayed as one graph when repeated. Nothing is
+//! launched until every group has passed.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
@@ -11,7 +12,7 @@ use super::engine::Gpu;
 use super::grouped::check_bias;
 use crate::cuda::library;
 use crate::cuda::route::fp8::{enqueue, no_lt, Fp8Call, Fp8Options, Fp8Tensor};
-use crate::cuda::route::grouped::pooled_launches;
+use crate::cuda::route::grouped::{pooled_launches, replayed_with};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::fp8::OutputKind;
@@ -42,8 +43,10 @@ impl Gpu {
     /// two operands paired as there), spread over the pool of the engine's streams forked
     /// from and joined to [`Gpu::stream`] ([`Gpu::set_grouped_streams`]), or in order on
     /// [`Gpu::stream`] when one group has rows or [`GroupedBackend::InOrder`] is forced. Work
-    /// enqueued on [`Gpu::stream`] afterwards sees every group. No host synchronisation; not
-    /// replayed as a whole.
+    /// enqueued on [`Gpu::stream`] afterwards sees every group. No host synchronisation. A call
+    /// repeated on the same operands and output is captured once into one CUDA graph of the
+    /// whole call and replayed from then on (with graph replay on, [`Gpu::set_graph_replay`]):
+    /// one launch on the host instead of one FP8 GEMM per group.
     ///
     /// # Errors
     /// Before anything is launched, with nothing written: [`Error::Unsupported`] for a forced
@@ -170,19 +173,23 @@ impl Gpu {
         }
         let work: Vec<u64> =
             calls.iter().map(|c| (c.x.layout.rows * c.w.layout.rows * c.x.layout.cols) as u64).collect();
+        let key = replay_key(calls, &addrs, zeroed, lanes);
         self.device().bind()?;
         let mut st = self.lock();
         let describe = || format!("{} FP8 grouped GEMMs", calls.len());
         // SAFETY: every call passed `validate` on live buffers borrowed for this call (the
         // guards above and the caller's); each launch enqueues one of them on the stream it
         // is given, a lane of the device (with its workspace) or the caller's stream. The
-        // zeroed regions are empty groups' slices of the checked output.
+        // zeroed regions are empty groups' slices of the checked output. The key encodes every
+        // call, its addresses, the zeroed regions and the lanes.
         let done = unsafe {
-            zero_regions(zeroed, s.cu_stream()).and_then(|()| {
-                pooled_launches(&mut st, &work, lanes, s.cu_stream(), &describe, |st, e, stream| {
+            let direct = |st: &mut crate::cuda::device::Locked<_>, caller| {
+                zero_regions(zeroed, caller)?;
+                pooled_launches(st, &work, lanes, caller, &describe, |st, e, stream| {
                     enqueue(st, &calls[e], addrs[e], stream)
                 })
-            })
+            };
+            replayed_with(&mut st, key, calls.len() + zeroed.len(), &describe, s.cu_stream(), direct)
         };
         // Even after a failure: part of the work may be enqueued.
         self.device().note_use(&mut st, s.cu_stream())?;
@@ -272,4 +279,33 @@ fn empty_gradients(p: &GroupedProblem, opts: Fp8Options) -> Result<Vec<(u64, usi
     }
     let bytes = p.n() * p.k() * elem;
     Ok(empty.into_iter().map(|e| ((p.tn_output(e).0 * elem) as u64, bytes)).collect())
+}
+
+/// Everything an FP8 grouped call's launches depend on, for its replay graph: a tag no other
+/// grouped key starts with, the lanes, the zeroed regions, then per call its operands'
+/// addresses (data and scales), layouts, formats and scalings, the output's type, address and
+/// length, the bias and the options.
+fn replay_key(calls: &[Fp8Call], addrs: &[[u64; 4]], zeroed: &[(u64, usize)], lanes: usize) -> Vec<u64> {
+    let layout = |t: &Fp8Tensor| {
+        let l = t.layout;
+        [l.rows, l.rows_alloc, l.cols, l.ld, l.scaling as usize, t.format as usize].map(|x| x as u64)
+    };
+    let dtype = |d: crate::DType| d as u64;
+    let mut key = vec![u64::MAX - 2, lanes as u64, zeroed.len() as u64];
+    key.extend(zeroed.iter().flat_map(|&(at, bytes)| [at, bytes as u64]));
+    for (c, a) in calls.iter().zip(addrs) {
+        key.extend(a);
+        key.extend(layout(c.x));
+        key.extend(layout(c.w));
+        let out = match c.out {
+            OutputKind::Dense(d) => dtype(d),
+            OutputKind::Fp8(f) => 16 + f as u64,
+        };
+        key.extend([out, c.y.0, c.y.1 as u64]);
+        key.extend(c.bias.map_or([0; 3], |(at, len, d)| [at, len as u64, dtype(d)]));
+        key.extend([c.d_scale.map_or(0, |d| d.0), c.amax.map_or(0, |a| a.0)]);
+        let o = c.opts;
+        key.extend([u64::from(o.alpha.to_bits()), u64::from(o.beta.to_bits()), u64::from(o.fast_accum)]);
+    }
+    key
 }

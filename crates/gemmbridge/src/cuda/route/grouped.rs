@@ -179,13 +179,9 @@ pub(crate) unsafe fn pooled_launches(
 }
 
 /// Enqueues `groups` pooled (over at most `lanes` lanes) or in order, as [`pooled`] and
-/// [`in_order`] do, but a call repeated with the same `key` — which must encode everything the
-/// groups' launches depend on: their problems, addresses, the way and the lanes — on the same
-/// stream is captured once into a CUDA graph (with the lanes' work: the fork and join are
-/// captured as dependencies) and from then on launched as that one graph, when graph replay
-/// is on ([`crate::cuda::GraphReplay`]: `after_calls`, `capacity`; its `max_macs` is for single
-/// calls and not applied here). One graph launch replaces one library launch per group on the
-/// host. Never into a stream being captured; a failed capture runs the call directly.
+/// [`in_order`] do, replayed as one graph when repeated ([`replayed_with`]; `key` must encode
+/// everything the groups' launches depend on: their problems, addresses, the way and the
+/// lanes).
 ///
 /// # Safety
 /// As [`in_order`].
@@ -196,18 +192,43 @@ pub(crate) unsafe fn replayed(
     lanes: Option<usize>,
     caller: CUstream,
 ) -> Result<()> {
-    // SAFETY (every launch below): the caller's contract.
+    let describe = || format!("{} grouped GEMMs", groups.len());
+    // SAFETY (every launch): the caller's contract.
     let direct = |st: &mut Locked<Libraries>, s: CUstream| match lanes {
         Some(n) => unsafe { pooled(st, groups, n, s) },
         None => unsafe { in_order(st, groups, s) },
     };
-    let Some(lt) = st.libs.lt.as_mut().filter(|lt| lt.composite.options.enabled && groups.len() > 1) else {
+    // SAFETY: the caller's contract; `key` encodes what `direct` enqueues.
+    unsafe { replayed_with(st, key, groups.len(), &describe, caller, direct) }
+}
+
+/// Runs `direct` (a grouped call's launches, enqueued on the stream it is given and on lanes
+/// forked from it) on `caller`, but a call repeated with the same `key` — which must encode
+/// everything those launches depend on — on the same stream is captured once into a CUDA
+/// graph (with the lanes' work: the fork and join are captured as dependencies) and from then
+/// on launched as that one graph, when graph replay is on ([`crate::cuda::GraphReplay`]:
+/// `after_calls`, `capacity`; its `max_macs` is for single calls and not applied here) and
+/// there is more than one launch (`launches`). One graph launch replaces one library launch
+/// per group on the host. Never into a stream being captured; a failed capture runs the call
+/// directly.
+///
+/// # Safety
+/// `caller` is a live stream of the bound context; `direct` enqueues only work valid on the
+/// stream it is given and on lanes forked from it, the same work for the same `key`.
+pub(crate) unsafe fn replayed_with(
+    st: &mut Locked<Libraries>,
+    key: Vec<u64>,
+    launches: usize,
+    describe: &dyn Fn() -> String,
+    caller: CUstream,
+    mut direct: impl FnMut(&mut Locked<Libraries>, CUstream) -> Result<()>,
+) -> Result<()> {
+    let Some(lt) = st.libs.lt.as_mut().filter(|lt| lt.composite.options.enabled && launches > 1) else {
         return direct(st, caller);
     };
-    let describe = || format!("{} grouped GEMMs", groups.len());
     let key = ReplayKey::new(key, [0; 5], (1.0, 0.0), 0, caller);
-    // SAFETY: the key holds the caller's stream, the addresses and the groups.
-    let graph_unused = match unsafe { lt.composite.launch_cached(&key, caller, &describe) } {
+    // SAFETY: the key holds the caller's stream and everything the launches depend on.
+    let graph_unused = match unsafe { lt.composite.launch_cached(&key, caller, describe) } {
         Cached::Launched => return Ok(()),
         Cached::NotLaunched { graph_unused } => graph_unused,
     };
