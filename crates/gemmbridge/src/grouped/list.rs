@@ -17,7 +17,9 @@ fn macs(p: &GemmProblem) -> u64 {
 /// GEMM of one precision whose inputs and output are of one type (f32, tf32, f16, bf16), with
 /// no epilogue, one batch entry and, where it has rows and columns, an inner dimension.
 fn why_not_batched(gemms: &[GemmProblem]) -> Option<String> {
-    let first = gemms.first()?.precision();
+    let Some(first) = gemms.first().map(GemmProblem::precision) else {
+        return Some("the list is empty".into());
+    };
     if first.input() != first.output() {
         return Some(format!("the output type differs from the inputs' ({first})"));
     }
@@ -129,8 +131,9 @@ mod tests {
         assert_eq!(rule(&large), StreamPool);
         let mixed = [linear(4096, 4096, 4096), linear(8, 64, 64), linear(16, 64, 64)];
         assert_eq!(candidates(&mixed), [GroupedBatched, SplitPool, StreamPool, InOrder]);
-        // one GEMM with work (the rest empty): in order
+        // one GEMM with work (the rest empty): in order; an empty list likewise
         assert_eq!(rule(&[linear(64, 64, 64), linear(0, 64, 64)]), InOrder);
+        assert_eq!((candidates(&[]), rule(&[])), (vec![StreamPool, InOrder], InOrder));
     }
 
     #[test]

@@ -156,6 +156,9 @@ impl Gpu {
         let groups = check_members(members)?;
         let problems: Vec<GemmProblem> = members.iter().map(|(p, _)| *p).collect();
         let how = self.lock().libs.grouped.choose_list(&problems)?;
+        if groups.is_empty() {
+            return Ok(()); // no member has work: nothing to launch
+        }
         self.device().bind()?;
         let mut st = self.lock();
         let lanes = st.libs.grouped.streams;
