@@ -58,7 +58,9 @@ impl KernelSet {
 
     fn source(self) -> (&'static str, &'static str) {
         match self {
-            KernelSet::Fp8 => (include_str!("kernels/fp8.cu"), "gemmbridge_fp8.cu"),
+            KernelSet::Fp8 => {
+                (concat!(include_str!("kernels/fp8_chunks.cu"), include_str!("kernels/fp8.cu")), "gemmbridge_fp8.cu")
+            }
             KernelSet::Train => (include_str!("kernels/act.cu"), "gemmbridge_act.cu"),
             KernelSet::Copy => (include_str!("kernels/copy.cu"), "gemmbridge_copy.cu"),
         }
