@@ -214,8 +214,12 @@ fn bad_members_are_named_by_their_place_and_nothing_is_written() {
         (problems[1], RawOperands::new(raw(&ms[1].dev[0], &gpu), raw(&ms[1].dev[1], &gpu), raw(&ms[1].dev[2], &gpu))),
     ];
     // SAFETY: live allocations of this context; refused before any launch.
-    let e = unsafe { gpu.gemm_group_raw(&list, s.cu_stream()) }.unwrap_err();
-    assert!(matches!(e, Error::OutputOverlapsInput { .. }), "{e}");
+    match unsafe { gpu.gemm_group_raw(&list, s.cu_stream()) } {
+        Err(Error::GroupedShape { detail, .. }) => {
+            assert!(detail.contains("GEMM 0's C") && detail.contains("GEMM 1's A"), "{detail}")
+        }
+        other => panic!("{other:?}"),
+    }
     // a forced way the list does not take
     gpu.set_grouped_backend(Some(GroupedBackend::StridedBatch));
     let mut ms = members::<bf16>(&gpu, &problems, &mut rng);

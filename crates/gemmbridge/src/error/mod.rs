@@ -293,7 +293,8 @@ pub enum Error {
     GroupMember {
         /// Its place in the list.
         index: usize,
-        /// Why it is refused.
+        /// Why it is refused (also the error's `source()`).
+        #[source]
         error: Box<Error>,
     },
 

@@ -3,7 +3,7 @@
 //! grouped product runs ([`GroupedBackend`]) but one strided batch, which needs the MoE
 //! layout. Which ways apply ([`candidates`]), and the rule that picks one ([`rule`]).
 
-use super::streams::{GroupedBackend, GroupedSettings, SMALL_GROUP_MACS};
+use super::streams::{split_needs, GroupedBackend, GroupedSettings, MAX_GROUPED_CALL_GEMMS, SMALL_GROUP_MACS};
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result};
 use crate::problem::GemmProblem;
@@ -13,19 +13,25 @@ fn macs(p: &GemmProblem) -> u64 {
     (p.m() as u64).saturating_mul(p.n() as u64).saturating_mul(p.k() as u64).saturating_mul(p.batch() as u64)
 }
 
-/// Why cuBLAS's grouped call does not take the GEMMs `gemms`, or `None` where it does: every
-/// GEMM of one precision whose inputs and output are of one type (f32, tf32, f16, bf16), with
-/// no epilogue, one batch entry and, where it has rows and columns, an inner dimension.
+/// Why cuBLAS's grouped call does not take the GEMMs `gemms`, or `None` where it does: the
+/// GEMMs with work (the empty ones launch nothing and are not judged), at least one and at
+/// most [`MAX_GROUPED_CALL_GEMMS`], all of one precision whose inputs and output are of one
+/// type (f32, tf32, f16, bf16), with no epilogue, one batch entry and an inner dimension.
 fn why_not_batched(gemms: &[GemmProblem]) -> Option<String> {
-    let Some(first) = gemms.first().map(GemmProblem::precision) else {
-        return Some("the list is empty".into());
+    let busy: Vec<(usize, &GemmProblem)> = gemms.iter().enumerate().filter(|(_, p)| !p.is_empty()).collect();
+    let Some(&(i0, first)) = busy.first() else {
+        return Some("no GEMM of the list has work".into());
     };
-    if first.input() != first.output() {
-        return Some(format!("the output type differs from the inputs' ({first})"));
+    if busy.len() > MAX_GROUPED_CALL_GEMMS {
+        return Some(format!("{} GEMMs with work, more than the {MAX_GROUPED_CALL_GEMMS} one call takes", busy.len()));
     }
-    for (i, p) in gemms.iter().enumerate() {
-        if p.precision() != first {
-            return Some(format!("GEMM {i} is {}, GEMM 0 {first}", p.precision()));
+    let pr = first.precision();
+    if pr.input() != pr.output() {
+        return Some(format!("the output type differs from the inputs' ({pr})"));
+    }
+    for &(i, p) in &busy {
+        if p.precision() != pr {
+            return Some(format!("GEMM {i} is {}, GEMM {i0} {pr}", p.precision()));
         }
         if p.epilogue() != Epilogue::None {
             return Some(format!("GEMM {i} has the epilogue {}", p.epilogue()));
@@ -33,7 +39,7 @@ fn why_not_batched(gemms: &[GemmProblem]) -> Option<String> {
         if p.batch() > 1 {
             return Some(format!("GEMM {i} has a batch of {}", p.batch()));
         }
-        if p.k() == 0 && !p.is_empty() {
+        if p.k() == 0 {
             return Some(format!("GEMM {i} has k = 0 (its zeros need a GEMM of its own)"));
         }
     }
@@ -66,9 +72,12 @@ pub fn candidates(gemms: &[GemmProblem]) -> Vec<GroupedBackend> {
 }
 
 /// The way [`GroupedSettings::choose_list`] picks when nothing is forced: in order where at
-/// most one GEMM has work; else the grouped product's rule ([`super::streams::rule`]) on the
-/// list — cuBLAS's grouped call where it applies and the GEMMs with work average at most
-/// [`SMALL_GROUP_MACS`] multiply-adds, the pool otherwise.
+/// most one GEMM has work; else, as the grouped product's rule ([`super::streams::rule`])
+/// does for a forward or backward data, cuBLAS's grouped call where it applies and the GEMMs
+/// with work average at most [`SMALL_GROUP_MACS`] multiply-adds, the pool otherwise. A list
+/// cannot tell a backward weight's GEMMs (small inner dimensions, large outputs), for which
+/// the product's rule takes the pool, as measured faster: force
+/// [`GroupedBackend::StreamPool`] for such lists.
 pub fn rule(gemms: &[GemmProblem]) -> GroupedBackend {
     let busy: Vec<&GemmProblem> = gemms.iter().filter(|p| !p.is_empty()).collect();
     let total: f64 = busy.iter().map(|p| macs(p) as f64).sum();
@@ -97,9 +106,7 @@ impl GroupedSettings {
                     GroupedBackend::StridedBatch => "one strided batch is for a grouped product's layout".to_string(),
                     GroupedBackend::SplitPool if why_not_batched(gemms).is_none() => {
                         let (large, small) = split_counts(gemms);
-                        format!(
-                            "{large} GEMMs above 2³⁰ multiply-adds and {small} below: it needs at least one and two"
-                        )
+                        split_needs(large, small)
                     }
                     _ => why_not_batched(gemms).unwrap_or_default(),
                 };
@@ -134,6 +141,9 @@ mod tests {
         // one GEMM with work (the rest empty): in order; an empty list likewise
         assert_eq!(rule(&[linear(64, 64, 64), linear(0, 64, 64)]), InOrder);
         assert_eq!((candidates(&[]), rule(&[])), (vec![StreamPool, InOrder], InOrder));
+        // an empty GEMM of another precision is not judged: it launches nothing
+        let with_empty = [linear(64, 64, 64), linear(8, 8, 8), GemmProblem::linear(0, 4, 4, Precision::F16).unwrap()];
+        assert_eq!(candidates(&with_empty), [GroupedBatched, StreamPool, InOrder]);
     }
 
     #[test]
@@ -142,11 +152,13 @@ mod tests {
         let mixed_precision = [linear(8, 8, 8), GemmProblem::linear(8, 8, 8, Precision::F16).unwrap()];
         let wide_out = [GemmProblem::linear(8, 8, 8, Precision::BF16_F32OUT).unwrap()];
         let k0 = [linear(8, 8, 0)];
+        let many = vec![linear(4, 4, 4); MAX_GROUPED_CALL_GEMMS + 1];
         for (list, words) in [
             (&with_bias[..], "GEMM 1 has the epilogue"),
             (&mixed_precision[..], "GEMM 1 is f16"),
             (&wide_out[..], "output type differs"),
             (&k0[..], "k = 0"),
+            (&many[..], "more than the"),
         ] {
             assert_eq!(candidates(list), [StreamPool, InOrder], "{words}");
             let forced = GroupedSettings { backend: Some(GroupedBatched), ..Default::default() };

@@ -55,7 +55,7 @@ pub fn candidates(p: &GroupedProblem) -> Vec<GroupedBackend> {
     }
     let same_type = same_type(p);
     let empty_dw = p.op() == super::GroupedOp::BackwardWeight && p.sizes().contains(&0);
-    if same_type && !p.has_bias() && !empty_dw {
+    if same_type && !p.has_bias() && !empty_dw && p.groups() <= MAX_GROUPED_CALL_GEMMS {
         out.push(GroupedBackend::GroupedBatched);
         let (large, small) = split_counts(p);
         if large >= 1 && small >= 2 {
@@ -97,6 +97,11 @@ pub const MAX_STREAMS: usize = 16;
 /// The mean multiply-adds per group with rows up to which [`GroupedSettings::choose`] takes
 /// cuBLAS's grouped call for unequal groups (2³⁰, 1024³).
 pub const SMALL_GROUP_MACS: u64 = 1 << 30;
+
+/// The most GEMMs one cuBLAS grouped call takes here: their A, B and C pointers (8 bytes each)
+/// are copied into the stream workspace's 1 MiB scratch. More groups than this make
+/// [`GroupedBackend::GroupedBatched`] and [`GroupedBackend::SplitPool`] no candidates.
+pub const MAX_GROUPED_CALL_GEMMS: usize = (1 << 20) / 24;
 
 impl Default for GroupedSettings {
     /// The rule, and 4 streams (what TransformerEngine's grouped linear layer uses by default,
@@ -180,6 +185,15 @@ pub fn rule(p: &GroupedProblem) -> GroupedBackend {
     }
 }
 
+/// Why the split pool does not apply to `large` groups above [`SMALL_GROUP_MACS`] and `small`
+/// at or below it.
+pub(crate) fn split_needs(large: usize, small: usize) -> String {
+    format!(
+        "it needs at least one GEMM above 2³⁰ multiply-adds and two at or below; there are {large} above and \
+         {small} at or below"
+    )
+}
+
 /// Whether `p`'s precision is one of those cuBLAS's grouped call takes (inputs and output of
 /// one type).
 fn same_type(p: &GroupedProblem) -> bool {
@@ -202,9 +216,12 @@ fn why_not(p: &GroupedProblem, b: GroupedBackend) -> String {
         {
             format!("group {e} of a backward weight is empty (its zeros need a GEMM of k = 0)")
         }
+        (GroupedBackend::GroupedBatched | GroupedBackend::SplitPool, _) if p.groups() > MAX_GROUPED_CALL_GEMMS => {
+            format!("{} groups, more than the {MAX_GROUPED_CALL_GEMMS} one call takes", p.groups())
+        }
         (GroupedBackend::SplitPool, _) if same_type(p) => {
             let (large, small) = split_counts(p);
-            format!("{large} groups above 2³⁰ multiply-adds and {small} below: it needs at least one and two")
+            split_needs(large, small)
         }
         (GroupedBackend::GroupedBatched | GroupedBackend::SplitPool, _) => {
             format!("its output type differs from its inputs' ({})", p.precision())
@@ -438,6 +455,6 @@ mod tests {
         assert_eq!(rule(&skewed), GroupedBatched);
         // fewer than two small groups: no split
         let e = GroupedSettings { backend: Some(SplitPool), ..Default::default() }.choose(&p(&[700, 60])).unwrap_err();
-        assert!(e.to_string().contains("1 groups above 2³⁰ multiply-adds and 1 below"), "{e}");
+        assert!(e.to_string().contains("there are 1 above and 1 at or below"), "{e}");
     }
 }

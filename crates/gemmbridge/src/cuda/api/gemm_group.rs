@@ -8,7 +8,7 @@
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::checks::{disjoint, same_context, Span};
+use super::checks::same_context;
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawOperands};
 use crate::cuda::device::check_extent;
@@ -19,6 +19,7 @@ use crate::error::{Error, Result, Which};
 use crate::grouped::streams::GroupedBackend;
 use crate::layout::{MatrixLayout, Op, Operand};
 use crate::problem::GemmProblem;
+use crate::validate::{spans as spans_of, BufferDesc};
 
 /// One GEMM of a general grouped call ([`Gpu::gemm_group`]): `c = op(a)·op(b) (+ bias)` for
 /// its own `problem` (any shapes, layouts and batch; [`Epilogue::None`] or [`Epilogue::Bias`]),
@@ -54,9 +55,12 @@ impl Gpu {
     /// against its precision, whose input and output types must agree), the checks of
     /// [`Gpu::gemm`] ([`Error::BufferTooSmall`], [`Error::Misaligned`], …),
     /// [`Error::EpilogueOperand`] (a bias given without [`Epilogue::Bias`] or missing with it),
-    /// [`Error::Unsupported`] for another epilogue; [`Error::OutputOverlapsInput`] when an
-    /// output overlaps any input or another output; [`Error::Unsupported`] for a forced way
-    /// that does not apply. From the launches: as [`Gpu::gemm`] (a failure part-way leaves
+    /// [`Error::Unsupported`] for another epilogue, [`Error::OutputOverlapsInput`] within the
+    /// member; [`Error::GroupedShape`] when an output overlaps another member's buffer (both
+    /// named; checked in one sort of the buffers, O(n log n)); [`Error::Unsupported`] for a
+    /// forced way that does not apply (a strided batch, which is for a grouped product's
+    /// layout; cuBLAS's grouped call where it does not take the list:
+    /// [`Gpu::gemm_group_backend_for`] says). From the launches: as [`Gpu::gemm`] (a failure part-way leaves
     /// other members written; the pool is joined back all the same).
     ///
     /// # Example
@@ -148,6 +152,16 @@ impl Gpu {
         unsafe { self.group_checked(members, stream) }
     }
 
+    /// How [`Gpu::gemm_group`] runs a list of these problems now: the forced way
+    /// ([`Gpu::set_grouped_backend`], which serves grouped products and lists alike) where it
+    /// applies, else the rule of [`crate::grouped::list::rule`].
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`]: the forced way does not apply to the list (naming why).
+    pub fn gemm_group_backend_for(&self, problems: &[GemmProblem]) -> Result<GroupedBackend> {
+        self.lock().libs.grouped.choose_list(problems)
+    }
+
     /// Checks every member, then runs the list the chosen way on `stream`.
     ///
     /// # Safety
@@ -185,10 +199,10 @@ fn member(index: usize, error: Error) -> Error {
 }
 
 /// Every member as the dense entry checks a call (its epilogue none or a bias, its types one),
-/// then every output apart from every input and from the other outputs; the members with work
-/// as the routing floor's groups.
+/// then every output apart from every input and from the other outputs ([`apart`]); the
+/// members with work as the routing floor's groups.
 fn check_members(members: &[(GemmProblem, RawOperands)]) -> Result<Vec<GroupGemm>> {
-    let (mut written, mut read) = (Vec::new(), Vec::new());
+    let mut spans = Vec::with_capacity(4 * members.len());
     let mut groups = Vec::with_capacity(members.len());
     for (index, (p, ops)) in members.iter().enumerate() {
         let one = |e| member(index, e);
@@ -203,17 +217,10 @@ fn check_members(members: &[(GemmProblem, RawOperands)]) -> Result<Vec<GroupGemm
         }
         let (descs, extras) = (ops.descs(p), ops.extras());
         check_all(p, descs, extras).map_err(one)?;
-        let bias = extras.bias.map(|v| crate::validate::BufferDesc {
-            address: v.address,
-            len_bytes: v.len_bytes,
-            dtype: pr.output(),
-        });
-        for (which, e, writes) in crate::validate::spans(p, descs, bias, None).map_err(one)? {
-            let span = Span { which, addr: e.start, bytes: (e.end - e.start) as usize };
-            if writes {
-                written.push(span)
-            } else {
-                read.push(span)
+        let bias = extras.bias.map(|v| BufferDesc { address: v.address, len_bytes: v.len_bytes, dtype: pr.output() });
+        for (which, e, writes) in spans_of(p, descs, bias, None).map_err(one)? {
+            if e.end > e.start {
+                spans.push(Touch { index, which, start: e.start, end: e.end, writes });
             }
         }
         if !p.is_empty() {
@@ -221,8 +228,50 @@ fn check_members(members: &[(GemmProblem, RawOperands)]) -> Result<Vec<GroupGemm
             groups.push(GroupGemm { p: *p, abc, bias: extras.bias.map(|b| b.address) });
         }
     }
-    disjoint(&written, &read)?;
+    apart(spans)?;
     Ok(groups)
+}
+
+/// The byte range a member's buffer touches.
+struct Touch {
+    index: usize,
+    which: Which,
+    start: u64,
+    end: u64,
+    writes: bool,
+}
+
+/// No written range overlaps another range of the list (reads may share bytes): one sweep in
+/// address order, O(n log n) in the buffers. Within one member the dense entry's checks
+/// (`check_all`) have already judged the pairs.
+///
+/// # Errors
+/// [`Error::GroupedShape`] naming both members, buffers and ranges.
+fn apart(mut spans: Vec<Touch>) -> Result<()> {
+    spans.sort_unstable_by_key(|t| (t.start, t.end));
+    // the furthest-reaching range so far, and the furthest-reaching written one
+    let (mut any, mut written): (Option<usize>, Option<usize>) = (None, None);
+    for i in 0..spans.len() {
+        let t = &spans[i];
+        let hit = match (t.writes, any, written) {
+            (true, Some(j), _) if t.start < spans[j].end => Some(j),
+            (false, _, Some(j)) if t.start < spans[j].end => Some(j),
+            _ => None,
+        };
+        if let Some(j) = hit {
+            let (a, b) = (&spans[j], t);
+            let range = |t: &Touch| format!("GEMM {}'s {} [{:#x}, {:#x})", t.index, t.which, t.start, t.end);
+            let detail = format!("{} and {}", range(a), range(b));
+            return Err(Error::GroupedShape { what: "a written buffer overlaps another buffer of the list", detail });
+        }
+        if any.is_none_or(|j| t.end > spans[j].end) {
+            any = Some(i);
+        }
+        if t.writes && written.is_none_or(|j| t.end > spans[j].end) {
+            written = Some(i);
+        }
+    }
+    Ok(())
 }
 
 /// Everything a list's launches depend on, for its replay graph: a tag no grouped product's
@@ -247,4 +296,51 @@ fn list_key(groups: &[GroupGemm], lanes: Option<usize>) -> Vec<u64> {
         key.extend([g.abc.0, g.abc.1, g.abc.2, g.bias.unwrap_or(0)]);
     }
     key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(index: usize, which: Which, (start, end): (u64, u64), writes: bool) -> Touch {
+        Touch { index, which, start, end, writes }
+    }
+
+    #[test]
+    fn written_ranges_overlap_nothing_else_and_reads_may_share() {
+        // reads sharing bytes (two GEMMs of one weight), adjacent ranges: apart
+        let ok = vec![
+            touch(0, Which::B, (0, 100), false),
+            touch(1, Which::B, (0, 100), false),
+            touch(0, Which::C, (100, 200), true),
+            touch(1, Which::C, (200, 300), true),
+        ];
+        assert!(apart(ok).is_ok());
+        // a long written range reaching past shorter ones that follow it
+        let long = vec![
+            touch(0, Which::C, (0, 1000), true),
+            touch(1, Which::A, (1000, 1100), false),
+            touch(2, Which::A, (1100, 1200), false),
+        ];
+        assert!(apart(long).is_ok());
+        let far = vec![
+            touch(0, Which::C, (0, 1000), true),
+            touch(1, Which::A, (10, 20), false),
+            touch(2, Which::A, (900, 1100), false),
+        ];
+        match apart(far) {
+            Err(Error::GroupedShape { detail, .. }) => {
+                assert!(detail.contains("GEMM 0's C") && detail.contains("GEMM 1's A"), "{detail}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // two outputs sharing a byte, in either order
+        for order in [[0, 1], [1, 0]] {
+            let spans = order.map(|i| touch(i, Which::C, (i as u64 * 99, i as u64 * 99 + 100), true));
+            assert!(matches!(apart(spans.into()), Err(Error::GroupedShape { .. })));
+        }
+        // a read range starting inside an earlier written one
+        let late = vec![touch(3, Which::A, (50, 60), false), touch(2, Which::C, (40, 55), true)];
+        assert!(apart(late).is_err());
+    }
 }

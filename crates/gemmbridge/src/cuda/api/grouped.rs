@@ -307,9 +307,11 @@ impl Gpu {
         Ok(host)
     }
 
-    /// Forces how grouped products run from now on ([`GroupedBackend`]), or with `None` lets
-    /// [`Gpu::grouped_backend_for`] choose (the default). A forced backend that does not apply
-    /// to a problem makes that call fail with [`Error::Unsupported`] before any launch.
+    /// Forces how grouped products and lists of GEMMs ([`Gpu::gemm_group`]) run from now on
+    /// ([`GroupedBackend`]), or with `None` lets [`Gpu::grouped_backend_for`] and
+    /// [`Gpu::gemm_group_backend_for`] choose (the default). A forced backend that does not
+    /// apply to a problem or list makes that call fail with [`Error::Unsupported`] before any
+    /// launch (a strided batch applies to no list; FP8 groups take the pool or in order).
     pub fn set_grouped_backend(&self, backend: Option<GroupedBackend>) {
         self.lock().libs.grouped.backend = backend;
     }
