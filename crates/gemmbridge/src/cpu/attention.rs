@@ -1,0 +1,307 @@
+//! Attention on the CPU, [`crate::attention`]'s definition on host slices: per batch entry and
+//! query head, the scores `scale·q·kᵀ`, `o = P·v` and the backward's products through the
+//! `matrixmultiply` crate's f32 GEMM, the softmax in f32 with its row maximum subtracted, every
+//! f16/bf16 element widened to f32 and each output rounded once. Masks, grouped-query heads,
+//! per-sequence lengths and strides as on the GPU.
+
+use crate::attention::reference::{lengths, stats_index, visible, Lengths};
+use crate::attention::{Attention, AttnTensor};
+use crate::dtype::Element;
+use crate::error::{Error, Result, Which};
+
+/// `o = softmax(scale·q·kᵀ + mask)·v` on the CPU for the problem `p` (shapes, strides, masks,
+/// GQA: [`crate::attention`]): `q`, `k`, `v` read and `o` written in their strides, of `T`,
+/// the problem's element type (f16 or bf16); with `stats`, the softmax statistics `lse[b, h_q,
+/// s_q]` (f32, dense, natural log) too; `lens` the per-sequence lengths of a `p.var_len`
+/// problem (`len_q[b]`, `len_kv[b]`). Rows past a sequence's `len_q` (padding) are not
+/// written. A row that sees no key (the bottom-right causal mask with `len_kv < len_q`, which
+/// the GPU path refuses) gets `o = 0` and `lse = −∞`, as the definition says.
+///
+/// # Errors
+/// Before anything is written: [`Error::AttentionShape`] (the problem's rules, lengths missing
+/// for a `var_len` problem or given to one without, a length outside its extent);
+/// [`Error::DTypeMismatch`] (`T` against `p.dtype`); [`Error::BufferTooSmall`] for a tensor
+/// shorter than [`Attention::required_elems`] or statistics shorter than
+/// [`Attention::stats_elems`].
+pub fn attention_forward<T: Element>(
+    p: &Attention,
+    [q, k, v]: [&[T]; 3],
+    o: &mut [T],
+    mut stats: Option<&mut [f32]>,
+    lens: Lengths<'_>,
+) -> Result<()> {
+    check::<T>(p, lens)?;
+    let tensors = [(AttnTensor::Q, q.len()), (AttnTensor::K, k.len()), (AttnTensor::V, v.len())];
+    check_lens(p, tensors.into_iter().chain([(AttnTensor::O, o.len())]))?;
+    if let Some(s) = stats.as_deref() {
+        check_stats(p, s.len())?;
+    }
+    for n in 0..p.b {
+        let (lq, lkv) = lengths(p, lens, n);
+        for hq in 0..p.h_q {
+            let hk = hq / p.group();
+            let (qm, km, vm) = (
+                rows(p, AttnTensor::Q, q, (n, hq), lq),
+                rows(p, AttnTensor::K, k, (n, hk), lkv),
+                rows(p, AttnTensor::V, v, (n, hk), lkv),
+            );
+            let mut s = vec![0f32; lq * lkv];
+            mm((&qm, false), (&km, true), [lq, p.d, lkv], p.scale, &mut s);
+            let lse = softmax_rows(p, &mut s, (lq, lkv));
+            let mut om = vec![0f32; lq * p.d];
+            mm((&s, false), (&vm, false), [lq, lkv, p.d], 1.0, &mut om);
+            put(p, AttnTensor::O, o, (n, hq), &om);
+            if let Some(st) = stats.as_deref_mut() {
+                for (i, l) in lse.into_iter().enumerate() {
+                    st[stats_index(p, n, hq, i)] = l;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The backward on the CPU ([`crate::attention`]'s definition): `dq`, `dk`, `dv` (in q's,
+/// k's, v's strides, of `T`) from `q`, `k`, `v`, the forward's `o`, the output's gradient
+/// `d_o` (in o's strides) and the statistics `lse` (f32, dense `[b, h_q, s_q]`, as
+/// [`attention_forward`] or the GPU writes them). With GQA, `dk` and `dv` are summed over
+/// the query heads that share them. Every element of the three gradients is written: rows
+/// past a sequence's length get zeros.
+///
+/// # Errors
+/// As [`attention_forward`], for every buffer.
+pub fn attention_backward<T: Element>(
+    p: &Attention,
+    [q, k, v, o, d_o]: [&[T]; 5],
+    lse: &[f32],
+    [dq, dk, dv]: [&mut [T]; 3],
+    lens: Lengths<'_>,
+) -> Result<()> {
+    use AttnTensor::{K, O, Q, V};
+    check::<T>(p, lens)?;
+    let read = [(Q, q.len()), (K, k.len()), (V, v.len()), (O, o.len()), (O, d_o.len())];
+    check_lens(p, read.into_iter().chain([(Q, dq.len()), (K, dk.len()), (V, dv.len())]))?;
+    check_stats(p, lse.len())?;
+    for (t, g) in [(Q, &mut *dq), (K, &mut *dk), (V, &mut *dv)] {
+        p.elements(t).for_each(|at| g[p.index(t, at)] = T::from_f32(0.0));
+    }
+    for n in 0..p.b {
+        let (lq, lkv) = lengths(p, lens, n);
+        for hk in 0..p.h_kv {
+            let (km, vm) = (rows(p, K, k, (n, hk), lkv), rows(p, V, v, (n, hk), lkv));
+            let (mut dkm, mut dvm) = (vec![0f32; lkv * p.d], vec![0f32; lkv * p.d]);
+            for hq in hk * p.group()..(hk + 1) * p.group() {
+                let at = |i| lse[stats_index(p, n, hq, i)];
+                let head = Head {
+                    q: rows(p, Q, q, (n, hq), lq),
+                    o: rows(p, O, o, (n, hq), lq),
+                    d_o: rows(p, O, d_o, (n, hq), lq),
+                    lse: (0..lq).map(at).collect(),
+                };
+                let dqm = head_backward(p, &head, (&km, &vm), (lq, lkv), (&mut dkm, &mut dvm));
+                put(p, Q, dq, (n, hq), &dqm);
+            }
+            put(p, K, dk, (n, hk), &dkm);
+            put(p, V, dv, (n, hk), &dvm);
+        }
+    }
+    Ok(())
+}
+
+/// One query head's rows for the backward, widened to f32 (`[len_q, d]` each).
+struct Head {
+    q: Vec<f32>,
+    o: Vec<f32>,
+    d_o: Vec<f32>,
+    lse: Vec<f32>,
+}
+
+/// One query head's backward: returns its `dq` (`[lq, d]`) and adds its share to the key/value
+/// head's `dk` and `dv` (`[lkv, d]`).
+fn head_backward(
+    p: &Attention,
+    h: &Head,
+    (km, vm): (&[f32], &[f32]),
+    (lq, lkv): (usize, usize),
+    (dkm, dvm): (&mut [f32], &mut [f32]),
+) -> Vec<f32> {
+    let d = p.d;
+    // P = exp(scale·q·kᵀ − lse) where visible, 0 elsewhere (and in rows without a key)
+    let mut pm = vec![0f32; lq * lkv];
+    mm((&h.q, false), (km, true), [lq, d, lkv], p.scale, &mut pm);
+    for (i, row) in pm.chunks_exact_mut(lkv.max(1)).enumerate().take(lq) {
+        for (j, x) in row.iter_mut().enumerate() {
+            let seen = visible(p.mask, i, j, lq, lkv) && h.lse[i] != f32::NEG_INFINITY;
+            *x = if seen { (*x - h.lse[i]).exp() } else { 0.0 };
+        }
+    }
+    // dv += Pᵀ·do; dP = do·vᵀ; dS = P ∘ (dP − D), D_i = Σ_e do·o
+    mm_acc((&pm, true), (&h.d_o, false), [lkv, lq, d], 1.0, dvm);
+    let mut ds = vec![0f32; lq * lkv];
+    mm((&h.d_o, false), (vm, true), [lq, d, lkv], 1.0, &mut ds);
+    for i in 0..lq {
+        let di: f32 = (0..d).map(|e| h.d_o[i * d + e] * h.o[i * d + e]).sum();
+        for j in 0..lkv {
+            ds[i * lkv + j] = pm[i * lkv + j] * (ds[i * lkv + j] - di);
+        }
+    }
+    // dq = scale·dS·k; dk += scale·dSᵀ·q
+    let mut dqm = vec![0f32; lq * d];
+    mm((&ds, false), (km, false), [lq, lkv, d], p.scale, &mut dqm);
+    mm_acc((&ds, true), (&h.q, false), [lkv, lq, d], p.scale, dkm);
+    dqm
+}
+
+/// The rows `0..count` of head `h` of batch entry `n` of tensor `t`, widened: `[count, d]`.
+fn rows<T: Element>(p: &Attention, t: AttnTensor, buf: &[T], (n, h): (usize, usize), count: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(count * p.d);
+    for r in 0..count {
+        let start = p.index(t, [n, h, r, 0]);
+        out.extend(buf[start..start + p.d].iter().map(|x| x.to_f32()));
+    }
+    out
+}
+
+/// `m` (`[rows, d]`) rounded into rows `0..rows` of head `h` of batch entry `n` of tensor `t`.
+fn put<T: Element>(p: &Attention, t: AttnTensor, buf: &mut [T], (n, h): (usize, usize), m: &[f32]) {
+    for (r, row) in m.chunks_exact(p.d).enumerate() {
+        let start = p.index(t, [n, h, r, 0]);
+        for (dst, &x) in buf[start..start + p.d].iter_mut().zip(row) {
+            *dst = T::from_f32(x);
+        }
+    }
+}
+
+/// Each row of the scores `s` (`[lq, lkv]`) to its softmax under the mask, in place; returns
+/// each row's `lse` (−∞ and a zero row where no key is visible).
+fn softmax_rows(p: &Attention, s: &mut [f32], (lq, lkv): (usize, usize)) -> Vec<f32> {
+    let mut lse = vec![f32::NEG_INFINITY; lq];
+    if lkv == 0 {
+        return lse;
+    }
+    for (i, row) in s.chunks_exact_mut(lkv).enumerate() {
+        for (j, x) in row.iter_mut().enumerate() {
+            if !visible(p.mask, i, j, lq, lkv) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if max == f32::NEG_INFINITY {
+            row.fill(0.0);
+            continue;
+        }
+        let sum: f32 = row
+            .iter_mut()
+            .map(|x| {
+                *x = (*x - max).exp();
+                *x
+            })
+            .sum();
+        row.iter_mut().for_each(|x| *x /= sum);
+        lse[i] = max + sum.ln();
+    }
+    lse
+}
+
+/// `c = alpha·op(a)·op(b)` with `[m, k, n]`: `a` stored `[m, k]` (or `[k, m]`, transposed),
+/// `b` stored `[k, n]` (or `[n, k]`), `c` `[m, n]`, all row-major f32.
+fn mm(a: (&[f32], bool), b: (&[f32], bool), dims: [usize; 3], alpha: f32, c: &mut [f32]) {
+    gemm_f32(a, b, dims, alpha, 0.0, c);
+}
+
+/// `c += alpha·op(a)·op(b)`, as [`mm`].
+fn mm_acc(a: (&[f32], bool), b: (&[f32], bool), dims: [usize; 3], alpha: f32, c: &mut [f32]) {
+    gemm_f32(a, b, dims, alpha, 1.0, c);
+}
+
+fn gemm_f32(
+    (a, at): (&[f32], bool),
+    (b, bt): (&[f32], bool),
+    [m, k, n]: [usize; 3],
+    alpha: f32,
+    beta: f32,
+    c: &mut [f32],
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "cpu attention: operand sizes");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let (rsa, csa) = if at { (1, m as isize) } else { (k as isize, 1) };
+    let (rsb, csb) = if bt { (1, k as isize) } else { (n as isize, 1) };
+    // SAFETY: the slices hold m·k, k·n and m·n elements (asserted), addressed exactly by these
+    // strides; c does not alias a or b (a `&mut` borrow).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// The problem's rules, `T` against its element type, the lengths against the problem.
+fn check<T: Element>(p: &Attention, lens: Lengths<'_>) -> Result<()> {
+    p.validate()?;
+    if T::DTYPE != p.dtype {
+        return Err(Error::DTypeMismatch { operand: Which::AttnQ, expected: p.dtype, got: T::DTYPE });
+    }
+    match (p.var_len, lens) {
+        (true, None) => Err(Error::AttentionShape {
+            what: "a problem with per-sequence lengths was given none",
+            detail: p.describe(),
+        }),
+        (false, Some(_)) => p.check_lengths(&[], &[]),
+        (true, Some((q, kv))) => p.check_lengths(q, kv),
+        (false, None) => Ok(()),
+    }
+}
+
+/// Every buffer at least as long as its tensor needs.
+fn check_lens(p: &Attention, bufs: impl Iterator<Item = (AttnTensor, usize)>) -> Result<()> {
+    for (t, have) in bufs {
+        let need = p.required_elems(t);
+        if have < need {
+            let operand = match t {
+                AttnTensor::Q => Which::AttnQ,
+                AttnTensor::K => Which::AttnK,
+                AttnTensor::V => Which::AttnV,
+                AttnTensor::O => Which::AttnO,
+            };
+            let elem_bytes = p.dtype.size_bytes();
+            return Err(Error::BufferTooSmall {
+                operand,
+                len_bytes: have * elem_bytes,
+                needed_bytes: need * elem_bytes,
+                needed_elems: need,
+                elem_bytes,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The statistics at least `b·h_q·s_q` long.
+fn check_stats(p: &Attention, have: usize) -> Result<()> {
+    let need = p.stats_elems();
+    if have < need {
+        return Err(Error::BufferTooSmall {
+            operand: Which::AttnStats,
+            len_bytes: have * 4,
+            needed_bytes: need * 4,
+            needed_elems: need,
+            elem_bytes: 4,
+        });
+    }
+    Ok(())
+}
