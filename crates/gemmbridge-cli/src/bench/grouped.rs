@@ -42,11 +42,12 @@ pub fn parse_backend(s: &str) -> anyhow::Result<Option<GroupedBackend>> {
         "strided" => Some(GroupedBackend::StridedBatch),
         "pool" => Some(GroupedBackend::StreamPool),
         "split" => Some(GroupedBackend::SplitPool),
+        "chunked" => Some(GroupedBackend::ChunkedBatched),
         "cublas-grouped" => Some(GroupedBackend::GroupedBatched),
         "in-order" => Some(GroupedBackend::InOrder),
         other => {
             anyhow::bail!(
-                "unknown grouped backend {other:?}; choose auto, strided, cublas-grouped, pool, split or in-order"
+                "unknown grouped backend {other:?}; choose auto, strided, cublas-grouped, chunked, pool, split or in-order"
             )
         }
     })

@@ -96,9 +96,11 @@ pub struct Args {
     conv_search: String,
     /// Grouped rows: how the engine runs them — auto (a measured choice from --db, else its
     /// rule: one strided batch for equal groups, for small unequal ones of a forward or
-    /// backward data cuBLAS's grouped call, a pool of streams otherwise), strided, cublas-grouped (cuBLAS's grouped batched call), pool, split
-    /// (the large groups on the pool, the small ones in one cuBLAS grouped call beside them) or
-    /// in-order (shapes a forced backend does not apply to are skipped).
+    /// backward data cuBLAS's grouped call, a pool of streams otherwise), strided,
+    /// cublas-grouped (cuBLAS's grouped batched call), chunked (the groups' rows cut into
+    /// chunks of 128, 64, …, 1 rows, alike chunks batched in one cuBLAS grouped call), pool,
+    /// split (the large groups on the pool, the small ones in one cuBLAS grouped call beside
+    /// them) or in-order (shapes a forced backend does not apply to are skipped).
     #[arg(long, default_value = "auto")]
     grouped_backend: String,
     /// Grouped rows: streams of the pool (1 to 16).

@@ -7,9 +7,10 @@
 //! replays them on in-order queues with events and says whether every group runs once, after
 //! the fork and before the join — the order a GPU run must keep. Empty groups launch nothing.
 //!
-//! Which way a grouped product runs — one strided batch, cuBLAS's grouped call, this pool of
-//! per-group plans, or the same plans in order — is chosen among the [`candidates`] that
-//! apply, by the rule of [`GroupedSettings::choose`] or forced.
+//! Which way a grouped product runs — one strided batch, cuBLAS's grouped call (of the groups,
+//! or of their row chunks), this pool of per-group plans, the pool beside one grouped call, or
+//! the same plans in order — is chosen among the [`candidates`] that apply, by the rule of
+//! [`GroupedSettings::choose`], by measurement, or forced.
 
 use crate::error::{Error, Result};
 use crate::precision::Precision;
@@ -17,7 +18,8 @@ use crate::precision::Precision;
 use super::{GroupedOp, GroupedProblem};
 
 /// A way to run a grouped product on the vendor libraries (in a tactic database:
-/// "strided_batch", "grouped_batched", "stream_pool", "in_order").
+/// "strided_batch", "grouped_batched", "stream_pool", "chunked_batched", "split_pool",
+/// "in_order").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GroupedBackend {
@@ -32,6 +34,12 @@ pub enum GroupedBackend {
     GroupedBatched,
     /// A plan per group (cuBLASLt), launched on a pool of streams ([`schedule`]).
     StreamPool,
+    /// Each group's rows cut into chunks of a few shapes ([`super::chunks`]: 128 rows, then
+    /// 64, 32, …, 1), and every chunk in one cuBLAS grouped call whose alike chunks form one
+    /// batch each: at most eight shapes for any routing instead of one per group. A forward or
+    /// backward data where [`GroupedBackend::GroupedBatched`] applies and the chunks fit one
+    /// call ([`MAX_GROUPED_CALL_GEMMS`]). Not capturable (as cuBLAS's grouped call).
+    ChunkedBatched,
     /// The groups above [`SMALL_GROUP_MACS`] multiply-adds each on the pool of streams, and
     /// the rest in one cuBLAS grouped batched call on a stream of the same pool, beside them:
     /// for skewed routing, where a few large groups would leave cuBLAS's grouped call waiting on
@@ -60,6 +68,9 @@ pub fn candidates(p: &GroupedProblem) -> Vec<GroupedBackend> {
         let (large, small) = split_counts(p);
         if large >= 1 && small >= 2 {
             out.push(GroupedBackend::SplitPool);
+        }
+        if p.op() != GroupedOp::BackwardWeight && p.chunk_count() <= MAX_GROUPED_CALL_GEMMS {
+            out.push(GroupedBackend::ChunkedBatched);
         }
     }
     out.extend([GroupedBackend::StreamPool, GroupedBackend::InOrder]);
@@ -223,7 +234,13 @@ fn why_not(p: &GroupedProblem, b: GroupedBackend) -> String {
             let (large, small) = split_counts(p);
             split_needs(large, small)
         }
-        (GroupedBackend::GroupedBatched | GroupedBackend::SplitPool, _) => {
+        (GroupedBackend::ChunkedBatched, _) if p.op() == GroupedOp::BackwardWeight => {
+            "a backward weight's rows are its inner dimension: its groups cannot be cut into row chunks".into()
+        }
+        (GroupedBackend::ChunkedBatched, _) if same_type(p) && !p.has_bias() => {
+            format!("{} row chunks, more than the {MAX_GROUPED_CALL_GEMMS} one call takes", p.chunk_count())
+        }
+        (GroupedBackend::GroupedBatched | GroupedBackend::SplitPool | GroupedBackend::ChunkedBatched, _) => {
             format!("its output type differs from its inputs' ({})", p.precision())
         }
         _ => "not offered for this problem".into(),
@@ -387,9 +404,12 @@ mod tests {
     fn candidates_follow_the_sizes_and_the_precision() {
         let p = |sizes: &[usize], precision| GroupedProblem::new(GroupedOp::Forward, sizes, 64, 32, precision).unwrap();
         use GroupedBackend::*;
-        assert_eq!(candidates(&p(&[4, 4, 4], Precision::BF16)), [StridedBatch, GroupedBatched, StreamPool, InOrder]);
-        assert_eq!(candidates(&p(&[4, 0, 4], Precision::F16)), [GroupedBatched, StreamPool, InOrder]);
-        assert_eq!(candidates(&p(&[0, 0], Precision::F32)), [GroupedBatched, StreamPool, InOrder]);
+        assert_eq!(
+            candidates(&p(&[4, 4, 4], Precision::BF16)),
+            [StridedBatch, GroupedBatched, ChunkedBatched, StreamPool, InOrder]
+        );
+        assert_eq!(candidates(&p(&[4, 0, 4], Precision::F16)), [GroupedBatched, ChunkedBatched, StreamPool, InOrder]);
+        assert_eq!(candidates(&p(&[0, 0], Precision::F32)), [GroupedBatched, ChunkedBatched, StreamPool, InOrder]);
         assert_eq!(candidates(&p(&[8, 8], Precision::BF16).with_bias().unwrap()), [StreamPool, InOrder]);
         assert_eq!(candidates(&p(&[8, 8], Precision::BF16_F32OUT)), [StridedBatch, StreamPool, InOrder]);
         let dw =
@@ -436,7 +456,7 @@ mod tests {
         // one group above 2³⁰ multiply-adds (700 · 768 · 2048), three below: the split pool is
         // a candidate, cuBLAS's grouped call the rule's choice
         let skewed = p(&[700, 60, 100, 164]);
-        assert_eq!(candidates(&skewed), [GroupedBatched, SplitPool, StreamPool, InOrder]);
+        assert_eq!(candidates(&skewed), [GroupedBatched, SplitPool, ChunkedBatched, StreamPool, InOrder]);
         assert_eq!(s.choose(&skewed).unwrap(), GroupedBatched);
         s.tuned.insert(skewed.signature(), StreamPool);
         assert_eq!(s.choose(&skewed).unwrap(), StreamPool);

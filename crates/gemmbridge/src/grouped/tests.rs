@@ -191,3 +191,43 @@ fn signatures_name_the_layer_the_total_bucket_and_the_skew() {
     assert_eq!(biased.signature(), "grouped_gemm forward e2 n768 k2048 m8 skew0 bf16 bias");
     assert_eq!(p(BackwardWeight, &[0, 0]).signature(), "grouped_gemm backward_weight e2 n768 k2048 m1 skew0 bf16");
 }
+
+/// Row chunks cut every group into 128-row chunks and the rest's binary digits, alike chunks
+/// next to each other; run one by one (the CPU GEMM), they give the grouped definition.
+#[test]
+fn row_chunks_cover_every_row_once_and_give_the_grouped_product() {
+    use super::chunks::{chunk_rows, CHUNK_ROWS};
+    assert_eq!(chunk_rows(300).collect::<Vec<_>>(), [128, 128, 32, 8, 4]);
+    assert_eq!(chunk_rows(0).count() + chunk_rows(128).count() + chunk_rows(1).count(), 2);
+    assert_eq!(chunk_rows(255).collect::<Vec<_>>(), [128, 64, 32, 16, 8, 4, 2, 1]);
+    for m in 0..600 {
+        assert_eq!(chunk_rows(m).sum::<usize>(), m, "{m}");
+    }
+    let mut r = rand::rngs::StdRng::seed_from_u64(rand::random());
+    for op in [GroupedOp::Forward, GroupedOp::BackwardData] {
+        let p = GroupedProblem::from_offsets(op, &[0, 1, 8, 308, 308, 700], 705, 24, 40, Precision::F32).unwrap();
+        let chunks = p.row_chunks().unwrap();
+        assert_eq!(chunks.len(), p.chunk_count());
+        // alike chunks together: each row count forms one run, largest first
+        let rows: Vec<usize> = chunks.iter().map(|(g, _)| g.m()).collect();
+        assert!(rows.windows(2).all(|w| w[0] >= w[1]) && rows[0] == CHUNK_ROWS, "{rows:?}");
+        let [la, lb, lc] = p.lens();
+        let (a, b): (Vec<f32>, Vec<f32>) = (
+            (0..la).map(|_| r.random_range(-1.0..1.0)).collect(),
+            (0..lb).map(|_| r.random_range(-1.0..1.0)).collect(),
+        );
+        let mut got = vec![f32::NAN; lc];
+        for (g, [a0, b0, c0]) in &chunks {
+            crate::cpu::gemm(g, 1.0, &a[*a0..], &b[*b0..], 0.0, &mut got[*c0..]).unwrap();
+        }
+        let mut want = vec![f64::NAN; lc];
+        let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        run(&p, &to64(&a), &to64(&b), None, &mut want);
+        let used = p.row_start(p.groups()) * if op == GroupedOp::Forward { 24 } else { 40 };
+        assert!(got[used..].iter().all(|v| v.is_nan()), "{op:?}: rows past the groups written");
+        let e = rel_error(&to64(&got[..used]), &want[..used]);
+        assert!(e < 1e-5, "{op:?}: {e}");
+    }
+    let dw = GroupedProblem::new(GroupedOp::BackwardWeight, &[3, 4], 8, 8, Precision::F32).unwrap();
+    assert!(dw.row_chunks().is_err());
+}

@@ -17,6 +17,7 @@ use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::grouped::streams::{candidates, rule, GroupedBackend, GroupedSettings};
 use crate::grouped::GroupedProblem;
+use crate::problem::GemmProblem;
 use crate::tactics::Tactic;
 use crate::validate::BufferDesc;
 
@@ -189,7 +190,11 @@ impl Gpu {
             // SAFETY: checked just above on live buffers (the caller's contract).
             return unsafe { self.enqueue_checked(&batched, Scale::PRODUCT, descs, extras, stream) };
         }
-        let groups = group_gemms(p, bufs, pv, elem)?;
+        let parts = match how {
+            GroupedBackend::ChunkedBatched => p.row_chunks()?.into_iter().map(|(g, offs)| (g, offs, None)).collect(),
+            _ => group_parts(p)?,
+        };
+        let groups = group_gemms(&parts, bufs, pv, elem)?;
         self.device().bind()?;
         let mut st = self.lock();
         let lanes = (how == GroupedBackend::StreamPool && groups.len() > 1).then_some(st.libs.grouped.streams);
@@ -198,7 +203,7 @@ impl Gpu {
         // contract.
         let done = unsafe {
             match how {
-                GroupedBackend::GroupedBatched => batched(&mut st, &groups, stream),
+                GroupedBackend::GroupedBatched | GroupedBackend::ChunkedBatched => batched(&mut st, &groups, stream),
                 GroupedBackend::SplitPool => {
                     let lanes = st.libs.grouped.streams;
                     split(&mut st, &groups, lanes, stream)
@@ -421,18 +426,27 @@ fn check_extents(p: &GroupedProblem, bufs: [(u64, usize); 3], bias: Option<(u64,
     disjoint(&out, &ins)
 }
 
-/// Each non-empty group's GEMM on its slices of the buffers `bufs` (address, bytes), every
-/// one checked as the dense entry checks a call, before any is launched.
+/// One GEMM of a grouped call: its problem, where its operands start in the buffers
+/// (elements, `[a, b, c]`) and where its bias starts, if it has one.
+type Part = (GemmProblem, [usize; 3], Option<usize>);
+
+/// Every group of `p` as a GEMM ([`Part`]; group e's bias starts at `e·N`).
+fn group_parts(p: &GroupedProblem) -> Result<Vec<Part>> {
+    (0..p.groups()).map(|e| p.group(e).map(|(g, offs)| (g, offs, p.has_bias().then(|| e * p.n())))).collect()
+}
+
+/// Each GEMM of `parts` (a problem, its operands' starts and its bias's, in elements) with
+/// work, on its slices of the buffers `bufs` (address, bytes) and of the bias, every one
+/// checked as the dense entry checks a call, before any is launched.
 fn group_gemms(
-    p: &GroupedProblem,
+    parts: &[Part],
     bufs: [(u64, usize); 3],
     bias: Option<(u64, usize)>,
     elem: usize,
 ) -> Result<Vec<GroupGemm>> {
-    let (pr, mut out) = (p.precision(), Vec::with_capacity(p.groups()));
-    let dtypes = [pr.input(), pr.input(), pr.output()];
-    for e in 0..p.groups() {
-        let (g, offs) = p.group(e)?;
+    let mut out = Vec::with_capacity(parts.len());
+    for (g, offs, bias_at) in parts {
+        let dtypes = [g.precision().input(), g.precision().input(), g.precision().output()];
         let slice = |(addr, len): (u64, usize), off: usize| {
             let at = off.saturating_mul(elem).min(len);
             (addr + at as u64, len - at)
@@ -441,14 +455,14 @@ fn group_gemms(
             let (address, len_bytes) = slice(bufs[i], offs[i]);
             BufferDesc { address, len_bytes, dtype: dtypes[i] }
         });
-        let bias = bias.map(|v| {
-            let (address, len_bytes) = slice(v, e * p.n());
+        let bias = bias.zip(*bias_at).map(|(v, at)| {
+            let (address, len_bytes) = slice(v, at);
             RawBuffer { address, len_bytes }
         });
-        check_all(&g, descs, RawExtras { bias, aux: None })?;
+        check_all(g, descs, RawExtras { bias, aux: None })?;
         if !g.is_empty() {
             let abc = (descs[0].address, descs[1].address, descs[2].address);
-            out.push(GroupGemm { p: g, abc, bias: bias.map(|b| b.address) });
+            out.push(GroupGemm { p: *g, abc, bias: bias.map(|b| b.address) });
         }
     }
     Ok(out)

@@ -18,7 +18,8 @@ use crate::error::{Error, Result};
 impl BlasHandle {
     /// The GEMMs `gemms` (each a single column-major GEMM, one precision whose input and output
     /// types are the same: f32, tf32, f16 or bf16) as one `cublasGemmGroupedBatchedEx` on
-    /// `stream`, each its own group of one.
+    /// `stream`: each run of consecutive GEMMs alike in shape, leading dimensions, operations
+    /// and scalars one cuBLAS group (its problems batched), the rest groups of one.
     ///
     /// # Errors
     /// [`Error::NotCapturable`] while `stream` is being captured; [`Error::Unsupported`] for
@@ -55,18 +56,19 @@ impl BlasHandle {
         // is ordered before the GEMMs that read it on the same stream.
         unsafe { cudarc::driver::result::memcpy_htod_async(ws.scratch, &ptrs, stream) }
             .map_err(status::driver("cuMemcpyHtoDAsync"))?;
-        let field = |f: fn(&BlasGemm) -> i32| gemms.iter().map(f).collect::<Vec<i32>>();
+        // one cuBLAS group per run of consecutive GEMMs alike in every host parameter
+        let (heads, sizes) = runs(gemms);
+        let field = |f: fn(&BlasGemm) -> i32| heads.iter().map(|g| f(g)).collect::<Vec<i32>>();
         let (m, n, k) = (field(|g| g.call.m), field(|g| g.call.n), field(|g| g.call.k));
         let (lda, ldb, ldc) = (field(|g| g.call.lda), field(|g| g.call.ldb), field(|g| g.call.ldc));
-        let transa: Vec<_> = gemms.iter().map(|g| op(g.call.transa)).collect();
-        let transb: Vec<_> = gemms.iter().map(|g| op(g.call.transb)).collect();
-        let alpha: Vec<f32> = gemms.iter().map(|g| g.alpha).collect();
-        let beta: Vec<f32> = gemms.iter().map(|g| g.beta).collect();
-        let ones = vec![1i32; count];
+        let transa: Vec<_> = heads.iter().map(|g| op(g.call.transa)).collect();
+        let transb: Vec<_> = heads.iter().map(|g| op(g.call.transb)).collect();
+        let alpha: Vec<f32> = heads.iter().map(|g| g.alpha).collect();
+        let beta: Vec<f32> = heads.iter().map(|g| g.beta).collect();
         let (ti, to) = (cuda_dtype(precision.input()), cuda_dtype(precision.output()));
         let array = |i: usize| (ws.scratch + (i * count * 8) as u64) as *const *const std::ffi::c_void;
-        // SAFETY: the handle is live and bound to `stream`; every host array has `count`
-        // entries; alpha and beta are f32 host scalars per group (the scaling type of the 32F
+        // SAFETY: the handle is live and bound to `stream`; every host array has an entry per
+        // group and the group sizes add up to `count`, the pointer arrays' length; alpha and beta are f32 host scalars per group (the scaling type of the 32F
         // compute types); the device pointer arrays were copied above in stream order; the
         // operands are the caller's contract.
         let s = unsafe {
@@ -88,11 +90,70 @@ impl BlasHandle {
                 array(2) as *const *mut std::ffi::c_void,
                 to,
                 ldc.as_ptr(),
-                count as i32,
-                ones.as_ptr(),
+                sizes.len() as i32,
+                sizes.as_ptr(),
                 compute_type(precision.compute()),
             )
         };
         status::cublas(s, "cublasGemmGroupedBatchedEx", describe)
+    }
+}
+
+/// The runs of consecutive GEMMs alike in every host parameter of the grouped call (shape,
+/// leading dimensions, operations, α, β): each run's first GEMM and its length.
+fn runs(gemms: &[BlasGemm]) -> (Vec<&BlasGemm>, Vec<i32>) {
+    let alike = |a: &BlasGemm, b: &BlasGemm| {
+        let (x, y) = (&a.call, &b.call);
+        (x.transa, x.transb, x.m, x.n, x.k, x.lda, x.ldb, x.ldc)
+            == (y.transa, y.transb, y.m, y.n, y.k, y.lda, y.ldb, y.ldc)
+            && a.alpha.to_bits() == b.alpha.to_bits()
+            && a.beta.to_bits() == b.beta.to_bits()
+    };
+    let (mut heads, mut sizes): (Vec<&BlasGemm>, Vec<i32>) = (Vec::new(), Vec::new());
+    for g in gemms {
+        match heads.last() {
+            Some(h) if alike(h, g) => *sizes.last_mut().expect("a run per head") += 1,
+            _ => {
+                heads.push(g);
+                sizes.push(1);
+            }
+        }
+    }
+    (heads, sizes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mapping::column_major_call;
+    use crate::{GemmProblem, Precision};
+
+    fn gemm(m: usize, alpha: f32, at: u64) -> BlasGemm {
+        let p = GemmProblem::linear(m, 96, 64, Precision::BF16).unwrap();
+        BlasGemm {
+            call: column_major_call(&p),
+            precision: p.precision(),
+            alpha,
+            beta: 0.0,
+            first: at,
+            second: at + 1,
+            c: at + 2,
+        }
+    }
+
+    #[test]
+    fn runs_of_alike_gemms_become_one_group_each() {
+        let list = [
+            gemm(128, 1.0, 0),
+            gemm(128, 1.0, 100),
+            gemm(128, 1.0, 200),
+            gemm(64, 1.0, 300),
+            gemm(128, 1.0, 400),
+            gemm(128, 2.0, 500),
+        ];
+        let (heads, sizes) = runs(&list);
+        assert_eq!(sizes, [3, 1, 1, 1]);
+        assert_eq!(heads.iter().map(|g| g.first).collect::<Vec<_>>(), [0, 300, 400, 500]);
+        assert_eq!(runs(&[]).1, Vec::<i32>::new());
     }
 }
