@@ -60,8 +60,8 @@ impl Gpu {
     /// named; checked in one sort of the buffers, O(n log n)); [`Error::Unsupported`] for a
     /// forced way that does not apply (a strided batch, which is for a grouped product's
     /// layout; cuBLAS's grouped call where it does not take the list:
-    /// [`Gpu::gemm_group_backend_for`] says). From the launches: as [`Gpu::gemm`] (a failure part-way leaves
-    /// other members written; the pool is joined back all the same).
+    /// [`Gpu::gemm_group_backend_for`] says). From the launches: as [`Gpu::gemm`] (a failure
+    /// part-way leaves other members written; the pool is joined back all the same).
     ///
     /// # Example
     /// ```no_run
