@@ -2,7 +2,9 @@
 //! float64 reference ([`attention::reference`]): odd sequence lengths (1, 7, 33), head
 //! dimensions 64 and 128, multi-head and grouped-query heads, every mask, per-sequence lengths
 //! shorter than the tensors, BSHD and BHSD strides, f16 and bf16; the band of the GPU tests
-//! (1e-2). Bad input is a named error with nothing written.
+//! (1e-2); rows without keys (the bottom-right mask with fewer keys than queries) as the
+//! definition has them (o = 0, lse = −∞). A NaN input gives NaN rows, never zeros. Bad input is
+//! a named error with nothing written.
 
 mod common;
 
@@ -60,9 +62,6 @@ fn forward_and_backward_match_float64_on_every_mask_and_head_grouping() {
     for (s, d) in [((1, 1), 64), ((7, 7), 64), ((33, 33), 128), ((7, 33), 64), ((33, 7), 128)] {
         for (h_q, h_kv) in [(2, 2), (8, 2), (8, 1)] {
             for mask in [AttnMask::None, AttnMask::Causal, AttnMask::CausalBottomRight] {
-                if mask == AttnMask::CausalBottomRight && s.1 < s.0 {
-                    continue; // rows without keys: the definition's lse = −∞, compared apart
-                }
                 let p = Attention::new(2, (h_q, h_kv), s, d, DType::BF16).with_mask(mask);
                 case::<bf16>(&p, None, &mut r);
                 case::<f16>(&Attention { dtype: DType::F16, ..p }.bhsd(), None, &mut r);
@@ -97,6 +96,26 @@ fn per_sequence_lengths_leave_padding_rows_alone_and_zero_their_gradients() {
     assert_eq!(dq[p.index(AttnTensor::Q, [2, 5, 7, 3])].to_f32(), 0.0);
 }
 
+/// A NaN in one query row makes that row's output and statistics NaN (not a row "without
+/// keys"), and leaves the other rows finite.
+#[test]
+fn a_nan_input_gives_nan_rows() {
+    let mut r = rng();
+    let p = Attention::new(1, (1, 1), (2, 3), 8, DType::BF16);
+    let (mut q, k, v) = (
+        tensor::<bf16>(&p, AttnTensor::Q, &mut r),
+        tensor::<bf16>(&p, AttnTensor::K, &mut r),
+        tensor::<bf16>(&p, AttnTensor::V, &mut r),
+    );
+    q[p.index(AttnTensor::Q, [0, 0, 0, 3])] = bf16::NAN;
+    let mut o = vec![bf16::ZERO; p.required_elems(AttnTensor::O)];
+    let mut lse = vec![0f32; p.stats_elems()];
+    cpu::attention_forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), None).unwrap();
+    assert!(lse[0].is_nan() && lse[1].is_finite(), "{lse:?}");
+    assert!((0..8).all(|e| o[p.index(AttnTensor::O, [0, 0, 0, e])].is_nan()));
+    assert!((0..8).all(|e| o[p.index(AttnTensor::O, [0, 0, 1, e])].is_finite()));
+}
+
 #[test]
 fn bad_input_is_named_and_nothing_is_written() {
     let mut r = rng();
@@ -119,6 +138,18 @@ fn bad_input_is_named_and_nothing_is_written() {
     let mut short = vec![0f32; p.stats_elems() - 1];
     let e = cpu::attention_forward(&p, [&q, &k, &v], &mut o, Some(&mut short), None).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::AttnStats, .. }), "{e}");
+    // the backward names the buffer that is short: do, then each gradient
+    let lse = vec![0f32; p.stats_elems()];
+    let short_do = &o[1..];
+    let (mut dq, mut dk, mut dv) = (q.clone(), k.clone(), v.clone());
+    let e =
+        cpu::attention_backward(&p, [&q, &k, &v, &o, short_do], &lse, [&mut dq, &mut dk, &mut dv], None).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { operand: Which::AttnDo, .. }), "{e}");
+    let mut short_dk = k[1..].to_vec();
+    let e =
+        cpu::attention_backward(&p, [&q, &k, &v, &o, &o], &lse, [&mut dq, &mut short_dk, &mut dv], None).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { operand: Which::AttnDk, .. }), "{e}");
+    assert!(dq.iter().zip(&q).all(|(a, b)| a.to_bits() == b.to_bits()), "dq written before the error");
     // lengths given to a problem without them; missing for one with them; out of range
     let e = cpu::attention_forward(&p, [&q, &k, &v], &mut o, None, Some((&[7, 7], &[9, 9]))).unwrap_err();
     assert!(matches!(e, Error::AttentionShape { .. }), "{e}");

@@ -220,6 +220,21 @@ pub(crate) fn visible_rows<'a>(
         .filter(|r| r.lse != f64::NEG_INFINITY)
 }
 
+/// One element's share of a relative error: the squared difference (0 where `got` equals
+/// `want`, an infinity included — a row without keys has `lse = −∞` — and ∞ where `got` is
+/// otherwise not finite or `want` is not finite) and the squared reference (0 for an infinite
+/// one).
+fn term(g: f64, w: f64) -> (f64, f64) {
+    let d = if g == w {
+        0.0
+    } else if g.is_finite() && w.is_finite() {
+        (g - w) * (g - w)
+    } else {
+        f64::INFINITY
+    };
+    (d, if w.is_finite() { w * w } else { 0.0 })
+}
+
 /// ‖got − want‖ / ‖want‖ (Frobenius) over tensor `t`'s elements in defined rows: rows within
 /// each sequence's length (`len_q` for q and o, `len_kv` for k and v). A non-finite `got`
 /// element in a defined row makes the result ∞ (NaN never passes).
@@ -234,9 +249,9 @@ pub fn rel_error_rows(p: &Attention, t: AttnTensor, got: &[f64], want: &[f64], l
             for r in 0..rows {
                 for e in 0..p.d {
                     let i = p.index(t, [n, hh, r, e]);
-                    let (g, w) = (got[i], want[i]);
-                    diff += if g.is_finite() { (g - w) * (g - w) } else { f64::INFINITY };
-                    norm += w * w;
+                    let (d, w) = term(got[i], want[i]);
+                    diff += d;
+                    norm += w;
                 }
             }
         }
@@ -250,7 +265,7 @@ pub fn rel_error_rows(p: &Attention, t: AttnTensor, got: &[f64], want: &[f64], l
 
 /// ‖got − want‖ / ‖want‖ (Frobenius) of the statistics `lse[b, h_q, s_q]` over the defined rows
 /// (within each sequence's `len_q`), as [`rel_error_rows`] for a tensor: a non-finite `got` in a
-/// defined row makes it ∞.
+/// defined row makes it ∞ unless it equals the reference (a row without keys: `lse = −∞`).
 pub fn rel_error_stats(p: &Attention, got: &[f64], want: &[f64], lens: Lengths<'_>) -> f64 {
     assert!(
         got.len() == p.stats_elems() && want.len() == p.stats_elems(),
@@ -265,11 +280,15 @@ pub fn rel_error_stats(p: &Attention, got: &[f64], want: &[f64], lens: Lengths<'
         for h in 0..p.h_q {
             for i in 0..lq {
                 let at = stats_index(p, n, h, i);
-                let (g, w) = (got[at], want[at]);
-                diff += if g.is_finite() { (g - w) * (g - w) } else { f64::INFINITY };
-                norm += w * w;
+                let (d, w) = term(got[at], want[at]);
+                diff += d;
+                norm += w;
             }
         }
     }
-    (diff / norm).sqrt()
+    if norm == 0.0 {
+        diff.sqrt()
+    } else {
+        (diff / norm).sqrt()
+    }
 }

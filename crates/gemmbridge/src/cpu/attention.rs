@@ -4,7 +4,7 @@
 //! f16/bf16 element widened to f32 and each output rounded once. Masks, grouped-query heads,
 //! per-sequence lengths and strides as on the GPU.
 
-use crate::attention::reference::{lengths, stats_index, visible, Lengths};
+use crate::attention::reference::{lengths, stats_index, visible};
 use crate::attention::{Attention, AttnTensor};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
@@ -15,7 +15,10 @@ use crate::error::{Error, Result, Which};
 /// s_q]` (f32, dense, natural log) too; `lens` the per-sequence lengths of a `p.var_len`
 /// problem (`len_q[b]`, `len_kv[b]`). Rows past a sequence's `len_q` (padding) are not
 /// written. A row that sees no key (the bottom-right causal mask with `len_kv < len_q`, which
-/// the GPU path refuses) gets `o = 0` and `lse = −∞`, as the definition says.
+/// the GPU path refuses) gets `o = 0` and `lse = −∞`, as the definition says. Scores are f32,
+/// as on the GPU: past f32's range (a huge scale or inputs) they overflow to ∞ and NaN, and a
+/// NaN input makes its rows NaN. Work and memory: the full `[len_q, len_kv]` score matrix per
+/// head (f32; masked keys are computed, then dropped), so a causal mask costs as much as none.
 ///
 /// # Errors
 /// Before anything is written: [`Error::AttentionShape`] (the problem's rules, lengths missing
@@ -28,11 +31,12 @@ pub fn attention_forward<T: Element>(
     [q, k, v]: [&[T]; 3],
     o: &mut [T],
     mut stats: Option<&mut [f32]>,
-    lens: Lengths<'_>,
+    lens: Option<(&[i32], &[i32])>,
 ) -> Result<()> {
     check::<T>(p, lens)?;
-    let tensors = [(AttnTensor::Q, q.len()), (AttnTensor::K, k.len()), (AttnTensor::V, v.len())];
-    check_lens(p, tensors.into_iter().chain([(AttnTensor::O, o.len())]))?;
+    let tensors = [(Which::AttnQ, AttnTensor::Q, q.len()), (Which::AttnK, AttnTensor::K, k.len())];
+    let more = [(Which::AttnV, AttnTensor::V, v.len()), (Which::AttnO, AttnTensor::O, o.len())];
+    check_lens(p, tensors.into_iter().chain(more))?;
     if let Some(s) = stats.as_deref() {
         check_stats(p, s.len())?;
     }
@@ -66,7 +70,9 @@ pub fn attention_forward<T: Element>(
 /// `d_o` (in o's strides) and the statistics `lse` (f32, dense `[b, h_q, s_q]`, as
 /// [`attention_forward`] or the GPU writes them). With GQA, `dk` and `dv` are summed over
 /// the query heads that share them. Every element of the three gradients is written: rows
-/// past a sequence's length get zeros.
+/// past a sequence's length get zeros. The three are separate buffers (`&mut` borrows), each
+/// in its own tensor's strides: for a fused QKV layout, give each its own buffer of the
+/// packed size (views of one buffer cannot be borrowed mutably at once).
 ///
 /// # Errors
 /// As [`attention_forward`], for every buffer.
@@ -75,12 +81,14 @@ pub fn attention_backward<T: Element>(
     [q, k, v, o, d_o]: [&[T]; 5],
     lse: &[f32],
     [dq, dk, dv]: [&mut [T]; 3],
-    lens: Lengths<'_>,
+    lens: Option<(&[i32], &[i32])>,
 ) -> Result<()> {
     use AttnTensor::{K, O, Q, V};
     check::<T>(p, lens)?;
-    let read = [(Q, q.len()), (K, k.len()), (V, v.len()), (O, o.len()), (O, d_o.len())];
-    check_lens(p, read.into_iter().chain([(Q, dq.len()), (K, dk.len()), (V, dv.len())]))?;
+    let read = [(Which::AttnQ, Q, q.len()), (Which::AttnK, K, k.len()), (Which::AttnV, V, v.len())];
+    let more = [(Which::AttnO, O, o.len()), (Which::AttnDo, O, d_o.len())];
+    let written = [(Which::AttnDq, Q, dq.len()), (Which::AttnDk, K, dk.len()), (Which::AttnDv, V, dv.len())];
+    check_lens(p, read.into_iter().chain(more).chain(written))?;
     check_stats(p, lse.len())?;
     for (t, g) in [(Q, &mut *dq), (K, &mut *dk), (V, &mut *dv)] {
         p.elements(t).for_each(|at| g[p.index(t, at)] = T::from_f32(0.0));
@@ -173,30 +181,35 @@ fn put<T: Element>(p: &Attention, t: AttnTensor, buf: &mut [T], (n, h): (usize, 
 }
 
 /// Each row of the scores `s` (`[lq, lkv]`) to its softmax under the mask, in place; returns
-/// each row's `lse` (−∞ and a zero row where no key is visible).
+/// each row's `lse`. A row that sees no key (by the mask and the lengths) becomes zeros with
+/// `lse = −∞`; a NaN score makes its row NaN, and scores past f32's range overflow (as on the
+/// GPU, which also scores in f32).
 fn softmax_rows(p: &Attention, s: &mut [f32], (lq, lkv): (usize, usize)) -> Vec<f32> {
     let mut lse = vec![f32::NEG_INFINITY; lq];
     if lkv == 0 {
         return lse;
     }
     for (i, row) in s.chunks_exact_mut(lkv).enumerate() {
+        let mut seen = 0usize;
         for (j, x) in row.iter_mut().enumerate() {
-            if !visible(p.mask, i, j, lq, lkv) {
+            if visible(p.mask, i, j, lq, lkv) {
+                seen += 1;
+            } else {
                 *x = f32::NEG_INFINITY;
             }
         }
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if max == f32::NEG_INFINITY {
+        if seen == 0 {
             row.fill(0.0);
             continue;
         }
-        let sum: f32 = row
-            .iter_mut()
-            .map(|x| {
-                *x = (*x - max).exp();
-                *x
-            })
-            .sum();
+        // the largest visible score, NaN if any is NaN
+        let max =
+            row.iter().fold(f32::NEG_INFINITY, |m, &x| if m.is_nan() || x.is_nan() { f32::NAN } else { m.max(x) });
+        let mut sum = 0f32;
+        for x in row.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
         row.iter_mut().for_each(|x| *x /= sum);
         lse[i] = max + sum.ln();
     }
@@ -251,7 +264,7 @@ fn gemm_f32(
 }
 
 /// The problem's rules, `T` against its element type, the lengths against the problem.
-fn check<T: Element>(p: &Attention, lens: Lengths<'_>) -> Result<()> {
+fn check<T: Element>(p: &Attention, lens: Option<(&[i32], &[i32])>) -> Result<()> {
     p.validate()?;
     if T::DTYPE != p.dtype {
         return Err(Error::DTypeMismatch { operand: Which::AttnQ, expected: p.dtype, got: T::DTYPE });
@@ -267,17 +280,12 @@ fn check<T: Element>(p: &Attention, lens: Lengths<'_>) -> Result<()> {
     }
 }
 
-/// Every buffer at least as long as its tensor needs.
-fn check_lens(p: &Attention, bufs: impl Iterator<Item = (AttnTensor, usize)>) -> Result<()> {
-    for (t, have) in bufs {
+/// Every buffer (named, with its tensor's layout and its length) at least as long as its tensor
+/// needs.
+fn check_lens(p: &Attention, bufs: impl Iterator<Item = (Which, AttnTensor, usize)>) -> Result<()> {
+    for (operand, t, have) in bufs {
         let need = p.required_elems(t);
         if have < need {
-            let operand = match t {
-                AttnTensor::Q => Which::AttnQ,
-                AttnTensor::K => Which::AttnK,
-                AttnTensor::V => Which::AttnV,
-                AttnTensor::O => Which::AttnO,
-            };
             let elem_bytes = p.dtype.size_bytes();
             return Err(Error::BufferTooSmall {
                 operand,
