@@ -220,19 +220,28 @@ pub(crate) fn visible_rows<'a>(
         .filter(|r| r.lse != f64::NEG_INFINITY)
 }
 
-/// One element's share of a relative error: the squared difference (0 where `got` equals
-/// `want`, an infinity included — a row without keys has `lse = −∞` — and ∞ where `got` is
-/// otherwise not finite or `want` is not finite) and the squared reference (0 for an infinite
-/// one).
-fn term(g: f64, w: f64) -> (f64, f64) {
-    let d = if g == w {
-        0.0
-    } else if g.is_finite() && w.is_finite() {
-        (g - w) * (g - w)
+/// ‖got − want‖ / ‖want‖ (Frobenius) over the elements `at`: 0 where `got` equals `want` (an
+/// infinity included — a row without keys has `lse = −∞`), ∞ where `got` is otherwise not
+/// finite or `want` is not finite; an infinite reference adds nothing to the norm, and an
+/// all-zero reference gives the absolute error.
+fn relative(got: &[f64], want: &[f64], at: impl Iterator<Item = usize>) -> f64 {
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for i in at {
+        let (g, w) = (got[i], want[i]);
+        diff += if g == w {
+            0.0
+        } else if g.is_finite() && w.is_finite() {
+            (g - w) * (g - w)
+        } else {
+            f64::INFINITY
+        };
+        norm += if w.is_finite() { w * w } else { 0.0 };
+    }
+    if norm == 0.0 {
+        diff.sqrt()
     } else {
-        f64::INFINITY
-    };
-    (d, if w.is_finite() { w * w } else { 0.0 })
+        (diff / norm).sqrt()
+    }
 }
 
 /// ‖got − want‖ / ‖want‖ (Frobenius) over tensor `t`'s elements in defined rows: rows within
@@ -241,26 +250,12 @@ fn term(g: f64, w: f64) -> (f64, f64) {
 pub fn rel_error_rows(p: &Attention, t: AttnTensor, got: &[f64], want: &[f64], lens: Lengths<'_>) -> f64 {
     expect(p, lens, &[(t, got.len()), (t, want.len())]);
     let [b, h, _] = p.dims(t);
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for n in 0..b {
+    let at = (0..b).flat_map(|n| {
         let (lq, lkv) = lengths(p, lens, n);
         let rows = if matches!(t, AttnTensor::Q | AttnTensor::O) { lq } else { lkv };
-        for hh in 0..h {
-            for r in 0..rows {
-                for e in 0..p.d {
-                    let i = p.index(t, [n, hh, r, e]);
-                    let (d, w) = term(got[i], want[i]);
-                    diff += d;
-                    norm += w;
-                }
-            }
-        }
-    }
-    if norm == 0.0 {
-        diff.sqrt()
-    } else {
-        (diff / norm).sqrt()
-    }
+        (0..h).flat_map(move |hh| (0..rows).flat_map(move |r| (0..p.d).map(move |e| p.index(t, [n, hh, r, e]))))
+    });
+    relative(got, want, at)
 }
 
 /// ‖got − want‖ / ‖want‖ (Frobenius) of the statistics `lse[b, h_q, s_q]` over the defined rows
@@ -274,21 +269,9 @@ pub fn rel_error_stats(p: &Attention, got: &[f64], want: &[f64], lens: Lengths<'
         want.len(),
         p.stats_elems()
     );
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for n in 0..p.b {
+    let at = (0..p.b).flat_map(|n| {
         let (lq, _) = lengths(p, lens, n);
-        for h in 0..p.h_q {
-            for i in 0..lq {
-                let at = stats_index(p, n, h, i);
-                let (d, w) = term(got[at], want[at]);
-                diff += d;
-                norm += w;
-            }
-        }
-    }
-    if norm == 0.0 {
-        diff.sqrt()
-    } else {
-        (diff / norm).sqrt()
-    }
+        (0..p.h_q).flat_map(move |h| (0..lq).map(move |i| stats_index(p, n, h, i)))
+    });
+    relative(got, want, at)
 }
