@@ -62,10 +62,7 @@ fn check_grouped<TI: Element, TO: Element>(p: &GroupedProblem, lens: [usize; 3],
             return Err(Error::DTypeMismatch { operand, expected, got });
         }
     }
-    if bias.is_some() != p.has_bias() {
-        let problem = if p.has_bias() { "is required but missing" } else { "was given but is not used" };
-        return Err(Error::EpilogueOperand { epilogue: crate::Epilogue::Bias, operand: "bias", problem });
-    }
+    p.check_bias(bias.is_some())?;
     let needed = p.lens().into_iter().chain(bias.map(|_| p.groups() * p.n()));
     let have = lens.into_iter().chain(bias);
     let elem = |w: Which| if w == Which::C || w == Which::Bias { TO::DTYPE } else { TI::DTYPE }.size_bytes();

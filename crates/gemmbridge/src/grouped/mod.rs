@@ -236,6 +236,27 @@ impl GroupedProblem {
         self.bias
     }
 
+    /// Whether a bias is given (`given`) exactly when the problem has one.
+    ///
+    /// # Errors
+    /// [`Error::EpilogueOperand`] (operand "bias": "is required but missing" or "was given but
+    /// is not used").
+    pub fn check_bias(&self, given: bool) -> Result<()> {
+        match (self.bias, given) {
+            (true, false) => Err(Error::EpilogueOperand {
+                epilogue: Epilogue::Bias,
+                operand: "bias",
+                problem: "is required but missing",
+            }),
+            (false, true) => Err(Error::EpilogueOperand {
+                epilogue: Epilogue::Bias,
+                operand: "bias",
+                problem: "was given but is not used",
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Where group `e`'s rows start (`e` up to the number of groups: `row_start(E)` is where
     /// the groups end).
     ///

@@ -398,17 +398,7 @@ fn check_precision(p: &GroupedProblem, has_bias: bool) -> Result<()> {
         let what = format!("{}: one element type for every buffer, so the output's must be the inputs'", p.describe());
         return Err(Error::Unsupported { backend: "grouped GEMM", what });
     }
-    check_bias(p, has_bias)
-}
-
-/// [`Error::EpilogueOperand`] unless a bias is given exactly when the problem has one.
-pub(super) fn check_bias(p: &GroupedProblem, has_bias: bool) -> Result<()> {
-    if has_bias != p.has_bias() {
-        let problem =
-            if p.has_bias() { "is missing (the problem has a bias)" } else { "was given to a problem without one" };
-        return Err(Error::EpilogueOperand { epilogue: crate::Epilogue::Bias, operand: "bias", problem });
-    }
-    Ok(())
+    p.check_bias(has_bias)
 }
 
 /// Every buffer's length ([`GroupedProblem::lens`], the bias's `E·N`) and the output's extent

@@ -9,7 +9,6 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
-use super::grouped::check_bias;
 use crate::cuda::library;
 use crate::cuda::route::fp8::{enqueue, no_lt, Fp8Call, Fp8Options, Fp8Tensor};
 use crate::cuda::route::grouped::{pooled_launches, replayed_with};
@@ -252,7 +251,7 @@ fn check_output<O: Element>(p: &GroupedProblem, has_bias: bool) -> Result<()> {
     if O::DTYPE != want {
         return Err(Error::DTypeMismatch { operand: Which::C, expected: want, got: O::DTYPE });
     }
-    check_bias(p, has_bias)
+    p.check_bias(has_bias)
 }
 
 /// A backward weight's empty groups (inner dimension 0: `dw[e] = β·dw[e]`) as byte ranges
