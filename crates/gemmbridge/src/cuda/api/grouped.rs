@@ -94,8 +94,9 @@ impl Gpu {
         let (lc, pc) = (c.num_bytes(), c.device_ptr_mut(s));
         let (pc, _wc) = pc;
         let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
+        check_extents(p, bufs, pv, T::DTYPE.size_bytes())?;
         // SAFETY: every address is a live cudarc allocation of this context borrowed for this
-        // call (the guards above).
+        // call (the guards above), its extent checked.
         unsafe { self.grouped_checked(p, bufs, pv, s.cu_stream()) }
     }
 
@@ -123,27 +124,23 @@ impl Gpu {
         check_precision(p, bias.is_some())?;
         let bufs = [a, b, c].map(|r| (r.address, r.len_bytes));
         let pv = bias.map(|r| (r.address, r.len_bytes));
+        let spans = check_extents(p, bufs, pv, p.precision().input().size_bytes())?;
         if self.device().checks_raw_addresses() {
-            let (ordinal, elem) = (self.context().ordinal(), p.precision().input().size_bytes());
-            let needed = p.lens().into_iter().chain(bias.map(|_| p.groups() * p.n()));
-            let named = [Which::A, Which::B, Which::C, Which::Bias].into_iter().zip(bufs.into_iter().chain(pv));
+            let ordinal = self.context().ordinal();
             self.device().bind()?;
-            for ((which, (addr, have)), elems) in named.zip(needed) {
-                let span = Span::sized(which, addr, have, elems, elem)?;
-                if span.bytes > 0 {
-                    check_extent(which, addr, span.bytes, ordinal)?;
-                }
+            for s in spans.iter().filter(|s| s.bytes > 0) {
+                check_extent(s.which, s.addr, s.bytes, ordinal)?;
             }
         }
-        // SAFETY: forwarded from the caller.
+        // SAFETY: forwarded from the caller; the extents were checked above.
         unsafe { self.grouped_checked(p, bufs, pv, stream) }
     }
 
-    /// The buffers' extents checked, the way chosen, then the launches on `stream`.
+    /// The way chosen for the checked call, then the launches on `stream`.
     ///
     /// # Safety
     /// The buffers are live device memory of this context until the work has run on `stream`,
-    /// a live stream of the context.
+    /// a live stream of the context, and passed [`check_extents`].
     unsafe fn grouped_checked(
         &self,
         p: &GroupedProblem,
@@ -151,15 +148,14 @@ impl Gpu {
         pv: Option<(u64, usize)>,
         stream: CUstream,
     ) -> Result<()> {
-        check_extents(p, bufs, pv, p.precision().input().size_bytes())?;
         let how = {
             let mut st = self.lock();
             let how = st.libs.grouped.choose(p)?;
             st.libs.grouped.note_use(p, how);
             how
         };
-        // SAFETY: each buffer long enough and the output apart from the inputs
-        // (check_extents); `launch_grouped` checks each GEMM before it enqueues any; the rest
+        // SAFETY: each buffer long enough and the output apart from the inputs (the caller's
+        // check_extents); `launch_grouped` checks each GEMM before it enqueues any; the rest
         // is the caller's contract.
         unsafe { self.launch_grouped(p, how, bufs, pv, stream) }
     }
@@ -403,8 +399,13 @@ fn check_precision(p: &GroupedProblem, has_bias: bool) -> Result<()> {
 
 /// Every buffer's length ([`GroupedProblem::lens`], the bias's `E·N`) and the output's extent
 /// against every input's (a, b and the bias: an earlier group's rows of c must not be what a
-/// later group reads).
-fn check_extents(p: &GroupedProblem, bufs: [(u64, usize); 3], bias: Option<(u64, usize)>, elem: usize) -> Result<()> {
+/// later group reads); the spans the call touches.
+fn check_extents(
+    p: &GroupedProblem,
+    bufs: [(u64, usize); 3],
+    bias: Option<(u64, usize)>,
+    elem: usize,
+) -> Result<Vec<Span>> {
     let mut spans = Vec::with_capacity(4);
     for ((which, (addr, have)), elems) in [Which::A, Which::B, Which::C].into_iter().zip(bufs).zip(p.lens()) {
         spans.push(Span::sized(which, addr, have, elems, elem)?);
@@ -413,7 +414,8 @@ fn check_extents(p: &GroupedProblem, bufs: [(u64, usize); 3], bias: Option<(u64,
         spans.push(Span::sized(Which::Bias, addr, have, p.groups().saturating_mul(p.n()), elem)?);
     }
     let (out, ins): (Vec<Span>, Vec<Span>) = spans.iter().partition(|s| s.which == Which::C);
-    disjoint(&out, &ins)
+    disjoint(&out, &ins)?;
+    Ok(spans)
 }
 
 /// One GEMM of a grouped call: its problem, where its operands start in the buffers
