@@ -162,7 +162,7 @@ impl Gpu {
 
     /// Whether every byte the call touches lies in one allocation this GPU can access
     /// (`cuPointerGetAttributes` per operand; [`Gpu::set_check_raw_addresses`]).
-    fn check_addresses(&self, p: &GemmProblem, descs: [BufferDesc; 3], extras: RawExtras) -> Result<()> {
+    pub(super) fn check_addresses(&self, p: &GemmProblem, descs: [BufferDesc; 3], extras: RawExtras) -> Result<()> {
         let out = p.precision().output();
         let d = |r: RawBuffer| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype: out };
         let ordinal = self.context().ordinal();

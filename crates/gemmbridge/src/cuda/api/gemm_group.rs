@@ -11,7 +11,6 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use super::checks::same_context;
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawOperands};
-use crate::cuda::device::check_extent;
 use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
 use crate::dtype::Element;
 use crate::epilogue::Epilogue;
@@ -137,15 +136,12 @@ impl Gpu {
     /// [`Error::NullPointer`] and [`Error::NotDeviceMemory`] among its errors).
     pub unsafe fn gemm_group_raw(&self, members: &[(GemmProblem, RawOperands)], stream: CUstream) -> Result<()> {
         if self.device().checks_raw_addresses() {
-            let ordinal = self.context().ordinal();
-            self.device().bind()?;
+            // every member as `gemm_raw` checks its addresses: the bytes its problem touches
             for (index, (p, ops)) in members.iter().enumerate() {
-                let bufs = [(Which::A, ops.a), (Which::B, ops.b), (Which::C, ops.c)];
-                for (which, r) in bufs.into_iter().chain(ops.bias.map(|v| (Which::Bias, v))) {
-                    if !p.is_empty() && r.len_bytes > 0 {
-                        check_extent(which, r.address, r.len_bytes, ordinal).map_err(|e| member(index, e))?;
-                    }
-                }
+                let (descs, extras) = (ops.descs(p), ops.extras());
+                check_all(p, descs, extras)
+                    .and_then(|()| self.check_addresses(p, descs, extras))
+                    .map_err(|e| member(index, e))?;
             }
         }
         // SAFETY: forwarded from the caller.
