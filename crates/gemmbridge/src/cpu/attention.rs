@@ -282,34 +282,11 @@ fn check<T: Element>(p: &Attention, lens: Option<(&[i32], &[i32])>) -> Result<()
 
 /// Every buffer (named, with its tensor's layout and its length) at least as long as its tensor
 /// needs.
-fn check_lens(p: &Attention, bufs: impl Iterator<Item = (Which, AttnTensor, usize)>) -> Result<()> {
-    for (operand, t, have) in bufs {
-        let need = p.required_elems(t);
-        if have < need {
-            let elem_bytes = p.dtype.size_bytes();
-            return Err(Error::BufferTooSmall {
-                operand,
-                len_bytes: have * elem_bytes,
-                needed_bytes: need * elem_bytes,
-                needed_elems: need,
-                elem_bytes,
-            });
-        }
-    }
-    Ok(())
+fn check_lens(p: &Attention, mut bufs: impl Iterator<Item = (Which, AttnTensor, usize)>) -> Result<()> {
+    bufs.try_for_each(|(operand, t, have)| Error::check_len(operand, have, p.required_elems(t), p.dtype.size_bytes()))
 }
 
-/// The statistics at least `b·h_q·s_q` long.
+/// The statistics at least `b·h_q·s_q` long (f32).
 fn check_stats(p: &Attention, have: usize) -> Result<()> {
-    let need = p.stats_elems();
-    if have < need {
-        return Err(Error::BufferTooSmall {
-            operand: Which::AttnStats,
-            len_bytes: have * 4,
-            needed_bytes: need * 4,
-            needed_elems: need,
-            elem_bytes: 4,
-        });
-    }
-    Ok(())
+    Error::check_len(Which::AttnStats, have, p.stats_elems(), 4)
 }

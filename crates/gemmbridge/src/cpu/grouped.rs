@@ -66,17 +66,6 @@ fn check_grouped<TI: Element, TO: Element>(p: &GroupedProblem, lens: [usize; 3],
     let needed = p.lens().into_iter().chain(bias.map(|_| p.groups() * p.n()));
     let have = lens.into_iter().chain(bias);
     let elem = |w: Which| if w == Which::C || w == Which::Bias { TO::DTYPE } else { TI::DTYPE }.size_bytes();
-    for ((operand, have), needed) in [Which::A, Which::B, Which::C, Which::Bias].into_iter().zip(have).zip(needed) {
-        if have < needed {
-            let elem_bytes = elem(operand);
-            return Err(Error::BufferTooSmall {
-                operand,
-                len_bytes: have * elem_bytes,
-                needed_bytes: needed * elem_bytes,
-                needed_elems: needed,
-                elem_bytes,
-            });
-        }
-    }
-    Ok(())
+    let mut named = [Which::A, Which::B, Which::C, Which::Bias].into_iter().zip(have).zip(needed);
+    named.try_for_each(|((operand, have), needed)| Error::check_len(operand, have, needed, elem(operand)))
 }

@@ -415,5 +415,25 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether a host slice of `have` elements of `elem_bytes` bytes holds the `needed`
+    /// elements `operand` needs.
+    ///
+    /// # Errors
+    /// [`Error::BufferTooSmall`] with both lengths in bytes and the elements needed.
+    pub(crate) fn check_len(operand: Which, have: usize, needed: usize, elem_bytes: usize) -> Result<()> {
+        if have < needed {
+            return Err(Error::BufferTooSmall {
+                operand,
+                len_bytes: have.saturating_mul(elem_bytes),
+                needed_bytes: needed.saturating_mul(elem_bytes),
+                needed_elems: needed,
+                elem_bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
