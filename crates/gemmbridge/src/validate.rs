@@ -48,15 +48,7 @@ fn check_one(which: Which, buf: BufferDesc, expected: DType, layout: MatrixLayou
     if !buf.address.is_multiple_of(elem_bytes as u64) {
         return Err(Error::Misaligned { operand: which, address: buf.address, align: elem_bytes });
     }
-    if buf.len_bytes < needed_bytes {
-        return Err(Error::BufferTooSmall {
-            operand: which,
-            len_bytes: buf.len_bytes,
-            needed_bytes,
-            needed_elems,
-            elem_bytes,
-        });
-    }
+    Error::check_bytes(which, buf.len_bytes, needed_elems, elem_bytes)?;
     let end = buf.address.checked_add(needed_bytes as u64).ok_or(Error::DimensionTooLarge {
         what: "end address of an operand",
         value: needed_bytes,

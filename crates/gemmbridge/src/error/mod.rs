@@ -416,22 +416,32 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether a buffer of `have_bytes` bytes holds the `needed` elements of `elem_bytes`
+    /// bytes that `operand` needs (a device buffer's length, or a host slice's in bytes).
+    ///
+    /// # Errors
+    /// [`Error::BufferTooSmall`] with both lengths in bytes and the elements needed.
+    pub(crate) fn check_bytes(operand: Which, have_bytes: usize, needed: usize, elem_bytes: usize) -> Result<()> {
+        let needed_bytes = needed.saturating_mul(elem_bytes);
+        if have_bytes < needed_bytes {
+            return Err(Error::BufferTooSmall {
+                operand,
+                len_bytes: have_bytes,
+                needed_bytes,
+                needed_elems: needed,
+                elem_bytes,
+            });
+        }
+        Ok(())
+    }
+
     /// Whether a host slice of `have` elements of `elem_bytes` bytes holds the `needed`
     /// elements `operand` needs.
     ///
     /// # Errors
     /// [`Error::BufferTooSmall`] with both lengths in bytes and the elements needed.
     pub(crate) fn check_len(operand: Which, have: usize, needed: usize, elem_bytes: usize) -> Result<()> {
-        if have < needed {
-            return Err(Error::BufferTooSmall {
-                operand,
-                len_bytes: have.saturating_mul(elem_bytes),
-                needed_bytes: needed.saturating_mul(elem_bytes),
-                needed_elems: needed,
-                elem_bytes,
-            });
-        }
-        Ok(())
+        Error::check_bytes(operand, have.saturating_mul(elem_bytes), needed, elem_bytes)
     }
 }
 

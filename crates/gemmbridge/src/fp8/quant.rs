@@ -162,15 +162,7 @@ pub fn dequantize(q: &Quantized) -> Result<Vec<f64>> {
     for (which, len, need, elem_bytes) in
         [(Which::Source, q.data.len(), l.data_len(), 1), (Which::Scale, q.scales.len(), l.scale_len(), 4)]
     {
-        if len < need {
-            return Err(Error::BufferTooSmall {
-                operand: which,
-                len_bytes: len * elem_bytes,
-                needed_bytes: need * elem_bytes,
-                needed_elems: need,
-                elem_bytes,
-            });
-        }
+        Error::check_len(which, len, need, elem_bytes)?;
     }
     let mut out = vec![0.0f64; l.rows * l.cols];
     for r in 0..l.rows {

@@ -71,17 +71,8 @@ impl Span {
     /// # Errors
     /// [`Error::BufferTooSmall`] when it holds fewer.
     pub(super) fn sized(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
-        let needed = elems.saturating_mul(elem);
-        if have < needed {
-            return Err(Error::BufferTooSmall {
-                operand: which,
-                len_bytes: have,
-                needed_bytes: needed,
-                needed_elems: elems,
-                elem_bytes: elem,
-            });
-        }
-        Ok(Span { which, addr, bytes: needed })
+        Error::check_bytes(which, have, elems, elem)?;
+        Ok(Span { which, addr, bytes: elems * elem })
     }
 }
 

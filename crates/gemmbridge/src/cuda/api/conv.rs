@@ -43,15 +43,7 @@ fn check<T: Element>(p: &Conv2d, inputs: &[Buf], out: &Buf) -> Result<()> {
     }
     let elem = T::DTYPE.size_bytes();
     for b in inputs.iter().chain([out]) {
-        if b.bytes < b.elems * elem {
-            return Err(Error::BufferTooSmall {
-                operand: b.which,
-                len_bytes: b.bytes,
-                needed_bytes: b.elems * elem,
-                needed_elems: b.elems,
-                elem_bytes: elem,
-            });
-        }
+        Error::check_bytes(b.which, b.bytes, b.elems, elem)?;
         if !b.addr.is_multiple_of(elem as u64) {
             return Err(Error::Misaligned { operand: b.which, address: b.addr, align: elem });
         }

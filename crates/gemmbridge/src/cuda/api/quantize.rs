@@ -189,18 +189,7 @@ impl Gpu {
     /// `src` of this context, holding at least `rows · cols` elements.
     fn check_source<T: Element, S: DevicePtr<T>>(&self, src: &S, rows: usize, cols: usize) -> Result<()> {
         same_context(Which::Source, src.stream(), self.context())?;
-        let elem_bytes = T::DTYPE.size_bytes();
-        let need = rows.saturating_mul(cols);
-        if src.num_bytes() < need.saturating_mul(elem_bytes) {
-            return Err(Error::BufferTooSmall {
-                operand: Which::Source,
-                len_bytes: src.num_bytes(),
-                needed_bytes: need * elem_bytes,
-                needed_elems: need,
-                elem_bytes,
-            });
-        }
-        Ok(())
+        Error::check_bytes(Which::Source, src.num_bytes(), rows.saturating_mul(cols), T::DTYPE.size_bytes())
     }
 
     /// The checks of a `[rows, cols]` quantisation's sizes and platform, then its output

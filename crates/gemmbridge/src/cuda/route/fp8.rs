@@ -137,15 +137,7 @@ pub(crate) fn broken(rule: Fp8Rule, detail: String) -> Error {
 /// Length and alignment of a `len`-element vector or matrix of `dtype` at `addr`.
 fn check_extent(which: Which, addr: u64, len_bytes: usize, elems: usize, dtype: DType) -> Result<()> {
     let elem_bytes = dtype.size_bytes();
-    if len_bytes < elems * elem_bytes {
-        return Err(Error::BufferTooSmall {
-            operand: which,
-            len_bytes,
-            needed_bytes: elems * elem_bytes,
-            needed_elems: elems,
-            elem_bytes,
-        });
-    }
+    Error::check_bytes(which, len_bytes, elems, elem_bytes)?;
     if !addr.is_multiple_of(elem_bytes as u64) {
         return Err(Error::Misaligned { operand: which, address: addr, align: elem_bytes });
     }
@@ -231,16 +223,7 @@ impl Fp8Call<'_> {
         let (m, n) = (x.rows, w.rows);
         match out_dtype {
             Some(d) => check_extent(Which::C, self.y.0, self.y.1, m * n, d)?,
-            None if self.y.1 < m * n => {
-                return Err(Error::BufferTooSmall {
-                    operand: Which::C,
-                    len_bytes: self.y.1,
-                    needed_bytes: m * n,
-                    needed_elems: m * n,
-                    elem_bytes: 1,
-                })
-            }
-            None => {}
+            None => Error::check_bytes(Which::C, self.y.1, m * n, 1)?,
         }
         if let Some((addr, len, d)) = self.bias {
             check_extent(Which::Bias, addr, len, n, d)?;
