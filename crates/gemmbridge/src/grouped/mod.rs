@@ -236,6 +236,15 @@ impl GroupedProblem {
         self.bias
     }
 
+    /// Whether the problem's precision has one element type for every buffer, as every
+    /// grouped way takes it (its own [`check_one_type`]).
+    ///
+    /// # Errors
+    /// As [`check_one_type`].
+    pub(crate) fn check_one_type(&self) -> Result<()> {
+        check_one_type(self.precision, &self.describe())
+    }
+
     /// Whether a bias is given (`given`) exactly when the problem has one.
     ///
     /// # Errors
@@ -371,6 +380,20 @@ impl GroupedProblem {
             if self.bias { " +bias" } else { "" }
         )
     }
+}
+
+/// Whether `precision` has one element type for every buffer (its input and output types
+/// agree), as every grouped way takes it: the grouped entries hand each GEMM one typed buffer
+/// list. `what` names the call in the error.
+///
+/// # Errors
+/// [`Error::Unsupported`] naming `what` and the precision.
+pub(crate) fn check_one_type(precision: Precision, what: &str) -> Result<()> {
+    if precision.input() != precision.output() {
+        let what = format!("{what}: one element type for every buffer, so the output's must be the inputs'");
+        return Err(Error::Unsupported { backend: "grouped GEMM", what });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
 use crate::dtype::Element;
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result, Which};
+use crate::grouped::check_one_type;
 use crate::grouped::streams::GroupedBackend;
 use crate::layout::{MatrixLayout, Op, Operand};
 use crate::problem::GemmProblem;
@@ -203,10 +204,7 @@ fn check_members(members: &[(GemmProblem, RawOperands)]) -> Result<Vec<GroupGemm
     for (index, (p, ops)) in members.iter().enumerate() {
         let one = |e| member(index, e);
         let pr = p.precision();
-        if pr.input() != pr.output() {
-            let what = format!("{pr}: one element type for every buffer, so the output's must be the inputs'");
-            return Err(one(Error::Unsupported { backend: "grouped GEMM", what }));
-        }
+        check_one_type(pr, &pr.to_string()).map_err(one)?;
         if !matches!(p.epilogue(), Epilogue::None | Epilogue::Bias) || ops.aux.is_some() {
             let what = format!("epilogue {} (a grouped GEMM takes none or a bias)", p.epilogue());
             return Err(one(Error::Unsupported { backend: "grouped GEMM", what }));

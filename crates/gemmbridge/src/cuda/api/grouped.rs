@@ -389,11 +389,7 @@ fn check_types<T: Element>(p: &GroupedProblem, has_bias: bool) -> Result<()> {
 /// One element type for every buffer (the precision's input and output types agree), and the
 /// bias against the problem.
 fn check_precision(p: &GroupedProblem, has_bias: bool) -> Result<()> {
-    let pr = p.precision();
-    if pr.input() != pr.output() {
-        let what = format!("{}: one element type for every buffer, so the output's must be the inputs'", p.describe());
-        return Err(Error::Unsupported { backend: "grouped GEMM", what });
-    }
+    p.check_one_type()?;
     p.check_bias(has_bias)
 }
 
