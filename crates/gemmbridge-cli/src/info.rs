@@ -18,7 +18,10 @@ pub fn run() -> anyhow::Result<i32> {
             let (a, b, c) = i.cublas_version;
             println!("cuBLAS        {a}.{b}.{c}");
             match i.cublaslt_version {
-                Some(v) => println!("cuBLASLt      {}.{}.{}", v / 10000, (v / 100) % 100, v % 100),
+                Some(v) => {
+                    let grouped = if i.cublaslt_grouped_matmul { "offered" } else { "not offered (13.2 and later)" };
+                    println!("cuBLASLt      {}.{}.{} (grouped matmul {grouped})", v / 10000, (v / 100) % 100, v % 100)
+                }
                 None => println!("cuBLASLt      not loadable"),
             }
             println!("backend       cuBLAS (cublasGemmEx / cublasGemmStridedBatchedEx)");

@@ -117,6 +117,48 @@ pub fn has_cublaslt() -> bool {
     present(Lib::CublasLt)
 }
 
+/// The loaded cuBLASLt's version as `major·10000 + minor·100 + patch` (`cublasLtGetVersion`,
+/// e.g. 130100 for 13.1.0), or `None` where libcublasLt does not load.
+pub fn cublaslt_version() -> Option<usize> {
+    // SAFETY: takes no arguments; only called when libcublasLt loads.
+    has_cublaslt().then(|| unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() })
+}
+
+/// The first cuBLASLt version with the grouped matmul (`CUBLASLT_BATCH_MODE_GROUPED`,
+/// `cublasLtGroupedMatrixLayoutCreate`): 13.2, as cuBLAS 13.2's release notes and header
+/// introduce it.
+pub const CUBLASLT_GROUPED_MATMUL_VERSION: usize = 130200;
+
+/// Whether the loaded cuBLASLt offers its grouped matmul (a matmul over groups of different
+/// shapes whose sizes stay on the device, so a mixture-of-experts call from device offsets
+/// needs no copy to the host and can be captured): its version at least
+/// [`CUBLASLT_GROUPED_MATMUL_VERSION`] *and* the library exporting
+/// `cublasLtGroupedMatrixLayoutCreate` — never assumed from the version alone, since calling a
+/// symbol the library lacks aborts the process. gemmbridge's grouped ways do not use it yet
+/// ([`crate::grouped::streams::GroupedBackend`]); this is what a way built on it would be
+/// offered on. False where libcublasLt does not load.
+pub fn has_cublaslt_grouped_matmul() -> bool {
+    cublaslt_version().is_some_and(|v| v >= CUBLASLT_GROUPED_MATMUL_VERSION)
+        && exports(Lib::CublasLt, "cublasLtGroupedMatrixLayoutCreate")
+}
+
+/// Whether the file of `lib` that loads (the one cudarc uses, as [`present`] finds it)
+/// exports `symbol`. False where none loads.
+fn exports(lib: Lib, symbol: &str) -> bool {
+    present(lib) && exported(lib.names(), symbol)
+}
+
+/// Whether the first of cudarc's candidate files for `names` that loads exports `symbol`.
+fn exported(names: &[&str], symbol: &str) -> bool {
+    let mut files = names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n));
+    // SAFETY: as in `present`: loading runs the library's initialisers, as cudarc's own
+    // loading does; the symbol is looked up, never called. The reference taken here is
+    // dropped again; the one `present` keeps holds the library loaded.
+    let found = files.find_map(|file| unsafe { libloading::Library::new(&file) }.ok());
+    // SAFETY: the address is only tested for presence, not called or read.
+    found.is_some_and(|l| unsafe { l.get::<*const std::ffi::c_void>(symbol) }.is_ok())
+}
+
 /// Whether the CUDA runtime (libcudart) can be loaded.
 pub fn has_runtime() -> bool {
     present(Lib::Runtime)
@@ -136,4 +178,14 @@ pub fn ensure_cudnn() -> Result<()> {
 /// [`Error::LibraryNotFound`] naming the files tried and how to provide them.
 pub fn ensure_nvrtc() -> Result<()> {
     ensure(Lib::Nvrtc, "NVRTC (libnvrtc)", HINT_TOOLKIT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exported;
+
+    #[test]
+    fn a_library_that_does_not_load_exports_nothing() {
+        assert!(!exported(&["gemmbridge-no-such-library"], "cublasLtGroupedMatrixLayoutCreate"));
+    }
 }

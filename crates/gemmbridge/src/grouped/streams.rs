@@ -20,6 +20,13 @@ use super::{GroupedOp, GroupedProblem};
 /// A way to run a grouped product on the vendor libraries (in a tactic database:
 /// "strided_batch", "grouped_batched", "stream_pool", "chunked_batched", "split_pool",
 /// "in_order").
+///
+/// Every way takes the group sizes on the host. cuBLASLt's grouped matmul (cuBLAS 13.2 and
+/// later: one matmul over groups whose shapes stay on the device, so a call from device
+/// offsets needs no copy and can be captured) is not a way yet;
+/// [`crate::cuda::library::has_cublaslt_grouped_matmul`] tells whether the loaded library
+/// offers it, from its version and its exported symbol, and a way built on it would be a
+/// candidate only there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GroupedBackend {

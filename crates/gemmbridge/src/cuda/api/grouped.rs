@@ -269,12 +269,7 @@ impl Gpu {
         let rule_ms = times.iter().find(|(b, _)| *b == rule(p)).map_or(best_ms, |t| t.1);
         let sig = p.signature();
         self.lock().libs.grouped.tuned.insert(sig.clone(), best);
-        let version = if crate::cuda::library::has_cublaslt() {
-            // SAFETY: a version query; the library is loaded (checked).
-            unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() }
-        } else {
-            0
-        };
+        let version = crate::cuda::library::cublaslt_version().unwrap_or(0);
         Ok((times, sig, Tactic::grouped(best, version, rule_ms, best_ms)))
     }
 

@@ -31,6 +31,10 @@ pub struct DeviceInfo {
     /// cuBLASLt version as `major·10000 + minor·100 + patch` (cublasLtGetVersion), when
     /// libcublasLt can be loaded.
     pub cublaslt_version: Option<usize>,
+    /// Whether the loaded cuBLASLt offers its grouped matmul
+    /// ([`library::has_cublaslt_grouped_matmul`]: version 13.2 or later and the symbol
+    /// present).
+    pub cublaslt_grouped_matmul: bool,
 }
 
 /// Formats a CUDA version number `major·1000 + minor·10` as `major.minor`.
@@ -85,8 +89,7 @@ impl Gpu {
             // SAFETY: out-pointer to a local int; libcublas is loaded (a Gpu exists).
             status::cublas(unsafe { cublas_sys::cublasGetProperty(prop, slot) }, "cublasGetProperty", String::new)?;
         }
-        // SAFETY: takes no arguments; only called when libcublasLt loads.
-        let cublaslt_version = library::has_cublaslt().then(|| unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() });
+        let cublaslt_version = library::cublaslt_version();
         Ok(DeviceInfo {
             ordinal: ctx.ordinal(),
             name: ctx.name().map_err(status::driver("cuDeviceGetName"))?,
@@ -100,6 +103,7 @@ impl Gpu {
             runtime_version: runtime_version.flatten(),
             cublas_version: (ver[0], ver[1], ver[2]),
             cublaslt_version,
+            cublaslt_grouped_matmul: library::has_cublaslt_grouped_matmul(),
         })
     }
 }

@@ -23,9 +23,7 @@ impl Gpu {
     /// The GPU's compute capability and the loaded cuBLASLt's version (0 without cuBLASLt).
     pub(crate) fn fp8_platform(&self) -> Result<((i32, i32), usize)> {
         let cc = self.context().compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
-        // SAFETY: a version query; the library is loaded (checked).
-        let v = if library::has_cublaslt() { unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() } } else { 0 };
-        Ok((cc, v))
+        Ok((cc, library::cublaslt_version().unwrap_or(0)))
     }
 
     /// Whether this GPU and the loaded cuBLASLt offer FP8 with `scaling` ([`check_support`]).
