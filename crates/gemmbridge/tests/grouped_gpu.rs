@@ -10,6 +10,7 @@ mod common;
 use common::{gpu, normal, poison, rng};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use gemmbridge::cuda::Gpu;
+use gemmbridge::grouped::align::candidates_at;
 use gemmbridge::grouped::streams::{candidates, GroupedBackend};
 use gemmbridge::grouped::{reference, GroupedOp, GroupedProblem};
 use gemmbridge::half::{bf16, f16};
@@ -27,11 +28,19 @@ fn wide<T: Element>(v: &[T]) -> Vec<f64> {
 /// Equal groups (one strided batch).
 const EQUAL: [usize; 3] = [65, 65, 65];
 
+/// The ways that apply to `p` on cudarc's allocations (256-byte aligned bases: only the rows
+/// decide whether cuBLAS's grouped call takes the pointers).
+fn ways(p: &GroupedProblem) -> Vec<GroupedBackend> {
+    candidates_at(p, [0; 3])
+}
+
 /// One product against float64 on every backend that applies (forced), then as the engine
-/// chooses: ‖out − ref‖/‖ref‖ within the precision's band. The largest error.
+/// chooses: ‖out − ref‖/‖ref‖ within the precision's band, for the whole output and for each
+/// group's part of it (so that a wrong small group is not hidden by a large one). The largest
+/// error.
 fn check<T: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, rng: &mut StdRng) -> f64 {
     let mut worst = 0f64;
-    for backend in candidates(p).into_iter().map(Some).chain([None]) {
+    for backend in ways(p).into_iter().map(Some).chain([None]) {
         gpu.set_grouped_backend(backend);
         worst = worst.max(check_one::<T>(gpu, p, rng));
     }
@@ -52,10 +61,17 @@ fn check_one<T: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, rng: &mut S
     let got = wide(&s.clone_dtoh(&dc).unwrap());
     let mut want = vec![f64::NAN; lc];
     reference::run(p, &wide(&a), &wide(&b), bias.as_ref().map(|v| wide(v)).as_deref(), &mut want);
-    let e = rel_error(&got, &want);
     let tol = p.precision().tolerance();
     let how = gpu.grouped_backend_for(p).unwrap();
+    let mut e = rel_error(&got, &want);
     assert!(e <= tol, "{} on {how:?}: rel error {e:e} > {tol:e}", p.describe());
+    for g in 0..p.groups() {
+        let (start, [rows, cols]) = p.tn_output(g);
+        let part = start..start + rows * cols;
+        let eg = rel_error(&got[part.clone()], &want[part]);
+        assert!(eg <= tol, "{} on {how:?}: group {g} ({rows}×{cols}) rel error {eg:e} > {tol:e}", p.describe());
+        e = e.max(eg);
+    }
     e
 }
 
@@ -64,15 +80,17 @@ fn all_products<T: Element + DeviceRepr>(precisions: &[Precision]) {
     // three lanes for four groups with rows: one lane runs two
     gpu.set_grouped_streams(3).unwrap();
     for &precision in precisions {
-        // (96, 64): aligned slices; (33, 17): every group's slice starts off 16 bytes
-        for (n, k) in [(96, 64), (33, 17)] {
+        // (96, 64): aligned slices; (33, 17): every group's slice starts off 16 bytes; (33, 64)
+        // and (64, 33): one operand's rows off 16 bytes and the other's on them (cuBLAS's
+        // grouped call is then no way: grouped::align)
+        for (n, k) in [(96, 64), (33, 17), (33, 64), (64, 33)] {
             for (op, sizes) in [GroupedOp::Forward, GroupedOp::BackwardData, GroupedOp::BackwardWeight]
                 .into_iter()
                 .flat_map(|op| [(op, &SIZES[..]), (op, &EQUAL[..])])
             {
                 let p = GroupedProblem::new(op, sizes, n, k, precision).unwrap();
                 let e = check::<T>(&gpu, &p, &mut rng);
-                eprintln!("{}: rel error {e:.2e} (worst of {:?} and the choice)", p.describe(), candidates(&p));
+                eprintln!("{}: rel error {e:.2e} (worst of {:?} and the choice)", p.describe(), ways(&p));
             }
             let p = GroupedProblem::new(GroupedOp::Forward, &SIZES, n, k, precision).unwrap().with_bias().unwrap();
             check::<T>(&gpu, &p, &mut rng);
@@ -143,6 +161,21 @@ fn bad_input_is_named_and_nothing_is_written() {
     }
     gpu.set_grouped_backend(None);
     assert!(untouched(&c));
+    // cuBLAS's grouped call forced on rows off 16 bytes (N = 17 bf16: 34-byte rows of y):
+    // refused by name; chosen by the rule, it becomes the pool
+    let odd = GroupedProblem::new(GroupedOp::Forward, &[3, 0, 5], 17, 8, Precision::BF16).unwrap();
+    assert!(candidates(&odd).contains(&GroupedBackend::GroupedBatched));
+    let mut c_odd = s.clone_htod(&poison::<bf16>(odd.lens()[2])).unwrap();
+    let b_odd = up(odd.lens()[1], &mut rng);
+    gpu.set_grouped_backend(Some(GroupedBackend::GroupedBatched));
+    match gpu.grouped_gemm(&odd, &a, &b_odd, &mut c_odd, None) {
+        Err(Error::Unsupported { what, .. }) => assert!(what.contains("34 bytes"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    gpu.set_grouped_backend(None);
+    assert!(untouched(&c_odd));
+    gpu.grouped_gemm(&odd, &a, &b_odd, &mut c_odd, None).unwrap();
+    assert!(!untouched(&c_odd));
     assert!(matches!(gpu.set_grouped_streams(0), Err(Error::OutOfRange { .. })));
     assert!(matches!(gpu.set_grouped_streams(17), Err(Error::OutOfRange { .. })));
     // the engine is usable afterwards
@@ -160,12 +193,12 @@ fn a_split_pool_runs_large_groups_beside_one_grouped_call() {
     let (gpu, mut rng) = (gpu(), rng());
     for (op, precision) in [(GroupedOp::Forward, Precision::BF16), (GroupedOp::BackwardData, Precision::F16)] {
         let p = GroupedProblem::new(op, &[1, 0, 7, 2100, 129], 512, 1024, precision).unwrap();
-        assert!(candidates(&p).contains(&GroupedBackend::SplitPool), "{:?}", candidates(&p));
+        assert!(ways(&p).contains(&GroupedBackend::SplitPool), "{:?}", ways(&p));
         let e = match precision {
             Precision::F16 => check::<f16>(&gpu, &p, &mut rng),
             _ => check::<bf16>(&gpu, &p, &mut rng),
         };
-        eprintln!("{}: rel error {e:.2e} (worst of {:?} and the choice)", p.describe(), candidates(&p));
+        eprintln!("{}: rel error {e:.2e} (worst of {:?} and the choice)", p.describe(), ways(&p));
     }
 }
 

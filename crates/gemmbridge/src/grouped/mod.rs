@@ -22,6 +22,7 @@
 //! Rows past the last group (offsets that end before the buffers' rows) belong to no group:
 //! nothing reads or writes them.
 
+pub mod align;
 pub mod chunks;
 pub mod fp8;
 pub mod list;

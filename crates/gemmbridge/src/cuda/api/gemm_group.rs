@@ -15,6 +15,7 @@ use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
 use crate::dtype::Element;
 use crate::epilogue::Epilogue;
 use crate::error::{Error, Result, Which};
+use crate::grouped::align::{first_misaligned, misaligned_pointer, off_grouped_call};
 use crate::grouped::check_one_type;
 use crate::grouped::streams::GroupedBackend;
 use crate::layout::{MatrixLayout, Op, Operand};
@@ -60,7 +61,8 @@ impl Gpu {
     /// named; checked in one sort of the buffers, O(n log n)); [`Error::Unsupported`] for a
     /// forced way that does not apply (a strided batch, which is for a grouped product's
     /// layout; cuBLAS's grouped call where it does not take the list:
-    /// [`Gpu::gemm_group_backend_for`] says). From the launches: as [`Gpu::gemm`] (a failure
+    /// [`Gpu::gemm_group_backend_for`] says, or where a pointer is off 16 bytes,
+    /// [`crate::grouped::align`]). From the launches: as [`Gpu::gemm`] (a failure
     /// part-way leaves other members written; the pool is joined back all the same).
     ///
     /// # Example
@@ -149,9 +151,12 @@ impl Gpu {
         unsafe { self.group_checked(members, stream) }
     }
 
-    /// How [`Gpu::gemm_group`] runs a list of these problems now: the forced way
-    /// ([`Gpu::set_grouped_backend`], which serves grouped products and lists alike) where it
-    /// applies, else the rule of [`crate::grouped::list::rule`].
+    /// How [`Gpu::gemm_group`] runs a list of these problems now, on buffers whose pointers
+    /// every way takes: the forced way ([`Gpu::set_grouped_backend`], which serves grouped
+    /// products and lists alike) where it applies, else the rule of
+    /// [`crate::grouped::list::rule`]. Where a member's pointer misses 16 bytes
+    /// ([`crate::grouped::align`]) a way through cuBLAS's grouped call becomes the pool (or in
+    /// order), and a forced one is refused.
     ///
     /// # Errors
     /// [`Error::Unsupported`]: the forced way does not apply to the list (naming why).
@@ -166,7 +171,16 @@ impl Gpu {
     unsafe fn group_checked(&self, members: &[(GemmProblem, RawOperands)], stream: CUstream) -> Result<()> {
         let groups = check_members(members)?;
         let problems: Vec<GemmProblem> = members.iter().map(|(p, _)| *p).collect();
-        let how = self.lock().libs.grouped.choose_list(&problems)?;
+        let how = {
+            let st = self.lock();
+            let chosen = st.libs.grouped.choose_list(&problems)?;
+            // a way through cuBLAS's grouped call only on pointers it takes (grouped::align)
+            let pointers =
+                groups.iter().flat_map(|g| [Which::A, Which::B, Which::C].into_iter().zip(<[u64; 3]>::from(g.abc)));
+            let misaligned = first_misaligned(pointers).map(|(which, addr)| misaligned_pointer(which, addr));
+            let forced = st.libs.grouped.backend.is_some();
+            off_grouped_call(chosen, misaligned, forced, groups.len(), || format!("a list of {} GEMMs", members.len()))?
+        };
         if groups.is_empty() {
             return Ok(()); // no member has work: nothing to launch
         }

@@ -15,7 +15,8 @@ use crate::cuda::device::{check_extent, time_interleaved, Call};
 use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
-use crate::grouped::streams::{candidates, rule, GroupedBackend, GroupedSettings};
+use crate::grouped::align::{candidates_at, grouped_call_misalignment, off_grouped_call};
+use crate::grouped::streams::{rule, GroupedBackend, GroupedSettings};
 use crate::grouped::GroupedProblem;
 use crate::problem::GemmProblem;
 use crate::tactics::Tactic;
@@ -61,7 +62,8 @@ impl Gpu {
     /// [`Error::OutputOverlapsInput`] (the output's extent against an input's, the bias's
     /// included), [`Error::EpilogueOperand`] (a bias given without
     /// [`GroupedProblem::has_bias`] or missing with it), [`Error::Unsupported`] (a forced
-    /// backend that does not apply to `p`; a precision whose output type differs from its
+    /// backend that does not apply to `p`, or a way through cuBLAS's grouped call forced on
+    /// pointers off 16 bytes, [`crate::grouped::align`]; a precision whose output type differs from its
     /// inputs', such as `BF16_F32OUT`), and each group's GEMM checks as [`Gpu::gemm`]'s.
     /// From the launches: as [`Gpu::gemm`] (a failure part-way leaves other groups written;
     /// the pool is joined back to [`Gpu::stream`] all the same).
@@ -150,7 +152,12 @@ impl Gpu {
     ) -> Result<()> {
         let how = {
             let mut st = self.lock();
-            let how = st.libs.grouped.choose(p)?;
+            let chosen = st.libs.grouped.choose(p)?;
+            // a way through cuBLAS's grouped call only on pointers it takes (grouped::align)
+            let misaligned = grouped_call_misalignment(p, bufs.map(|b| b.0));
+            let busy = p.sizes().iter().filter(|&&m| m > 0).count();
+            let forced = st.libs.grouped.backend.is_some();
+            let how = off_grouped_call(chosen, misaligned, forced, busy, || p.describe())?;
             st.libs.grouped.note_use(p, how);
             how
         };
@@ -251,7 +258,7 @@ impl Gpu {
             let (lc, (pc, _wc)) = (c.num_bytes(), c.device_ptr_mut(s));
             let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
             let bias = pv.as_ref().map(|((ptr, _), len)| (*ptr, *len));
-            let ways = candidates(p);
+            let ways = candidates_at(p, bufs.map(|b| b.0));
             let calls: Vec<Call<'_>> = ways
                 .iter()
                 // SAFETY: the same buffers the checked call above ran on, borrowed until the
@@ -333,8 +340,11 @@ impl Gpu {
         self.lock().libs.grouped.streams
     }
 
-    /// How [`Gpu::grouped_gemm`] would run `p`: the forced backend, or the rule
-    /// ([`GroupedSettings::choose`]).
+    /// How [`Gpu::grouped_gemm`] would run `p` on buffers whose pointers every way takes: the
+    /// forced backend, or the rule ([`GroupedSettings::choose`]). On buffers whose group
+    /// pointers miss 16 bytes (a base, or a row of N or K elements,
+    /// [`crate::grouped::align`]) a way through cuBLAS's grouped call becomes the pool (or in
+    /// order), and a forced one is refused.
     ///
     /// # Errors
     /// [`Error::Unsupported`]: the forced backend does not apply to `p`.

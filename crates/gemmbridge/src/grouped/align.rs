@@ -1,0 +1,147 @@
+//! The pointer alignment cuBLAS's grouped call needs, and the way taken instead where a call's
+//! pointers miss it.
+//!
+//! `cublasGemmGroupedBatchedEx` reads every GEMM's A, B and C pointers from arrays in device
+//! memory, so cuBLAS cannot look at them when it picks a kernel: its documentation of the
+//! batched and grouped GEMMs asks that, with tensor-core (fast) math, every such pointer be
+//! aligned, ideally to 16 bytes, the alignment its vectorised loads assume. A pointer off that
+//! alignment is a misaligned-address fault, which ends the CUDA context. gemmbridge never hands
+//! it one: the ways through that call ([`GroupedBackend::uses_grouped_call`]) are taken only
+//! where every pointer is 16-byte aligned, and the pool of per-GEMM cuBLASLt plans (which see
+//! each pointer) serves the rest.
+
+use super::streams::GroupedBackend;
+use super::GroupedProblem;
+use crate::error::{Error, Result, Which};
+
+/// The alignment, in bytes, of every A, B and C pointer a cuBLAS grouped call is given here.
+pub const GROUPED_CALL_ALIGN: u64 = 16;
+
+impl GroupedBackend {
+    /// Whether this way runs cuBLAS's grouped call ([`GroupedBackend::GroupedBatched`],
+    /// [`GroupedBackend::ChunkedBatched`], [`GroupedBackend::SplitPool`]), which takes only
+    /// pointers aligned to [`GROUPED_CALL_ALIGN`] bytes.
+    pub fn uses_grouped_call(self) -> bool {
+        matches!(self, GroupedBackend::GroupedBatched | GroupedBackend::ChunkedBatched | GroupedBackend::SplitPool)
+    }
+}
+
+/// Why some pointer a grouped call of `p` on buffers at `bases` (`[a, b, c]`, device
+/// addresses) would hand cuBLAS's grouped call is off [`GROUPED_CALL_ALIGN`], or `None` where
+/// none is. Every group's (and row chunk's) slice starts a whole number of rows (N or K
+/// elements) or weight matrices (N·K elements) past its buffer's start, so every pointer is
+/// aligned where every base is and a row of N and of K elements is a whole number of
+/// alignments.
+pub fn grouped_call_misalignment(p: &GroupedProblem, bases: [u64; 3]) -> Option<String> {
+    let elem = p.precision().input().size_bytes() as u64;
+    let off = |a: u64| !a.is_multiple_of(GROUPED_CALL_ALIGN);
+    if let Some((which, addr)) = [Which::A, Which::B, Which::C].into_iter().zip(bases).find(|&(_, a)| off(a)) {
+        return Some(misaligned_pointer(which, addr));
+    }
+    [("N", p.n()), ("K", p.k())].into_iter().find(|&(_, d)| off(d as u64 * elem)).map(|(name, d)| {
+        format!(
+            "a row of {name} = {d} elements is {} bytes, so the groups' slices start off the {GROUPED_CALL_ALIGN}-byte \
+             alignment cuBLAS's grouped call needs of every pointer",
+            d as u64 * elem
+        )
+    })
+}
+
+/// Why `(which, addr)`, the first of a call's pointers off [`GROUPED_CALL_ALIGN`], keeps
+/// cuBLAS's grouped call away.
+pub(crate) fn misaligned_pointer(which: Which, addr: u64) -> String {
+    format!("{which} at {addr:#x} is not {GROUPED_CALL_ALIGN}-byte aligned, as cuBLAS's grouped call needs of every pointer")
+}
+
+/// The first of `pointers` (operand, device address) off [`GROUPED_CALL_ALIGN`].
+pub(crate) fn first_misaligned(pointers: impl IntoIterator<Item = (Which, u64)>) -> Option<(Which, u64)> {
+    pointers.into_iter().find(|&(_, a)| !a.is_multiple_of(GROUPED_CALL_ALIGN))
+}
+
+/// The way to take for a call chosen `how`, given why its pointers are off the grouped call's
+/// alignment (`misaligned`, `None` where they are not): `how` unless it runs cuBLAS's grouped
+/// call on misaligned pointers; then the pool where more than one GEMM has work (`busy`), in
+/// order otherwise.
+///
+/// # Errors
+/// [`Error::Unsupported`] naming `what` and why, where such a way is `forced`.
+pub(crate) fn off_grouped_call(
+    how: GroupedBackend,
+    misaligned: Option<String>,
+    forced: bool,
+    busy: usize,
+    what: impl FnOnce() -> String,
+) -> Result<GroupedBackend> {
+    match misaligned {
+        Some(why) if how.uses_grouped_call() && forced => {
+            Err(Error::Unsupported { backend: "grouped GEMM", what: format!("{how:?} for {}: {why}", what()) })
+        }
+        Some(_) if how.uses_grouped_call() => {
+            Ok(if busy > 1 { GroupedBackend::StreamPool } else { GroupedBackend::InOrder })
+        }
+        _ => Ok(how),
+    }
+}
+
+/// [`super::streams::candidates`] for `p` on buffers at `bases` (`[a, b, c]`): without the
+/// ways through cuBLAS's grouped call where a pointer would miss its alignment
+/// ([`grouped_call_misalignment`]).
+pub fn candidates_at(p: &GroupedProblem, bases: [u64; 3]) -> Vec<GroupedBackend> {
+    let mut out = super::streams::candidates(p);
+    if grouped_call_misalignment(p, bases).is_some() {
+        out.retain(|b| !b.uses_grouped_call());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grouped::GroupedOp;
+    use crate::precision::Precision;
+    use GroupedBackend::*;
+
+    const AT: [u64; 3] = [0x1000, 0x2000, 0x3000];
+
+    fn p(n: usize, k: usize) -> GroupedProblem {
+        GroupedProblem::new(GroupedOp::Forward, &[8, 3, 0, 5], n, k, Precision::BF16).unwrap()
+    }
+
+    #[test]
+    fn rows_and_bases_on_16_bytes_keep_the_grouped_call() {
+        assert_eq!(grouped_call_misalignment(&p(64, 32), AT), None);
+        assert_eq!(candidates_at(&p(64, 32), AT), super::super::streams::candidates(&p(64, 32)));
+        assert!(candidates_at(&p(64, 32), AT).contains(&GroupedBatched));
+    }
+
+    #[test]
+    fn a_misaligned_base_or_row_leaves_only_the_per_gemm_ways() {
+        // N = 33 bf16: 66-byte rows; K = 17: 34-byte rows; a base 8 bytes off
+        for (q, bases, words) in [
+            (p(33, 64), AT, "N = 33 elements is 66 bytes"),
+            (p(64, 17), AT, "K = 17 elements is 34 bytes"),
+            (p(64, 32), [0x1000, 0x2008, 0x3000], "B at 0x2008"),
+        ] {
+            let why = grouped_call_misalignment(&q, bases).expect(words);
+            assert!(why.contains(words), "{why}");
+            assert_eq!(candidates_at(&q, bases), [StreamPool, InOrder]);
+        }
+    }
+
+    #[test]
+    fn a_chosen_grouped_call_on_misaligned_pointers_becomes_the_pool_and_a_forced_one_an_error() {
+        let why = || Some("B at 0x2008 is off".to_string());
+        for how in [GroupedBatched, ChunkedBatched, SplitPool] {
+            assert_eq!(off_grouped_call(how, why(), false, 3, String::new).unwrap(), StreamPool);
+            assert_eq!(off_grouped_call(how, why(), false, 1, String::new).unwrap(), InOrder);
+            let e = off_grouped_call(how, why(), true, 3, || "the call".into()).unwrap_err().to_string();
+            assert!(e.contains("the call") && e.contains("0x2008"), "{e}");
+            assert_eq!(off_grouped_call(how, None, true, 3, String::new).unwrap(), how);
+        }
+        for how in [StreamPool, InOrder, StridedBatch] {
+            assert_eq!(off_grouped_call(how, why(), true, 3, String::new).unwrap(), how);
+        }
+        assert_eq!(first_misaligned([(Which::A, 0x100), (Which::C, 0x104)]), Some((Which::C, 0x104)));
+        assert_eq!(first_misaligned([(Which::A, 0x100)]), None);
+    }
+}
