@@ -219,8 +219,8 @@ impl Gpu {
         done
     }
 
-    /// Measures every way of running `p` that applies to it ([`candidates`]) on these
-    /// buffers ([`Gpu::grouped_gemm`]'s arguments; `c` is overwritten many times): after
+    /// Measures every way of running `p` that applies to it on these buffers ([`candidates_at`])
+    /// ([`Gpu::grouped_gemm`]'s arguments; `c` is overwritten many times): after
     /// warm-up calls, `reps` interleaved rounds of ~1 ms samples of back-to-back calls between
     /// CUDA events on [`Gpu::stream`], each way's median; the fastest is kept for `p`'s
     /// signature ([`GroupedProblem::signature`]: problems of that layer alike in total and
@@ -267,7 +267,9 @@ impl Gpu {
                     Box::new(move || unsafe { self.launch_grouped(p, how, bufs, bias, s.cu_stream()) }) as Call<'_>
                 })
                 .collect();
-            let medians = time_interleaved(s, reps, &calls)?.medians;
+            // eager samples: cuBLAS's grouped call cannot be captured, and every way runs
+            // eagerly when used (the pool's repeats as graph replays, which the calls include)
+            let medians = time_interleaved(s, reps, &calls, false)?.medians;
             Ok(ways.into_iter().zip(medians).collect::<Vec<_>>())
         });
         self.set_grouped_backend(forced);

@@ -103,8 +103,10 @@ pub(crate) struct Timed {
 /// [`HEAT_MS`] of the first function, each of `reps` rounds takes one sample of every
 /// function, starting one further along each round and running every other round backwards,
 /// so that all see the same clock and temperature drift. Problems below [`GRAPH_BELOW_MS`] per
-/// call are sampled as replays of a captured graph of [`GRAPH_CALLS`] calls (see [`Timed`]).
-pub(crate) fn time_interleaved(stream: &Arc<CudaStream>, reps: usize, fs: &[Call<'_>]) -> Result<Timed> {
+/// call are sampled as replays of a captured graph of [`GRAPH_CALLS`] calls (see [`Timed`])
+/// where `graphs` allows it; with `graphs` false every sample is eager (for functions some of
+/// which cannot be captured, and that run eagerly when used).
+pub(crate) fn time_interleaved(stream: &Arc<CudaStream>, reps: usize, fs: &[Call<'_>], graphs: bool) -> Result<Timed> {
     let raw_stream = stream.cu_stream();
     let ev = Events::new()?;
     let eager = |f: &dyn Fn() -> Result<()>, n: usize| ev.per_call(raw_stream, n, &|| (0..n).try_for_each(|_| f()));
@@ -124,7 +126,7 @@ pub(crate) fn time_interleaved(stream: &Arc<CudaStream>, reps: usize, fs: &[Call
     for _ in 0..3 {
         per_call = per_call.min(eager(fs[0].as_ref(), inner[0])?);
     }
-    let wanted = per_call < GRAPH_BELOW_MS;
+    let wanted = graphs && per_call < GRAPH_BELOW_MS;
     let capture_all = || fs.iter().map(|f| capture(stream, f.as_ref())).collect::<Option<Vec<CudaGraph>>>();
     // one retry: a capture invalidated by another thread's kernel load usually succeeds again
     let graphs = if wanted { capture_all().or_else(capture_all) } else { None };

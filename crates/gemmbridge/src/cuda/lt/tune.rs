@@ -226,7 +226,7 @@ fn time_candidates<T: Tunable>(
     let time = |timed: &[usize], reps: usize| {
         let runs: Vec<Call<'_>> =
             timed.iter().map(|&i| Box::new(move || run(&cands[i], job.beta())) as Call<'_>).collect();
-        time_interleaved(job.stream(), reps, &runs)
+        time_interleaved(job.stream(), reps, &runs, true)
     };
     // `timed` holds the first choice twice
     if timed.len() - 1 > PREFILTER_ABOVE {
