@@ -104,6 +104,7 @@ impl GroupedSettings {
             Some(b) => {
                 let why = match b {
                     GroupedBackend::StridedBatch => "one strided batch is for a grouped product's layout".to_string(),
+                    GroupedBackend::ChunkedBatched => "row chunks are for a grouped product's layout".to_string(),
                     GroupedBackend::SplitPool if why_not_batched(gemms).is_none() => {
                         let (large, small) = split_counts(gemms);
                         split_needs(large, small)
@@ -165,8 +166,10 @@ mod tests {
             let e = forced.choose_list(list).unwrap_err().to_string();
             assert!(e.contains(words), "{e}");
         }
-        let strided = GroupedSettings { backend: Some(StridedBatch), ..Default::default() };
-        assert!(strided.choose_list(&[linear(8, 8, 8)]).unwrap_err().to_string().contains("layout"));
+        for way in [StridedBatch, ChunkedBatched] {
+            let forced = GroupedSettings { backend: Some(way), ..Default::default() };
+            assert!(forced.choose_list(&[linear(8, 8, 8)]).unwrap_err().to_string().contains("layout"), "{way:?}");
+        }
         let pool = GroupedSettings { backend: Some(StreamPool), ..Default::default() };
         assert_eq!(pool.choose_list(&with_bias).unwrap(), StreamPool);
     }

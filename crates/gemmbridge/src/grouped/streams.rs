@@ -234,7 +234,9 @@ fn why_not(p: &GroupedProblem, b: GroupedBackend) -> String {
         {
             format!("group {e} of a backward weight is empty (its zeros need a GEMM of k = 0)")
         }
-        (GroupedBackend::GroupedBatched | GroupedBackend::SplitPool, _) if p.groups() > MAX_GROUPED_CALL_GEMMS => {
+        (GroupedBackend::GroupedBatched | GroupedBackend::SplitPool | GroupedBackend::ChunkedBatched, _)
+            if p.groups() > MAX_GROUPED_CALL_GEMMS =>
+        {
             format!("{} groups, more than the {MAX_GROUPED_CALL_GEMMS} one call takes", p.groups())
         }
         (GroupedBackend::SplitPool, _) if same_type(p) => {
