@@ -15,7 +15,7 @@ use crate::cuda::route::grouped::{pooled_launches, replayed_with};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::fp8::OutputKind;
-use crate::grouped::streams::GroupedBackend;
+use crate::grouped::streams::{assign, GroupedBackend};
 use crate::grouped::{GroupedOp, GroupedOperand, GroupedProblem};
 
 /// The operands of one FP8 grouped call: one entry per group, as [`Gpu::grouped_quantize`]
@@ -57,8 +57,9 @@ impl Gpu {
     /// [`Error::BufferTooSmall`] for `c` or the bias (`E · N`); [`Error::OutputOverlapsInput`]
     /// (`c` against the bias); [`Error::EpilogueOperand`] (a bias given without
     /// [`GroupedProblem::has_bias`] or missing with it); [`Error::Fp8`] (a group's FP8 rule, as
-    /// [`Gpu::fp8_gemm`]: E5M2 on both sides, …); [`Error::LibraryNotFound`] without cuBLASLt.
-    /// From the launches: as [`Gpu::fp8_gemm`] (a failure part-way leaves other groups
+    /// [`Gpu::fp8_gemm`]: E5M2 on both sides, …); [`Error::LibraryNotFound`] without cuBLASLt;
+    /// [`Error::NotCapturable`] when the pool's streams would be created while [`Gpu::stream`]
+    /// is being captured (make one pooled call before capturing). From the launches: as [`Gpu::fp8_gemm`] (a failure part-way leaves other groups
     /// written; the pool is joined back all the same).
     pub fn grouped_fp8_gemm<O: Element>(
         &self,
@@ -183,6 +184,15 @@ impl Gpu {
         // call, its addresses, the zeroed regions and the lanes.
         let done = unsafe {
             let direct = |st: &mut crate::cuda::device::Locked<_>, caller| {
+                if lanes == 1 || calls.len() <= 1 {
+                    // in order on the caller's stream: no lanes, no fork
+                    zero_regions(zeroed, caller)?;
+                    return calls.iter().zip(&addrs).try_for_each(|(c, &a)| enqueue(st, c, a, caller));
+                }
+                // the lanes first (refused by name while `caller` is captured before they
+                // exist), so that nothing is enqueued before that error
+                let taken = st.dev.take_lanes(assign(&work, lanes).len(), caller, &describe)?;
+                st.dev.put_lanes(taken);
                 zero_regions(zeroed, caller)?;
                 pooled_launches(st, &work, lanes, caller, &describe, |st, e, stream| {
                     enqueue(st, &calls[e], addrs[e], stream)

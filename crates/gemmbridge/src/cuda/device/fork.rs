@@ -42,16 +42,18 @@ impl Drop for Event {
     }
 }
 
-/// The lanes: each a private stream with its join event, and the one fork event.
+/// The lanes: each a private stream with its join event, the one fork event, and the event of
+/// the last graph launched with lane work in it ([`Lanes::before_graph`]).
 pub(crate) struct Lanes {
     fork: Event,
+    graph_done: Event,
     lanes: Vec<(CaptureStream, Event)>,
 }
 
 impl Lanes {
     /// No lanes yet, and the fork event (the context bound by the caller).
     pub fn new() -> Result<Lanes> {
-        Ok(Lanes { fork: Event::new()?, lanes: Vec::new() })
+        Ok(Lanes { fork: Event::new()?, graph_done: Event::new()?, lanes: Vec::new() })
     }
 
     /// Adds lanes up to `n` (bounded by the caller); lanes are never taken away, so a stream
@@ -103,6 +105,37 @@ impl Lanes {
     /// As [`Lanes::record_fork`].
     pub unsafe fn wait_join(&self, caller: CUstream, i: usize) -> Result<()> {
         wait(caller, &self.lanes[i].1)
+    }
+
+    /// Orders a graph launched next on `caller` that holds the lanes' work (captured from a
+    /// fork) after everything else that uses what that work uses: the lanes' streams run
+    /// nothing of the graph's (its nodes run on `caller`), so without this a graph could run
+    /// beside work still on a lane, or beside another such graph launched on another stream,
+    /// with the same lane workspace (or the capture stream's, which every such graph shares).
+    /// `caller` waits for all work enqueued on every lane so far and for the last such graph.
+    ///
+    /// # Safety
+    /// As [`Lanes::record_fork`]; `caller` is not being captured.
+    pub unsafe fn before_graph(&self, caller: CUstream) -> Result<()> {
+        for i in 0..self.lanes.len() {
+            self.record_join(i)?;
+            // SAFETY: the caller's contract.
+            unsafe { self.wait_join(caller, i) }?;
+        }
+        wait(caller, &self.graph_done)
+    }
+
+    /// After a graph's launch on `caller` ([`Lanes::before_graph`]): it becomes the last such
+    /// graph, and every lane's later work waits for it.
+    ///
+    /// # Safety
+    /// As [`Lanes::before_graph`].
+    pub unsafe fn after_graph(&self, caller: CUstream) -> Result<()> {
+        // SAFETY: a live event of this context; the caller's contract for the stream.
+        unsafe { drv::cuEventRecord(self.graph_done.0, caller) }.result().map_err(status::driver("cuEventRecord"))?;
+        // SAFETY: as above.
+        unsafe { self.record_fork(caller) }?;
+        (0..self.lanes.len()).try_for_each(|i| self.wait_fork(i))
     }
 
     /// Waits for every lane's work (private streams: nothing else is on them). False when a

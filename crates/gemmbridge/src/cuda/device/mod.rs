@@ -109,6 +109,28 @@ impl DeviceState {
         Ok(self.lanes.take().expect("made above"))
     }
 
+    /// Runs `launch` (at most a graph's launch on `caller`, a graph holding lanes' work or
+    /// captured on the capture stream) fenced by [`Lanes::before_graph`] and
+    /// [`Lanes::after_graph`], so that it is ordered against the lanes' work and against other
+    /// such graphs on other streams. The caller has bound the context.
+    ///
+    /// # Safety
+    /// `caller` is a live stream of the context, not being captured; `launch` enqueues only on
+    /// it.
+    pub unsafe fn fenced_graph_launch<R>(&mut self, caller: CUstream, launch: impl FnOnce() -> R) -> Result<R> {
+        if self.lanes.is_none() {
+            let _relaxed = Relaxed::enter()?;
+            self.lanes = Some(Lanes::new()?);
+        }
+        let lanes = self.lanes.as_ref().expect("made above");
+        // SAFETY: the caller's contract.
+        unsafe { lanes.before_graph(caller) }?;
+        let r = launch();
+        // SAFETY: as above.
+        unsafe { lanes.after_graph(caller) }?;
+        Ok(r)
+    }
+
     /// Gives back the lanes [`DeviceState::take_lanes`] took.
     pub fn put_lanes(&mut self, lanes: Lanes) {
         self.lanes = Some(lanes);

@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUstream;
 
 use crate::cuda::blas::BlasGemm;
 use crate::cuda::call::GemmCall;
-use crate::cuda::device::{capture, Cached, Locked, ReplayKey};
+use crate::cuda::device::{capture, is_capturing, Cached, Locked, ReplayKey};
 use crate::cuda::route::{dispatch, Libraries};
 use crate::error::Result;
 use crate::grouped::streams::{assign, schedule, Step, SMALL_GROUP_MACS};
@@ -223,14 +223,22 @@ pub(crate) unsafe fn replayed_with(
     caller: CUstream,
     mut direct: impl FnMut(&mut Locked<Libraries>, CUstream) -> Result<()>,
 ) -> Result<()> {
-    let Some(lt) = st.libs.lt.as_mut().filter(|lt| lt.composite.options.enabled && launches > 1) else {
+    if !st.libs.lt.as_ref().is_some_and(|lt| lt.composite.options.enabled && launches > 1) {
         return direct(st, caller);
-    };
+    }
     let key = ReplayKey::new(key, [0; 5], (1.0, 0.0), 0, caller);
-    // SAFETY: the key holds the caller's stream and everything the launches depend on.
-    let graph_unused = match unsafe { lt.composite.launch_cached(&key, caller, describe) } {
-        Cached::Launched => return Ok(()),
-        Cached::NotLaunched { graph_unused } => graph_unused,
+    let Locked { dev, libs } = &mut *st;
+    let lt = libs.lt.as_mut().expect("checked above");
+    let cached = lt.composite.graphs.contains_key(&key) && !is_capturing(caller).unwrap_or(true);
+    let graph_unused = if cached {
+        // SAFETY: the key holds the caller's stream and everything the launches depend on;
+        // the launch is fenced against the lanes' work and other such graphs.
+        match unsafe { dev.fenced_graph_launch(caller, || lt.composite.launch_cached(&key, caller, describe)) }? {
+            Cached::Launched => return Ok(()),
+            Cached::NotLaunched { graph_unused } => graph_unused,
+        }
+    } else {
+        false
     };
     if !lt.composite.due(&key, graph_unused, caller) {
         return direct(st, caller);
@@ -239,8 +247,10 @@ pub(crate) unsafe fn replayed_with(
     // SAFETY: `cap` is the device's private capture stream, used only under its lock; the
     // launches enqueue on it and on the lanes forked from it.
     let graph = unsafe { capture(cap, |s| direct(st, s)) };
-    // SAFETY (launch): the graph's launches are this call's, on the caller's stream.
-    match graph.and_then(|g| unsafe { g.launch(caller) }.map(|()| g)) {
+    // SAFETY (launch): the graph's launches are this call's, on the caller's stream (not
+    // being captured: `due` said so), fenced as above.
+    let launched = graph.and_then(|g| unsafe { st.dev.fenced_graph_launch(caller, || g.launch(caller)) }?.map(|()| g));
+    match launched {
         Ok(g) => {
             st.libs.lt.as_mut().expect("checked above").composite.graphs.insert(key, g);
             Ok(())
