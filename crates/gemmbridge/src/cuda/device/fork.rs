@@ -113,11 +113,13 @@ impl Lanes {
     /// beside work still on a lane, or beside another such graph launched on another stream,
     /// with the same lane workspace (or the capture stream's, which every such graph shares).
     /// `caller` waits for all work enqueued on every lane so far and for the last such graph.
+    /// A lane taken into a capture of the caller's (a pooled call inside it) is left alone:
+    /// what it holds there runs only when that graph is launched.
     ///
     /// # Safety
     /// As [`Lanes::record_fork`]; `caller` is not being captured.
     pub unsafe fn before_graph(&self, caller: CUstream) -> Result<()> {
-        for i in 0..self.lanes.len() {
+        for i in self.idle_lanes() {
             self.record_join(i)?;
             // SAFETY: the caller's contract.
             unsafe { self.wait_join(caller, i) }?;
@@ -135,7 +137,12 @@ impl Lanes {
         unsafe { drv::cuEventRecord(self.graph_done.0, caller) }.result().map_err(status::driver("cuEventRecord"))?;
         // SAFETY: as above.
         unsafe { self.record_fork(caller) }?;
-        (0..self.lanes.len()).try_for_each(|i| self.wait_fork(i))
+        self.idle_lanes().try_for_each(|i| self.wait_fork(i))
+    }
+
+    /// The lanes not being captured (see [`Lanes::before_graph`]).
+    fn idle_lanes(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.lanes.len()).filter(|&i| matches!(is_capturing(self.stream(i)), Ok(false)))
     }
 
     /// Waits for every lane's work (private streams: nothing else is on them). False when a
