@@ -153,6 +153,7 @@ pub(crate) unsafe fn pooled_launches(
     // taken out of the state while the groups are enqueued through them, put back below
     let pool = st.dev.take_lanes(assigned.len(), caller, describe)?;
     let mut first_error = None;
+    let mut forked = vec![false; assigned.len()];
     for (lane, step) in schedule(&assigned) {
         let stream = if lane == 0 { caller } else { pool.stream(lane - 1) };
         // SAFETY: `caller` by the contract; lanes are the device's own streams.
@@ -164,11 +165,20 @@ pub(crate) unsafe fn pooled_launches(
             Step::Launch(_) if first_error.is_some() => Ok(()),
             Step::Launch(e) => launch(st, e, stream),
         };
-        if let Err(e) = done {
-            if matches!(step, Step::Launch(_)) {
+        match done {
+            Ok(()) if step == Step::Wait(0) => forked[lane - 1] = true,
+            Ok(()) => {}
+            Err(e) if matches!(step, Step::Launch(_)) => {
                 first_error.get_or_insert(e);
-            } else {
-                // an event that cannot be recorded or waited for: the order is lost, say so
+            }
+            Err(e) => {
+                // an event that cannot be recorded or waited for: the order is lost, say so;
+                // but every lane that took the fork is joined back (best effort), so that a
+                // capture of `caller` is not left with a lane outside it
+                for (i, _) in forked.iter().enumerate().filter(|(_, &f)| f) {
+                    // SAFETY: as above.
+                    let _ = pool.record_join(i).and_then(|()| unsafe { pool.wait_join(caller, i) });
+                }
                 st.dev.put_lanes(pool);
                 return Err(first_error.unwrap_or(e));
             }
