@@ -167,7 +167,8 @@ fn the_pool_and_in_order_give_the_same_bits() {
 
 /// A repeated call on the same buffers is captured once and replayed as one graph (the
 /// zeroing of a backward weight's empty group with it): every call gives the first call's bits,
-/// into an output poisoned before each. Row scales on aligned shapes, and 1×128 · 128×128
+/// into an output poisoned before each. Row scales on aligned shapes (on the pool and in
+/// order), and 1×128 · 128×128
 /// blocks with N = 36 f16 outputs (each group's output staged through scratch the graph
 /// allocates and frees itself).
 #[test]
@@ -178,7 +179,12 @@ fn a_repeated_call_replays_the_first_calls_bits() {
     let (gpu, mut rng) = (gpu(), rng());
     for op in OPS {
         let p = GroupedProblem::new(op, &[40, 0, 300, 7, 129], 128, 256, Precision::BF16).unwrap();
-        replays::<bf16>(&gpu, &p, (Scaling::Row, Scaling::Row), &mut rng);
+        // on the pool, and in order (on the capture stream, with its own workspace)
+        for way in [None, Some(GroupedBackend::InOrder)] {
+            gpu.set_grouped_backend(way);
+            replays::<bf16>(&gpu, &p, (Scaling::Row, Scaling::Row), &mut rng);
+        }
+        gpu.set_grouped_backend(None);
         let p = GroupedProblem::new(op, &[40, 0, 300, 7, 129], 36, 256, Precision::F16).unwrap();
         replays::<f16>(&gpu, &p, (Scaling::Block1x128, Scaling::Block128x128), &mut rng);
     }

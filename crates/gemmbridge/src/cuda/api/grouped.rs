@@ -16,7 +16,7 @@ use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::grouped::align::{candidates_at, grouped_call_misalignment, off_grouped_call};
-use crate::grouped::streams::{rule, GroupedBackend, GroupedSettings};
+use crate::grouped::streams::{GroupedBackend, GroupedSettings};
 use crate::grouped::GroupedProblem;
 use crate::problem::GemmProblem;
 use crate::tactics::Tactic;
@@ -53,7 +53,11 @@ impl Gpu {
     /// has been planned: run the call once outside the capture first (and force
     /// [`GroupedBackend::StreamPool`] where the rule would take cuBLAS's grouped call). Inside a
     /// capture, a group shape not planned yet fails with [`Error::NotCapturable`] after the
-    /// groups before it were recorded: end the capture and discard it.
+    /// groups before it were recorded: end the capture and discard it. Such a graph of yours
+    /// runs the pool's GEMMs with the pool streams' workspaces when you launch it: launch it
+    /// on the stream it was captured from, and not while this engine runs pooled grouped
+    /// calls on another stream (the engine orders its own replays and pooled calls against
+    /// each other, but cannot see your launches).
     ///
     /// # Errors
     /// Before anything is launched, with no buffer written: [`Error::WrongContext`],
@@ -152,12 +156,7 @@ impl Gpu {
     ) -> Result<()> {
         let how = {
             let mut st = self.lock();
-            let chosen = st.libs.grouped.choose(p)?;
-            // a way through cuBLAS's grouped call only on pointers it takes (grouped::align)
-            let misaligned = grouped_call_misalignment(p, bufs.map(|b| b.0));
-            let busy = p.sizes().iter().filter(|&&m| m > 0).count();
-            let forced = st.libs.grouped.backend.is_some();
-            let how = off_grouped_call(chosen, misaligned, forced, busy, || p.describe())?;
+            let how = way_on(&st.libs.grouped, p, bufs.map(|b| b.0))?;
             st.libs.grouped.note_use(p, how);
             how
         };
@@ -228,7 +227,8 @@ impl Gpu {
     ///
     /// Returns each way's median ms (candidate order) and the (signature, tactic) pair to
     /// store in a [`crate::tactics::TacticDb`] (kind `grouped_gemm`; its `heuristic_ms` is
-    /// the rule's choice's time, [`rule`]).
+    /// the time of the way the call takes with nothing measured: the rule's,
+    /// [`crate::grouped::streams::rule`], off cuBLAS's grouped call on misaligned pointers).
     ///
     /// # Errors
     /// As [`Gpu::grouped_gemm`]; [`Error::OutOfRange`] for `reps` outside 1 to 1000, before
@@ -270,12 +270,15 @@ impl Gpu {
             // eager samples: cuBLAS's grouped call cannot be captured, and every way runs
             // eagerly when used (the pool's repeats as graph replays, which the calls include)
             let medians = time_interleaved(s, reps, &calls, false)?.medians;
-            Ok(ways.into_iter().zip(medians).collect::<Vec<_>>())
+            // the way the call takes with nothing measured: the rule's, off cuBLAS's grouped
+            // call where the pointers miss its alignment
+            let untuned = way_on(&GroupedSettings::default(), p, bufs.map(|b| b.0))?;
+            Ok((ways.into_iter().zip(medians).collect::<Vec<_>>(), untuned))
         });
         self.set_grouped_backend(forced);
-        let times = timed?;
+        let (times, untuned) = timed?;
         let (best, best_ms) = times.iter().copied().min_by(|x, y| x.1.total_cmp(&y.1)).expect("a candidate");
-        let rule_ms = times.iter().find(|(b, _)| *b == rule(p)).map_or(best_ms, |t| t.1);
+        let rule_ms = times.iter().find(|(b, _)| *b == untuned).map_or(best_ms, |t| t.1);
         let sig = p.signature();
         self.lock().libs.grouped.tuned.insert(sig.clone(), best);
         let version = crate::cuda::library::cublaslt_version().unwrap_or(0);
@@ -342,17 +345,29 @@ impl Gpu {
         self.lock().libs.grouped.streams
     }
 
-    /// How [`Gpu::grouped_gemm`] would run `p` on buffers whose pointers every way takes: the
-    /// forced backend, or the rule ([`GroupedSettings::choose`]). On buffers whose group
-    /// pointers miss 16 bytes (a base, or a row of N or K elements,
-    /// [`crate::grouped::align`]) a way through cuBLAS's grouped call becomes the pool (or in
-    /// order), and a forced one is refused.
+    /// How [`Gpu::grouped_gemm`] would run `p` on buffers whose starts are 16-byte aligned (as
+    /// cudarc's allocations are): the forced backend, or the measured choice or the rule
+    /// ([`GroupedSettings::choose`]); where a row of N or K elements misses 16 bytes, a way
+    /// through cuBLAS's grouped call becomes the pool (or in order), as on buffers that start
+    /// off 16 bytes ([`crate::grouped::align`]).
     ///
     /// # Errors
-    /// [`Error::Unsupported`]: the forced backend does not apply to `p`.
+    /// [`Error::Unsupported`]: the forced backend does not apply to `p` (or to its rows).
     pub fn grouped_backend_for(&self, p: &GroupedProblem) -> Result<GroupedBackend> {
-        self.lock().libs.grouped.choose(p)
+        way_on(&self.lock().libs.grouped, p, [0; 3])
     }
+}
+
+/// The way a call of `p` on buffers at `bases` (`[a, b, c]`) takes under `settings`: their
+/// choice ([`GroupedSettings::choose`]), off cuBLAS's grouped call where a pointer would miss
+/// its alignment ([`grouped_call_misalignment`], [`off_grouped_call`]).
+///
+/// # Errors
+/// [`Error::Unsupported`]: the forced way does not apply to `p` or to these pointers.
+fn way_on(settings: &GroupedSettings, p: &GroupedProblem, bases: [u64; 3]) -> Result<GroupedBackend> {
+    let busy = p.sizes().iter().filter(|&&m| m > 0).count();
+    let misaligned = grouped_call_misalignment(p, bases);
+    off_grouped_call(settings.choose(p)?, misaligned, settings.backend.is_some(), busy, || p.describe())
 }
 
 /// Everything a grouped call's launches depend on, for its replay graph: the product, the

@@ -15,7 +15,7 @@ use crate::cuda::route::grouped::{pooled_launches, replayed_with};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::fp8::OutputKind;
-use crate::grouped::streams::{assign, GroupedBackend};
+use crate::grouped::streams::GroupedBackend;
 use crate::grouped::{GroupedOp, GroupedOperand, GroupedProblem};
 
 /// The operands of one FP8 grouped call: one entry per group, as [`Gpu::grouped_quantize`]
@@ -156,9 +156,10 @@ impl Gpu {
         Ok(calls)
     }
 
-    /// Zeroes the regions `zeroed` (address, bytes: empty groups' slices of the checked
-    /// output) on [`Gpu::stream`], then enqueues every call over at most `lanes` lanes; the
-    /// operands' guards are held until every launch is enqueued.
+    /// Enqueues every call over at most `lanes` lanes (in order on [`Gpu::stream`] for one),
+    /// then zeroes the regions `zeroed` (address, bytes: empty groups' slices of the checked
+    /// output) on [`Gpu::stream`]; the operands' guards are held until every launch is
+    /// enqueued.
     fn launch_groups(&self, calls: &[Fp8Call], zeroed: &[(u64, usize)], lanes: usize) -> Result<()> {
         let s = self.stream();
         let mut addrs = Vec::with_capacity(calls.len());
@@ -183,20 +184,19 @@ impl Gpu {
         // zeroed regions are empty groups' slices of the checked output. The key encodes every
         // call, its addresses, the zeroed regions and the lanes.
         let done = unsafe {
+            // the zeros last: they touch no group's output, and what can be refused before
+            // anything is enqueued (lanes, a workspace or a plan made while `caller` is
+            // captured) comes first
             let direct = |st: &mut crate::cuda::device::Locked<_>, caller| {
                 if lanes == 1 || calls.len() <= 1 {
                     // in order on the caller's stream: no lanes, no fork
-                    zero_regions(zeroed, caller)?;
-                    return calls.iter().zip(&addrs).try_for_each(|(c, &a)| enqueue(st, c, a, caller));
+                    calls.iter().zip(&addrs).try_for_each(|(c, &a)| enqueue(st, c, a, caller))?;
+                } else {
+                    pooled_launches(st, &work, lanes, caller, &describe, |st, e, stream| {
+                        enqueue(st, &calls[e], addrs[e], stream)
+                    })?;
                 }
-                // the lanes first (refused by name while `caller` is captured before they
-                // exist), so that nothing is enqueued before that error
-                let taken = st.dev.take_lanes(assign(&work, lanes).len(), caller, &describe)?;
-                st.dev.put_lanes(taken);
-                zero_regions(zeroed, caller)?;
-                pooled_launches(st, &work, lanes, caller, &describe, |st, e, stream| {
-                    enqueue(st, &calls[e], addrs[e], stream)
-                })
+                zero_regions(zeroed, caller)
             };
             replayed_with(&mut st, key, calls.len() + zeroed.len(), &describe, s.cu_stream(), direct)
         };

@@ -140,6 +140,15 @@ impl Lanes {
         self.idle_lanes().try_for_each(|i| self.wait_fork(i))
     }
 
+    /// `caller` waits for the last graph fenced by [`Lanes::after_graph`] (before it forks to
+    /// the lanes).
+    ///
+    /// # Safety
+    /// As [`Lanes::before_graph`].
+    pub unsafe fn wait_last_graph(&self, caller: CUstream) -> Result<()> {
+        wait(caller, &self.graph_done)
+    }
+
     /// The lanes not being captured (see [`Lanes::before_graph`]).
     fn idle_lanes(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.lanes.len()).filter(|&i| matches!(is_capturing(self.stream(i)), Ok(false)))

@@ -109,26 +109,32 @@ impl DeviceState {
         Ok(self.lanes.take().expect("made above"))
     }
 
-    /// Runs `launch` (at most a graph's launch on `caller`, a graph holding lanes' work or
-    /// captured on the capture stream) fenced by [`Lanes::before_graph`] and
-    /// [`Lanes::after_graph`], so that it is ordered against the lanes' work and against other
-    /// such graphs on other streams. The caller has bound the context.
+    /// Orders a graph launched next on `caller` that holds lanes' work or was captured on the
+    /// capture stream after the other users of the workspaces it holds ([`Lanes::before_graph`]);
+    /// call [`DeviceState::graph_fence_after`] once it is launched. The caller has bound the
+    /// context.
     ///
     /// # Safety
-    /// `caller` is a live stream of the context, not being captured; `launch` enqueues only on
-    /// it.
-    pub unsafe fn fenced_graph_launch<R>(&mut self, caller: CUstream, launch: impl FnOnce() -> R) -> Result<R> {
+    /// `caller` is a live stream of the context, not being captured.
+    pub unsafe fn graph_fence_before(&mut self, caller: CUstream) -> Result<()> {
         if self.lanes.is_none() {
             let _relaxed = Relaxed::enter()?;
             self.lanes = Some(Lanes::new()?);
         }
-        let lanes = self.lanes.as_ref().expect("made above");
         // SAFETY: the caller's contract.
-        unsafe { lanes.before_graph(caller) }?;
-        let r = launch();
-        // SAFETY: as above.
-        unsafe { lanes.after_graph(caller) }?;
-        Ok(r)
+        unsafe { self.lanes.as_ref().expect("made above").before_graph(caller) }
+    }
+
+    /// After such a graph's launch on `caller` ([`Lanes::after_graph`]).
+    ///
+    /// # Safety
+    /// As [`DeviceState::graph_fence_before`], which came first.
+    pub unsafe fn graph_fence_after(&mut self, caller: CUstream) -> Result<()> {
+        match &self.lanes {
+            // SAFETY: the caller's contract.
+            Some(lanes) => unsafe { lanes.after_graph(caller) },
+            None => Ok(()),
+        }
     }
 
     /// Gives back the lanes [`DeviceState::take_lanes`] took.

@@ -152,6 +152,15 @@ pub(crate) unsafe fn pooled_launches(
     let assigned = assign(work, lanes);
     // taken out of the state while the groups are enqueued through them, put back below
     let pool = st.dev.take_lanes(assigned.len(), caller, describe)?;
+    // the lanes' work after the last replayed graph that holds lane work, also where a lane
+    // missed that graph's fence (taken into a capture then)
+    if !is_capturing(caller).unwrap_or(true) {
+        // SAFETY: `caller` by the contract.
+        if let Err(e) = unsafe { pool.wait_last_graph(caller) } {
+            st.dev.put_lanes(pool);
+            return Err(e);
+        }
+    }
     let mut first_error = None;
     let mut forked = vec![false; assigned.len()];
     for (lane, step) in schedule(&assigned) {
@@ -239,31 +248,42 @@ pub(crate) unsafe fn replayed_with(
     let key = ReplayKey::new(key, [0; 5], (1.0, 0.0), 0, caller);
     let Locked { dev, libs } = &mut *st;
     let lt = libs.lt.as_mut().expect("checked above");
-    let cached = lt.composite.graphs.contains_key(&key) && !is_capturing(caller).unwrap_or(true);
-    let graph_unused = if cached {
-        // SAFETY: the key holds the caller's stream and everything the launches depend on;
-        // the launch is fenced against the lanes' work and other such graphs.
-        match unsafe { dev.fenced_graph_launch(caller, || lt.composite.launch_cached(&key, caller, describe)) }? {
-            Cached::Launched => return Ok(()),
-            Cached::NotLaunched { graph_unused } => graph_unused,
+    let has_graph = lt.composite.graphs.contains_key(&key);
+    // a graph is not launched into a stream being captured (nor is the call counted then)
+    let mut graph_unused = has_graph && is_capturing(caller).unwrap_or(true);
+    if has_graph && !graph_unused {
+        // SAFETY: `caller` is live (the contract) and not capturing; the key holds it and
+        // everything the launches depend on. A fence error after the launch is returned: the
+        // work is enqueued, so it must not run again directly.
+        unsafe {
+            dev.graph_fence_before(caller)?;
+            match lt.composite.launch_cached(&key, caller, describe) {
+                Cached::Launched => return dev.graph_fence_after(caller),
+                Cached::NotLaunched { graph_unused: unused } => graph_unused = unused,
+            }
         }
-    } else {
-        false
-    };
+    }
     if !lt.composite.due(&key, graph_unused, caller) {
         return direct(st, caller);
     }
     let Some(cap) = st.dev.capture_stream().map(|c| c.raw()) else { return direct(st, caller) };
+    // the capture stream's own workspace (in-order launches run there), made outside the
+    // capture, which refuses to allocate one
+    if st.dev.workspaces.get(cap, describe).is_err() {
+        return direct(st, caller);
+    }
     // SAFETY: `cap` is the device's private capture stream, used only under its lock; the
     // launches enqueue on it and on the lanes forked from it.
     let graph = unsafe { capture(cap, |s| direct(st, s)) };
-    // SAFETY (launch): the graph's launches are this call's, on the caller's stream (not
-    // being captured: `due` said so), fenced as above.
-    let launched = graph.and_then(|g| unsafe { st.dev.fenced_graph_launch(caller, || g.launch(caller)) }?.map(|()| g));
+    // SAFETY (fences, launch): the graph's launches are this call's, on the caller's stream
+    // (not being captured: `due` said so).
+    let launched =
+        graph.and_then(|g| unsafe { st.dev.graph_fence_before(caller).and_then(|()| g.launch(caller)) }.map(|()| g));
     match launched {
         Ok(g) => {
             st.libs.lt.as_mut().expect("checked above").composite.graphs.insert(key, g);
-            Ok(())
+            // SAFETY: as above, after the launch.
+            unsafe { st.dev.graph_fence_after(caller) }
         }
         Err(e) => {
             tracing::debug!(problem = %describe(), error = %e, "grouped graph capture failed; this call runs directly");
