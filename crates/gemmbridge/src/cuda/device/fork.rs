@@ -128,20 +128,18 @@ impl Lanes {
     }
 
     /// After a graph's launch on `caller` ([`Lanes::before_graph`]): it becomes the last such
-    /// graph, and every lane's later work waits for it.
+    /// graph, which the next graph and the next eager fork to the lanes wait for
+    /// ([`Lanes::wait_last_graph`]), so later lane work does not overlap it.
     ///
     /// # Safety
     /// As [`Lanes::before_graph`].
     pub unsafe fn after_graph(&self, caller: CUstream) -> Result<()> {
         // SAFETY: a live event of this context; the caller's contract for the stream.
-        unsafe { drv::cuEventRecord(self.graph_done.0, caller) }.result().map_err(status::driver("cuEventRecord"))?;
-        // SAFETY: as above.
-        unsafe { self.record_fork(caller) }?;
-        self.idle_lanes().try_for_each(|i| self.wait_fork(i))
+        unsafe { drv::cuEventRecord(self.graph_done.0, caller) }.result().map_err(status::driver("cuEventRecord"))
     }
 
-    /// `caller` waits for the last graph fenced by [`Lanes::after_graph`] (before it forks to
-    /// the lanes).
+    /// `caller` waits for the last graph fenced by [`Lanes::after_graph`]: before an eager
+    /// fork to the lanes (a fork inside a capture runs nothing now and needs no wait).
     ///
     /// # Safety
     /// As [`Lanes::before_graph`].

@@ -152,8 +152,8 @@ pub(crate) unsafe fn pooled_launches(
     let assigned = assign(work, lanes);
     // taken out of the state while the groups are enqueued through them, put back below
     let pool = st.dev.take_lanes(assigned.len(), caller, describe)?;
-    // the lanes' work after the last replayed graph that holds lane work, also where a lane
-    // missed that graph's fence (taken into a capture then)
+    // the lanes' work after the last replayed graph that holds lane work (its nodes ran on
+    // another stream with these lanes' workspaces); a fork inside a capture runs nothing now
     if !is_capturing(caller).unwrap_or(true) {
         // SAFETY: `caller` by the contract.
         if let Err(e) = unsafe { pool.wait_last_graph(caller) } {
