@@ -166,3 +166,24 @@ fn bad_input_is_named_and_nothing_is_written() {
     ));
     assert!(untouched(&o));
 }
+
+/// A problem whose per-head score matrix is past the CPU's limit (2¹⁷ · 2¹⁶ f32 scores, 32 GiB)
+/// is refused by name before anything is written, forward and backward, instead of an
+/// allocation that aborts the process.
+#[test]
+fn a_score_matrix_past_the_cpu_limit_is_refused_before_anything_is_written() {
+    let p = Attention::new(1, (1, 1), (1 << 17, 1 << 16), 8, DType::BF16);
+    assert!(p.s_q * p.s_kv > cpu::MAX_CPU_SCORES);
+    let [q, k, v] = [AttnTensor::Q, AttnTensor::K, AttnTensor::V].map(|t| vec![bf16::ONE; p.required_elems(t)]);
+    let mut o = vec![bf16::NAN; p.required_elems(AttnTensor::O)];
+    let refused =
+        |e: &Error| matches!(e, Error::DimensionTooLarge { value, max, .. } if *value == 1 << 33 && *max == 1 << 32);
+    let e = cpu::attention_forward(&p, [&q, &k, &v], &mut o, None, None).unwrap_err();
+    assert!(refused(&e), "{e}");
+    assert!(o.iter().all(|x| x.is_nan()), "written before the error");
+    let lse = vec![0f32; p.stats_elems()];
+    let [mut dq, mut dk, mut dv] = [q.clone(), k.clone(), v.clone()].map(|t| vec![bf16::NAN; t.len()]);
+    let e = cpu::attention_backward(&p, [&q, &k, &v, &o, &o], &lse, [&mut dq, &mut dk, &mut dv], None).unwrap_err();
+    assert!(refused(&e), "{e}");
+    assert!(dq.iter().chain(&dk).chain(&dv).all(|x| x.is_nan()), "written before the error");
+}

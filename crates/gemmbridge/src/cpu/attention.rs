@@ -18,14 +18,18 @@ use crate::error::{Error, Result, Which};
 /// the GPU path refuses) gets `o = 0` and `lse = −∞`, as the definition says. Scores are f32,
 /// as on the GPU: past f32's range (a huge scale or inputs) they overflow to ∞ and NaN, and a
 /// NaN input makes its rows NaN. Work and memory: the full `[len_q, len_kv]` score matrix per
-/// head (f32; masked keys are computed, then dropped), so a causal mask costs as much as none.
+/// head (f32; masked keys are computed, then dropped), so a causal mask costs as much as none;
+/// one `[s_q, s_kv]` matrix is allocated per call (two for the backward), at most
+/// [`MAX_CPU_SCORES`] scores.
 ///
 /// # Errors
 /// Before anything is written: [`Error::AttentionShape`] (the problem's rules, lengths missing
 /// for a `var_len` problem or given to one without, a length outside its extent);
 /// [`Error::DTypeMismatch`] (`T` against `p.dtype`); [`Error::BufferTooSmall`] for a tensor
 /// shorter than [`Attention::required_elems`] or statistics shorter than
-/// [`Attention::stats_elems`].
+/// [`Attention::stats_elems`]; [`Error::DimensionTooLarge`] for `s_q·s_kv` past
+/// [`MAX_CPU_SCORES`]; [`Error::Unsupported`] where the score matrix cannot be allocated (its
+/// bytes named).
 pub fn attention_forward<T: Element>(
     p: &Attention,
     [q, k, v]: [&[T]; 3],
@@ -40,6 +44,7 @@ pub fn attention_forward<T: Element>(
     if let Some(s) = stats.as_deref() {
         check_stats(p, s.len())?;
     }
+    let mut scores = scratch(p)?;
     for n in 0..p.b {
         let (lq, lkv) = lengths(p, lens, n);
         for hq in 0..p.h_q {
@@ -49,11 +54,11 @@ pub fn attention_forward<T: Element>(
                 rows(p, AttnTensor::K, k, (n, hk), lkv),
                 rows(p, AttnTensor::V, v, (n, hk), lkv),
             );
-            let mut s = vec![0f32; lq * lkv];
-            mm((&qm, false), (&km, true), [lq, p.d, lkv], p.scale, &mut s);
-            let lse = softmax_rows(p, &mut s, (lq, lkv));
+            let s = &mut scores[..lq * lkv];
+            mm((&qm, false), (&km, true), [lq, p.d, lkv], p.scale, s);
+            let lse = softmax_rows(p, s, (lq, lkv));
             let mut om = vec![0f32; lq * p.d];
-            mm((&s, false), (&vm, false), [lq, lkv, p.d], 1.0, &mut om);
+            mm((s, false), (&vm, false), [lq, lkv, p.d], 1.0, &mut om);
             put(p, AttnTensor::O, o, (n, hq), &om);
             if let Some(st) = stats.as_deref_mut() {
                 for (i, l) in lse.into_iter().enumerate() {
@@ -90,6 +95,7 @@ pub fn attention_backward<T: Element>(
     let written = [(Which::AttnDq, Q, dq.len()), (Which::AttnDk, K, dk.len()), (Which::AttnDv, V, dv.len())];
     check_lens(p, read.into_iter().chain(more).chain(written))?;
     check_stats(p, lse.len())?;
+    let mut scores = [scratch(p)?, scratch(p)?];
     for (t, g) in [(Q, &mut *dq), (K, &mut *dk), (V, &mut *dv)] {
         p.elements(t).for_each(|at| g[p.index(t, at)] = T::from_f32(0.0));
     }
@@ -106,7 +112,7 @@ pub fn attention_backward<T: Element>(
                     d_o: rows(p, O, d_o, (n, hq), lq),
                     lse: (0..lq).map(at).collect(),
                 };
-                let dqm = head_backward(p, &head, (&km, &vm), (lq, lkv), (&mut dkm, &mut dvm));
+                let dqm = head_backward(p, &head, (&km, &vm), (lq, lkv), (&mut dkm, &mut dvm), &mut scores);
                 put(p, Q, dq, (n, hq), &dqm);
             }
             put(p, K, dk, (n, hk), &dkm);
@@ -125,18 +131,20 @@ struct Head {
 }
 
 /// One query head's backward: returns its `dq` (`[lq, d]`) and adds its share to the key/value
-/// head's `dk` and `dv` (`[lkv, d]`).
+/// head's `dk` and `dv` (`[lkv, d]`); `scores`: two [`scratch`] matrices for `P` and `dS`.
 fn head_backward(
     p: &Attention,
     h: &Head,
     (km, vm): (&[f32], &[f32]),
     (lq, lkv): (usize, usize),
     (dkm, dvm): (&mut [f32], &mut [f32]),
+    scores: &mut [Vec<f32>; 2],
 ) -> Vec<f32> {
     let d = p.d;
+    let [pm, ds] = scores;
+    let (pm, ds) = (&mut pm[..lq * lkv], &mut ds[..lq * lkv]);
     // P = exp(scale·q·kᵀ − lse) where visible, 0 elsewhere (and in rows without a key)
-    let mut pm = vec![0f32; lq * lkv];
-    mm((&h.q, false), (km, true), [lq, d, lkv], p.scale, &mut pm);
+    mm((&h.q, false), (km, true), [lq, d, lkv], p.scale, pm);
     for (i, row) in pm.chunks_exact_mut(lkv.max(1)).enumerate().take(lq) {
         for (j, x) in row.iter_mut().enumerate() {
             let seen = visible(p.mask, i, j, lq, lkv) && h.lse[i] != f32::NEG_INFINITY;
@@ -144,9 +152,8 @@ fn head_backward(
         }
     }
     // dv += Pᵀ·do; dP = do·vᵀ; dS = P ∘ (dP − D), D_i = Σ_e do·o
-    mm_acc((&pm, true), (&h.d_o, false), [lkv, lq, d], 1.0, dvm);
-    let mut ds = vec![0f32; lq * lkv];
-    mm((&h.d_o, false), (vm, true), [lq, d, lkv], 1.0, &mut ds);
+    mm_acc((pm, true), (&h.d_o, false), [lkv, lq, d], 1.0, dvm);
+    mm((&h.d_o, false), (vm, true), [lq, d, lkv], 1.0, ds);
     for i in 0..lq {
         let di: f32 = (0..d).map(|e| h.d_o[i * d + e] * h.o[i * d + e]).sum();
         for j in 0..lkv {
@@ -155,8 +162,8 @@ fn head_backward(
     }
     // dq = scale·dS·k; dk += scale·dSᵀ·q
     let mut dqm = vec![0f32; lq * d];
-    mm((&ds, false), (km, false), [lq, lkv, d], p.scale, &mut dqm);
-    mm_acc((&ds, true), (&h.q, false), [lkv, lq, d], p.scale, dkm);
+    mm((ds, false), (km, false), [lq, lkv, d], p.scale, &mut dqm);
+    mm_acc((ds, true), (&h.q, false), [lkv, lq, d], p.scale, dkm);
     dqm
 }
 
@@ -261,6 +268,30 @@ fn gemm_f32(
             1,
         );
     }
+}
+
+/// The most f32 scores one head's `[s_q, s_kv]` matrix may hold on the CPU (2³², 16 GiB).
+pub const MAX_CPU_SCORES: usize = 1 << 32;
+
+/// A zeroed f32 matrix for one head's `[s_q, s_kv]` scores, allocated once per call and reused
+/// for every head (the sequences' lengths are within the extents).
+///
+/// # Errors
+/// [`Error::DimensionTooLarge`] past [`MAX_CPU_SCORES`]; [`Error::Unsupported`] where the
+/// allocation fails (named in bytes), before anything is written.
+fn scratch(p: &Attention) -> Result<Vec<f32>> {
+    let n = p.s_q.saturating_mul(p.s_kv);
+    if n > MAX_CPU_SCORES {
+        let what = "s_q·s_kv, the f32 scores of one head on the CPU";
+        return Err(Error::DimensionTooLarge { what, value: n, max: MAX_CPU_SCORES });
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::Unsupported {
+        backend: "CPU attention",
+        what: format!("{} bytes for one head's f32 scores (s_q·s_kv = {n}) could not be allocated", n * 4),
+    })?;
+    v.resize(n, 0.0);
+    Ok(v)
 }
 
 /// The problem's rules, `T` against its element type, the lengths against the problem.

@@ -10,7 +10,7 @@
 mod attention;
 mod grouped;
 
-pub use attention::{attention_backward, attention_forward};
+pub use attention::{attention_backward, attention_forward, MAX_CPU_SCORES};
 pub use grouped::grouped_gemm;
 
 use crate::dtype::Element;
