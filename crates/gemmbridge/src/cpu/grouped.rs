@@ -14,6 +14,8 @@ use crate::problem::GemmProblem;
 /// [`GroupedProblem::lens`]), the forward's `bias[E, N]` added in f32 before the output is
 /// rounded (as the GPU's bias epilogue adds it). An empty group writes nothing in the forward
 /// and backward data and zeros into its `dw[e]`; rows past the last group are not written.
+/// Unlike the GPU's `grouped_gemm`, which takes one element type for every buffer, this also
+/// runs precisions whose output type differs from the inputs' (f16 or bf16 in, f32 out).
 ///
 /// # Errors
 /// Before anything is written: [`Error::DTypeMismatch`] when `TI` is not the precision's input
