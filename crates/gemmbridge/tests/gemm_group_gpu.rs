@@ -167,7 +167,7 @@ fn the_raw_forms_give_the_typed_forms_bits() {
     let short = RawBuffer { len_bytes: bufs[2].len_bytes - 2, ..bufs[2] };
     // SAFETY: as above (refused before any launch).
     match unsafe { gpu.grouped_gemm_raw(&p, [bufs[0], bufs[1], short], None, s.cu_stream()) } {
-        Err(Error::BufferTooSmall { operand: Which::C, needed_elems, .. }) => assert_eq!(needed_elems, lc),
+        Err(Error::BufferTooSmall { operand: Which::Grouped("y"), needed_elems, .. }) => assert_eq!(needed_elems, lc),
         other => panic!("{other:?}"),
     }
     gpu.set_grouped_backend(None);

@@ -87,29 +87,22 @@ fn bad_input_is_named_and_nothing_is_written() {
     // element types against the precision
     let (a32, b32) = (vec![1f32; la], vec![1f32; lb]);
     match cpu::grouped_gemm(&p, &a32, &b32, &mut c, None) {
-        Err(Error::DTypeMismatch { operand: Which::A, expected: DType::BF16, got: DType::F32 }) => {}
+        Err(Error::DTypeMismatch { operand: Which::Grouped("x"), expected: DType::BF16, got: DType::F32 }) => {}
         other => panic!("{other:?}"),
     }
     let mut c32 = vec![f32::NAN; lc];
     match cpu::grouped_gemm(&p, &a, &b, &mut c32, None) {
-        Err(Error::DTypeMismatch { operand: Which::C, .. }) => {}
+        Err(Error::DTypeMismatch { operand: Which::Grouped("y"), .. }) => {}
         other => panic!("{other:?}"),
     }
-    // lengths: each buffer one element short
-    for which in [Which::A, Which::B, Which::C] {
+    // lengths: each buffer one element short, named as the product names it (x, w, y)
+    for (i, which) in p.op().operands().into_iter().enumerate() {
         let (mut sa, mut sb, mut sc) = (a.clone(), b.clone(), c.clone());
-        match which {
-            Which::A => sa.pop(),
-            Which::B => sb.pop(),
-            _ => sc.pop(),
-        };
+        [&mut sa, &mut sb, &mut sc][i].pop();
         match cpu::grouped_gemm(&p, &sa, &sb, &mut sc, None) {
             Err(Error::BufferTooSmall { operand, needed_elems, .. }) => {
                 assert_eq!(operand, which);
-                assert_eq!(
-                    needed_elems,
-                    p.lens()[[Which::A, Which::B, Which::C].iter().position(|&w| w == which).unwrap()]
-                );
+                assert_eq!(needed_elems, p.lens()[i]);
             }
             other => panic!("{which:?}: {other:?}"),
         }

@@ -308,10 +308,10 @@ fn bad_input_is_named_and_nothing_is_written() {
     // an output of another type than the problem's; one element short
     let mut y16 = s.clone_htod(&poison::<f16>(ly)).unwrap();
     let e = gpu.grouped_fp8_gemm(&p, &qx, &qw, &mut y16, None, opts).unwrap_err();
-    assert!(matches!(e, Error::DTypeMismatch { operand: Which::C, .. }), "{e}");
+    assert!(matches!(e, Error::DTypeMismatch { operand: Which::Grouped("y"), .. }), "{e}");
     let mut short_y = s.clone_htod(&poison::<bf16>(ly - 1)).unwrap();
     match gpu.grouped_fp8_gemm(&p, &qx, &qw, &mut short_y, None, opts) {
-        Err(Error::BufferTooSmall { operand: Which::C, needed_elems, .. }) => assert_eq!(needed_elems, ly),
+        Err(Error::BufferTooSmall { operand: Which::Grouped("y"), needed_elems, .. }) => assert_eq!(needed_elems, ly),
         other => panic!("{other:?}"),
     }
     assert!(untouched(&short_y));

@@ -129,7 +129,7 @@ fn bad_input_is_named_and_nothing_is_written() {
     // an output one element short
     let mut short = s.clone_htod(&poison::<bf16>(lc - 1)).unwrap();
     match gpu.grouped_gemm(&p, &a, &b, &mut short, None) {
-        Err(Error::BufferTooSmall { operand: Which::C, needed_elems, .. }) => assert_eq!(needed_elems, lc),
+        Err(Error::BufferTooSmall { operand: Which::Grouped("y"), needed_elems, .. }) => assert_eq!(needed_elems, lc),
         other => panic!("{other:?}"),
     }
     assert!(untouched(&short));

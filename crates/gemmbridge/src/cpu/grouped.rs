@@ -57,8 +57,9 @@ pub fn grouped_gemm<TI: Element, TO: Element>(
 /// the problem.
 fn check_grouped<TI: Element, TO: Element>(p: &GroupedProblem, lens: [usize; 3], bias: Option<usize>) -> Result<()> {
     let pr = p.precision();
+    let [wa, wb, wc] = p.op().operands();
     for (operand, expected, got) in
-        [(Which::A, pr.input(), TI::DTYPE), (Which::B, pr.input(), TI::DTYPE), (Which::C, pr.output(), TO::DTYPE)]
+        [(wa, pr.input(), TI::DTYPE), (wb, pr.input(), TI::DTYPE), (wc, pr.output(), TO::DTYPE)]
     {
         if expected != got {
             return Err(Error::DTypeMismatch { operand, expected, got });
@@ -67,7 +68,7 @@ fn check_grouped<TI: Element, TO: Element>(p: &GroupedProblem, lens: [usize; 3],
     p.check_bias(bias.is_some())?;
     let needed = p.lens().into_iter().chain(bias.map(|_| p.groups() * p.n()));
     let have = lens.into_iter().chain(bias);
-    let elem = |w: Which| if w == Which::C || w == Which::Bias { TO::DTYPE } else { TI::DTYPE }.size_bytes();
-    let mut named = [Which::A, Which::B, Which::C, Which::Bias].into_iter().zip(have).zip(needed);
+    let elem = |w: Which| if w == wc || w == Which::Bias { TO::DTYPE } else { TI::DTYPE }.size_bytes();
+    let mut named = [wa, wb, wc, Which::Bias].into_iter().zip(have).zip(needed);
     named.try_for_each(|((operand, have), needed)| Error::check_len(operand, have, needed, elem(operand)))
 }

@@ -45,11 +45,15 @@ pub enum Which {
     AttnStats,
     /// Attention's per-sequence lengths (`len_q` or `len_kv`, `b` int32 each).
     AttnLens,
+    /// A grouped GEMM's buffer, by its name in the product
+    /// ([`crate::grouped::GroupedOp::names`]: x, w, y; dy, w, dx; dy, x, dw).
+    Grouped(&'static str),
 }
 
 impl std::fmt::Display for Which {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Which::Grouped(name) => return write!(f, "grouped GEMM's {name}"),
             Which::A => "A",
             Which::B => "B",
             Which::C => "C",

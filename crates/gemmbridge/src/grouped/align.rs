@@ -35,7 +35,7 @@ impl GroupedBackend {
 pub fn grouped_call_misalignment(p: &GroupedProblem, bases: [u64; 3]) -> Option<String> {
     let elem = p.precision().input().size_bytes() as u64;
     let off = |a: u64| !a.is_multiple_of(GROUPED_CALL_ALIGN);
-    if let Some((which, addr)) = [Which::A, Which::B, Which::C].into_iter().zip(bases).find(|&(_, a)| off(a)) {
+    if let Some((which, addr)) = p.op().operands().into_iter().zip(bases).find(|&(_, a)| off(a)) {
         return Some(misaligned_pointer(which, addr));
     }
     [("N", p.n()), ("K", p.k())].into_iter().find(|&(_, d)| off(d as u64 * elem)).map(|(name, d)| {
@@ -120,7 +120,7 @@ mod tests {
         for (q, bases, words) in [
             (p(33, 64), AT, "N = 33 elements is 66 bytes"),
             (p(64, 17), AT, "K = 17 elements is 34 bytes"),
-            (p(64, 32), [0x1000, 0x2008, 0x3000], "B at 0x2008"),
+            (p(64, 32), [0x1000, 0x2008, 0x3000], "grouped GEMM's w at 0x2008"),
         ] {
             let why = grouped_call_misalignment(&q, bases).expect(words);
             assert!(why.contains(words), "{why}");

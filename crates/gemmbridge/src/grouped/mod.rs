@@ -32,7 +32,7 @@ pub mod tn;
 
 pub use tn::TnOperand;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Which};
 use crate::layout::{MatrixLayout, Operand};
 use crate::precision::Precision;
 use crate::problem::{GemmProblem, MAX_DIM};
@@ -58,6 +58,12 @@ impl GroupedOp {
             GroupedOp::BackwardData => ["dy", "w", "dx"],
             GroupedOp::BackwardWeight => ["dy", "x", "dw"],
         }
+    }
+
+    /// The three buffers as errors name them ([`Which::Grouped`], by [`GroupedOp::names`]).
+    pub const fn operands(self) -> [Which; 3] {
+        let [a, b, c] = self.names();
+        [Which::Grouped(a), Which::Grouped(b), Which::Grouped(c)]
     }
 }
 

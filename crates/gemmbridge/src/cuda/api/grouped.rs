@@ -80,9 +80,10 @@ impl Gpu {
         bias: Option<&dyn DevicePtr<T>>,
     ) -> Result<()> {
         let ctx = self.context();
-        same_context(Which::A, a.stream(), ctx)?;
-        same_context(Which::B, b.stream(), ctx)?;
-        same_context(Which::C, c.stream(), ctx)?;
+        let [wa, wb, wc] = p.op().operands();
+        same_context(wa, a.stream(), ctx)?;
+        same_context(wb, b.stream(), ctx)?;
+        same_context(wc, c.stream(), ctx)?;
         if let Some(v) = bias {
             same_context(Which::Bias, v.stream(), ctx)?;
         }
@@ -296,7 +297,7 @@ impl Gpu {
     /// [`Error::WrongContext`]; [`Error::NotCapturable`] while [`Gpu::stream`] is being
     /// captured; [`Error::Driver`] from the copy or the wait.
     pub fn grouped_offsets(&self, offs: &dyn DevicePtr<i32>) -> Result<Vec<i32>> {
-        same_context(Which::A, offs.stream(), self.context())?;
+        same_context(Which::Grouped("offs"), offs.stream(), self.context())?;
         let s = self.stream();
         self.device().bind()?;
         if crate::cuda::device::is_capturing(s.cu_stream())? {
@@ -400,7 +401,8 @@ fn replay_key(
 fn check_types<T: Element>(p: &GroupedProblem, has_bias: bool) -> Result<()> {
     check_precision(p, has_bias)?;
     let pr = p.precision();
-    for (which, want) in [(Which::A, pr.input()), (Which::C, pr.output())] {
+    let [a, _, c] = p.op().operands();
+    for (which, want) in [(a, pr.input()), (c, pr.output())] {
         if T::DTYPE != want {
             return Err(Error::DTypeMismatch { operand: which, expected: want, got: T::DTYPE });
         }
@@ -425,13 +427,14 @@ fn check_extents(
     elem: usize,
 ) -> Result<Vec<Span>> {
     let mut spans = Vec::with_capacity(4);
-    for ((which, (addr, have)), elems) in [Which::A, Which::B, Which::C].into_iter().zip(bufs).zip(p.lens()) {
+    let names = p.op().operands();
+    for ((which, (addr, have)), elems) in names.into_iter().zip(bufs).zip(p.lens()) {
         spans.push(Span::sized(which, addr, have, elems, elem)?);
     }
     if let Some((addr, have)) = bias {
         spans.push(Span::sized(Which::Bias, addr, have, p.groups().saturating_mul(p.n()), elem)?);
     }
-    let (out, ins): (Vec<Span>, Vec<Span>) = spans.iter().partition(|s| s.which == Which::C);
+    let (out, ins): (Vec<Span>, Vec<Span>) = spans.iter().partition(|s| s.which == names[2]);
     disjoint(&out, &ins)?;
     Ok(spans)
 }

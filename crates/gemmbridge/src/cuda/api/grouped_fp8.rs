@@ -73,12 +73,13 @@ impl Gpu {
         let lanes = self.fp8_grouped_lanes()?;
         check_operands(p, (a, b))?;
         let ctx = self.context();
-        for (which, t) in a.iter().map(|t| (Which::A, t)).chain(b.iter().map(|t| (Which::B, t))) {
+        let [wa, wb, wc] = p.op().operands();
+        for (which, t) in a.iter().map(|t| (wa, t)).chain(b.iter().map(|t| (wb, t))) {
             if let Some(t) = t {
                 same_context(which, t.data.stream(), ctx)?;
             }
         }
-        same_context(Which::C, c.stream(), ctx)?;
+        same_context(wc, c.stream(), ctx)?;
         if let Some(v) = bias {
             same_context(Which::Bias, v.stream(), ctx)?;
         }
@@ -130,7 +131,7 @@ impl Gpu {
         opts: Fp8Options,
     ) -> Result<Vec<Fp8Call<'t>>> {
         let elem = O::DTYPE.size_bytes();
-        let mut spans = vec![Span::sized(Which::C, pc, c_len, p.lens()[2], elem)?];
+        let mut spans = vec![Span::sized(p.op().operands()[2], pc, c_len, p.lens()[2], elem)?];
         if let Some((addr, have)) = pv {
             spans.push(Span::sized(Which::Bias, addr, have, p.groups() * p.n(), elem)?);
         }
@@ -259,7 +260,7 @@ fn check_operands(p: &GroupedProblem, (a, b): Operands) -> Result<()> {
 fn check_output<O: Element>(p: &GroupedProblem, has_bias: bool) -> Result<()> {
     let want = p.precision().output();
     if O::DTYPE != want {
-        return Err(Error::DTypeMismatch { operand: Which::C, expected: want, got: O::DTYPE });
+        return Err(Error::DTypeMismatch { operand: p.op().operands()[2], expected: want, got: O::DTYPE });
     }
     p.check_bias(has_bias)
 }
