@@ -35,7 +35,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "gemmbridge",
     version,
-    about = "Row-major GEMM on cuBLAS/cuBLASLt, convolutions and attention on cuDNN: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench, report"
+    about = "Row-major GEMM (dense, FP8 and grouped for mixture-of-experts) on cuBLAS/cuBLASLt, convolutions and attention on cuDNN: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench, report (the burn adapter's bench is the gemmbridge-burn binary)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -52,14 +52,16 @@ enum Command {
     /// recipe the GPU offers, and a cuDNN convolution per precision (where libcudnn loads).
     /// Exits non-zero if anything is wrong.
     Probe,
-    /// Times GEMMs (and, with --ops conv_…, cuDNN convolutions) on the suites of the PyTorch
-    /// peer bench/peer.py and writes JSON lines in its schema. Without a CUDA GPU it runs
+    /// Times GEMMs (and, with --ops conv_…, attn_… or grouped…, cuDNN convolutions, attention
+    /// and grouped GEMMs) on the suites of the PyTorch peers in bench/ and writes JSON lines
+    /// in their schema. Without a CUDA GPU it runs
     /// gemmbridge's CPU backend instead (the matrixmultiply crate) on the small "cpu" suite,
     /// matmul and linear only, rates in GFLOP/s; GPU-only options are then ignored with a note.
     Bench(bench::Args),
-    /// Autotunes cuBLASLt algorithms for a suite (and, with --ops conv_… or attn_…, cuDNN's
-    /// convolution or attention plans) and stores the winners in a tactic database (a GEMM whose heuristic choice
-    /// nothing beat gets no entry).
+    /// Autotunes cuBLASLt algorithms for a suite (and, with --ops conv_…, attn_… or grouped…,
+    /// cuDNN's convolution or attention plans and the way each grouped GEMM runs) and stores
+    /// the winners in a tactic database (a GEMM whose heuristic choice nothing beat gets no
+    /// entry).
     Tune(tune::Args),
     /// Measures the first GEMM of this (fresh) process, with or without prewarm.
     Firstcall(firstcall::Args),
