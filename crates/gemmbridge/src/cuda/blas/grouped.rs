@@ -3,8 +3,9 @@
 //! host arrays; the operand pointers are device arrays, written into the stream's scratch
 //! region with one host-to-device copy in stream order (from pageable memory: the driver
 //! copies it to a staging buffer before the call returns, so nothing of the host's is read
-//! later). Such a copy cannot be captured into a CUDA graph: a call during a capture is
-//! refused.
+//! later; CUDA's API synchronization notes allow it to wait for the stream to do so, which a
+//! pinned ring would avoid at the price of pinned allocations, which synchronise the device).
+//! Such a copy cannot be captured into a CUDA graph: a call during a capture is refused.
 
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::sys::CUstream;
