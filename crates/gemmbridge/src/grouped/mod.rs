@@ -334,6 +334,11 @@ impl GroupedProblem {
         })
     }
 
+    /// How many groups have rows (`m_e > 0`).
+    pub fn busy_groups(&self) -> usize {
+        self.sizes.iter().filter(|&&m| m > 0).count()
+    }
+
     /// Multiply-adds of all groups: `Σ m_e · N · K`.
     pub fn macs(&self) -> f64 {
         self.sizes.iter().map(|&m| m as f64).sum::<f64>() * self.n as f64 * self.k as f64
@@ -347,7 +352,7 @@ impl GroupedProblem {
     /// totals and skew are alike share a choice. Example:
     /// `grouped_gemm forward e128 n768 k2048 m32768 skew5 bf16`.
     pub fn signature(&self) -> String {
-        let busy = self.sizes.iter().filter(|&&m| m > 0).count().max(1);
+        let busy = self.busy_groups().max(1);
         let total: usize = self.sizes.iter().sum();
         let max = self.sizes.iter().copied().max().unwrap_or(0);
         let first = self.sizes[0];

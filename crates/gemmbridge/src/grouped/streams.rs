@@ -190,7 +190,7 @@ impl GroupedSettings {
 /// taken where measured ([`crate::cuda::Gpu::tune_grouped`]) or forced.
 pub fn rule(p: &GroupedProblem) -> GroupedBackend {
     let candidates = candidates(p);
-    let busy = p.sizes().iter().filter(|&&m| m > 0).count();
+    let busy = p.busy_groups();
     let small = busy > 0 && p.macs() / busy as f64 <= SMALL_GROUP_MACS as f64;
     if candidates.contains(&GroupedBackend::StridedBatch) {
         GroupedBackend::StridedBatch

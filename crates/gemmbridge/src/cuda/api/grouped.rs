@@ -366,9 +366,8 @@ impl Gpu {
 /// # Errors
 /// [`Error::Unsupported`]: the forced way does not apply to `p` or to these pointers.
 fn way_on(settings: &GroupedSettings, p: &GroupedProblem, bases: [u64; 3]) -> Result<GroupedBackend> {
-    let busy = p.sizes().iter().filter(|&&m| m > 0).count();
     let misaligned = grouped_call_misalignment(p, bases);
-    off_grouped_call(settings.choose(p)?, misaligned, settings.backend.is_some(), busy, || p.describe())
+    off_grouped_call(settings.choose(p)?, misaligned, settings.backend.is_some(), p.busy_groups(), || p.describe())
 }
 
 /// Everything a grouped call's launches depend on, for its replay graph: the product, the
