@@ -94,13 +94,9 @@ impl DeviceState {
                 });
             }
             let _relaxed = Relaxed::enter()?;
-            let mut lanes = match self.lanes.take() {
-                Some(l) => l,
-                None => Lanes::new()?,
-            };
+            let lanes = self.lanes()?;
             let grown = lanes.grow(n);
             let made: Vec<CUstream> = (0..lanes.len()).map(|i| lanes.stream(i)).collect();
-            self.lanes = Some(lanes);
             grown?;
             for s in made {
                 self.workspaces.get(s, describe)?;
@@ -117,12 +113,17 @@ impl DeviceState {
     /// # Safety
     /// `caller` is a live stream of the context, not being captured.
     pub unsafe fn graph_fence_before(&mut self, caller: CUstream) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.lanes()?.before_graph(caller) }
+    }
+
+    /// The lanes, made (with no streams yet) on first use; the caller has bound the context.
+    fn lanes(&mut self) -> Result<&mut Lanes> {
         if self.lanes.is_none() {
             let _relaxed = Relaxed::enter()?;
             self.lanes = Some(Lanes::new()?);
         }
-        // SAFETY: the caller's contract.
-        unsafe { self.lanes.as_ref().expect("made above").before_graph(caller) }
+        Ok(self.lanes.as_mut().expect("made above"))
     }
 
     /// After such a graph's launch on `caller` ([`Lanes::after_graph`]).
