@@ -138,17 +138,17 @@ pub const CUBLASLT_GROUPED_MATMUL_VERSION: usize = 130200;
 /// ([`crate::grouped::streams::GroupedBackend`]); this is what a way built on it would be
 /// offered on. False where libcublasLt does not load.
 pub fn has_cublaslt_grouped_matmul() -> bool {
-    cublaslt_version().is_some_and(|v| v >= CUBLASLT_GROUPED_MATMUL_VERSION)
-        && exports(Lib::CublasLt, "cublasLtGroupedMatrixLayoutCreate")
+    // decided once the library is loaded: the file does not change afterwards
+    static OFFERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let Some(version) = cublaslt_version() else { return false };
+    *OFFERED.get_or_init(|| {
+        version >= CUBLASLT_GROUPED_MATMUL_VERSION
+            && exported(Lib::CublasLt.names(), "cublasLtGroupedMatrixLayoutCreate")
+    })
 }
 
-/// Whether the file of `lib` that loads (the one cudarc uses, as [`present`] finds it)
-/// exports `symbol`. False where none loads.
-fn exports(lib: Lib, symbol: &str) -> bool {
-    present(lib) && exported(lib.names(), symbol)
-}
-
-/// Whether the first of cudarc's candidate files for `names` that loads exports `symbol`.
+/// Whether the first of cudarc's candidate files for `names` that loads (for a loaded library,
+/// the file [`present`] found) exports `symbol`.
 fn exported(names: &[&str], symbol: &str) -> bool {
     let mut files = names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n));
     // SAFETY: as in `present`: loading runs the library's initialisers, as cudarc's own
