@@ -54,6 +54,14 @@ fn quantize(
     (q(GroupedOperand::A, a, r.0), q(GroupedOperand::B, b, r.1))
 }
 
+/// Random bf16 operands of `p` on the GPU, quantised per group as `quantize` does.
+fn random_quantized(gpu: &Gpu, p: &GroupedProblem, r: (Scaling, Scaling), rng: &mut StdRng) -> (Groups, Groups) {
+    let (s, [la, lb, _]) = (gpu.stream(), p.lens());
+    let da = s.clone_htod(&normal::<bf16>(rng, la)).unwrap();
+    let db = s.clone_htod(&normal::<bf16>(rng, lb)).unwrap();
+    quantize(gpu, p, (&da, &db), r)
+}
+
 /// The end of the last group's output in `c` (elements): what the product writes.
 fn written(p: &GroupedProblem) -> usize {
     (0..p.groups()).map(|e| p.tn_output(e)).map(|(start, [r, c])| start + r * c).max().unwrap()
@@ -143,10 +151,8 @@ fn the_pool_and_in_order_give_the_same_bits() {
     let s = gpu.stream();
     for op in OPS {
         let p = GroupedProblem::new(op, &[40, 0, 300, 7, 129, 64], 128, 256, Precision::BF16).unwrap();
-        let [la, lb, lc] = p.lens();
-        let da = s.clone_htod(&normal::<bf16>(&mut rng, la)).unwrap();
-        let db = s.clone_htod(&normal::<bf16>(&mut rng, lb)).unwrap();
-        let (qa, qb) = quantize(&gpu, &p, (&da, &db), (Scaling::Row, Scaling::Row));
+        let lc = p.lens()[2];
+        let (qa, qb) = random_quantized(&gpu, &p, (Scaling::Row, Scaling::Row), &mut rng);
         let mut outs = Vec::new();
         for backend in [Some(GroupedBackend::InOrder), Some(GroupedBackend::StreamPool), None] {
             gpu.set_grouped_backend(backend);
@@ -168,9 +174,8 @@ fn the_pool_and_in_order_give_the_same_bits() {
 /// A repeated call on the same buffers is captured once and replayed as one graph (the
 /// zeroing of a backward weight's empty group with it): every call gives the first call's bits,
 /// into an output poisoned before each. Row scales on aligned shapes (on the pool and in
-/// order), and 1×128 · 128×128
-/// blocks with N = 36 f16 outputs (each group's output staged through scratch the graph
-/// allocates and frees itself).
+/// order), and 1×128 · 128×128 blocks with N = 36 f16 outputs (each group's output staged
+/// through scratch the graph allocates and frees itself).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_repeated_call_replays_the_first_calls_bits() {
@@ -193,11 +198,8 @@ fn a_repeated_call_replays_the_first_calls_bits() {
 /// Calls `p` until its graph is cached (at most 8 calls: a capture can still be invalidated by
 /// another process's kernel load), then twice more; every call's bits are the first's.
 fn replays<O: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, recipe: (Scaling, Scaling), rng: &mut StdRng) {
-    let s = gpu.stream();
-    let [la, lb, lc] = p.lens();
-    let da = s.clone_htod(&normal::<bf16>(rng, la)).unwrap();
-    let db = s.clone_htod(&normal::<bf16>(rng, lb)).unwrap();
-    let (qa, qb) = quantize(gpu, p, (&da, &db), recipe);
+    let (s, lc) = (gpu.stream(), p.lens()[2]);
+    let (qa, qb) = random_quantized(gpu, p, recipe, rng);
     let mut c = s.clone_htod(&poison::<O>(lc)).unwrap();
     let call = |c: &mut CudaSlice<O>| {
         s.memcpy_htod(&poison::<O>(lc), c).unwrap();
@@ -229,10 +231,8 @@ fn empty_groups_of_the_backward_weight_are_zeros_or_kept() {
     let (gpu, mut rng) = (gpu(), rng());
     let s = gpu.stream();
     let p = GroupedProblem::new(GroupedOp::BackwardWeight, &[3, 0, 130], 32, 64, Precision::BF16).unwrap();
-    let [la, lb, lc] = p.lens();
-    let da = s.clone_htod(&normal::<bf16>(&mut rng, la)).unwrap();
-    let db = s.clone_htod(&normal::<bf16>(&mut rng, lb)).unwrap();
-    let (qa, qb) = quantize(&gpu, &p, (&da, &db), (Scaling::Tensor, Scaling::Tensor));
+    let lc = p.lens()[2];
+    let (qa, qb) = random_quantized(&gpu, &p, (Scaling::Tensor, Scaling::Tensor), &mut rng);
     let start = vec![bf16::from_f32(7.0); lc];
     let nk = 32 * 64;
     let with_beta = |beta: f32| {
