@@ -29,9 +29,16 @@
 //!   prewarm, tuning, [`cuda::tactics`]) and [`cpu`];
 //! - FP8 formats, recipes and rules: [`fp8`]; convolutions as data: [`conv`]; attention as
 //!   data, with its float64 reference: [`attention`]; mixture-of-experts grouped GEMMs as
-//!   data, with theirs: [`grouped`]; the tensor-parallel split of an MLP block and its CPU
-//!   arithmetic: [`dist`]; training
-//!   layers: [`train`] (CPU) and [`cuda::train`] (GPU).
+//!   data, with theirs: [`grouped`]; training layers: [`train`] (CPU) and [`cuda::train`]
+//!   (GPU).
+#![cfg_attr(
+    feature = "dist",
+    doc = "- with the `dist` feature: the tensor-parallel split of an MLP block and its CPU arithmetic, [`dist`]."
+)]
+#![cfg_attr(
+    not(feature = "dist"),
+    doc = "- with the `dist` feature (off by default): `dist`, the tensor-parallel split of an MLP block and its CPU arithmetic."
+)]
 //!
 //! Public because the command-line tool, the tests and the probe use them, and documented,
 //! but not needed to use the library: [`mapping`] (the row-major → column-major translation,
@@ -44,6 +51,7 @@ pub mod attention;
 pub mod conv;
 pub mod cpu;
 pub mod cuda;
+#[cfg(feature = "dist")]
 pub mod dist;
 mod dtype;
 pub mod epilogue;

@@ -298,7 +298,9 @@ pub enum Error {
         error: Box<Error>,
     },
 
-    /// A tensor-parallel split breaks a rule ([`crate::dist::check_block`]).
+    /// A tensor-parallel split breaks a rule (`dist::check_block`, with the `dist` feature).
+    #[cfg_attr(feature = "dist", doc = "")]
+    #[cfg_attr(feature = "dist", doc = "The rules: [`crate::dist::check_block`].")]
     #[error("tensor parallelism: {what} ({detail})")]
     TensorParallel {
         /// The rule broken, e.g. "the hidden size is not a multiple of the world size".
