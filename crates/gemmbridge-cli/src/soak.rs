@@ -278,9 +278,9 @@ fn summarise(
     }
 }
 
-/// `soak --churn`: [`gemmbridge::cuda::churn`], its report printed; exit 1 on a failure.
+/// `soak --churn`: [`gemmbridge_lab::churn`], its report printed; exit 1 on a failure.
 fn churn(args: &Args) -> anyhow::Result<i32> {
-    use gemmbridge::cuda::churn::{self, ChurnOptions};
+    use gemmbridge_lab::churn::{self, ChurnOptions};
     let seed = validate(args)?.seed;
     let opts = ChurnOptions {
         threads: args.threads,

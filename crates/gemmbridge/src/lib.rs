@@ -43,8 +43,7 @@
 //! Public because the command-line tool, the tests and the probe use them, and documented,
 //! but not needed to use the library: [`mapping`] (the row-major → column-major translation,
 //! for inspection), [`validate`] (the buffer checks every entry point already runs),
-//! [`mod@reference`] (float64 reference GEMMs and error measures), [`suites`] (the benchmark's
-//! shapes).
+//! [`mod@reference`] (float64 reference GEMMs and error measures).
 #![warn(missing_docs)]
 
 pub mod attention;
@@ -64,7 +63,6 @@ mod pad;
 mod precision;
 mod problem;
 pub mod reference;
-pub mod suites;
 pub mod tactics;
 pub mod train;
 pub mod validate;

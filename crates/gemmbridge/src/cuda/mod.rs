@@ -9,7 +9,6 @@
 //! - [`Gpu::prewarm`], [`Gpu::autotune_raw`] and the [`tactics`] database.
 //! - [`DeviceInfo`]: what `gemmbridge info` prints.
 //! - [`library`]: checks that the shared libraries load, with named errors.
-//! - [`churn`]: a self-test of engines created and dropped on many threads.
 //!
 //! Inside, in floors (docs/DESIGN.md): the API (`api/`: one `impl Gpu` block per capability)
 //! builds one call value (`call.rs`) per GEMM and hands it to the routing floor (`route/`: which
@@ -21,7 +20,6 @@
 mod api;
 mod blas;
 mod call;
-pub mod churn;
 mod device;
 mod dnn;
 pub mod library;

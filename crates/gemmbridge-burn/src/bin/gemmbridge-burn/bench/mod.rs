@@ -177,7 +177,7 @@ fn cases(args: &BenchArgs) -> anyhow::Result<Cases<'_>> {
     anyhow::ensure!(!dtypes.is_empty(), "--dtypes names no dtype");
     let mut shapes = Vec::new();
     for s in args.suite.split(',').filter(|s| !s.is_empty()) {
-        shapes.extend(gemmbridge::suites::shapes(s).with_context(|| format!("unknown suite {s:?}"))?);
+        shapes.extend(gemmbridge_lab::suites::shapes(s).with_context(|| format!("unknown suite {s:?}"))?);
     }
     for s in args.shapes.split(',').filter(|s| !s.is_empty()) {
         let dims: Vec<usize> =

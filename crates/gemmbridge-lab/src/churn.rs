@@ -9,7 +9,8 @@
 //! that ran, and the GEMM each worker checks per round is within bf16's band (‖y − ref‖ /
 //! ‖ref‖ ≤ 1e-2 against float64, the output poisoned with NaN first). A teardown or creation
 //! race shows as a crash of the process, or as a failure listed in the report.
-//! `gemmbridge soak --churn` runs it; so does the GPU test suite.
+//! `gemmbridge soak --churn` runs it; so does the GPU test `tests/churn_gpu.rs`. It uses
+//! gemmbridge's public API only.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,16 +19,14 @@ use cudarc::driver::sys::CUstreamCaptureMode as Mode;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
-use crate::conv::Conv2d;
-use crate::cuda::api::train::Mlp;
-use crate::cuda::api::Gpu;
-use crate::cuda::device::GraphReplay;
-use crate::cuda::device::{Relaxed, RelaxedDrop};
-use crate::cuda::route::Fp8Options;
-use crate::error::{Error, Result};
-use crate::fp8::{Fp8Format, Scaling, Source};
-use crate::train::{init_params, Activation, GradMode, LinearSpec};
-use crate::{reference, GemmProblem, Precision};
+use gemmbridge::conv::Conv2d;
+use gemmbridge::cuda::train::Mlp;
+use gemmbridge::cuda::{Fp8Options, Gpu, GraphReplay};
+use gemmbridge::fp8::{Fp8Format, Scaling, Source};
+use gemmbridge::train::{init_params, Activation, GradMode, LinearSpec};
+use gemmbridge::{reference, Error, GemmProblem, Precision, Result};
+
+use crate::relaxed::{driver, relaxed as plumbing, RelaxedDrop};
 
 /// What a churn run does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,7 +133,7 @@ pub fn run(opts: &ChurnOptions) -> Result<ChurnReport> {
     // One Gpu first, on this thread: a machine without a GPU fails here, with the reason.
     let probe = Gpu::new(opts.ordinal)?;
     let fp8 = probe.check_fp8(Scaling::Tensor).is_ok();
-    let dnn = crate::cuda::library::ensure_cudnn().is_ok();
+    let dnn = gemmbridge::cuda::library::ensure_cudnn().is_ok();
     drop(probe);
     {
         let mut r = report.lock().expect("not poisoned");
@@ -287,30 +286,21 @@ fn round_of(opts: &ChurnOptions, uses: Uses, rng: &mut Rng, in_flight: bool) -> 
         done.gemms += 1;
     }
     if !in_flight {
-        plumbing(|| s.synchronize())
-            .map_err(|e| ("synchronize", crate::cuda::status::driver("cuStreamSynchronize")(e)))?;
+        plumbing(|| s.synchronize()).map_err(|e| ("synchronize", driver("cuStreamSynchronize")(e)))?;
     }
     drop(gpu); // before its buffers: the Gpu's teardown runs with their work in flight
     Ok(done)
-}
-
-/// The churn's own data plumbing (uploads, downloads, waits, frees) runs with the thread's
-/// capture mode relaxed, as a program beside a global-mode capture must run it: only the
-/// library's calls are left in the thread's default mode, so that the run tests them.
-fn plumbing<R>(f: impl FnOnce() -> R) -> R {
-    let _relaxed = Relaxed::enter();
-    f()
 }
 
 /// A device buffer of the churn's own (freed with the capture mode relaxed).
 type Buf = RelaxedDrop<CudaSlice<bf16>>;
 
 fn upload(s: &Arc<CudaStream>, v: &[bf16]) -> Result<Buf> {
-    plumbing(|| s.clone_htod(v).map(RelaxedDrop::new).map_err(crate::cuda::status::driver("cuMemcpyHtoDAsync")))
+    plumbing(|| s.clone_htod(v).map(RelaxedDrop::new).map_err(driver("cuMemcpyHtoDAsync")))
 }
 
 fn download(s: &Arc<CudaStream>, v: &CudaSlice<bf16>) -> Result<Vec<bf16>> {
-    plumbing(|| s.clone_dtoh(v).map_err(crate::cuda::status::driver("cuMemcpyDtoHAsync")))
+    plumbing(|| s.clone_dtoh(v).map_err(driver("cuMemcpyDtoHAsync")))
 }
 
 /// x·wᵀ in FP8 (E4M3, tensor-wise scales) into bf16; the output must be finite.
@@ -343,8 +333,7 @@ fn train_step(gpu: &Gpu, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
     let (x, dy) = (upload(s, &rng.bf16s(tokens * 64))?, upload(s, &rng.bf16s(tokens * 64))?);
     mlp.forward(gpu, &*x, tokens, true)?;
     mlp.backward(gpu, &*x, &*dy, None::<&mut CudaSlice<bf16>>, GradMode::Overwrite)?;
-    let y: Vec<bf16> =
-        plumbing(|| s.clone_dtoh(&mlp.output()?).map_err(crate::cuda::status::driver("cuMemcpyDtoHAsync")))?;
+    let y: Vec<bf16> = plumbing(|| s.clone_dtoh(&mlp.output()?).map_err(driver("cuMemcpyDtoHAsync")))?;
     if y.iter().all(|v| v.is_finite()) {
         Ok(())
     } else {
@@ -381,7 +370,7 @@ fn capture_loop(ordinal: usize, done: &AtomicBool, captures: &AtomicUsize) -> Re
         Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
     ];
-    let drv = crate::cuda::status::driver;
+    let drv = driver;
     let mut i = 0;
     while !done.load(Ordering::Relaxed) {
         let mode = modes[i % modes.len()];
