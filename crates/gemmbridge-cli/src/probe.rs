@@ -1,7 +1,8 @@
 //! `gemmbridge probe`: what this machine's cuBLAS does with row-major data.
 //!
 //! 1. The convention table: the row-major problem `C[M,N] = A[M,K]·B[K,N]` (M=256, K=128,
-//!    N=512, f32) is handed to cuBLAS directly with all 16 combinations of transa, transb ∈
+//!    N=512, f32) is handed to cuBLAS directly (`cublasSgemm` on a handle of the probe's own,
+//!    through cudarc, with none of gemmbridge's checks) with all 16 combinations of transa, transb ∈
 //!    {N, T}, lda ∈ {K, N}, ldb ∈ {K, M} (first operand B, second A, m=N, n=M, ldc=N). Each
 //!    is rejected (status name), a MATCH, or accepted-but-WRONG. Exactly one must match, and
 //!    it must be the call gemmbridge's mapping produces.
@@ -12,12 +13,16 @@
 //!
 //! Exit status 1 if any table shows a problem.
 
+use std::sync::Arc;
+
 use anyhow::Context;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::{Gpu, Scale};
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use gemmbridge::cuda::Gpu;
 use gemmbridge::mapping::{column_major_call, ColMajorCall};
 use gemmbridge::reference::{gemm_rowmajor, max_abs_diff, rel_error};
-use gemmbridge::{DType, Element, Error, GemmProblem, Op, Precision};
+use gemmbridge::{DType, Element, GemmProblem, Op, Precision};
 
 use crate::random::normal;
 use crate::timing;
@@ -89,7 +94,9 @@ fn convention_table(gpu: &Gpu) -> anyhow::Result<bool> {
     // batch 1: the strides are never used, so the probe's calls leave them 0
     let ours = ColMajorCall { stride_a: 0, stride_b: 0, stride_c: 0, ..column_major_call(&p) };
     println!("convention table: row-major C[M,N] = A[M,K]·B[K,N], M={M} K={K} N={N}, f32");
-    println!("cuBLAS called as gemm(transa, transb, m=N, n=M, k=K, first=B lda, second=A ldb, C ldc=N)");
+    println!("cuBLAS called as cublasSgemm(transa, transb, m=N, n=M, k=K, first=B lda, second=A ldb, C ldc=N)");
+    // a cuBLAS handle of the probe's own on the Gpu's stream: the calls are the bare library's
+    let blas = CudaBlas::new(s.clone()).context("creating a cuBLAS handle")?;
     println!(
         "{:<6} {:<6} {:>5} {:>5}  {:<36} {:>12} {:>18}",
         "transa", "transb", "lda", "ldb", "result", "max|diff|", "max|diff|/max|ref|"
@@ -114,7 +121,7 @@ fn convention_table(gpu: &Gpu) -> anyhow::Result<bool> {
                         batch: 1,
                     };
                     let mark = if call == ours { "  ← gemmbridge's mapping" } else { "" };
-                    if convention_row(gpu, &mut bufs, &call, mark)? {
+                    if convention_row((&blas, s), &mut bufs, &call, mark)? {
                         matches.push(call);
                     }
                 }
@@ -131,27 +138,39 @@ fn convention_table(gpu: &Gpu) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
-/// One row of the convention table: `call` on a NaN-filled C, its result against the
-/// reference, printed. Returns whether it matched.
-fn convention_row(gpu: &Gpu, bufs: &mut Convention, call: &ColMajorCall, mark: &str) -> anyhow::Result<bool> {
-    let s = gpu.stream();
+/// One row of the convention table: `call` (α = 1, β = 0; B first, A second) on a NaN-filled
+/// C, its result against the reference, printed. Returns whether it matched.
+fn convention_row(
+    (blas, s): (&CudaBlas, &Arc<CudaStream>),
+    bufs: &mut Convention,
+    call: &ColMajorCall,
+    mark: &str,
+) -> anyhow::Result<bool> {
     s.memcpy_htod(&vec![f32::NAN; M * N], &mut bufs.c)?;
-    let launched = {
-        let (pa, _ga) = bufs.a.device_ptr(s);
-        let (pb, _gb) = bufs.b.device_ptr(s);
-        let (pc, _gc) = bufs.c.device_ptr_mut(s);
-        // SAFETY: both inputs hold 512·512 elements, more than any of these
-        // calls can address ((max ld)·(max dim)); C holds ldc·n = N·M.
-        unsafe { gpu.gemm_colmajor_unchecked(call, Precision::F32, Scale::PRODUCT, [pb, pa, pc]) }
+    let op = |o: Op| if o == Op::N { cublasOperation_t::CUBLAS_OP_N } else { cublasOperation_t::CUBLAS_OP_T };
+    let cfg = GemmConfig {
+        transa: op(call.transa),
+        transb: op(call.transb),
+        m: call.m,
+        n: call.n,
+        k: call.k,
+        alpha: 1.0f32,
+        lda: call.lda,
+        ldb: call.ldb,
+        beta: 0.0,
+        ldc: call.ldc,
     };
+    // SAFETY: both inputs hold 512·512 elements, more than any of these calls can address
+    // ((max ld)·(max dim)); C holds ldc·n = N·M; all three are used on the handle's stream.
+    let launched = unsafe { blas.gemm(cfg, &bufs.b, &bufs.a, &mut bufs.c) };
     let (transa, transb, lda, ldb) = (call.transa.to_string(), call.transb.to_string(), call.lda, call.ldb);
     match launched {
-        Err(Error::Cublas { status, .. }) => {
-            let result = format!("rejected ({status})");
+        Err(e) => {
+            // the status's Debug form is its C name, e.g. CUBLAS_STATUS_INVALID_VALUE
+            let result = format!("rejected ({:?})", e.0);
             println!("{transa:<6} {transb:<6} {lda:>5} {ldb:>5}  {result:<36} {:>12} {:>18}{mark}", "-", "-");
             Ok(false)
         }
-        Err(e) => Err(e.into()),
         Ok(()) => {
             let got = wide(&s.clone_dtoh(&bufs.c)?);
             let (d, r) = max_abs_diff(&got, &bufs.reference);

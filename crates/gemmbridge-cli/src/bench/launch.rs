@@ -2,8 +2,9 @@
 //! replayed from a CUDA graph, beside the bare library calls gemmbridge wraps.
 //!
 //! Fields as bench/peer.py's launch row (`host_us`, `wall_us`, `graph_us`), plus
-//! `bare_lt_us` (bare `cublasLtMatmul` with a prebuilt plan), `bare_blas_us` (bare
-//! `cublasGemmEx`), `host_raw_us` (gemmbridge's raw-pointer path), and `host_direct_us` /
+//! `bare_lt_us` (bare `cublasLtMatmul` with a plan made once: cuBLASLt's first heuristic
+//! choice, also with a tactic database) and `bare_blas_us` (bare `cublasGemmEx`), both on
+//! handles of this command's own (`bare.rs`), `host_raw_us` (gemmbridge's raw-pointer path), and `host_direct_us` /
 //! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so
 //! every call goes through `cublasLtMatmul`: gemmbridge's own cost above the bare call), all
 //! measured in the same run; `host_raw_checked_us` (the raw path with
@@ -22,9 +23,10 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstream, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::{Gpu, GraphReplay, RawBuffer, RawOperands, Scale, Served};
+use gemmbridge::cuda::{Gpu, GraphReplay, RawBuffer, RawOperands, Scale};
 use gemmbridge::{DType, Element, GemmProblem};
 
+use super::bare::{Bare, Library};
 use crate::db::load_db;
 use crate::ops::precision_of;
 use crate::random::normal;
@@ -38,7 +40,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// `db`: the tactic database `gpu` was given, loaded into the replay-off `Gpu` too, so that both
-/// paths and the bare call run the same algorithm (its host cost depends on the algorithm).
+/// paths run the same algorithm (its host cost depends on the algorithm); the bare cuBLASLt
+/// call keeps the heuristic's.
 pub fn measure(gpu: &Gpu, dtype: &str, db: Option<&str>) -> anyhow::Result<serde_json::Value> {
     let p = precision_of(dtype).ok_or_else(|| anyhow::anyhow!("no precision {dtype}"))?;
     match p.input() {
@@ -164,6 +167,7 @@ fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
         s.synchronize()?;
         Ok((host, t.elapsed().as_secs_f64() * 1e6 / BATCH as f64))
     };
+    let bare = bare_calls(gpu, &p, RawOperands::new(rx, rw, ro))?;
     // The ways are interleaved batch by batch, so that clock and cache drift over the
     // measurement falls on all of them alike.
     let (mut hosts, mut walls, mut raws, mut bare_lt, mut bare_blas) = (vec![], vec![], vec![], vec![], vec![]);
@@ -188,12 +192,12 @@ fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
         raws_d.push(
             batch(&mut || Ok(unsafe { direct.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(rx, rw, ro), cs) }?))?.0,
         );
-        if gpu.has_lt() {
-            // SAFETY: as above; the plan exists after the warm-up calls.
-            bare_lt.push(unsafe { gpu.bare_host_us(&p, RawOperands::new(rx, rw, ro), Served::Lt, 1, BATCH) }?);
+        if bare.has_lt() {
+            // SAFETY: as above.
+            bare_lt.push(unsafe { bare.host_us(Library::Lt, RawOperands::new(rx, rw, ro), BATCH) }?);
         }
         // SAFETY: as above.
-        bare_blas.push(unsafe { gpu.bare_host_us(&p, RawOperands::new(rx, rw, ro), Served::Blas, 1, BATCH) }?);
+        bare_blas.push(unsafe { bare.host_us(Library::Blas, RawOperands::new(rx, rw, ro), BATCH) }?);
     }
     Ok(Eager {
         host_us: median(hosts),
@@ -206,6 +210,21 @@ fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
         bare_lt_us: (!bare_lt.is_empty()).then(|| median(bare_lt)),
         bare_blas_us: median(bare_blas),
     })
+}
+
+/// The bare library calls of `p` on `gpu`'s stream, warmed up on `ops` (their first calls load
+/// kernels).
+fn bare_calls(gpu: &Gpu, p: &GemmProblem, ops: RawOperands) -> anyhow::Result<Bare> {
+    let bare = Bare::new(gpu, p)?;
+    for _ in 0..4 {
+        if bare.has_lt() {
+            // SAFETY: `ops` are the launch GEMM's live buffers, used only on the Gpu's stream.
+            unsafe { bare.host_us(Library::Lt, ops, 50) }?;
+        }
+        // SAFETY: as above.
+        unsafe { bare.host_us(Library::Blas, ops, 50) }?;
+    }
+    Ok(bare)
 }
 
 /// GPU time per GEMM when BATCH raw calls captured into one graph are replayed (median of 20).

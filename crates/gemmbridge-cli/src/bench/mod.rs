@@ -2,6 +2,7 @@
 //! `bench/peer.py`, timed the same way, with an optional side-by-side ratio.
 
 pub mod attn;
+mod bare;
 pub mod conv;
 mod dense;
 pub mod fp8;

@@ -1,7 +1,7 @@
 //! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability —
 //! its settings (`settings.rs`), GEMMs (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`),
-//! convolutions (`conv.rs`), attention (`attention.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning (`tune.rs`), diagnostics (`diagnostics.rs`,
-//! `info.rs`), the training layers ([`train`]) — over the checks every entry shares
+//! convolutions (`conv.rs`), attention (`attention.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning (`tune.rs`), device
+//! information (`info.rs`), the training layers ([`train`]) — over the checks every entry shares
 //! (`checks.rs`) and the operand types (`operands.rs`). Each entry validates its arguments,
 //! builds its call and hands it to the routing floor (`crate::cuda::route`) or to a library
 //! room; no entry calls another file's entry code.
@@ -11,7 +11,6 @@ mod attention_fp8;
 mod attention_fp8_bwd;
 mod checks;
 mod conv;
-mod diagnostics;
 mod engine;
 mod fp8;
 mod gemm;
