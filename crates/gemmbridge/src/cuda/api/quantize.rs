@@ -7,10 +7,7 @@ use cudarc::driver::DevicePtr;
 
 use super::checks::same_context;
 use super::engine::Gpu;
-use crate::cuda::device::{
-    cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob, KernelSet, Kernels, Relaxed,
-    RelaxedDrop,
-};
+use crate::cuda::device::{enqueue_cast, CastJob, KernelSet, Kernels, Relaxed, RelaxedDrop};
 use crate::cuda::library;
 use crate::cuda::route::fp8::Fp8Tensor;
 use crate::cuda::status;
@@ -225,59 +222,5 @@ impl Gpu {
         // SAFETY: as above.
         let scales = unsafe { s.alloc::<f32>(layout.scale_len()) }.map_err(status::driver("cuMemAllocAsync"))?;
         Ok(Fp8Tensor { data: RelaxedDrop::new(data), scales: RelaxedDrop::new(scales), layout, format })
-    }
-
-    /// For measuring gemmbridge's own kernels: the launches [`Gpu::quantize`] makes for these
-    /// arguments (`recipe`: its source layout, format and scaling), each timed alone — `reps` (1 to 100,000) back-to-back launches of that one
-    /// kernel with the same arguments between two CUDA events, after two warm-up launches — as
-    /// (kernel instance, ms per launch, bytes it reads and writes). The kernels' bandwidth is
-    /// bytes / time; launch gaps and the allocations of a real call are left out, and a source
-    /// that fits in L2 (tens of MiB) is timed from the cache. Holds the `Gpu`'s lock throughout
-    /// and synchronises the stream. The output is discarded.
-    ///
-    /// # Errors
-    /// [`Error::OutOfRange`] for `reps` outside 1 to 100,000, before anything is allocated; as
-    /// [`Gpu::quantize`]; [`Error::Driver`] from the events.
-    pub fn quantize_kernel_times<T: Element, S: DevicePtr<T>>(
-        &self,
-        src: &S,
-        (rows, cols): (usize, usize),
-        (source, format, scaling): (Source, Fp8Format, Scaling),
-        reps: usize,
-    ) -> Result<Vec<(String, f64, u64)>> {
-        if !(1..=100_000).contains(&reps) {
-            return Err(Error::OutOfRange { what: "reps", value: reps as u64, expected: "1 to 100,000".into() });
-        }
-        let mut out = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
-        let s = self.stream();
-        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let ev = || self.context().new_event(flags).map_err(status::driver("cuEventCreate"));
-        let (start, end) = (ev()?, ev()?);
-        let (x, _gx) = src.device_ptr(s);
-        let times = self.with_cast_job::<T, _>(x, &mut out, source, |kernels, job, stream| {
-            check_cast(job)?;
-            // SAFETY: as in `quantize`.
-            let held = unsafe { prepare_cast(job, stream)? };
-            let (transposed, amax) = held.addresses();
-            let mut times = Vec::new();
-            for launch in cast_launches(job, transposed, amax)? {
-                let run = |n: usize| -> Result<()> {
-                    for _ in 0..n {
-                        // SAFETY: planned for this job and its scratch, held until the end.
-                        unsafe { launch_one(kernels, &launch, stream)? };
-                    }
-                    Ok(())
-                };
-                run(2)?;
-                start.record(s).map_err(status::driver("cuEventRecord"))?;
-                run(reps)?;
-                end.record(s).map_err(status::driver("cuEventRecord"))?;
-                let ms = start.elapsed_ms(&end).map_err(status::driver("cuEventElapsedTime"))? as f64;
-                times.push((launch.kernel.clone(), ms / reps as f64, launch.bytes));
-            }
-            Ok(times) // `held`'s scratch is freed in stream order after the launches
-        })?;
-        s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
-        Ok(times)
     }
 }

@@ -60,14 +60,12 @@ pub(crate) enum Arg {
 }
 
 /// One launch of a kernel of `kernels/fp8.cu`: the instance's name, its grid (CTAs of
-/// [`THREADS`] threads), its arguments in the kernel's order, and the bytes it reads and
-/// writes in device memory (for bandwidth figures; scales counted, the amax word not).
+/// [`THREADS`] threads) and its arguments in the kernel's order.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Launch {
     pub kernel: String,
     pub grid: (u32, u32, u32),
     pub args: Vec<Arg>,
-    pub bytes: u64,
 }
 
 /// Scratch one job needs: a transposed copy of the source (bytes; 0 for none) and an amax
@@ -95,7 +93,7 @@ pub(crate) fn cast_scratch(job: &CastJob) -> CastScratch {
     }
 }
 
-/// What every launch of one job shares: its sizes, byte counts and common arguments.
+/// What every launch of one job shares: its sizes and common arguments.
 struct Common {
     suffix: &'static str,
     /// Bytes per source element.
@@ -104,9 +102,6 @@ struct Common {
     rows_alloc: i64,
     cols: i64,
     ld: i64,
-    src_bytes: u64,
-    q_bytes: u64,
-    scale_bytes: u64,
     fmax: Arg,
     e5m2: Arg,
     q: Arg,
@@ -124,9 +119,6 @@ impl Common {
             rows_alloc: l.rows_alloc as i64,
             cols: l.cols as i64,
             ld: l.ld as i64,
-            src_bytes: l.rows as u64 * l.cols as u64 * size,
-            q_bytes: l.data_len() as u64,
-            scale_bytes: l.scale_len() as u64 * 4,
             fmax: Arg::F32(job.format.max()),
             e5m2: Arg::Int(i32::from(job.format == Fp8Format::E5M2)),
             q: Arg::Ptr(job.data),
@@ -182,7 +174,7 @@ fn transpose_launch(job: &CastJob, c: &Common, x: u64, transposed: u64) -> Resul
     );
     // transpose_T(const T* src, long rows, long cols, T* dst)
     let args = vec![Arg::Ptr(x), Arg::Long(c.rows), Arg::Long(c.cols), Arg::Ptr(transposed)];
-    Ok(Launch { kernel: c.name("transpose"), grid, args, bytes: 2 * c.src_bytes })
+    Ok(Launch { kernel: c.name("transpose"), grid, args })
 }
 
 /// Tensor-wise scales: the amax pass, then the cast (or the fused cast-transpose of a
@@ -193,7 +185,7 @@ fn tensor_launches(job: &CastJob, c: &Common, x: u64, amax: u64, out: &mut Vec<L
     let grid = (ctas(n as u64, 8 * THREADS as u64), 1, 1);
     // amax_T(const T* x, long n, u32* out)
     let args = vec![Arg::Ptr(x), Arg::Long(n), Arg::Ptr(amax)];
-    out.push(Launch { kernel: c.name("amax"), grid, args, bytes: c.src_bytes });
+    out.push(Launch { kernel: c.name("amax"), grid, args });
     // cast_tensor_T / cast_transpose_T(x, rows, rows_alloc, cols, q, ld, amax, scale, fmax, e5m2)
     let args = vec![
         Arg::Ptr(x),
@@ -207,7 +199,6 @@ fn tensor_launches(job: &CastJob, c: &Common, x: u64, amax: u64, out: &mut Vec<L
         c.fmax,
         c.e5m2,
     ];
-    let bytes = c.src_bytes + c.q_bytes + 4;
     if job.source == Source::Transposed {
         // tiles of 64 output columns by 64 output rows (f32) or 128 (16-bit sources)
         let tile_rows = if c.size == 4 { 64 } else { 128 };
@@ -216,12 +207,12 @@ fn tensor_launches(job: &CastJob, c: &Common, x: u64, amax: u64, out: &mut Vec<L
             grid_dim("rows of an FP8 cast-transpose's grid", (l.rows_alloc as u64).div_ceil(tile_rows), GRID_Y_MAX)?,
             1,
         );
-        out.push(Launch { kernel: c.name("cast_transpose"), grid, args, bytes });
+        out.push(Launch { kernel: c.name("cast_transpose"), grid, args });
     } else {
         // CAST_UNROLL (2) chunks of 16 / size elements per thread per pass (kernels/fp8.cu)
         let per_cta = u64::from(THREADS) * 2 * (16 / c.size);
         let grid = (ctas(l.rows_alloc as u64 * l.ld as u64, per_cta), 1, 1);
-        out.push(Launch { kernel: c.name("cast_tensor"), grid, args, bytes });
+        out.push(Launch { kernel: c.name("cast_tensor"), grid, args });
     }
     Ok(())
 }
@@ -235,7 +226,7 @@ fn row_launch(job: &CastJob, c: &Common, x: u64) -> Result<Launch> {
     let args = vec![Arg::Ptr(x), Arg::Long(c.rows), Arg::Long(c.cols), c.q, Arg::Long(c.ld), c.sc, c.fmax, c.e5m2];
     let short = l.ld as u64 <= u64::from(THREADS) * 4 * (16 / c.size);
     let kernel = c.name(if short { "cast_rows_short" } else { "cast_rows" });
-    Ok(Launch { kernel, grid, args, bytes: c.src_bytes + c.q_bytes + c.scale_bytes })
+    Ok(Launch { kernel, grid, args })
 }
 
 /// 1×128 block scales: 128 / E lanes per group, E = 16 / element size (kernels/fp8.cu,
@@ -257,7 +248,7 @@ fn vec128_launch(job: &CastJob, c: &Common, x: u64) -> Result<Launch> {
         c.fmax,
         c.e5m2,
     ];
-    Ok(Launch { kernel: c.name("cast_vec128"), grid, args, bytes: c.src_bytes + c.q_bytes + c.scale_bytes })
+    Ok(Launch { kernel: c.name("cast_vec128"), grid, args })
 }
 
 /// 128×128 block scales: one CTA per block.
@@ -281,7 +272,7 @@ fn blk128_launch(job: &CastJob, c: &Common, x: u64) -> Result<Launch> {
         c.fmax,
         c.e5m2,
     ];
-    Ok(Launch { kernel: c.name("cast_blk128"), grid, args, bytes: c.src_bytes + c.q_bytes + c.scale_bytes })
+    Ok(Launch { kernel: c.name("cast_blk128"), grid, args })
 }
 
 /// [`cast_launches`]' checks, before anything is allocated or launched for `job` (the scratch
@@ -461,17 +452,5 @@ mod tests {
         // a transposed source's rows beyond 65535 tiles of 64
         let t = job(65536 * 64, 8, DType::F16, Source::Transposed, Scaling::Row);
         assert!(matches!(check_cast(&t), Err(Error::DimensionTooLarge { max: 65535, .. })));
-    }
-
-    #[test]
-    fn bytes_count_reads_and_writes() {
-        let j = job(256, 1024, DType::BF16, Source::RowMajor, Scaling::Tensor);
-        let l = cast_launches(&j, 0, 0x5000).unwrap();
-        let src = 256 * 1024 * 2;
-        assert_eq!(l[0].bytes, src);
-        assert_eq!(l[1].bytes, src + j.layout.data_len() as u64 + 4);
-        let t = job(256, 1024, DType::F32, Source::Transposed, Scaling::Row);
-        let l = cast_launches(&t, 0x4000, 0).unwrap();
-        assert_eq!(l[0].bytes, 2 * 256 * 1024 * 4, "a transpose reads and writes the source once each");
     }
 }

@@ -26,7 +26,7 @@ pub(crate) use attn_scales::AttnBwdScales;
 pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
 pub(crate) use copy::{copy_pitched, pad_copy, zero_pitched, PadCopy, Pitched, Scratch};
 pub(crate) use fork::Lanes;
-pub(crate) use fp8_cast::{cast_launches, check_cast, enqueue_cast, launch_one, prepare_cast, CastJob};
+pub(crate) use fp8_cast::{enqueue_cast, CastJob};
 pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
 pub(crate) use lifetime::{capturing, first_stream, keep_primary, Pool, Relaxed, RelaxedDrop};
 pub(crate) use pointer::check_extent;
