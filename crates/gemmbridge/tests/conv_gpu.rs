@@ -82,8 +82,9 @@ fn check_problem<T: Element + DeviceRepr>(gpu: &Gpu, p: &Conv2d, rng: &mut rand:
         for call in 1..=3 {
             s.memcpy_htod(&poison::<T>(ly), &mut y).unwrap();
             gpu.conv2d_fused(p, &xd, &wd, &bd, act, &mut y).unwrap();
-            let path = gpu.conv2d_fused_path(p, act);
-            verdict(&format!("fused {act:?} call {call} (fused call: {path:?})"), &down(gpu, &y), &want);
+            let dir = if act == ConvActivation::Relu { "fused" } else { "fused_identity" };
+            let plan = gpu.conv2d_plan(p, dir);
+            verdict(&format!("fused {act:?} call {call} (plan: {plan:?})"), &down(gpu, &y), &want);
         }
     }
     let mut dx = s.clone_htod(&poison::<T>(lx)).unwrap();
@@ -150,7 +151,8 @@ fn legacy_api_and_unfused_graph_match_float64() {
     gpu.set_conv_fusion(false);
     for p in shapes(Precision::BF16).into_iter().take(4) {
         check_problem::<bf16>(&gpu, &p, &mut rng);
-        assert_eq!(gpu.conv2d_fused_path(&p, ConvActivation::Relu), Some(false));
+        let plan = gpu.conv2d_plan(&p, "fused");
+        assert!(plan.as_deref().is_some_and(|d| d.contains("unfused")), "fusion off runs unfused: {plan:?}");
     }
 }
 

@@ -108,7 +108,8 @@ impl LtPlan {
         call: &ColMajorCall,
         workspace_bytes: usize,
     ) -> anyhow::Result<lt::cublasLtMatmulAlgo_t> {
-        let err = |what: &'static str| move |e: cudarc::cublaslt::result::CublasError| anyhow::anyhow!("{what}: {:?}", e.0);
+        let err =
+            |what: &'static str| move |e: cudarc::cublaslt::result::CublasError| anyhow::anyhow!("{what}: {:?}", e.0);
         let (ta, tb) = (blas_op(call.transa), blas_op(call.transb));
         let size = std::mem::size_of::<blas::cublasOperation_t>();
         let bytes = workspace_bytes as u64;

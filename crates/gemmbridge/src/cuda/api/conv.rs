@@ -102,7 +102,7 @@ impl Gpu {
     /// bias add, ReLU) where an engine takes it (the legacy API:
     /// `cudnnConvolutionBiasActivationForward`), else as the convolution, `cudnnAddTensor`
     /// and (ReLU) `cudnnActivationForward` (the choice is logged once per problem at `info`
-    /// level, and [`Gpu::conv2d_fused_path`] reports it).
+    /// level, and [`Gpu::conv2d_plan`] says `unfused` for the separate calls).
     /// Otherwise as [`Gpu::conv2d_forward`].
     ///
     /// # Errors
@@ -232,15 +232,11 @@ impl Gpu {
         }
     }
 
-    /// After a call of [`Gpu::conv2d_fused`] with `p` and `act`: whether it ran as one fused
-    /// cuDNN call (`Some(true)`) or unfused (`Some(false)`); `None` before.
-    pub fn conv2d_fused_path(&self, p: &Conv2d, act: ConvActivation) -> Option<bool> {
-        self.lock().libs.dnn.as_ref().and_then(|d| d.fused_used(p, act))
-    }
-
     /// The algorithm planned for a direction of `p` (name, math type, workspace), once its
     /// first call has run: `forward`, `fused` (bias + ReLU), `fused_identity` (bias only),
     /// `backward_data` or `backward_filter`; `None` for another name or before the first call.
+    /// A fused direction that runs as separate calls (the convolution, `cudnnAddTensor`,
+    /// `cudnnActivationForward`) says `unfused`.
     pub fn conv2d_plan(&self, p: &Conv2d, direction: &str) -> Option<String> {
         let op = direction_op(direction)?;
         self.lock().libs.dnn.as_ref().and_then(|d| d.describe_plan(p, op))

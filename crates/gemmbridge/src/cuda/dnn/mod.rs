@@ -274,16 +274,9 @@ impl DnnState {
         self.plans.contains_key(&self.key(p, op, b))
     }
 
-    /// Whether the fused call ran `p`'s fused forward (`None` before its first call).
-    pub fn fused_used(&self, p: &Conv2d, act: ConvActivation) -> Option<bool> {
-        self.any_plan(p, ConvOp::Fused(act)).map(|pl| match pl {
-            Planned::Graph(_, tail) => tail.is_none(),
-            Planned::Legacy(pl) => pl.fused,
-        })
-    }
-
     /// The chosen plan's API, engine or algorithm, math type and workspace for `p` and `op`,
-    /// once planned.
+    /// once planned; for a fused forward that runs as separate calls (the convolution, then
+    /// the bias and the activation), the text says `unfused`.
     pub fn describe_plan(&self, p: &Conv2d, op: ConvOp) -> Option<String> {
         self.any_plan(p, op).map(|pl| match pl {
             Planned::Graph(g, tail) => {
@@ -293,7 +286,9 @@ impl DnnState {
             Planned::Legacy(pl) => {
                 let c = pl.choice;
                 let db = if pl.from_database { " (tactic database)" } else { "" };
-                format!("legacy API {} {:?}{db} workspace {} B", c.algo.name(), c.math, c.workspace)
+                let unfused =
+                    if matches!(op, ConvOp::Fused(_)) && !pl.fused { " (bias and activation unfused)" } else { "" };
+                format!("legacy API {} {:?}{db}{unfused} workspace {} B", c.algo.name(), c.math, c.workspace)
             }
         })
     }
