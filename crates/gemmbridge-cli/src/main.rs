@@ -14,6 +14,7 @@ mod compare;
 mod db;
 mod firstcall;
 mod fp8cmd;
+mod gemm_events;
 mod info;
 mod ops;
 mod probe;

@@ -7,8 +7,8 @@
 //!
 //! One step: the training forward, then the backward with the input gradient (the block's input
 //! comes from an earlier layer in a real model), gradients overwritten. Timed like every bench
-//! row (`timing::time_gpu`). Then, over 10 further steps, CUDA events around each GEMM and
-//! around the 10 steps: `gemm_ms` (the step's GEMMs alone), `pass_ms` (the step in that pass)
+//! row (`timing::time_gpu`). Then, over 10 further steps, CUDA events around each GEMM (the
+//! layers' GEMM observer, `gemm_events.rs`) and around the 10 steps: `gemm_ms` (the step's GEMMs alone), `pass_ms` (the step in that pass)
 //! and `beyond_ms = pass_ms − gemm_ms`, what the step costs beyond its GEMMs (taken from one
 //! pass: the GPU's clock differs between passes by more than the difference). With
 //! `--gelu-forward kernel` or `--gelu-backward kernel` the block's GELU kernels are part of
@@ -25,6 +25,7 @@ use gemmbridge::{Element, Precision};
 use serde::Serialize;
 
 use crate::db::load_db;
+use crate::gemm_events::GemmEvents;
 use crate::ops::precision_of;
 use crate::timing;
 
@@ -186,7 +187,7 @@ fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
     let sampling = timing::Sampling { gap_ms: args.gap_ms, ..timing::Sampling::new(5, reps) };
     let t = timing::time_gpu(gpu, sampling, &mut || step(&mut mlp))?;
     // the split, in one pass: the steps' time and their GEMMs' time from the same steps
-    mlp.set_gemm_timing(true);
+    let events = GemmEvents::observe(gpu, &mut mlp);
     const STEPS: usize = 10;
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let start = s.record_event(flags)?;
@@ -194,7 +195,8 @@ fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
         step(&mut mlp)?;
     }
     let end = s.record_event(flags)?;
-    let each = mlp.gemm_breakdown()?;
+    let each = events.take()?;
+    mlp.set_gemm_observer(None);
     let gemm_ms = each.iter().map(|g| g.2).sum::<f64>() / STEPS as f64;
     if args.breakdown {
         let per_step = each.len() / STEPS;

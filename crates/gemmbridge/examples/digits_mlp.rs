@@ -18,10 +18,13 @@
 //! and its gradient are computed on the host: the example shows the layers, not a framework.
 
 use std::io::Read;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::Parser;
+use cudarc::driver::CudaEvent;
+use gemmbridge::cuda::train::GemmMark;
 use gemmbridge::train::{cpu, init_params, Activation, GradMode, LinearSpec};
 use gemmbridge::{Element, Precision};
 
@@ -181,10 +184,14 @@ impl Trainer for Cpu {
     }
 }
 
+/// CUDA events recorded just before and just after each GEMM of the steps (start, end).
+type GemmEvents = Arc<Mutex<Vec<(CudaEvent, Option<CudaEvent>)>>>;
+
 struct Gpu<T: Element + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> {
     gpu: gemmbridge::cuda::Gpu,
     mlp: gemmbridge::cuda::train::Mlp<T>,
     x: Option<cudarc::driver::CudaSlice<T>>,
+    gemms: GemmEvents,
 }
 
 impl<T: Element + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> Trainer for Gpu<T> {
@@ -209,7 +216,15 @@ impl<T: Element + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> 
         self.gpu.stream().synchronize().map_err(driver)
     }
     fn gemm_time(&mut self) -> Result<Duration, gemmbridge::Error> {
-        Ok(Duration::from_secs_f64(self.mlp.gemm_ms()? / 1e3))
+        let driver =
+            |e: cudarc::driver::DriverError| gemmbridge::Error::Driver { operation: "event", status: format!("{e:?}") };
+        let mut ms = 0.0;
+        for (start, end) in std::mem::take(&mut *self.gemms.lock().expect("not poisoned")) {
+            let end = end.expect("the observer records an event after every GEMM it saw start");
+            end.synchronize().map_err(driver)?;
+            ms += f64::from(start.elapsed_ms(&end).map_err(driver)?);
+        }
+        Ok(Duration::from_secs_f64(ms / 1e3))
     }
 }
 
@@ -219,8 +234,21 @@ fn gpu_trainer<T: Element + cudarc::driver::DeviceRepr + cudarc::driver::ValidAs
     precision: Precision,
 ) -> Result<Box<dyn Trainer>, gemmbridge::Error> {
     let mut mlp = gemmbridge::cuda::train::Mlp::<T>::new(&gpu, layers, precision, &init_params(layers, 42))?;
-    mlp.set_gemm_timing(true);
-    Ok(Box::new(Gpu { gpu, mlp, x: None }))
+    // the GEMMs' GPU time: an event on the Gpu's stream on each side of every GEMM
+    let gemms = GemmEvents::default();
+    let (s, g) = (gpu.stream().clone(), gemms.clone());
+    mlp.set_gemm_observer(Some(Box::new(move |_layer, _role, mark| {
+        let e = s
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| gemmbridge::Error::Driver { operation: "cuEventRecord", status: format!("{e:?}") })?;
+        let mut v = g.lock().expect("not poisoned");
+        match mark {
+            GemmMark::Before => v.push((e, None)),
+            GemmMark::After => v.last_mut().expect("a GEMM started").1 = Some(e),
+        }
+        Ok(())
+    })));
+    Ok(Box::new(Gpu { gpu, mlp, x: None, gemms }))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

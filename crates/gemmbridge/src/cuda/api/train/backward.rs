@@ -28,7 +28,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     /// # Errors
     /// Before anything is enqueued: [`Error::TrainingOrder`] without a training forward or
     /// with another `x`; [`Error::LayerShape`] for `dy` or `dx` of the wrong length. Then as
-    /// [`Gpu::gemm_fused`].
+    /// [`Gpu::gemm_fused`]; an error of the GEMM observer ([`Mlp::set_gemm_observer`]).
     pub fn backward<X, D, DX>(&mut self, gpu: &Gpu, x: &X, dy: &D, dx: Option<&mut DX>, mode: GradMode) -> Result<()>
     where
         X: DevicePtr<T>,

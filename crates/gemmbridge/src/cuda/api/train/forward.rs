@@ -24,7 +24,8 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     /// # Errors
     /// [`Error::LayerShape`](crate::Error::LayerShape) when `x` does not hold
     /// `tokens × in_features` elements (checked before anything is enqueued);
-    /// [`Error::WrongContext`](crate::Error::WrongContext); as [`Gpu::gemm_fused`].
+    /// [`Error::WrongContext`](crate::Error::WrongContext); as [`Gpu::gemm_fused`]; an error of
+    /// the GEMM observer ([`Mlp::set_gemm_observer`]).
     pub fn forward<X: DevicePtr<T>>(&mut self, gpu: &Gpu, x: &X, tokens: usize, train: bool) -> Result<()> {
         let x_len = x.len();
         check_len(0, "input length (tokens × in_features)", x_len, tokens, self.layers[0].in_features)?;

@@ -6,7 +6,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-use super::instruments::{gemm, timed, GemmRole, Instruments, TrainGemm};
+use super::instruments::{gemm, observed, GemmRole, Instruments, TrainGemm};
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::api::operands::Extras;
 use crate::cuda::route::fp8::Fp8Options;
@@ -73,7 +73,7 @@ pub(super) fn forward<T: Element, H: DevicePtr<T>, O: DevicePtrMut<T>>(
     let hq = gpu.quantize(h, st.tokens, l.in_features, Source::RowMajor, r.activations, r.x_scaling)?;
     let wq = gpu.quantize(w, l.out_features, l.in_features, Source::RowMajor, r.activations, r.w_scaling)?;
     let bias = b.map(|b| b as &dyn DevicePtr<T>);
-    timed(gpu, ins, (st.layer, GemmRole::Forward), || gpu.fp8_gemm(&hq, &wq, out, bias, Fp8Options::default()))
+    observed(ins, (st.layer, GemmRole::Forward), || gpu.fp8_gemm(&hq, &wq, out, bias, Fp8Options::default()))
 }
 
 /// `dw[out, in] = gᵀ·h` (`β·dw +` with β = 1 to accumulate) and, with `db`, the bias
@@ -90,7 +90,7 @@ pub(super) fn weight_grads<T: Element, G: DevicePtr<T>, H: DevicePtr<T>>(
     let gt = gpu.quantize(g, l.out_features, tokens, Source::Transposed, r.gradients, r.x_scaling)?;
     let ht = gpu.quantize(h, l.in_features, tokens, Source::Transposed, r.activations, r.w_scaling)?;
     let opts = Fp8Options { beta, ..Fp8Options::default() };
-    timed(gpu, ins, (st.layer, GemmRole::WeightGrad), || gpu.fp8_gemm(&gt, &ht, dw, None, opts))?;
+    observed(ins, (st.layer, GemmRole::WeightGrad), || gpu.fp8_gemm(&gt, &ht, dw, None, opts))?;
     if let Some((db, ones)) = db {
         let p = GemmProblem::matmul(1, l.out_features, tokens, st.precision)?;
         let (layer, role) = (st.layer, GemmRole::BiasGrad);
@@ -111,7 +111,7 @@ pub(super) fn data_grad<T: Element, G: DevicePtr<T>, O: DevicePtrMut<T>>(
     let (r, l) = (st.recipe, st.spec);
     let gq = gpu.quantize(g, st.tokens, l.out_features, Source::RowMajor, r.gradients, r.x_scaling)?;
     let wt = gpu.quantize(w, l.in_features, l.out_features, Source::Transposed, r.activations, r.w_scaling)?;
-    timed(gpu, ins, (st.layer, GemmRole::DataGrad), || gpu.fp8_gemm(&gq, &wt, out, None, Fp8Options::default()))
+    observed(ins, (st.layer, GemmRole::DataGrad), || gpu.fp8_gemm(&gq, &wt, out, None, Fp8Options::default()))
 }
 
 /// Layer `st.layer`'s forward: the FP8 GEMM into `pre` (GELU layers; a kernel then writes the

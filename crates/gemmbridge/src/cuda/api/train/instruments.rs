@@ -1,13 +1,12 @@
-//! Every GEMM of the training layers goes through [`gemm`]: the call itself, timed with CUDA
-//! events when timing is on, autotuned first when a tuning step is running.
+//! Every GEMM of the training layers goes through [`gemm`]: the call itself, between the
+//! calls of the GEMM observer when one is set, autotuned first when a tuning step is running.
 
-use cudarc::driver::{CudaEvent, DevicePtr, DevicePtrMut};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::api::operands::{Extras, RawBuffer, RawOperands};
 use crate::cuda::call::Scale;
 use crate::cuda::lt::tune::{TuneOptions, TuneReport};
-use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::problem::GemmProblem;
@@ -31,16 +30,25 @@ pub enum GemmRole {
 /// a [`crate::tactics::TacticDb`].
 pub type Tuned = (usize, GemmRole, TuneReport, String, Tactic);
 
-/// Timing and tuning state.
-#[derive(Default)]
-pub(super) struct Instruments {
-    pub timing: Option<Vec<(usize, GemmRole, CudaEvent, CudaEvent)>>,
-    pub tune: Option<(TuneOptions, Vec<Tuned>)>,
+/// Which side of a GEMM a call of the GEMM observer is on
+/// ([`Mlp::set_gemm_observer`](super::Mlp::set_gemm_observer)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmMark {
+    /// Just before the GEMM is enqueued.
+    Before,
+    /// Just after it was enqueued (not run: nothing waits for the GPU).
+    After,
 }
 
-fn event(gpu: &Gpu) -> Result<CudaEvent> {
-    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    gpu.stream().record_event(flags).map_err(status::driver("cuEventRecord"))
+/// A function called on the host around every GEMM the training layers enqueue, with the
+/// layer, the GEMM's role and the side ([`Mlp::set_gemm_observer`](super::Mlp::set_gemm_observer)).
+pub type GemmObserver = Box<dyn FnMut(usize, GemmRole, GemmMark) -> Result<()> + Send + Sync>;
+
+/// The GEMM observer and the tuning state.
+#[derive(Default)]
+pub(super) struct Instruments {
+    pub observer: Option<GemmObserver>,
+    pub tune: Option<(TuneOptions, Vec<Tuned>)>,
 }
 
 /// One GEMM of a training step, as [`gemm`] runs it: `c = a·b (+ β·c)` per `problem` (α = 1)
@@ -64,7 +72,8 @@ pub(super) struct TrainGemm<'a, T, A, B, C> {
     pub extras: Extras<'a, T>,
 }
 
-/// Enqueues `call` on [`Gpu::stream`]: tuned first in a tuning step, timed when timing is on.
+/// Enqueues `call` on [`Gpu::stream`]: tuned first in a tuning step, between the observer's
+/// calls when one is set.
 pub(super) fn gemm<T: Element, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut<T>>(
     gpu: &Gpu,
     ins: &mut Instruments,
@@ -100,21 +109,22 @@ pub(super) fn gemm<T: Element, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut
         }?;
         tuned.push((layer, role, report, sig, tactic));
     }
-    timed(gpu, ins, (layer, role), || gpu.gemm_fused(p, Scale::new(1.0, beta), a, b, c, extras))
+    observed(ins, (layer, role), || gpu.gemm_fused(p, Scale::new(1.0, beta), a, b, c, extras))
 }
 
-/// Runs `launch` (one GEMM enqueued on [`Gpu::stream`]) between two CUDA events when timing
-/// is on.
-pub(super) fn timed(
-    gpu: &Gpu,
+/// Runs `launch` (one GEMM enqueued on [`Gpu::stream`]) between the observer's two calls when
+/// one is set.
+pub(super) fn observed(
     ins: &mut Instruments,
     (layer, role): (usize, GemmRole),
     launch: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
-    let start = if ins.timing.is_some() { Some(event(gpu)?) } else { None };
+    if let Some(o) = ins.observer.as_mut() {
+        o(layer, role, GemmMark::Before)?;
+    }
     launch()?;
-    if let (Some(t), Some(start)) = (ins.timing.as_mut(), start) {
-        t.push((layer, role, start, event(gpu)?));
+    if let Some(o) = ins.observer.as_mut() {
+        o(layer, role, GemmMark::After)?;
     }
     Ok(())
 }

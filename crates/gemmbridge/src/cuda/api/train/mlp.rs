@@ -29,7 +29,7 @@ pub(super) struct Forward {
 
 /// A sequence of linear layers on the GPU, one dtype throughout (the precision's), parameters
 /// and activations in device memory it owns, every call enqueued on [`Gpu::stream`] without a
-/// host wait (except the `*_to_host` copies and [`Mlp::gemm_ms`]).
+/// host wait (except the `*_to_host` copies).
 ///
 /// Per step: [`Mlp::forward`] (`train = true` keeps what the backward needs: every layer's
 /// output and, for GELU layers, the pre-activation), the caller's loss gradient `dy`, then
@@ -63,7 +63,7 @@ pub struct Mlp<T: Element> {
     pub(super) db_tmp: Vec<Option<CudaSlice<T>>>,
     pub(super) bufs: Option<Buffers<T>>,
     pub(super) last: Option<Forward>,
-    /// GEMM timing ([`Mlp::set_gemm_timing`]) and tuning ([`Mlp::autotune`]).
+    /// The GEMM observer ([`Mlp::set_gemm_observer`]) and tuning ([`Mlp::autotune`]).
     pub(super) ins: Instruments,
 }
 

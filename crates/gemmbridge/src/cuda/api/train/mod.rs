@@ -11,8 +11,8 @@ mod grads;
 mod instruments;
 mod kernels;
 mod mlp;
+mod observe;
 mod placement;
-mod timing;
 
-pub use instruments::{GemmRole, Tuned};
+pub use instruments::{GemmMark, GemmObserver, GemmRole, Tuned};
 pub use mlp::Mlp;
