@@ -148,7 +148,9 @@ pub fn sm_reserve() -> u32 {
 }
 
 /// Lets f32 matmuls use tf32 tensor cores (gemmbridge's `Precision::TF32`, ‖err‖/‖ref‖ ≤ 1e-3);
-/// off by default (strict f32, as burn computes it).
+/// off by default: strict f32 (`Precision::F32`, `CUBLAS_COMPUTE_32F`). burn's own f32 matmul
+/// (cubek-matmul 0.2 on tensor cores) rounds f32 operands to tf32 on GPUs that have it (sm_80
+/// and later), so on those it matches this switch on rather than off.
 pub fn set_tf32(on: bool) {
     TF32.store(on, Ordering::Relaxed);
 }
