@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks of bench/peer.py that need no GPU: `python3 bench/test_peer.py`.
 
-Without PyTorch: the suites against crates/gemmbridge/src/suites.rs, the op/dtype rules,
+Without PyTorch: the suites against crates/gemmbridge-lab/src/suites.rs, the op/dtype rules,
 the rotation count, --list, the usage errors (exit 2), the FP8 rules (--scalings, the
 16-multiple shape rule, the scale layouts) and --accuracy's input checks (exit 2). With
 PyTorch installed (any build), also a `--device cpu --reps 1` run on small shapes,
@@ -25,7 +25,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "peer.py")
-RUST_SUITES = os.path.join(HERE, "..", "crates", "gemmbridge", "src", "suites.rs")
+RUST_SUITES = os.path.join(HERE, "..", "crates", "gemmbridge-lab", "src", "suites.rs")
 
 spec = importlib.util.spec_from_file_location("peer", PEER)
 peer = importlib.util.module_from_spec(spec)
@@ -120,7 +120,7 @@ def rust_suite(name):
 
 
 class NoTorch(unittest.TestCase):
-    @unittest.skipUnless(os.path.exists(RUST_SUITES), "crates/gemmbridge/src/suites.rs not found")
+    @unittest.skipUnless(os.path.exists(RUST_SUITES), "crates/gemmbridge-lab/src/suites.rs not found")
     def test_suites_match_gemmbridge(self):
         for name in ("square", "llm", "small", "deepgemm"):
             self.assertEqual(peer.SUITES[name], rust_suite(name.upper()), name)
