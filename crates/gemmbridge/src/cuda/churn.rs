@@ -20,7 +20,7 @@ use half::bf16;
 
 use crate::conv::Conv2d;
 use crate::cuda::api::train::Mlp;
-use crate::cuda::api::Gpu;
+use crate::cuda::api::{Gpu, GpuOptions};
 use crate::cuda::device::GraphReplay;
 use crate::cuda::device::{Relaxed, RelaxedDrop};
 use crate::cuda::route::Fp8Options;
@@ -232,10 +232,8 @@ fn at(step: &'static str) -> impl Fn(Error) -> (&'static str, Error) {
 
 /// One Gpu: created, used, dropped (synchronised first unless `in_flight`).
 fn round_of(opts: &ChurnOptions, uses: Uses, rng: &mut Rng, in_flight: bool) -> Step<Done> {
-    let gpu = Gpu::new(opts.ordinal).map_err(at("Gpu::new"))?;
-    if !opts.graph_replay {
-        gpu.set_graph_replay(GraphReplay::off());
-    }
+    let replay = if opts.graph_replay { GraphReplay::default() } else { GraphReplay::off() };
+    let gpu = Gpu::with_options(opts.ordinal, GpuOptions::default().graph_replay(replay)).map_err(at("Gpu::new"))?;
     let s = gpu.stream().clone();
     let mut done = Done::default();
     // Three shapes, each with its own operands; a shape drawn twice is a repeated call (graph

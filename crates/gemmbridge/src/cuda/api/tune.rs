@@ -67,7 +67,7 @@ impl Gpu {
     }
 
     /// Tunes the cuBLASLt algorithm for `p` on the given operands (on [`Gpu::stream`]), under
-    /// this `Gpu`'s SM count target ([`Gpu::set_sm_count_target`]): with a target set, the
+    /// this `Gpu`'s SM count target ([`GpuOptions::sm_count_target`](crate::cuda::GpuOptions::sm_count_target)): with a target set, the
     /// candidates are planned and timed for that many SMs and the entry's signature ends in
     /// ` sm<count>`, so that it serves only calls made under the same target.
     ///

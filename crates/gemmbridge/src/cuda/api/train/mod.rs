@@ -15,4 +15,5 @@ mod placement;
 mod timing;
 
 pub use instruments::{GemmRole, Tuned};
-pub use mlp::Mlp;
+pub use kernels::prepare_kernels;
+pub use mlp::{Mlp, MlpOptions};
