@@ -45,7 +45,8 @@ fn gpu_methods(text: &str) -> Vec<String> {
 
 #[test]
 fn counts_public_methods_of_impl_gpu_blocks_only() {
-    let f = "impl Gpu {\n    pub fn a(&self) {\n        let x = 1;\n    }\n    pub(crate) fn b() {}\n    fn c() {}\n    \
+    let f =
+        "impl Gpu {\n    pub fn a(&self) {\n        let x = 1;\n    }\n    pub(crate) fn b() {}\n    fn c() {}\n    \
              pub unsafe fn d<T>() {}\n}\n\nimpl Other {\n    pub fn e() {}\n}\n\nimpl Gpu {\n    pub fn f() {}\n}\n";
     assert_eq!(gpu_methods(f), ["a", "d", "f"]);
 }
@@ -64,5 +65,10 @@ fn gpu_has_at_most_50_public_methods_and_no_long_argument_lists() {
         assert!(!text.contains("clippy::too_many_arguments"), "{at}: too_many_arguments allowed");
     }
     assert!(methods.len() > 10, "the scan found {} methods: is `impl Gpu {{` still the form?", methods.len());
-    assert!(methods.len() <= LIMIT, "Gpu has {} public methods (at most {LIMIT}):\n{}", methods.len(), methods.join("\n"));
+    assert!(
+        methods.len() <= LIMIT,
+        "Gpu has {} public methods (at most {LIMIT}):\n{}",
+        methods.len(),
+        methods.join("\n")
+    );
 }

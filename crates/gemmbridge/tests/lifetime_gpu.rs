@@ -138,8 +138,8 @@ fn raw_product(gpu: &Gpu, a: u64, b: u64, c: u64) -> Result<f64, Error> {
 fn raw_addresses_are_checked_against_the_driver() {
     let _alone = alone();
     let gpu = common::gpu();
-    assert!(!gpu.check_raw_addresses(), "off by default");
-    gpu.set_check_raw_addresses(true);
+    assert!(!gpu.options().check_raw_addresses, "off by default");
+    gpu.update_options(|o| o.check_raw_addresses = true).unwrap();
     let s = gpu.stream().clone();
     const KIB: usize = 1024;
     // SAFETY (every allocation below): plain driver allocations of this context, freed at the end.

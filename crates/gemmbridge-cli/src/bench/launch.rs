@@ -1,22 +1,21 @@
 //! The "launch" row: what one tiny (64³) GEMM costs on the host and on the GPU, eagerly and
 //! replayed from a CUDA graph, beside the bare library calls gemmbridge wraps.
 //!
-//! Fields as bench/peer.py's launch row (`host_us`, `wall_us`, `graph_us`), plus
-//! `bare_lt_us` (bare `cublasLtMatmul` with a prebuilt plan), `bare_blas_us` (bare
-//! `cublasGemmEx`), `host_raw_us` (gemmbridge's raw-pointer path), and `host_direct_us` /
-//! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so
-//! every call goes through `cublasLtMatmul`: gemmbridge's own cost above the bare call), all
-//! measured in the same run; `host_raw_checked_us` (the raw path with
-//! `Gpu::set_check_raw_addresses(true)`: one `cuPointerGetAttributes` per operand) and
-//! `host_raw_other_stream_us` (the raw path on a stream other than the Gpu's own, which
-//! records that stream's last-use event per call). `host_us` and `host_raw_us` use the default settings, where the
-//! repeated call is replayed from a cached graph (`GraphReplay`); `host_fresh_us` is the safe
-//! path with those settings on calls that never repeat (α differs in every call, so no call is
-//! ever replayed): every call goes through `cublasLtMatmul` and also pays replay's
-//! bookkeeping, which is what a program whose operands change each call gets. Host times are
-//! medians over 40 batches of 256 calls (below the launch-queue depth, so the GPU does not
-//! throttle the host); `wall_us` includes waiting for the GPU; `graph_us` is GPU time per GEMM
-//! when 256 calls captured into one graph are replayed (median of 20).
+//! Fields as bench/peer.py's launch row (`host_us`, `wall_us`, `graph_us`), plus `bare_lt_us` (bare
+//! `cublasLtMatmul` with a prebuilt plan), `bare_blas_us` (bare `cublasGemmEx`), `host_raw_us`
+//! (gemmbridge's raw-pointer path), and `host_direct_us` / `wall_direct_us` / `host_raw_direct_us`
+//! (the same two paths with graph replay off, so every call goes through `cublasLtMatmul`:
+//! gemmbridge's own cost above the bare call), all measured in the same run; `host_raw_checked_us`
+//! (the raw path with `GpuOptions::check_raw_addresses` on: one `cuPointerGetAttributes` per
+//! operand) and `host_raw_other_stream_us` (the raw path on a stream other than the Gpu's own,
+//! which records that stream's last-use event per call). `host_us` and `host_raw_us` use the
+//! default settings, where the repeated call is replayed from a cached graph (`GraphReplay`);
+//! `host_fresh_us` is the safe path with those settings on calls that never repeat (α differs in
+//! every call, so no call is ever replayed): every call goes through `cublasLtMatmul` and also pays
+//! replay's bookkeeping, which is what a program whose operands change each call gets. Host times
+//! are medians over 40 batches of 256 calls (below the launch-queue depth, so the GPU does not
+//! throttle the host); `wall_us` includes waiting for the GPU; `graph_us` is GPU time per GEMM when
+//! 256 calls captured into one graph are replayed (median of 20).
 
 use std::time::Instant;
 
@@ -65,12 +64,9 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     );
     let ro = RawBuffer { address: o.device_ptr_mut(&s).0, len_bytes: bytes };
     let raw = Raw { rx, rw, ro, cs: s.cu_stream() };
-    // The same stream and buffers through a second Gpu with replay off: every call goes
-    // through cublasLtMatmul (its own handles, plan cache and workspace).
-    let direct = Gpu::with_stream(s.clone())?;
-    direct.set_graph_replay(GraphReplay::off());
-    direct.set_backend(gpu.backend());
-    direct.set_workspace_bytes(gpu.workspace_bytes());
+    // The same stream and buffers through a second Gpu with the same settings but replay off:
+    // every call goes through cublasLtMatmul (its own handles, plan cache and workspace).
+    let direct = Gpu::with_stream(s.clone(), gpu.options().graph_replay(GraphReplay::off()))?;
     if let Some(db) = db {
         load_db(&direct, db)?;
     }
@@ -87,7 +83,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         "bare_blas_us": e.bare_blas_us, "host_direct_us": e.host_direct_us, "wall_direct_us": e.wall_direct_us,
         "host_raw_direct_us": e.host_raw_direct_us, "host_fresh_us": e.host_fresh_us,
         "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
-        "replay_graphs": gpu.cached_graphs()}))
+        "replay_graphs": gpu.plans().graphs()}))
 }
 
 /// The raw path's optional costs, µs per call (medians over the batches): with the address
@@ -108,12 +104,12 @@ fn raw_costs(gpu: &Gpu, p: GemmProblem, Raw { rx, rw, ro, cs }: Raw) -> anyhow::
     };
     let ops = RawOperands::new(rx, rw, ro);
     let (mut checked, mut other) = (vec![], vec![]);
-    let checking = gpu.check_raw_addresses();
+    let checking = gpu.options().check_raw_addresses;
     for _ in 0..BATCHES {
-        gpu.set_check_raw_addresses(true);
+        gpu.update_options(|o| o.check_raw_addresses = true)?;
         // SAFETY: the three buffers are live allocations of this context used only on `s`.
         checked.push(batch_on(s, &mut || Ok(unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, ops, cs) }?))?);
-        gpu.set_check_raw_addresses(checking);
+        gpu.update_options(|o| o.check_raw_addresses = checking)?;
         // SAFETY: as above, on the second stream, which waits for `s` (fork) and is waited for
         // by the batch; the buffers are used on one stream at a time.
         other.push(batch_on(&s2, &mut || Ok(unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, ops, s2.cu_stream()) }?))?);
@@ -188,7 +184,7 @@ fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
         raws_d.push(
             batch(&mut || Ok(unsafe { direct.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(rx, rw, ro), cs) }?))?.0,
         );
-        if gpu.has_lt() {
+        if gemmbridge::cuda::library::has_cublaslt() {
             // SAFETY: as above; the plan exists after the warm-up calls.
             bare_lt.push(unsafe { gpu.bare_host_us(&p, RawOperands::new(rx, rw, ro), Served::Lt, 1, BATCH) }?);
         }

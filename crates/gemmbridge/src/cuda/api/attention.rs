@@ -413,11 +413,11 @@ impl Plans<'_> {
     /// The plan a measured search
     /// ([`GpuOptions::attention_search`](super::GpuOptions::attention_search)) chose for `p`'s
     /// direction (named as for [`Plans::attention`]: "forward", "forward_fp8", "backward",
-    /// "backward_fp8"; of the best-aligned plan made, which for allocations is the 16-byte one)
-    /// as a tactic for the database: its signature (the "attention" key, [`crate::tactics`]) and the
-    /// [`Tactic`] (cuDNN, this cuDNN version, the engine and knobs, the workspace, the
-    /// heuristic's and the chosen plan's measured times). `None` before the first call, for a
-    /// heuristic choice, for a plan that came from the database and for another name.
+    /// "backward_fp8"; of the best-aligned plan made, which for allocations is the 16-byte one) as
+    /// a tactic for the database: its signature (the "attention" key, [`crate::tactics`]) and the
+    /// [`Tactic`] (cuDNN, this cuDNN version, the engine and knobs, the workspace, the heuristic's
+    /// and the chosen plan's measured times). `None` before the first call, for a heuristic choice,
+    /// for a plan that came from the database and for another name.
     pub fn attention_tactic(&self, p: &Attention, direction: &str) -> Option<(String, Tactic)> {
         let ops = direction_ops(direction)?;
         let st = self.gpu.lock();

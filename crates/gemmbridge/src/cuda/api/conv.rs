@@ -73,14 +73,18 @@ impl Gpu {
     /// `p.precision`'s input dtype. `y` is overwritten.
     ///
     /// The first call of a problem (per direction and buffer alignment) makes its plan: a cuDNN
-    /// graph-API execution plan, the engine chosen by [`GpuOptions::conv_search`](crate::cuda::GpuOptions::conv_search) (the legacy
-    /// API's algorithm where no graph engine qualifies, or with [`GpuOptions::conv_api`](crate::cuda::GpuOptions::conv_api)); later
-    /// calls only launch, and can be captured into a CUDA graph ([`Gpu::prewarm_conv`] plans
-    /// ahead). A call repeated with the same buffers on the same stream is captured into a
-    /// graph once (on its second call, by default) and from then on launched as that graph
-    /// ([`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay) governs it as for GEMMs, at every size). The plan's
-    /// workspace is this stream's ([`GpuOptions::workspace_bytes`](crate::cuda::GpuOptions::workspace_bytes)) where it fits, else the
-    /// cuDNN room's own, up to [`GpuOptions::conv_workspace_limit`](crate::cuda::GpuOptions::conv_workspace_limit).
+    /// graph-API execution plan, the engine chosen by
+    /// [`GpuOptions::conv_search`](crate::cuda::GpuOptions::conv_search) (the legacy API's
+    /// algorithm where no graph engine qualifies, or with
+    /// [`GpuOptions::conv_api`](crate::cuda::GpuOptions::conv_api)); later calls only launch, and
+    /// can be captured into a CUDA graph ([`Gpu::prewarm_conv`] plans ahead). A call repeated with
+    /// the same buffers on the same stream is captured into a graph once (on its second call, by
+    /// default) and from then on launched as that graph
+    /// ([`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay) governs it as for
+    /// GEMMs, at every size). The plan's workspace is this stream's
+    /// ([`GpuOptions::workspace_bytes`](crate::cuda::GpuOptions::workspace_bytes)) where it fits,
+    /// else the cuDNN room's own, up to
+    /// [`GpuOptions::conv_workspace_limit`](crate::cuda::GpuOptions::conv_workspace_limit).
     ///
     /// # Errors
     /// Before anything is enqueued: [`Error::ConvShape`] / [`Error::Unsupported`] from
@@ -153,10 +157,11 @@ impl Gpu {
     }
 
     /// Plans every direction of each problem — forward, fused forward with ReLU and with the
-    /// identity, backward data, backward filter — on zero-filled scratch buffers of the
-    /// problem's sizes (allocated and freed here), so that later calls with buffers aligned as
-    /// allocations are (16 bytes or more) only launch and can be captured into a CUDA graph.
-    /// A measured search ([`GpuOptions::conv_search`](crate::cuda::GpuOptions::conv_search)) runs here. Synchronises the stream.
+    /// identity, backward data, backward filter — on zero-filled scratch buffers of the problem's
+    /// sizes (allocated and freed here), so that later calls with buffers aligned as allocations
+    /// are (16 bytes or more) only launch and can be captured into a CUDA graph. A measured search
+    /// ([`GpuOptions::conv_search`](crate::cuda::GpuOptions::conv_search)) runs here. Synchronises
+    /// the stream.
     ///
     /// # Errors
     /// As the directions' entry points ([`Gpu::conv2d_forward`] and the rest) for each problem.
@@ -280,15 +285,16 @@ impl Plans<'_> {
         self.gpu.lock().libs.dnn.as_ref().and_then(|d| d.describe_plan(p, op))
     }
 
-    /// The plan a measured search ([`ConvSearch::Measured`](crate::cuda::ConvSearch::Measured)) chose for a direction of `p`
-    /// (named as for [`Plans::conv2d`]; under the current fusion and API settings
-    /// ([`GpuOptions::conv_fusion`](crate::cuda::GpuOptions::conv_fusion), [`GpuOptions::conv_api`](crate::cuda::GpuOptions::conv_api)), for
-    /// buffers aligned as allocations are) as a tactic for the database: its signature (the
-    /// "conv2d" key, [`crate::tactics`]) and the [`Tactic`] (cuDNN, this cuDNN version, the
-    /// engine and knobs or the legacy algorithm, the workspace, the heuristic's and the chosen
-    /// plan's measured times). Insert it into a [`crate::tactics::TacticDb`] and save it;
-    /// [`Plans::load_tactics`] uses it. `None` before the first call, for a heuristic choice and
-    /// for a plan that came from the database.
+    /// The plan a measured search ([`ConvSearch::Measured`](crate::cuda::ConvSearch::Measured))
+    /// chose for a direction of `p` (named as for [`Plans::conv2d`]; under the current fusion and
+    /// API settings ([`GpuOptions::conv_fusion`](crate::cuda::GpuOptions::conv_fusion),
+    /// [`GpuOptions::conv_api`](crate::cuda::GpuOptions::conv_api)), for buffers aligned as
+    /// allocations are) as a tactic for the database: its signature (the "conv2d" key,
+    /// [`crate::tactics`]) and the [`Tactic`] (cuDNN, this cuDNN version, the engine and knobs or
+    /// the legacy algorithm, the workspace, the heuristic's and the chosen plan's measured times).
+    /// Insert it into a [`crate::tactics::TacticDb`] and save it; [`Plans::load_tactics`] uses it.
+    /// `None` before the first call, for a heuristic choice and for a plan that came from the
+    /// database.
     pub fn conv2d_tactic(&self, p: &Conv2d, direction: &str) -> Option<(String, Tactic)> {
         let op = direction_op(direction)?;
         self.gpu.lock().libs.dnn.as_ref().and_then(|d| d.tactic(p, op))

@@ -45,11 +45,12 @@ use crate::error::{Error, Result};
 /// Eagerly, a cuBLASLt call of at most 1024³ multiply-adds that is made again with the same
 /// operands (addresses, α, β, stream) is captured once, on a private stream, into a CUDA graph;
 /// from then on such a call is one `cuGraphLaunch` on the caller's stream instead of a
-/// `cublasLtMatmul`, which costs the host less (docs/PERFORMANCE.md, host cost per call). The result is the
-/// direct call's: same kernel, same stream order, operands read when the GEMM runs. Graphs are
-/// never launched into a stream being captured, and a bias that needs staging is never
-/// replayed. A capture and an instantiation are paid once per distinct call. See [`GraphReplay`](crate::cuda::GraphReplay) and
-/// [`GpuOptions::graph_replay`] (`GraphReplay::off()` turns it off).
+/// `cublasLtMatmul`, which costs the host less (docs/PERFORMANCE.md, host cost per call). The
+/// result is the direct call's: same kernel, same stream order, operands read when the GEMM runs.
+/// Graphs are never launched into a stream being captured, and a bias that needs staging is never
+/// replayed. A capture and an instantiation are paid once per distinct call. See
+/// [`GraphReplay`](crate::cuda::GraphReplay) and [`GpuOptions::graph_replay`] (`GraphReplay::off()`
+/// turns it off).
 ///
 /// Captures and other threads: another thread's first launch of a kernel can invalidate a
 /// capture in flight (CUDA's lazy module loading synchronises the device). gemmbridge's own captures then fall back (replay: the call runs directly and is

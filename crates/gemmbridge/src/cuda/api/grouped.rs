@@ -35,18 +35,21 @@ impl Gpu {
     /// zeros into its `dw[e]` (k = 0: β·C with β = 0).
     ///
     /// How it runs ([`Plans::grouped_backend`] says which for `p`, by the rule of
-    /// [`GroupedSettings::choose`]; [`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend) forces one): all groups of one
-    /// size and no bias — one strided-batched GEMM on [`Gpu::stream`]; small unequal groups of a
-    /// forward or backward data — cuBLAS's grouped batched call on [`Gpu::stream`] (its
-    /// pointer arrays copied from the host: not capturable); otherwise each group's GEMM
-    /// (cuBLASLt, each shape's plan kept) on a pool of the engine's own streams, forked from
-    /// [`Gpu::stream`] with an event and joined back to it ([`GpuOptions::grouped_streams`](crate::cuda::GpuOptions::grouped_streams) lanes,
-    /// 4 by default: the GEMMs of many experts run side by side), so that work enqueued on
-    /// [`Gpu::stream`] afterwards sees every group. The pool's streams are created with a
-    /// workspace each ([`GpuOptions::workspace_bytes`](crate::cuda::GpuOptions::workspace_bytes)) on the first pooled call, and kept until
-    /// the engine is dropped. A pooled or in-order call repeated on the same buffers and sizes
-    /// is captured once into a CUDA graph of the whole call and replayed from then on (with
-    /// graph replay on, [`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay)).
+    /// [`GroupedSettings::choose`];
+    /// [`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend) forces one): all
+    /// groups of one size and no bias — one strided-batched GEMM on [`Gpu::stream`]; small unequal
+    /// groups of a forward or backward data — cuBLAS's grouped batched call on [`Gpu::stream`] (its
+    /// pointer arrays copied from the host: not capturable); otherwise each group's GEMM (cuBLASLt,
+    /// each shape's plan kept) on a pool of the engine's own streams, forked from [`Gpu::stream`]
+    /// with an event and joined back to it
+    /// ([`GpuOptions::grouped_streams`](crate::cuda::GpuOptions::grouped_streams) lanes, 4 by
+    /// default: the GEMMs of many experts run side by side), so that work enqueued on
+    /// [`Gpu::stream`] afterwards sees every group. The pool's streams are created with a workspace
+    /// each ([`GpuOptions::workspace_bytes`](crate::cuda::GpuOptions::workspace_bytes)) on the
+    /// first pooled call, and kept until the engine is dropped. A pooled or in-order call repeated
+    /// on the same buffers and sizes is captured once into a CUDA graph of the whole call and
+    /// replayed from then on (with graph replay on,
+    /// [`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay)).
     ///
     /// Group sizes are host counts ([`Gpu::grouped_offsets`] brings PyTorch's `offs` to the
     /// host), so a pooled, in-order or strided call is capturable into a CUDA graph of
@@ -115,8 +118,9 @@ impl Gpu {
     ///
     /// # Safety
     /// As [`Gpu::gemm_raw`]: device memory of this context valid until the call has run on
-    /// `stream`, `stream` a live stream of this context, nothing touching the buffers
-    /// concurrently except in stream order. With [`GpuOptions::check_raw_addresses`](crate::cuda::GpuOptions::check_raw_addresses) on, an
+    /// `stream`, `stream` a live stream of this context, nothing touching the buffers concurrently
+    /// except in stream order. With
+    /// [`GpuOptions::check_raw_addresses`](crate::cuda::GpuOptions::check_raw_addresses) on, an
     /// address this GPU cannot access is an error instead of a fault.
     ///
     /// # Errors
@@ -234,8 +238,9 @@ impl Gpu {
     ///
     /// # Errors
     /// As [`Gpu::grouped_gemm`]; [`Error::OutOfRange`] for `reps` outside 1 to 1000, before
-    /// anything runs. A forced backend ([`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend)) is set aside while
-    /// measuring and restored afterwards.
+    /// anything runs. A forced backend
+    /// ([`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend)) is set aside
+    /// while measuring and restored afterwards.
     #[allow(clippy::type_complexity)]
     pub fn tune_grouped<T: Element>(
         &self,

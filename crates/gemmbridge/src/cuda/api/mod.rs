@@ -1,10 +1,11 @@
-//! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability —
-//! its settings (`options.rs`, [`GpuOptions`]), its plans and tactics (`plans.rs`, [`Plans`]), GEMMs (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`),
-//! convolutions (`conv.rs`), attention (`attention.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning (`tune.rs`), diagnostics (`diagnostics.rs`,
-//! `info.rs`), the training layers ([`train`]) — over the checks every entry shares
-//! (`checks.rs`) and the operand types (`operands.rs`). Each entry validates its arguments,
-//! builds its call and hands it to the routing floor (`crate::cuda::route`) or to a library
-//! room; no entry calls another file's entry code.
+//! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability — its
+//! settings (`options.rs`, [`GpuOptions`]), its plans and tactics (`plans.rs`, [`Plans`]), GEMMs
+//! (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions (`conv.rs`), attention
+//! (`attention.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning
+//! (`tune.rs`), diagnostics (`diagnostics.rs`, `info.rs`), the training layers ([`train`]) — over
+//! the checks every entry shares (`checks.rs`) and the operand types (`operands.rs`). Each entry
+//! validates its arguments, builds its call and hands it to the routing floor
+//! (`crate::cuda::route`) or to a library room; no entry calls another file's entry code.
 
 mod attention;
 mod attention_fp8;

@@ -16,7 +16,8 @@ use crate::grouped::streams::{GroupedBackend, GroupedSettings};
 /// ```no_run
 /// use gemmbridge::cuda::{Backend, Gpu, GpuOptions};
 /// # fn main() -> Result<(), gemmbridge::Error> {
-/// let gpu = Gpu::with_options(0, GpuOptions::default().backend(Backend::Lt).sm_count_target(Some(131)))?;
+/// let gpu = Gpu::with_options(0,
+/// GpuOptions::default().backend(Backend::Lt).sm_count_target(Some(131)))?;
 /// assert_eq!(gpu.options().backend, Backend::Lt);
 /// # Ok(())
 /// # }
@@ -73,10 +74,10 @@ pub struct GpuOptions {
     /// replayed f32 64³ call, 1.65 → 2.16 µs bf16: `gemmbridge bench --ops launch`, fields
     /// `host_raw_us` and `host_raw_checked_us`), a third of the call itself.
     pub check_raw_addresses: bool,
-    /// How convolution algorithms are chosen (default [`ConvSearch::Heuristic`]). A problem
-    /// with an entry in a loaded tactic database ([`Plans::load_tactics`](super::Plans::load_tactics))
-    /// takes the entry's plan instead, unless cuDNN refuses it; a measured search's choice can
-    /// be stored there ([`Plans::conv2d_tactic`](super::Plans::conv2d_tactic)).
+    /// How convolution algorithms are chosen (default [`ConvSearch::Heuristic`]). A problem with an
+    /// entry in a loaded tactic database ([`Plans::load_tactics`](super::Plans::load_tactics))
+    /// takes the entry's plan instead, unless cuDNN refuses it; a measured search's choice can be
+    /// stored there ([`Plans::conv2d_tactic`](super::Plans::conv2d_tactic)).
     pub conv_search: ConvSearch,
     /// Which cuDNN API runs convolutions (default [`ConvApi::Graph`]; [`ConvApi::Legacy`] is
     /// there for comparisons). Plans are kept per API.

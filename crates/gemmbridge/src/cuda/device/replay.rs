@@ -31,7 +31,8 @@ use cudarc::driver::sys::CUstream;
 use super::capture::{capture, is_capturing, CaptureStream, GraphExec};
 use crate::error::{Error, Result};
 
-/// When repeated eager calls are replayed from cached CUDA graphs ([`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay)).
+/// When repeated eager calls are replayed from cached CUDA graphs
+/// ([`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay)).
 ///
 /// A call qualifies when it goes to cuBLASLt, its problem has at most `max_macs`
 /// multiply-adds, its bias needs no staging (16-byte aligned) and its stream is not being
@@ -54,10 +55,12 @@ pub struct GraphReplay {
     /// On which call with the same operands the graph is built; 0 counts as 1. Default 2: a
     /// call made once never pays for a capture.
     pub after_calls: u32,
-    /// Most graphs kept per `Gpu`. Default 1024; 0 keeps none (replay then never happens).
-    /// When full, further keys run directly (nothing is evicted); the cache empties with
-    /// [`Plans::clear`](crate::cuda::Plans::clear), [`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay),
-    /// [`Plans::load_tactics`](crate::cuda::Plans::load_tactics) and tuning (a graph bakes in its algorithm).
+    /// Most graphs kept per `Gpu`. Default 1024; 0 keeps none (replay then never happens). When
+    /// full, further keys run directly (nothing is evicted); the cache empties with
+    /// [`Plans::clear`](crate::cuda::Plans::clear),
+    /// [`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay),
+    /// [`Plans::load_tactics`](crate::cuda::Plans::load_tactics) and tuning (a graph bakes in its
+    /// algorithm).
     pub capacity: usize,
 }
 

@@ -182,7 +182,8 @@ pub(crate) struct DnnState {
     /// activation as two more calls).
     pub fuse: bool,
     pub api: ConvApi,
-    /// The most workspace a graph-API plan may take ([`crate::cuda::GpuOptions::conv_workspace_limit`]).
+    /// The most workspace a graph-API plan may take
+    /// ([`crate::cuda::GpuOptions::conv_workspace_limit`]).
     pub ws_limit: usize,
     /// The room's own workspace for plans that need more than the stream's: stream-ordered,
     /// grown (never shrunk) when a new plan needs more.
