@@ -3,7 +3,7 @@
 //! [`Gpu::update_options`], which says what each change reaches ([`Applied`]).
 
 use super::engine::Gpu;
-use crate::cuda::device::GraphReplay;
+use crate::cuda::device::{GraphReplay, Held};
 use crate::cuda::dnn::{ConvApi, ConvSearch, CONV_WORKSPACE_LIMIT};
 use crate::cuda::route::{Backend, Libraries, Padding};
 use crate::cuda::status;
@@ -258,7 +258,11 @@ impl Gpu {
 
     /// The settings in use ([`GpuOptions`]; the workspace size as it is, not `None`).
     pub fn options(&self) -> GpuOptions {
-        let st = self.lock();
+        self.read_options(&self.lock())
+    }
+
+    /// The settings in use, under the lock `st`.
+    fn read_options(&self, st: &Held<'_, Libraries>) -> GpuOptions {
         let libs = &st.libs;
         GpuOptions {
             backend: libs.backend,
@@ -279,7 +283,7 @@ impl Gpu {
 
     /// Changes settings of this live engine: `change` edits a copy of [`Gpu::options`]; the
     /// result is checked as at creation, then every setting it changed is applied (settings
-    /// another thread changed meanwhile and `change` left alone are kept). Returns what
+    /// another thread changed meanwhile and `change` left alone keep that thread's value). Returns what
     /// changed and how far each change reaches ([`Applied`], [`Reach`]):
     ///
     /// - the backend, the padding, the raw-address check, the forced grouped backend and the
@@ -326,49 +330,50 @@ impl Gpu {
         Ok(if major >= 9 { 32 << 20 } else { 4 << 20 })
     }
 
-    /// Applies every setting of `new` that differs from `old` (both checked), the fallible
-    /// step (cuBLAS's SM count target) first.
+    /// Applies every setting `new` changes against `old` (both checked) to the settings in use
+    /// (those `new` leaves as in `old` keep their current value), the fallible steps (binding
+    /// the context, cuBLAS's SM count target) first.
     pub(super) fn apply(&self, old: &GpuOptions, new: &GpuOptions) -> Result<Applied> {
-        let workspace = match new.workspace_bytes {
-            Some(n) => n,
-            None => self.recommended_workspace()?,
-        };
-        let mut changes = Vec::new();
+        let mut new = new.clone();
+        if new.workspace_bytes.is_none() {
+            new.workspace_bytes = Some(self.recommended_workspace()?);
+        }
         let mut st = self.lock();
-        if new.sm_count_target != old.sm_count_target || new.graph_replay != old.graph_replay {
+        let cur = self.read_options(&st);
+        if st.libs.lt.is_none() {
+            new.graph_replay = cur.graph_replay; // nothing is replayed: not kept
+        }
+        let (mut to, mut changes) = (cur.clone(), Vec::new());
+        macro_rules! changed {
+            ($($field:ident: $reach:expr),* $(,)?) => {$(
+                if new.$field != old.$field && new.$field != cur.$field {
+                    to.$field = new.$field.clone();
+                    changes.push(Change { setting: stringify!($field), reach: $reach });
+                }
+            )*};
+        }
+        changed!(backend: Reach::NextCall, workspace_bytes: Reach::NewStreams, padding: Reach::NextCall,
+            graph_replay: Reach::GraphsDropped(0), sm_count_target: Reach::NextCall,
+            check_raw_addresses: Reach::NextCall, conv_search: Reach::NewPlans, conv_api: Reach::NextCall,
+            conv_fusion: Reach::NextCall, conv_workspace_limit: Reach::NewPlans, attention_search: Reach::NewPlans,
+            grouped_backend: Reach::NextCall, grouped_streams: Reach::NextCall);
+        if to.sm_count_target != cur.sm_count_target || to.graph_replay != cur.graph_replay {
             self.device().bind()?; // cuBLAS's handle; replay graphs are destroyed
         }
-        if new.sm_count_target != old.sm_count_target {
-            let n = new.sm_count_target.unwrap_or(0);
+        if to.sm_count_target != cur.sm_count_target {
+            let n = to.sm_count_target.unwrap_or(0);
             st.libs.blas.set_sm_count_target(n as i32)?;
             st.libs.sm_count_target = n;
             if let Some(lt) = st.libs.lt.as_mut() {
                 lt.sm_count = n;
             }
         }
-        let mut note = |changed: bool, setting: &'static str, reach: Reach| {
-            if changed {
-                changes.push(Change { setting, reach });
-            }
-        };
-        note(new.backend != old.backend, "backend", Reach::NextCall);
-        note(Some(workspace) != old.workspace_bytes, "workspace_bytes", Reach::NewStreams);
-        note(new.padding != old.padding, "padding", Reach::NextCall);
-        if new.graph_replay != old.graph_replay {
-            note(true, "graph_replay", Reach::GraphsDropped(replace_replay(&mut st.libs, new.graph_replay)));
+        if let Some(c) = changes.iter_mut().find(|c| c.setting == "graph_replay") {
+            c.reach = Reach::GraphsDropped(replace_replay(&mut st.libs, to.graph_replay));
         }
-        note(new.sm_count_target != old.sm_count_target, "sm_count_target", Reach::NextCall);
-        note(new.check_raw_addresses != old.check_raw_addresses, "check_raw_addresses", Reach::NextCall);
-        note(new.conv_search != old.conv_search, "conv_search", Reach::NewPlans);
-        note(new.conv_api != old.conv_api, "conv_api", Reach::NextCall);
-        note(new.conv_fusion != old.conv_fusion, "conv_fusion", Reach::NextCall);
-        note(new.conv_workspace_limit != old.conv_workspace_limit, "conv_workspace_limit", Reach::NewPlans);
-        note(new.attention_search != old.attention_search, "attention_search", Reach::NewPlans);
-        note(new.grouped_backend != old.grouped_backend, "grouped_backend", Reach::NextCall);
-        note(new.grouped_streams != old.grouped_streams, "grouped_streams", Reach::NextCall);
-        st.dev.workspaces.bytes = workspace;
-        set_libraries(&mut st.libs, new);
-        self.device().set_check_raw_addresses(new.check_raw_addresses);
+        st.dev.workspaces.bytes = to.workspace_bytes.expect("resolved above");
+        set_libraries(&mut st.libs, &to);
+        self.device().set_check_raw_addresses(to.check_raw_addresses);
         Ok(Applied { changes })
     }
 }
