@@ -283,8 +283,8 @@ impl Gpu {
 
     /// Changes settings of this live engine: `change` edits a copy of [`Gpu::options`]; the
     /// result is checked as at creation, then every setting it changed is applied (settings
-    /// another thread changed meanwhile and `change` left alone keep that thread's value). Returns what
-    /// changed and how far each change reaches ([`Applied`], [`Reach`]):
+    /// another thread changed meanwhile and `change` left alone keep that thread's value).
+    /// Returns what changed and how far each change reaches ([`Applied`], [`Reach`]):
     ///
     /// - the backend, the padding, the raw-address check, the forced grouped backend and the
     ///   pool's streams: from the next call ([`Reach::NextCall`]); a larger pool's streams are
@@ -299,7 +299,8 @@ impl Gpu {
     ///   kept ([`Reach::NewStreams`]);
     /// - graph replay: every cached replay graph (of single calls and of whole grouped GEMMs)
     ///   is dropped, its count returned ([`Reach::GraphsDropped`]); later calls are captured
-    ///   again under the new settings. Without cuBLASLt nothing is replayed or kept.
+    ///   again under the new settings. Without cuBLASLt nothing is replayed: the setting is
+    ///   neither kept nor reported.
     ///
     /// A setting left as it is changes and drops nothing. `change` runs without the engine's
     /// lock held.
