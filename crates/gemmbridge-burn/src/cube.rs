@@ -44,14 +44,15 @@ fn tactics() -> &'static Mutex<Option<TacticDb>> {
 pub(crate) fn load_tactics(db: &TacticDb) {
     *tactics().lock().unwrap_or_else(|p| p.into_inner()) = Some(db.clone());
     for (g, _) in gpus().lock().unwrap_or_else(|p| p.into_inner()).values().flatten() {
-        g.load_tactics(db);
+        g.plans().load_tactics(db);
     }
 }
 
 /// gemmbridge `Gpu`s per device index, opened on first use (None when one cannot be): one for
 /// host-wait ordering, on the whole GPU, and one for device ordering, whose GEMMs leave
 /// [`crate::sm_reserve`] SMs to the wait kernel that spins on the caller's stream meanwhile
-/// (`order.rs`; [`Gpu::set_sm_count_target`] says why).
+/// (`order.rs`; [`GpuOptions::sm_count_target`](gemmbridge::cuda::GpuOptions::sm_count_target) says
+/// why).
 pub(crate) fn gpu(index: usize, device_ordered: bool) -> Option<Arc<Gpu>> {
     let (g, sms) = gpus()
         .lock()
@@ -61,7 +62,7 @@ pub(crate) fn gpu(index: usize, device_ordered: bool) -> Option<Arc<Gpu>> {
             Ok(g) => {
                 let sms = g.info().map(|i| i.sm_count.max(1) as u32).unwrap_or(1);
                 if let Some(db) = tactics().lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                    g.load_tactics(db);
+                    g.plans().load_tactics(db);
                 }
                 Some((Arc::new(g), sms))
             }
@@ -80,8 +81,8 @@ pub(crate) fn gpu(index: usize, device_ordered: bool) -> Option<Arc<Gpu>> {
             });
         }
         let want = (reserve > 0 && reserve < sms).then(|| sms - reserve);
-        if g.sm_count_target() != want {
-            if let Err(e) = g.set_sm_count_target(want) {
+        if g.options().sm_count_target != want {
+            if let Err(e) = g.update_options(|o| o.sm_count_target = want) {
                 tracing::warn!("gemmbridge-burn: SM count target {want:?} refused ({e}); all SMs used");
             }
         }

@@ -124,7 +124,7 @@ static SM_RESERVE: AtomicU32 = AtomicU32::new(1);
 /// next call. Device ordering's wait kernel spins on the caller's stream while the GEMM runs;
 /// on a GEMM that fills every SM it holds one CTA back until the others finish (measured on
 /// the H200, bf16 4096³: 1.46× the GEMM's time; leaving one SM free: 1.14×). The GEMMs are
-/// planned for the remaining SMs (gemmbridge's `Gpu::set_sm_count_target`) on a gemmbridge
+/// planned for the remaining SMs (gemmbridge's `GpuOptions::sm_count_target`) on a gemmbridge
 /// `Gpu` of their own (its own plans, handles and workspace per stream, 32 MiB on Hopper);
 /// host-wait calls use every SM. A reserve of the GPU's SM count or more leaves none: every SM
 /// is used (a warning is logged once).

@@ -6,7 +6,7 @@ use gemmbridge::cuda::Gpu;
 
 /// This machine's identity for the tactic database.
 pub fn identity(gpu: &Gpu) -> anyhow::Result<Identity> {
-    Ok(gpu.tactic_identity()?)
+    Ok(gpu.info()?.tactic_identity())
 }
 
 /// Loads a tactic database into `gpu`, printing its warnings.
@@ -19,6 +19,6 @@ pub fn load_db(gpu: &Gpu, path: &str) -> anyhow::Result<usize> {
     for w in warnings {
         eprintln!("warning: {w}");
     }
-    gpu.load_tactics(&db);
+    gpu.plans().load_tactics(&db);
     Ok(db.entries.len())
 }

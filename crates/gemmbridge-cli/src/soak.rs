@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use cudarc::driver::CudaStream;
-use gemmbridge::cuda::{Backend, Gpu};
+use gemmbridge::cuda::{library, Backend, Gpu, GpuOptions};
 
 use report::{Counters, Snapshot, Summary};
 use worker::Shared;
@@ -118,17 +118,16 @@ pub fn validate(args: &Args) -> anyhow::Result<Settings> {
 /// The three `Gpu`s (auto, lt, blas) on device 0's primary context.
 fn open() -> anyhow::Result<(Gpu, Gpu, Gpu)> {
     let auto = Gpu::new(0).map_err(|e| anyhow::anyhow!("soak needs a CUDA GPU: {e}"))?;
-    if !auto.has_lt() {
+    if !library::has_cublaslt() {
         bail!("soak needs cuBLASLt (libcublasLt), which was not found");
     }
     // SAFETY: every buffer the soak allocates is created, used, read back and freed on one
     // stream (its thread's), and the Gpus' own stream is never used; so cudarc's cross-stream
     // events have nothing to order.
     unsafe { auto.context().disable_event_tracking() };
-    let lt = Gpu::with_stream(auto.stream().clone()).context("a second Gpu (Backend::Lt) on the same context")?;
-    lt.set_backend(Backend::Lt);
-    let blas = Gpu::with_stream(auto.stream().clone()).context("a third Gpu (Backend::Blas) on the same context")?;
-    blas.set_backend(Backend::Blas);
+    let on = |backend| Gpu::with_stream(auto.stream().clone(), GpuOptions::default().backend(backend));
+    let lt = on(Backend::Lt).context("a second Gpu (Backend::Lt) on the same context")?;
+    let blas = on(Backend::Blas).context("a third Gpu (Backend::Blas) on the same context")?;
     Ok((auto, lt, blas))
 }
 

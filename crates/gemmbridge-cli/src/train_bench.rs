@@ -17,7 +17,7 @@
 
 use anyhow::bail;
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::train::Mlp;
+use gemmbridge::cuda::train::{Mlp, MlpOptions};
 use gemmbridge::cuda::Gpu;
 use gemmbridge::train::fp8::Fp8Training;
 use gemmbridge::train::{init_params, Activation, GeluBiasGrad, GeluPlacement, GradMode, LinearSpec, Placement};
@@ -157,15 +157,15 @@ fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
     let reps = args.reps;
     let layers = layers(op, n, k);
     let params = init_params(&layers, 1);
-    let mut mlp = match dtype {
-        "fp8" => Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params)?,
-        _ => Mlp::<T>::new(gpu, &layers, precision, &params)?,
-    };
-    mlp.set_gelu_placement(GeluPlacement {
+    let gelu = GeluPlacement {
         forward: args.gelu_forward.into(),
         backward: args.gelu_backward.into(),
         bias_grad: args.gelu_bias_grad.into(),
-    });
+    };
+    let mut mlp = match dtype {
+        "fp8" => Mlp::<T>::new_fp8(gpu, &layers, Fp8Training::default(), &params)?,
+        _ => Mlp::<T>::with_options(gpu, &layers, precision, &params, MlpOptions::default().gelu(gelu))?,
+    };
     let s = gpu.stream();
     let x: CudaSlice<T> = s.clone_htod(&crate::random::normal::<T>(tokens * k))?;
     let out = layers.last().map_or(0, |l| l.out_features);

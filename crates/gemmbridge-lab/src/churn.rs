@@ -21,7 +21,7 @@ use half::bf16;
 
 use gemmbridge::conv::Conv2d;
 use gemmbridge::cuda::train::Mlp;
-use gemmbridge::cuda::{Fp8Options, Gpu, GraphReplay};
+use gemmbridge::cuda::{Fp8Options, Gpu, GpuOptions, GraphReplay};
 use gemmbridge::fp8::{Fp8Format, Scaling, Source};
 use gemmbridge::train::{init_params, Activation, GradMode, LinearSpec};
 use gemmbridge::{reference, Error, GemmProblem, Precision, Result};
@@ -132,7 +132,7 @@ pub fn run(opts: &ChurnOptions) -> Result<ChurnReport> {
     let report = Arc::new(Mutex::new(ChurnReport::default()));
     // One Gpu first, on this thread: a machine without a GPU fails here, with the reason.
     let probe = Gpu::new(opts.ordinal)?;
-    let fp8 = probe.check_fp8(Scaling::Tensor).is_ok();
+    let fp8 = probe.info().is_ok_and(|i| i.check_fp8(Scaling::Tensor).is_ok());
     let dnn = gemmbridge::cuda::library::ensure_cudnn().is_ok();
     drop(probe);
     {
@@ -231,10 +231,8 @@ fn at(step: &'static str) -> impl Fn(Error) -> (&'static str, Error) {
 
 /// One Gpu: created, used, dropped (synchronised first unless `in_flight`).
 fn round_of(opts: &ChurnOptions, uses: Uses, rng: &mut Rng, in_flight: bool) -> Step<Done> {
-    let gpu = Gpu::new(opts.ordinal).map_err(at("Gpu::new"))?;
-    if !opts.graph_replay {
-        gpu.set_graph_replay(GraphReplay::off());
-    }
+    let replay = if opts.graph_replay { GraphReplay::default() } else { GraphReplay::off() };
+    let gpu = Gpu::with_options(opts.ordinal, GpuOptions::default().graph_replay(replay)).map_err(at("Gpu::new"))?;
     let s = gpu.stream().clone();
     let mut done = Done::default();
     // Three shapes, each with its own operands; a shape drawn twice is a repeated call (graph

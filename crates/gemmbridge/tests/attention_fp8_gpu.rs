@@ -90,7 +90,7 @@ fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
     eprintln!(
         "{what}: o error {e_gpu:.3e}, emulation {e_emu:.3e} (ratio {:.2}); plan {:?}",
         e_gpu / e_emu,
-        gpu.attention_plan(p, "forward_fp8")
+        gpu.plans().attention(p, "forward_fp8")
     );
     assert!(e_gpu <= 1.5 * e_emu, "{what}: FP8 o error {e_gpu:e} > 1.5 × the emulation's {e_emu:e}");
     // the statistics come from the dequantised q and k: the emulation's, up to f32 rounding
@@ -269,7 +269,7 @@ fn check_backward(gpu: &Gpu, c: &Case, grad: Fp8Format, rng: &mut StdRng) -> Res
             over.push(format!("{what}: FP8 d{} error {e_gpu:e} > 1.5 × the emulation's {e_emu:e}", t.name()));
         }
     }
-    eprintln!("{what}: plan {:?}", gpu.attention_plan(p, "backward_fp8"));
+    eprintln!("{what}: plan {:?}", gpu.plans().attention(p, "backward_fp8"));
     Ok(over)
 }
 

@@ -120,7 +120,7 @@ fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
     };
     let mut o = s.clone_htod(&poison::<T>(p.required_elems(AttnTensor::O))).unwrap();
     let mut lse = s.clone_htod(&vec![f32::NAN; p.stats_elems()]).unwrap();
-    gpu.attention_forward(p, qd, kd, vd, &mut o, Some(&mut lse), seq).unwrap();
+    gpu.attention_forward(p, [qd, kd, vd], &mut o, Some(&mut lse), seq).unwrap();
     let [q64, k64, v64] = [wide(&inp.qkv[0]), wide(&inp.qkv[1]), wide(&inp.qkv[2])];
     let want = reference::forward(p, &q64, &k64, &v64, lens_ref);
     let (o_got, lse_got) = (down(gpu, &o), wide(&s.clone_dtoh(&lse).unwrap()));
@@ -128,7 +128,7 @@ fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
     assert!(e <= BAND, "{what} forward o: rel error {e:e} > {BAND:e}");
     let e = reference::rel_error_stats(p, &lse_got, &want.lse, lens_ref);
     assert!(e <= BAND, "{what} forward lse: rel error {e:e} > {BAND:e}");
-    assert!(gpu.attention_plan(p, "forward").is_some());
+    assert!(gpu.plans().attention(p, "forward").is_some());
 
     // the backward from the GPU's own o and statistics, judged against float64 on the same
     let d_o = s.clone_htod(&inp.d_o).unwrap();
@@ -148,8 +148,8 @@ fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
     }
     eprintln!(
         "{what}: forward {:?}, backward {:?}",
-        gpu.attention_plan(p, "forward"),
-        gpu.attention_plan(p, "backward")
+        gpu.plans().attention(p, "forward"),
+        gpu.plans().attention(p, "backward")
     );
 }
 
@@ -193,42 +193,42 @@ fn bad_input_is_named_and_nothing_is_written() {
     };
     // lengths without var_len, var_len without lengths, lengths out of range
     let (lq, lkv) = ([7, 7], [129, 130]);
-    let e = gpu.attention_forward(&p, &q, &k, &v, &mut o, None, Some(SeqLens::host(&lq, &lkv))).unwrap_err();
+    let e = gpu.attention_forward(&p, [&q, &k, &v], &mut o, None, Some(SeqLens::host(&lq, &lkv))).unwrap_err();
     assert_eq!(shape(e), "lengths given to a problem without per-sequence lengths");
     let vp = p.with_var_len(true);
-    let e = gpu.attention_forward(&vp, &q, &k, &v, &mut o, None, None).unwrap_err();
+    let e = gpu.attention_forward(&vp, [&q, &k, &v], &mut o, None, None).unwrap_err();
     assert_eq!(shape(e), "a problem with per-sequence lengths was given none");
-    let e = gpu.attention_forward(&vp, &q, &k, &v, &mut o, None, Some(SeqLens::host(&lq, &lkv))).unwrap_err();
+    let e = gpu.attention_forward(&vp, [&q, &k, &v], &mut o, None, Some(SeqLens::host(&lq, &lkv))).unwrap_err();
     assert_eq!(shape(e), "a sequence length is outside 1 to the tensor's extent");
     // the bottom-right causal mask with fewer keys than queries
     let br = Attention::new(1, (8, 8), (9, 7), 64, DType::BF16).with_mask(AttnMask::CausalBottomRight);
-    let e = gpu.attention_forward(&br, &q, &k, &v, &mut o, None, None).unwrap_err();
+    let e = gpu.attention_forward(&br, [&q, &k, &v], &mut o, None, None).unwrap_err();
     assert_eq!(shape(e), "the bottom-right causal mask leaves query rows without keys");
     // a problem rule
-    let e = gpu.attention_forward(&Attention { d: 60, ..p }, &q, &k, &v, &mut o, None, None).unwrap_err();
+    let e = gpu.attention_forward(&Attention { d: 60, ..p }, [&q, &k, &v], &mut o, None, None).unwrap_err();
     assert_eq!(shape(e), "the head dimension is not a multiple of 8 up to 256");
     // dtype, size, alignment
-    let e = gpu.attention_forward(&Attention { dtype: DType::F16, ..p }, &q, &k, &v, &mut o, None, None);
+    let e = gpu.attention_forward(&Attention { dtype: DType::F16, ..p }, [&q, &k, &v], &mut o, None, None);
     assert!(matches!(e, Err(Error::DTypeMismatch { .. })), "{e:?}");
     let short = s.clone_htod(&normal::<bf16>(&mut rng, p.required_elems(AttnTensor::K) - 1)).unwrap();
-    let e = gpu.attention_forward(&p, &q, &short, &v, &mut o, None, None).unwrap_err();
+    let e = gpu.attention_forward(&p, [&q, &short, &v], &mut o, None, None).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::AttnK, .. }), "{e:?}");
     let mut lse = s.alloc_zeros::<f32>(p.stats_elems() - 1).unwrap();
-    let e = gpu.attention_forward(&p, &q, &k, &v, &mut o, Some(&mut lse), None).unwrap_err();
+    let e = gpu.attention_forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), None).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::AttnStats, .. }), "{e:?}");
     let big = s.clone_htod(&normal::<bf16>(&mut rng, p.required_elems(AttnTensor::Q) + 1)).unwrap();
-    let e = gpu.attention_forward(&p, &big.slice(1..), &k, &v, &mut o, None, None).unwrap_err();
+    let e = gpu.attention_forward(&p, [&big.slice(1..), &k, &v], &mut o, None, None).unwrap_err();
     assert!(matches!(e, Error::Misaligned { operand: Which::AttnQ, align: 16, .. }), "{e:?}");
     // an output over an input: o aliases q's memory (a second handle, forgotten after)
     // SAFETY: the alias is only passed as the output of a call that is refused before launch,
     // and forgotten (never freed twice).
     let mut alias = unsafe { s.upgrade_device_ptr::<bf16>(q.device_ptr(s).0, n_o) };
-    let e = gpu.attention_forward(&p, &q, &k, &v, &mut alias, None, None).unwrap_err();
+    let e = gpu.attention_forward(&p, [&q, &k, &v], &mut alias, None, None).unwrap_err();
     let _ = alias.leak();
     assert!(matches!(e, Error::OutputOverlapsInput { output: Which::AttnO, input: Which::AttnQ, .. }), "{e:?}");
     assert!(untouched(&o), "a refused call wrote the output");
     // the engine runs a good call afterwards
-    gpu.attention_forward(&p, &q, &k, &v, &mut o, None, None).unwrap();
+    gpu.attention_forward(&p, [&q, &k, &v], &mut o, None, None).unwrap();
     assert!(s.clone_dtoh(&o).unwrap().iter().all(|x| x.is_finite()));
 }
 
@@ -255,17 +255,17 @@ fn planned_attention_is_capturable() {
     let dev = unsafe { SeqLens::device(&lq, &lkv) };
     let mut oc = s.clone_htod(&poison::<f16>(n_o)).unwrap();
     s.begin_capture(mode).unwrap();
-    let e = gpu.attention_forward(&p, &q, &k, &v, &mut oc, None, Some(dev)).unwrap_err();
+    let e = gpu.attention_forward(&p, [&q, &k, &v], &mut oc, None, Some(dev)).unwrap_err();
     let _ = s.end_capture(CUgraphInstantiate_flags(0));
     assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
 
     let mut oe = s.clone_htod(&poison::<f16>(n_o)).unwrap();
-    gpu.attention_forward(&p, &q, &k, &v, &mut oe, None, Some(dev)).unwrap();
+    gpu.attention_forward(&p, [&q, &k, &v], &mut oe, None, Some(dev)).unwrap();
     let want = s.clone_dtoh(&oe).unwrap();
     s.synchronize().unwrap();
     s.begin_capture(mode).unwrap();
-    let host = gpu.attention_forward(&p, &q, &k, &v, &mut oc, None, Some(SeqLens::host(&hq, &hkv)));
-    let r = gpu.attention_forward(&p, &q, &k, &v, &mut oc, None, Some(dev));
+    let host = gpu.attention_forward(&p, [&q, &k, &v], &mut oc, None, Some(SeqLens::host(&hq, &hkv)));
+    let r = gpu.attention_forward(&p, [&q, &k, &v], &mut oc, None, Some(dev));
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
     assert!(matches!(host, Err(Error::NotCapturable { .. })), "{host:?}");
     r.unwrap();
@@ -323,10 +323,10 @@ fn measured_search_and_tactic_entries_keep_results_within_the_band() {
     // a measured search times every candidate on the call's own buffers; the call's results
     // are still the chosen plan's
     let searched = gpu();
-    searched.set_attention_search(true);
+    searched.update_options(|o| o.attention_search = true).unwrap();
     for c in [gqa, varlen] {
         check_case::<bf16>(&searched, c, &mut rng);
-        let t = searched.attention_tactic(&c.p, "forward");
+        let t = searched.plans().attention_tactic(&c.p, "forward");
         eprintln!("{}: measured search's tactic {t:?}", c.p.describe());
         if let Some((sig, t)) = t {
             assert_eq!(sig, forward_key(&c.p), "the documented key");
@@ -335,18 +335,18 @@ fn measured_search_and_tactic_entries_keep_results_within_the_band() {
     }
     // an entry cuDNN refuses (no such engine) is warned about and not used; an entry naming the
     // engine the search chose, without knob choices (cuDNN's defaults), is rebuilt and used
-    let plan = searched.attention_plan(&varlen.p, "forward").expect("planned above");
+    let plan = searched.plans().attention(&varlen.p, "forward").expect("planned above");
     let engine: i64 = plan.split_whitespace().nth(1).and_then(|e| e.parse().ok()).expect("\"engine N …\"");
     let version = gemmbridge::cuda::cudnn_version().expect("cuDNN loaded");
     for (index, used) in [(999_999, false), (engine, true)] {
-        let mut db = TacticDb::new(searched.tactic_identity().unwrap());
+        let mut db = TacticDb::new(searched.info().unwrap().tactic_identity());
         let choice = Choice::CudnnEngine { engine: index, knobs: vec![], workspace: 0, unfused: false };
         db.entries.insert(forward_key(&varlen.p), Tactic::cudnn_attention(choice, version, 1.0, 1.0));
         let g = gpu();
-        g.load_tactics(&db);
+        g.plans().load_tactics(&db);
         check_case::<bf16>(&g, varlen, &mut rng);
-        let applied = g.applied_tactics().contains(&forward_key(&varlen.p));
-        assert_eq!(applied, used, "engine {index}: {:?}", g.attention_plan(&varlen.p, "forward"));
+        let applied = g.plans().applied_tactics().contains(&forward_key(&varlen.p));
+        assert_eq!(applied, used, "engine {index}: {:?}", g.plans().attention(&varlen.p, "forward"));
     }
 }
 
@@ -391,7 +391,7 @@ fn large_shapes_match_pytorch_math_backend() {
         let [q, k, v, d_o] = ["q", "k", "v", "do"].map(|x| s.clone_htod(&bf(x)).unwrap());
         let mut o = s.clone_htod(&poison::<bf16>(p.required_elems(AttnTensor::O))).unwrap();
         let mut lse = s.clone_htod(&vec![f32::NAN; p.stats_elems()]).unwrap();
-        gpu.attention_forward(&p, &q, &k, &v, &mut o, Some(&mut lse), None).unwrap();
+        gpu.attention_forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), None).unwrap();
         let mut grads: Vec<CudaSlice<bf16>> = [AttnTensor::Q, AttnTensor::K, AttnTensor::V]
             .iter()
             .map(|&t| s.clone_htod(&poison::<bf16>(p.required_elems(t))).unwrap())

@@ -11,11 +11,11 @@ mod common;
 
 use std::sync::RwLock;
 
-use common::{gpu, normal, poison, rng};
+use common::{gpu, gpu_with, normal, poison, rng};
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use gemmbridge::conv::{reference, Conv2d, ConvActivation, ConvLayout};
 use gemmbridge::cuda::tactics::{Choice, Library, ProblemKind, TacticDb};
-use gemmbridge::cuda::{cudnn_version, ConvApi, ConvSearch, Gpu};
+use gemmbridge::cuda::{cudnn_version, ConvApi, ConvSearch, Gpu, GpuOptions};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::rel_error;
 use gemmbridge::{Element, Error, Precision, Which};
@@ -83,7 +83,7 @@ fn check_problem<T: Element + DeviceRepr>(gpu: &Gpu, p: &Conv2d, rng: &mut rand:
             s.memcpy_htod(&poison::<T>(ly), &mut y).unwrap();
             gpu.conv2d_fused(p, &xd, &wd, &bd, act, &mut y).unwrap();
             let dir = if act == ConvActivation::Relu { "fused" } else { "fused_identity" };
-            let plan = gpu.conv2d_plan(p, dir);
+            let plan = gpu.plans().conv2d(p, dir);
             verdict(&format!("fused {act:?} call {call} (plan: {plan:?})"), &down(gpu, &y), &want);
         }
     }
@@ -95,9 +95,9 @@ fn check_problem<T: Element + DeviceRepr>(gpu: &Gpu, p: &Conv2d, rng: &mut rand:
     verdict("backward filter", &down(gpu, &dw), &reference::backward_filter(p, &wide(&x), &wide(&dy)));
     eprintln!(
         "ok {what}: forward {:?}, backward data {:?}, backward filter {:?}",
-        gpu.conv2d_plan(p, "forward"),
-        gpu.conv2d_plan(p, "backward_data"),
-        gpu.conv2d_plan(p, "backward_filter")
+        gpu.plans().conv2d(p, "forward"),
+        gpu.plans().conv2d(p, "backward_data"),
+        gpu.plans().conv2d(p, "backward_filter")
     );
 }
 
@@ -126,7 +126,7 @@ fn every_direction_matches_float64() {
 fn measured_search_matches_float64() {
     let _shared = shared();
     let gpu = gpu();
-    gpu.set_conv_search(ConvSearch::Measured);
+    gpu.update_options(|o| o.conv_search = ConvSearch::Measured).unwrap();
     let mut rng = rng();
     for p in shapes(Precision::BF16).into_iter().take(3) {
         check_problem::<bf16>(&gpu, &p, &mut rng);
@@ -144,14 +144,14 @@ fn legacy_api_and_unfused_graph_match_float64() {
     let _shared = shared();
     let mut rng = rng();
     let gpu = gpu();
-    gpu.set_conv_api(ConvApi::Legacy);
+    gpu.update_options(|o| o.conv_api = ConvApi::Legacy).unwrap();
     every_shape::<f16>(&gpu, Precision::F16, &mut rng);
     every_shape::<f32>(&gpu, Precision::F32, &mut rng);
     let gpu = self::gpu();
-    gpu.set_conv_fusion(false);
+    gpu.update_options(|o| o.conv_fusion = false).unwrap();
     for p in shapes(Precision::BF16).into_iter().take(4) {
         check_problem::<bf16>(&gpu, &p, &mut rng);
-        let plan = gpu.conv2d_plan(&p, "fused");
+        let plan = gpu.plans().conv2d(&p, "fused");
         assert!(plan.as_deref().is_some_and(|d| d.contains("unfused")), "fusion off runs unfused: {plan:?}");
     }
 }
@@ -180,7 +180,7 @@ fn element_aligned_views_match_float64() {
         let got = down(&gpu, &y);
         let e = rel_error(&got[offset..offset + ly], &want);
         assert!(e <= p.precision.tolerance(), "offset {offset}: rel error {e:e}");
-        eprintln!("offset {offset}: {:?}", gpu.conv2d_plan(&p, "forward"));
+        eprintln!("offset {offset}: {:?}", gpu.plans().conv2d(&p, "forward"));
     }
 }
 
@@ -279,7 +279,7 @@ fn prewarmed_convolutions_are_capturable() {
     assert_eq!(bits(&s.clone_dtoh(&dxc).unwrap()), bits(&want_dx), "captured backward data");
 }
 
-/// The directions the tactic-database test runs (`Gpu::conv2d_plan`'s names).
+/// The directions the tactic-database test runs (`Plans::conv2d`'s names).
 const DIRECTIONS: [&str; 3] = ["forward", "fused", "backward_data"];
 
 /// One problem's host inputs: x, w, the bias, dy.
@@ -342,19 +342,19 @@ fn measured_plans_round_trip_through_the_tactic_database() {
     let inputs =
         Inputs { x: normal(&mut rng, lx), w: normal(&mut rng, lw), b: normal(&mut rng, p.k), dy: normal(&mut rng, ly) };
     for api in [ConvApi::Graph, ConvApi::Legacy] {
-        let tuned = gpu();
-        tuned.set_conv_api(api);
-        tuned.set_conv_search(ConvSearch::Measured);
+        let tuned = gpu_with(GpuOptions::default().conv_api(api).conv_search(ConvSearch::Measured));
         let want = outputs(&tuned, &p, &inputs);
         check_outputs(&p, &inputs, &want, &format!("{api:?} measured"));
         // the tuned plans repeat their own bits (else equality below would prove nothing)
         assert!(outputs(&tuned, &p, &inputs) == want, "{api:?}: the measured plans are not deterministic");
-        let identity = tuned.tactic_identity().unwrap();
+        let identity = tuned.info().unwrap().tactic_identity();
         assert!(identity.cudnn.is_some() && identity.cudnn == cudnn_version(), "{identity:?}");
         let mut db = TacticDb::new(identity.clone());
         for d in DIRECTIONS {
-            let (sig, t) =
-                tuned.conv2d_tactic(&p, d).unwrap_or_else(|| panic!("{api:?} {d}: no tactic after a measured search"));
+            let (sig, t) = tuned
+                .plans()
+                .conv2d_tactic(&p, d)
+                .unwrap_or_else(|| panic!("{api:?} {d}: no tactic after a measured search"));
             let api_part = if api == ConvApi::Graph { " graph al" } else { " legacy alany" };
             assert!(sig.starts_with("conv2d ") && sig.contains(api_part), "{sig}");
             assert_eq!((t.library, t.kind, Some(t.version)), (Library::Cudnn, ProblemKind::Conv2d, identity.cudnn));
@@ -367,7 +367,7 @@ fn measured_plans_round_trip_through_the_tactic_database() {
             eprintln!("{sig}: {t:?}");
             db.entries.insert(sig, t);
         }
-        assert_eq!(tuned.conv2d_tactics().len(), DIRECTIONS.len(), "{:?}", tuned.conv2d_tactics());
+        assert_eq!(tuned.plans().conv2d_tactics().len(), DIRECTIONS.len(), "{:?}", tuned.plans().conv2d_tactics());
         if api == ConvApi::Graph {
             // cuDNN's tensor-core engines all carry tile/stage knobs: a database that stores none
             // rebuilds other (on the H200, up to 7.7× slower) configurations of the same engine
@@ -386,17 +386,20 @@ fn measured_plans_round_trip_through_the_tactic_database() {
         let _ = std::fs::remove_file(&path);
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(loaded.entries, db.entries);
-        let fresh = gpu();
-        fresh.set_conv_api(api);
-        fresh.load_tactics(&loaded);
+        let fresh = gpu_with(GpuOptions::default().conv_api(api));
+        fresh.plans().load_tactics(&loaded);
         let got = outputs(&fresh, &p, &inputs);
         for (i, d) in DIRECTIONS.iter().enumerate() {
-            let (a, b) = (tuned.conv2d_plan(&p, d).unwrap(), fresh.conv2d_plan(&p, d).unwrap());
+            let (a, b) = (tuned.plans().conv2d(&p, d).unwrap(), fresh.plans().conv2d(&p, d).unwrap());
             eprintln!("{api:?} {d}: measured {a}; from the database {b}");
             assert!(b.contains("tactic database"), "{api:?} {d}: not the database's plan: {b}");
             assert_eq!(plan_id(&a), plan_id(&b), "{api:?} {d}");
             assert!(got[i] == want[i], "{api:?} {d}: the database's plan gives other bits");
-            assert_eq!(fresh.conv2d_tactic(&p, d), None, "{api:?} {d}: a plan from the database is no measurement");
+            assert_eq!(
+                fresh.plans().conv2d_tactic(&p, d),
+                None,
+                "{api:?} {d}: a plan from the database is no measurement"
+            );
         }
 
         refused_entries_fall_back(api, &p, &inputs, &loaded);
@@ -414,13 +417,12 @@ fn refused_entries_fall_back(api: ConvApi, p: &Conv2d, inputs: &Inputs, loaded: 
             other => panic!("not a convolution choice: {other:?}"),
         }
     }
-    let fallback = gpu();
-    fallback.set_conv_api(api);
-    fallback.load_tactics(&bad);
+    let fallback = gpu_with(GpuOptions::default().conv_api(api));
+    fallback.plans().load_tactics(&bad);
     let got = outputs(&fallback, p, inputs);
     check_outputs(p, inputs, &got, &format!("{api:?} after a refused entry"));
     for d in DIRECTIONS {
-        let plan = fallback.conv2d_plan(p, d).unwrap();
+        let plan = fallback.plans().conv2d(p, d).unwrap();
         assert!(!plan.contains("tactic database"), "{api:?} {d}: {plan}");
     }
 }

@@ -92,7 +92,7 @@ fn run<T: Element + DeviceRepr>(
 fn check_list<T: Element + DeviceRepr>(gpu: &Gpu, precision: Precision, bias: bool, rng: &mut StdRng) {
     let problems = list(precision, bias);
     for way in candidates(&problems).into_iter().map(Some).chain([None]) {
-        gpu.set_grouped_backend(way);
+        gpu.update_options(|o| o.grouped_backend = way).unwrap();
         let mut ms = members::<T>(gpu, &problems, rng);
         let got = run(gpu, &problems, &mut ms).unwrap_or_else(|e| panic!("{precision} {way:?}: {e}"));
         for (i, ((p, m), c)) in problems.iter().zip(&ms).zip(&got).enumerate() {
@@ -107,14 +107,14 @@ fn check_list<T: Element + DeviceRepr>(gpu: &Gpu, precision: Precision, bias: bo
             assert!(e <= precision.tolerance(), "{precision} {way:?}: GEMM {i} rel error {e:e}");
         }
     }
-    gpu.set_grouped_backend(None);
+    gpu.update_options(|o| o.grouped_backend = None).unwrap();
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_list_of_unlike_gemms_matches_each_gemm_alone_on_every_way() {
     let (gpu, mut rng) = (gpu(), rng());
-    gpu.set_grouped_streams(3).unwrap();
+    gpu.update_options(|o| o.grouped_streams = 3).unwrap();
     check_list::<bf16>(&gpu, Precision::BF16, false, &mut rng);
     check_list::<bf16>(&gpu, Precision::BF16, true, &mut rng);
     check_list::<f32>(&gpu, Precision::F32, false, &mut rng);
@@ -130,7 +130,7 @@ fn raw<T>(s: &CudaSlice<T>, gpu: &Gpu) -> RawBuffer {
 #[ignore = "needs a CUDA GPU"]
 fn the_raw_forms_give_the_typed_forms_bits() {
     let (gpu, mut rng) = (gpu(), rng());
-    gpu.set_grouped_backend(Some(GroupedBackend::StreamPool));
+    gpu.update_options(|o| o.grouped_backend = Some(GroupedBackend::StreamPool)).unwrap();
     let problems = list(Precision::BF16, true);
     let mut ms = members::<bf16>(&gpu, &problems, &mut rng);
     let typed = run(&gpu, &problems, &mut ms).unwrap();
@@ -170,7 +170,7 @@ fn the_raw_forms_give_the_typed_forms_bits() {
         Err(Error::BufferTooSmall { operand: Which::Grouped("y"), needed_elems, .. }) => assert_eq!(needed_elems, lc),
         other => panic!("{other:?}"),
     }
-    gpu.set_grouped_backend(None);
+    gpu.update_options(|o| o.grouped_backend = None).unwrap();
 }
 
 #[test]
@@ -221,10 +221,10 @@ fn bad_members_are_named_by_their_place_and_nothing_is_written() {
         other => panic!("{other:?}"),
     }
     // a forced way the list does not take
-    gpu.set_grouped_backend(Some(GroupedBackend::StridedBatch));
+    gpu.update_options(|o| o.grouped_backend = Some(GroupedBackend::StridedBatch)).unwrap();
     let mut ms = members::<bf16>(&gpu, &problems, &mut rng);
     assert!(matches!(run(&gpu, &problems, &mut ms), Err(Error::Unsupported { .. })));
-    gpu.set_grouped_backend(None);
+    gpu.update_options(|o| o.grouped_backend = None).unwrap();
     // the engine is usable afterwards
     run(&gpu, &problems, &mut ms).unwrap();
 }
@@ -255,15 +255,15 @@ fn a_member_pointer_off_16_bytes_takes_the_pool() {
         })
         .collect();
     let untouched = || ms.iter().all(|m| s.clone_dtoh(&m.dev[2]).unwrap().iter().all(|v| v.to_f64().is_nan()));
-    assert_eq!(gpu.gemm_group_backend_for(&problems).unwrap(), GroupedBackend::GroupedBatched);
-    gpu.set_grouped_backend(Some(GroupedBackend::GroupedBatched));
+    assert_eq!(gpu.plans().gemm_group_backend(&problems).unwrap(), GroupedBackend::GroupedBatched);
+    gpu.update_options(|o| o.grouped_backend = Some(GroupedBackend::GroupedBatched)).unwrap();
     // SAFETY: every buffer is a live allocation of this context used on its stream only.
     match unsafe { gpu.gemm_group_raw(&list, s.cu_stream()) } {
         Err(Error::Unsupported { what, .. }) => assert!(what.contains("not 16-byte aligned"), "{what}"),
         other => panic!("{other:?}"),
     }
     assert!(untouched());
-    gpu.set_grouped_backend(None);
+    gpu.update_options(|o| o.grouped_backend = None).unwrap();
     // SAFETY: as above.
     unsafe { gpu.gemm_group_raw(&list, s.cu_stream()) }.unwrap();
     for (i, (p, m)) in problems.iter().zip(&ms).enumerate() {

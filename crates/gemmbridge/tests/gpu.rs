@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::{cases, check, gpu, normal, operands, poison, rng, Case};
+use common::{cases, check, gpu, gpu_with, normal, operands, poison, rng, Case};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
-use gemmbridge::cuda::{Backend, Gpu, Padding, RawBuffer, RawOperands, Scale};
+use gemmbridge::cuda::{Backend, Gpu, GpuOptions, Padding, RawBuffer, RawOperands, Scale};
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::reference::rel_error;
 use gemmbridge::{Element, Error, GemmProblem, MatrixLayout, Op, Precision, Which};
@@ -44,9 +44,8 @@ fn every_case<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
     backend: Backend,
     padding: Padding,
 ) {
-    let gpu = gpu();
-    gpu.set_backend(backend);
-    gpu.set_padding(padding);
+    let gpu = gpu_with(GpuOptions::default().backend(backend).padding(padding));
+    assert_eq!((gpu.options().backend, gpu.options().padding), (backend, padding));
     let mut rng = rng();
     let mut worst = 0.0f64;
     let all = cases(&SHAPES);
@@ -166,7 +165,7 @@ fn misaligned_bases<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(precisio
     let gpu = gpu();
     let mut rng = rng();
     for padding in [pad_always(), Padding::off()] {
-        gpu.set_padding(padding);
+        gpu.update_options(|o| o.padding = padding).unwrap();
         for (p, beta) in [
             (GemmProblem::linear(300, 200, 100, precision).unwrap(), 0.0f32),
             (GemmProblem::matmul(129, 65, 255, precision).unwrap(), 0.75),
@@ -385,7 +384,7 @@ fn alpha_zero_does_not_read_inputs() {
     let a = upload(&gpu, &[f32::INFINITY; 16]);
     let b = upload(&gpu, &[f32::NAN; 16]);
     for backend in [Backend::Auto, Backend::Blas, Backend::Lt] {
-        gpu.set_backend(backend);
+        gpu.update_options(|o| o.backend = backend).unwrap();
         let mut c = upload(&gpu, &[2.0f32; 16]);
         gpu.gemm(&p, 0.0, &a, &b, 0.5, &mut c).unwrap();
         assert_eq!(download(&gpu, &c), vec![1.0f32; 16], "{backend:?}");
@@ -413,7 +412,7 @@ fn outputs_side_by_side_in_each_row() {
     let mut want = vec![f32::NAN; m * batch * n];
     gemmbridge::cpu::gemm(&p, 1.0, &a, &b, 0.0, &mut want).unwrap();
     for backend in [Backend::Auto, Backend::Lt, Backend::Blas] {
-        gpu.set_backend(backend);
+        gpu.update_options(|o| o.backend = backend).unwrap();
         let (da, db) = (upload(&gpu, &a), upload(&gpu, &b));
         let mut dc = upload(&gpu, &vec![f32::NAN; m * batch * n]);
         gpu.gemm(&p, 1.0, &da, &db, 0.0, &mut dc).unwrap();

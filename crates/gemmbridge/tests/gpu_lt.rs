@@ -5,10 +5,12 @@
 mod common;
 mod lt_common;
 
-use common::{gpu, normal, poison, rng, Case};
+use common::{gpu, gpu_with, normal, poison, rng, Case};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, DevicePtrMut, DeviceRepr};
-use gemmbridge::cuda::{Backend, Extras, Gpu, GraphReplay, Padding, RawBuffer, RawOperands, Scale};
+use gemmbridge::cuda::{
+    Backend, Change, Extras, Gpu, GpuOptions, GraphReplay, Padding, RawBuffer, RawOperands, Reach, Scale,
+};
 use lt_common::{error_vs_reference, exclusive, raw, shared, wide, RawExtras};
 
 use gemmbridge::epilogue::{AuxUse, VectorUse};
@@ -100,9 +102,7 @@ fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
     padding: Padding,
 ) {
     let (_shared, _exclusive) = if replay.enabled { (None, Some(exclusive())) } else { (Some(shared()), None) };
-    let gpu = gpu();
-    gpu.set_graph_replay(replay);
-    gpu.set_padding(padding);
+    let gpu = gpu_with(GpuOptions::default().graph_replay(replay).padding(padding));
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
     let mut cases = 0;
@@ -134,10 +134,10 @@ fn all_epilogues<TI: Element + DeviceRepr, TO: Element + DeviceRepr>(
             }
         }
     }
-    eprintln!("{precision}: {cases} epilogue cases, worst rel error {worst:e}, {} replay graphs", gpu.cached_graphs());
+    eprintln!("{precision}: {cases} epilogue cases, worst rel error {worst:e}, {} replay graphs", gpu.plans().graphs());
     if replay.enabled && replay.after_calls == 1 {
         // every case without a staged bias is served by a graph captured on its first call
-        assert!(gpu.cached_graphs() > 0, "no replay graph in {cases} cases");
+        assert!(gpu.plans().graphs() > 0, "no replay graph in {cases} cases");
     }
     for f in &failures {
         eprintln!("{f}");
@@ -199,7 +199,7 @@ fn epilogues_padded() {
 fn blas_backend_refuses_epilogues() {
     let _lock = shared();
     let gpu = gpu();
-    gpu.set_backend(Backend::Blas);
+    gpu.update_options(|o| o.backend = Backend::Blas).unwrap();
     let p = GemmProblem::linear(8, 8, 8, Precision::F32).unwrap().with_epilogue(Epilogue::Relu).unwrap();
     let s = gpu.stream();
     let a = s.clone_htod(&[1.0f32; 64]).unwrap();
@@ -207,7 +207,7 @@ fn blas_backend_refuses_epilogues() {
     let e = gpu.gemm(&p, 1.0, &a, &a, 0.0, &mut c).unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     // a missing bias is named
-    gpu.set_backend(Backend::Auto);
+    gpu.update_options(|o| o.backend = Backend::Auto).unwrap();
     let p = p.with_epilogue(Epilogue::Bias).unwrap();
     let e = gpu.gemm(&p, 1.0, &a, &a, 0.0, &mut c).unwrap_err();
     assert!(matches!(e, Error::EpilogueOperand { operand: "bias", .. }), "{e}");
@@ -314,7 +314,7 @@ fn prewarm_capture_replay(gpu: &Gpu, call: GeluBiasCall, n: usize) -> f64 {
 fn padded_call_captures_after_prewarm() {
     let _lock = exclusive();
     let gpu = gpu();
-    gpu.set_padding(Padding::default().with_min_macs(0, 0, 0));
+    gpu.update_options(|o| o.padding = Padding::default().with_min_macs(0, 0, 0)).unwrap();
     let call = gelu_bias_call(gpu.stream(), (64, 95, 79));
     let err = prewarm_capture_replay(&gpu, call, 8);
     assert!(err <= 1e-2, "padded graph replay: {err:e}");
@@ -337,7 +337,7 @@ fn graph_replay_matches_direct_calls() {
     let (dw, dbias) = (s.clone_htod(&w).unwrap(), s.clone_htod(&bias).unwrap());
     let mut da = s.clone_htod(&normal::<f16>(&mut rng, m * k)).unwrap();
     let mut outs = [s.alloc_zeros::<f16>(m * n).unwrap(), s.alloc_zeros::<f16>(m * n).unwrap()];
-    assert!(gpu.graph_replay().enabled, "replay is on by default");
+    assert!(gpu.options().graph_replay.enabled, "replay is on by default");
     // (alpha, output buffer, graphs expected after the call)
     let calls =
         [(1.0, 0, 0), (1.0, 0, 1), (1.0, 0, 1), (1.0, 0, 1), (0.5, 0, 1), (0.5, 0, 2), (0.5, 1, 2), (0.5, 1, 3)];
@@ -349,15 +349,17 @@ fn graph_replay_matches_direct_calls() {
         gpu.gemm_fused(&p, Scale::new(alpha, 0.0), &da, &dw, &mut outs[o], ex).unwrap();
         let err = error_vs_reference(&p, alpha as f64, &s.clone_dtoh(&outs[o]).unwrap(), (&a, &w), Some(&bias));
         assert!(err <= 1e-2, "call {i} (alpha {alpha}, output {o}): rel error {err:e}");
-        assert_eq!(gpu.cached_graphs(), graphs, "graphs after call {i}");
+        assert_eq!(gpu.plans().graphs(), graphs, "graphs after call {i}");
     }
-    gpu.set_graph_replay(GraphReplay::off());
-    assert_eq!(gpu.cached_graphs(), 0);
+    // turning replay off drops the three graphs and says so
+    let applied = gpu.update_options(|o| o.graph_replay = GraphReplay::off()).unwrap();
+    assert_eq!(applied.changes, [Change { setting: "graph_replay", reach: Reach::GraphsDropped(3) }]);
+    assert_eq!(gpu.plans().graphs(), 0);
     for _ in 0..3 {
         gpu.gemm_fused(&p, Scale::PRODUCT, &da, &dw, &mut outs[0], Extras { bias: Some(&dbias), ..Extras::default() })
             .unwrap();
     }
-    assert_eq!(gpu.cached_graphs(), 0, "replay off caches nothing");
+    assert_eq!(gpu.plans().graphs(), 0, "replay off caches nothing");
 }
 
 /// A call whose graph is cached is captured as a direct call when the caller's stream is being
@@ -382,7 +384,7 @@ fn graph_replay_steps_aside_during_capture() {
     };
     call().unwrap();
     call().unwrap();
-    assert_eq!(gpu.cached_graphs(), 1);
+    assert_eq!(gpu.plans().graphs(), 1);
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
     let captured = (0..3).try_for_each(|_| call());
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
@@ -392,7 +394,7 @@ fn graph_replay_steps_aside_during_capture() {
     graph.launch().unwrap();
     let err = error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
     assert!(err <= 1e-2, "caller's graph: {err:e}");
-    assert_eq!(gpu.cached_graphs(), 1);
+    assert_eq!(gpu.plans().graphs(), 1);
 
     // A call first made twice inside the caller's capture (a new key: another α) falls due
     // there; nothing is captured then, and the next call outside the capture captures it.
@@ -410,14 +412,14 @@ fn graph_replay_steps_aside_during_capture() {
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
     captured.unwrap();
     let graph = graph.unwrap().expect("a graph");
-    assert_eq!(gpu.cached_graphs(), 1, "nothing captured into the caller's capture");
+    assert_eq!(gpu.plans().graphs(), 1, "nothing captured into the caller's capture");
     s.memcpy_htod(&poison::<bf16>(64 * 96), &mut dc).unwrap();
     graph.launch().unwrap();
     let err = error_vs_reference(&p, 0.5, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
     assert!(err <= 1e-2, "caller's second graph: {err:e}");
     s.memcpy_htod(&poison::<bf16>(64 * 96), &mut dc).unwrap();
     call2().unwrap();
-    assert_eq!(gpu.cached_graphs(), 2, "the postponed capture happens on the next eager call");
+    assert_eq!(gpu.plans().graphs(), 2, "the postponed capture happens on the next eager call");
     let err = error_vs_reference(&p, 0.5, &s.clone_dtoh(&dc).unwrap(), (&a, &w), Some(&bias));
     assert!(err <= 1e-2, "first replayed call after the caller's capture: {err:e}");
 }

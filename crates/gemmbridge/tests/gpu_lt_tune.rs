@@ -39,7 +39,7 @@ fn autotune_keeps_correct_results() {
     // eager call, measured on the H200): timed in graph replay
     assert!(report.timed_in_graph, "{report:?}");
     assert_eq!(tactic.lt_algo().map(|(algo, _)| algo), Some(report.algorithm.data));
-    assert_eq!(tactic.version, gpu.tactic_identity().unwrap().cublaslt);
+    assert_eq!(tactic.version, gpu.info().unwrap().tactic_identity().cublaslt);
     let mut dc = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
     gpu.gemm(&p, 1.0, &dx, &dw, 0.0, &mut dc).unwrap();
     assert!(error_vs_reference(&p, 1.0, &s.clone_dtoh(&dc).unwrap(), (&x, &w), None) <= 1e-2);
@@ -212,7 +212,7 @@ fn blas_and_lt_agree() {
     let (da, db) = (s.clone_htod(&a).unwrap(), s.clone_htod(&b).unwrap());
     let mut outs = Vec::new();
     for backend in [Backend::Blas, Backend::Lt] {
-        gpu.set_backend(backend);
+        gpu.update_options(|o| o.backend = backend).unwrap();
         let mut dc = s.clone_htod(&poison::<f32>(300 * 200)).unwrap();
         gpu.gemm(&p, 1.0, &da, &db, 0.0, &mut dc).unwrap();
         outs.push(wide(&s.clone_dtoh(&dc).unwrap()));

@@ -122,7 +122,7 @@ fn check<O: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, recipe: (Scalin
 fn every_product_and_recipe_matches_the_emulation_at_ragged_sizes() {
     let _shared = shared();
     let (gpu, mut rng) = (gpu(), rng());
-    gpu.set_grouped_streams(3).unwrap();
+    gpu.update_options(|o| o.grouped_streams = 3).unwrap();
     for op in OPS {
         for recipe in RECIPES {
             let p = GroupedProblem::new(op, &SIZES, 256, 384, Precision::BF16).unwrap();
@@ -155,12 +155,12 @@ fn the_pool_and_in_order_give_the_same_bits() {
         let (qa, qb) = random_quantized(&gpu, &p, (Scaling::Row, Scaling::Row), &mut rng);
         let mut outs = Vec::new();
         for backend in [Some(GroupedBackend::InOrder), Some(GroupedBackend::StreamPool), None] {
-            gpu.set_grouped_backend(backend);
+            gpu.update_options(|o| o.grouped_backend = backend).unwrap();
             let mut c = s.clone_htod(&poison::<bf16>(lc)).unwrap();
             gpu.grouped_fp8_gemm(&p, &qa, &qb, &mut c, None, Fp8Options::default()).unwrap();
             outs.push(s.clone_dtoh(&c).unwrap());
         }
-        gpu.set_grouped_backend(None);
+        gpu.update_options(|o| o.grouped_backend = None).unwrap();
         assert!(outs[0][..written(&p)].iter().all(|v| v.is_finite()), "{op:?}");
         for o in &outs[1..] {
             assert!(
@@ -186,10 +186,10 @@ fn a_repeated_call_replays_the_first_calls_bits() {
         let p = GroupedProblem::new(op, &[40, 0, 300, 7, 129], 128, 256, Precision::BF16).unwrap();
         // on the pool, and in order (on the capture stream, with its own workspace)
         for way in [None, Some(GroupedBackend::InOrder)] {
-            gpu.set_grouped_backend(way);
+            gpu.update_options(|o| o.grouped_backend = way).unwrap();
             replays::<bf16>(&gpu, &p, (Scaling::Row, Scaling::Row), &mut rng);
         }
-        gpu.set_grouped_backend(None);
+        gpu.update_options(|o| o.grouped_backend = None).unwrap();
         let p = GroupedProblem::new(op, &[40, 0, 300, 7, 129], 36, 256, Precision::F16).unwrap();
         replays::<f16>(&gpu, &p, (Scaling::Block1x128, Scaling::Block128x128), &mut rng);
     }
@@ -207,13 +207,13 @@ fn replays<O: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, recipe: (Scal
         s.clone_dtoh(c).unwrap()
     };
     let first = call(&mut c);
-    let before = gpu.cached_graphs();
+    let before = gpu.plans().graphs();
     let what = format!("{} {recipe:?}", p.describe());
     let mut runs = Vec::new();
-    while gpu.cached_graphs() == before && runs.len() < 8 {
+    while gpu.plans().graphs() == before && runs.len() < 8 {
         runs.push(call(&mut c));
     }
-    assert_eq!(gpu.cached_graphs(), before + 1, "{what}: one graph of the whole call");
+    assert_eq!(gpu.plans().graphs(), before + 1, "{what}: one graph of the whole call");
     runs.extend([call(&mut c), call(&mut c)]);
     assert!(first[..written(p)].iter().all(|v| v.to_f64().is_finite()), "{what}");
     for (i, r) in runs.iter().enumerate() {
@@ -320,12 +320,12 @@ fn bad_input_is_named_and_nothing_is_written() {
     let e = gpu.grouped_fp8_gemm(&p, &qx, &qw, &mut y, Some(&bias), opts).unwrap_err();
     assert!(matches!(e, Error::EpilogueOperand { .. }), "{e}");
     // a forced way FP8 groups do not take
-    gpu.set_grouped_backend(Some(GroupedBackend::GroupedBatched));
+    gpu.update_options(|o| o.grouped_backend = Some(GroupedBackend::GroupedBatched)).unwrap();
     match gpu.grouped_fp8_gemm(&p, &qx, &qw, &mut y, None, opts) {
         Err(Error::Unsupported { what, .. }) => assert!(what.contains("GroupedBatched"), "{what}"),
         other => panic!("{other:?}"),
     }
-    gpu.set_grouped_backend(None);
+    gpu.update_options(|o| o.grouped_backend = None).unwrap();
     // an FP8 rule broken in a group: fast accumulation with block scales
     let (bx, bw) = quantize(&gpu, &p, (&dx, &dw), (Scaling::Block1x128, Scaling::Block128x128));
     let fast = Fp8Options { fast_accum: true, ..opts };

@@ -41,10 +41,10 @@ fn ways(p: &GroupedProblem) -> Vec<GroupedBackend> {
 fn check<T: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, rng: &mut StdRng) -> f64 {
     let mut worst = 0f64;
     for backend in ways(p).into_iter().map(Some).chain([None]) {
-        gpu.set_grouped_backend(backend);
+        gpu.update_options(|o| o.grouped_backend = backend).unwrap();
         worst = worst.max(check_one::<T>(gpu, p, rng));
     }
-    gpu.set_grouped_backend(None);
+    gpu.update_options(|o| o.grouped_backend = None).unwrap();
     worst
 }
 
@@ -62,7 +62,7 @@ fn check_one<T: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, rng: &mut S
     let mut want = vec![f64::NAN; lc];
     reference::run(p, &wide(&a), &wide(&b), bias.as_ref().map(|v| wide(v)).as_deref(), &mut want);
     let tol = p.precision().tolerance();
-    let how = gpu.grouped_backend_for(p).unwrap();
+    let how = gpu.plans().grouped_backend(p).unwrap();
     let mut e = rel_error(&got, &want);
     assert!(e <= tol, "{} on {how:?}: rel error {e:e} > {tol:e}", p.describe());
     for g in 0..p.groups() {
@@ -78,7 +78,7 @@ fn check_one<T: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, rng: &mut S
 fn all_products<T: Element + DeviceRepr>(precisions: &[Precision]) {
     let (gpu, mut rng) = (gpu(), rng());
     // three lanes for four groups with rows: one lane runs two
-    gpu.set_grouped_streams(3).unwrap();
+    gpu.update_options(|o| o.grouped_streams = 3).unwrap();
     for &precision in precisions {
         // (96, 64): aligned slices; (33, 17): every group's slice starts off 16 bytes; (33, 64)
         // and (64, 33): one operand's rows off 16 bytes and the other's on them (cuBLAS's
@@ -154,12 +154,12 @@ fn bad_input_is_named_and_nothing_is_written() {
     }
     assert!(untouched(&c));
     // a forced strided batch for groups of different sizes
-    gpu.set_grouped_backend(Some(GroupedBackend::StridedBatch));
+    gpu.update_options(|o| o.grouped_backend = Some(GroupedBackend::StridedBatch)).unwrap();
     match gpu.grouped_gemm(&p, &a, &b, &mut c, None) {
         Err(Error::Unsupported { what, .. }) => assert!(what.contains("StridedBatch"), "{what}"),
         other => panic!("{other:?}"),
     }
-    gpu.set_grouped_backend(None);
+    gpu.update_options(|o| o.grouped_backend = None).unwrap();
     assert!(untouched(&c));
     // cuBLAS's grouped call forced on rows off 16 bytes (N = 17 bf16: 34-byte rows of y):
     // refused by name; chosen by the rule, it becomes the pool
@@ -167,17 +167,17 @@ fn bad_input_is_named_and_nothing_is_written() {
     assert!(candidates(&odd).contains(&GroupedBackend::GroupedBatched));
     let mut c_odd = s.clone_htod(&poison::<bf16>(odd.lens()[2])).unwrap();
     let b_odd = up(odd.lens()[1], &mut rng);
-    gpu.set_grouped_backend(Some(GroupedBackend::GroupedBatched));
+    gpu.update_options(|o| o.grouped_backend = Some(GroupedBackend::GroupedBatched)).unwrap();
     match gpu.grouped_gemm(&odd, &a, &b_odd, &mut c_odd, None) {
         Err(Error::Unsupported { what, .. }) => assert!(what.contains("34 bytes"), "{what}"),
         other => panic!("{other:?}"),
     }
-    gpu.set_grouped_backend(None);
+    gpu.update_options(|o| o.grouped_backend = None).unwrap();
     assert!(untouched(&c_odd));
     gpu.grouped_gemm(&odd, &a, &b_odd, &mut c_odd, None).unwrap();
     assert!(!untouched(&c_odd));
-    assert!(matches!(gpu.set_grouped_streams(0), Err(Error::OutOfRange { .. })));
-    assert!(matches!(gpu.set_grouped_streams(17), Err(Error::OutOfRange { .. })));
+    assert!(matches!(gpu.update_options(|o| o.grouped_streams = 0), Err(Error::OutOfRange { .. })));
+    assert!(matches!(gpu.update_options(|o| o.grouped_streams = 17), Err(Error::OutOfRange { .. })));
     // the engine is usable afterwards
     let mut c = s.clone_htod(&poison::<bf16>(lc)).unwrap();
     gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap();
@@ -216,8 +216,8 @@ fn a_pooled_call_is_captured_with_its_streams() {
     let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     let p = GroupedProblem::new(GroupedOp::Forward, &[40, 0, 300, 7, 129, 64], 96, 64, Precision::BF16).unwrap();
     // small unequal groups would go to cuBLAS's grouped call (not capturable): force the pool
-    gpu.set_grouped_backend(Some(GroupedBackend::StreamPool));
-    assert_eq!(gpu.grouped_backend_for(&p).unwrap(), GroupedBackend::StreamPool);
+    gpu.update_options(|o| o.grouped_backend = Some(GroupedBackend::StreamPool)).unwrap();
+    assert_eq!(gpu.plans().grouped_backend(&p).unwrap(), GroupedBackend::StreamPool);
     let [la, lb, lc] = p.lens();
     let (a, b) =
         (s.clone_htod(&normal::<bf16>(&mut rng, la)).unwrap(), s.clone_htod(&normal::<bf16>(&mut rng, lb)).unwrap());
@@ -241,7 +241,7 @@ fn a_pooled_call_is_captured_with_its_streams() {
         assert_eq!(g.to_bits(), w.to_bits(), "captured grouped forward at element {i}");
     }
     // cuBLAS's grouped call copies its pointer arrays from the host: refused in a capture
-    gpu.set_grouped_backend(Some(GroupedBackend::GroupedBatched));
+    gpu.update_options(|o| o.grouped_backend = Some(GroupedBackend::GroupedBatched)).unwrap();
     s.begin_capture(mode).unwrap();
     let e = gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap_err();
     let _ = s.end_capture(CUgraphInstantiate_flags(0));
@@ -293,14 +293,14 @@ fn a_repeated_pooled_call_replays_with_the_direct_result() {
     gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap();
     let first = s.clone_dtoh(&c).unwrap();
     // the groups' own small calls may have graphs already; the whole call adds one
-    let before = gpu.cached_graphs();
+    let before = gpu.plans().graphs();
     for call in 2..=4 {
         s.memcpy_htod(&poison::<f16>(lc), &mut c).unwrap();
         gpu.grouped_gemm(&p, &a, &b, &mut c, None).unwrap();
         let again = s.clone_dtoh(&c).unwrap();
         assert!(first.iter().zip(&again).all(|(x, y)| x.to_bits() == y.to_bits()), "call {call} differs");
     }
-    assert_eq!(gpu.cached_graphs(), before + 1, "one graph of the whole call");
+    assert_eq!(gpu.plans().graphs(), before + 1, "one graph of the whole call");
     // new data in b: the replayed graph reads it
     let hb: Vec<f16> = normal(&mut rng, lb);
     s.memcpy_htod(&hb, &mut b).unwrap();

@@ -97,7 +97,7 @@ fn raw_product(gpu: &Gpu, a: u64, b: u64, c: u64) -> Result<f64, Error> {
         cudarc::driver::result::memcpy_htod_async(c, &common::poison::<f32>(256), s.cu_stream()).unwrap();
     }
     let buf = |address| RawBuffer { address, len_bytes: bytes };
-    // SAFETY: as above; the call is checked (set_check_raw_addresses) by the caller.
+    // SAFETY: as above; the call is checked (GpuOptions::check_raw_addresses) by the caller.
     unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(buf(a), buf(b), buf(c)), s.cu_stream()) }?;
     let mut got = vec![0f32; 256];
     // SAFETY: `c` holds `bytes`; the stream is synchronised before `got` is read.
@@ -118,8 +118,8 @@ fn raw_product(gpu: &Gpu, a: u64, b: u64, c: u64) -> Result<f64, Error> {
 fn raw_addresses_are_checked_against_the_driver() {
     let _alone = alone();
     let gpu = common::gpu();
-    assert!(!gpu.check_raw_addresses(), "off by default");
-    gpu.set_check_raw_addresses(true);
+    assert!(!gpu.options().check_raw_addresses, "off by default");
+    gpu.update_options(|o| o.check_raw_addresses = true).unwrap();
     let s = gpu.stream().clone();
     const KIB: usize = 1024;
     // SAFETY (every allocation below): plain driver allocations of this context, freed at the end.

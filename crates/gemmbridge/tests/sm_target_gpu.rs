@@ -1,4 +1,4 @@
-//! GPU test of `Gpu::set_sm_count_target`: GEMMs planned for fewer SMs stay within their
+//! GPU test of `GpuOptions::sm_count_target`: GEMMs planned for fewer SMs stay within their
 //! precision's band on both backends, out-of-range targets are named errors that change
 //! nothing, and `None` returns to the whole GPU.
 
@@ -35,9 +35,9 @@ fn gemms_planned_for_fewer_sms_stay_correct() {
     gemm_epilogue_rowmajor(&plain, (1.0, 0.0), [&wide(&x), &wide(&w)], &mut want_plain, None, None);
 
     let run = |target: Option<u32>, backend: Backend| -> f64 {
-        gpu.set_sm_count_target(target).unwrap();
-        assert_eq!(gpu.sm_count_target(), target);
-        gpu.set_backend(backend);
+        gpu.update_options(|o| o.sm_count_target = target).unwrap();
+        assert_eq!(gpu.options().sm_count_target, target);
+        gpu.update_options(|o| o.backend = backend).unwrap();
         let mut dy = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
         let (q, reference) = if backend == Backend::Blas { (&plain, &want_plain) } else { (&p, &want) };
         if backend == Backend::Blas {
@@ -50,7 +50,7 @@ fn gemms_planned_for_fewer_sms_stay_correct() {
         assert!(got.iter().all(|v| v.is_finite()), "target {target:?} {backend:?}: an output left unwritten");
         rel_error(&got, reference)
     };
-    let before = gpu.cached_plans();
+    let before = gpu.plans().cached();
     for target in [None, Some(sms - 1), Some(sms / 2), Some(1)] {
         for backend in [Backend::Lt, Backend::Blas] {
             let e = run(target, backend);
@@ -58,22 +58,22 @@ fn gemms_planned_for_fewer_sms_stay_correct() {
             assert!(e < 1e-2, "target {target:?} {backend:?}: {e:e}");
         }
     }
-    assert!(gpu.cached_plans() >= before + 4, "one plan per target");
+    assert!(gpu.plans().cached() >= before + 4, "one plan per target");
 
     // out of range: named errors, the setting unchanged
-    gpu.set_sm_count_target(Some(sms - 1)).unwrap();
+    gpu.update_options(|o| o.sm_count_target = Some(sms - 1)).unwrap();
     for bad in [0, sms + 1] {
-        match gpu.set_sm_count_target(Some(bad)) {
+        match gpu.update_options(|o| o.sm_count_target = Some(bad)) {
             Err(Error::OutOfRange { what, value, expected }) => {
                 assert_eq!((what, value), ("SM count target", u64::from(bad)));
                 assert!(expected.contains(&format!("1 to {sms}")), "{expected}");
             }
             other => panic!("target {bad}: {other:?}"),
         }
-        assert_eq!(gpu.sm_count_target(), Some(sms - 1));
+        assert_eq!(gpu.options().sm_count_target, Some(sms - 1));
     }
-    gpu.set_sm_count_target(None).unwrap();
-    assert_eq!(gpu.sm_count_target(), None);
+    gpu.update_options(|o| o.sm_count_target = None).unwrap();
+    assert_eq!(gpu.options().sm_count_target, None);
     assert!(run(None, Backend::Auto) < 1e-2);
 }
 
@@ -95,9 +95,9 @@ fn tuning_under_a_target_makes_entries_for_that_target() {
     let mut want = vec![0.0; m * n];
     gemm_epilogue_rowmajor(&p, (1.0, 0.0), [&wide(&x), &wide(&w)], &mut want, None, None);
     let opts = TuneOptions { candidates: 4, reps: 2, ..TuneOptions::default() };
-    let mut db = TacticDb::new(gpu.tactic_identity().unwrap());
+    let mut db = TacticDb::new(gpu.info().unwrap().tactic_identity());
     for target in [Some(sms - 1), None] {
-        gpu.set_sm_count_target(target).unwrap();
+        gpu.update_options(|o| o.sm_count_target = target).unwrap();
         let mut dc = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
         let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * n * 2 };
         let raw =
@@ -110,8 +110,8 @@ fn tuning_under_a_target_makes_entries_for_that_target() {
         db.entries.insert(sig, tactic);
     }
     // both entries loaded; a call under the target (its tuned entry) stays right
-    gpu.load_tactics(&db);
-    gpu.set_sm_count_target(Some(sms - 1)).unwrap();
+    gpu.plans().load_tactics(&db);
+    gpu.update_options(|o| o.sm_count_target = Some(sms - 1)).unwrap();
     let mut dy = s.clone_htod(&poison::<bf16>(m * n)).unwrap();
     gpu.gemm(&p, 1.0, &dx, &dw, 0.0, &mut dy).unwrap();
     assert!(rel_error(&wide(&s.clone_dtoh(&dy).unwrap()), &want) < 1e-2);

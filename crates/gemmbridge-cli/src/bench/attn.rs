@@ -150,9 +150,9 @@ fn shape_rows<T: Element + DeviceRepr>(
             }
             other => other?,
         };
-        tracing::info!(problem = %p.describe(), op = %op, forward = ?gpu.attention_plan(p, "forward"),
-            backward = ?gpu.attention_plan(p, "backward"), fp8 = ?gpu.attention_plan(p, "forward_fp8"),
-            fp8_backward = ?gpu.attention_plan(p, "backward_fp8"), "attention row");
+        tracing::info!(problem = %p.describe(), op = %op, forward = ?gpu.plans().attention(p, "forward"),
+            backward = ?gpu.plans().attention(p, "backward"), fp8 = ?gpu.plans().attention(p, "forward_fp8"),
+            fp8_backward = ?gpu.plans().attention(p, "backward_fp8"), "attention row");
         // the cast row's TFLOP/s is its forward's, so that its time reads against the forward's
         let flops = shape.forward_flops(p) * if with_backward(op) { 3.5 } else { 1.0 };
         rows.push(Row::timed(op, dtype, [p.s_q, p.s_kv, p.d, p.b], &t, flops, shape.name.clone()));
@@ -208,10 +208,10 @@ pub fn time_op<T: Element + DeviceRepr>(
     let seq = lens.as_ref().map(|(q, kv)| unsafe { SeqLens::device(q, kv) });
     match op {
         "attn_fwd" => timing::time_gpu(gpu, sampling, &mut || {
-            gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)
+            gpu.attention_forward(p, [&*q, &*k, &*v], &mut *o, Some(&mut *lse), seq)
         }),
         "attn_fwd_bwd" => timing::time_gpu(gpu, sampling, &mut || {
-            gpu.attention_forward(p, &*q, &*k, &*v, &mut *o, Some(&mut *lse), seq)?;
+            gpu.attention_forward(p, [&*q, &*k, &*v], &mut *o, Some(&mut *lse), seq)?;
             let saved = AttnSaved { q: &*q, k: &*k, v: &*v, o: &*o, d_o: &*d_o, stats: &*lse };
             gpu.attention_backward(p, saved, &mut *dq, &mut *dk, &mut *dv, seq)
         }),

@@ -191,7 +191,8 @@ impl Bare {
         anyhow::ensure!(p.batch() == 1 && p.epilogue() == gemmbridge::Epilogue::None, "bare calls: plain GEMMs only");
         let stream = gpu.stream().clone();
         let blas = CudaBlas::new(stream.clone()).map_err(|e| anyhow::anyhow!("cublasCreate: {:?}", e.0))?;
-        let lt = if gpu.has_lt() { Some(LtPlan::new(p, &stream, gpu.workspace_bytes())?) } else { None };
+        let ws = gpu.options().workspace_bytes.unwrap_or(0);
+        let lt = if gemmbridge::cuda::library::has_cublaslt() { Some(LtPlan::new(p, &stream, ws)?) } else { None };
         Ok(Bare { stream, blas, lt, problem: *p })
     }
 

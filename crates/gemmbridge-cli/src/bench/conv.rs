@@ -80,7 +80,7 @@ pub fn parse_batches(s: &str) -> anyhow::Result<Vec<usize>> {
     Ok(out)
 }
 
-/// The direction `Gpu::conv2d_plan` and `Gpu::conv2d_tactic` name for a convolution op.
+/// The direction `Plans::conv2d` and `Plans::conv2d_tactic` name for a convolution op.
 pub fn direction(op: &str) -> &'static str {
     match op {
         "conv_fwd" => "forward",
@@ -116,8 +116,7 @@ pub fn bench(
     sampling: timing::Sampling,
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
-    gpu.set_conv_search(plan.search);
-    gpu.set_conv_api(plan.api);
+    gpu.update_options(|o| (o.conv_search, o.conv_api) = (plan.search, plan.api))?;
     let shapes = resnet50()?;
     let mut rows = Vec::new();
     for (name, precision) in plan.dtypes {
@@ -179,7 +178,7 @@ pub fn time_op<T: Element + DeviceRepr>(
     sampling: timing::Sampling,
 ) -> anyhow::Result<timing::Timing> {
     let Buffers { x, w, b, dy, y, dx, dw } = bufs;
-    gpu.set_conv_fusion(op != "conv_bias_relu_unfused");
+    gpu.update_options(|o| o.conv_fusion = op != "conv_bias_relu_unfused")?;
     let t = match op {
         "conv_fwd" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_forward(p, &*x, &*w, &mut *y)),
         "conv_bias_relu" | "conv_bias_relu_unfused" => {
@@ -205,11 +204,11 @@ fn shape_rows<T: Element + DeviceRepr>(
     let mut rows = Vec::new();
     for op in ops {
         let t = time_op(gpu, p, &mut bufs, op, sampling)?;
-        tracing::info!(problem = %p.describe(), op = %op, plan = ?gpu.conv2d_plan(p, direction(op)), "convolution row");
+        tracing::info!(problem = %p.describe(), op = %op, plan = ?gpu.plans().conv2d(p, direction(op)), "convolution row");
         let (m, kk) = (pp * q, p.c_per_group() * p.r * p.s);
         rows.push(Row::timed(op, name, [m, p.k, kk, p.n], &t, 2.0 * p.macs(), p.layout.name().to_string()));
     }
-    gpu.set_conv_fusion(true);
+    gpu.update_options(|o| o.conv_fusion = true)?;
     Ok(rows)
 }
 

@@ -94,7 +94,7 @@ pub fn bench(
         for (name, precision) in dtypes.iter().filter(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
             for shape in shapes()? {
                 let p = GroupedProblem::new(product(op), &shape.sizes, shape.n, shape.k, *precision)?;
-                if let Err(e) = gpu.grouped_backend_for(&p) {
+                if let Err(e) = gpu.plans().grouped_backend(&p) {
                     eprintln!("  {op} {} {name}: skipped ({e})", shape.name);
                     continue;
                 }

@@ -8,7 +8,7 @@
 //! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so
 //! every call goes through `cublasLtMatmul`: gemmbridge's own cost above the bare call), all
 //! measured in the same run; `host_raw_checked_us` (the raw path with
-//! `Gpu::set_check_raw_addresses(true)`: one `cuPointerGetAttributes` per operand) and
+//! `GpuOptions::check_raw_addresses` on: one `cuPointerGetAttributes` per operand) and
 //! `host_raw_other_stream_us` (the raw path on a stream other than the Gpu's own, which
 //! records that stream's last-use event per call). `host_us` and `host_raw_us` use the default settings, where the
 //! repeated call is replayed from a cached graph (`GraphReplay`); `host_fresh_us` is the safe
@@ -68,12 +68,9 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     );
     let ro = RawBuffer { address: o.device_ptr_mut(&s).0, len_bytes: bytes };
     let raw = Raw { rx, rw, ro, cs: s.cu_stream() };
-    // The same stream and buffers through a second Gpu with replay off: every call goes
-    // through cublasLtMatmul (its own handles, plan cache and workspace).
-    let direct = Gpu::with_stream(s.clone())?;
-    direct.set_graph_replay(GraphReplay::off());
-    direct.set_backend(gpu.backend());
-    direct.set_workspace_bytes(gpu.workspace_bytes());
+    // The same stream and buffers through a second Gpu with the same settings but replay off:
+    // every call goes through cublasLtMatmul (its own handles, plan cache and workspace).
+    let direct = Gpu::with_stream(s.clone(), gpu.options().graph_replay(GraphReplay::off()))?;
     if let Some(db) = db {
         load_db(&direct, db)?;
     }
@@ -90,7 +87,7 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
         "bare_blas_us": e.bare_blas_us, "host_direct_us": e.host_direct_us, "wall_direct_us": e.wall_direct_us,
         "host_raw_direct_us": e.host_raw_direct_us, "host_fresh_us": e.host_fresh_us,
         "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
-        "replay_graphs": gpu.cached_graphs()}))
+        "replay_graphs": gpu.plans().graphs()}))
 }
 
 /// The raw path's optional costs, µs per call (medians over the batches): with the address
@@ -111,12 +108,12 @@ fn raw_costs(gpu: &Gpu, p: GemmProblem, Raw { rx, rw, ro, cs }: Raw) -> anyhow::
     };
     let ops = RawOperands::new(rx, rw, ro);
     let (mut checked, mut other) = (vec![], vec![]);
-    let checking = gpu.check_raw_addresses();
+    let checking = gpu.options().check_raw_addresses;
     for _ in 0..BATCHES {
-        gpu.set_check_raw_addresses(true);
+        gpu.update_options(|o| o.check_raw_addresses = true)?;
         // SAFETY: the three buffers are live allocations of this context used only on `s`.
         checked.push(batch_on(s, &mut || Ok(unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, ops, cs) }?))?);
-        gpu.set_check_raw_addresses(checking);
+        gpu.update_options(|o| o.check_raw_addresses = checking)?;
         // SAFETY: as above, on the second stream, which waits for `s` (fork) and is waited for
         // by the batch; the buffers are used on one stream at a time.
         other.push(batch_on(&s2, &mut || Ok(unsafe { gpu.gemm_raw(&p, Scale::PRODUCT, ops, s2.cu_stream()) }?))?);

@@ -15,7 +15,7 @@ use std::io::Write;
 
 use anyhow::{bail, Context};
 
-use gemmbridge::cuda::{Backend, ConvSearch, Gpu, Padding};
+use gemmbridge::cuda::{Backend, ConvSearch, Gpu, GpuOptions, Padding};
 use gemmbridge::Precision;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -323,8 +323,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         rows.extend(attn::bench(g, (&plan.attn_ops, &names), &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     if let (false, Some(g)) = (plan.grouped_ops.is_empty(), &gpu) {
-        g.set_grouped_backend(grouped::parse_backend(&args.grouped_backend)?);
-        g.set_grouped_streams(args.grouped_streams)?;
         rows.extend(grouped::bench(g, &plan.grouped_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
         let scalings = &plan.grouped_scalings;
         rows.extend(grouped_fp8::bench(g, &plan.grouped_ops, scalings, plan.sampling, &mut |r| sink.emit(r))?);
@@ -350,20 +348,24 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// GPU 0 set up as the arguments say, or `None` without one (the plan then cut to the CPU
 /// backend's share).
 fn open_gpu(args: &Args, plan: &mut Plan) -> anyhow::Result<Option<Gpu>> {
-    match Gpu::new(0) {
+    let options = GpuOptions::default()
+        .backend(plan.backend)
+        .padding(plan.padding)
+        .grouped_backend(grouped::parse_backend(&args.grouped_backend)?)
+        .grouped_streams(args.grouped_streams);
+    match Gpu::with_options(0, options) {
         Ok(g) => {
             // SAFETY: every buffer the benchmark allocates is created, used and dropped on
             // the one stream g.stream(), so cudarc's cross-stream events (which would add
             // driver calls to every timed GEMM) have nothing to order.
             unsafe { g.context().disable_event_tracking() };
-            g.set_backend(plan.backend);
-            g.set_padding(plan.padding);
             if let Some(db) = &args.db {
                 let n = load_db(&g, db)?;
                 eprintln!("tactic database {db}: {n} tuned entries loaded");
             }
             Ok(Some(g))
         }
+        Err(e @ gemmbridge::Error::OutOfRange { .. }) => Err(anyhow::Error::new(e).context("--grouped-streams")),
         Err(e) => {
             plan.cut_to_cpu(args, &e)?;
             Ok(None)

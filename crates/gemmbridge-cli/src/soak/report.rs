@@ -107,8 +107,8 @@ pub fn snapshot(gpus: &[&Gpu; 3], counters: &Counters, at_s: f64) -> anyhow::Res
         calls: counters.calls.load(Relaxed),
         rss_bytes,
         device_used_bytes: (total - free) as u64,
-        plans: gpus.map(Gpu::cached_plans),
-        graphs: gpus.map(Gpu::cached_graphs),
+        plans: gpus.map(|g| g.plans().cached()),
+        graphs: gpus.map(|g| g.plans().graphs()),
     })
 }
 

@@ -1,4 +1,4 @@
-//! The search for attention: cuDNN's measured search (`Gpu::set_attention_search`) on every
+//! The search for attention: cuDNN's measured search (`GpuOptions::attention_search`) on every
 //! attention row `bench` times (the shapes of `bench/attention.json`, f16/bf16); the plan it
 //! chooses is the finalist the confirmation judges against cuDNN's heuristic plan (what
 //! `bench` runs without a database). `attn_fwd` tunes the forward (with statistics),
@@ -31,7 +31,7 @@ pub fn items(ops: &[String], dtypes: &[Dense], names: &[String]) -> anyhow::Resu
     Ok(out)
 }
 
-/// The direction an attention op tunes ([`Gpu::attention_tactic`]'s name).
+/// The direction an attention op tunes (`Plans::attention_tactic`'s name).
 pub fn direction(op: &str) -> &'static str {
     match op {
         "attn_fwd_bwd" => "backward",
@@ -59,7 +59,7 @@ pub fn search(gpu: &Gpu, rows: &mut Rows, item: &Item) -> anyhow::Result<Found> 
         Err(e) if unsupported(&e) => return Ok(Found::Unsupported(e.to_string())),
         other => other?,
     };
-    Ok(match gpu.attention_tactic(problem, direction(op)) {
+    Ok(match gpu.plans().attention_tactic(problem, direction(op)) {
         Some((sig, t)) => Found::Tactic(sig, t),
         None => Found::Heuristic,
     })

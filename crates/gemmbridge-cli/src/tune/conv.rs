@@ -2,7 +2,7 @@
 //! convolution `bench` times (ResNet-50's 11 convolutions per dtype, layout and batch size,
 //! `bench/resnet50.json`); the plan it chooses is the finalist the confirmation judges against
 //! a fresh search of its own (what `bench` runs without a database). A stored plan is rebuilt
-//! by `bench --db` (and any `Gpu::load_tactics`) without searching.
+//! by `bench --db` (and any `Plans::load_tactics`) without searching.
 
 use gemmbridge::conv::Conv2d;
 use gemmbridge::cuda::tactics::Tactic;
@@ -44,10 +44,10 @@ pub fn items(ops: &[String], dtypes: &[Dense], conv: &ConvSettings) -> anyhow::R
 pub fn search(gpu: &Gpu, rows: &mut Rows, item: &Item) -> anyhow::Result<Option<(String, Tactic, String)>> {
     let Item::Conv { op, problem, .. } = item else { anyhow::bail!("{} is not a convolution", item.describe()) };
     rows.time(gpu, item, Sampling::new(0, 1))?;
-    gpu.set_conv_fusion(op != "conv_bias_relu_unfused");
-    let plan = gpu.conv2d_plan(problem, direction(op)).unwrap_or_default();
-    let found = gpu.conv2d_tactic(problem, direction(op));
-    gpu.set_conv_fusion(true);
+    gpu.update_options(|o| o.conv_fusion = op != "conv_bias_relu_unfused")?;
+    let plan = gpu.plans().conv2d(problem, direction(op)).unwrap_or_default();
+    let found = gpu.plans().conv2d_tactic(problem, direction(op));
+    gpu.update_options(|o| o.conv_fusion = true)?;
     Ok(found.map(|(sig, t)| (sig, t, plan)))
 }
 

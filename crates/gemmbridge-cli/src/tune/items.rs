@@ -104,7 +104,7 @@ impl Rows {
                     ConvBufs::F16(b) => conv::time_op(gpu, problem, b, op, sampling)?,
                     ConvBufs::BF16(b) => conv::time_op(gpu, problem, b, op, sampling)?,
                 };
-                gpu.set_conv_fusion(true);
+                gpu.update_options(|o| o.conv_fusion = true)?;
                 t.median_ms
             }
             Item::Attn { op, shape, problem, .. } => {

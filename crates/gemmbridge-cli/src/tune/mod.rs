@@ -78,7 +78,7 @@ pub struct Args {
     /// rounds a 2 % bar needs; nothing is tuned or stored.
     #[arg(long, conflicts_with = "verify")]
     noise: bool,
-    /// Tune dense GEMMs planned for this many SMs (`Gpu::set_sm_count_target`): the entries
+    /// Tune dense GEMMs planned for this many SMs (`GpuOptions::sm_count_target`): the entries
     /// serve only calls made under the same target, as the burn adapter's device-ordered GEMMs
     /// are (the GPU's SM count less its SM reserve, e.g. 131 on a 132-SM H200); the
     /// confirmation's two engines run under it too. Default: all SMs.

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use gemmbridge::cuda::tactics::{Tactic, TacticDb};
-use gemmbridge::cuda::{ConvSearch, Gpu, TuneOptions};
+use gemmbridge::cuda::{library, ConvSearch, Gpu, GpuOptions, TuneOptions};
 
 use super::confirm::{confirm, median, rounds_needed, spread, Bar, Protocol, Verdict};
 use super::gemm::{self, Found};
@@ -44,15 +44,17 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// under the SM count target of the arguments; checked to offer cuBLASLt where GEMMs are in
 /// the selection.
 fn engine(args: &Args, plan: &Plan) -> anyhow::Result<Gpu> {
-    let gpu = Gpu::new(0).context("tune needs a CUDA GPU")?;
-    if let Some(n) = args.sm_count_target {
-        gpu.set_sm_count_target(Some(n)).context("--sm-count-target")?;
-    }
-    if plan.has_gemms() && !gpu.has_lt() {
+    let options = GpuOptions::default()
+        .sm_count_target(args.sm_count_target)
+        .conv_search(ConvSearch::Measured)
+        .conv_api(plan.conv.api);
+    let gpu = Gpu::with_options(0, options).map_err(|e| match e {
+        e @ gemmbridge::Error::OutOfRange { .. } => anyhow::Error::new(e).context("--sm-count-target"),
+        e => anyhow::Error::new(e).context("tune needs a CUDA GPU"),
+    })?;
+    if plan.has_gemms() && !library::has_cublaslt() {
         bail!("tuning GEMMs needs cuBLASLt (libcublasLt), which was not found");
     }
-    gpu.set_conv_search(ConvSearch::Measured);
-    gpu.set_conv_api(plan.conv.api);
     // SAFETY: every buffer tune allocates is made on one stream and waited for before another
     // stream reads it (`Rows`), so cudarc's cross-stream events have nothing to order.
     unsafe { gpu.context().disable_event_tracking() };
@@ -62,7 +64,7 @@ fn engine(args: &Args, plan: &Plan) -> anyhow::Result<Gpu> {
 /// A fresh engine with `entries` loaded.
 fn with_entries(args: &Args, plan: &Plan, db: &TacticDb) -> anyhow::Result<Gpu> {
     let gpu = engine(args, plan)?;
-    gpu.load_tactics(db);
+    gpu.plans().load_tactics(db);
     Ok(gpu)
 }
 
@@ -74,7 +76,7 @@ fn tune(args: &Args, plan: &Plan, (base, rows): (&Gpu, &mut Rows), proto: Protoc
     let path = Path::new(path_s);
     let tuner = engine(args, plan)?;
     // the baseline and the candidates keep cuDNN's heuristic attention plans, as `bench` does
-    tuner.set_attention_search(true);
+    tuner.update_options(|o| o.attention_search = true)?;
     let mut db = TacticDb::new(identity(&tuner)?);
     // checked before any GPU time is spent: a file that save() would refuse to overwrite
     if let Err(e) = TacticDb::check_writable(path, &db.identity) {
@@ -188,7 +190,7 @@ fn judge(
         one.entries.insert(sig.to_string(), t.clone());
         let cand = with_entries(args, plan, &one)?;
         let v = confirm(rows, item, (base, &cand), proto, Some(Bar { at: GAIN }))?;
-        let applied = cand.applied_tactics().iter().any(|s| s == sig);
+        let applied = cand.plans().applied_tactics().iter().any(|s| s == sig);
         tried.push(format!("{:.3} ({}){}", v.ratio, v.ratios.len(), if applied { "" } else { " unused" }));
         if applied && v.ratio >= GAIN {
             let kept = Tactic { heuristic_ms: v.base_ms, tuned_ms: v.cand_ms, ..t.clone() };
@@ -236,7 +238,7 @@ fn verify(
             }
             other => other?,
         };
-        let used = cand.applied_tactics();
+        let used = cand.plans().applied_tactics();
         if used.is_empty() {
             continue;
         }

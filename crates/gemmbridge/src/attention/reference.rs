@@ -156,7 +156,6 @@ pub fn forward(p: &Attention, q: &[f64], k: &[f64], v: &[f64], lens: Lengths<'_>
 
 /// The backward: `dq`, `dk`, `dv` from `do` (in o's strides), `o` and `lse` as the forward
 /// gives them (module documentation).
-#[allow(clippy::too_many_arguments)]
 pub fn backward(
     p: &Attention,
     (q, k, v): (&[f64], &[f64], &[f64]),

@@ -5,7 +5,9 @@
 //!   [`RawOperands`] (unsafe, raw device addresses on the caller's stream); FP8
 //!   ([`Gpu::quantize`], [`Gpu::fp8_gemm`]), convolutions ([`Gpu::conv2d_forward`] and the
 //!   rest), training layers ([`train::Mlp`]).
-//! - [`Backend`]: cuBLAS, cuBLASLt, or Auto (cuBLASLt where it serves).
+//! - [`GpuOptions`]: every setting of the engine ([`Backend`]: cuBLAS, cuBLASLt, or Auto —
+//!   cuBLASLt where it serves — and the rest), changed live with [`Gpu::update_options`].
+//! - [`Plans`]: the plan and replay caches and the tactic database ([`Gpu::plans`]).
 //! - [`Gpu::prewarm`], [`Gpu::autotune_raw`] and the [`tactics`] database.
 //! - [`DeviceInfo`]: what `gemmbridge info` prints.
 //! - [`library`]: checks that the shared libraries load, with named errors.
@@ -29,7 +31,8 @@ mod status;
 
 pub use api::train;
 pub use api::{
-    cuda_version_string, AttnSaved, AttnSavedFp8, DeviceInfo, Extras, Gpu, GroupMember, RawBuffer, RawOperands, SeqLens,
+    cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, Gpu, GpuOptions, GroupMember,
+    Plans, RawBuffer, RawOperands, Reach, SeqLens,
 };
 pub use call::Scale;
 pub use device::GraphReplay;

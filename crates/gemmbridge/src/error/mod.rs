@@ -345,7 +345,7 @@ pub enum Error {
 
     /// A raw address is not memory this GPU can access over the extent the problem addresses
     /// (checked with `cuPointerGetAttributes` before anything is enqueued; see
-    /// [`Gpu::set_check_raw_addresses`](crate::cuda::Gpu::set_check_raw_addresses)).
+    /// [`GpuOptions::check_raw_addresses`](crate::cuda::GpuOptions::check_raw_addresses)).
     #[error("{operand} address {address:#x} (+{len_bytes} bytes) is not memory this GPU can access: {why}")]
     NotDeviceMemory {
         /// The operand.

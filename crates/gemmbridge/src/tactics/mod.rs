@@ -48,7 +48,7 @@
 //!   process that saved last and are informational only (every entry carries its own; `cudnn`
 //!   is absent where libcudnn was not installed, and in older files). The GPU name is
 //!   `cuDeviceGetName`'s, the SM `cuDeviceGetAttribute`'s compute capability
-//!   ([`Gpu::tactic_identity`](crate::cuda::Gpu::tactic_identity)).
+//!   ([`DeviceInfo::tactic_identity`](crate::cuda::DeviceInfo::tactic_identity)).
 //! - `entries`: [`Tactic`]s by signature. Each names its `library` ([`Library`]: "cublaslt",
 //!   "cudnn"), that library's `version` when it was tuned (cuBLASLt: `cublasLtGetVersion()`,
 //!   cuDNN: `cudnnGetVersion()`, both `major·10000 + minor·100 + patch`), the `kind` of problem
@@ -130,17 +130,16 @@
 //!   a legacy algorithm under a key that names the graph API, …): left out with one warning
 //!   each kind ("inconsistent"); [`TacticDb::save`] refuses to write either.
 //!
-//! The engine ([`Gpu::load_tactics`](crate::cuda::Gpu::load_tactics)) uses the cuBLASLt "gemm" and
-//! "fp8_gemm" entries, the "grouped_gemm" entries (a backend, used where it applies to the
+//! The engine ([`Plans::load_tactics`](crate::cuda::Plans::load_tactics)) uses the cuBLASLt "gemm"
+//! and "fp8_gemm" entries, the "grouped_gemm" entries (a backend, used where it applies to the
 //! problem), and the cuDNN "conv2d" and "attention" entries of the cuDNN version it loads (it
 //! checks the version again, for a database built in memory). A cuBLASLt entry's algorithm is still
-//! checked by cuBLASLt (`cublasLtMatmulAlgoCheck`) before a plan uses it, and one cuBLASLt
-//! rejects is not used. A convolution entry is rebuilt, without a search, the first time its
-//! problem is planned: the engine by its global index with the recorded knobs (or the legacy
-//! algorithm with its math type), used only if cuDNN finalizes it, it keeps the precision's
-//! promise and its workspace fits the limit; otherwise a warning is logged and the problem is
-//! planned as without the database. An attention entry is rebuilt the same way (engine and
-//! knobs).
+//! checked by cuBLASLt (`cublasLtMatmulAlgoCheck`) before a plan uses it, and one cuBLASLt rejects
+//! is not used. A convolution entry is rebuilt, without a search, the first time its problem is
+//! planned: the engine by its global index with the recorded knobs (or the legacy algorithm with
+//! its math type), used only if cuDNN finalizes it, it keeps the precision's promise and its
+//! workspace fits the limit; otherwise a warning is logged and the problem is planned as without
+//! the database. An attention entry is rebuilt the same way (engine and knobs).
 //!
 //! # Writing
 //! Writes are atomic: the file is written beside its final name, flushed to disk and renamed

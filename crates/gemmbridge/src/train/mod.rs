@@ -174,7 +174,7 @@ pub enum GeluBiasGrad {
 }
 
 /// Where GPU layers apply [`Activation::GeluTanh`] in tf32, f16 and bf16
-/// ([`crate::cuda::train::Mlp::set_gelu_placement`]); f32 and FP8 layers always use
+/// ([`crate::cuda::train::MlpOptions::gelu`]); f32 and FP8 layers always use
 /// gemmbridge's kernels (see the module's notes), and the other activations are placed as the
 /// module's notes say. Both placements compute the same function; the kernels read values
 /// rounded to the storage type where the epilogues read the GEMM's f32 result (the forward's

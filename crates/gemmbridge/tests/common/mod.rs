@@ -10,6 +10,13 @@ pub fn gpu() -> gemmbridge::cuda::Gpu {
     gemmbridge::cuda::Gpu::new(0).expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
 }
 
+/// Device 0 with `options`, as [`gpu`].
+pub fn gpu_with(options: gemmbridge::cuda::GpuOptions) -> gemmbridge::cuda::Gpu {
+    crash::install();
+    gemmbridge::cuda::Gpu::with_options(0, options)
+        .expect("a CUDA GPU (these tests are #[ignore]d; run them on a GPU machine)")
+}
+
 use gemmbridge::reference::{gemm_rowmajor, rel_error};
 use gemmbridge::{Element, GemmProblem, MatrixLayout, Op, Operand, Precision};
 use rand::rngs::StdRng;

@@ -7,6 +7,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
+use super::plans::Plans;
 use crate::attention::{Attention, AttnMask, AttnTensor};
 use crate::cuda::device::{is_capturing, AttnBwdScales, KernelSet, Relaxed};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp};
@@ -125,8 +126,8 @@ impl Gpu {
     /// Scaled-dot-product attention, PyTorch's `F.scaled_dot_product_attention(q, k, v,
     /// is_causal=…, scale=p.scale)` without dropout, on cuDNN's fused flash-attention engines:
     /// `o = softmax(scale·q·kᵀ + mask)·v` on [`Gpu::stream`]. Shapes, strides, masks, grouped
-    /// key/value heads and the definition: [`crate::attention`]. `q`, `k`, `v`, `o` are
-    /// `p.dtype` (f16 or bf16; f32 softmax and accumulation), strided as `p.layouts` say (so a
+    /// key/value heads and the definition: [`crate::attention`]. The inputs `[q, k, v]` and
+    /// `o` are `p.dtype` (f16 or bf16; f32 softmax and accumulation), strided as `p.layouts` say (so a
     /// fused QKV projection's output is read in place); `o` is overwritten. With `stats`, the
     /// softmax statistics `lse[b, h_q, s_q]` (f32, dense, natural log) are written too — the
     /// backward needs them. With per-sequence lengths (`p.var_len`), `lens` gives them; query
@@ -135,8 +136,9 @@ impl Gpu {
     /// The first call of a problem (per direction and buffer alignment) builds its cuDNN
     /// operation graph and plan (cuDNN's best-ranked engine configuration); later calls only
     /// launch and can be captured into a CUDA graph (with no or device lengths). The workspace
-    /// is this stream's ([`Gpu::set_workspace_bytes`]) where it fits, else the cuDNN room's own
-    /// (up to [`Gpu::set_conv_workspace_limit`]).
+    /// is this stream's ([`GpuOptions::workspace_bytes`](super::GpuOptions::workspace_bytes))
+    /// where it fits, else the cuDNN room's own (up to
+    /// [`GpuOptions::conv_workspace_limit`](super::GpuOptions::conv_workspace_limit)).
     ///
     /// # Errors
     /// Before anything is enqueued: [`Error::AttentionShape`] (the problem's rules, the
@@ -145,13 +147,10 @@ impl Gpu {
     /// for a buffer; [`Error::LibraryNotFound`] without libcudnn; [`Error::NotCapturable`] for
     /// a first call, or host lengths, inside a capture; [`Error::Unsupported`] where no engine
     /// of the loaded cuDNN takes the problem. From cuDNN: [`Error::Cudnn`].
-    #[allow(clippy::too_many_arguments)]
     pub fn attention_forward<T: Element>(
         &self,
         p: &Attention,
-        q: &dyn DevicePtr<T>,
-        k: &dyn DevicePtr<T>,
-        v: &dyn DevicePtr<T>,
+        [q, k, v]: [&dyn DevicePtr<T>; 3],
         o: &mut dyn DevicePtrMut<T>,
         stats: Option<&mut dyn DevicePtrMut<f32>>,
         lens: Option<SeqLens>,
@@ -283,48 +282,6 @@ impl Gpu {
         r
     }
 
-    /// The cuDNN engine planned for `p`'s `"forward"`, `"forward_fp8"`, `"backward"` or
-    /// `"backward_fp8"` (a forward planned with or without statistics, whichever ran; an FP8
-    /// backward with E5M2 gradients, else E4M3), once its first call has run; `None` before or
-    /// for another name.
-    pub fn attention_plan(&self, p: &Attention, direction: &str) -> Option<String> {
-        let ops = direction_ops(direction)?;
-        let st = self.lock();
-        let d = st.libs.dnn.as_ref()?;
-        ops.iter().find_map(|&op| d.attention_plan(p, op))
-    }
-
-    /// How attention plans are chosen from now on (problems already planned keep theirs):
-    /// `false` (the default) takes cuDNN's heuristic's first engine configuration that
-    /// finalizes; `true` times up to 10 qualifying configurations of each of cuDNN's lists
-    /// (heuristic mode A, then the fallback list) on the first call's own buffers and keeps the
-    /// fastest — that first call then synchronises its stream, runs every candidate and is not
-    /// capturable. A problem with an entry in a loaded tactic database ([`Gpu::load_tactics`])
-    /// takes the entry's engine instead, unless cuDNN refuses it; a measured choice can be
-    /// stored there ([`Gpu::attention_tactic`]).
-    pub fn set_attention_search(&self, measured: bool) {
-        let mut st = self.lock();
-        st.libs.attn_search = measured;
-        if let Some(d) = st.libs.dnn.as_mut() {
-            d.attn_search = measured;
-        }
-    }
-
-    /// The plan a measured search ([`Gpu::set_attention_search`]) chose for `p`'s direction
-    /// (named as for [`Gpu::attention_plan`]: "forward", "forward_fp8", "backward",
-    /// "backward_fp8"; of the
-    /// best-aligned plan made, which for allocations is the 16-byte one) as a
-    /// tactic for the database: its signature (the "attention" key, [`crate::tactics`]) and the
-    /// [`Tactic`] (cuDNN, this cuDNN version, the engine and knobs, the workspace, the
-    /// heuristic's and the chosen plan's measured times). `None` before the first call, for a
-    /// heuristic choice, for a plan that came from the database and for another name.
-    pub fn attention_tactic(&self, p: &Attention, direction: &str) -> Option<(String, Tactic)> {
-        let ops = direction_ops(direction)?;
-        let st = self.lock();
-        let d = st.libs.dnn.as_ref()?;
-        ops.iter().find_map(|&op| d.attention_tactic(p, op))
-    }
-
     /// The checked spans of the inputs `ins` (each of the problem's tensor, in `T`): every
     /// buffer's context first, then its guard (added to `guards`), size and alignment.
     fn input_spans<'a: 's, 's, T: Element>(
@@ -439,4 +396,32 @@ fn direction_ops(direction: &str) -> Option<&'static [AttnOp]> {
         }
         _ => return None,
     })
+}
+
+impl Plans<'_> {
+    /// The cuDNN engine planned for `p`'s `"forward"`, `"forward_fp8"`, `"backward"` or
+    /// `"backward_fp8"` (a forward planned with or without statistics, whichever ran; an FP8
+    /// backward with E5M2 gradients, else E4M3), once its first call has run; `None` before or
+    /// for another name.
+    pub fn attention(&self, p: &Attention, direction: &str) -> Option<String> {
+        let ops = direction_ops(direction)?;
+        let st = self.gpu.lock();
+        let d = st.libs.dnn.as_ref()?;
+        ops.iter().find_map(|&op| d.attention_plan(p, op))
+    }
+
+    /// The plan a measured search
+    /// ([`GpuOptions::attention_search`](super::GpuOptions::attention_search)) chose for `p`'s
+    /// direction (named as for [`Plans::attention`]: "forward", "forward_fp8", "backward",
+    /// "backward_fp8"; of the best-aligned plan made, which for allocations is the 16-byte one) as
+    /// a tactic for the database: its signature (the "attention" key, [`crate::tactics`]) and the
+    /// [`Tactic`] (cuDNN, this cuDNN version, the engine and knobs, the workspace, the heuristic's
+    /// and the chosen plan's measured times). `None` before the first call, for a heuristic choice,
+    /// for a plan that came from the database and for another name.
+    pub fn attention_tactic(&self, p: &Attention, direction: &str) -> Option<(String, Tactic)> {
+        let ops = direction_ops(direction)?;
+        let st = self.gpu.lock();
+        let d = st.libs.dnn.as_ref()?;
+        ops.iter().find_map(|&op| d.attention_tactic(p, op))
+    }
 }

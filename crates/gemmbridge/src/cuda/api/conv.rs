@@ -1,21 +1,22 @@
 //! The convolution entry points on cuDNN: validate (the problem, every buffer's dtype, length,
 //! alignment, context and overlap, before anything is enqueued) → plan (once per problem and
 //! direction, `dnn/`) → launch on [`Gpu::stream`], no host synchronisation (except a
-//! measured search's first call, [`ConvSearch::Measured`]).
+//! measured search's first call, [`ConvSearch::Measured`](crate::cuda::ConvSearch::Measured)).
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::checks::same_context;
 use super::engine::Gpu;
+use super::plans::Plans;
 use crate::conv::{Conv2d, ConvActivation};
 use crate::cuda::device::{is_capturing, GraphReplay, Relaxed};
-use crate::cuda::dnn::{ConvApi, ConvBuffers, ConvCall, ConvOp, ConvSearch};
+use crate::cuda::dnn::{ConvBuffers, ConvCall, ConvOp};
 use crate::cuda::status;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, Which};
 use crate::tactics::Tactic;
 
-/// The direction [`Gpu::conv2d_plan`] names `name`.
+/// The direction [`Plans::conv2d`] names `name`.
 fn direction_op(name: &str) -> Option<ConvOp> {
     Some(match name {
         "forward" => ConvOp::Forward,
@@ -72,14 +73,18 @@ impl Gpu {
     /// `p.precision`'s input dtype. `y` is overwritten.
     ///
     /// The first call of a problem (per direction and buffer alignment) makes its plan: a cuDNN
-    /// graph-API execution plan, the engine chosen by [`Gpu::set_conv_search`] (the legacy
-    /// API's algorithm where no graph engine qualifies, or with [`Gpu::set_conv_api`]); later
-    /// calls only launch, and can be captured into a CUDA graph ([`Gpu::prewarm_conv`] plans
-    /// ahead). A call repeated with the same buffers on the same stream is captured into a
-    /// graph once (on its second call, by default) and from then on launched as that graph
-    /// ([`Gpu::set_graph_replay`] governs it as for GEMMs, at every size). The plan's
-    /// workspace is this stream's ([`Gpu::set_workspace_bytes`]) where it fits, else the cuDNN
-    /// room's own, up to [`Gpu::set_conv_workspace_limit`].
+    /// graph-API execution plan, the engine chosen by
+    /// [`GpuOptions::conv_search`](crate::cuda::GpuOptions::conv_search) (the legacy API's
+    /// algorithm where no graph engine qualifies, or with
+    /// [`GpuOptions::conv_api`](crate::cuda::GpuOptions::conv_api)); later calls only launch, and
+    /// can be captured into a CUDA graph ([`Gpu::prewarm_conv`] plans ahead). A call repeated with
+    /// the same buffers on the same stream is captured into a graph once (on its second call, by
+    /// default) and from then on launched as that graph
+    /// ([`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay) governs it as for
+    /// GEMMs, at every size). The plan's workspace is this stream's
+    /// ([`GpuOptions::workspace_bytes`](crate::cuda::GpuOptions::workspace_bytes)) where it fits,
+    /// else the cuDNN room's own, up to
+    /// [`GpuOptions::conv_workspace_limit`](crate::cuda::GpuOptions::conv_workspace_limit).
     ///
     /// # Errors
     /// Before anything is enqueued: [`Error::ConvShape`] / [`Error::Unsupported`] from
@@ -102,7 +107,7 @@ impl Gpu {
     /// bias add, ReLU) where an engine takes it (the legacy API:
     /// `cudnnConvolutionBiasActivationForward`), else as the convolution, `cudnnAddTensor`
     /// and (ReLU) `cudnnActivationForward` (the choice is logged once per problem at `info`
-    /// level, and [`Gpu::conv2d_plan`] says `unfused` for the separate calls).
+    /// level, and [`Plans::conv2d`](crate::cuda::Plans::conv2d) says `unfused` for the separate calls).
     /// Otherwise as [`Gpu::conv2d_forward`].
     ///
     /// # Errors
@@ -151,23 +156,12 @@ impl Gpu {
         self.conv::<T>(p, ConvOp::BackwardFilter, [Some(x as &dyn DevicePtr<T>), Some(dy), None], dw)
     }
 
-    /// How convolution algorithms are chosen from now on (problems already planned keep
-    /// theirs). Default [`ConvSearch::Heuristic`]. A problem with an entry in a loaded tactic
-    /// database ([`Gpu::load_tactics`]) takes the entry's plan instead, unless cuDNN refuses it;
-    /// a measured search's choice can be stored there ([`Gpu::conv2d_tactic`]).
-    pub fn set_conv_search(&self, search: ConvSearch) {
-        let mut st = self.lock();
-        st.libs.conv_search = search;
-        if let Some(d) = st.libs.dnn.as_mut() {
-            d.search = search;
-        }
-    }
-
     /// Plans every direction of each problem — forward, fused forward with ReLU and with the
-    /// identity, backward data, backward filter — on zero-filled scratch buffers of the
-    /// problem's sizes (allocated and freed here), so that later calls with buffers aligned as
-    /// allocations are (16 bytes or more) only launch and can be captured into a CUDA graph.
-    /// A measured search ([`Gpu::set_conv_search`]) runs here. Synchronises the stream.
+    /// identity, backward data, backward filter — on zero-filled scratch buffers of the problem's
+    /// sizes (allocated and freed here), so that later calls with buffers aligned as allocations
+    /// are (16 bytes or more) only launch and can be captured into a CUDA graph. A measured search
+    /// ([`GpuOptions::conv_search`](crate::cuda::GpuOptions::conv_search)) runs here. Synchronises
+    /// the stream.
     ///
     /// # Errors
     /// As the directions' entry points ([`Gpu::conv2d_forward`] and the rest) for each problem.
@@ -196,69 +190,6 @@ impl Gpu {
         }
         self.conv2d_backward_data(p, &w, &y, &mut dx)?;
         self.conv2d_backward_filter(p, &x, &y, &mut dw)
-    }
-
-    /// Which cuDNN API runs convolutions planned from now on (problems already planned keep
-    /// theirs). Default [`ConvApi::Graph`]; [`ConvApi::Legacy`] is there for comparisons.
-    pub fn set_conv_api(&self, api: ConvApi) {
-        let mut st = self.lock();
-        st.libs.conv_api = api;
-        if let Some(d) = st.libs.dnn.as_mut() {
-            d.api = api;
-        }
-    }
-
-    /// The most workspace (bytes) a convolution planned from now on may use; default 1 GiB.
-    /// A plan that needs more than the stream's workspace ([`Gpu::set_workspace_bytes`], which
-    /// the GEMMs share) runs on the cuDNN room's own, allocated in stream order when the plan
-    /// is made and grown (never per call) when a later plan needs more; PyTorch lets cuDNN take
-    /// whatever memory is free. The legacy API keeps to the stream's workspace.
-    pub fn set_conv_workspace_limit(&self, bytes: usize) {
-        let mut st = self.lock();
-        st.libs.conv_ws_limit = bytes;
-        if let Some(d) = st.libs.dnn.as_mut() {
-            d.ws_limit = bytes;
-        }
-    }
-
-    /// Whether [`Gpu::conv2d_fused`] tries cuDNN's fused call (default, on) or runs the
-    /// unfused sequence (the convolution, `cudnnAddTensor`, `cudnnActivationForward`) from
-    /// now on: for comparisons.
-    pub fn set_conv_fusion(&self, on: bool) {
-        let mut st = self.lock();
-        st.libs.conv_fuse = on;
-        if let Some(d) = st.libs.dnn.as_mut() {
-            d.fuse = on;
-        }
-    }
-
-    /// The algorithm planned for a direction of `p` (name, math type, workspace), once its
-    /// first call has run: `forward`, `fused` (bias + ReLU), `fused_identity` (bias only),
-    /// `backward_data` or `backward_filter`; `None` for another name or before the first call.
-    /// A fused direction that runs as separate calls (the convolution, `cudnnAddTensor`,
-    /// `cudnnActivationForward`) says `unfused`.
-    pub fn conv2d_plan(&self, p: &Conv2d, direction: &str) -> Option<String> {
-        let op = direction_op(direction)?;
-        self.lock().libs.dnn.as_ref().and_then(|d| d.describe_plan(p, op))
-    }
-
-    /// The plan a measured search ([`ConvSearch::Measured`]) chose for a direction of `p`
-    /// (named as for [`Gpu::conv2d_plan`]; under the current fusion and API settings, for
-    /// buffers aligned as allocations are) as a tactic for the database: its signature (the
-    /// "conv2d" key, [`crate::tactics`]) and the [`Tactic`] (cuDNN, this cuDNN version, the
-    /// engine and knobs or the legacy algorithm, the workspace, the heuristic's and the chosen
-    /// plan's measured times). Insert it into a [`crate::tactics::TacticDb`] and save it;
-    /// [`Gpu::load_tactics`] uses it. `None` before the first call, for a heuristic choice and
-    /// for a plan that came from the database.
-    pub fn conv2d_tactic(&self, p: &Conv2d, direction: &str) -> Option<(String, Tactic)> {
-        let op = direction_op(direction)?;
-        self.lock().libs.dnn.as_ref().and_then(|d| d.tactic(p, op))
-    }
-
-    /// [`Gpu::conv2d_tactic`] of every convolution plan a measured search chose so far (every
-    /// problem, direction, fusion setting, API and alignment), sorted by signature.
-    pub fn conv2d_tactics(&self) -> Vec<(String, Tactic)> {
-        self.lock().libs.dnn.as_ref().map(|d| d.tactics()).unwrap_or_default()
     }
 
     /// Validate → plan → launch for one direction: `ins` are (forward) x, w, bias; (backward
@@ -336,5 +267,38 @@ impl Gpu {
         let r = unsafe { dnn.run(&call, replay, cap) };
         drop((guards, out_guard));
         r
+    }
+}
+
+impl Plans<'_> {
+    /// The algorithm planned for a direction of `p` (name, math type, workspace), once its
+    /// first call has run: `forward`, `fused` (bias + ReLU), `fused_identity` (bias only),
+    /// `backward_data` or `backward_filter`; `None` for another name or before the first call.
+    /// A fused direction that runs as separate calls (the convolution, `cudnnAddTensor`,
+    /// `cudnnActivationForward`) says `unfused`.
+    pub fn conv2d(&self, p: &Conv2d, direction: &str) -> Option<String> {
+        let op = direction_op(direction)?;
+        self.gpu.lock().libs.dnn.as_ref().and_then(|d| d.describe_plan(p, op))
+    }
+
+    /// The plan a measured search ([`ConvSearch::Measured`](crate::cuda::ConvSearch::Measured))
+    /// chose for a direction of `p` (named as for [`Plans::conv2d`]; under the current fusion and
+    /// API settings ([`GpuOptions::conv_fusion`](crate::cuda::GpuOptions::conv_fusion),
+    /// [`GpuOptions::conv_api`](crate::cuda::GpuOptions::conv_api)), for buffers aligned as
+    /// allocations are) as a tactic for the database: its signature (the "conv2d" key,
+    /// [`crate::tactics`]) and the [`Tactic`] (cuDNN, this cuDNN version, the engine and knobs or
+    /// the legacy algorithm, the workspace, the heuristic's and the chosen plan's measured times).
+    /// Insert it into a [`crate::tactics::TacticDb`] and save it; [`Plans::load_tactics`] uses it.
+    /// `None` before the first call, for a heuristic choice and for a plan that came from the
+    /// database.
+    pub fn conv2d_tactic(&self, p: &Conv2d, direction: &str) -> Option<(String, Tactic)> {
+        let op = direction_op(direction)?;
+        self.gpu.lock().libs.dnn.as_ref().and_then(|d| d.tactic(p, op))
+    }
+
+    /// [`Plans::conv2d_tactic`] of every convolution plan a measured search chose so far (every
+    /// problem, direction, fusion setting, API and alignment), sorted by signature.
+    pub fn conv2d_tactics(&self) -> Vec<(String, Tactic)> {
+        self.gpu.lock().libs.dnn.as_ref().map(|d| d.tactics()).unwrap_or_default()
     }
 }

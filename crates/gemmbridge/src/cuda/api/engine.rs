@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
 
+use super::options::GpuOptions;
 use crate::cuda::blas::BlasHandle;
 use crate::cuda::device::{first_stream, keep_primary, Device, Held, Relaxed};
 use crate::cuda::dnn::{ConvApi, ConvSearch};
@@ -23,7 +24,7 @@ use crate::error::{Error, Result};
 /// parallel host submission use one `Gpu` per thread. GPU work is never synchronised by
 /// gemmbridge: [`Gpu::gemm`] enqueues on [`Gpu::stream`], [`Gpu::gemm_raw`] on the stream the
 /// caller passes, and both return once the work is enqueued. Each stream gets its own
-/// workspace ([`Gpu::set_workspace_bytes`]; 32 MiB on Hopper and later, 4 MiB before, the
+/// workspace ([`GpuOptions::workspace_bytes`]; 32 MiB on Hopper and later, 4 MiB before, the
 /// sizes cuBLASLt's documentation recommends, plus 1 MiB of scratch), so two streams never
 /// share one (`CU_STREAM_PER_THREAD` gets one per host thread). Workspaces are keyed by the
 /// stream handle and kept until the `Gpu` is dropped: a program that creates many
@@ -44,20 +45,28 @@ use crate::error::{Error, Result};
 /// Eagerly, a cuBLASLt call of at most 1024³ multiply-adds that is made again with the same
 /// operands (addresses, α, β, stream) is captured once, on a private stream, into a CUDA graph;
 /// from then on such a call is one `cuGraphLaunch` on the caller's stream instead of a
-/// `cublasLtMatmul`, which costs the host less (docs/PERFORMANCE.md, host cost per call). The result is the
-/// direct call's: same kernel, same stream order, operands read when the GEMM runs. Graphs are
-/// never launched into a stream being captured, and a bias that needs staging is never
-/// replayed. A capture and an instantiation are paid once per distinct call. See [`GraphReplay`](crate::cuda::GraphReplay) and
-/// [`Gpu::set_graph_replay`] (`GraphReplay::off()` turns it off).
+/// `cublasLtMatmul`, which costs the host less (docs/PERFORMANCE.md, host cost per call). The
+/// result is the direct call's: same kernel, same stream order, operands read when the GEMM runs.
+/// Graphs are never launched into a stream being captured, and a bias that needs staging is never
+/// replayed. A capture and an instantiation are paid once per distinct call. See
+/// [`GraphReplay`](crate::cuda::GraphReplay) and [`GpuOptions::graph_replay`] (`GraphReplay::off()`
+/// turns it off).
 ///
 /// Captures and other threads: another thread's first launch of a kernel can invalidate a
 /// capture in flight (CUDA's lazy module loading synchronises the device). gemmbridge's own captures then fall back (replay: the call runs directly and is
 /// captured again later; tuning: eager timing). For captures of your own, launch every kernel
 /// once first (or [`Gpu::prewarm`]), or set `CUDA_MODULE_LOADING=EAGER`.
 ///
+/// # Settings and plans
+/// Every setting is one [`GpuOptions`] value: given at creation ([`Gpu::with_options`],
+/// [`Gpu::with_stream`]), read with [`Gpu::options`], changed on a live engine with
+/// [`Gpu::update_options`] (which says what each change reaches and drops). The plan and
+/// replay caches and the tactic database are under [`Gpu::plans`].
+///
 /// # Errors at creation
 /// [`Error::LibraryNotFound`] when libcuda or libcublas cannot be loaded, [`Error::NoDevice`]
-/// when the driver finds no GPU, [`Error::Driver`] / [`Error::Cublas`] for other failures.
+/// when the driver finds no GPU, [`Error::Driver`] / [`Error::Cublas`] for other failures,
+/// [`Error::OutOfRange`] for an option out of range ([`GpuOptions`]).
 /// A missing libcublasLt is not an error: [`Backend::Auto`] then uses cuBLAS.
 pub struct Gpu {
     device: Device<Libraries>,
@@ -73,11 +82,17 @@ impl std::fmt::Debug for Gpu {
 }
 
 impl Gpu {
-    /// Opens device `ordinal` (its primary context) with a new non-blocking stream.
+    /// Opens device `ordinal` (its primary context) with a new non-blocking stream and the
+    /// default settings ([`GpuOptions::default`]; [`Gpu::with_options`] takes others).
     ///
     /// # Errors
     /// See [`Gpu`].
     pub fn new(ordinal: usize) -> Result<Gpu> {
+        Gpu::open(ordinal, GpuOptions::default())
+    }
+
+    /// [`Gpu::new`] and [`Gpu::with_options`].
+    pub(super) fn open(ordinal: usize, options: GpuOptions) -> Result<Gpu> {
         library::ensure_driver()?;
         let count = CudaContext::device_count().map_err(status::driver("cuInit/cuDeviceGetCount"))?;
         if count <= 0 {
@@ -88,19 +103,24 @@ impl Gpu {
         // Without cudarc's context-wide synchronisation of a context object's first stream:
         // `ctx` is this engine's own object, with no buffer made through it yet.
         let stream = first_stream(&ctx)?;
-        Gpu::with_stream(stream)
+        Gpu::with_stream(stream, options)
     }
 
-    /// Uses a stream the caller already has (and its context). Work is enqueued on it in
-    /// order with the caller's other work on it.
+    /// Uses a stream the caller already has (and its context), with `options`
+    /// ([`GpuOptions::default()`] for the defaults). Work is enqueued on it in order with the
+    /// caller's other work on it.
     ///
     /// # Errors
-    /// See [`Gpu`].
-    pub fn with_stream(stream: Arc<CudaStream>) -> Result<Gpu> {
+    /// See [`Gpu`]; [`Error::OutOfRange`] for an option out of range (see [`GpuOptions`]).
+    pub fn with_stream(stream: Arc<CudaStream>, options: GpuOptions) -> Result<Gpu> {
         library::ensure_driver()?;
         library::ensure_cublas()?;
         let ctx = stream.context().clone();
         ctx.bind_to_thread().map_err(status::driver("cuCtxSetCurrent"))?;
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(status::driver("cuDeviceGetAttribute"))?;
+        options.validate(sms as u32)?;
         let _relaxed = Relaxed::enter()?;
         // A primary context stays for the life of the process, and its library handles are
         // pooled: dropping an engine then neither resets the context nor synchronises it.
@@ -108,12 +128,7 @@ impl Gpu {
         let pool = ctx.is_primary().then(|| ctx.ordinal());
         let blas = BlasHandle::new(pool)?;
         let lt = if library::has_cublaslt() { Some(LtState::new(pool)?) } else { None };
-        let major = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-            .map_err(status::driver("cuDeviceGetAttribute"))?;
-        // cuBLASLt's documentation recommends 32 MiB of workspace on Hopper and later, 4 MiB
-        // before.
-        let workspace_bytes = if major >= 9 { 32 << 20 } else { 4 << 20 };
+        // the defaults, then `options` applied as a live engine's update applies them
         let libs = Libraries {
             backend: Backend::Auto,
             blas,
@@ -129,7 +144,11 @@ impl Gpu {
             sm_count_target: 0,
             grouped: Default::default(),
         };
-        Ok(Gpu { device: Device::new(stream, libs, workspace_bytes) })
+        let gpu = Gpu { device: Device::new(stream, libs, 0) };
+        gpu.device.lock().dev.workspaces.bytes = gpu.recommended_workspace()?;
+        let defaults = gpu.options();
+        gpu.apply(&defaults, &options)?;
+        Ok(gpu)
     }
 
     /// The context everything runs in.

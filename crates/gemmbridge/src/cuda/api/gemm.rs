@@ -134,8 +134,9 @@ impl Gpu {
     /// - `stream` is a live stream of this context (or null, the legacy default stream);
     /// - nothing writes A or B, or touches C, concurrently with the GEMM except in stream order.
     ///
-    /// With [`Gpu::set_check_raw_addresses`] on, an address that is not memory this GPU can
-    /// access over the bytes the problem touches is an error instead of a fault.
+    /// With [`GpuOptions::check_raw_addresses`](crate::cuda::GpuOptions::check_raw_addresses) on,
+    /// an address that is not memory this GPU can access over the bytes the problem touches is an
+    /// error instead of a fault.
     ///
     /// A `stream` other than [`Gpu::stream`] gets a last-use event recorded after the call
     /// (one `cuEventRecord` unless the stream is capturing; 0.23 µs of host time per call on
@@ -161,7 +162,8 @@ impl Gpu {
     }
 
     /// Whether every byte the call touches lies in one allocation this GPU can access
-    /// (`cuPointerGetAttributes` per operand; [`Gpu::set_check_raw_addresses`]).
+    /// (`cuPointerGetAttributes` per operand;
+    /// [`GpuOptions::check_raw_addresses`](crate::cuda::GpuOptions::check_raw_addresses)).
     pub(super) fn check_addresses(&self, p: &GemmProblem, descs: [BufferDesc; 3], extras: RawExtras) -> Result<()> {
         let out = p.precision().output();
         let d = |r: RawBuffer| BufferDesc { address: r.address, len_bytes: r.len_bytes, dtype: out };

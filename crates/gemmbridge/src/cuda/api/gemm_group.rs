@@ -11,6 +11,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use super::checks::same_context;
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawOperands};
+use super::plans::Plans;
 use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
 use crate::dtype::Element;
 use crate::epilogue::Epilogue;
@@ -41,14 +42,16 @@ pub struct GroupMember<'a, T> {
 impl Gpu {
     /// Runs every GEMM of `members` ([`GroupMember`]: each its own problem and buffers) as one
     /// grouped call on [`Gpu::stream`]: `c = op(a)·op(b) (+ bias)` each (α = 1, β = 0), the way
-    /// [`crate::grouped::streams::GroupedSettings::choose_list`] picks — cuBLAS's grouped call for small plain GEMMs of
-    /// one precision (not capturable: its pointer arrays are copied from the host), else each
-    /// GEMM's cuBLASLt plan on the pool of the engine's streams ([`Gpu::set_grouped_streams`])
-    /// forked from and joined to [`Gpu::stream`], or in order where one GEMM has work;
-    /// [`Gpu::set_grouped_backend`] forces a way. A pooled call repeated with the same members
-    /// (problems and addresses) is captured once into one CUDA graph and replayed. Work
-    /// enqueued on [`Gpu::stream`] afterwards sees every GEMM. The members may come in any
-    /// order and run in any order: no output may be another member's input.
+    /// [`crate::grouped::streams::GroupedSettings::choose_list`] picks — cuBLAS's grouped call for
+    /// small plain GEMMs of one precision (not capturable: its pointer arrays are copied from the
+    /// host), else each GEMM's cuBLASLt plan on the pool of the engine's streams
+    /// ([`GpuOptions::grouped_streams`](crate::cuda::GpuOptions::grouped_streams)) forked from and
+    /// joined to [`Gpu::stream`], or in order where one GEMM has work;
+    /// [`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend) forces a way. A
+    /// pooled call repeated with the same members (problems and addresses) is captured once into
+    /// one CUDA graph and replayed. Work enqueued on [`Gpu::stream`] afterwards sees every GEMM.
+    /// The members may come in any order and run in any order: no output may be another member's
+    /// input.
     ///
     /// # Errors
     /// Before anything is launched, with nothing written: [`Error::GroupMember`] naming the
@@ -61,7 +64,7 @@ impl Gpu {
     /// named; checked in one sort of the buffers, O(n log n)); [`Error::Unsupported`] for a
     /// forced way that does not apply (a strided batch, which is for a grouped product's
     /// layout; cuBLAS's grouped call where it does not take the list:
-    /// [`Gpu::gemm_group_backend_for`] says, or where a pointer is off 16 bytes,
+    /// [`Plans::gemm_group_backend`] says, or where a pointer is off 16 bytes,
     /// [`crate::grouped::align`]). From the launches: as [`Gpu::gemm`] (a failure
     /// part-way leaves other members written; the pool is joined back all the same).
     ///
@@ -129,10 +132,11 @@ impl Gpu {
     /// the same), enqueued on `stream` (the pool forks from and joins back to it).
     ///
     /// # Safety
-    /// As [`Gpu::gemm_raw`], for every member: device memory of this context valid until the
-    /// call has run on `stream`, `stream` a live stream of this context, and nothing touching
-    /// the buffers concurrently except in stream order. With [`Gpu::set_check_raw_addresses`]
-    /// on, an address this GPU cannot access is an error instead of a fault.
+    /// As [`Gpu::gemm_raw`], for every member: device memory of this context valid until the call
+    /// has run on `stream`, `stream` a live stream of this context, and nothing touching the
+    /// buffers concurrently except in stream order. With
+    /// [`GpuOptions::check_raw_addresses`](crate::cuda::GpuOptions::check_raw_addresses) on, an
+    /// address this GPU cannot access is an error instead of a fault.
     ///
     /// # Errors
     /// As [`Gpu::gemm_group`] ([`Error::GroupMember`] for a member, with
@@ -149,19 +153,6 @@ impl Gpu {
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.group_checked(members, stream) }
-    }
-
-    /// How [`Gpu::gemm_group`] runs a list of these problems now, on buffers whose pointers
-    /// every way takes: the forced way ([`Gpu::set_grouped_backend`], which serves grouped
-    /// products and lists alike) where it applies, else the rule of
-    /// [`crate::grouped::list::rule`]. Where a member's pointer misses 16 bytes
-    /// ([`crate::grouped::align`]) a way through cuBLAS's grouped call becomes the pool (or in
-    /// order), and a forced one is refused.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`]: the forced way does not apply to the list (naming why).
-    pub fn gemm_group_backend_for(&self, problems: &[GemmProblem]) -> Result<GroupedBackend> {
-        self.lock().libs.grouped.choose_list(problems)
     }
 
     /// Checks every member, then runs the list the chosen way on `stream`.
@@ -304,6 +295,22 @@ fn list_key(groups: &[GroupGemm], lanes: Option<usize>) -> Vec<u64> {
         key.extend([g.abc.0, g.abc.1, g.abc.2, g.bias.unwrap_or(0)]);
     }
     key
+}
+
+impl Plans<'_> {
+    /// How [`Gpu::gemm_group`] runs a list of these problems now, on buffers whose pointers every
+    /// way takes: the forced way
+    /// ([`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend), which serves
+    /// grouped products and lists alike) where it applies, else the rule of
+    /// [`crate::grouped::list::rule`]. Where a member's pointer misses 16 bytes
+    /// ([`crate::grouped::align`]) a way through cuBLAS's grouped call becomes the pool (or in
+    /// order), and a forced one is refused.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`]: the forced way does not apply to the list (naming why).
+    pub fn gemm_group_backend(&self, problems: &[GemmProblem]) -> Result<GroupedBackend> {
+        self.gpu.lock().libs.grouped.choose_list(problems)
+    }
 }
 
 #[cfg(test)]

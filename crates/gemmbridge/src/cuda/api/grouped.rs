@@ -10,6 +10,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawExtras};
+use super::plans::Plans;
 use crate::cuda::call::Scale;
 use crate::cuda::device::{check_extent, time_interleaved, Call};
 use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
@@ -33,19 +34,22 @@ impl Gpu {
     /// are not written; an empty group writes nothing in the forward and backward data, and
     /// zeros into its `dw[e]` (k = 0: β·C with β = 0).
     ///
-    /// How it runs ([`Gpu::grouped_backend_for`] says which for `p`, by the rule of
-    /// [`GroupedSettings::choose`]; [`Gpu::set_grouped_backend`] forces one): all groups of one
-    /// size and no bias — one strided-batched GEMM on [`Gpu::stream`]; small unequal groups of a
-    /// forward or backward data — cuBLAS's grouped batched call on [`Gpu::stream`] (its
-    /// pointer arrays copied from the host: not capturable); otherwise each group's GEMM
-    /// (cuBLASLt, each shape's plan kept) on a pool of the engine's own streams, forked from
-    /// [`Gpu::stream`] with an event and joined back to it ([`Gpu::set_grouped_streams`] lanes,
-    /// 4 by default: the GEMMs of many experts run side by side), so that work enqueued on
-    /// [`Gpu::stream`] afterwards sees every group. The pool's streams are created with a
-    /// workspace each ([`Gpu::set_workspace_bytes`]) on the first pooled call, and kept until
-    /// the engine is dropped. A pooled or in-order call repeated on the same buffers and sizes
-    /// is captured once into a CUDA graph of the whole call and replayed from then on (with
-    /// graph replay on, [`Gpu::set_graph_replay`]).
+    /// How it runs ([`Plans::grouped_backend`] says which for `p`, by the rule of
+    /// [`GroupedSettings::choose`];
+    /// [`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend) forces one): all
+    /// groups of one size and no bias — one strided-batched GEMM on [`Gpu::stream`]; small unequal
+    /// groups of a forward or backward data — cuBLAS's grouped batched call on [`Gpu::stream`] (its
+    /// pointer arrays copied from the host: not capturable); otherwise each group's GEMM (cuBLASLt,
+    /// each shape's plan kept) on a pool of the engine's own streams, forked from [`Gpu::stream`]
+    /// with an event and joined back to it
+    /// ([`GpuOptions::grouped_streams`](crate::cuda::GpuOptions::grouped_streams) lanes, 4 by
+    /// default: the GEMMs of many experts run side by side), so that work enqueued on
+    /// [`Gpu::stream`] afterwards sees every group. The pool's streams are created with a workspace
+    /// each ([`GpuOptions::workspace_bytes`](crate::cuda::GpuOptions::workspace_bytes)) on the
+    /// first pooled call, and kept until the engine is dropped. A pooled or in-order call repeated
+    /// on the same buffers and sizes is captured once into a CUDA graph of the whole call and
+    /// replayed from then on (with graph replay on,
+    /// [`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay)).
     ///
     /// Group sizes are host counts ([`Gpu::grouped_offsets`] brings PyTorch's `offs` to the
     /// host), so a pooled, in-order or strided call is capturable into a CUDA graph of
@@ -114,8 +118,9 @@ impl Gpu {
     ///
     /// # Safety
     /// As [`Gpu::gemm_raw`]: device memory of this context valid until the call has run on
-    /// `stream`, `stream` a live stream of this context, nothing touching the buffers
-    /// concurrently except in stream order. With [`Gpu::set_check_raw_addresses`] on, an
+    /// `stream`, `stream` a live stream of this context, nothing touching the buffers concurrently
+    /// except in stream order. With
+    /// [`GpuOptions::check_raw_addresses`](crate::cuda::GpuOptions::check_raw_addresses) on, an
     /// address this GPU cannot access is an error instead of a fault.
     ///
     /// # Errors
@@ -233,8 +238,9 @@ impl Gpu {
     ///
     /// # Errors
     /// As [`Gpu::grouped_gemm`]; [`Error::OutOfRange`] for `reps` outside 1 to 1000, before
-    /// anything runs. A forced backend ([`Gpu::set_grouped_backend`]) is set aside while
-    /// measuring and restored afterwards.
+    /// anything runs. A forced backend
+    /// ([`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend)) is set aside
+    /// while measuring and restored afterwards.
     #[allow(clippy::type_complexity)]
     pub fn tune_grouped<T: Element>(
         &self,
@@ -247,8 +253,7 @@ impl Gpu {
         if !(1..=1000).contains(&reps) {
             return Err(Error::OutOfRange { what: "reps", value: reps as u64, expected: "1 to 1000".into() });
         }
-        let forced = self.grouped_backend();
-        self.set_grouped_backend(None);
+        let forced = std::mem::take(&mut self.lock().libs.grouped.backend);
         // one checked call first: every rule, the lanes and the plans made
         let first = self.grouped_gemm(p, a, b, c, bias);
         let timed = first.and_then(|()| {
@@ -276,7 +281,7 @@ impl Gpu {
             let untuned = way_on(&GroupedSettings::default(), p, bufs.map(|b| b.0))?;
             Ok((ways.into_iter().zip(medians).collect::<Vec<_>>(), untuned))
         });
-        self.set_grouped_backend(forced);
+        self.lock().libs.grouped.backend = forced;
         let (times, untuned) = timed?;
         let (best, best_ms) = times.iter().copied().min_by(|x, y| x.1.total_cmp(&y.1)).expect("a candidate");
         let rule_ms = times.iter().find(|(b, _)| *b == untuned).map_or(best_ms, |t| t.1);
@@ -315,37 +320,9 @@ impl Gpu {
         s.synchronize().map_err(crate::cuda::status::driver("cuStreamSynchronize"))?;
         Ok(host)
     }
+}
 
-    /// Forces how grouped products and lists of GEMMs ([`Gpu::gemm_group`]) run from now on
-    /// ([`GroupedBackend`]), or with `None` lets [`Gpu::grouped_backend_for`] and
-    /// [`Gpu::gemm_group_backend_for`] choose (the default). A forced backend that does not
-    /// apply to a problem or list makes that call fail with [`Error::Unsupported`] before any
-    /// launch (a strided batch applies to no list; FP8 groups take the pool or in order).
-    pub fn set_grouped_backend(&self, backend: Option<GroupedBackend>) {
-        self.lock().libs.grouped.backend = backend;
-    }
-
-    /// The forced backend, if any ([`Gpu::set_grouped_backend`]).
-    pub fn grouped_backend(&self) -> Option<GroupedBackend> {
-        self.lock().libs.grouped.backend
-    }
-
-    /// Sets how many streams a pooled grouped product spreads over (1 to 16; 4 by default).
-    /// Streams are added when a call first needs them and kept: raise it before capturing.
-    ///
-    /// # Errors
-    /// [`Error::OutOfRange`] for 0 or more than 16.
-    pub fn set_grouped_streams(&self, streams: usize) -> Result<()> {
-        GroupedSettings::check_streams(streams)?;
-        self.lock().libs.grouped.streams = streams;
-        Ok(())
-    }
-
-    /// How many streams a pooled grouped product spreads over.
-    pub fn grouped_streams(&self) -> usize {
-        self.lock().libs.grouped.streams
-    }
-
+impl Plans<'_> {
     /// How [`Gpu::grouped_gemm`] would run `p` on buffers whose starts are 16-byte aligned (as
     /// cudarc's allocations are): the forced backend, or the measured choice or the rule
     /// ([`GroupedSettings::choose`]); where a row of N or K elements misses 16 bytes, a way
@@ -354,8 +331,8 @@ impl Gpu {
     ///
     /// # Errors
     /// [`Error::Unsupported`]: the forced backend does not apply to `p` (or to its rows).
-    pub fn grouped_backend_for(&self, p: &GroupedProblem) -> Result<GroupedBackend> {
-        way_on(&self.lock().libs.grouped, p, [0; 3])
+    pub fn grouped_backend(&self, p: &GroupedProblem) -> Result<GroupedBackend> {
+        way_on(&self.gpu.lock().libs.grouped, p, [0; 3])
     }
 }
 

@@ -39,13 +39,15 @@ impl Gpu {
     ///
     /// Each group is one FP8 GEMM as [`Gpu::fp8_gemm`] runs it (every recipe of
     /// [`crate::fp8`]: tensor-wise, row-wise, 1×128 · 128×128 blocks, …, the scalings of the
-    /// two operands paired as there), spread over the pool of the engine's streams forked
-    /// from and joined to [`Gpu::stream`] ([`Gpu::set_grouped_streams`]), or in order on
+    /// two operands paired as there), spread over the pool of the engine's streams forked from and
+    /// joined to [`Gpu::stream`]
+    /// ([`GpuOptions::grouped_streams`](crate::cuda::GpuOptions::grouped_streams)), or in order on
     /// [`Gpu::stream`] when one group has rows or [`GroupedBackend::InOrder`] is forced. Work
     /// enqueued on [`Gpu::stream`] afterwards sees every group. No host synchronisation. A call
-    /// repeated on the same operands and output is captured once into one CUDA graph of the
-    /// whole call and replayed from then on (with graph replay on, [`Gpu::set_graph_replay`]):
-    /// one launch on the host instead of one FP8 GEMM per group.
+    /// repeated on the same operands and output is captured once into one CUDA graph of the whole
+    /// call and replayed from then on (with graph replay on,
+    /// [`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay)): one launch on the host
+    /// instead of one FP8 GEMM per group.
     ///
     /// # Errors
     /// Before anything is launched, with nothing written: [`Error::Unsupported`] for a forced

@@ -7,6 +7,7 @@ use super::engine::Gpu;
 use crate::cuda::library;
 use crate::cuda::status;
 use crate::error::Result;
+use crate::fp8::{check_support, Scaling};
 use crate::tactics::Identity;
 
 /// The device and the library versions found at run time.
@@ -37,30 +38,39 @@ pub struct DeviceInfo {
     pub cublaslt_grouped_matmul: bool,
 }
 
+impl DeviceInfo {
+    /// This machine's [`Identity`] for the tactic database: the device name, its compute
+    /// capability as "major.minor", the cuBLASLt version (0 where libcublasLt is not loaded),
+    /// and the cuDNN version where libcudnn is installed
+    /// ([`cudnn_version`](crate::cuda::cudnn_version): this loads libcudnn, but creates no cuDNN
+    /// handle).
+    pub fn tactic_identity(&self) -> Identity {
+        Identity {
+            gpu: self.name.clone(),
+            sm: format!("{}.{}", self.compute_capability.0, self.compute_capability.1),
+            cublaslt: self.cublaslt_version.unwrap_or(0),
+            cudnn: crate::cuda::dnn::cudnn_version(),
+        }
+    }
+
+    /// Whether this GPU and the loaded cuBLASLt offer FP8 with `scaling`
+    /// ([`check_support`] of [`DeviceInfo::compute_capability`] and
+    /// [`DeviceInfo::cublaslt_version`], 0 without cuBLASLt).
+    ///
+    /// # Errors
+    /// [`Error::Fp8`](crate::Error::Fp8) with [`crate::fp8::Fp8Rule::ComputeCapability`] or
+    /// [`crate::fp8::Fp8Rule::LibraryVersion`].
+    pub fn check_fp8(&self, scaling: Scaling) -> Result<()> {
+        check_support(self.compute_capability, self.cublaslt_version.unwrap_or(0), scaling)
+    }
+}
+
 /// Formats a CUDA version number `major·1000 + minor·10` as `major.minor`.
 pub fn cuda_version_string(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
 impl Gpu {
-    /// This machine's [`Identity`] for the tactic database: the device name, its compute
-    /// capability as "major.minor", the cuBLASLt version (0 where libcublasLt is not loaded),
-    /// from [`Gpu::info`], and the cuDNN version where libcudnn is installed
-    /// ([`cudnn_version`](crate::cuda::cudnn_version): this loads libcudnn, but creates no cuDNN
-    /// handle).
-    ///
-    /// # Errors
-    /// As [`Gpu::info`].
-    pub fn tactic_identity(&self) -> Result<Identity> {
-        let i = self.info()?;
-        Ok(Identity {
-            gpu: i.name,
-            sm: format!("{}.{}", i.compute_capability.0, i.compute_capability.1),
-            cublaslt: i.cublaslt_version.unwrap_or(0),
-            cudnn: crate::cuda::dnn::cudnn_version(),
-        })
-    }
-
     /// Reads the device's properties and the loaded libraries' versions.
     ///
     /// # Errors

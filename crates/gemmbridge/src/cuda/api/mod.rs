@@ -1,10 +1,11 @@
-//! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability —
-//! its settings (`settings.rs`), GEMMs (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`),
-//! convolutions (`conv.rs`), attention (`attention.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning (`tune.rs`), device
-//! information (`info.rs`), the training layers ([`train`]) — over the checks every entry shares
-//! (`checks.rs`) and the operand types (`operands.rs`). Each entry validates its arguments,
-//! builds its call and hands it to the routing floor (`crate::cuda::route`) or to a library
-//! room; no entry calls another file's entry code.
+//! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability — its
+//! settings (`options.rs`, [`GpuOptions`]), its plans and tactics (`plans.rs`, [`Plans`]), GEMMs
+//! (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions (`conv.rs`), attention
+//! (`attention.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning
+//! (`tune.rs`), device information (`info.rs`), the training layers ([`train`]) — over
+//! the checks every entry shares (`checks.rs`) and the operand types (`operands.rs`). Each entry
+//! validates its arguments, builds its call and hands it to the routing floor
+//! (`crate::cuda::route`) or to a library room; no entry calls another file's entry code.
 
 mod attention;
 mod attention_fp8;
@@ -19,8 +20,9 @@ mod grouped;
 mod grouped_fp8;
 mod info;
 mod operands;
+mod options;
+mod plans;
 mod quantize;
-mod settings;
 pub mod train;
 mod tune;
 
@@ -30,3 +32,5 @@ pub use engine::Gpu;
 pub use gemm_group::GroupMember;
 pub use info::{cuda_version_string, DeviceInfo};
 pub use operands::{Extras, RawBuffer, RawOperands};
+pub use options::{Applied, Change, GpuOptions, Reach};
+pub use plans::Plans;

@@ -23,12 +23,13 @@ impl Gpu {
         Ok((cc, library::cublaslt_version().unwrap_or(0)))
     }
 
-    /// Whether this GPU and the loaded cuBLASLt offer FP8 with `scaling` ([`check_support`]).
+    /// Whether this GPU and the loaded cuBLASLt offer FP8 with `scaling` ([`check_support`];
+    /// for callers: [`DeviceInfo::check_fp8`](crate::cuda::DeviceInfo::check_fp8)).
     ///
     /// # Errors
     /// [`Error::Fp8`] with [`crate::fp8::Fp8Rule::ComputeCapability`] or
     /// [`crate::fp8::Fp8Rule::LibraryVersion`]; [`Error::Driver`].
-    pub fn check_fp8(&self, scaling: Scaling) -> Result<()> {
+    pub(crate) fn check_fp8(&self, scaling: Scaling) -> Result<()> {
         let (cc, lt_version) = self.fp8_platform()?;
         check_support(cc, lt_version, scaling)
     }

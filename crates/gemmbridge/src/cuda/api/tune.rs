@@ -66,10 +66,11 @@ impl Gpu {
         Ok(())
     }
 
-    /// Tunes the cuBLASLt algorithm for `p` on the given operands (on [`Gpu::stream`]), under
-    /// this `Gpu`'s SM count target ([`Gpu::set_sm_count_target`]): with a target set, the
-    /// candidates are planned and timed for that many SMs and the entry's signature ends in
-    /// ` sm<count>`, so that it serves only calls made under the same target.
+    /// Tunes the cuBLASLt algorithm for `p` on the given operands (on [`Gpu::stream`]), under this
+    /// `Gpu`'s SM count target
+    /// ([`GpuOptions::sm_count_target`](crate::cuda::GpuOptions::sm_count_target)): with a target
+    /// set, the candidates are planned and timed for that many SMs and the entry's signature ends
+    /// in ` sm<count>`, so that it serves only calls made under the same target.
     ///
     /// 1. Candidates: the heuristic's first `opts.candidates` algorithms for `p`, then those
     ///    it gives for the same GEMM without its epilogue and with smaller workspace limits

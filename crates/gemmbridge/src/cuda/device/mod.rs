@@ -45,7 +45,7 @@ use super::status;
 use crate::error::Result;
 
 /// Whether a new device checks raw addresses: off, since the check costs more than 0.3 µs per
-/// call of three operands (`Gpu::set_check_raw_addresses` gives the measured cost).
+/// call of three operands (`GpuOptions::check_raw_addresses` gives the measured cost).
 pub(crate) const CHECK_RAW_DEFAULT: bool = false;
 
 /// What a library backend keeps under the device's lock, and how it lets go of it.

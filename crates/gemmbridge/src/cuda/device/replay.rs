@@ -31,7 +31,8 @@ use cudarc::driver::sys::CUstream;
 use super::capture::{capture, is_capturing, CaptureStream, GraphExec};
 use crate::error::{Error, Result};
 
-/// When repeated eager calls are replayed from cached CUDA graphs ([`Gpu::set_graph_replay`]).
+/// When repeated eager calls are replayed from cached CUDA graphs
+/// ([`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay)).
 ///
 /// A call qualifies when it goes to cuBLASLt, its problem has at most `max_macs`
 /// multiply-adds, its bias needs no staging (16-byte aligned) and its stream is not being
@@ -43,8 +44,6 @@ use crate::error::{Error, Result};
 /// Build it from [`GraphReplay::default`] or [`GraphReplay::off`] and the `with_*` methods
 /// (or by setting fields of such a value): it is `#[non_exhaustive]`, so settings can be added
 /// without breaking callers.
-///
-/// [`Gpu::set_graph_replay`]: crate::cuda::Gpu::set_graph_replay
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GraphReplay {
@@ -56,10 +55,12 @@ pub struct GraphReplay {
     /// On which call with the same operands the graph is built; 0 counts as 1. Default 2: a
     /// call made once never pays for a capture.
     pub after_calls: u32,
-    /// Most graphs kept per `Gpu`. Default 1024; 0 keeps none (replay then never happens).
-    /// When full, further keys run directly (nothing is evicted); the cache empties with
-    /// [`Gpu::clear_plans`](crate::cuda::Gpu::clear_plans), [`Gpu::set_graph_replay`](crate::cuda::Gpu::set_graph_replay),
-    /// [`Gpu::load_tactics`](crate::cuda::Gpu::load_tactics) and tuning (a graph bakes in its algorithm).
+    /// Most graphs kept per `Gpu`. Default 1024; 0 keeps none (replay then never happens). When
+    /// full, further keys run directly (nothing is evicted); the cache empties with
+    /// [`Plans::clear`](crate::cuda::Plans::clear),
+    /// [`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay),
+    /// [`Plans::load_tactics`](crate::cuda::Plans::load_tactics) and tuning (a graph bakes in its
+    /// algorithm).
     pub capacity: usize,
 }
 
@@ -76,19 +77,19 @@ impl GraphReplay {
     }
 
     /// These settings with [`GraphReplay::max_macs`] (multiply-adds) set.
-    #[must_use = "returns new settings; pass them to Gpu::set_graph_replay"]
+    #[must_use = "returns new settings; put them in GpuOptions::graph_replay"]
     pub fn with_max_macs(self, max_macs: u64) -> Self {
         GraphReplay { max_macs, ..self }
     }
 
     /// These settings with [`GraphReplay::after_calls`] set (0 counts as 1).
-    #[must_use = "returns new settings; pass them to Gpu::set_graph_replay"]
+    #[must_use = "returns new settings; put them in GpuOptions::graph_replay"]
     pub fn with_after_calls(self, after_calls: u32) -> Self {
         GraphReplay { after_calls, ..self }
     }
 
     /// These settings with [`GraphReplay::capacity`] (graphs) set.
-    #[must_use = "returns new settings; pass them to Gpu::set_graph_replay"]
+    #[must_use = "returns new settings; put them in GpuOptions::graph_replay"]
     pub fn with_capacity(self, capacity: usize) -> Self {
         GraphReplay { capacity, ..self }
     }

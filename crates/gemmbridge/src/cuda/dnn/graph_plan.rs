@@ -23,7 +23,7 @@ pub(crate) struct GraphPlan {
     /// Workspace bytes the plan needs.
     pub workspace: usize,
     /// The engine's global index and notes, and (measured) its time: for the log and
-    /// [`crate::cuda::Gpu::conv2d_plan`].
+    /// [`crate::cuda::Plans::conv2d`].
     pub name: String,
     pub(super) uids: Vec<i64>,
     /// The last variant pack and the pointers it holds (x, w, y, bias, workspace).

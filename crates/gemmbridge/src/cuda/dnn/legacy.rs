@@ -108,7 +108,7 @@ pub(crate) unsafe fn make(
             backend: "cuDNN",
             what: format!(
                 "{} {op:?}: no algorithm fits a workspace of {workspace_limit} bytes at this precision \
-                 (candidates: {candidates:?}); raise Gpu::set_workspace_bytes",
+                 (candidates: {candidates:?}); raise GpuOptions::workspace_bytes",
                 p.describe()
             ),
         });

@@ -54,7 +54,7 @@ pub(crate) enum ConvOp {
 }
 
 /// How a convolution's algorithm is chosen, once per problem and direction
-/// ([`crate::cuda::Gpu::set_conv_search`]).
+/// ([`crate::cuda::GpuOptions::conv_search`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ConvSearch {
     /// cuDNN's heuristic: the graph API's best-ranked engine configuration (heuristic mode A,
@@ -71,7 +71,7 @@ pub enum ConvSearch {
     Measured,
 }
 
-/// Which cuDNN API runs the convolutions ([`crate::cuda::Gpu::set_conv_api`]).
+/// Which cuDNN API runs the convolutions ([`crate::cuda::GpuOptions::conv_api`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ConvApi {
     /// The graph (backend) API, as PyTorch uses it: an operation graph per problem (the fused
@@ -182,7 +182,8 @@ pub(crate) struct DnnState {
     /// activation as two more calls).
     pub fuse: bool,
     pub api: ConvApi,
-    /// The most workspace a graph-API plan may take ([`crate::cuda::Gpu::set_conv_workspace_limit`]).
+    /// The most workspace a graph-API plan may take
+    /// ([`crate::cuda::GpuOptions::conv_workspace_limit`]).
     pub ws_limit: usize,
     /// The room's own workspace for plans that need more than the stream's: stream-ordered,
     /// grown (never shrunk) when a new plan needs more.
@@ -196,7 +197,7 @@ pub(crate) struct DnnState {
     /// Attention plans, by problem, direction and alignment (`attention/`).
     attn: HashMap<attention::AttnKey, attention::AttnPlan>,
     /// Whether an attention plan is chosen by a measured search
-    /// ([`crate::cuda::Gpu::set_attention_search`]).
+    /// ([`crate::cuda::GpuOptions::attention_search`]).
     pub attn_search: bool,
 }
 

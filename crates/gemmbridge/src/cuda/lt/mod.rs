@@ -53,7 +53,7 @@ pub(crate) struct LtState {
     /// graph bakes in their algorithms.
     pub composite: ReplayCache<Vec<u64>>,
     /// SM count target of dense plans made from now on (0: all SMs;
-    /// [`crate::cuda::Gpu::set_sm_count_target`]).
+    /// [`crate::cuda::GpuOptions::sm_count_target`]).
     pub sm_count: u32,
 }
 

@@ -43,7 +43,7 @@ pub(crate) struct PlanKey {
     /// Workspace the algorithm may use, in bytes.
     pub workspace: usize,
     /// SMs the kernel is told to use (`CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`); 0: all of them
-    /// (the attribute is not set). [`crate::cuda::Gpu::set_sm_count_target`].
+    /// (the attribute is not set). [`crate::cuda::GpuOptions::sm_count_target`].
     pub sm_count: u32,
 }
 

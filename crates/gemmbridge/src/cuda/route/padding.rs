@@ -4,7 +4,7 @@ use crate::precision::Precision;
 use crate::{Compute, DType};
 
 /// When a call whose operands are off the 16-byte alignment cuBLASLt's fast kernels need is
-/// run on aligned copies instead ([`Gpu::set_padding`](crate::cuda::Gpu::set_padding)).
+/// run on aligned copies instead ([`GpuOptions::padding`](crate::cuda::GpuOptions::padding)).
 ///
 /// A call qualifies when the problem has at least the precision's `min_macs` multiply-adds
 /// (m·n·k·batch) and an operand (A, B or C) is off 16 bytes: its base address, leading
@@ -57,13 +57,13 @@ impl Padding {
     }
 
     /// These settings switched on or off.
-    #[must_use = "returns new settings; pass them to Gpu::set_padding"]
+    #[must_use = "returns new settings; put them in GpuOptions::padding"]
     pub fn with_enabled(self, enabled: bool) -> Self {
         Padding { enabled, ..self }
     }
 
     /// These settings with the three thresholds (multiply-adds) set: f16/bf16, tf32, f32.
-    #[must_use = "returns new settings; pass them to Gpu::set_padding"]
+    #[must_use = "returns new settings; put them in GpuOptions::padding"]
     pub fn with_min_macs(self, half: u64, tf32: u64, f32: u64) -> Self {
         Padding { min_macs_half: half, min_macs_tf32: tf32, min_macs_f32: f32, ..self }
     }

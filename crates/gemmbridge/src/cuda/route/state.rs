@@ -47,14 +47,18 @@ pub(crate) struct Libraries {
     pub conv_fuse: bool,
     pub conv_api: ConvApi,
     pub conv_ws_limit: usize,
-    /// The tactic database's convolution and attention entries ([`Gpu::load_tactics`]), handed
-    /// to the cuDNN room when it is created (it keeps those of its cuDNN version).
+    /// The tactic database's convolution and attention entries
+    /// ([`Plans::load_tactics`](crate::cuda::Plans::load_tactics)), handed to the cuDNN room when
+    /// it is created (it keeps those of its cuDNN version).
     pub dnn_tactics: std::collections::BTreeMap<String, tactics::Tactic>,
-    /// [`Gpu::set_attention_search`]'s value.
+    /// [`GpuOptions::attention_search`](crate::cuda::GpuOptions::attention_search)'s value.
     pub attn_search: bool,
-    /// How grouped GEMMs run ([`Gpu::set_grouped_backend`], [`Gpu::set_grouped_streams`]).
+    /// How grouped GEMMs run
+    /// ([`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend),
+    /// [`GpuOptions::grouped_streams`](crate::cuda::GpuOptions::grouped_streams)).
     pub grouped: crate::grouped::streams::GroupedSettings,
-    /// [`Gpu::set_sm_count_target`]'s value (0: all SMs); cuBLASLt's room keeps its own copy.
+    /// [`GpuOptions::sm_count_target`](crate::cuda::GpuOptions::sm_count_target)'s value (0: all
+    /// SMs); cuBLASLt's room keeps its own copy.
     pub sm_count_target: u32,
 }
 

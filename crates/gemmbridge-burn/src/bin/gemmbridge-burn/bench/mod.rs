@@ -197,12 +197,12 @@ fn engine(args: &BenchArgs, dev: &CudaDevice) -> anyhow::Result<Gpu> {
     let sms = gpu.info().context("device query")?.sm_count as u32;
     if let Some(path) = &args.db {
         anyhow::ensure!(path.exists(), "--db {}: no such file", path.display());
-        let (db, warnings) = gemmbridge::cuda::tactics::TacticDb::load(path, &gpu.tactic_identity()?);
+        let (db, warnings) = gemmbridge::cuda::tactics::TacticDb::load(path, &gpu.info()?.tactic_identity());
         for w in warnings {
             eprintln!("warning: {w}");
         }
         println!("tactic database {}: {} entries", path.display(), db.entries.len());
-        gpu.load_tactics(&db);
+        gpu.plans().load_tactics(&db);
         gemmbridge_burn::load_tactics(&db);
     }
     anyhow::ensure!(

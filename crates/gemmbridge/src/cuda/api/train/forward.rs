@@ -29,7 +29,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     pub fn forward<X: DevicePtr<T>>(&mut self, gpu: &Gpu, x: &X, tokens: usize, train: bool) -> Result<()> {
         let x_len = x.len();
         check_len(0, "input length (tokens × in_features)", x_len, tokens, self.layers[0].in_features)?;
-        (self.last, self.dropped) = (None, false);
+        self.last = None;
         self.ensure_buffers(gpu, tokens)?;
         for i in 0..self.layers.len() {
             self.layer_forward(gpu, i, x, train)?;

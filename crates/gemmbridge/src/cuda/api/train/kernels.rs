@@ -48,16 +48,17 @@ pub(crate) struct DactLaunch {
     pub shape: (usize, usize, usize),
 }
 
-impl Gpu {
-    /// Compiles the training layers' kernels now (NVRTC, tens of ms) rather than on the first
-    /// step that needs one, which a CUDA graph capture then may contain.
-    ///
-    /// # Errors
-    /// [`crate::Error::LibraryNotFound`] without NVRTC; [`crate::Error::Driver`].
-    pub fn prepare_training(&self) -> Result<()> {
-        self.with_kernels(|_| Ok(()))
-    }
+/// Compiles the training layers' kernels on `gpu` now (NVRTC, tens of ms) rather than on the
+/// first step of an [`Mlp`](super::Mlp) that needs one, which a CUDA graph capture then may
+/// contain.
+///
+/// # Errors
+/// [`crate::Error::LibraryNotFound`] without NVRTC; [`crate::Error::Driver`].
+pub fn prepare_kernels(gpu: &Gpu) -> Result<()> {
+    gpu.with_kernels(|_| Ok(()))
+}
 
+impl Gpu {
     /// Runs `f` with the training kernels (compiled on first use) under the lock.
     fn with_kernels(&self, f: impl FnOnce(&crate::cuda::device::Kernels) -> Result<()>) -> Result<()> {
         self.device().bind()?;

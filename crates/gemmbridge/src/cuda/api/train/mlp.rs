@@ -27,6 +27,28 @@ pub(super) struct Forward {
     pub x: (u64, usize),
 }
 
+/// How an [`Mlp`] runs beside its layers and precision: given at creation
+/// ([`Mlp::with_options`]; [`Mlp::new`] and [`Mlp::new_fp8`] take the defaults), read with
+/// [`Mlp::options`]. Build from `MlpOptions::default()` (fields may be added).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MlpOptions {
+    /// Where GELU-tanh layers apply the activation and its backward in tf32, f16 and bf16
+    /// ([`GeluPlacement`]; default: both in cuBLASLt epilogues). FP8 and f32 layers keep
+    /// gemmbridge's kernels whatever is set; the backward reads the saved pre-activation the
+    /// same way whichever placement wrote it.
+    pub gelu: GeluPlacement,
+}
+
+impl MlpOptions {
+    /// These options with [`MlpOptions::gelu`] set.
+    #[must_use = "returns new options; give them to Mlp::with_options"]
+    pub fn gelu(mut self, gelu: GeluPlacement) -> Self {
+        self.gelu = gelu;
+        self
+    }
+}
+
 /// A sequence of linear layers on the GPU, one dtype throughout (the precision's), parameters
 /// and activations in device memory it owns, every call enqueued on [`Gpu::stream`] without a
 /// host wait (except the `*_to_host` copies).
@@ -36,7 +58,7 @@ pub(super) struct Forward {
 /// [`Mlp::backward`] with the same input, then an update ([`Mlp::sgd_step`], or the caller's
 /// own optimiser over [`Mlp::weight_grad`] / [`Mlp::bias_grad`]). The GEMMs per layer: one
 /// forward, one weight gradient (bias gradient fused), one data gradient (the previous layer's
-/// GELU-tanh backward fused, by default: [`Mlp::set_gelu_placement`]); not the first layer's
+/// GELU-tanh backward fused, by default: [`MlpOptions::gelu`]); not the first layer's
 /// data gradient unless `dx` is asked for.
 ///
 /// Buffers for a token count are kept between steps and reallocated (stream-ordered) when it
@@ -50,10 +72,8 @@ pub struct Mlp<T: Element> {
     /// FP8 layers: the recipe; `precision` is then the tensors' own (bf16 or f16), that of
     /// the bias-gradient GEMMs.
     pub(super) fp8: Option<Fp8Training>,
-    /// Where GELU-tanh runs ([`Mlp::set_gelu_placement`]).
-    pub(super) gelu: GeluPlacement,
-    /// Whether a placement change dropped the last forward (named in the order errors).
-    pub(super) dropped: bool,
+    /// How it runs ([`MlpOptions`]).
+    pub(super) options: MlpOptions,
     pub(super) w: Vec<CudaSlice<T>>,
     pub(super) b: Vec<Option<CudaSlice<T>>>,
     pub(super) dw: Vec<CudaSlice<T>>,
@@ -101,6 +121,20 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     /// [`Error::Unsupported`] for a precision whose output dtype differs from its input's
     /// (layers keep one dtype); [`Error::Driver`].
     pub fn new(gpu: &Gpu, layers: &[LinearSpec], precision: Precision, params: &[LayerParams]) -> Result<Mlp<T>> {
+        Mlp::with_options(gpu, layers, precision, params, MlpOptions::default())
+    }
+
+    /// [`Mlp::new`] with `options` ([`MlpOptions`]: where GELU-tanh runs).
+    ///
+    /// # Errors
+    /// As [`Mlp::new`].
+    pub fn with_options(
+        gpu: &Gpu,
+        layers: &[LinearSpec],
+        precision: Precision,
+        params: &[LayerParams],
+        options: MlpOptions,
+    ) -> Result<Mlp<T>> {
         if T::DTYPE != precision.input() {
             return Err(Error::DTypeMismatch { operand: Which::A, expected: precision.input(), got: T::DTYPE });
         }
@@ -110,7 +144,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 what: format!("precision {precision} (a layer's output feeds the next: one dtype throughout)"),
             });
         }
-        Mlp::build(gpu, layers, precision, None, params)
+        Mlp::build(gpu, (layers, params), precision, None, options)
     }
 
     /// FP8 layers: uploads `params` (rounded to T, bf16 or f16) for `layers`, every GEMM of
@@ -132,16 +166,16 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
                 })
             }
         };
-        Mlp::build(gpu, layers, precision, Some(recipe), params)
+        Mlp::build(gpu, (layers, params), precision, Some(recipe), MlpOptions::default())
     }
 
     /// Checks and uploads (the part [`Mlp::new`] and [`Mlp::new_fp8`] share).
     fn build(
         gpu: &Gpu,
-        layers: &[LinearSpec],
+        (layers, params): (&[LinearSpec], &[LayerParams]),
         precision: Precision,
         fp8: Option<Fp8Training>,
-        params: &[LayerParams],
+        options: MlpOptions,
     ) -> Result<Mlp<T>> {
         check_layers(layers)?;
         check_params(layers, params)?;
@@ -163,8 +197,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
             layers: layers.to_vec(),
             precision,
             fp8,
-            gelu: GeluPlacement::default(),
-            dropped: false,
+            options,
             w: Vec::new(),
             b: Vec::new(),
             dw: Vec::new(),
@@ -200,38 +233,19 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         self.fp8
     }
 
-    /// Where GELU-tanh layers apply the activation and its backward in tf32, f16 and bf16
-    /// ([`GeluPlacement`]; default: both in cuBLASLt epilogues), from the next call on. FP8
-    /// and f32 layers keep their kernels whatever is set. A change that alters a saved
-    /// pre-activation's row stride (a kernel forward on a width not a multiple of 8) drops the
-    /// activation buffers and the last forward: [`Mlp::output`] and [`Mlp::backward`] then
-    /// answer [`Error::TrainingOrder`] until a new forward runs. Any other change keeps them:
-    /// the backward reads the saved pre-activation the same way whichever placement wrote it.
-    pub fn set_gelu_placement(&mut self, gelu: GeluPlacement) {
-        let lds = |m: &Self| m.layers.iter().map(|l| m.placements().pre_ld(l)).collect::<Vec<_>>();
-        let before = lds(self);
-        self.gelu = gelu;
-        if lds(self) != before {
-            self.bufs = None;
-            self.dropped |= self.last.take().is_some();
-        }
-    }
-
-    /// The placement asked for ([`Mlp::set_gelu_placement`]); f32 and FP8 layers, and the
-    /// cases that page names, run otherwise.
-    pub fn gelu_placement(&self) -> GeluPlacement {
-        self.gelu
+    /// The options it was made with ([`MlpOptions`]).
+    pub fn options(&self) -> MlpOptions {
+        self.options
     }
 
     /// The [`Error::TrainingOrder`] for a call that needs a forward (`what` it needs).
     pub(super) fn order_error(&self, what: &str) -> Error {
-        let why = if self.dropped { " (a GELU placement change dropped the last one)" } else { "" };
-        Error::TrainingOrder { problem: format!("{what}{why}") }
+        Error::TrainingOrder { problem: what.to_string() }
     }
 
     /// What decides where each activation step runs.
     pub(super) fn placements(&self) -> Placements {
-        Placements { precision: self.precision, fp8: self.fp8.is_some(), gelu: self.gelu }
+        Placements { precision: self.precision, fp8: self.fp8.is_some(), gelu: self.options.gelu }
     }
 
     /// Layer `i`'s weight `w[out, in]`. Panics if `i` is not a layer.

@@ -15,4 +15,5 @@ mod observe;
 mod placement;
 
 pub use instruments::{GemmMark, GemmObserver, GemmRole, Tuned};
-pub use mlp::Mlp;
+pub use kernels::prepare_kernels;
+pub use mlp::{Mlp, MlpOptions};

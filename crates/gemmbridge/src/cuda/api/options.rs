@@ -1,0 +1,469 @@
+//! [`GpuOptions`]: every setting of the engine in one value — given when a [`Gpu`] is made
+//! ([`Gpu::with_options`]), read back with [`Gpu::options`], changed on a live engine with
+//! [`Gpu::update_options`], which says what each change reaches ([`Applied`]).
+
+use super::engine::Gpu;
+use crate::cuda::device::{GraphReplay, Held};
+use crate::cuda::dnn::{ConvApi, ConvSearch, CONV_WORKSPACE_LIMIT};
+use crate::cuda::route::{Backend, Libraries, Padding};
+use crate::cuda::status;
+use crate::error::{Error, Result};
+use crate::grouped::streams::{GroupedBackend, GroupedSettings};
+
+/// The engine's settings. `GpuOptions::default()` is what [`Gpu::new`] uses; the builder
+/// methods (one per field, same name) change one setting each:
+///
+/// ```no_run
+/// use gemmbridge::cuda::{Backend, Gpu, GpuOptions};
+/// # fn main() -> Result<(), gemmbridge::Error> {
+/// let gpu = Gpu::with_options(0,
+/// GpuOptions::default().backend(Backend::Lt).sm_count_target(Some(131)))?;
+/// assert_eq!(gpu.options().backend, Backend::Lt);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Checked when the engine is made or updated ([`GpuOptions::sm_count_target`],
+/// [`GpuOptions::grouped_streams`]); the fields are public to read and to set on a value in
+/// hand (new fields may be added: build from `default()`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GpuOptions {
+    /// The library dense GEMMs run on ([`Backend`]; default [`Backend::Auto`]).
+    pub backend: Backend,
+    /// The library workspace (bytes) each stream gets on its first call (plus 1 MiB of
+    /// scratch); `None` (the default): 32 MiB on Hopper and later, 4 MiB before, the sizes
+    /// cuBLASLt's documentation recommends. [`Gpu::options`] reports the size in use.
+    pub workspace_bytes: Option<usize>,
+    /// When calls whose operands are off 16-byte alignment run on aligned copies ([`Padding`];
+    /// default on above the measured thresholds).
+    pub padding: Padding,
+    /// When repeated small eager calls are replayed from cached CUDA graphs ([`GraphReplay`];
+    /// default on, for problems up to 1024³ multiply-adds, from the second call with the same
+    /// operands; `GraphReplay::off()` turns it off). Without cuBLASLt nothing is replayed and
+    /// the setting is not kept ([`Gpu::options`] then reports the default).
+    pub graph_replay: GraphReplay,
+    /// Leaves SMs free for kernels that run beside gemmbridge's GEMMs: dense GEMMs are planned
+    /// for `Some(sms)` SMs (cuBLASLt's `CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET` for
+    /// [`Backend::Lt`] and Auto, `cublasSetSmCountTarget` for [`Backend::Blas`]); `None` (the
+    /// default) uses them all. Plans are kept per target, and a tactic database entry applies
+    /// only under the target it was tuned with (tuning runs under the engine's target,
+    /// [`Gpu::autotune_raw`]; `gemmbridge tune --sm-count-target`): entries tuned on the whole
+    /// GPU are not applied under a target, where the heuristic chooses for that SM count unless
+    /// an entry tuned for it exists. FP8 GEMMs and convolutions are not affected. `Some(n)`
+    /// with `n` equal to the device's SM count is a target too: its plans are cached apart and
+    /// only entries tuned under it apply.
+    ///
+    /// Why: a kernel that stays resident while a GEMM runs — the spin kernel that orders the
+    /// burn adapter's GEMMs with cubecl's stream — can keep one of the GEMM's CTAs from an SM
+    /// until the others finish. Measured on the H200 (132 SMs, bf16 4096³, cuBLASLt 13.1): a
+    /// one-thread kernel resident on another stream made the GEMM 1.46× slower; with a target
+    /// of 131 SMs, 1.14× (1.055× without the resident kernel). See docs/PERFORMANCE.md.
+    ///
+    /// Checked: 1 to the device's SM count ([`Error::OutOfRange`] otherwise).
+    pub sm_count_target: Option<u32>,
+    /// Checks, before each raw call ([`Gpu::gemm_raw`], [`Gpu::autotune_raw`]), that every
+    /// byte the call reads or writes lies inside one allocation this GPU can access — its own
+    /// device memory (plain, stream-ordered pool or virtual-memory-managed), managed memory,
+    /// or host memory CUDA allocated or registered — with `cuPointerGetAttributes`, one query
+    /// per operand. Without the check, a host pointer given as a device address is enqueued
+    /// and faults on the GPU, which breaks the context for every later call of the process
+    /// (`CUDA_ERROR_ILLEGAL_ADDRESS`); with it, the call returns [`Error::NotDeviceMemory`]
+    /// before anything is enqueued and the engine stays usable. Off by default, because it
+    /// costs the host 0.44–0.51 µs per call with A, B and C on the H200 (1.55 → 1.99 µs for a
+    /// replayed f32 64³ call, 1.65 → 2.16 µs bf16: `gemmbridge bench --ops launch`, fields
+    /// `host_raw_us` and `host_raw_checked_us`), a third of the call itself.
+    pub check_raw_addresses: bool,
+    /// How convolution algorithms are chosen (default [`ConvSearch::Heuristic`]). A problem with an
+    /// entry in a loaded tactic database ([`Plans::load_tactics`](super::Plans::load_tactics))
+    /// takes the entry's plan instead, unless cuDNN refuses it; a measured search's choice can be
+    /// stored there ([`Plans::conv2d_tactic`](super::Plans::conv2d_tactic)).
+    pub conv_search: ConvSearch,
+    /// Which cuDNN API runs convolutions (default [`ConvApi::Graph`]; [`ConvApi::Legacy`] is
+    /// there for comparisons). Plans are kept per API.
+    pub conv_api: ConvApi,
+    /// Whether [`Gpu::conv2d_fused`] tries cuDNN's fused call (default, on) or runs the
+    /// unfused sequence (the convolution, `cudnnAddTensor`, `cudnnActivationForward`): for
+    /// comparisons. Plans are kept per setting.
+    pub conv_fusion: bool,
+    /// The most workspace (bytes) a convolution or attention plan may use; default 1 GiB. A
+    /// plan that needs more than the stream's workspace ([`GpuOptions::workspace_bytes`],
+    /// which the GEMMs share) runs on the cuDNN room's own, allocated in stream order when the
+    /// plan is made and grown (never per call) when a later plan needs more; PyTorch lets
+    /// cuDNN take whatever memory is free. The legacy API keeps to the stream's workspace.
+    pub conv_workspace_limit: usize,
+    /// How attention plans are chosen: `false` (the default) takes cuDNN's heuristic's first
+    /// engine configuration that finalizes; `true` times up to 10 qualifying configurations
+    /// of each of cuDNN's lists (heuristic mode A, then the fallback list) on the first call's
+    /// own buffers and keeps the fastest — that first call then synchronises its stream, runs
+    /// every candidate and is not capturable. A problem with an entry in a loaded tactic
+    /// database takes the entry's engine instead, unless cuDNN refuses it; a measured choice
+    /// can be stored there ([`Plans::attention_tactic`](super::Plans::attention_tactic)).
+    pub attention_search: bool,
+    /// Forces how grouped products and lists of GEMMs ([`Gpu::grouped_gemm`],
+    /// [`Gpu::gemm_group`]) run ([`GroupedBackend`]), or with `None` (the default) lets the
+    /// measured choices and the rule choose
+    /// ([`Plans::grouped_backend`](super::Plans::grouped_backend),
+    /// [`Plans::gemm_group_backend`](super::Plans::gemm_group_backend)). A forced backend that
+    /// does not apply to a problem or list makes that call fail with [`Error::Unsupported`]
+    /// before any launch (a strided batch applies to no list; FP8 groups take the pool or in
+    /// order).
+    pub grouped_backend: Option<GroupedBackend>,
+    /// How many streams a pooled grouped product spreads over (1 to 16; 4 by default, what
+    /// TransformerEngine's grouped linear layer uses). Streams are added when a call first
+    /// needs them and kept: raise it before capturing. Checked ([`Error::OutOfRange`]).
+    pub grouped_streams: usize,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        let grouped = GroupedSettings::default();
+        GpuOptions {
+            backend: Backend::Auto,
+            workspace_bytes: None,
+            padding: Padding::default(),
+            graph_replay: GraphReplay::default(),
+            sm_count_target: None,
+            check_raw_addresses: crate::cuda::device::CHECK_RAW_DEFAULT,
+            conv_search: ConvSearch::default(),
+            conv_api: ConvApi::default(),
+            conv_fusion: true,
+            conv_workspace_limit: CONV_WORKSPACE_LIMIT,
+            attention_search: false,
+            grouped_backend: grouped.backend,
+            grouped_streams: grouped.streams,
+        }
+    }
+}
+
+/// A builder method per field: these options with that field set.
+macro_rules! builders {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty;)*) => {
+        impl GpuOptions {
+            $(
+                $(#[$doc])*
+                #[must_use = "returns new options; give them to Gpu::with_options or Gpu::update_options"]
+                pub fn $field(mut self, $field: $ty) -> Self {
+                    self.$field = $field;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+builders! {
+    /// These options with [`GpuOptions::backend`] set.
+    backend: Backend;
+    /// These options with [`GpuOptions::workspace_bytes`] set.
+    workspace_bytes: Option<usize>;
+    /// These options with [`GpuOptions::padding`] set.
+    padding: Padding;
+    /// These options with [`GpuOptions::graph_replay`] set.
+    graph_replay: GraphReplay;
+    /// These options with [`GpuOptions::sm_count_target`] set.
+    sm_count_target: Option<u32>;
+    /// These options with [`GpuOptions::check_raw_addresses`] set.
+    check_raw_addresses: bool;
+    /// These options with [`GpuOptions::conv_search`] set.
+    conv_search: ConvSearch;
+    /// These options with [`GpuOptions::conv_api`] set.
+    conv_api: ConvApi;
+    /// These options with [`GpuOptions::conv_fusion`] set.
+    conv_fusion: bool;
+    /// These options with [`GpuOptions::conv_workspace_limit`] set.
+    conv_workspace_limit: usize;
+    /// These options with [`GpuOptions::attention_search`] set.
+    attention_search: bool;
+    /// These options with [`GpuOptions::grouped_backend`] set.
+    grouped_backend: Option<GroupedBackend>;
+    /// These options with [`GpuOptions::grouped_streams`] set.
+    grouped_streams: usize;
+}
+
+impl GpuOptions {
+    /// The checks against a device of `sms` SMs.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`]: an SM count target of 0 or above `sms`; a pool of 0 or more than
+    /// 16 streams.
+    pub(crate) fn validate(&self, sms: u32) -> Result<()> {
+        if let Some(n) = self.sm_count_target {
+            if !(1..=sms).contains(&n) {
+                return Err(Error::OutOfRange {
+                    what: "SM count target",
+                    value: u64::from(n),
+                    expected: format!("1 to {sms}, the device's SMs (or None for all of them)"),
+                });
+            }
+        }
+        GroupedSettings::check_streams(self.grouped_streams)
+    }
+}
+
+/// How far a changed setting reaches on a live engine ([`Gpu::update_options`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reach {
+    /// Every call from the next on; nothing cached is dropped (plans made under another value
+    /// are kept, for a change back: the SM count target, the convolution API and fusion are
+    /// part of their plans' keys).
+    NextCall,
+    /// Problems planned from now on; plans already made keep what they were made with (the
+    /// convolution search and workspace limit, the attention search).
+    NewPlans,
+    /// Streams that get their first call from now on; the workspaces of streams that have one
+    /// are kept (the workspace size).
+    NewStreams,
+    /// The cached replay graphs — of single calls and of whole grouped GEMMs — were dropped,
+    /// this many; later calls are captured again under the new settings (graph replay).
+    GraphsDropped(usize),
+}
+
+/// One setting [`Gpu::update_options`] changed: its field's name and how far the change
+/// reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// The [`GpuOptions`] field, e.g. `"sm_count_target"`.
+    pub setting: &'static str,
+    /// What the change reaches and what it dropped.
+    pub reach: Reach,
+}
+
+/// What [`Gpu::update_options`] changed, in [`GpuOptions`]' field order; empty when nothing
+/// changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Every setting that changed.
+    pub changes: Vec<Change>,
+}
+
+impl Applied {
+    /// How far the change of `setting` reaches; `None` where it did not change.
+    pub fn reach(&self, setting: &str) -> Option<Reach> {
+        self.changes.iter().find(|c| c.setting == setting).map(|c| c.reach)
+    }
+}
+
+impl Gpu {
+    /// Opens device `ordinal` (its primary context) with a new non-blocking stream, with
+    /// `options` ([`GpuOptions`]).
+    ///
+    /// # Errors
+    /// As [`Gpu::new`]; [`Error::OutOfRange`] for an option out of range (see
+    /// [`GpuOptions`]).
+    pub fn with_options(ordinal: usize, options: GpuOptions) -> Result<Gpu> {
+        Gpu::open(ordinal, options)
+    }
+
+    /// The settings in use ([`GpuOptions`]; the workspace size as it is, not `None`).
+    pub fn options(&self) -> GpuOptions {
+        self.read_options(&self.lock())
+    }
+
+    /// The settings in use, under the lock `st`.
+    fn read_options(&self, st: &Held<'_, Libraries>) -> GpuOptions {
+        let libs = &st.libs;
+        GpuOptions {
+            backend: libs.backend,
+            workspace_bytes: Some(st.dev.workspaces.bytes),
+            padding: libs.padding,
+            graph_replay: libs.lt.as_ref().map_or_else(GraphReplay::default, |lt| lt.replay.options),
+            sm_count_target: Some(libs.sm_count_target).filter(|&n| n > 0),
+            check_raw_addresses: self.device().checks_raw_addresses(),
+            conv_search: libs.conv_search,
+            conv_api: libs.conv_api,
+            conv_fusion: libs.conv_fuse,
+            conv_workspace_limit: libs.conv_ws_limit,
+            attention_search: libs.attn_search,
+            grouped_backend: libs.grouped.backend,
+            grouped_streams: libs.grouped.streams,
+        }
+    }
+
+    /// Changes settings of this live engine: `change` edits a copy of [`Gpu::options`]; the
+    /// result is checked as at creation, then every setting it changed is applied (settings
+    /// another thread changed meanwhile and `change` left alone keep that thread's value).
+    /// Returns what changed and how far each change reaches ([`Applied`], [`Reach`]):
+    ///
+    /// - the backend, the padding, the raw-address check, the forced grouped backend and the
+    ///   pool's streams: from the next call ([`Reach::NextCall`]); a larger pool's streams are
+    ///   made when a call first needs them, a smaller one keeps the streams it has;
+    /// - the SM count target: the cuBLAS handle's target is set now, and dense GEMMs from the
+    ///   next call are planned for it; plans of other targets are kept ([`Reach::NextCall`]);
+    /// - the convolution API and fusion: from the next call, plans of the other value kept
+    ///   ([`Reach::NextCall`]);
+    /// - the convolution search, the convolution workspace limit, the attention search:
+    ///   problems planned from now on; plans already made are kept ([`Reach::NewPlans`]);
+    /// - the workspace size: streams that get their first call from now on; workspaces made are
+    ///   kept ([`Reach::NewStreams`]);
+    /// - graph replay: every cached replay graph (of single calls and of whole grouped GEMMs)
+    ///   is dropped, its count returned ([`Reach::GraphsDropped`]); later calls are captured
+    ///   again under the new settings. Without cuBLASLt nothing is replayed: the setting is
+    ///   neither kept nor reported.
+    ///
+    /// A setting left as it is changes and drops nothing. `change` runs without the engine's
+    /// lock held.
+    ///
+    /// # Errors
+    /// Nothing is changed on an error: [`Error::OutOfRange`] for an option out of range (see
+    /// [`GpuOptions`]); [`Error::Driver`] from the device query or binding the context;
+    /// [`Error::Cublas`] from setting cuBLAS's SM count target.
+    pub fn update_options(&self, change: impl FnOnce(&mut GpuOptions)) -> Result<Applied> {
+        let old = self.options();
+        let mut new = old.clone();
+        change(&mut new);
+        new.validate(self.sm_count()?)?;
+        self.apply(&old, &new)
+    }
+
+    /// The device's SM count.
+    fn sm_count(&self) -> Result<u32> {
+        let attr = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        Ok(self.context().attribute(attr).map_err(status::driver("cuDeviceGetAttribute"))? as u32)
+    }
+
+    /// The workspace size cuBLASLt's documentation recommends for this device: 32 MiB on
+    /// Hopper and later, 4 MiB before.
+    pub(super) fn recommended_workspace(&self) -> Result<usize> {
+        let attr = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR;
+        let major = self.context().attribute(attr).map_err(status::driver("cuDeviceGetAttribute"))?;
+        Ok(if major >= 9 { 32 << 20 } else { 4 << 20 })
+    }
+
+    /// Applies every setting `new` changes against `old` (both checked) to the settings in use
+    /// (those `new` leaves as in `old` keep their current value), the fallible steps (binding
+    /// the context, cuBLAS's SM count target) first.
+    pub(super) fn apply(&self, old: &GpuOptions, new: &GpuOptions) -> Result<Applied> {
+        let mut new = new.clone();
+        if new.workspace_bytes.is_none() {
+            new.workspace_bytes = Some(self.recommended_workspace()?);
+        }
+        let mut st = self.lock();
+        let cur = self.read_options(&st);
+        if st.libs.lt.is_none() {
+            new.graph_replay = cur.graph_replay; // nothing is replayed: not kept
+        }
+        let (mut to, mut changes) = (cur.clone(), Vec::new());
+        macro_rules! changed {
+            ($($field:ident: $reach:expr),* $(,)?) => {$(
+                if new.$field != old.$field && new.$field != cur.$field {
+                    to.$field = new.$field.clone();
+                    changes.push(Change { setting: stringify!($field), reach: $reach });
+                }
+            )*};
+        }
+        changed!(backend: Reach::NextCall, workspace_bytes: Reach::NewStreams, padding: Reach::NextCall,
+            graph_replay: Reach::GraphsDropped(0), sm_count_target: Reach::NextCall,
+            check_raw_addresses: Reach::NextCall, conv_search: Reach::NewPlans, conv_api: Reach::NextCall,
+            conv_fusion: Reach::NextCall, conv_workspace_limit: Reach::NewPlans, attention_search: Reach::NewPlans,
+            grouped_backend: Reach::NextCall, grouped_streams: Reach::NextCall);
+        if to.sm_count_target != cur.sm_count_target || to.graph_replay != cur.graph_replay {
+            self.device().bind()?; // cuBLAS's handle; replay graphs are destroyed
+        }
+        if to.sm_count_target != cur.sm_count_target {
+            let n = to.sm_count_target.unwrap_or(0);
+            st.libs.blas.set_sm_count_target(n as i32)?;
+            st.libs.sm_count_target = n;
+            if let Some(lt) = st.libs.lt.as_mut() {
+                lt.sm_count = n;
+            }
+        }
+        if let Some(c) = changes.iter_mut().find(|c| c.setting == "graph_replay") {
+            c.reach = Reach::GraphsDropped(replace_replay(&mut st.libs, to.graph_replay));
+        }
+        st.dev.workspaces.bytes = to.workspace_bytes.expect("resolved above");
+        set_libraries(&mut st.libs, &to);
+        self.device().set_check_raw_addresses(to.check_raw_addresses);
+        Ok(Applied { changes })
+    }
+}
+
+/// Drops the replay graphs (of single calls and of whole grouped GEMMs; the context is bound)
+/// and keeps `options` for later ones; the number dropped. Without cuBLASLt: nothing.
+fn replace_replay(libs: &mut Libraries, options: GraphReplay) -> usize {
+    let Some(lt) = libs.lt.as_mut() else { return 0 };
+    let dropped = lt.replay.graphs.len() + lt.composite.graphs.len();
+    lt.replay.clear();
+    lt.replay.options = options;
+    lt.composite.clear();
+    lt.composite.options = options;
+    dropped
+}
+
+/// The settings the routing floor and the cuDNN room keep (the SM count target, the replay
+/// settings, the workspace size and the raw-address check are set apart).
+fn set_libraries(libs: &mut Libraries, o: &GpuOptions) {
+    libs.backend = o.backend;
+    libs.padding = o.padding;
+    libs.conv_search = o.conv_search;
+    libs.conv_api = o.conv_api;
+    libs.conv_fuse = o.conv_fusion;
+    libs.conv_ws_limit = o.conv_workspace_limit;
+    libs.attn_search = o.attention_search;
+    libs.grouped.backend = o.grouped_backend;
+    libs.grouped.streams = o.grouped_streams;
+    if let Some(d) = libs.dnn.as_mut() {
+        d.search = o.conv_search;
+        d.api = o.conv_api;
+        d.fuse = o.conv_fusion;
+        d.ws_limit = o.conv_workspace_limit;
+        d.attn_search = o.attention_search;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grouped::streams::MAX_STREAMS;
+
+    #[test]
+    fn defaults_are_the_engines_former_defaults() {
+        let o = GpuOptions::default();
+        assert_eq!(o.backend, Backend::Auto);
+        assert_eq!(o.workspace_bytes, None);
+        assert_eq!(o.padding, Padding::default());
+        assert!(o.padding.enabled);
+        assert_eq!(o.graph_replay, GraphReplay::default());
+        assert!(o.graph_replay.enabled);
+        assert_eq!(o.sm_count_target, None);
+        assert!(!o.check_raw_addresses);
+        assert_eq!(o.conv_search, ConvSearch::Heuristic);
+        assert_eq!(o.conv_api, ConvApi::Graph);
+        assert!(o.conv_fusion);
+        assert_eq!(o.conv_workspace_limit, 1 << 30);
+        assert!(!o.attention_search);
+        assert_eq!(o.grouped_backend, None);
+        assert_eq!(o.grouped_streams, 4);
+    }
+
+    #[test]
+    fn builders_set_one_field_each() {
+        let o = GpuOptions::default().backend(Backend::Blas).grouped_streams(8).sm_count_target(Some(3));
+        assert_eq!((o.backend, o.grouped_streams, o.sm_count_target), (Backend::Blas, 8, Some(3)));
+        assert_eq!(
+            GpuOptions { backend: Backend::Auto, grouped_streams: 4, sm_count_target: None, ..o },
+            GpuOptions::default()
+        );
+    }
+
+    #[test]
+    fn validation_names_the_value_out_of_range() {
+        let sm = |n| GpuOptions::default().sm_count_target(Some(n)).validate(132);
+        for bad in [0, 133] {
+            match sm(bad) {
+                Err(Error::OutOfRange { what: "SM count target", value, .. }) => assert_eq!(value, u64::from(bad)),
+                r => panic!("SM count target {bad}: {r:?}"),
+            }
+        }
+        assert!(sm(1).is_ok() && sm(132).is_ok());
+        for bad in [0, MAX_STREAMS + 1] {
+            match GpuOptions::default().grouped_streams(bad).validate(132) {
+                Err(Error::OutOfRange { what: "grouped GEMM streams", value, .. }) => assert_eq!(value, bad as u64),
+                r => panic!("{bad} streams: {r:?}"),
+            }
+        }
+        assert!(GpuOptions::default().grouped_streams(MAX_STREAMS).validate(132).is_ok());
+        assert!(GpuOptions::default().validate(1).is_ok());
+    }
+}
