@@ -23,6 +23,7 @@ mod probe_fp8;
 mod random;
 mod report;
 mod row;
+mod runs;
 mod soak;
 mod suite_args;
 mod suites;

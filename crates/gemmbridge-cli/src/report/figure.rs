@@ -21,9 +21,9 @@ pub struct Figure {
     pub id: String,
     /// The plot's caption.
     pub title: String,
-    /// gemmbridge's runs.
+    /// gemmbridge's runs: files of one run each, or of several packed ([`crate::runs`]).
     pub ours: Vec<String>,
-    /// The peer's runs, paired in order with `ours`.
+    /// The peer's runs, likewise, paired in order with those of `ours`.
     pub peer: Vec<String>,
     /// Label prefixes of the rows kept (all rows when empty).
     #[serde(default)]
@@ -37,8 +37,9 @@ pub struct Figure {
     #[serde(default = "default_bound")]
     bound: f64,
     /// Runs that carry their own ratio (e.g. `gemmbridge-burn bench`'s `speedup_vs_burn`):
-    /// the field's name. Then `peer` stays empty, each of `ours` is one group, named by the
-    /// same position in `labels`, and a row's value is that field.
+    /// the field's name. Then `peer` stays empty, each run of `ours` (a file's, or each of a
+    /// packed file's in order) is one group, named by the same position in `labels`, and a
+    /// row's value is that field.
     #[serde(default)]
     pub field: Option<String>,
     /// With `field`: each run's group name.
@@ -91,15 +92,11 @@ fn key_of(r: &Row) -> Key {
 }
 
 impl Figure {
-    /// The figure's runs, paired, read from files relative to `base`.
+    /// The figure's runs, paired, read from files relative to `base` (a file holds one run or
+    /// several packed, [`crate::runs`]).
     fn pairs(&self, base: &Path) -> anyhow::Result<Vec<(Vec<Row>, Vec<Row>)>> {
-        if self.ours.is_empty() || self.ours.len() != self.peer.len() {
-            bail!(
-                "figure {}: {} runs of ours and {} of the peer; give as many of each, at least one",
-                self.id,
-                self.ours.len(),
-                self.peer.len()
-            );
+        if self.ours.is_empty() || self.peer.is_empty() {
+            bail!("figure {}: give runs of ours and of the peer, paired in order", self.id);
         }
         let path = |f: &String| base.join(f).to_string_lossy().into_owned();
         let (ours, peer): (Vec<String>, Vec<String>) =
@@ -139,16 +136,30 @@ impl Figure {
 
     /// A `field` figure's rows: every row of each run that has the field, in the run's group.
     fn field_rows(&self, base: &Path, field: &str) -> anyhow::Result<Vec<Kept>> {
-        if self.ours.is_empty() || self.labels.len() != self.ours.len() || !self.peer.is_empty() {
-            bail!("figure {}: a field figure names runs in ours, one label each, and no peer", self.id);
-        }
-        let mut out = Vec::new();
-        for (file, label) in self.ours.iter().zip(&self.labels) {
+        let mut texts = Vec::new();
+        for file in &self.ours {
             let path = base.join(file);
             let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            texts.push((path, text));
+        }
+        let mut runs = Vec::new();
+        for (path, text) in &texts {
+            let split = crate::runs::split(text).with_context(|| path.display().to_string())?;
+            runs.extend(split.into_iter().map(|r| (path, r)));
+        }
+        if runs.is_empty() || self.labels.len() != runs.len() || !self.peer.is_empty() {
+            bail!(
+                "figure {}: a field figure names runs in ours ({} here), one label each ({} here), and no peer",
+                self.id,
+                runs.len(),
+                self.labels.len()
+            );
+        }
+        let mut out = Vec::new();
+        for ((path, run), label) in runs.iter().zip(&self.labels) {
+            for &(n, line) in &run.lines {
                 let v: serde_json::Value =
-                    serde_json::from_str(line).with_context(|| format!("{} line {}", path.display(), i + 1))?;
+                    serde_json::from_str(line).with_context(|| format!("{} line {n}", path.display()))?;
                 let Some(x) = v.get(field).and_then(|x| x.as_f64()) else { continue };
                 let dim = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0) as usize;
                 let dtype = v.get("dtype").and_then(|d| d.as_str()).unwrap_or("?").to_string();
@@ -172,16 +183,17 @@ impl Figure {
         groups
     }
 
-    /// What a summary table's numbers are, printed under it (a page says it in its own words).
-    pub fn caption(&self) -> String {
-        match &self.field {
+    /// What a summary table's numbers are, printed under it (a page says it in its own words);
+    /// the runs are read from `base` to count the pairs.
+    pub fn caption(&self, base: &Path) -> anyhow::Result<String> {
+        Ok(match &self.field {
             Some(f) => format!("(each row's `{f}`, one run per group)"),
             None => {
-                let pairs = self.ours.len();
+                let pairs = self.pairs(base)?.len();
                 let plural = if pairs == 1 { "" } else { "s" };
                 format!("(PyTorch's time / gemmbridge's, the median of {pairs} alternated pair{plural} per row)")
             }
-        }
+        })
     }
 
     /// Whether the summary table has a row per op (see [`Figure::layout`]).

@@ -131,7 +131,7 @@ fn report(manifest: &Path, out: &Path, page: Option<&str>) -> anyhow::Result<(St
         let svg = out.join(format!("{}.svg", fig.id));
         plot::figure(fig, &rows, &svg)?;
         let t = fig.table(&rows)?;
-        let caption = fig.caption();
+        let caption = fig.caption(&base)?;
         let _ = writeln!(printed, "## {} ({})\n\n{t}\n{caption}\n", fig.title, svg.display());
         tables.push((format!("{}: its table", fig.id), t));
         if let Some(d) = fig.detail(&rows)? {
