@@ -53,6 +53,14 @@ pub struct Figure {
     /// table per dtype and op is printed too, as [`Figure::detail`], but a page need not hold it).
     #[serde(default)]
     layout: Option<String>,
+    /// Whether the checked page shows the figure (its table and its plot; the default). A
+    /// figure off the page is printed by the report and quoted by headlines, but draws no plot.
+    #[serde(default = "on_page")]
+    pub page: bool,
+}
+
+pub(super) fn on_page() -> bool {
+    true
 }
 
 /// A paired figure's table row by row: its name, dtype, each side's median time over the runs
@@ -64,6 +72,9 @@ pub struct RowTable {
     /// Rows of these ops only, in this order (then by dtype, then as in the first of `ours`),
     /// each named by its template: `{m}`, `{n}`, `{k}`, `{batch}`, `{dtype}` are filled in.
     names: Vec<OpName>,
+    /// Whether the checked page shows it (the default); printed by the report either way.
+    #[serde(default = "on_page")]
+    pub page: bool,
 }
 
 #[derive(Deserialize)]
@@ -287,8 +298,36 @@ impl Figure {
         ])
     }
 
-    /// The figure's table row by row, when the manifest asks for one (see [`RowTable`]).
-    pub fn row_table(&self, base: &Path, kept: &[Kept]) -> anyhow::Result<Option<String>> {
+    /// A named number for a headline: one of [`Figure::stats`], or over the (dtype, op) groups a
+    /// selector picks, `means:SEL` (the lowest and highest of their geometric means, "a–b", one
+    /// value where both read the same) and `lowest:SEL` (their lowest row). `SEL` is a
+    /// `|`-separated list of ops, dtypes, or `op@dtype`, e.g. `means:grouped equal@bf16|f32`.
+    /// None for an unknown name or a selector that picks no group.
+    pub fn stat(&self, rows: &[Kept], name: &str) -> Option<String> {
+        let Some((kind, selector)) = name.split_once(':') else {
+            return self.stats(rows).get(name).cloned();
+        };
+        let items: Vec<&str> = selector.split('|').collect();
+        let picked = |(d, o): &(String, String)| items.iter().any(|i| i == o || i == d || *i == format!("{o}@{d}"));
+        let chosen: Vec<Vec<f64>> = Self::groups(rows).into_iter().filter(|(g, _)| picked(g)).map(|(_, v)| v).collect();
+        if chosen.is_empty() {
+            return None;
+        }
+        match kind {
+            "means" => {
+                let means: Vec<f64> = chosen.iter().map(|v| geomean(v).unwrap_or(f64::NAN)).collect();
+                let (lo, hi) = low_high(&means);
+                let (lo, hi) = (format!("{lo:.3}"), format!("{hi:.3}"));
+                Some(if lo == hi { lo } else { format!("{lo}–{hi}") })
+            }
+            "lowest" => Some(format!("{:.3}", low_high(&chosen.concat()).0)),
+            _ => None,
+        }
+    }
+
+    /// The figure's table row by row, when the manifest asks for one (see [`RowTable`]), and
+    /// whether the page shows it.
+    pub fn row_table(&self, base: &Path, kept: &[Kept]) -> anyhow::Result<Option<(String, bool)>> {
         let Some(spec) = &self.row_table else { return Ok(None) };
         if self.field.is_some() {
             bail!("figure {}: a row table needs paired runs (ours and peer), not a field", self.id);
@@ -339,7 +378,7 @@ impl Figure {
             s,
             "\n(each side's median time over {runs}; the ratio — PyTorch's time / gemmbridge's, above 1 gemmbridge is faster — is the median of the pairs' ratios, so it need not equal their quotient)"
         );
-        Ok(Some(s))
+        Ok(Some((s, spec.page)))
     }
 }
 
@@ -382,7 +421,8 @@ mod tests {
                                                         {"op":"linear_train","name":"Linear {k} → {n}"}]}}"#,
         );
         let kept = fig.medians(&dir).unwrap();
-        let t = fig.row_table(&dir, &kept).unwrap().unwrap();
+        let (t, on_page) = fig.row_table(&dir, &kept).unwrap().unwrap();
+        assert!(on_page);
         let _ = std::fs::remove_dir_all(&dir);
         let want = "| layer | dtype | PyTorch ms | gemmbridge ms | ratio |\n|---|---|---:|---:|---:|\n\
                     | MLP 4096 → 14336 → 4096 | bf16 | 1.500 | 1.000 | 1.500 |\n\
@@ -427,6 +467,14 @@ mod tests {
         assert_eq!((s["mean_min"].as_str(), s["mean_max"].as_str()), ("1.000", "4.000"));
         assert_eq!((s["mean_min_pct"].as_str(), s["mean_max_pct"].as_str()), ("0", "300"));
         assert_eq!((s["lowest"].as_str(), s["rows"].as_str(), s["below"].as_str()), ("0.500", "4", "1"));
+        // over chosen groups: by op, by dtype, by op@dtype
+        assert_eq!(fig.stat(&kept, "means:linear").as_deref(), Some("1.000"), "both linear means read 1.000");
+        assert_eq!(fig.stat(&kept, "means:f16").as_deref(), Some("1.000–4.000"));
+        assert_eq!(fig.stat(&kept, "means:matmul@f16|linear@f32").as_deref(), Some("1.000–4.000"));
+        assert_eq!(fig.stat(&kept, "lowest:f16").as_deref(), Some("0.500"));
+        assert_eq!(fig.stat(&kept, "lowest").as_deref(), Some("0.500"));
+        assert_eq!(fig.stat(&kept, "means:bf16"), None, "no group picked");
+        assert_eq!(fig.stat(&kept, "median:f16"), None, "no such kind");
         let plain = figure(r#"{"id":"t","title":"t","ours":["o.jsonl"],"peer":["p.jsonl"]}"#);
         assert!(plain.detail(&kept).unwrap().is_none());
         let typo = figure(r#"{"id":"t","title":"t","ours":["o.jsonl"],"peer":["p.jsonl"],"layout":"dtype"}"#);
