@@ -15,6 +15,7 @@ mod db;
 mod firstcall;
 mod fp8cmd;
 mod gemm_events;
+mod gpu;
 mod info;
 mod ops;
 mod probe;

@@ -44,7 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// under the SM count target of the arguments; checked to offer cuBLASLt where GEMMs are in
 /// the selection.
 fn engine(args: &Args, plan: &Plan) -> anyhow::Result<Gpu> {
-    let gpu = Gpu::new(0).context("tune needs a CUDA GPU")?;
+    let gpu = crate::gpu::open("tune")?;
     if let Some(n) = args.sm_count_target {
         gpu.set_sm_count_target(Some(n)).context("--sm-count-target")?;
     }
