@@ -15,7 +15,7 @@ use std::fmt::Write;
 
 use anyhow::{bail, Context};
 
-use crate::bench::report::read_rows;
+use crate::bench::report::{read_runs, Envs};
 use crate::row::Row;
 use crate::suites::is_square_or_llm;
 
@@ -204,9 +204,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Ok(files)
     };
     let (ours, peer) = (split("--ours", &args.ours)?, split("--peer", &args.peer)?);
-    if ours.len() != peer.len() {
-        bail!("--ours names {} files and --peer {}: give the same number, paired in order", ours.len(), peer.len());
-    }
     if !(args.bound.is_finite() && args.bound > 0.0) {
         bail!("--bound {} is not a positive number", args.bound);
     }
@@ -219,14 +216,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Reads alternated runs, `ours[i]` paired with `peer[i]`: every file once, every file with
-/// timed rows, all from one device and with one idle gap before each row (their "env" rows'
-/// `device` and `gap_ms`).
+/// Reads alternated runs, the i-th run of `ours` paired with the i-th of `peer` (a file holds
+/// one run, or several packed, [`crate::runs`]): every file once, every run with timed rows,
+/// all from one device and with one idle gap before each row (their "env" rows' `device` and
+/// `gap_ms`).
 ///
 /// # Errors
-/// A file named twice (under any spelling), unreadable, without timed rows, files of
-/// different devices, or files timed with different gaps (`--gap-ms`: a row timed after an
-/// idle GPU is not comparable with one timed right after other work).
+/// A file named twice (under any spelling), unreadable, a run without timed rows, sides of
+/// different run counts, runs of different devices, or runs timed with different gaps
+/// (`--gap-ms`: a row timed after an idle GPU is not comparable with one timed right after
+/// other work).
 pub fn load(ours: &[String], peer: &[String]) -> anyhow::Result<Vec<(Vec<Row>, Vec<Row>)>> {
     // the same file under two spellings (./a and a, a link) counts as named twice
     let mut named = std::collections::BTreeMap::new();
@@ -236,45 +235,53 @@ pub fn load(ours: &[String], peer: &[String]) -> anyhow::Result<Vec<(Vec<Row>, V
             bail!("{f} is named twice (also as {first}): every run is its own file, on one side only");
         }
     }
-    // device name -> the files that name it
+    let (o, p) = (runs_of(ours)?, runs_of(peer)?);
+    if o.len() != p.len() {
+        bail!("--ours holds {} runs and --peer {}: give the same number, paired in order", o.len(), p.len());
+    }
+    // device name -> the runs that name it
     let mut devices: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    // gap in ms (as text, exact) -> the files timed with it
+    // gap in ms (as text, exact) -> the runs timed with it
     let mut gaps: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut pairs = Vec::new();
-    for (o, p) in ours.iter().zip(peer) {
-        let (od, orows) = read_rows(o).with_context(|| format!("reading {o}"))?;
-        let (pd, prows) = read_rows(p).with_context(|| format!("reading {p}"))?;
-        for (file, names) in [(o, od), (p, pd)] {
-            if names.devices.is_empty() {
-                eprintln!("warning: {file} has no \"env\" row: which device it ran on is unknown");
-            }
-            for d in names.devices {
-                devices.entry(d).or_default().push(file.clone());
-            }
-            // a file without an env row was timed without a gap as far as anyone can tell
-            for g in if names.gaps_ms.is_empty() { vec![0.0] } else { names.gaps_ms } {
-                gaps.entry(format!("{g}")).or_default().push(file.clone());
-            }
+    for (run, names, rows) in o.iter().chain(&p) {
+        if names.devices.is_empty() {
+            eprintln!("warning: {run} has no \"env\" row: which device it ran on is unknown");
         }
-        for (file, rows) in [(o, &orows), (p, &prows)] {
-            if rows.is_empty() {
-                bail!("{file} has no timed rows");
-            }
+        for d in &names.devices {
+            devices.entry(d.clone()).or_default().push(run.clone());
         }
-        pairs.push((orows, prows));
+        // a run without an env row was timed without a gap as far as anyone can tell
+        for g in if names.gaps_ms.is_empty() { vec![0.0] } else { names.gaps_ms.clone() } {
+            gaps.entry(format!("{g}")).or_default().push(run.clone());
+        }
+        if rows.is_empty() {
+            bail!("{run} has no timed rows");
+        }
     }
     if devices.len() > 1 {
-        let list: Vec<String> = devices.iter().map(|(d, files)| format!("{d:?} in {}", files.join(", "))).collect();
+        let list: Vec<String> = devices.iter().map(|(d, runs)| format!("{d:?} in {}", runs.join(", "))).collect();
         bail!("the files name different devices ({}): the ratios would compare different machines", list.join("; "));
     }
     if gaps.len() > 1 {
-        let list: Vec<String> = gaps.iter().map(|(g, files)| format!("{g} ms in {}", files.join(", "))).collect();
+        let list: Vec<String> = gaps.iter().map(|(g, runs)| format!("{g} ms in {}", runs.join(", "))).collect();
         bail!(
             "the files were timed with different idle gaps before each row ({}): run both sides with the same --gap-ms",
             list.join("; ")
         );
     }
-    Ok(pairs)
+    Ok(o.into_iter().zip(p).map(|((_, _, orows), (_, _, prows))| (orows, prows)).collect())
+}
+
+/// Every run of `files` in order, named by its file (and its run, for a packed file).
+fn runs_of(files: &[String]) -> anyhow::Result<Vec<(String, Envs, Vec<Row>)>> {
+    let mut out = Vec::new();
+    for f in files {
+        for (run, envs, rows) in read_runs(f).with_context(|| format!("reading {f}"))? {
+            let name = if run.is_empty() { f.clone() } else { format!("{f} (run {run})") };
+            out.push((name, envs, rows));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -376,6 +383,41 @@ mod tests {
         )
         .unwrap();
         path.to_str().unwrap().to_string()
+    }
+
+    /// Three alternated pairs read from separate files and from packed ones (each line tagged
+    /// with its run, as tools/pack-runs writes them) give the same pairs, also mixed.
+    #[test]
+    fn packed_runs_read_as_the_separate_files() {
+        let dir = std::env::temp_dir().join(format!("gemmbridge-compare-packed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |ms: f64| {
+            format!(
+                "{{\"op\":\"env\",\"device\":\"X\",\"gap_ms\":200.0}}\n\
+                 {{\"op\":\"linear\",\"dtype\":\"f16\",\"m\":4096,\"n\":4096,\"k\":4096,\"batch\":1,\"median_ms\":{ms},\"min_ms\":0.1,\"tflops\":1.0}}\n"
+            )
+        };
+        let write = |name: &str, text: &str| {
+            std::fs::write(dir.join(name), text).unwrap();
+            dir.join(name).to_str().unwrap().to_string()
+        };
+        let (ours, peer) = ([0.2, 0.21, 0.19], [0.2, 0.2, 0.2]);
+        let o: Vec<String> = ours.iter().enumerate().map(|(i, ms)| write(&format!("o{i}"), &run(*ms))).collect();
+        let p: Vec<String> = peer.iter().enumerate().map(|(i, ms)| write(&format!("p{i}"), &run(*ms))).collect();
+        let pack = |times: &[f64]| -> String {
+            let tag = |(i, ms): (usize, &f64)| {
+                run(*ms).lines().map(|l| format!("{{\"run\":{},{}\n", i + 1, &l[1..])).collect::<String>()
+            };
+            times.iter().enumerate().map(tag).collect()
+        };
+        let (op, pp) = (write("ours.jsonl", &pack(&ours)), write("peer.jsonl", &pack(&peer)));
+        let separate = summary(&load(&o, &p).unwrap(), 0.97);
+        assert!(separate.contains("3 pairs"), "{separate}");
+        assert_eq!(summary(&load(std::slice::from_ref(&op), std::slice::from_ref(&pp)).unwrap(), 0.97), separate);
+        assert_eq!(summary(&load(std::slice::from_ref(&op), &p).unwrap(), 0.97), separate);
+        let err = load(std::slice::from_ref(&op), &p[..2]).unwrap_err().to_string();
+        assert!(err.contains("--ours holds 3 runs and --peer 2"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cudarc::driver::CudaSlice;
-use gemmbridge::cuda::{Extras, Gpu, Scale};
+use gemmbridge::cuda::{Extras, Scale};
 use gemmbridge::Epilogue;
 
 use crate::ops::{precision_of, problem};
@@ -34,7 +34,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let prec = precision_of(&args.dtype).ok_or_else(|| anyhow::anyhow!("unknown dtype {}", args.dtype))?;
     let p = problem(&args.op, (m, n, k), prec)?;
     let t = Instant::now();
-    let gpu = Gpu::new(0).context("firstcall needs a CUDA GPU")?;
+    let gpu = crate::gpu::open("firstcall")?;
     let open_ms = t.elapsed().as_secs_f64() * 1e3;
     let s = gpu.stream();
     // buffers of the input/output type (f32 for f32/tf32, else the half type)

@@ -90,7 +90,7 @@ fn accuracy(dir: &str, (m, n, k): (usize, usize, usize), seed: Option<u64>) -> a
     if m == 0 || n == 0 || k == 0 {
         bail!("--m, --n and --k must be positive");
     }
-    let gpu = Gpu::new(0).context("fp8 accuracy needs a CUDA GPU")?;
+    let gpu = crate::gpu::open("fp8 accuracy")?;
     let seed = seed.unwrap_or_else(|| rand::rng().random());
     println!("seed {seed}: x [{m}, {k}], w [{n}, {k}], f32");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -187,7 +187,7 @@ fn quantize_bandwidth(rows: usize, cols: usize, reps: usize) -> anyhow::Result<i
     if rows.checked_mul(cols).and_then(|n| n.checked_mul(4)).is_none() {
         bail!("--rows {rows} × --cols {cols} f32 elements do not fit in memory's address range");
     }
-    let gpu = Gpu::new(0).context("fp8 quantize needs a CUDA GPU")?;
+    let gpu = crate::gpu::open("fp8 quantize")?;
     let s = gpu.stream();
     // the reference: a device-to-device copy of the f32 source, read + write bytes
     let a: CudaSlice<f32> = s.alloc_zeros(rows * cols)?;

@@ -27,7 +27,7 @@ pub fn run() -> anyhow::Result<i32> {
             println!("backend       cuBLAS (cublasGemmEx / cublasGemmStridedBatchedEx)");
         }
         Err(e) => {
-            println!("no CUDA GPU available: {e}");
+            println!("no CUDA GPU available: {}", crate::gpu::why_not(&e));
             println!("backend       CPU (matrixmultiply crate, f32 accumulation)");
         }
     }

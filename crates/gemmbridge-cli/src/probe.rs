@@ -32,10 +32,7 @@ const K: usize = 128;
 const N: usize = 512;
 
 pub fn run() -> anyhow::Result<i32> {
-    let gpu = match Gpu::new(0) {
-        Ok(g) => g,
-        Err(e) => anyhow::bail!("probe needs a CUDA GPU: {e}"),
-    };
+    let gpu = crate::gpu::open("probe")?;
     let info = gpu.info()?;
     println!(
         "probe on {} (sm {}.{}), cuBLAS {}.{}.{}\n",

@@ -117,7 +117,7 @@ pub fn validate(args: &Args) -> anyhow::Result<Settings> {
 
 /// The three `Gpu`s (auto, lt, blas) on device 0's primary context.
 fn open() -> anyhow::Result<(Gpu, Gpu, Gpu)> {
-    let auto = Gpu::new(0).map_err(|e| anyhow::anyhow!("soak needs a CUDA GPU: {e}"))?;
+    let auto = crate::gpu::open("soak")?;
     if !library::has_cublaslt() {
         bail!("soak needs cuBLASLt (libcublasLt), which was not found");
     }

@@ -44,6 +44,23 @@ pub struct SuiteArgs {
     pub attn_shapes: String,
 }
 
+/// The entries of a comma-separated list given to `flag`, trimmed, in order: none for a blank
+/// list.
+///
+/// # Errors
+/// An empty entry (`f32,,f16`, a leading or trailing comma), named with the flag: a typo must
+/// not silently run less than asked.
+pub fn entries<'a>(flag: &str, list: &'a str) -> anyhow::Result<Vec<&'a str>> {
+    if list.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let out: Vec<&str> = list.split(',').map(str::trim).collect();
+    if out.iter().any(|e| e.is_empty()) {
+        bail!("{flag} {list:?} has an empty entry: give comma-separated names");
+    }
+    Ok(out)
+}
+
 /// `--dtypes` parsed: the dense precisions, in order, each once, and the FP8 recipes.
 #[derive(Debug, PartialEq)]
 pub struct Dtypes {
@@ -77,12 +94,13 @@ impl SuiteArgs {
         suites::shapes(&self.suite)
     }
 
-    /// `--dtypes` (and, when it names fp8_e4m3, `--scalings`) parsed. An unknown name is an
-    /// error; an empty selection is not (each command says what it needs).
+    /// `--dtypes` and `--scalings` parsed (the recipes kept when `--dtypes` names fp8_e4m3,
+    /// checked either way). An unknown name or an empty entry is an error; an empty selection
+    /// is not (each command says what it needs).
     pub fn dtypes(&self) -> anyhow::Result<Dtypes> {
         let mut dense: Vec<(String, Precision)> = Vec::new();
         let mut fp8 = false;
-        for d in self.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        for d in entries("--dtypes", &self.dtypes)? {
             match precision_of(d) {
                 Some(_) if dense.iter().any(|(n, _)| n == d) => {} // listed twice
                 Some(p) => dense.push((d.to_string(), p)),
@@ -90,7 +108,8 @@ impl SuiteArgs {
                 None => bail!("unknown dtype {d:?}; choose from f32, tf32, f16, bf16, fp8_e4m3"),
             }
         }
-        let scalings = if fp8 { fp8::parse_scalings(&self.scalings)? } else { Vec::new() };
+        let scalings = fp8::parse_scalings("--scalings", &self.scalings)?;
+        let scalings = if fp8 { scalings } else { Vec::new() };
         Ok(Dtypes { dense, scalings })
     }
 
@@ -114,7 +133,7 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             v.push(o.to_string());
         }
     };
-    for o in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+    for o in entries("--ops", list)? {
         if with_launch && o == "launch" {
             out.launch = true;
         } else if o == "conv" {
@@ -179,14 +198,34 @@ mod tests {
         );
     }
 
+    /// A typo in a list is refused by its flag's name, whether or not the list is used: an empty
+    /// entry anywhere, and an unknown recipe even where no fp8_e4m3 row runs.
+    #[test]
+    fn empty_entries_and_unused_unknown_names_are_refused() {
+        assert_eq!(entries("--x", " a , b ").unwrap(), ["a", "b"]);
+        assert!(entries("--x", "  ").unwrap().is_empty());
+        for list in ["a,,b", "a,", ",a", " , "] {
+            let e = entries("--x", list).unwrap_err().to_string();
+            assert_eq!(e, format!("--x {list:?} has an empty entry: give comma-separated names"));
+        }
+        let e = parse(&["--dtypes", "f32,,f16"]).dtypes().unwrap_err().to_string();
+        assert!(e.starts_with("--dtypes \"f32,,f16\" has an empty entry"), "{e}");
+        let e = parse(&["--scalings", "bogus"]).dtypes().unwrap_err().to_string();
+        assert!(e.starts_with("--scalings: unknown scaling \"bogus\""), "{e}");
+        assert!(parse(&["--conv-batches", "32,,1"]).conv().is_err());
+        assert!(parse(&["--conv-layouts", "nhwc,"]).conv().is_err());
+        assert!(parse_ops("matmul,", true).unwrap_err().to_string().contains("--ops \"matmul,\""));
+    }
+
     #[test]
     fn dtypes_once_each_and_fp8_recipes() {
         let d =
-            parse(&["--dtypes", " bf16,f16,bf16, fp8_e4m3,", "--scalings", "rowwise,block,rowwise"]).dtypes().unwrap();
+            parse(&["--dtypes", " bf16,f16,bf16, fp8_e4m3", "--scalings", "rowwise,block,rowwise"]).dtypes().unwrap();
         assert_eq!(d.dense, vec![("bf16".to_string(), Precision::BF16), ("f16".to_string(), Precision::F16)]);
         assert_eq!(d.scalings, ["rowwise", "block"]);
-        // recipes are read only when fp8_e4m3 is asked for
-        assert!(parse(&["--dtypes", "f32", "--scalings", "bogus"]).dtypes().is_ok());
+        // recipes are kept only when fp8_e4m3 is asked for, and checked either way
+        assert!(parse(&["--dtypes", "f32", "--scalings", "rowwise"]).dtypes().unwrap().scalings.is_empty());
+        assert!(parse(&["--dtypes", "f32", "--scalings", "bogus"]).dtypes().is_err());
         let e = parse(&["--dtypes", "fp8_e4m3", "--scalings", "bogus"]).dtypes().unwrap_err().to_string();
         assert!(e.contains("unknown scaling \"bogus\""), "{e}");
         let e = parse(&["--dtypes", "f32,f17"]).dtypes().unwrap_err().to_string();
@@ -205,7 +244,7 @@ mod tests {
 
     #[test]
     fn ops_in_order_once_each() {
-        let o = parse_ops("linear,matmul,linear,conv_dgrad,conv,launch,", true).unwrap();
+        let o = parse_ops("linear,matmul,linear,conv_dgrad,conv,launch", true).unwrap();
         assert_eq!(o.gemm, ["linear", "matmul"]);
         assert_eq!(o.conv, ["conv_dgrad", "conv_fwd", "conv_bias_relu", "conv_bias_relu_unfused", "conv_wgrad"]);
         assert!(o.launch);

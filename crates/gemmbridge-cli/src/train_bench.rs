@@ -225,14 +225,14 @@ fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
 }
 
 pub fn run(mut args: Args) -> anyhow::Result<i32> {
-    let ops: Vec<&str> = args.ops.split(',').map(str::trim).filter(|o| !o.is_empty()).collect();
+    let ops = crate::suite_args::entries("--ops", &args.ops)?;
     for o in &ops {
         if *o != "mlp_train" && *o != "linear_train" {
             bail!("unknown op {o:?}; choose from mlp_train, linear_train");
         }
     }
     let mut dtypes = Vec::new();
-    for d in args.dtypes.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+    for d in crate::suite_args::entries("--dtypes", &args.dtypes)? {
         match (d, precision_of(d)) {
             ("fp8", _) => dtypes.push((d.to_string(), Precision::BF16)),
             (_, Some(p)) => dtypes.push((d.to_string(), p)),
@@ -257,7 +257,7 @@ pub fn run(mut args: Args) -> anyhow::Result<i32> {
     }
     // checked once, and the checked value (-0 as 0) is what the rows and the env row use
     args.gap_ms = timing::check_ms("--gap-ms", args.gap_ms)?;
-    let gpu = Gpu::new(0).map_err(|e| anyhow::anyhow!("train-bench needs a CUDA GPU: {e}"))?;
+    let gpu = crate::gpu::open("train-bench")?;
     // SAFETY: every buffer here is created, used and dropped on the one stream gpu.stream().
     unsafe { gpu.context().disable_event_tracking() };
     if let Some(db) = &args.db {

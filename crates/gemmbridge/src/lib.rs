@@ -1,10 +1,10 @@
 //! # gemmbridge
 //!
-//! Row-major GEMM for Rust on NVIDIA's cuBLAS, correct by construction: one documented mapping
-//! from row-major to cuBLAS's column-major call ([`mapping::column_major_call`]), precisions
-//! chosen explicitly ([`Precision`]), every argument validated before launch with a named
-//! error ([`Error`]), outputs written in place on the caller's stream, and a CPU backend
-//! ([`cpu`]) with the same API for machines without a GPU.
+//! NVIDIA's cuBLAS, cuBLASLt and cuDNN under Rust tensor code: problems described row-major as
+//! data, every argument validated before anything is launched (a named [`Error`] carrying the
+//! offending values, nothing written), outputs written in place on the caller's stream with no
+//! hidden synchronisation, every precision from f32 to FP8, forward and backward; and a CPU
+//! backend ([`cpu`]) with the same problem types for machines without a GPU.
 //!
 //! ```
 //! use gemmbridge::{cpu, GemmProblem, Precision};
@@ -18,32 +18,58 @@
 //! # Ok::<(), gemmbridge::Error>(())
 //! ```
 //!
-//! On a GPU, [`cuda::Gpu::gemm`] takes cudarc device buffers and [`cuda::Gpu::gemm_raw`] raw
-//! device addresses on the caller's stream, with the same [`GemmProblem`].
+//! # Capabilities, and where each is documented
 //!
-//! # What is where
-//! For users:
-//! - the problem: [`GemmProblem`], [`MatrixLayout`], [`Operand`], [`Op`], [`Precision`],
-//!   [`Epilogue`] ([`epilogue`] says what each computes), [`Error`];
-//! - the backends: [`cuda::Gpu`] (cuBLASLt / cuBLAS, FP8 on Hopper, cuDNN convolutions,
-//!   prewarm, tuning, [`cuda::tactics`]) and [`cpu`];
-//! - FP8 formats, recipes and rules: [`fp8`]; convolutions as data: [`conv`]; attention as
-//!   data, with its float64 reference: [`attention`]; mixture-of-experts grouped GEMMs as
-//!   data, with theirs: [`grouped`]; training layers: [`train`] (CPU) and [`cuda::train`]
-//!   (GPU).
+//! | capability | the problem as data, its CPU form and float64 reference | on the GPU |
+//! |---|---|---|
+//! | dense GEMM, fused epilogues, tuning | [`GemmProblem`], [`Epilogue`], [`cpu::gemm`] | [`cuda`]: [`cuda::Gpu::gemm_fused`], [`cuda::Gpu::gemm_raw`] (cuBLASLt, cuBLAS) |
+//! | FP8 GEMM (Hopper) | [`fp8`]: formats, recipes, scale layouts, rules, the quantisation | [`cuda::Gpu::quantize`], [`cuda::Gpu::fp8_gemm`] |
+//! | training layers | [`train`], [`train::cpu::Mlp`] | [`cuda::train::Mlp`] (cuBLASLt epilogues) |
+//! | 2-D convolution | [`conv`] | [`cuda::Gpu::conv2d_forward`] and the rest (cuDNN) |
+//! | attention (SDPA) | [`attention`], [`cpu::attention_forward`], [`cpu::attention_backward`] | [`cuda::Gpu::attention_forward`] and the rest (cuDNN) |
+//! | grouped GEMM (mixture of experts) | [`grouped`], [`cpu::grouped_gemm`] | [`cuda::Gpu::grouped_gemm`], [`cuda::Gpu::grouped_fp8_gemm`] |
+//! | tactic database | [`tactics`] | [`cuda::Plans::load_tactics`] |
+//!
+//! The transformer-layer pieces (RMSNorm, RoPE, SwiGLU, a decoder layer) are not part of the
+//! library yet.
+//!
+//! # The problem
+//!
+//! Row-major is the only public convention. A [`GemmProblem`] is `C = α·op(A)·op(B) + β·C`:
+//! `GemmProblem::matmul(m, n, k, precision)` (`x[m, k]·w[k, n]`), `GemmProblem::linear`
+//! (`x[m, k]·w[n, k]ᵀ`, PyTorch's `F.linear`), or in general [`GemmProblem::new`] with a
+//! [`MatrixLayout`] `{ rows, cols, ld, batch_stride }` and an [`Op`] per operand; column-major
+//! data enters as [`Operand::col_major`] (the transposed row-major view of the same memory), a
+//! strided batch with `.batched(n)` (a batch stride of 0 broadcasts an input). The one
+//! translation to cuBLAS's column-major call is [`mapping::column_major_call`], derived in its
+//! documentation and tested exhaustively against a float64 emulation of the call. `β = 0`
+//! never reads C; `k = 0` gives `β·C`.
+//!
+//! # Precision and accuracy
+//!
+//! A [`Precision`] is three choices, named: the storage type of A and B, the compute type and the
+//! output type — `F32` (strict `CUBLAS_COMPUTE_32F`, no TF32), `TF32` (`32F_FAST_TF32`), `F16` and
+//! `BF16` with f32 accumulation and an f16/bf16 or f32 output. Every precision is checked against
+//! float64 as ‖out − ref‖ / ‖ref‖ within [`Precision::tolerance`]: f32 1e-5, tf32 1e-3, f16/bf16
+//! 1e-2; NaN never passes (`gemmbridge probe` measures them on the machine it runs on). FP8's
+//! quantisation kernels equal the CPU specification ([`fp8::quantize`]) bit for bit.
+//!
+//! # Also public
+//!
+//! Used by the command-line tool, the tests and the probe, documented, but not needed to use
+//! the library: [`mapping`] (the row-major → column-major translation, for inspection),
+//! [`validate`] (the buffer checks every entry point already runs), [`mod@reference`] (float64
+//! reference GEMMs and error measures).
+//!
+//! # Optional
 #![cfg_attr(
     feature = "dist",
-    doc = "- with the `dist` feature: the tensor-parallel split of an MLP block and its CPU arithmetic, [`dist`]."
+    doc = "With the `dist` feature: the tensor-parallel split of an MLP block and its CPU arithmetic, [`dist`]."
 )]
 #![cfg_attr(
     not(feature = "dist"),
-    doc = "- with the `dist` feature (off by default): `dist`, the tensor-parallel split of an MLP block and its CPU arithmetic."
+    doc = "With the `dist` feature (off by default): `dist`, the tensor-parallel split of an MLP block and its CPU arithmetic."
 )]
-//!
-//! Public because the command-line tool, the tests and the probe use them, and documented,
-//! but not needed to use the library: [`mapping`] (the row-major → column-major translation,
-//! for inspection), [`validate`] (the buffer checks every entry point already runs),
-//! [`mod@reference`] (float64 reference GEMMs and error measures).
 #![warn(missing_docs)]
 
 pub mod attention;

@@ -1,4 +1,4 @@
-//! GPU tests: run on a CUDA machine with `--include-ignored` (see README.md, "On a GPU").
+//! GPU tests: run on a CUDA machine with `--include-ignored` (see README.md, "Quick start").
 //! Every result is checked against the f64 reference with the precision's band, on fresh
 //! random inputs, with C poisoned (NaN) first and its padding checked untouched.
 

@@ -90,7 +90,7 @@ pub fn shapes() -> anyhow::Result<Vec<Shape>> {
 pub fn parse_shapes(list: &str) -> anyhow::Result<Vec<String>> {
     let known: Vec<String> = shapes()?.into_iter().map(|s| s.name).collect();
     let mut out = Vec::new();
-    for n in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+    for n in crate::suite_args::entries("--attn-shapes", list)? {
         if !known.iter().any(|k| k == n) {
             bail!("--attn-shapes: unknown shape {n:?}; bench/attention.json has {}", known.join(", "));
         }
@@ -273,7 +273,9 @@ mod tests {
             assert!(s.forward_flops(&p) > 0.0, "{}", s.name);
         }
         assert!(parse_shapes("h24,nope").is_err());
-        assert_eq!(parse_shapes(" h24 ,").unwrap(), ["h24"]);
+        assert_eq!(parse_shapes(" h24 ").unwrap(), ["h24"]);
+        assert!(parse_shapes("h24,").unwrap_err().to_string().contains("--attn-shapes \"h24,\" has an empty entry"));
+        assert!(parse_shapes("").unwrap().is_empty(), "no names: every shape");
         let decode = shapes.iter().find(|s| s.name == "h32:8-decode").unwrap();
         assert_eq!((decode.s_q, decode.s_kv, decode.lens_kv.as_ref().unwrap().len()), (1, 4096, 16));
         // a causal full batch counts half of 4·b·h·s²·d

@@ -33,18 +33,18 @@ pub fn recipe(name: &str) -> anyhow::Result<(Scaling, Scaling)> {
     }
 }
 
-/// `--scalings` parsed: names in order, each once.
-pub fn parse_scalings(list: &str) -> anyhow::Result<Vec<String>> {
+/// `--scalings` (or `--grouped-scalings`, `flag`) parsed: names in order, each once.
+pub fn parse_scalings(flag: &str, list: &str) -> anyhow::Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
-    for s in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        recipe(s)?;
+    for s in crate::suite_args::entries(flag, list)? {
+        recipe(s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
         if !out.iter().any(|x| x == s) {
             out.push(s.to_string());
         }
     }
     if out.is_empty() {
         let names: Vec<&str> = RECIPES.iter().map(|(n, _)| *n).collect();
-        bail!("no scaling to run: give --scalings with at least one of {}", names.join(", "));
+        bail!("no scaling to run: give {flag} with at least one of {}", names.join(", "));
     }
     Ok(out)
 }
@@ -128,9 +128,11 @@ mod tests {
 
     #[test]
     fn scalings_parse_in_order_once_each() {
-        assert_eq!(parse_scalings("rowwise, block,rowwise").unwrap(), ["rowwise", "block"]);
-        assert!(parse_scalings("columnwise").unwrap_err().to_string().contains("tensorwise"));
-        assert!(parse_scalings(" , ").is_err());
+        assert_eq!(parse_scalings("--scalings", "rowwise, block,rowwise").unwrap(), ["rowwise", "block"]);
+        assert!(parse_scalings("--scalings", "columnwise").unwrap_err().to_string().contains("tensorwise"));
+        let e = parse_scalings("--grouped-scalings", "rowwise,,block").unwrap_err().to_string();
+        assert!(e.contains("--grouped-scalings \"rowwise,,block\" has an empty entry"), "{e}");
+        assert!(parse_scalings("--scalings", " ").unwrap_err().to_string().contains("give --scalings"));
         assert_eq!(recipe("block").unwrap(), (Scaling::Block1x128, Scaling::Block128x128));
     }
 }

@@ -20,7 +20,7 @@ use gemmbridge::Precision;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::db::load_db;
+use crate::db::{load_db, warn_if_missing};
 use crate::ops::{op_applies, OPS};
 use crate::row::Row;
 use crate::suite_args::{parse_ops, ConvSettings, Dtypes, OpList, SuiteArgs};
@@ -205,7 +205,7 @@ impl Plan {
         // checked whatever --ops holds, as the convolution flags are
         attn::parse_shapes(&args.shared.attn_shapes)?;
         grouped::parse_backend(&args.grouped_backend)?;
-        let grouped_scalings = fp8::parse_scalings(&args.grouped_scalings)?;
+        let grouped_scalings = fp8::parse_scalings("--grouped-scalings", &args.grouped_scalings)?;
         gemmbridge::grouped::streams::GroupedSettings::check_streams(args.grouped_streams)?;
         let reps = args.reps.unwrap_or(30);
         if !(1..=100_000).contains(&reps) {
@@ -253,15 +253,19 @@ impl Plan {
         })
     }
 
-    /// Without a GPU: the CPU backend's share of the plan (the small "cpu" suite, matmul and
-    /// linear), with a note for each option ignored and each op skipped.
-    fn cut_to_cpu(&mut self, args: &Args, reason: &dyn std::fmt::Display) -> anyhow::Result<()> {
+    /// Without a GPU (`reason`, one line): the CPU backend's share of the plan (the small "cpu"
+    /// suite, matmul and linear), with a note for each option ignored and each op skipped.
+    fn cut_to_cpu(&mut self, args: &Args, reason: &str) -> anyhow::Result<()> {
         let suite = &args.shared.suite;
         if suite != "default" && suite != "cpu" {
             bail!("suite {suite:?} needs a CUDA GPU ({reason}); without one use --suite cpu");
         }
-        eprintln!("no CUDA GPU: running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
+        eprintln!("no CUDA GPU: {reason}");
+        eprintln!("running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
         eprintln!("  (f32 accumulation; tf32 runs as f32; fused ops and launch rows need a GPU)");
+        if let Some(db) = &args.db {
+            warn_if_missing(db);
+        }
         if args.backend != "auto"
             || args.db.is_some()
             || args.heat_ms > 0.0
@@ -275,7 +279,6 @@ impl Plan {
         if let Some(r) = args.reps.filter(|&r| r > 10) {
             eprintln!("  (--reps {r} is capped at 10 on the CPU backend)");
         }
-        eprintln!("  reason: {reason}");
         self.shapes = suites::CPU.to_vec();
         self.ops.retain(|o| o == "matmul" || o == "linear");
         self.launch = false;
@@ -367,7 +370,7 @@ fn open_gpu(args: &Args, plan: &mut Plan) -> anyhow::Result<Option<Gpu>> {
         }
         Err(e @ gemmbridge::Error::OutOfRange { .. }) => Err(anyhow::Error::new(e).context("--grouped-streams")),
         Err(e) => {
-            plan.cut_to_cpu(args, &e)?;
+            plan.cut_to_cpu(args, &crate::gpu::why_not(&e))?;
             Ok(None)
         }
     }

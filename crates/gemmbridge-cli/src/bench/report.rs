@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
+use anyhow::Context;
+
 use crate::row::Row;
 use crate::suites::is_square_or_llm;
 
@@ -52,13 +54,41 @@ pub struct Envs {
 /// finite number of ms; the same row (op, dtype, m, n, k, batch) twice. Each names the line.
 pub fn read_rows(path: &str) -> anyhow::Result<(Envs, Vec<Row>)> {
     let text = std::fs::read_to_string(path)?;
+    let runs = crate::runs::split(&text)?;
+    if let [one] = &runs[..] {
+        return rows_of(&one.lines);
+    }
+    let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
+    anyhow::bail!(
+        "{} runs packed in one file ({}): give one run here; `gemmbridge compare` reads packed runs",
+        runs.len(),
+        names.join(", ")
+    )
+}
+
+/// Every run of a JSON-lines file, one run or several packed ([`crate::runs`]), each as
+/// [`read_rows`] reads one, with its name (`""` for an unpacked file).
+///
+/// # Errors
+/// As [`read_rows`], naming the run.
+pub fn read_runs(path: &str) -> anyhow::Result<Vec<(String, Envs, Vec<Row>)>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut out = Vec::new();
+    for r in crate::runs::split(&text)? {
+        let read = rows_of(&r.lines);
+        let (envs, rows) = if r.name.is_empty() { read? } else { read.with_context(|| format!("run {}", r.name))? };
+        out.push((r.name, envs, rows));
+    }
+    Ok(out)
+}
+
+/// The "env" rows' devices and gaps and the timed rows of one run's lines (with their line
+/// numbers in the file).
+fn rows_of(lines: &[(usize, &str)]) -> anyhow::Result<(Envs, Vec<Row>)> {
     let (mut envs, mut rows) = (Envs::default(), Vec::new());
     let mut seen: HashMap<Key, usize> = HashMap::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
+    for &(n, line) in lines {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("line {n}: {e}"))?;
         if v.get("op").and_then(|o| o.as_str()) == Some("env") {
             let d = v.get("device").and_then(|d| d.as_str()).unwrap_or("?").to_string();
             if !envs.devices.contains(&d) {
@@ -68,7 +98,7 @@ pub fn read_rows(path: &str) -> anyhow::Result<(Envs, Vec<Row>)> {
                 None => 0.0,
                 Some(g) => match g.as_f64() {
                     Some(ms) if ms.is_finite() && ms >= 0.0 => ms + 0.0, // -0 is 0
-                    _ => anyhow::bail!("line {}: gap_ms {g} is not a number of milliseconds ≥ 0", i + 1),
+                    _ => anyhow::bail!("line {n}: gap_ms {g} is not a number of milliseconds ≥ 0"),
                 },
             };
             if !envs.gaps_ms.contains(&gap) {
@@ -78,14 +108,13 @@ pub fn read_rows(path: &str) -> anyhow::Result<(Envs, Vec<Row>)> {
         if v.get("median_ms").is_none() || v.get("error").is_some() {
             continue;
         }
-        let r: Row = serde_json::from_value(v).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
+        let r: Row = serde_json::from_value(v).map_err(|e| anyhow::anyhow!("line {n}: {e}"))?;
         if !(r.median_ms.is_finite() && r.median_ms > 0.0) {
-            anyhow::bail!("line {}: median_ms {} is not a positive time", i + 1, r.median_ms);
+            anyhow::bail!("line {n}: median_ms {} is not a positive time", r.median_ms);
         }
-        if let Some(first) = seen.insert(key(&r), i + 1) {
+        if let Some(first) = seen.insert(key(&r), n) {
             anyhow::bail!(
-                "line {}: the row {} {} {}×{}×{} (batch {}) already appeared on line {first}",
-                i + 1,
+                "line {n}: the row {} {} {}×{}×{} (batch {}) already appeared on line {first}",
                 r.label(),
                 r.dtype,
                 r.m,
@@ -279,6 +308,10 @@ mod tests {
             ),
             ("{\"op\": \"env\", \"gap_ms\": -5}".into(), "line 1: gap_ms -5 is not a number of milliseconds ≥ 0"),
             ("{\"op\": \"env\", \"gap_ms\": null}".into(), "line 1: gap_ms null is not a number of milliseconds ≥ 0"),
+            (
+                "{\"run\": 1, \"op\": \"env\"}\n{\"run\": 2, \"op\": \"env\"}".into(),
+                "2 runs packed in one file (1, 2): give one run here; `gemmbridge compare` reads packed runs",
+            ),
         ] {
             std::fs::write(&path, text).unwrap();
             let err = read_rows(path.to_str().unwrap()).unwrap_err().to_string();

@@ -26,9 +26,13 @@ pub struct Table {
     key: Vec<KeyColumn>,
     /// The value columns, right-aligned.
     columns: Vec<Column>,
-    /// A bar plot of some columns, one group of bars per row.
+    /// A bar plot of some columns, one group of bars per row (drawn only for a table on the
+    /// page).
     #[serde(default)]
     pub plot: Option<Plot>,
+    /// Whether the checked page shows the table (the default); printed by the report either way.
+    #[serde(default = "super::figure::on_page")]
+    pub page: bool,
 }
 
 #[derive(Deserialize)]

@@ -21,9 +21,9 @@ pub struct Figure {
     pub id: String,
     /// The plot's caption.
     pub title: String,
-    /// gemmbridge's runs.
+    /// gemmbridge's runs: files of one run each, or of several packed ([`crate::runs`]).
     pub ours: Vec<String>,
-    /// The peer's runs, paired in order with `ours`.
+    /// The peer's runs, likewise, paired in order with those of `ours`.
     pub peer: Vec<String>,
     /// Label prefixes of the rows kept (all rows when empty).
     #[serde(default)]
@@ -37,8 +37,9 @@ pub struct Figure {
     #[serde(default = "default_bound")]
     bound: f64,
     /// Runs that carry their own ratio (e.g. `gemmbridge-burn bench`'s `speedup_vs_burn`):
-    /// the field's name. Then `peer` stays empty, each of `ours` is one group, named by the
-    /// same position in `labels`, and a row's value is that field.
+    /// the field's name. Then `peer` stays empty, each run of `ours` (a file's, or each of a
+    /// packed file's in order) is one group, named by the same position in `labels`, and a
+    /// row's value is that field.
     #[serde(default)]
     pub field: Option<String>,
     /// With `field`: each run's group name.
@@ -52,6 +53,14 @@ pub struct Figure {
     /// table per dtype and op is printed too, as [`Figure::detail`], but a page need not hold it).
     #[serde(default)]
     layout: Option<String>,
+    /// Whether the checked page shows the figure (its table and its plot; the default). A
+    /// figure off the page is printed by the report and quoted by headlines, but draws no plot.
+    #[serde(default = "on_page")]
+    pub page: bool,
+}
+
+pub(super) fn on_page() -> bool {
+    true
 }
 
 /// A paired figure's table row by row: its name, dtype, each side's median time over the runs
@@ -63,6 +72,9 @@ pub struct RowTable {
     /// Rows of these ops only, in this order (then by dtype, then as in the first of `ours`),
     /// each named by its template: `{m}`, `{n}`, `{k}`, `{batch}`, `{dtype}` are filled in.
     names: Vec<OpName>,
+    /// Whether the checked page shows it (the default); printed by the report either way.
+    #[serde(default = "on_page")]
+    pub page: bool,
 }
 
 #[derive(Deserialize)]
@@ -91,15 +103,11 @@ fn key_of(r: &Row) -> Key {
 }
 
 impl Figure {
-    /// The figure's runs, paired, read from files relative to `base`.
+    /// The figure's runs, paired, read from files relative to `base` (a file holds one run or
+    /// several packed, [`crate::runs`]).
     fn pairs(&self, base: &Path) -> anyhow::Result<Vec<(Vec<Row>, Vec<Row>)>> {
-        if self.ours.is_empty() || self.ours.len() != self.peer.len() {
-            bail!(
-                "figure {}: {} runs of ours and {} of the peer; give as many of each, at least one",
-                self.id,
-                self.ours.len(),
-                self.peer.len()
-            );
+        if self.ours.is_empty() || self.peer.is_empty() {
+            bail!("figure {}: give runs of ours and of the peer, paired in order", self.id);
         }
         let path = |f: &String| base.join(f).to_string_lossy().into_owned();
         let (ours, peer): (Vec<String>, Vec<String>) =
@@ -139,16 +147,30 @@ impl Figure {
 
     /// A `field` figure's rows: every row of each run that has the field, in the run's group.
     fn field_rows(&self, base: &Path, field: &str) -> anyhow::Result<Vec<Kept>> {
-        if self.ours.is_empty() || self.labels.len() != self.ours.len() || !self.peer.is_empty() {
-            bail!("figure {}: a field figure names runs in ours, one label each, and no peer", self.id);
-        }
-        let mut out = Vec::new();
-        for (file, label) in self.ours.iter().zip(&self.labels) {
+        let mut texts = Vec::new();
+        for file in &self.ours {
             let path = base.join(file);
             let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            texts.push((path, text));
+        }
+        let mut runs = Vec::new();
+        for (path, text) in &texts {
+            let split = crate::runs::split(text).with_context(|| path.display().to_string())?;
+            runs.extend(split.into_iter().map(|r| (path, r)));
+        }
+        if runs.is_empty() || self.labels.len() != runs.len() || !self.peer.is_empty() {
+            bail!(
+                "figure {}: a field figure names runs in ours ({} here), one label each ({} here), and no peer",
+                self.id,
+                runs.len(),
+                self.labels.len()
+            );
+        }
+        let mut out = Vec::new();
+        for ((path, run), label) in runs.iter().zip(&self.labels) {
+            for &(n, line) in &run.lines {
                 let v: serde_json::Value =
-                    serde_json::from_str(line).with_context(|| format!("{} line {}", path.display(), i + 1))?;
+                    serde_json::from_str(line).with_context(|| format!("{} line {n}", path.display()))?;
                 let Some(x) = v.get(field).and_then(|x| x.as_f64()) else { continue };
                 let dim = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0) as usize;
                 let dtype = v.get("dtype").and_then(|d| d.as_str()).unwrap_or("?").to_string();
@@ -172,16 +194,17 @@ impl Figure {
         groups
     }
 
-    /// What a summary table's numbers are, printed under it (a page says it in its own words).
-    pub fn caption(&self) -> String {
-        match &self.field {
+    /// What a summary table's numbers are, printed under it (a page says it in its own words);
+    /// the runs are read from `base` to count the pairs.
+    pub fn caption(&self, base: &Path) -> anyhow::Result<String> {
+        Ok(match &self.field {
             Some(f) => format!("(each row's `{f}`, one run per group)"),
             None => {
-                let pairs = self.ours.len();
+                let pairs = self.pairs(base)?.len();
                 let plural = if pairs == 1 { "" } else { "s" };
                 format!("(PyTorch's time / gemmbridge's, the median of {pairs} alternated pair{plural} per row)")
             }
-        }
+        })
     }
 
     /// Whether the summary table has a row per op (see [`Figure::layout`]).
@@ -275,8 +298,36 @@ impl Figure {
         ])
     }
 
-    /// The figure's table row by row, when the manifest asks for one (see [`RowTable`]).
-    pub fn row_table(&self, base: &Path, kept: &[Kept]) -> anyhow::Result<Option<String>> {
+    /// A named number for a headline: one of [`Figure::stats`], or over the (dtype, op) groups a
+    /// selector picks, `means:SEL` (the lowest and highest of their geometric means, "a–b", one
+    /// value where both read the same) and `lowest:SEL` (their lowest row). `SEL` is a
+    /// `|`-separated list of ops, dtypes, or `op@dtype`, e.g. `means:grouped equal@bf16|f32`.
+    /// None for an unknown name or a selector that picks no group.
+    pub fn stat(&self, rows: &[Kept], name: &str) -> Option<String> {
+        let Some((kind, selector)) = name.split_once(':') else {
+            return self.stats(rows).get(name).cloned();
+        };
+        let items: Vec<&str> = selector.split('|').collect();
+        let picked = |(d, o): &(String, String)| items.iter().any(|i| i == o || i == d || *i == format!("{o}@{d}"));
+        let chosen: Vec<Vec<f64>> = Self::groups(rows).into_iter().filter(|(g, _)| picked(g)).map(|(_, v)| v).collect();
+        if chosen.is_empty() {
+            return None;
+        }
+        match kind {
+            "means" => {
+                let means: Vec<f64> = chosen.iter().map(|v| geomean(v).unwrap_or(f64::NAN)).collect();
+                let (lo, hi) = low_high(&means);
+                let (lo, hi) = (format!("{lo:.3}"), format!("{hi:.3}"));
+                Some(if lo == hi { lo } else { format!("{lo}–{hi}") })
+            }
+            "lowest" => Some(format!("{:.3}", low_high(&chosen.concat()).0)),
+            _ => None,
+        }
+    }
+
+    /// The figure's table row by row, when the manifest asks for one (see [`RowTable`]), and
+    /// whether the page shows it.
+    pub fn row_table(&self, base: &Path, kept: &[Kept]) -> anyhow::Result<Option<(String, bool)>> {
         let Some(spec) = &self.row_table else { return Ok(None) };
         if self.field.is_some() {
             bail!("figure {}: a row table needs paired runs (ours and peer), not a field", self.id);
@@ -327,7 +378,7 @@ impl Figure {
             s,
             "\n(each side's median time over {runs}; the ratio — PyTorch's time / gemmbridge's, above 1 gemmbridge is faster — is the median of the pairs' ratios, so it need not equal their quotient)"
         );
-        Ok(Some(s))
+        Ok(Some((s, spec.page)))
     }
 }
 
@@ -370,7 +421,8 @@ mod tests {
                                                         {"op":"linear_train","name":"Linear {k} → {n}"}]}}"#,
         );
         let kept = fig.medians(&dir).unwrap();
-        let t = fig.row_table(&dir, &kept).unwrap().unwrap();
+        let (t, on_page) = fig.row_table(&dir, &kept).unwrap().unwrap();
+        assert!(on_page);
         let _ = std::fs::remove_dir_all(&dir);
         let want = "| layer | dtype | PyTorch ms | gemmbridge ms | ratio |\n|---|---|---:|---:|---:|\n\
                     | MLP 4096 → 14336 → 4096 | bf16 | 1.500 | 1.000 | 1.500 |\n\
@@ -415,6 +467,14 @@ mod tests {
         assert_eq!((s["mean_min"].as_str(), s["mean_max"].as_str()), ("1.000", "4.000"));
         assert_eq!((s["mean_min_pct"].as_str(), s["mean_max_pct"].as_str()), ("0", "300"));
         assert_eq!((s["lowest"].as_str(), s["rows"].as_str(), s["below"].as_str()), ("0.500", "4", "1"));
+        // over chosen groups: by op, by dtype, by op@dtype
+        assert_eq!(fig.stat(&kept, "means:linear").as_deref(), Some("1.000"), "both linear means read 1.000");
+        assert_eq!(fig.stat(&kept, "means:f16").as_deref(), Some("1.000–4.000"));
+        assert_eq!(fig.stat(&kept, "means:matmul@f16|linear@f32").as_deref(), Some("1.000–4.000"));
+        assert_eq!(fig.stat(&kept, "lowest:f16").as_deref(), Some("0.500"));
+        assert_eq!(fig.stat(&kept, "lowest").as_deref(), Some("0.500"));
+        assert_eq!(fig.stat(&kept, "means:bf16"), None, "no group picked");
+        assert_eq!(fig.stat(&kept, "median:f16"), None, "no such kind");
         let plain = figure(r#"{"id":"t","title":"t","ours":["o.jsonl"],"peer":["p.jsonl"]}"#);
         assert!(plain.detail(&kept).unwrap().is_none());
         let typo = figure(r#"{"id":"t","title":"t","ours":["o.jsonl"],"peer":["p.jsonl"],"layout":"dtype"}"#);

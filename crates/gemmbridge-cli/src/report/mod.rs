@@ -3,9 +3,10 @@
 //!
 //! The manifest is a JSON object with these lists, paths relative to the manifest:
 //!
-//! - `"figures"` ([`figure::Figure`]): alternated runs, `ours[i]` paired with `peer[i]` (files
-//!   as `gemmbridge bench --out`, `gemmbridge train-bench` and the PyTorch peers write them),
-//!   the ops kept (label prefixes, e.g. `conv_fwd/nhwc`) and a bound. Each gives a Markdown
+//! - `"figures"` ([`figure::Figure`]): alternated runs, the i-th run of `ours` paired with the
+//!   i-th of `peer` (files as `gemmbridge bench --out`, `gemmbridge train-bench` and the
+//!   PyTorch peers write them, one run each or several packed, [`crate::runs`]), the ops kept
+//!   (label prefixes, e.g. `conv_fwd/nhwc`) and a bound. Each gives a Markdown
 //!   table — per dtype and op (or, with `"layout": "op"`, per op with a column per dtype), the
 //!   geometric mean of the rows' median ratios (PyTorch's time / gemmbridge's), the lowest and
 //!   highest median, and the rows below the bound; its caption is printed under it — and an SVG
@@ -19,13 +20,19 @@
 //! - `"headlines"` (may be absent): sentences of other pages that quote a figure's numbers, each
 //!   `{"page": "../../README.md", "text": "… {dense-gpu-bound.mean_max_pct} % …"}`: the page
 //!   (relative to the manifest) and a template whose `{figure.name}` are that figure's
-//!   numbers ([`figure::Figure::stats`]: `mean_min`, `mean_max`, `mean_min_pct`, `mean_max_pct`,
-//!   `lowest`, `highest`, `rows`, `below`, `bound`). The filled-in sentences are printed.
+//!   numbers ([`figure::Figure::stat`]: `mean_min`, `mean_max`, `mean_min_pct`, `mean_max_pct`,
+//!   `lowest`, `highest`, `rows`, `below`, `bound`, and over chosen groups `means:SEL`,
+//!   `lowest:SEL`). The filled-in sentences are printed.
 //!
-//! With `--check PAGE` the command also fails unless every table it makes appears in PAGE
-//! verbatim (a figure's per-dtype detail, printed with the "op" layout, may but need not),
-//! every plot is linked from it, every Markdown table of PAGE is one it makes, and every
-//! headline's page holds its filled-in text (line breaks and runs of spaces read as one space).
+//! A figure, row table or table with `"page": false` is printed and may be quoted by headlines,
+//! but the page need not show it and it draws no plot: the page keeps one table and one plot
+//! per capability, the report prints the detail.
+//!
+//! With `--check PAGE` the command also fails unless every table on the page it makes appears
+//! in PAGE verbatim (a figure's per-dtype detail, printed with the "op" layout, and the tables
+//! off the page may but need not), every plot is linked from it, every Markdown table of PAGE
+//! is one it makes, and every headline's page holds its filled-in text (line breaks and runs of
+//! spaces read as one space).
 
 mod fields;
 mod figure;
@@ -115,6 +122,101 @@ fn page_tables(page: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// What the report made: the text printed; (what, its table) the page must hold; tables it
+/// may hold besides; the ids of the plots it must link; each figure's rows, for headlines.
+#[derive(Default)]
+struct Made<'m> {
+    printed: String,
+    tables: Vec<(String, String)>,
+    optional: Vec<String>,
+    plots: Vec<String>,
+    kept: std::collections::BTreeMap<String, (&'m figure::Figure, Vec<figure::Kept>)>,
+}
+
+impl<'m> Made<'m> {
+    /// A table the page must hold (`page`) or may hold.
+    fn table(&mut self, what: String, t: String, page: bool) {
+        if page {
+            self.tables.push((what, t));
+        } else {
+            self.optional.push(t);
+        }
+    }
+
+    /// A figure's tables, its plot (into `out`, when on the page) and its rows.
+    fn figure(&mut self, fig: &'m figure::Figure, base: &Path, out: &Path) -> anyhow::Result<()> {
+        let rows = fig.medians(base)?;
+        let where_ = if fig.page {
+            let svg = out.join(format!("{}.svg", fig.id));
+            plot::figure(fig, &rows, &svg)?;
+            self.plots.push(fig.id.clone());
+            svg.display().to_string()
+        } else {
+            "not on the page".to_string()
+        };
+        let t = fig.table(&rows)?;
+        let caption = fig.caption(base)?;
+        let _ = writeln!(self.printed, "## {} ({where_})\n\n{t}\n{caption}\n", fig.title);
+        self.table(format!("{}: its table", fig.id), t, fig.page);
+        if let Some(d) = fig.detail(&rows)? {
+            let _ = writeln!(self.printed, "## {}, per dtype and op\n\n{d}\n{caption}\n", fig.title);
+            self.optional.push(d);
+        }
+        if let Some((r, page)) = fig.row_table(base, &rows)? {
+            let _ = writeln!(self.printed, "## {}, row by row\n\n{r}", fig.title);
+            self.table(format!("{}: its row table", fig.id), r, fig.page && page);
+        }
+        self.kept.insert(fig.id.clone(), (fig, rows));
+        Ok(())
+    }
+
+    /// A fields table, and its plot (into `out`) when it has one and is on the page.
+    fn fields(&mut self, t: &fields::Table, base: &Path, out: &Path) -> anyhow::Result<()> {
+        let made = t.make(base)?;
+        let _ = writeln!(self.printed, "## {}\n\n{}", t.id, made.markdown);
+        if let (Some(p), true) = (&t.plot, t.page) {
+            let svg = out.join(format!("{}.svg", t.id));
+            plot::grouped(p, &made.rows, &svg)?;
+            let _ = writeln!(self.printed, "({})\n", svg.display());
+            self.plots.push(t.id.clone());
+        }
+        self.table(format!("{}: its table", t.id), made.markdown, t.page);
+        Ok(())
+    }
+
+    /// A headline filled in from the figures' numbers.
+    fn headline(&self, h: &Headline) -> anyhow::Result<String> {
+        fill(&h.text, |name| {
+            let (fig, stat) = name.split_once('.')?;
+            let (f, rows) = self.kept.get(fig)?;
+            f.stat(rows, stat)
+        })
+        .with_context(|| format!("the headline for {}", h.page))
+    }
+
+    /// What `page` lacks or holds besides (see the module documentation).
+    fn check(&self, page: &str) -> Vec<String> {
+        let mut wrong = Vec::new();
+        for (what, t) in &self.tables {
+            if !page.contains(t.trim_end()) {
+                wrong.push(what.clone());
+            }
+        }
+        for id in &self.plots {
+            if !page.contains(&format!("{id}.svg")) {
+                wrong.push(format!("{id}: a link to {id}.svg"));
+            }
+        }
+        for (line, t) in page_tables(page) {
+            if !self.tables.iter().map(|(_, made)| made).chain(&self.optional).any(|made| made.contains(&t)) {
+                let first = t.lines().next().unwrap_or_default();
+                wrong.push(format!("line {line}: a table the manifest does not make ({first})"));
+            }
+        }
+        wrong
+    }
+}
+
 /// Makes every table and plot of the manifest (plots into `out`); returns the text printed
 /// and, with a page, what the page lacks or holds besides.
 fn report(manifest: &Path, out: &Path, page: Option<&str>) -> anyhow::Result<(String, Vec<String>)> {
@@ -122,68 +224,22 @@ fn report(manifest: &Path, out: &Path, page: Option<&str>) -> anyhow::Result<(St
     let m: Manifest = serde_json::from_str(&text).with_context(|| format!("parsing {}", manifest.display()))?;
     let base = manifest.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut printed = String::new();
-    // (what, its table) the page must hold; tables it may hold besides; (what, its plot's id)
-    let (mut tables, mut optional, mut plots) = (Vec::new(), Vec::new(), Vec::new());
-    let mut stats = std::collections::BTreeMap::new();
+    let mut made = Made::default();
     for fig in &m.figures {
-        let rows = fig.medians(&base)?;
-        let svg = out.join(format!("{}.svg", fig.id));
-        plot::figure(fig, &rows, &svg)?;
-        let t = fig.table(&rows)?;
-        let caption = fig.caption();
-        let _ = writeln!(printed, "## {} ({})\n\n{t}\n{caption}\n", fig.title, svg.display());
-        tables.push((format!("{}: its table", fig.id), t));
-        if let Some(d) = fig.detail(&rows)? {
-            let _ = writeln!(printed, "## {}, per dtype and op\n\n{d}\n{caption}\n", fig.title);
-            optional.push(d);
-        }
-        if let Some(r) = fig.row_table(&base, &rows)? {
-            let _ = writeln!(printed, "## {}, row by row\n\n{r}", fig.title);
-            tables.push((format!("{}: its row table", fig.id), r));
-        }
-        stats.insert(fig.id.clone(), fig.stats(&rows));
-        plots.push(fig.id.clone());
+        made.figure(fig, &base, out)?;
     }
     for t in &m.tables {
-        let made = t.make(&base)?;
-        let _ = writeln!(printed, "## {}\n\n{}", t.id, made.markdown);
-        if let Some(p) = &t.plot {
-            let svg = out.join(format!("{}.svg", t.id));
-            plot::grouped(p, &made.rows, &svg)?;
-            let _ = writeln!(printed, "({})\n", svg.display());
-            plots.push(t.id.clone());
-        }
-        tables.push((format!("{}: its table", t.id), made.markdown));
+        made.fields(t, &base, out)?;
     }
     let mut headlines = Vec::new();
     for h in &m.headlines {
-        let text = fill(&h.text, |name| {
-            let (fig, stat) = name.split_once('.')?;
-            stats.get(fig)?.get(stat).cloned()
-        })
-        .with_context(|| format!("the headline for {}", h.page))?;
-        let _ = writeln!(printed, "## headline for {}\n\n{text}\n", h.page);
+        let text = made.headline(h)?;
+        let _ = writeln!(made.printed, "## headline for {}\n\n{text}\n", h.page);
         headlines.push((base.join(&h.page), text));
     }
     let mut wrong = Vec::new();
     if let Some(page) = page {
-        for (what, t) in &tables {
-            if !page.contains(t.trim_end()) {
-                wrong.push(what.clone());
-            }
-        }
-        for id in &plots {
-            if !page.contains(&format!("{id}.svg")) {
-                wrong.push(format!("{id}: a link to {id}.svg"));
-            }
-        }
-        for (line, t) in page_tables(page) {
-            if !tables.iter().map(|(_, made)| made).chain(&optional).any(|made| made.contains(&t)) {
-                let first = t.lines().next().unwrap_or_default();
-                wrong.push(format!("line {line}: a table the manifest does not make ({first})"));
-            }
-        }
+        wrong = made.check(page);
         for (path, text) in &headlines {
             let other = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             if !spaced(&other).contains(&spaced(text)) {
@@ -191,7 +247,7 @@ fn report(manifest: &Path, out: &Path, page: Option<&str>) -> anyhow::Result<(St
             }
         }
     }
-    Ok((printed, wrong))
+    Ok((made.printed, wrong))
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -216,9 +272,9 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
     }
 
-    /// The repository's own page holds every table its manifest makes, links every plot and
-    /// has no table of its own, and README.md its headline; the burn adapter's README holds the
-    /// same device-ordering table.
+    /// The repository's own page holds every table its manifest puts on it, links every plot and
+    /// has no table of its own, docs/figures/ holds exactly those plots, README.md and the page
+    /// hold their headlines; the burn adapter's README holds the device-ordering table.
     #[test]
     fn performance_page_matches_its_runs() {
         let out = std::env::temp_dir().join(format!("gemmbridge-report-test-{}", std::process::id()));
@@ -227,8 +283,21 @@ mod tests {
         assert!(wrong.is_empty(), "docs/PERFORMANCE.md is out of date (run gemmbridge report): {wrong:?}");
         let svg = std::fs::read_to_string(out.join("conv-forward.svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("bf16"), "{}", &svg[..200.min(svg.len())]);
-        let svg = std::fs::read_to_string(out.join("burn-ordering.svg")).unwrap();
-        assert!(svg.starts_with("<svg") && svg.contains("4096×4096×4096"), "{}", &svg[..200.min(svg.len())]);
+        // docs/figures holds exactly the plots the manifest draws (none for what is off the page)
+        let names = |dir: &Path| {
+            let mut v: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            names(&root().join("docs/figures")),
+            names(&out),
+            "docs/figures/ against the plots the report draws"
+        );
         let _ = std::fs::remove_dir_all(out);
         let burn = std::fs::read_to_string(root().join("crates/gemmbridge-burn/README.md")).unwrap();
         let ordering = printed.split("## burn-ordering\n\n").nth(1).unwrap().split("\n\n").next().unwrap();
@@ -255,7 +324,8 @@ mod tests {
         let p = o.replace("\"median_ms\":1.0", "\"median_ms\":2.0");
         std::fs::write(dir.join("o.jsonl"), o).unwrap();
         std::fs::write(dir.join("p.jsonl"), p).unwrap();
-        let manifest = r#"{"figures":[{"id":"f","title":"F","ours":["o.jsonl"],"peer":["p.jsonl"]}],
+        let manifest = r#"{"figures":[{"id":"f","title":"F","ours":["o.jsonl"],"peer":["p.jsonl"]},
+                                      {"id":"g","title":"G","ours":["o.jsonl"],"peer":["p.jsonl"],"bound":3.0,"page":false}],
             "tables":[{"id":"t","runs":{"r":["r.jsonl"]},"key":[{"header":"m","value":"{m}"}],
                        "columns":[{"header":"x","runs":"r","field":"x","format":"fixed:1"}],
                        "plot":{"title":"T","columns":["x"],"y":"x"}}],
@@ -271,6 +341,12 @@ mod tests {
         let good = format!("{printed}\n![f](figures/f.svg) ![t](figures/t.svg)\n");
         let check = |page: &str| report(&dir.join("report.json"), &figs, Some(page)).unwrap().1;
         assert_eq!(check(&good), Vec::<String>::new());
+        // a figure off the page is printed, need not be on it, and draws no plot
+        let table_g = "| dtype | op | rows | geometric mean | lowest | highest | rows < 3 |";
+        assert!(printed.contains(&format!("## G (not on the page)\n\n{table_g}")), "{printed}");
+        assert!(figs.join("f.svg").exists() && !figs.join("g.svg").exists());
+        let without_g = good.replace(table_g, "");
+        assert_eq!(check(&without_g), Vec::<String>::new());
         let without_t = good.replace(table_t, "");
         assert_eq!(check(&without_t), vec!["t: its table".to_string()]);
         let without_plot = good.replace("figures/t.svg", "");

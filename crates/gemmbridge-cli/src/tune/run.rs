@@ -48,10 +48,7 @@ fn engine(args: &Args, plan: &Plan) -> anyhow::Result<Gpu> {
         .sm_count_target(args.sm_count_target)
         .conv_search(ConvSearch::Measured)
         .conv_api(plan.conv.api);
-    let gpu = Gpu::with_options(0, options).map_err(|e| match e {
-        e @ gemmbridge::Error::OutOfRange { .. } => anyhow::Error::new(e).context("--sm-count-target"),
-        e => anyhow::Error::new(e).context("tune needs a CUDA GPU"),
-    })?;
+    let gpu = crate::gpu::open_with("tune", options)?;
     if plan.has_gemms() && !library::has_cublaslt() {
         bail!("tuning GEMMs needs cuBLASLt (libcublasLt), which was not found");
     }

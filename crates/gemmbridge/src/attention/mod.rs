@@ -26,6 +26,76 @@
 //! The backward, from `do`, `o` and `lse` (with `P = exp(score − lse)`, `D_i = Σ_e do·o`):
 //! `dv = Pᵀ·do`, `dS = P ∘ (do·vᵀ − D)`, `dq = scale·dS·k`, `dk = scale·dSᵀ·q`; with GQA,
 //! `dk` and `dv` are summed over the query heads that share a key/value head.
+//!
+//! # What a problem may be
+//! f16 or bf16 with an f32 softmax, head dimensions that are multiples of 8 up to
+//! [`MAX_HEAD_DIM`], scale `1/√d` unless set ([`Attention::with_scale`]), no dropout. Strides
+//! per tensor ([`HeadLayout`]): BSHD (the default), BHSD ([`Attention::bhsd`]), or views into
+//! one fused QKV projection's output `[b, s, 3, h, d]`, read in place
+//! ([`HeadLayout::packed_qkv`]; q, k and v start [`HeadLayout::packed_qkv_offset`] elements in).
+//! Masks: none, causal ([`AttnMask::Causal`], PyTorch's `is_causal`: the diagonal from the top
+//! left) and bottom-right causal ([`AttnMask::CausalBottomRight`], as in decoding with a cache).
+//! Variable-length batches: [`Attention::with_var_len`] and the lengths with each call — on the
+//! GPU `SeqLens::host(&len_q, &len_kv)` (checked, then copied in stream order) or, capturable
+//! and without a host copy, `unsafe { SeqLens::device(..) }` (the caller vouches for the
+//! values); no mask tensor is made and padded rows cost nothing.
+//!
+//! ```no_run
+//! use gemmbridge::attention::{AttnMask, AttnTensor, Attention};
+//! use gemmbridge::cuda::{AttnSaved, Gpu, SeqLens};
+//! use gemmbridge::half::bf16;
+//! use gemmbridge::DType;
+//!
+//! let gpu = Gpu::new(0)?;
+//! // a padded batch of 2 sequences of up to 4096 tokens, grouped-query heads 32/8, d = 128
+//! let p = Attention::new(2, (32, 8), (4096, 4096), 128, DType::BF16).with_mask(AttnMask::Causal).with_var_len(true);
+//! let (len_q, len_kv) = ([4096, 1500], [4096, 1500]);
+//! let s = gpu.stream();
+//! let buf = |t: AttnTensor| s.alloc_zeros::<bf16>(p.required_elems(t));
+//! let (q, k, v) = (buf(AttnTensor::Q)?, buf(AttnTensor::K)?, buf(AttnTensor::V)?);
+//! let (mut o, d_o) = (buf(AttnTensor::O)?, buf(AttnTensor::O)?); // d_o: the loss's gradient
+//! let mut lse = s.alloc_zeros::<f32>(p.stats_elems())?; // softmax statistics, for the backward
+//! gpu.attention_forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), Some(SeqLens::host(&len_q, &len_kv)))?;
+//! let (mut dq, mut dk, mut dv) = (buf(AttnTensor::Q)?, buf(AttnTensor::K)?, buf(AttnTensor::V)?);
+//! let saved = AttnSaved { q: &q, k: &k, v: &v, o: &o, d_o: &d_o, stats: &lse };
+//! gpu.attention_backward(&p, saved, &mut dq, &mut dk, &mut dv, Some(SeqLens::host(&len_q, &len_kv)))?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # On cuDNN
+//! One operation graph per problem in the pattern cuDNN's fused flash-attention engines
+//! recognise, an execution plan made on the first call and kept (later calls only launch and
+//! can be captured into a CUDA graph; `Plans::attention` names the engine). Every rule is
+//! checked before anything runs ([`crate::Error::AttentionShape`],
+//! [`crate::Error::BufferTooSmall`], [`crate::Error::Misaligned`]: every address 16-byte
+//! aligned). A bottom-right mask that would leave a query row without keys (`s_kv < s_q`, or a
+//! sequence's `len_kv < len_q`) is refused on the GPU: cuDNN's engines define no value for such
+//! rows. On cuDNN before 9.15.1 the backward of key lengths that are not a multiple of 128 runs
+//! with a padding mask of the full lengths, which avoids that version's bug (cuDNN's release
+//! notes). A measured search over cuDNN's configurations can be switched on per engine; its
+//! choice goes into the tactic database (`Gpu::attention_tactic`, kind `attention`).
+//!
+//! Without a GPU, [`crate::cpu::attention_forward`] and [`crate::cpu::attention_backward`]
+//! compute the same on host slices (f32 products through the CPU GEMM, the same strides, masks,
+//! grouped heads and lengths; the full score matrix per head, so for short sequences and
+//! tests). Unlike the GPU they take a bottom-right mask that leaves rows without keys, which get
+//! `o = 0` and `lse = −∞`.
+//!
+//! # FP8 (Hopper)
+//! `Gpu::attention_quantize(&p, AttnTensor::Q, &q)` (and k, v) makes E4M3 tensors with one scale
+//! each on the GPU (the tensors dense, BSHD or BHSD, `d` and every stride multiples of 16);
+//! `Gpu::attention_fp8_output(&p)` makes the output; `Gpu::attention_forward_fp8` runs cuDNN's
+//! FP8 attention graph, every scale read on the device. On Hopper cuDNN writes an FP8
+//! attention's output only in FP8: `o` is E4M3, the matrix `[b·s_q, h_q·d]` (BSHD) ready for an
+//! FP8 GEMM such as the output projection, with a fixed scale of twice v's (o cannot exceed v's
+//! largest value; up to 400 000 keys). The backward (`attention_quantize_grad` for do,
+//! `attention_fp8_grads`, `attention_backward_fp8` with `AttnSavedFp8`) runs cuDNN's FP8
+//! backward graph with dS's and the gradients' scales made on the device from the inputs'
+//! scales ([`fp8::backward_scales`] derives them); gradients are E5M2 (under those scales E4M3 would lose
+//! dk to underflow, so it is refused). On Hopper cuDNN offers it for `d` = 128 only, without the
+//! bottom-right mask, and gemmbridge takes query rows and keys that are multiples of 64 (at 7 or
+//! 65, dq came out wrong on cuDNN 9.14 and 9.19); decoding (one query row) has no FP8 engine in
+//! cuDNN 9.19. Anything else is [`crate::Error::Unsupported`].
 
 pub mod fp8;
 mod fp8_bwd;

@@ -14,6 +14,57 @@
 //! `y[n, k, p, q] = Σ_{c, r, s} x[n, g·C/groups + c, p·stride_h − pad_h + r·dil_h,
 //! q·stride_w − pad_w + s·dil_w] · w[k, c, r, s]` where `g = k / (K/groups)` is the group of
 //! output channel k and out-of-range input positions read 0.
+//!
+//! Precisions: f32 (strict: no TF32), tf32, f16, bf16. [`Conv2d::validate`] and every call
+//! check shapes and buffers first, each failure a named error with the numbers
+//! ([`crate::Error::ConvShape`], [`crate::Error::BufferTooSmall`], …).
+//!
+//! ```no_run
+//! use gemmbridge::conv::{Conv2d, ConvActivation, ConvLayout};
+//! use gemmbridge::cuda::Gpu;
+//! use gemmbridge::half::bf16;
+//! use gemmbridge::Precision;
+//!
+//! let gpu = Gpu::new(0)?;
+//! // F.conv2d(x, w, b, stride=1, padding=1) on x[32, 64, 56, 56], w[64, 64, 3, 3], channels last
+//! let p = Conv2d::new([32, 64, 56, 56], [64, 3, 3], Precision::BF16).with_pad(1, 1).with_layout(ConvLayout::Nhwc);
+//! gpu.prewarm_conv(&[p])?; // every direction planned now: later calls can be captured into a CUDA graph
+//! let ([lx, lw, ly], s) = (p.lens(), gpu.stream());
+//! let (x, w, b) = (s.alloc_zeros::<bf16>(lx)?, s.alloc_zeros::<bf16>(lw)?, s.alloc_zeros::<bf16>(p.k)?);
+//! let mut y = s.alloc_zeros::<bf16>(ly)?;
+//! gpu.conv2d_fused(&p, &x, &w, &b, ConvActivation::Relu, &mut y)?; // relu(conv(x, w) + b)
+//! let (mut dx, mut dw) = (s.alloc_zeros::<bf16>(lx)?, s.alloc_zeros::<bf16>(lw)?);
+//! gpu.conv2d_backward_data(&p, &w, &y, &mut dx)?; // y standing in for dy
+//! gpu.conv2d_backward_filter(&p, &x, &y, &mut dw)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # On cuDNN
+//! - **The graph (backend) API, as PyTorch uses it**: an execution plan per problem,
+//!   direction and buffer alignment, made on the first call and kept. Engines come from cuDNN's
+//!   heuristic by default; the measured search ([`crate::cuda::ConvSearch::Measured`], PyTorch's
+//!   `cudnn.benchmark = True`) times up to 10 plans of each of cuDNN's heuristic lists on a
+//!   problem's first call. Strict f32 takes no tensor-core (TF32) engine. cuDNN's older API
+//!   ([`crate::cuda::ConvApi::Legacy`]) is the fallback where no graph engine qualifies.
+//! - **Fused forward**: bias + ReLU (or identity) as one cuDNN operation graph where an engine
+//!   takes it, else the convolution, the bias add and the activation as separate calls
+//!   (`gpu.plans().conv2d(&p, "fused")` then says `unfused`).
+//! - **Workspace**: a plan may use up to 1 GiB (a setting of the engine): the stream's workspace
+//!   where it fits, else one of the cuDNN room's own, made when the plan is. No allocation per
+//!   call.
+//! - **Plans in the tactic database**: after a measured search, `Gpu::conv2d_tactic` (or
+//!   `conv2d_tactics` for all) gives the plan as a `(signature, Tactic)` pair — the graph API's
+//!   engine index, knob choices and workspace, for the whole problem signature and the cuDNN
+//!   version. `Plans::load_tactics` takes the entries of the cuDNN version loaded: a problem with
+//!   an entry is planned from it without a search (a warning, and the usual planning, where
+//!   cuDNN refuses it). `gemmbridge tune --ops conv` runs the search on ResNet-50's
+//!   convolutions and stores the plans that beat a fresh search in the benchmark's bursts.
+//! - **Capture and replay**: a first call plans (and a measured search synchronises), so it is
+//!   [`crate::Error::NotCapturable`] inside a capture: prewarm first. A convolution repeated with
+//!   the same buffers is replayed as a CUDA graph from its second call on, as small GEMMs are.
+//! - **Loading**: libcudnn (9.x) is loaded on the first convolution; without it the call is
+//!   [`crate::Error::LibraryNotFound`], naming the files tried. A GEMM-only program creates no
+//!   cuDNN handle.
 
 pub mod reference;
 

@@ -22,6 +22,48 @@
 //!
 //! 128×128 · 128×128 is not offered by cuBLASLt, and neither is an FP8 output (with its D scale
 //! and amax) with anything but tensor-wise scales.
+//!
+//! Formats: E4M3 × E4M3, and the gradient pairs E4M3 × E5M2 (E5M2 × E5M2 is not offered).
+//! Outputs: bf16, f16 or f32 ([`crate::cuda::Gpu::fp8_gemm`]), or E4M3 with a D scale and amax
+//! ([`crate::cuda::Gpu::fp8_gemm_to_fp8`], tensor-wise scales only). Every rule is checked on
+//! the host before anything runs, a broken one [`crate::Error::Fp8`] naming it ([`Fp8Rule`]);
+//! [`check_support`] says which recipes a GPU and cuBLASLt version offer.
+//!
+//! ```no_run
+//! use gemmbridge::cuda::{Fp8Options, Gpu};
+//! use gemmbridge::fp8::{Fp8Format, Scaling, Source};
+//! use gemmbridge::half::bf16;
+//!
+//! let gpu = Gpu::new(0)?;
+//! let (s, (m, n, k)) = (gpu.stream(), (4096, 7168, 2048));
+//! let x = s.clone_htod(&vec![bf16::ONE; m * k])?; // activations [m, k]
+//! let w = s.clone_htod(&vec![bf16::ONE; n * k])?; // nn.Linear's weight [n, k]
+//! let xq = gpu.quantize(&x, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row)?;
+//! let wq = gpu.quantize(&w, n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row)?;
+//! let mut y = s.alloc_zeros::<bf16>(m * n)?;
+//! gpu.fp8_gemm(&xq, &wq, &mut y, None, Fp8Options::default())?; // y[m, n] = x·wᵀ, row-wise scales
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # What the library takes care of
+//! - **The layout Hopper needs** ("TN", 16-byte rows): an [`Fp8Tensor`](crate::cuda::Fp8Tensor)
+//!   is made only by the library's quantisation, row-major `[rows, K]` with K padded with zeros
+//!   to 16 bytes (zeros keep every product exact) and the scales in cuBLASLt's layout; a caller
+//!   never builds a scale tensor.
+//! - **Any M, N, K**: outputs whose rows the hardware cannot take, and block scales on shapes
+//!   that are not multiples of 16, run on an aligned copy of `y` that is copied back.
+//! - **The quantisation is specified on the CPU** ([`quantize`]: per group `scale = amax /
+//!   max`, values multiplied by `max / amax`, rounded to nearest even and saturated to ±448 /
+//!   ±57344) and the GPU kernels equal it bit for bit; [`dequantize`] reads a result back.
+//! - **Capture**: the kernels compile on first use; `Gpu::prepare_fp8` compiles them ahead of
+//!   a CUDA-graph capture.
+//! - **Fast accumulation** is off by default ([`Fp8Options`](crate::cuda::Fp8Options)): at K =
+//!   8192 on the H200 it raised the error against the dequantised product from 1.3e-4 to 1.0e-3
+//!   (tensor-wise) and 2.0e-3 (row-wise).
+//!
+//! Accuracy: the GEMM is checked against the float64 product of the dequantised operands
+//! (bf16/f16 output within 1e-2, f32 within 1e-3), and its error against the unquantised
+//! inputs equals PyTorch's `torch._scaled_mm` recipe by recipe.
 
 mod quant;
 mod rules;

@@ -21,6 +21,83 @@
 //!
 //! Rows past the last group (offsets that end before the buffers' rows) belong to no group:
 //! nothing reads or writes them.
+//!
+//! f32, tf32, f16 and bf16 (f32 accumulation); a bias per group for the forward
+//! ([`GroupedProblem::with_bias`], `bias[E, N]`). Group sizes are host counts; PyTorch's `offs`
+//! on the device come over with `Gpu::grouped_offsets` and [`GroupedProblem::from_offsets`] (a
+//! copy and a wait on the engine's stream, so not capturable). Without a GPU,
+//! [`crate::cpu::grouped_gemm`] runs the same problem on host slices.
+//!
+//! ```no_run
+//! use gemmbridge::cuda::{Fp8Options, Gpu};
+//! use gemmbridge::fp8::{Fp8Format, Scaling};
+//! use gemmbridge::grouped::{GroupedOp, GroupedOperand, GroupedProblem};
+//! use gemmbridge::half::bf16;
+//! use gemmbridge::Precision;
+//!
+//! let gpu = Gpu::new(0)?;
+//! // 4 experts mapping 2048 features to 768; the router sent 300, 0, 17 and 707 tokens
+//! let (sizes, n, k) = ([300, 0, 17, 707], 768, 2048);
+//! let fwd = GroupedProblem::new(GroupedOp::Forward, &sizes, n, k, Precision::BF16)?;
+//! let [lx, lw, ly] = fwd.lens(); // x[M, K], w[E, N, K] (nn.Linear's layout per expert), y[M, N]
+//! let s = gpu.stream();
+//! let (x, w) = (s.alloc_zeros::<bf16>(lx)?, s.alloc_zeros::<bf16>(lw)?);
+//! let mut y = s.alloc_zeros::<bf16>(ly)?;
+//! gpu.grouped_gemm(&fwd, &x, &w, &mut y, None)?; // y = x · w[e]ᵀ per expert
+//! // the backward: dx = dy · w[e] and dw[e] = dy[e]ᵀ · x[e] (an empty group's dw[e] is zeros)
+//! let dy = s.alloc_zeros::<bf16>(ly)?;
+//! let (mut dx, mut dw) = (s.alloc_zeros::<bf16>(lx)?, s.alloc_zeros::<bf16>(lw)?);
+//! let dgrad = GroupedProblem::new(GroupedOp::BackwardData, &sizes, n, k, Precision::BF16)?;
+//! gpu.grouped_gemm(&dgrad, &dy, &w, &mut dx, None)?;
+//! let wgrad = GroupedProblem::new(GroupedOp::BackwardWeight, &sizes, n, k, Precision::BF16)?;
+//! gpu.grouped_gemm(&wgrad, &dy, &x, &mut dw, None)?;
+//! // FP8 (Hopper): each group quantised on its own, in the TN form FP8 kernels read; A and B
+//! // are grouped_gemm's first and second buffers, for any of the three products
+//! let qx = gpu.grouped_quantize(&fwd, GroupedOperand::A, &x, Fp8Format::E4M3, Scaling::Row)?;
+//! let qw = gpu.grouped_quantize(&fwd, GroupedOperand::B, &w, Fp8Format::E4M3, Scaling::Row)?;
+//! gpu.grouped_fp8_gemm(&fwd, &qx, &qw, &mut y, None, Fp8Options::default())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # How it runs
+//! `gpu.plans().grouped_backend(&p)` says which way ([`streams::GroupedBackend`]; a setting of the
+//! engine forces one), by a rule measured on the H200: equal groups without a bias as one
+//! strided-batched GEMM (`StridedBatch`); small unequal groups (at most 1024³ multiply-adds each
+//! on average) of a forward or backward data as one `cublasGemmGroupedBatchedEx`
+//! (`GroupedBatched`); otherwise each group's GEMM (cuBLASLt, a plan per shape, kept) on a pool
+//! of the engine's own streams (`StreamPool`, 4 by default), forked from and joined back to the
+//! engine's stream with events, so that experts run side by side; a single group with rows in
+//! order on the engine's stream (`InOrder`). The *split pool* (`SplitPool`, for skewed routing:
+//! the large groups on the pool, the small rest in one cuBLAS grouped call beside them) and the
+//! *chunked* call (`ChunkedBatched`: each group's rows cut into chunks of 128, 64, …, 1 rows, so
+//! any routing makes at most eight shapes, each one batch of alike GEMMs) are taken where
+//! measured fastest or forced. A pooled call repeated on the same buffers and sizes is captured
+//! once into one CUDA graph and then replayed with a single launch. Capturing a grouped call
+//! yourself works for every way but those with cuBLAS's grouped call (its pointer arrays are
+//! copied from the host: [`crate::Error::NotCapturable`]); force `StreamPool` before capturing
+//! small unequal groups. Every buffer and every group is checked before anything is launched.
+//!
+//! Measured instead of the rule: `Gpu::tune_grouped(&p, (&a, &b), &mut c, None, 10)` times
+//! every way on your buffers and keeps the fastest for every problem of that layer alike in
+//! total rows and skew ([`GroupedProblem::signature`]); the tactic it returns goes into a tactic
+//! database (kind `grouped_gemm`). `gemmbridge tune --ops grouped,grouped_dx,grouped_dw` does it
+//! for the benchmark's shapes and stores only what beats the rule.
+//!
+//! # Other forms
+//! - By address (other frameworks' buffers): `unsafe { gpu.grouped_gemm_raw(&p, [a, b, c], bias,
+//!   stream) }` with `RawBuffer`s, as `gemm_raw` for one GEMM.
+//! - A list of unlike GEMMs, each with its own shapes, layouts and buffers (`GroupMember {
+//!   problem, a, b, c, bias }`), as one grouped call: `Gpu::gemm_group` (`gemm_group_raw` by
+//!   address; [`list`] has its ways), each member checked as a single GEMM is
+//!   ([`crate::Error::GroupMember`] names the refused one) and no output overlapping another
+//!   member's buffer.
+//! - FP8, every recipe of the FP8 GEMM: `Gpu::grouped_quantize` makes one operand per group in
+//!   the TN form ([`GroupedProblem::tn_operand`] says which: the forward's `x_e[m_e, K]` and
+//!   `w_e[N, K]`, the backward data's `dy_e[m_e, N]` and `w_eᵀ[K, N]`, the backward weight's
+//!   `dy_eᵀ[N, m_e]` and `x_eᵀ[K, m_e]`), each with its own scales; `Gpu::grouped_fp8_gemm` runs
+//!   one FP8 GEMM per group on the pool of streams, output bf16, f16 or f32. A backward weight's
+//!   empty group gets zeros (β = 0) or keeps its `dw[e]` (β = 1, accumulating); another β with an
+//!   empty group is refused.
 
 pub mod align;
 pub mod chunks;

@@ -8,6 +8,35 @@
 //! the backward fuses into a GEMM epilogue ([`Activation::fused_backward`]). The CPU backend is
 //! [`cpu::Mlp`] (unfused, f32); the GPU one is [`crate::cuda::train::Mlp`] (cuBLASLt epilogues).
 //!
+//! Precisions f32, tf32, f16, bf16, and FP8 ([`fp8::Fp8Training`]). The GPU layers take the
+//! same calls as the CPU ones, with the [`crate::cuda::Gpu`] first and cudarc buffers:
+//!
+//! ```no_run
+//! use gemmbridge::cuda::{train::Mlp, Gpu};
+//! use gemmbridge::half::bf16;
+//! use gemmbridge::train::{init_params, Activation, GradMode, LinearSpec};
+//! use gemmbridge::Precision;
+//!
+//! let gpu = Gpu::new(0)?;
+//! // an MLP block 4096 → 14336 → 4096 with GELU (tanh), PyTorch's initialisation bounds
+//! let layers = [LinearSpec::new(4096, 14336).with_activation(Activation::GeluTanh), LinearSpec::new(14336, 4096)];
+//! let mut mlp = Mlp::<bf16>::new(&gpu, &layers, Precision::BF16, &init_params(&layers, 1))?;
+//! let (s, tokens) = (gpu.stream(), 4096);
+//! let x = s.alloc_zeros::<bf16>(tokens * 4096)?;
+//! mlp.forward(&gpu, &x, tokens, true)?; // train = true keeps what the backward needs
+//! let dy = s.alloc_zeros::<bf16>(tokens * 4096)?; // the loss's gradient for mlp.output()
+//! let mut dx = s.alloc_zeros::<bf16>(tokens * 4096)?;
+//! mlp.backward(&gpu, &x, &dy, Some(&mut dx), GradMode::Overwrite)?; // dw, db of every layer, and dx
+//! mlp.sgd_step(&gpu, 1e-3)?; // or your optimiser over weight_grad(i) / bias_grad(i)
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! [`GradMode::Accumulate`] adds to the gradients (micro-batches). A backward must follow a
+//! training forward of the same input ([`crate::Error::TrainingOrder`] otherwise). The example
+//! `cargo run --release -p gemmbridge --example digits_mlp` trains an MLP on real handwritten
+//! digits (kept in the repository) to 97.5 % test accuracy, on the GPU or, without one, the
+//! CPU; `gemmbridge train-bench` times a step beside `bench/train_peer.py` (PyTorch autograd).
+//!
 //! # Where the backward fuses
 //! In `h = act(x·W1ᵀ + b1)`, `y = h·W2ᵀ + b2` the backward is, layer by layer from the last:
 //!
