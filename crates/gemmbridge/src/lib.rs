@@ -29,8 +29,8 @@
 //!   prewarm, tuning, [`cuda::tactics`]) and [`cpu`];
 //! - FP8 formats, recipes and rules: [`fp8`]; convolutions as data: [`conv`]; attention as
 //!   data, with its float64 reference: [`attention`]; mixture-of-experts grouped GEMMs as
-//!   data, with theirs: [`grouped`]; training layers: [`train`] (CPU) and [`cuda::train`]
-//!   (GPU).
+//!   data, with theirs: [`grouped`]; RMSNorm as data, with its float64 reference: [`norm`];
+//!   training layers: [`train`] (CPU) and [`cuda::train`] (GPU).
 #![cfg_attr(
     feature = "dist",
     doc = "- with the `dist` feature: the tensor-parallel split of an MLP block and its CPU arithmetic, [`dist`]."
@@ -59,6 +59,7 @@ pub mod fp8;
 pub mod grouped;
 mod layout;
 pub mod mapping;
+pub mod norm;
 mod pad;
 mod precision;
 mod problem;
