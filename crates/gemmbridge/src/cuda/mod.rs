@@ -4,7 +4,8 @@
 //!   [`Gpu::gemm`] / [`Gpu::gemm_fused`] (safe, cudarc buffers) and [`Gpu::gemm_raw`] with
 //!   [`RawOperands`] (unsafe, raw device addresses on the caller's stream); FP8
 //!   ([`Gpu::quantize`], [`Gpu::fp8_gemm`]), convolutions ([`Gpu::conv2d_forward`] and the
-//!   rest), training layers ([`train::Mlp`]).
+//!   rest), RMSNorm ([`Gpu::rms_norm_forward`], [`Gpu::rms_norm_backward`]), training layers
+//!   ([`train::Mlp`]).
 //! - [`Backend`]: cuBLAS, cuBLASLt, or Auto (cuBLASLt where it serves).
 //! - [`Gpu::prewarm`], [`Gpu::autotune_raw`] and the [`tactics`] database.
 //! - [`DeviceInfo`]: what `gemmbridge info` prints.
@@ -29,7 +30,8 @@ mod status;
 
 pub use api::train;
 pub use api::{
-    cuda_version_string, AttnSaved, AttnSavedFp8, DeviceInfo, Extras, Gpu, GroupMember, RawBuffer, RawOperands, SeqLens,
+    cuda_version_string, AttnSaved, AttnSavedFp8, DeviceInfo, Extras, Gpu, GroupMember, RawBuffer, RawOperands,
+    RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY, SeqLens,
 };
 pub use call::Scale;
 pub use device::GraphReplay;
