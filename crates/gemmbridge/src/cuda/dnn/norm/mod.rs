@@ -16,6 +16,11 @@
 //! pointwise ADD of a residual before the norm, its sum written; y in FP8 E4M3 — the norm's
 //! output kept virtual in f32, multiplied by a device scale into E4M3, and its absolute maximum
 //! reduced (AMAX) into a device f32.
+//!
+//! cuDNN's release notes (9.9.0 to 9.18.1, "Known Issues") say that compute-sanitizer's
+//! synccheck may report barrier errors in the Layer and RMS norm forward (training and
+//! inference), and that the runtime compilation of their execution plans may be protracted on
+//! compute capability 12.0: both inside cuDNN, the second paid once per plan (the first call).
 
 mod graphs;
 mod plan;
