@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks of bench/peer.py that need no GPU: `python3 bench/test_peer.py`.
+"""Checks of bench/peer.py (and bench/norm_peer.py's byte counts and usage errors) that need no
+GPU: `python3 bench/test_peer.py`.
 
 Without PyTorch: the suites against crates/gemmbridge-lab/src/suites.rs, the op/dtype rules,
 the rotation count, --list, the usage errors (exit 2), the FP8 rules (--scalings, the
@@ -30,6 +31,11 @@ RUST_SUITES = os.path.join(HERE, "..", "crates", "gemmbridge-lab", "src", "suite
 spec = importlib.util.spec_from_file_location("peer", PEER)
 peer = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(peer)
+
+NORM_PEER = os.path.join(HERE, "norm_peer.py")
+norm_spec = importlib.util.spec_from_file_location("norm_peer", NORM_PEER)
+norm_peer = importlib.util.module_from_spec(norm_spec)
+norm_spec.loader.exec_module(norm_peer)
 
 try:
     import torch  # noqa: F401
@@ -296,6 +302,28 @@ class NoTorch(unittest.TestCase):
 
     def test_split_list(self):
         self.assertEqual(peer.split_list("--dtypes", " bf16, f16,bf16 ", peer.DTYPES), ["bf16", "f16"])
+
+
+class NormPeer(unittest.TestCase):
+    """bench/norm_peer.py without a GPU: its byte counts are gemmbridge's, its usage errors exit 2."""
+
+    def test_bytes_match_gemmbridge(self):
+        # crates/gemmbridge/src/norm/tests.rs, layouts_and_byte_counts: 3 rows x 4 features, bf16
+        self.assertEqual(norm_peer.bytes_moved(3, 4, 2, "rmsnorm"), 56)
+        self.assertEqual(norm_peer.bytes_moved(3, 4, 2, "rmsnorm_fwd_bwd"), 68 + 100)
+
+    def test_usage_errors_exit_2(self):
+        for args, msg in (
+            (["--rows", "0"], "--rows '0'"),
+            (["--rows", "8k"], "--rows '8k'"),
+            (["--ops", "layernorm"], "unknown op 'layernorm'"),
+            (["--dtypes", "f32"], "unknown dtype 'f32'"),
+            (["--gap-ms", "-1"], "--gap-ms -1.0"),
+        ):
+            p = subprocess.run([sys.executable, NORM_PEER, *args], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 2, (args, p.stderr))
+            self.assertIn(msg, p.stderr, args)
+            self.assertEqual(p.stdout, "", args)
 
 
 @unittest.skipUnless(HAVE_TORCH, "PyTorch not installed")

@@ -101,8 +101,9 @@ fn geomean(v: &[f64]) -> f64 {
 }
 
 /// The peers' other ways of running one of our rows: `bench/attn_peer.py`'s packed
-/// variable-length kernel, `bench/grouped_peer.py`'s per-expert loop.
-const PEER_VARIANTS: [&str; 2] = ["varlen_attn", "loop"];
+/// variable-length kernel, `bench/grouped_peer.py`'s per-expert loop, `bench/norm_peer.py`'s
+/// `torch.compile`d RMSNorm.
+const PEER_VARIANTS: [&str; 3] = ["varlen_attn", "loop", "compile"];
 
 /// Per row present in every pair: the ratio (peer median ms / our median ms) of each pair, in
 /// pair order. A peer row whose label is one of ours followed by `+variant` (another way the
@@ -168,6 +169,7 @@ pub fn summary(pairs: &[(Vec<Row>, Vec<Row>)], bound: f64) -> String {
         k.1.starts_with("conv")
             || k.1.starts_with("attn")
             || k.1.starts_with("grouped")
+            || k.1.starts_with("rmsnorm")
             || is_square_or_llm((k.2, k.3, k.4))
     };
     for (k, v) in rows.iter().filter(|(k, _)| grouped(k)) {
@@ -351,6 +353,26 @@ mod tests {
         ]);
         assert!(rows.is_empty());
         assert_eq!(left_out, 2);
+    }
+
+    /// bench/norm_peer.py's rows: F.rms_norm under our label, the torch.compile'd one as a
+    /// `+compile` variant; both are summarised.
+    #[test]
+    fn rmsnorm_rows_and_the_compiled_peer_are_compared() {
+        let with = |layout: &str, ms: f64| Row {
+            layout: Some(layout.into()),
+            k: 1,
+            tflops: 0.0,
+            tbps: Some(2.0),
+            ..row("bf16", "rmsnorm", 8192, ms)
+        };
+        let pairs = [(vec![with("d4096", 1.0)], vec![with("d4096", 1.5), with("d4096+compile", 1.2)])];
+        let (rows, left_out) = ratios(&pairs);
+        let got: Vec<(String, f64)> = rows.iter().map(|(k, v)| (k.1.clone(), v[0])).collect();
+        assert_eq!(got, [("rmsnorm/d4096".to_string(), 1.5), ("rmsnorm/d4096+compile".to_string(), 1.2)]);
+        assert_eq!(left_out, 0);
+        let text = summary(&pairs, 0.97);
+        assert!(text.contains("rmsnorm/d4096+compile"), "{text}");
     }
 
     #[test]

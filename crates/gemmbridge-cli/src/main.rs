@@ -21,6 +21,7 @@ mod ops;
 mod probe;
 mod probe_conv;
 mod probe_fp8;
+mod probe_norm;
 mod random;
 mod report;
 mod row;
@@ -52,9 +53,9 @@ enum Command {
     Info,
     /// Checks this machine: the row-major→column-major convention table (16 direct cuBLAS
     /// calls, exactly one must match), every offered precision against float64, every FP8
-    /// recipe the GPU offers, and a cuDNN convolution per precision (where libcudnn loads).
-    /// Exits non-zero if anything is wrong.
-    Probe,
+    /// recipe the GPU offers, a cuDNN convolution per precision and what cuDNN's RMSNorm graph
+    /// takes (where libcudnn loads). Exits non-zero if anything is wrong.
+    Probe(probe::Args),
     /// Times GEMMs (and, with --ops conv_…, attn_… or grouped…, cuDNN convolutions, attention
     /// and grouped GEMMs) on the suites of the PyTorch peers in bench/ and writes JSON lines
     /// in their schema. Without a CUDA GPU it runs
@@ -106,7 +107,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info::run(),
-        Command::Probe => probe::run(),
+        Command::Probe(args) => probe::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Tune(args) => tune::run(args),
         Command::Firstcall(args) => firstcall::run(args),

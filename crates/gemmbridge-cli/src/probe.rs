@@ -10,8 +10,10 @@
 //!    small problem and its TFLOP/s on a large one.
 //! 3. The FP8 table (`probe_fp8.rs`): every FP8 recipe the GPU offers, the same way.
 //! 4. The convolution table (`probe_conv.rs`): cuDNN's convolutions per precision.
+//! 5. The RMSNorm table (`probe_norm.rs`): what the loaded cuDNN's norm graph takes, one line
+//!    per question.
 //!
-//! Exit status 1 if any table shows a problem.
+//! `--only` runs some of them. Exit status 1 if any table shows a problem.
 
 use std::sync::Arc;
 
@@ -31,11 +33,26 @@ const M: usize = 256;
 const K: usize = 128;
 const N: usize = 512;
 
-pub fn run() -> anyhow::Result<i32> {
+/// The tables, as `--only` names them.
+const TABLES: [&str; 5] = ["convention", "precision", "fp8", "conv", "norm"];
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Comma-separated tables to run (default: every table): convention, precision, fp8,
+    /// conv, norm.
+    #[arg(long, default_value = "convention,precision,fp8,conv,norm")]
+    only: String,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let tables: Vec<&str> = args.only.split(',').map(str::trim).filter(|t| !t.is_empty()).collect();
+    if let Some(t) = tables.iter().find(|t| !TABLES.contains(t)) {
+        anyhow::bail!("--only: unknown table {t:?}; choose from {}", TABLES.join(", "));
+    }
     let gpu = crate::gpu::open("probe")?;
     let info = gpu.info()?;
     println!(
-        "probe on {} (sm {}.{}), cuBLAS {}.{}.{}\n",
+        "probe on {} (sm {}.{}), cuBLAS {}.{}.{}",
         info.name,
         info.compute_capability.0,
         info.compute_capability.1,
@@ -43,14 +60,17 @@ pub fn run() -> anyhow::Result<i32> {
         info.cublas_version.1,
         info.cublas_version.2
     );
-    let convention_ok = convention_table(&gpu)?;
-    println!();
-    let precision_ok = precision_table(&gpu)?;
-    println!();
-    let fp8_ok = crate::probe_fp8::table(&gpu)?;
-    println!();
-    let conv_ok = crate::probe_conv::table(&gpu)?;
-    let ok = convention_ok && precision_ok && fp8_ok && conv_ok;
+    let mut ok = true;
+    for table in TABLES.iter().filter(|t| tables.contains(t)) {
+        println!();
+        ok &= match *table {
+            "convention" => convention_table(&gpu)?,
+            "precision" => precision_table(&gpu)?,
+            "fp8" => crate::probe_fp8::table(&gpu)?,
+            "conv" => crate::probe_conv::table(&gpu)?,
+            _ => crate::probe_norm::table(&gpu)?,
+        };
+    }
     println!("\nprobe: {}", if ok { "OK" } else { "FAILED" });
     Ok(if ok { 0 } else { 1 })
 }

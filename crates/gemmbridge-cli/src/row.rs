@@ -26,9 +26,14 @@ pub struct Row {
     pub scaling: Option<String>,
     /// Convolution rows: the tensors' layout (nhwc, nchw). Their m is P·Q, n is K, k is
     /// C/groups·R·S and batch is N, so that 2·m·n·k·batch is the convolution's flop count.
-    /// Attention and grouped-GEMM rows: the shape's name in their suite file.
+    /// Attention and grouped-GEMM rows: the shape's name in their suite file. RMSNorm rows:
+    /// `d` and the features (`d4096`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
+    /// Bandwidth-bound rows (RMSNorm): the bytes a call must move / median time, in TB/s
+    /// (their `tflops` is 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tbps: Option<f64>,
 }
 
 impl Row {
@@ -55,7 +60,22 @@ impl Row {
             tflops: flops / (t.median_ms * 1e-3) / 1e12,
             scaling: None,
             layout: Some(layout),
+            tbps: None,
         }
+    }
+
+    /// A timed bandwidth-bound row of `op` in `dtype` with the label `layout`: `dims` as for
+    /// [`Row::timed`], `bytes` those one call must move (TB/s from the median; TFLOP/s 0).
+    pub fn bandwidth(
+        op: &str,
+        dtype: &str,
+        dims: [usize; 4],
+        t: &crate::timing::Timing,
+        bytes: f64,
+        layout: String,
+    ) -> Row {
+        let tbps = bytes / (t.median_ms * 1e-3) / 1e12;
+        Row { tflops: 0.0, tbps: Some(tbps), ..Row::timed(op, dtype, dims, t, 0.0, layout) }
     }
 
     /// The op as rows are told apart: `scaled_mm/rowwise` for FP8 rows, `conv_fwd/nhwc` for
@@ -83,5 +103,6 @@ pub fn square_row(op: &str, dtype: &str, m: usize, median_ms: f64) -> Row {
         tflops: 1.0,
         scaling: None,
         layout: None,
+        tbps: None,
     }
 }

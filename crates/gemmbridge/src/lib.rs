@@ -28,9 +28,10 @@
 //! | 2-D convolution | [`conv`] | [`cuda::Gpu::conv2d_forward`] and the rest (cuDNN) |
 //! | attention (SDPA) | [`attention`], [`cpu::attention_forward`], [`cpu::attention_backward`] | [`cuda::Gpu::attention_forward`] and the rest (cuDNN) |
 //! | grouped GEMM (mixture of experts) | [`grouped`], [`cpu::grouped_gemm`] | [`cuda::Gpu::grouped_gemm`], [`cuda::Gpu::grouped_fp8_gemm`] |
+//! | RMSNorm (forward, backward) | [`norm`], [`cpu::rms_norm_forward`], [`cpu::rms_norm_backward`] | [`cuda::Gpu::rms_norm_forward`], [`cuda::Gpu::rms_norm_backward`] (cuDNN's norm graph) |
 //! | tactic database | [`tactics`] | [`cuda::Plans::load_tactics`] |
 //!
-//! The transformer-layer pieces (RMSNorm, RoPE, SwiGLU, a decoder layer) are not part of the
+//! The other transformer-layer pieces (RoPE, SwiGLU, a decoder layer) are not part of the
 //! library yet.
 //!
 //! # The problem
@@ -85,6 +86,7 @@ pub mod fp8;
 pub mod grouped;
 mod layout;
 pub mod mapping;
+pub mod norm;
 mod pad;
 mod precision;
 mod problem;

@@ -67,6 +67,7 @@ fn row(op: &str, name: &str, p: &GemmProblem, t: timing::Timing) -> Row {
         tflops: p.flops() / (t.median_ms * 1e-3) / 1e12,
         scaling: None,
         layout: None,
+        tbps: None,
     }
 }
 

@@ -117,6 +117,7 @@ pub fn bench(
             tflops: 2.0 * (m * n * k) as f64 / (t.median_ms * 1e-3) / 1e12,
             scaling: Some(name.clone()),
             layout: None,
+            tbps: None,
         });
     }
     Ok(out)

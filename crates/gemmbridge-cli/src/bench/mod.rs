@@ -9,6 +9,7 @@ pub mod fp8;
 pub mod grouped;
 mod grouped_fp8;
 pub mod launch;
+pub mod norm;
 pub mod report;
 
 use std::io::Write;
@@ -88,6 +89,9 @@ pub struct Args {
     /// grouped_dw (the backward weight); grouped_fp8, grouped_fp8_dx, grouped_fp8_dw (the same
     /// in FP8, per recipe of --grouped-scalings, each with rows <op>_dense: the dense FP8 GEMM
     /// of the same total size; the peer has row-wise rows for the forward and backward data).
+    /// RMSNorm (cuDNN's norm graph, f16 and bf16, 2048 to 32768 rows × 4096, GPU only; not run
+    /// by default; its peer is bench/norm_peer.py; rates in TB/s): rmsnorm (the inference
+    /// forward), rmsnorm_fwd_bwd (the training forward and the backward).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
@@ -182,6 +186,7 @@ struct Plan {
     conv_ops: Vec<String>,
     attn_ops: Vec<String>,
     grouped_ops: Vec<String>,
+    norm_ops: Vec<String>,
     /// The recipes of the FP8 grouped rows.
     grouped_scalings: Vec<String>,
     launch: bool,
@@ -200,7 +205,7 @@ impl Plan {
         if dtypes.is_empty() && scalings.is_empty() {
             bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
         }
-        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, grouped: grouped_ops, launch } =
+        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, grouped: grouped_ops, norm: norm_ops, launch } =
             parse_ops(&args.ops, true)?;
         // checked whatever --ops holds, as the convolution flags are
         attn::parse_shapes(&args.shared.attn_shapes)?;
@@ -225,12 +230,13 @@ impl Plan {
             && conv_ops.is_empty()
             && attn_ops.is_empty()
             && grouped_ops.is_empty()
+            && norm_ops.is_empty()
         {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
         let half = dtypes.iter().any(|(_, p)| matches!(p.input(), gemmbridge::DType::F16 | gemmbridge::DType::BF16));
-        if (!attn_ops.is_empty() || grouped_ops.iter().any(|o| !grouped::is_fp8(o))) && !half {
-            bail!("--ops names attention or grouped GEMM rows but --dtypes names neither f16 nor bf16 (their input types)");
+        if (!attn_ops.is_empty() || !norm_ops.is_empty() || grouped_ops.iter().any(|o| !grouped::is_fp8(o))) && !half {
+            bail!("--ops names attention, RMSNorm or grouped GEMM rows but --dtypes names neither f16 nor bf16 (their input types)");
         }
         let backend = parse_backend(&args.backend)?;
         let padding = parse_padding(&args.padding)?;
@@ -242,6 +248,7 @@ impl Plan {
             conv_ops,
             attn_ops,
             grouped_ops,
+            norm_ops,
             grouped_scalings,
             launch,
             reps,
@@ -286,11 +293,11 @@ impl Plan {
             eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
             self.scalings.clear();
         }
-        if !self.conv_ops.is_empty() || !self.attn_ops.is_empty() || !self.grouped_ops.is_empty() {
-            eprintln!("  (the convolution, attention and grouped ops need a GPU: skipped)");
-            self.conv_ops.clear();
-            self.attn_ops.clear();
-            self.grouped_ops.clear();
+        if [&self.conv_ops, &self.attn_ops, &self.grouped_ops, &self.norm_ops].iter().any(|o| !o.is_empty()) {
+            eprintln!("  (the convolution, attention, grouped and RMSNorm ops need a GPU: skipped)");
+            for ops in [&mut self.conv_ops, &mut self.attn_ops, &mut self.grouped_ops, &mut self.norm_ops] {
+                ops.clear();
+            }
         }
         if self.dtypes.is_empty() {
             bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
@@ -329,6 +336,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         rows.extend(grouped::bench(g, &plan.grouped_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
         let scalings = &plan.grouped_scalings;
         rows.extend(grouped_fp8::bench(g, &plan.grouped_ops, scalings, plan.sampling, &mut |r| sink.emit(r))?);
+    }
+    if let (false, Some(g)) = (plan.norm_ops.is_empty(), &gpu) {
+        rows.extend(norm::bench(g, &plan.norm_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     let mut table = match &gpu {
         Some(_) => format!("device: {device}\n{}", report::table(&rows, peer.as_deref(), false)),

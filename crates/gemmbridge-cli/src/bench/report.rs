@@ -207,6 +207,14 @@ fn tf(x: f64) -> String {
     }
 }
 
+/// A row's rate column: TB/s for a bandwidth row (RMSNorm), else TFLOP/s (× `scale`).
+fn rate(r: &Row, scale: f64) -> String {
+    match r.tbps {
+        Some(tb) => format!("{tb:.2} TB/s"),
+        None => tf(r.tflops * scale),
+    }
+}
+
 /// Geometric mean (`None` for an empty list).
 pub fn geomean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp())
@@ -214,7 +222,7 @@ pub fn geomean(v: &[f64]) -> Option<f64> {
 
 /// Formats our rows (and the peer's, where given) as a table; ratio = peer time / our time
 /// (> 1: gemmbridge is faster). Ends with the geometric mean of the ratio per dtype, over all
-/// matched rows and over the square + llm suites.
+/// matched rows and over the square + llm suites. A bandwidth row's rate is in TB/s.
 pub fn table(rows: &[Row], peer: Option<&[Row]>, cpu: bool) -> String {
     let peer: HashMap<Key, &Row> = peer.unwrap_or(&[]).iter().map(|r| (key(r), r)).collect();
     let mut s = String::new();
@@ -232,7 +240,7 @@ pub fn table(rows: &[Row], peer: Option<&[Row]>, cpu: bool) -> String {
             Some(p) => {
                 let ratio = p.median_ms / r.median_ms;
                 ratios.push((r.dtype.clone(), is_square_or_llm((r.m, r.n, r.k)), ratio));
-                (format!("{:.4}", p.median_ms), tf(p.tflops * scale), format!("{ratio:.3}"))
+                (format!("{:.4}", p.median_ms), rate(p, scale), format!("{ratio:.3}"))
             }
             None => ("-".into(), "-".into(), "-".into()),
         };
@@ -245,7 +253,7 @@ pub fn table(rows: &[Row], peer: Option<&[Row]>, cpu: bool) -> String {
             r.n,
             r.k,
             r.median_ms,
-            tf(r.tflops * scale),
+            rate(r, scale),
             pm,
             pt,
             ratio

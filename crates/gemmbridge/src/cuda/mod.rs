@@ -7,6 +7,7 @@
 //! dense GEMMs ([`Gpu::gemm`], [`Gpu::gemm_fused`], [`Gpu::gemm_raw`]), FP8 ([`Gpu::quantize`],
 //! [`Gpu::fp8_gemm`]; [`crate::fp8`]), convolutions ([`Gpu::conv2d_forward`] and the rest;
 //! [`crate::conv`]), attention ([`Gpu::attention_forward`] and the rest; [`crate::attention`]),
+//! RMSNorm ([`Gpu::rms_norm_forward`], [`Gpu::rms_norm_backward`]; [`crate::norm`]),
 //! grouped GEMMs ([`Gpu::grouped_gemm`]; [`crate::grouped`]), training layers ([`train::Mlp`]).
 //! Settings are one value, [`GpuOptions`], given at creation ([`Gpu::with_options`]) and
 //! changed on a live engine with [`Gpu::update_options`]; [`Plans`] ([`Gpu::plans`]) holds the
@@ -117,7 +118,7 @@ mod status;
 pub use api::train;
 pub use api::{
     cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, Gpu, GpuOptions, GroupMember,
-    Plans, RawBuffer, RawOperands, Reach, SeqLens,
+    Plans, RawBuffer, RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY, SeqLens,
 };
 pub use call::Scale;
 pub use device::GraphReplay;

@@ -278,6 +278,16 @@ pub enum Error {
         detail: String,
     },
 
+    /// An RMSNorm problem or call breaks a rule ([`crate::norm::RmsNorm::validate`]; a call's
+    /// buffers that do not go together, such as a residual without its sum).
+    #[error("RMSNorm: {what} ({detail})")]
+    NormShape {
+        /// The rule broken, e.g. "epsilon is not finite and positive".
+        what: &'static str,
+        /// The values that broke it.
+        detail: String,
+    },
+
     /// A grouped GEMM's description breaks a rule ([`crate::grouped::GroupedProblem`]).
     #[error("grouped GEMM: {what} ({detail})")]
     GroupedShape {

@@ -48,12 +48,16 @@ pub enum Which {
     /// A grouped GEMM's buffer, by its name in the product
     /// ([`crate::grouped::GroupedOp::names`]: x, w, y; dy, w, dx; dy, x, dw).
     Grouped(&'static str),
+    /// An RMSNorm buffer, by its name ([`crate::norm::NormTensor::name`], or `w`, `inv_rms`,
+    /// `dw`, `scale`, `amax`).
+    Norm(&'static str),
 }
 
 impl std::fmt::Display for Which {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Which::Grouped(name) => return write!(f, "grouped GEMM's {name}"),
+            Which::Norm(name) => return write!(f, "RMSNorm's {name}"),
             Which::A => "A",
             Which::B => "B",
             Which::C => "C",

@@ -60,6 +60,24 @@ pub(super) fn configs(graph: &Desc, mode: raw::cudnnBackendHeurMode_t) -> Result
     Ok(cfgs.into_iter().take(got).collect())
 }
 
+/// The execution plan of engine configuration `cfg` on handle `h`, finalized, and the
+/// workspace bytes it needs.
+///
+/// # Errors
+/// [`crate::error::Error::Cudnn`] where cuDNN refuses it (`what` names the problem).
+pub(super) fn execution_plan(
+    h: raw::cudnnHandle_t,
+    cfg: &Desc,
+    what: impl FnOnce() -> String,
+) -> Result<(Desc, usize)> {
+    let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?
+        .handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, h)?
+        .descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[cfg])?
+        .finalize(what)?;
+    let bytes = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
+    Ok((plan, bytes))
+}
+
 /// A configuration's engine: its global index and numerical notes (as raw values).
 pub(super) fn engine_of(cfg: &Desc) -> Result<(i64, Vec<u32>)> {
     let eng = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;

@@ -9,13 +9,16 @@
 //! program creates no cuDNN handle. A call's way from [`ConvCall`] to its launch: `run.rs`;
 //! graph replay of repeated calls: `replay.rs`; the room's own larger workspace:
 //! `workspace.rs`. Plans from the tactic database, and plans a measured search chose as tactics
-//! for it: `tactic.rs` (rebuilt from an entry: `rebuild.rs`).
+//! for it: `tactic.rs` (rebuilt from an entry: `rebuild.rs`). Beside the convolutions, on the
+//! graph API with the small graph builder both share (`builder.rs`): attention (`attention/`)
+//! and RMSNorm (`norm/`).
 //!
 //! This file: the settings ([`ConvSearch`], [`ConvApi`]), the call ([`ConvOp`],
 //! [`ConvBuffers`], [`ConvCall`]), the plan key and the planned call of either API, and
 //! [`DnnState`] with its reports.
 
 pub(crate) mod attention;
+mod builder;
 mod graph;
 mod graph_desc;
 mod graph_plan;
@@ -23,6 +26,7 @@ mod graph_search;
 mod legacy;
 mod legacy_launch;
 mod legacy_rank;
+pub(crate) mod norm;
 mod rebuild;
 mod replay;
 mod run;
@@ -199,6 +203,8 @@ pub(crate) struct DnnState {
     /// Whether an attention plan is chosen by a measured search
     /// ([`crate::cuda::GpuOptions::attention_search`]).
     pub attn_search: bool,
+    /// RMSNorm plans, by problem, direction and alignment (`norm/`).
+    norm: HashMap<norm::NormKey, norm::NormPlan>,
 }
 
 impl DnnState {
@@ -214,7 +220,7 @@ impl DnnState {
             (CONV_WORKSPACE_LIMIT, BigWorkspaces::default(), HashMap::default(), sys::version());
         let handle = Handle::new(pool)?;
         let applied = Default::default();
-        let attn = HashMap::default();
+        let (attn, norm) = (HashMap::default(), HashMap::default());
         Ok(DnnState {
             handle,
             plans,
@@ -230,6 +236,7 @@ impl DnnState {
             version,
             attn,
             attn_search: false,
+            norm,
         })
     }
 
@@ -257,6 +264,7 @@ impl DnnState {
         self.graphs.clear();
         self.plans.clear();
         self.attn.clear();
+        self.norm.clear();
         self.big = BigWorkspaces::default();
         self.handle.release();
     }
@@ -266,6 +274,7 @@ impl DnnState {
         std::mem::forget(std::mem::take(&mut self.graphs));
         std::mem::forget(std::mem::take(&mut self.plans));
         std::mem::forget(std::mem::take(&mut self.attn));
+        std::mem::forget(std::mem::take(&mut self.norm));
         std::mem::forget(std::mem::take(&mut self.big));
         self.handle.leak();
     }

@@ -22,9 +22,9 @@
 //! output's dequantisation scale is `v's scale / O_FACTOR`, made on the device by the entry
 //! point.
 
-use super::builder::{dense, Builder, Dt, Pw, Red};
 use super::graphs::{i, lens, operand_of, scores, softmax, uid, F32};
 use crate::attention::{Attention, AttnTensor};
+use crate::cuda::dnn::builder::{dense, Builder, Dt, Pw, Red};
 use crate::error::Result;
 
 /// The scale P is stored in E4M3 with: P ≤ 1, so 448 (E4M3's largest finite value) uses the

@@ -11,9 +11,9 @@
 //! Every scale is a one-element f32 tensor in device memory (uids in `graphs::uid`); which
 //! values they hold is the entry point's choice (`attention::fp8` documents the bounds).
 
-use super::builder::{dense, Builder, Dt, Pw, Red, Tensor};
 use super::graphs::{i, lens, masks, operand_of, row_dims, uid, F32};
 use crate::attention::{Attention, AttnTensor};
+use crate::cuda::dnn::builder::{dense, Builder, Dt, Pw, Red, Tensor};
 use crate::error::Result;
 use crate::fp8::Fp8Format;
 
@@ -61,7 +61,7 @@ pub(super) fn backward(g: &mut Builder, p: &Attention, grad: Fp8Format) -> Resul
     let sd = [b, hq, sq, skv];
     let s = g.virt(sd, dense(sd), F32)?;
     g.matmul(q, kt, s, [lq, lkv, None])?;
-    let attn_scale = g.scalar(super::builder::Scalar::F32(p.scale))?;
+    let attn_scale = g.scalar(crate::cuda::dnn::builder::Scalar::F32(p.scale))?;
     let s = g.f32(Pw::CUDNN_POINTWISE_MUL, &[s, attn_scale])?;
     let s = g.f32(Pw::CUDNN_POINTWISE_MUL, &[s, ds_q])?;
     let s = g.f32(Pw::CUDNN_POINTWISE_MUL, &[s, ds_k])?;

@@ -9,8 +9,8 @@
 //! strides, the last two swapped), `v[b, h_kv, s_kv, d]` (backward: `vᵀ`), `o[b, h_q, s_q, d]`,
 //! statistics `[b, h_q, s_q, 1]` f32 dense, lengths `[b, 1, 1, 1]` int32.
 
-use super::builder::{dense, Builder, Dims, Dt, Pw, Red, Scalar, Tensor};
 use crate::attention::{Attention, AttnMask, AttnTensor};
+use crate::cuda::dnn::builder::{dense, Builder, Dims, Dt, Pw, Red, Scalar, Tensor};
 use crate::dtype::DType;
 use crate::error::Result;
 

@@ -1,14 +1,13 @@
 //! Scaled-dot-product attention on cuDNN's graph API: the call ([`AttnOp`], [`AttnBuffers`],
 //! [`AttnCall`]), the plan kept per problem, direction and buffer alignment, and its launch.
-//! The operation graphs are built in `graphs.rs` (with `builder.rs`); the plan is cuDNN's
-//! best-ranked engine configuration for the graph that finalizes and fits the workspace limit
-//! (`plan.rs`).
+//! The operation graphs are built in `graphs.rs` (with the room's graph builder,
+//! `dnn/builder.rs`); the plan is cuDNN's best-ranked engine configuration for the graph that
+//! finalizes and fits the workspace limit (`plan.rs`).
 //!
 //! A backward plan needs f32 scratch besides cuDNN's workspace — the per-row `Σ do·o` and the
 //! dq accumulator — and, where lengths are used, the lengths; all of it lives in the call's
 //! workspace after cuDNN's own part (the layout is [`Extra`]).
 
-mod builder;
 mod fp8;
 mod fp8_bwd;
 mod graphs;

@@ -8,17 +8,15 @@ use std::ffi::c_void;
 
 use cudarc::cudnn::sys as raw;
 use cudarc::driver::sys as drv;
-use raw::cudnnBackendAttributeName_t as A;
-use raw::cudnnBackendDescriptorType_t as D;
 
-use super::builder::{Builder, Scalar};
 use super::fp8::{self, O_FACTOR, P_SCALE};
 use super::graphs::{self, uid};
 use super::{AttnBuffers, AttnCall, AttnOp, Extra, LensSource};
 use crate::attention::Attention;
+use crate::cuda::dnn::builder::{Builder, Scalar};
 use crate::cuda::dnn::graph_desc::Desc;
 use crate::cuda::dnn::graph_plan::pack;
-use crate::cuda::dnn::graph_search::{configs, engine_of, SEARCH_LIMIT};
+use crate::cuda::dnn::graph_search::{configs, engine_of, execution_plan, SEARCH_LIMIT};
 use crate::cuda::dnn::rebuild::config;
 use crate::cuda::dnn::sys::check;
 use crate::cuda::dnn::tactic::read_config;
@@ -99,11 +97,7 @@ impl Common<'_> {
     /// The plan of configuration `cfg` where it finalizes and fits the limit (each refusal
     /// logged at debug level, or returned for a database entry).
     fn plan(&self, cfg: Desc, name: String) -> Result<AttnPlan> {
-        let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?
-            .handle(A::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, self.h)?
-            .descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[&cfg])?
-            .finalize(|| format!("{} {name}", self.what()))?;
-        let bytes = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
+        let (plan, bytes) = execution_plan(self.h, &cfg, || format!("{} {name}", self.what()))?;
         if bytes > self.limit {
             let what =
                 format!("{} {name} needs {bytes} bytes of workspace, over the limit of {}", self.what(), self.limit);

@@ -1,7 +1,9 @@
-//! A small builder for cuDNN operation graphs of four-dimensional tensors: tensors (by unique
-//! id, virtual, or a host scalar passed by value), the pointwise, reduction, matmul and reshape
-//! operations the attention graphs are made of, and the finalized operation graph with every
-//! descriptor it was made of (kept alive with the plan, as `graph.rs` does for convolutions).
+//! A small builder for cuDNN operation graphs of four-dimensional tensors, shared by the
+//! attention graphs (`attention/`) and the RMSNorm graphs (`norm/`): tensors (by unique id,
+//! virtual, or a host scalar passed by value), the pointwise, reduction, matmul and reshape
+//! operations the attention graphs are made of, the RMS norm forward and backward operations,
+//! and the finalized operation graph with every descriptor it was made of (kept alive with the
+//! plan, as `graph.rs` does for convolutions).
 //!
 //! Virtual tensors take unique ids from [`FIRST_VIRTUAL_UID`] up; by-value scalars are named in
 //! the variant pack with a host pointer to their value (cuDNN reads it when the plan is
@@ -15,8 +17,13 @@ pub(super) use raw::cudnnDataType_t as Dt;
 pub(super) use raw::cudnnPointwiseMode_t as Pw;
 pub(super) use raw::cudnnReduceTensorOp_t as Red;
 
-use crate::cuda::dnn::graph_desc::Desc;
+use super::graph_desc::Desc;
 use crate::error::Result;
+
+/// The norm mode of both norm operations (cuDNN 8.9.6 and later, Ampere and later: cuDNN's
+/// developer guide, `CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR`; cudnn-frontend's RMSNorm
+/// samples skip before 8.9.6 and before Ampere).
+const RMS_NORM: raw::cudnnBackendNormMode_t = raw::cudnnBackendNormMode_t::CUDNN_RMS_NORM;
 
 /// Dimensions or strides of a four-dimensional tensor, in elements.
 pub(super) type Dims = [i64; 4];
@@ -237,6 +244,54 @@ impl Builder {
             .descs(A::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, &[self.get(x)])?
             .descs(A::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, &[self.get(y)])?
             .finalize(|| format!("reshape {:?} → {:?}", x.dims, y.dims))?;
+        self.ops.push(op);
+        Ok(())
+    }
+
+    /// An RMS norm forward (`CUDNN_RMS_NORM`) of `x` with the scale `w` and the by-value
+    /// `eps` into `y`; in the training phase (`inv_rms` given) also the inverse RMS per row.
+    pub fn rms_norm(&mut self, [x, w, eps]: [Tensor; 3], y: Tensor, inv_rms: Option<Tensor>) -> Result<()> {
+        use raw::cudnnBackendNormFwdPhase_t::{CUDNN_NORM_FWD_INFERENCE, CUDNN_NORM_FWD_TRAINING};
+        let phase = if inv_rms.is_some() { CUDNN_NORM_FWD_TRAINING } else { CUDNN_NORM_FWD_INFERENCE };
+        // SAFETY: MODE reads cudnnBackendNormMode_t, PHASE cudnnBackendNormFwdPhase_t (both
+        // 32-bit C enums).
+        let mut op = unsafe {
+            Desc::new(D::CUDNN_BACKEND_OPERATION_NORM_FORWARD_DESCRIPTOR)?
+                .set(A::CUDNN_ATTR_OPERATION_NORM_FWD_MODE, T::CUDNN_TYPE_NORM_MODE, &[RMS_NORM])?
+                .set(A::CUDNN_ATTR_OPERATION_NORM_FWD_PHASE, T::CUDNN_TYPE_NORM_FWD_PHASE, &[phase])?
+        };
+        op = op
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_FWD_XDESC, &[self.get(x)])?
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_FWD_SCALE_DESC, &[self.get(w)])?
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_FWD_EPSILON_DESC, &[self.get(eps)])?
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_FWD_YDESC, &[self.get(y)])?;
+        if let Some(s) = inv_rms {
+            op = op.descs(A::CUDNN_ATTR_OPERATION_NORM_FWD_INV_VARIANCE_DESC, &[self.get(s)])?;
+        }
+        let op = op.finalize(|| format!("rms norm forward x {:?} {phase:?}", x.dims))?;
+        self.ops.push(op);
+        Ok(())
+    }
+
+    /// The RMS norm backward: `dx` and the scale's gradient `dw` from `x`, `dy`, the scale `w`
+    /// and the forward's inverse RMS.
+    pub fn rms_norm_backward(&mut self, [x, dy, w, inv_rms]: [Tensor; 4], [dx, dw]: [Tensor; 2]) -> Result<()> {
+        // SAFETY: MODE reads cudnnBackendNormMode_t.
+        let op = unsafe {
+            Desc::new(D::CUDNN_BACKEND_OPERATION_NORM_BACKWARD_DESCRIPTOR)?.set(
+                A::CUDNN_ATTR_OPERATION_NORM_BWD_MODE,
+                T::CUDNN_TYPE_NORM_MODE,
+                &[RMS_NORM],
+            )?
+        };
+        let op = op
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_BWD_XDESC, &[self.get(x)])?
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_BWD_DYDESC, &[self.get(dy)])?
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_BWD_SCALE_DESC, &[self.get(w)])?
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_BWD_INV_VARIANCE_DESC, &[self.get(inv_rms)])?
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC, &[self.get(dw)])?
+            .descs(A::CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC, &[self.get(dx)])?
+            .finalize(|| format!("rms norm backward x {:?}", x.dims))?;
         self.ops.push(op);
         Ok(())
     }

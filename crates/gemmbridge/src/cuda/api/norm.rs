@@ -1,0 +1,380 @@
+//! The RMSNorm entry points on cuDNN's norm graph: validate (the problem, every buffer's
+//! dtype, length, alignment, context and overlap) before anything is enqueued → plan (once per
+//! problem, direction and alignment, `dnn/norm/`) → launch on [`Gpu::stream`], no host
+//! synchronisation.
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+
+use super::checks::{disjoint, same_context, Span};
+use super::engine::Gpu;
+use crate::cuda::device::{is_capturing, Relaxed};
+use crate::cuda::dnn::norm::{NormBuffers, NormCall, NormOp};
+use crate::cuda::route::Fp8Out;
+use crate::cuda::status;
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result, Which};
+use crate::norm::{GradType, NormTensor, RmsNorm};
+
+/// What the forward reads: `x` (strided as the problem's [`NormTensor::X`]), the weight
+/// `w[features]` and, for a pre-norm residual add, `residual` (strided as
+/// [`NormTensor::Residual`]): the norm then runs on `x + residual`, which is written to
+/// [`RmsNormOut::sum`].
+#[derive(Clone, Copy)]
+pub struct RmsNormIn<'a, T> {
+    /// The input `x[rows, features]`.
+    pub x: &'a dyn DevicePtr<T>,
+    /// The weight (scale) `w[features]`, contiguous.
+    pub w: &'a dyn DevicePtr<T>,
+    /// The residual added to `x` before the norm.
+    pub residual: Option<&'a dyn DevicePtr<T>>,
+}
+
+impl<'a, T> RmsNormIn<'a, T> {
+    /// `x` and `w`, no residual.
+    pub fn new(x: &'a dyn DevicePtr<T>, w: &'a dyn DevicePtr<T>) -> RmsNormIn<'a, T> {
+        RmsNormIn { x, w, residual: None }
+    }
+}
+
+/// The forward's output `y[rows, features]` (strided as the problem's [`NormTensor::Y`]).
+pub enum RmsNormY<'a, T> {
+    /// `y` in the I/O type.
+    Io(&'a mut dyn DevicePtrMut<T>),
+    /// `y` in FP8 E4M3 (one byte per element, for a following FP8 GEMM): the norm's f32
+    /// result multiplied by `out.d_scale` (one f32, read on the device) and converted to E4M3
+    /// by cuDNN (its rounding, and what a value past ±448 becomes, are cuDNN's: choose the
+    /// scale from an amax so that none does); `out.amax` (one f32) receives the largest |y|
+    /// before the scale.
+    Fp8 {
+        /// The E4M3 bytes.
+        y: &'a mut dyn DevicePtrMut<u8>,
+        /// The scale read and the amax written.
+        out: Fp8Out<'a>,
+    },
+}
+
+/// What the forward writes: `y`; with `inv_rms` (f32 `[rows]`, dense) the training phase,
+/// which saves each row's inverse RMS for [`Gpu::rms_norm_backward`], without it the
+/// inference phase; with a residual, `sum = x + residual` (strided as the problem's
+/// [`NormTensor::Sum`]; what the next residual add and the backward read).
+pub struct RmsNormOut<'a, T> {
+    /// The normalised output.
+    pub y: RmsNormY<'a, T>,
+    /// The inverse RMS of every row (training).
+    pub inv_rms: Option<&'a mut dyn DevicePtrMut<f32>>,
+    /// `x + residual`, given exactly when the input has a residual.
+    pub sum: Option<&'a mut dyn DevicePtrMut<T>>,
+}
+
+impl<'a, T> RmsNormOut<'a, T> {
+    /// `y` in the I/O type, the inference phase, no sum.
+    pub fn new(y: &'a mut dyn DevicePtrMut<T>) -> RmsNormOut<'a, T> {
+        RmsNormOut { y: RmsNormY::Io(y), inv_rms: None, sum: None }
+    }
+
+    /// The same in the training phase: the inverse RMS written to `inv_rms`.
+    pub fn training(self, inv_rms: &'a mut dyn DevicePtrMut<f32>) -> RmsNormOut<'a, T> {
+        RmsNormOut { inv_rms: Some(inv_rms), ..self }
+    }
+}
+
+/// What the backward reads: the forward's input `x` (with a residual: the sum it normalised),
+/// the weight `w`, the forward's inverse RMS (f32 `[rows]`, as [`Gpu::rms_norm_forward`]
+/// writes it in the training phase) and the output's gradient `dy` (strided as the problem's
+/// [`NormTensor::Dy`]).
+#[derive(Clone, Copy)]
+pub struct RmsNormSaved<'a, T> {
+    /// The forward's normalised input.
+    pub x: &'a dyn DevicePtr<T>,
+    /// The weight `w[features]`.
+    pub w: &'a dyn DevicePtr<T>,
+    /// The forward's inverse RMS.
+    pub inv_rms: &'a dyn DevicePtr<f32>,
+    /// The output's gradient.
+    pub dy: &'a dyn DevicePtr<T>,
+}
+
+/// The weight gradient `dw[features]` the backward writes (overwritten, not accumulated), of
+/// the type the problem's [`RmsNorm::dw`] names.
+pub enum RmsNormDw<'a, T> {
+    /// In the I/O type ([`GradType::Io`]).
+    Io(&'a mut dyn DevicePtrMut<T>),
+    /// In f32 ([`GradType::F32`]).
+    F32(&'a mut dyn DevicePtrMut<f32>),
+}
+
+/// The buffer rules: the buffer holds `elems` elements of `elem` bytes, its address is a
+/// multiple of the element size.
+fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
+    let s = Span::sized(which, addr, have, elems, elem)?;
+    if !addr.is_multiple_of(elem as u64) {
+        return Err(Error::Misaligned { operand: which, address: addr, align: elem });
+    }
+    Ok(s)
+}
+
+/// An input's checked span (its guard added to `guards`).
+fn read_span<'g, 'b: 'g, V>(
+    s: &'g CudaStream,
+    (which, buf): (Which, &'g (dyn DevicePtr<V> + 'b)),
+    (elems, elem): (usize, usize),
+    guards: &mut Vec<SyncOnDrop<'g>>,
+) -> Result<Span> {
+    let (addr, g) = buf.device_ptr(s);
+    guards.push(g);
+    span(which, addr, buf.num_bytes(), elems, elem)
+}
+
+/// An output's checked span (its guard added to `guards`).
+fn write_span<'g, 'b: 'g, V>(
+    s: &'g CudaStream,
+    (which, buf): (Which, &'g mut (dyn DevicePtrMut<V> + 'b)),
+    (elems, elem): (usize, usize),
+    guards: &mut Vec<SyncOnDrop<'g>>,
+) -> Result<Span> {
+    let bytes = buf.num_bytes();
+    let (addr, g) = buf.device_ptr_mut(s);
+    guards.push(g);
+    span(which, addr, bytes, elems, elem)
+}
+
+/// The problem's rules and the element type.
+fn check_problem<T: Element>(p: &RmsNorm) -> Result<()> {
+    p.validate()?;
+    if T::DTYPE != p.dtype {
+        return Err(Error::DTypeMismatch { operand: Which::Norm("x"), expected: p.dtype, got: T::DTYPE });
+    }
+    Ok(())
+}
+
+fn name(t: NormTensor) -> Which {
+    Which::Norm(t.name())
+}
+
+/// A forward call's buffers checked (sizes, alignment, overlaps; their guards added to
+/// `guards`, held until the call is enqueued), its direction and addresses.
+fn forward_buffers<'g, 'i: 'g, 'o: 'g, T: Element>(
+    s: &'g CudaStream,
+    p: &RmsNorm,
+    input: RmsNormIn<'i, T>,
+    out: RmsNormOut<'o, T>,
+    guards: &mut Vec<SyncOnDrop<'g>>,
+) -> Result<(NormOp, NormBuffers)> {
+    let elem = T::DTYPE.size_bytes();
+    let rows = |t: NormTensor| (p.required_elems(t), elem);
+    let mut read = vec![read_span(s, (name(NormTensor::X), input.x), rows(NormTensor::X), guards)?];
+    read.push(read_span(s, (Which::Norm("w"), input.w), (p.features, elem), guards)?);
+    if let Some(r) = input.residual {
+        read.push(read_span(s, (name(NormTensor::Residual), r), rows(NormTensor::Residual), guards)?);
+    }
+    let mut written = Vec::with_capacity(4);
+    let fp8 = match out.y {
+        RmsNormY::Io(y) => {
+            written.push(write_span(s, (name(NormTensor::Y), y), rows(NormTensor::Y), guards)?);
+            None
+        }
+        RmsNormY::Fp8 { y, out } => {
+            written.push(write_span(s, (name(NormTensor::Y), y), (p.required_elems(NormTensor::Y), 1), guards)?);
+            let scale = read_span(s, (Which::Norm("scale"), out.d_scale), (1, 4), guards)?;
+            let amax = write_span(s, (Which::Norm("amax"), out.amax), (1, 4), guards)?;
+            read.push(scale);
+            written.push(amax);
+            Some((scale.addr, amax.addr))
+        }
+    };
+    let mut b = NormBuffers { x: read[0].addr, w: read[1].addr, y: written[0].addr, ..Default::default() };
+    if input.residual.is_some() {
+        b.residual = read[2].addr;
+    }
+    if let Some((scale, amax)) = fp8 {
+        (b.scale, b.amax) = (scale, amax);
+    }
+    if let Some(st) = out.inv_rms {
+        let sp = write_span(s, (Which::Norm("inv_rms"), st), (p.rows, 4), guards)?;
+        written.push(sp);
+        b.inv_rms = sp.addr;
+    }
+    if let Some(sm) = out.sum {
+        let sp = write_span(s, (name(NormTensor::Sum), sm), rows(NormTensor::Sum), guards)?;
+        written.push(sp);
+        b.sum = sp.addr;
+    }
+    disjoint(&written, &read)?;
+    let op = NormOp::Forward { training: b.inv_rms != 0, residual: b.residual != 0, fp8: fp8.is_some() };
+    Ok((op, b))
+}
+
+impl Gpu {
+    /// RMSNorm's forward, PyTorch's `F.rms_norm(x, (features,), w, eps)` (the definition and
+    /// shapes: [`crate::norm`]), on cuDNN's norm graph on [`Gpu::stream`]: `y = x · inv_rms ·
+    /// w` with `inv_rms = 1/√(mean(x²) + ε)` per row, f32 arithmetic, `y` overwritten. Every
+    /// row-major tensor has the leading dimension the problem gives it, so `x` may be a row
+    /// slice of a wider buffer (and `y` be written into one) where the loaded cuDNN takes
+    /// strided rows. The phase follows `out.inv_rms`: given, the training phase saves the
+    /// inverse RMS (f32 `[rows]`); absent, the inference phase writes only `y`.
+    ///
+    /// Options, each where the loaded cuDNN has an engine for the graph ([`Error::Unsupported`]
+    /// naming it otherwise; `gemmbridge probe --only norm` tells which this machine's cuDNN
+    /// takes): a pre-norm residual add (`input.residual`; `x + residual` written to `out.sum`
+    /// and normalised), `y` in FP8 E4M3 with a scale and an amax ([`RmsNormY::Fp8`]), strided
+    /// rows, f32 I/O.
+    ///
+    /// The first call of a problem (rows, features, types, leading dimensions), direction and
+    /// buffer alignment builds its cuDNN operation graph and plan (cuDNN's best-ranked engine
+    /// configuration; ε is passed per call); later calls only launch and can be captured into
+    /// a CUDA graph. The workspace is this stream's where it fits, else the cuDNN room's own (up
+    /// to [`GpuOptions::conv_workspace_limit`](crate::cuda::GpuOptions::conv_workspace_limit)).
+    ///
+    /// # Errors
+    /// Before anything is enqueued: [`Error::NormShape`] (the problem's rules; a residual
+    /// without a sum or a sum without a residual); [`Error::DTypeMismatch`] (an element type
+    /// other than the problem's), [`Error::BufferTooSmall`], [`Error::Misaligned`] (an address
+    /// off its element size), [`Error::OutputOverlapsInput`] (any two outputs, or an output
+    /// and an input, whose spans overlap), [`Error::WrongContext`] for a buffer;
+    /// [`Error::LibraryNotFound`] without libcudnn; [`Error::NotCapturable`] for a first call
+    /// inside a capture; [`Error::Unsupported`] on a GPU before Ampere, a cuDNN before 8.9.6,
+    /// or where no engine of the loaded cuDNN takes the graph. From cuDNN: [`Error::Cudnn`].
+    pub fn rms_norm_forward<T: Element>(
+        &self,
+        p: &RmsNorm,
+        input: RmsNormIn<'_, T>,
+        out: RmsNormOut<'_, T>,
+    ) -> Result<()> {
+        check_problem::<T>(p)?;
+        let bad = |what: &'static str| Err(Error::NormShape { what, detail: p.describe() });
+        match (input.residual.is_some(), out.sum.is_some()) {
+            (true, false) => return bad("a residual was given without the sum output (x + residual)"),
+            (false, true) => return bad("a sum output was given without a residual"),
+            _ => {}
+        }
+        self.forward_contexts(&input, &out)?;
+        let mut guards = Vec::with_capacity(8);
+        let (op, b) = forward_buffers(self.stream(), p, input, out, &mut guards)?;
+        let r = self.norm_run(p, op, b);
+        drop(guards);
+        r
+    }
+
+    /// Every buffer of a forward call belongs to this context.
+    fn forward_contexts<T>(&self, input: &RmsNormIn<'_, T>, out: &RmsNormOut<'_, T>) -> Result<()> {
+        let ctx = self.context();
+        let mut streams = vec![(name(NormTensor::X), input.x.stream()), (Which::Norm("w"), input.w.stream())];
+        streams.extend(input.residual.map(|r| (name(NormTensor::Residual), r.stream())));
+        streams.extend(out.inv_rms.as_ref().map(|b| (Which::Norm("inv_rms"), b.stream())));
+        streams.extend(out.sum.as_ref().map(|b| (name(NormTensor::Sum), b.stream())));
+        match &out.y {
+            RmsNormY::Io(b) => streams.push((name(NormTensor::Y), b.stream())),
+            RmsNormY::Fp8 { y, out } => streams.extend([
+                (name(NormTensor::Y), y.stream()),
+                (Which::Norm("scale"), out.d_scale.stream()),
+                (Which::Norm("amax"), out.amax.stream()),
+            ]),
+        }
+        streams.into_iter().try_for_each(|(which, st)| same_context(which, st, ctx))
+    }
+
+    /// The backward of [`Gpu::rms_norm_forward`] on cuDNN's norm graph, on [`Gpu::stream`]:
+    /// `dx` (strided as the problem's [`NormTensor::Dx`]; overwritten) and the weight gradient
+    /// `dw` (overwritten, in the type [`RmsNorm::dw`] names; cuDNN reduces it over the rows)
+    /// from what the training forward saved ([`RmsNormSaved`]):
+    /// `dx = inv_rms·(g − x̂·mean(g·x̂))`, `dw = Σ_rows dy·x̂` with `x̂ = x·inv_rms`, `g = dy·w`.
+    /// Plans, capture and workspace as the forward.
+    ///
+    /// # Errors
+    /// As [`Gpu::rms_norm_forward`]; [`Error::DTypeMismatch`] for a `dw` of the other type than
+    /// [`RmsNorm::dw`]; [`Error::Unsupported`] where the loaded cuDNN does not take an f32 `dw`
+    /// beside f16/bf16 I/O or strided rows.
+    pub fn rms_norm_backward<T: Element>(
+        &self,
+        p: &RmsNorm,
+        saved: RmsNormSaved<'_, T>,
+        dx: &mut dyn DevicePtrMut<T>,
+        dw: RmsNormDw<'_, T>,
+    ) -> Result<()> {
+        check_problem::<T>(p)?;
+        let RmsNormSaved { x, w, inv_rms, dy } = saved;
+        let (given, dw_stream) = match &dw {
+            RmsNormDw::Io(b) => (GradType::Io, b.stream()),
+            RmsNormDw::F32(b) => (GradType::F32, b.stream()),
+        };
+        if given != p.dw {
+            let got = if given == GradType::F32 { DType::F32 } else { p.dtype };
+            return Err(Error::DTypeMismatch { operand: Which::Norm("dw"), expected: p.dw_dtype(), got });
+        }
+        let (ctx, s) = (self.context(), self.stream());
+        for (which, st) in [
+            (name(NormTensor::X), x.stream()),
+            (Which::Norm("w"), w.stream()),
+            (Which::Norm("inv_rms"), inv_rms.stream()),
+            (name(NormTensor::Dy), dy.stream()),
+            (name(NormTensor::Dx), dx.stream()),
+            (Which::Norm("dw"), dw_stream),
+        ] {
+            same_context(which, st, ctx)?;
+        }
+        let elem = T::DTYPE.size_bytes();
+        let rows = |t: NormTensor| (p.required_elems(t), elem);
+        let mut guards = Vec::with_capacity(6);
+        let read = [
+            read_span(s, (name(NormTensor::X), x), rows(NormTensor::X), &mut guards)?,
+            read_span(s, (Which::Norm("w"), w), (p.features, elem), &mut guards)?,
+            read_span(s, (Which::Norm("inv_rms"), inv_rms), (p.rows, 4), &mut guards)?,
+            read_span(s, (name(NormTensor::Dy), dy), rows(NormTensor::Dy), &mut guards)?,
+        ];
+        let dw_span = match dw {
+            RmsNormDw::Io(b) => write_span(s, (Which::Norm("dw"), b), (p.features, elem), &mut guards)?,
+            RmsNormDw::F32(b) => write_span(s, (Which::Norm("dw"), b), (p.features, 4), &mut guards)?,
+        };
+        let written = [write_span(s, (name(NormTensor::Dx), dx), rows(NormTensor::Dx), &mut guards)?, dw_span];
+        disjoint(&written, &read)?;
+        let b = NormBuffers {
+            x: read[0].addr,
+            w: read[1].addr,
+            inv_rms: read[2].addr,
+            dy: read[3].addr,
+            dx: written[0].addr,
+            dw: written[1].addr,
+            ..Default::default()
+        };
+        let r = self.norm_run(p, NormOp::Backward, b);
+        drop(guards);
+        r
+    }
+
+    /// Plan (on first use) and launch one checked call.
+    fn norm_run(&self, p: &RmsNorm, op: NormOp, b: NormBuffers) -> Result<()> {
+        let stream = self.stream().cu_stream();
+        self.device().bind()?;
+        let mut st = self.lock();
+        let st = &mut *st;
+        let mut call = NormCall { problem: p, op, buffers: b, workspace: (0, 0), stream };
+        let planned = st.libs.dnn.as_ref().is_some_and(|d| d.norm_planned(&call));
+        if !planned {
+            if is_capturing(stream)? {
+                return Err(Error::NotCapturable {
+                    action: "plan an RMSNorm call (cuDNN operation graph and engine choice)",
+                    problem: format!("{} {op:?}", p.describe()),
+                });
+            }
+            // cudnn-frontend's RMSNorm samples skip before Ampere
+            let (major, minor) = self.context().compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
+            if major < 8 {
+                let what =
+                    format!("RMSNorm on a GPU of compute capability {major}.{minor}: it needs Ampere (8.0) or later");
+                return Err(Error::Unsupported { backend: "cuDNN", what });
+            }
+        }
+        // Planning may allocate and load kernels: allowed while another thread captures in
+        // global mode.
+        let _relaxed = if planned { None } else { Some(Relaxed::enter()?) };
+        let ctx = self.context();
+        st.libs.ensure_dnn(ctx.is_primary().then(|| ctx.ordinal()))?;
+        let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
+        call.workspace = (ws.ptr, ws.matmul_bytes);
+        let dnn = st.libs.dnn.as_mut().expect("created above");
+        // SAFETY: every address was checked above against the problem's sizes and belongs to
+        // this context, borrowed (guards) until the call is enqueued; the workspace is this
+        // stream's; the stream is the Gpu's own, live.
+        unsafe { dnn.rms_norm(&call) }
+    }
+}
