@@ -57,6 +57,7 @@ pub mod epilogue;
 mod error;
 pub mod fp8;
 pub mod grouped;
+pub mod layer_ops;
 mod layout;
 pub mod mapping;
 mod pad;

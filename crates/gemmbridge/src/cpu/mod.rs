@@ -1,7 +1,9 @@
 //! The CPU backend: the same problems over host slices, through the `matrixmultiply` crate's
 //! f32 GEMM (used where no GPU is present, and by the benchmark without a GPU): dense GEMMs
 //! ([`gemm`]), grouped ones ([`grouped_gemm`], `grouped.rs`) and attention
-//! ([`attention_forward`], [`attention_backward`], `attention.rs`).
+//! ([`attention_forward`], [`attention_backward`], `attention.rs`), and a transformer layer's
+//! elementwise operations ([`rope`], [`swiglu`], [`swiglu_backward`], `layer.rs`: the GPU
+//! kernels' f32 arithmetic, bit for bit).
 //!
 //! f16/bf16 inputs are widened to f32 (exactly) before the product and a f16/bf16 output is
 //! rounded from the f32 result, which is what f32 accumulation means on the GPU too. tf32 is
@@ -9,9 +11,11 @@
 
 mod attention;
 mod grouped;
+mod layer;
 
 pub use attention::{attention_backward, attention_forward, MAX_CPU_SCORES};
 pub use grouped::grouped_gemm;
+pub use layer::{rope, swiglu, swiglu_backward};
 
 use crate::dtype::Element;
 use crate::error::Result;

@@ -48,12 +48,17 @@ pub enum Which {
     /// A grouped GEMM's buffer, by its name in the product
     /// ([`crate::grouped::GroupedOp::names`]: x, w, y; dy, w, dx; dy, x, dw).
     Grouped(&'static str),
+    /// A buffer of a transformer layer's elementwise operation, by name ([`crate::layer_ops`]:
+    /// RoPE's `qkv`, `positions`, `cos table`, `sin table`; SwiGLU's `gate/up`, `y`, `dy`,
+    /// `gate/up gradient`).
+    LayerOp(&'static str),
 }
 
 impl std::fmt::Display for Which {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Which::Grouped(name) => return write!(f, "grouped GEMM's {name}"),
+            Which::LayerOp(name) => return write!(f, "{name}"),
             Which::A => "A",
             Which::B => "B",
             Which::C => "C",

@@ -1,6 +1,6 @@
 //! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability —
 //! its settings (`settings.rs`), GEMMs (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`),
-//! convolutions (`conv.rs`), attention (`attention.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning (`tune.rs`), device
+//! convolutions (`conv.rs`), attention (`attention.rs`), RoPE and SwiGLU (`layer.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning (`tune.rs`), device
 //! information (`info.rs`), the training layers ([`train`]) — over the checks every entry shares
 //! (`checks.rs`) and the operand types (`operands.rs`). Each entry validates its arguments,
 //! builds its call and hands it to the routing floor (`crate::cuda::route`) or to a library
@@ -18,6 +18,7 @@ mod gemm_group;
 mod grouped;
 mod grouped_fp8;
 mod info;
+mod layer;
 mod operands;
 mod quantize;
 mod settings;
