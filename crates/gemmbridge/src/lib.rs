@@ -29,8 +29,9 @@
 //!   prewarm, tuning, [`cuda::tactics`]) and [`cpu`];
 //! - FP8 formats, recipes and rules: [`fp8`]; convolutions as data: [`conv`]; attention as
 //!   data, with its float64 reference: [`attention`]; mixture-of-experts grouped GEMMs as
-//!   data, with theirs: [`grouped`]; training layers: [`train`] (CPU) and [`cuda::train`]
-//!   (GPU).
+//!   data, with theirs: [`grouped`]; a transformer layer's elementwise operations (RoPE on a
+//!   fused QKV buffer, SwiGLU), their bit-exact f32 arithmetic and float64 references:
+//!   [`layer_ops`]; training layers: [`train`] (CPU) and [`cuda::train`] (GPU).
 #![cfg_attr(
     feature = "dist",
     doc = "- with the `dist` feature: the tensor-parallel split of an MLP block and its CPU arithmetic, [`dist`]."

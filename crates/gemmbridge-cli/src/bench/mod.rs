@@ -9,6 +9,7 @@ pub mod fp8;
 pub mod grouped;
 mod grouped_fp8;
 pub mod launch;
+pub mod layer;
 pub mod report;
 
 use std::io::Write;
@@ -88,6 +89,10 @@ pub struct Args {
     /// grouped_dw (the backward weight); grouped_fp8, grouped_fp8_dx, grouped_fp8_dw (the same
     /// in FP8, per recipe of --grouped-scalings, each with rows <op>_dense: the dense FP8 GEMM
     /// of the same total size; the peer has row-wise rows for the forward and backward data).
+    /// Layer ops (gemmbridge's own memory-bound kernels on LLaMA 3 8B's shapes, per dtype but
+    /// tf32, GPU only; not run by default; reported in TB/s beside a device-to-device copy's;
+    /// their peer is bench/layer_peer.py): rope (RoPE in place on the fused QKV output),
+    /// swiglu, swiglu_bwd.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
@@ -182,6 +187,7 @@ struct Plan {
     conv_ops: Vec<String>,
     attn_ops: Vec<String>,
     grouped_ops: Vec<String>,
+    layer_ops: Vec<String>,
     /// The recipes of the FP8 grouped rows.
     grouped_scalings: Vec<String>,
     launch: bool,
@@ -200,7 +206,7 @@ impl Plan {
         if dtypes.is_empty() && scalings.is_empty() {
             bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
         }
-        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, grouped: grouped_ops, launch } =
+        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, grouped: grouped_ops, layer: layer_ops, launch } =
             parse_ops(&args.ops, true)?;
         // checked whatever --ops holds, as the convolution flags are
         attn::parse_shapes(&args.shared.attn_shapes)?;
@@ -225,6 +231,7 @@ impl Plan {
             && conv_ops.is_empty()
             && attn_ops.is_empty()
             && grouped_ops.is_empty()
+            && layer_ops.is_empty()
         {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
@@ -242,6 +249,7 @@ impl Plan {
             conv_ops,
             attn_ops,
             grouped_ops,
+            layer_ops,
             grouped_scalings,
             launch,
             reps,
@@ -283,11 +291,16 @@ impl Plan {
             eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
             self.scalings.clear();
         }
-        if !self.conv_ops.is_empty() || !self.attn_ops.is_empty() || !self.grouped_ops.is_empty() {
-            eprintln!("  (the convolution, attention and grouped ops need a GPU: skipped)");
+        if !self.conv_ops.is_empty()
+            || !self.attn_ops.is_empty()
+            || !self.grouped_ops.is_empty()
+            || !self.layer_ops.is_empty()
+        {
+            eprintln!("  (the convolution, attention, grouped and layer ops need a GPU: skipped)");
             self.conv_ops.clear();
             self.attn_ops.clear();
             self.grouped_ops.clear();
+            self.layer_ops.clear();
         }
         if self.dtypes.is_empty() {
             bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
@@ -336,6 +349,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             report::table(&rows, peer.as_deref(), true)
         ),
     };
+    if let (false, Some(g)) = (plan.layer_ops.is_empty(), &gpu) {
+        table.push_str(&layer::bench(g, &plan.layer_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+    }
     if let (true, Some(g)) = (plan.launch, &gpu) {
         table.push_str(&launch_rows(g, &plan, &args, &mut sink)?);
     }

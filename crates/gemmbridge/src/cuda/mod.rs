@@ -4,7 +4,8 @@
 //!   [`Gpu::gemm`] / [`Gpu::gemm_fused`] (safe, cudarc buffers) and [`Gpu::gemm_raw`] with
 //!   [`RawOperands`] (unsafe, raw device addresses on the caller's stream); FP8
 //!   ([`Gpu::quantize`], [`Gpu::fp8_gemm`]), convolutions ([`Gpu::conv2d_forward`] and the
-//!   rest), training layers ([`train::Mlp`]).
+//!   rest), training layers ([`train::Mlp`]), RoPE and SwiGLU on gemmbridge's own kernels
+//!   ([`Gpu::rope`], [`Gpu::swiglu`], [`Gpu::swiglu_backward`]).
 //! - [`Backend`]: cuBLAS, cuBLASLt, or Auto (cuBLASLt where it serves).
 //! - [`Gpu::prewarm`], [`Gpu::autotune_raw`] and the [`tactics`] database.
 //! - [`DeviceInfo`]: what `gemmbridge info` prints.

@@ -8,7 +8,7 @@
 //! rotation; the exponential, the sigmoid, the gate and its gradient): gemmbridge's
 //! own GPU kernels (`cuda/device/kernels/layer.cu`) compute exactly these operations in this
 //! order, so their results equal the CPU backend's ([`crate::cpu::rope`],
-//! [`crate::cpu::swiglu`], [`crate::cpu::swiglu_backward`]) bit for bit. [`reference`] holds
+//! [`crate::cpu::swiglu`], [`crate::cpu::swiglu_backward`]) bit for bit. [`mod@reference`] holds
 //! the float64 definitions the accuracy checks compare against.
 //!
 //! # RoPE
