@@ -99,29 +99,26 @@ def main():
     torch = peer.torch
     dts = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     elem = {"bf16": 2, "f16": 2, "f32": 4}
-    out = open(a.out, "w") if a.out else None
-    env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
-               device=torch.cuda.get_device_name(), reps=a.reps, gap_ms=a.gap_ms)
+    out = open(a.out, "w") if a.out else sys.stdout
+    peer.emit(out, dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
+                        device=torch.cuda.get_device_name(), reps=a.reps, gap_ms=a.gap_ms))
     src = torch.zeros(TOKENS * 2 * FFN, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    lines = [env, row("d2d_copy", "bf16", (src.numel(), 1, 1), 4.0 * src.numel(), lambda: dst.copy_(src), a.reps)]
+    peer.emit(out, row("d2d_copy", "bf16", (src.numel(), 1, 1), 4.0 * src.numel(), lambda: dst.copy_(src), a.reps))
+    del src, dst
     for name in dtypes:
         dt, e = dts[name], elem[name]
         for op in ops:
             if op == "rope":
-                lines.append(row(op, name, (TOKENS, HQ + HKV, D), 2.0 * TOKENS * (HQ + HKV) * D * e,
-                                 rope_fn(torch, dt), a.reps))
+                dims, bytes_moved, fn = (TOKENS, HQ + HKV, D), 2.0 * TOKENS * (HQ + HKV) * D * e, rope_fn(torch, dt)
             else:
-                fwd, bwd = swiglu_fns(torch, dt)
-                fn, factor = (fwd, 3.0) if op == "swiglu" else (bwd, 5.0)
-                lines.append(row(op, name, (TOKENS, FFN, 2 * FFN), factor * TOKENS * FFN * e, fn, a.reps))
+                fn = swiglu_fns(torch, dt)[0 if op == "swiglu" else 1]
+                factor = 3.0 if op == "swiglu" else 5.0
+                dims, bytes_moved = (TOKENS, FFN, 2 * FFN), factor * TOKENS * FFN * e
+            peer.emit(out, row(op, name, dims, bytes_moved, fn, a.reps))
+            del fn
             torch.cuda.empty_cache()
-    for line in lines:
-        text = json.dumps(line)
-        print(text, flush=True)
-        if out:
-            out.write(text + "\n")
-    if out:
+    if out is not sys.stdout:
         out.close()
 
 

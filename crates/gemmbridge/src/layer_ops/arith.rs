@@ -1,8 +1,9 @@
 //! The arithmetic of RoPE and SwiGLU, operation by operation: the definition gemmbridge's GPU
 //! kernels (`cuda/device/kernels/layer.cu`) follow in the same order with the same IEEE
 //! operations (their f32 and f64 operations are the correctly rounded `__fmul_rn`,
-//! `__fadd_rn`, `__fsub_rn`, `__frcp_rn`, `__dmul_rn`, `__fma_rn`, never contracted, and no
-//! library function whose result could differ between the two sides), so the CPU backend and
+//! `__fadd_rn`, `__fsub_rn`, `__frcp_rn`, `__fmaf_rn`, `__dmul_rn`, `__fma_rn`, never
+//! contracted: a fused multiply-add is one only where written, here `mul_add`; and no library
+//! function whose result could differ between the two sides), so the CPU backend and
 //! the GPU give the same bits. Every function here is what one element (or one pair) computes;
 //! the inputs are the stored values widened to f32 exactly, and the caller rounds each result
 //! once to the storage type (round to nearest even).
@@ -10,8 +11,8 @@
 //! The exponential and the sine and cosine are written out rather than taken from a math
 //! library (whose last bits differ between CUDA's and the host's): an f64 Cody–Waite
 //! reduction and Taylor polynomials for the rotation's cosine and sine (then rounded to f32),
-//! and an f32 exponential with a Cody–Waite reduction and a degree-6 polynomial (the
-//! coefficients of Cephes' `expf`) for the sigmoid. Both are within a few f32 units in the last
+//! and an f32 exponential with a Cody–Waite reduction and a degree-5 polynomial in fused
+//! multiply-adds (the coefficients of Cephes' `expf`) for the sigmoid. Both are within a few f32 units in the last
 //! place of the true values (the float64 tests bound them).
 
 /// `θ^(−2i/r)` for `i < r/2` (then LLaMA 3's scaling), computed in f64 and rounded once to f32:
@@ -133,19 +134,19 @@ const EXP: [f32; 6] = [
 ];
 
 /// `e^x` for `x ≤ 0` in f32 (NaN stays NaN): 0 below −87; else `j = rint(x·log₂e)`,
-/// `r = (x − j·LN2_HI) − j·LN2_LO`, `e^r = ((r²·P(r)) + r) + 1` with `P` by Horner's rule
-/// (each operation rounded), times `2^j` (exact: the result is normal).
+/// `r = fma(−j, LN2_LO, fma(−j, LN2_HI, x))` (the inner one exact), `e^r = fma(r², P(r), r) + 1`
+/// with `P` by Horner's rule in fused multiply-adds, times `2^j` (exact: the result is normal).
 pub fn exp_neg(x: f32) -> f32 {
     if x < -87.0 {
         return 0.0;
     }
     let j = (x * LOG2E).round_ties_even();
-    let r = (x - j * LN2_HI) - j * LN2_LO;
+    let r = (-j).mul_add(LN2_LO, (-j).mul_add(LN2_HI, x));
     let mut p = EXP[5];
     for c in EXP[..5].iter().rev() {
-        p = p * r + c;
+        p = p.mul_add(r, *c);
     }
-    let e = (r * r * p + r) + 1.0;
+    let e = (r * r).mul_add(p, r) + 1.0;
     // j in −126..=0 for x in −87..=0: a normal power of two; NaN gives j = NaN and e = NaN
     let scale = f32::from_bits((((j as i32) + 127) as u32) << 23);
     e * scale
@@ -171,11 +172,11 @@ pub fn swiglu(g: f32, u: f32) -> f32 {
 }
 
 /// SwiGLU's gradients `(dg, du)` from the output's gradient `dy`:
-/// `dg = (dy·u)·(σ·(1 + g·(1 − σ)))`, `du = dy·(g·σ)` with `σ = sigmoid(g)`, each operation
+/// `dg = (dy·u)·(σ·fma(g, 1 − σ, 1))`, `du = dy·(g·σ)` with `σ = sigmoid(g)`, each operation
 /// rounded in f32.
 pub fn swiglu_grad(dy: f32, g: f32, u: f32) -> (f32, f32) {
     let s = sigmoid(g);
-    let dsilu = s * (1.0 + g * (1.0 - s));
+    let dsilu = s * g.mul_add(1.0 - s, 1.0);
     ((dy * u) * dsilu, dy * (g * s))
 }
 

@@ -23,6 +23,12 @@ __device__ __forceinline__ void from_f(float v, F16* out) {
     out->b = h;
 }
 __device__ __forceinline__ void from_f(float v, BF16* out) {
+#if __CUDA_ARCH__ >= 800
+    // one conversion instruction: round to nearest even, a NaN to a quiet NaN
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    out->b = h;
+#else
     u32 u = __float_as_uint(v);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
         out->b = (u16)((u >> 16) | 0x40u); // NaN stays a (quiet) NaN
@@ -30,6 +36,7 @@ __device__ __forceinline__ void from_f(float v, BF16* out) {
         u += 0x7fffu + ((u >> 16) & 1u); // round to nearest even
         out->b = (u16)(u >> 16);
     }
+#endif
 }
 
 // Eight consecutive elements: one aligned 16-byte access for 16-bit types, two for f32.

@@ -4,8 +4,9 @@
 // Compiled at run time with NVRTC, after elem.cu. Each input is widened to f32 exactly and
 // each result rounded once to the storage type (round to nearest even). Every arithmetic
 // operation is a correctly rounded IEEE operation written as an intrinsic (__fmul_rn,
-// __fadd_rn, __fsub_rn, __frcp_rn, __dmul_rn, __fma_rn), which the compiler never contracts or
-// reorders, and no math-library function is called, so the results equal the CPU's bit for bit.
+// __fadd_rn, __fsub_rn, __frcp_rn, __fmaf_rn, __dmul_rn, __fma_rn), which the compiler never
+// contracts or reorders (a fused multiply-add is one only where written), and no math-library
+// function is called, so the results equal the CPU's bit for bit.
 //
 // RoPE: pair i < r/2 of a head is (x1, x2) = (x[i], x[i + r/2]) ("neox", rotate-half) or
 // (x[2i], x[2i+1]) ("gptj", interleaved), rotated as
@@ -28,7 +29,7 @@
 // SwiGLU over a [rows, 2f] input (rows ld_in apart; g and u its halves, or interleaved
 // g0,u0,g1,u1,…), output [rows, f] (rows ld_out apart):
 //   σ(g) = (g < 0 ? e : 1)·rcp(1 + e),  e = exp_neg(−|g|)
-//   y = (g·σ)·u;   dg = (dy·u)·(σ·(1 + g·(1 − σ))),   du = dy·(g·σ)
+//   y = (g·σ)·u;   dg = (dy·u)·(σ·fma(g, 1 − σ, 1)),   du = dy·(g·σ)
 // dg and du go where g and u lie, in a buffer laid out as the input.
 //   swiglu_T(const T* gu, T* y, long long rows, long long f, long long ld_in, long long ld_out, int il)
 //   dswiglu_T(const T* dy, const T* gu, T* dgu, long long rows, long long f, long long ld_in,
@@ -177,19 +178,20 @@ __device__ __forceinline__ void rope(T* qkv, const RopeShape& sh, const int* pos
 #define K_LN2_LO -2.121944400e-4f
 #define K_LOG2E 1.442695041f
 
-// e^x for x <= 0: 0 below −87; j = rint(x·log2 e), r = (x − j·LN2_HI) − j·LN2_LO,
-// e^r = ((r²·P(r)) + r) + 1 (Cephes' expf polynomial), times 2^j (exact: the result is normal).
+// e^x for x <= 0: 0 below −87; j = rint(x·log2 e), r = fma(−j, LN2_LO, fma(−j, LN2_HI, x)) (the
+// inner one exact), e^r = fma(r², P(r), r) + 1 (Cephes' expf polynomial by Horner's rule in fused
+// multiply-adds), times 2^j (exact: the result is normal).
 __device__ __forceinline__ float exp_neg(float x) {
     if (x < -87.0f) return 0.0f;
     const float j = rintf(__fmul_rn(x, K_LOG2E));
-    const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(j, K_LN2_HI)), __fmul_rn(j, K_LN2_LO));
+    const float r = __fmaf_rn(-j, K_LN2_LO, __fmaf_rn(-j, K_LN2_HI, x));
     float p = 1.9875691500e-4f;
-    p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
-    p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
-    p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
-    p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
-    const float e = __fadd_rn(__fadd_rn(__fmul_rn(__fmul_rn(r, r), p), r), 1.0f);
+    p = __fmaf_rn(p, r, 1.3981999507e-3f);
+    p = __fmaf_rn(p, r, 8.3334519073e-3f);
+    p = __fmaf_rn(p, r, 4.1665795894e-2f);
+    p = __fmaf_rn(p, r, 1.6666665459e-1f);
+    p = __fmaf_rn(p, r, 5.0000001201e-1f);
+    const float e = __fadd_rn(__fmaf_rn(__fmul_rn(r, r), p, r), 1.0f);
     return __fmul_rn(e, __int_as_float(((int)j + 127) << 23));
 }
 
@@ -203,7 +205,7 @@ __device__ __forceinline__ float swiglu(float g, float u) { return __fmul_rn(__f
 
 __device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float* dg, float* du) {
     const float s = sigmoid(g);
-    const float dsilu = __fmul_rn(s, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, s))));
+    const float dsilu = __fmul_rn(s, __fmaf_rn(g, __fsub_rn(1.0f, s), 1.0f));
     *dg = __fmul_rn(__fmul_rn(dy, u), dsilu);
     *du = __fmul_rn(dy, __fmul_rn(g, s));
 }
