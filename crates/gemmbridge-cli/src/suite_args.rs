@@ -6,7 +6,7 @@ use gemmbridge::conv::ConvLayout;
 use gemmbridge::cuda::ConvApi;
 use gemmbridge::Precision;
 
-use crate::bench::{attn, conv, fp8, grouped, norm};
+use crate::bench::{attn, conv, fp8, grouped, layer, norm};
 use crate::ops::{precision_of, OPS};
 use crate::suites::{self, Shape};
 
@@ -80,6 +80,8 @@ pub struct OpList {
     pub grouped: Vec<String>,
     /// RMSNorm ops (benchmark only: nothing to tune).
     pub norm: Vec<String>,
+    /// The layer ops ([`layer::OPS`]; `bench` only).
+    pub layer: Vec<String>,
     pub launch: bool,
 }
 
@@ -135,6 +137,7 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
         attn: Vec::new(),
         grouped: Vec::new(),
         norm: Vec::new(),
+        layer: Vec::new(),
         launch: false,
     };
     let push = |v: &mut Vec<String>, o: &str| {
@@ -157,13 +160,15 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             push(&mut out.grouped, o);
         } else if norm::OPS.contains(&o) && bench_only {
             push(&mut out.norm, o);
+        } else if bench_only && layer::OPS.contains(&o) {
+            push(&mut out.layer, o);
         } else {
             let launch = if with_launch { "launch, " } else { "" };
             let attn: Vec<&str> =
                 attn::OPS.iter().copied().filter(|a| bench_only || !attn::BENCH_ONLY.contains(a)).collect();
             let grouped: Vec<&str> =
                 grouped::OPS.iter().copied().filter(|g| bench_only || !grouped::is_fp8(g)).collect();
-            let norm = if bench_only { format!(", {}", norm::OPS.join(", ")) } else { String::new() };
+            let norm = if bench_only { format!(", {}, {}", norm::OPS.join(", "), layer::OPS.join(", ")) } else { String::new() };
             let grouped = format!(", {}{norm}", grouped.join(", "));
             let attn = format!(", {}{grouped}", attn.join(", "));
             bail!("unknown op {o:?}; choose from {}, {launch}{}, conv{attn}", OPS.join(", "), conv::OPS.join(", "));
@@ -262,7 +267,7 @@ mod tests {
         assert!(o.launch);
         assert_eq!(
             parse_ops(" ", true).unwrap(),
-            OpList { gemm: vec![], conv: vec![], attn: vec![], grouped: vec![], norm: vec![], launch: false }
+            OpList { gemm: vec![], conv: vec![], attn: vec![], grouped: vec![], norm: vec![], layer: vec![], launch: false }
         );
         assert_eq!(parse_ops("attn_fwd_bwd,attn_fwd", true).unwrap().attn, ["attn_fwd_bwd", "attn_fwd"]);
         assert_eq!(parse_ops("attn_fwd", false).unwrap().attn, ["attn_fwd"]);
@@ -290,7 +295,10 @@ mod tests {
             e,
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
              conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fwd_bwd_fp8, attn_fp8_cast, grouped, \
-             grouped_dx, grouped_dw, grouped_fp8, grouped_fp8_dx, grouped_fp8_dw, rmsnorm, rmsnorm_fwd_bwd"
+             grouped_dx, grouped_dw, grouped_fp8, grouped_fp8_dx, grouped_fp8_dw, rmsnorm, rmsnorm_fwd_bwd,
+             rope, swiglu, swiglu_bwd"
         );
+        assert_eq!(parse_ops("swiglu_bwd,rope,swiglu,rope", true).unwrap().layer, ["swiglu_bwd", "rope", "swiglu"]);
+        assert!(parse_ops("rope", false).is_err(), "layer ops have nothing to tune");
     }
 }

@@ -29,10 +29,10 @@
 //! | attention (SDPA) | [`attention`], [`cpu::attention_forward`], [`cpu::attention_backward`] | [`cuda::Gpu::attention_forward`] and the rest (cuDNN) |
 //! | grouped GEMM (mixture of experts) | [`grouped`], [`cpu::grouped_gemm`] | [`cuda::Gpu::grouped_gemm`], [`cuda::Gpu::grouped_fp8_gemm`] |
 //! | RMSNorm (forward, backward) | [`norm`], [`cpu::rms_norm_forward`], [`cpu::rms_norm_backward`] | [`cuda::Gpu::rms_norm_forward`], [`cuda::Gpu::rms_norm_backward`] (cuDNN's norm graph) |
+//! | RoPE, SwiGLU (forward, backward) | [`layer_ops`], [`cpu::rope`], [`cpu::swiglu`], [`cpu::swiglu_backward`] | [`cuda::Gpu::rope`], [`cuda::Gpu::swiglu`], [`cuda::Gpu::swiglu_backward`] (gemmbridge's own kernels) |
 //! | tactic database | [`tactics`] | [`cuda::Plans::load_tactics`] |
 //!
-//! The other transformer-layer pieces (RoPE, SwiGLU, a decoder layer) are not part of the
-//! library yet.
+//! A whole decoder layer built from these calls is not part of the library yet.
 //!
 //! # The problem
 //!
@@ -84,6 +84,7 @@ pub mod epilogue;
 mod error;
 pub mod fp8;
 pub mod grouped;
+pub mod layer_ops;
 mod layout;
 pub mod mapping;
 pub mod norm;

@@ -10,6 +10,7 @@ pub mod grouped;
 mod grouped_fp8;
 pub mod launch;
 pub mod norm;
+pub mod layer;
 pub mod report;
 
 use std::io::Write;
@@ -92,6 +93,10 @@ pub struct Args {
     /// RMSNorm (cuDNN's norm graph, f16 and bf16, 2048 to 32768 rows × 4096, GPU only; not run
     /// by default; its peer is bench/norm_peer.py; rates in TB/s): rmsnorm (the inference
     /// forward), rmsnorm_fwd_bwd (the training forward and the backward).
+    /// Layer ops (gemmbridge's own memory-bound kernels on LLaMA 3 8B's shapes, per dtype but
+    /// tf32, GPU only; not run by default; reported in TB/s beside a device-to-device copy's;
+    /// their peer is bench/layer_ops_peer.py): rope (RoPE in place on the fused QKV output),
+    /// swiglu, swiglu_bwd.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
@@ -187,6 +192,7 @@ struct Plan {
     attn_ops: Vec<String>,
     grouped_ops: Vec<String>,
     norm_ops: Vec<String>,
+    layer_ops: Vec<String>,
     /// The recipes of the FP8 grouped rows.
     grouped_scalings: Vec<String>,
     launch: bool,
@@ -205,7 +211,7 @@ impl Plan {
         if dtypes.is_empty() && scalings.is_empty() {
             bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
         }
-        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, grouped: grouped_ops, norm: norm_ops, launch } =
+        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, grouped: grouped_ops, norm: norm_ops, layer: layer_ops, launch } =
             parse_ops(&args.ops, true)?;
         // checked whatever --ops holds, as the convolution flags are
         attn::parse_shapes(&args.shared.attn_shapes)?;
@@ -231,6 +237,7 @@ impl Plan {
             && attn_ops.is_empty()
             && grouped_ops.is_empty()
             && norm_ops.is_empty()
+            && layer_ops.is_empty()
         {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
@@ -249,6 +256,7 @@ impl Plan {
             attn_ops,
             grouped_ops,
             norm_ops,
+            layer_ops,
             grouped_scalings,
             launch,
             reps,
@@ -293,9 +301,9 @@ impl Plan {
             eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
             self.scalings.clear();
         }
-        if [&self.conv_ops, &self.attn_ops, &self.grouped_ops, &self.norm_ops].iter().any(|o| !o.is_empty()) {
-            eprintln!("  (the convolution, attention, grouped and RMSNorm ops need a GPU: skipped)");
-            for ops in [&mut self.conv_ops, &mut self.attn_ops, &mut self.grouped_ops, &mut self.norm_ops] {
+        if [&self.conv_ops, &self.attn_ops, &self.grouped_ops, &self.norm_ops, &self.layer_ops].iter().any(|o| !o.is_empty()) {
+            eprintln!("  (the convolution, attention, grouped, RMSNorm and layer ops need a GPU: skipped)");
+            for ops in [&mut self.conv_ops, &mut self.attn_ops, &mut self.grouped_ops, &mut self.norm_ops, &mut self.layer_ops] {
                 ops.clear();
             }
         }
@@ -347,6 +355,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             report::table(&rows, peer.as_deref(), true)
         ),
     };
+    if let (false, Some(g)) = (plan.layer_ops.is_empty(), &gpu) {
+        table.push_str(&layer::bench(g, &plan.layer_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+    }
     if let (true, Some(g)) = (plan.launch, &gpu) {
         table.push_str(&launch_rows(g, &plan, &args, &mut sink)?);
     }

@@ -1,8 +1,10 @@
 //! The CPU backend: the same problems over host slices, through the `matrixmultiply` crate's
 //! f32 GEMM (used where no GPU is present, and by the benchmark without a GPU): dense GEMMs
 //! ([`gemm`]), grouped ones ([`grouped_gemm`], `grouped.rs`), attention
-//! ([`attention_forward`], [`attention_backward`], `attention.rs`) and RMSNorm
-//! ([`rms_norm_forward`], [`rms_norm_backward`], `norm.rs`).
+//! ([`attention_forward`], [`attention_backward`], `attention.rs`), RMSNorm
+//! ([`rms_norm_forward`], [`rms_norm_backward`], `norm.rs`) and a transformer layer's
+//! elementwise operations ([`rope`], [`swiglu`], [`swiglu_backward`], `layer.rs`: the GPU
+//! kernels' f32 arithmetic, bit for bit).
 //!
 //! f16/bf16 inputs are widened to f32 (exactly) before the product and a f16/bf16 output is
 //! rounded from the f32 result, which is what f32 accumulation means on the GPU too. tf32 is
@@ -10,10 +12,12 @@
 
 mod attention;
 mod grouped;
+mod layer;
 mod norm;
 
 pub use attention::{attention_backward, attention_forward, MAX_CPU_SCORES};
 pub use grouped::grouped_gemm;
+pub use layer::{rope, swiglu, swiglu_backward};
 pub use norm::{rms_norm_backward, rms_norm_forward, DwSlice};
 
 use crate::dtype::Element;

@@ -8,6 +8,8 @@
 //! [`Gpu::fp8_gemm`]; [`crate::fp8`]), convolutions ([`Gpu::conv2d_forward`] and the rest;
 //! [`crate::conv`]), attention ([`Gpu::attention_forward`] and the rest; [`crate::attention`]),
 //! RMSNorm ([`Gpu::rms_norm_forward`], [`Gpu::rms_norm_backward`]; [`crate::norm`]),
+//! RoPE and SwiGLU on gemmbridge's own kernels ([`Gpu::rope`], [`Gpu::swiglu`],
+//! [`Gpu::swiglu_backward`]; [`crate::layer_ops`]),
 //! grouped GEMMs ([`Gpu::grouped_gemm`]; [`crate::grouped`]), training layers ([`train::Mlp`]).
 //! Settings are one value, [`GpuOptions`], given at creation ([`Gpu::with_options`]) and
 //! changed on a live engine with [`Gpu::update_options`]; [`Plans`] ([`Gpu::plans`]) holds the

@@ -308,6 +308,19 @@ pub enum Error {
         error: Box<Error>,
     },
 
+    /// A transformer layer's elementwise operation (RoPE, SwiGLU) breaks a rule
+    /// ([`crate::layer_ops::Rope::validate`], [`crate::layer_ops::SwiGlu::validate`], the
+    /// positions and tables of a call).
+    #[error("{op}: {what} ({detail})")]
+    LayerOp {
+        /// The operation: "RoPE" or "SwiGLU".
+        op: &'static str,
+        /// The rule broken, e.g. "the rotary dimension is not even, from 2 to the head dimension".
+        what: &'static str,
+        /// The values that broke it.
+        detail: String,
+    },
+
     /// A tensor-parallel split breaks a rule (`dist::check_block`, with the `dist` feature).
     #[cfg_attr(feature = "dist", doc = "")]
     #[cfg_attr(feature = "dist", doc = "The rules: [`crate::dist::check_block`].")]

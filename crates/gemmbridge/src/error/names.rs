@@ -51,6 +51,10 @@ pub enum Which {
     /// An RMSNorm buffer, by its name ([`crate::norm::NormTensor::name`], or `w`, `inv_rms`,
     /// `dw`, `scale`, `amax`).
     Norm(&'static str),
+    /// A buffer of a transformer layer's elementwise operation, by name ([`crate::layer_ops`]:
+    /// RoPE's `qkv`, `positions`, `cos table`, `sin table`; SwiGLU's `gate/up`, `y`, `dy`,
+    /// `gate/up gradient`).
+    LayerOp(&'static str),
 }
 
 impl std::fmt::Display for Which {
@@ -58,6 +62,7 @@ impl std::fmt::Display for Which {
         f.write_str(match self {
             Which::Grouped(name) => return write!(f, "grouped GEMM's {name}"),
             Which::Norm(name) => return write!(f, "RMSNorm's {name}"),
+            Which::LayerOp(name) => return write!(f, "{name}"),
             Which::A => "A",
             Which::B => "B",
             Which::C => "C",

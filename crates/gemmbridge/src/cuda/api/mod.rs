@@ -1,7 +1,7 @@
 //! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability — its
 //! settings (`options.rs`, [`GpuOptions`]), its plans and tactics (`plans.rs`, [`Plans`]), GEMMs
 //! (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions (`conv.rs`), attention
-//! (`attention.rs`), RMSNorm (`norm.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning
+//! (`attention.rs`), RMSNorm (`norm.rs`), RoPE and SwiGLU (`layer.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning
 //! (`tune.rs`), device information (`info.rs`), the training layers ([`train`]) — over
 //! the checks every entry shares (`checks.rs`) and the operand types (`operands.rs`). Each entry
 //! validates its arguments, builds its call and hands it to the routing floor
@@ -19,6 +19,7 @@ mod gemm_group;
 mod grouped;
 mod grouped_fp8;
 mod info;
+mod layer;
 mod norm;
 mod operands;
 mod options;

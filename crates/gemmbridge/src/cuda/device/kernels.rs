@@ -48,6 +48,9 @@ pub(crate) enum KernelSet {
     Train,
     /// The misaligned-operand path's pitched copy with zero fill (`kernels/copy.cu`; any GPU).
     Copy,
+    /// A transformer layer's elementwise operations, RoPE and SwiGLU (`kernels/layer.cu`;
+    /// compute capability 7.0 or later, for its `__grid_constant__` argument).
+    Layer,
 }
 
 impl KernelSet {
@@ -61,8 +64,13 @@ impl KernelSet {
             KernelSet::Fp8 => {
                 (concat!(include_str!("kernels/fp8_chunks.cu"), include_str!("kernels/fp8.cu")), "gemmbridge_fp8.cu")
             }
-            KernelSet::Train => (include_str!("kernels/act.cu"), "gemmbridge_act.cu"),
+            KernelSet::Train => {
+                (concat!(include_str!("kernels/elem.cu"), include_str!("kernels/act.cu")), "gemmbridge_act.cu")
+            }
             KernelSet::Copy => (include_str!("kernels/copy.cu"), "gemmbridge_copy.cu"),
+            KernelSet::Layer => {
+                (concat!(include_str!("kernels/elem.cu"), include_str!("kernels/layer.cu")), "gemmbridge_layer.cu")
+            }
         }
     }
 
@@ -99,6 +107,21 @@ impl KernelSet {
                 DTYPES,
             ),
             KernelSet::Copy => (&["pad_copy"], &["b2", "b4"]),
+            KernelSet::Layer => (
+                &[
+                    "rope_neox_v8",
+                    "rope_neox",
+                    "rope_gptj_v8",
+                    "rope_gptj",
+                    "swiglu",
+                    "dswiglu",
+                    "swiglu_v8",
+                    "swiglu_il_v8",
+                    "dswiglu_v8",
+                    "dswiglu_il_v8",
+                ],
+                DTYPES,
+            ),
         }
     }
 
@@ -110,9 +133,9 @@ impl KernelSet {
             (9, _) => "compute_90",
             (10, _) => "compute_100",
             (12, _) => "compute_120",
-            (8, KernelSet::Train | KernelSet::Copy) => "compute_80",
+            (8, KernelSet::Train | KernelSet::Copy | KernelSet::Layer) => "compute_80",
             (_, KernelSet::Fp8) => "compute_89",
-            (_, KernelSet::Train | KernelSet::Copy) => "compute_70",
+            (_, KernelSet::Train | KernelSet::Copy | KernelSet::Layer) => "compute_70",
         }
     }
 }

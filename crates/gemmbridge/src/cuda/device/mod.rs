@@ -16,6 +16,7 @@ mod copy;
 mod fork;
 mod fp8_cast;
 mod kernels;
+mod layer;
 mod lifetime;
 mod pointer;
 mod replay;
@@ -28,6 +29,7 @@ pub(crate) use copy::{copy_pitched, pad_copy, zero_pitched, PadCopy, Pitched, Sc
 pub(crate) use fork::Lanes;
 pub(crate) use fp8_cast::{enqueue_cast, CastJob};
 pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
+pub(crate) use layer::{GluLaunch, RopeLaunch};
 pub(crate) use lifetime::{capturing, first_stream, keep_primary, Pool, Relaxed, RelaxedDrop};
 pub(crate) use pointer::check_extent;
 pub use replay::GraphReplay;
@@ -70,7 +72,7 @@ pub(crate) struct DeviceState {
     capture_stream: Option<CaptureStream>,
     /// gemmbridge's own kernels, one module per [`KernelSet`] (compiled on first use; for a
     /// primary context shared by every engine of the process, [`kernels::shared`]).
-    kernels: [Option<Arc<Kernels>>; 3],
+    kernels: [Option<Arc<Kernels>>; 4],
     /// The private streams work is forked to ([`Lanes`]; created on first use).
     lanes: Option<Lanes>,
 }
@@ -169,6 +171,7 @@ impl DeviceState {
                         KernelSet::Fp8 => "the first FP8 quantisation; call Gpu::prepare_fp8 before capturing",
                         KernelSet::Train => "the first training step; run one step before capturing",
                         KernelSet::Copy => "the first padded (misaligned) call; call Gpu::prewarm before capturing",
+                        KernelSet::Layer => "the first RoPE or SwiGLU call; make one before capturing",
                     }
                     .into(),
                 });
@@ -223,7 +226,7 @@ impl<L: Resources> Device<L> {
             ctx: stream.context().clone(),
             workspaces: WorkspacePool::new(workspace_bytes),
             capture_stream: None,
-            kernels: [None, None, None],
+            kernels: [None, None, None, None],
             lanes: None,
         };
         let check_raw = AtomicBool::new(CHECK_RAW_DEFAULT);
@@ -316,7 +319,7 @@ impl<L: Resources> Drop for Device<L> {
         }
         st.libs.release();
         st.dev.capture_stream = None;
-        st.dev.kernels = [None, None, None];
+        st.dev.kernels = [None, None, None, None];
         if idle {
             st.dev.workspaces.free_all();
         } else {

@@ -20,36 +20,6 @@
 // tests/train_placement_gpu.rs) and the 8-wide instances against the scalar ones bit for bit
 // (src/cuda/train/kernels.rs).
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-
-struct F16 { u16 b; };
-struct BF16 { u16 b; };
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(F16 v) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.b));
-    return f;
-}
-__device__ __forceinline__ float to_f(BF16 v) { return __uint_as_float(((u32)v.b) << 16); }
-
-__device__ __forceinline__ void from_f(float v, float* out) { *out = v; }
-__device__ __forceinline__ void from_f(float v, F16* out) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    out->b = h;
-}
-__device__ __forceinline__ void from_f(float v, BF16* out) {
-    u32 u = __float_as_uint(v);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        out->b = (u16)((u >> 16) | 0x40u); // NaN stays a (quiet) NaN
-    } else {
-        u += 0x7fffu + ((u >> 16) & 1u); // round to nearest even
-        out->b = (u16)(u >> 16);
-    }
-}
-
 #define K_SQRT_2_OVER_PI 0.7978845608028654f
 #define K_INV_SQRT_2 0.7071067811865476f
 #define K_INV_SQRT_2PI 0.3989422804014327f
@@ -99,9 +69,6 @@ __device__ __forceinline__ float gelu_erf_grad(float x) {
 DEFINE(float, f32)
 DEFINE(F16, f16)
 DEFINE(BF16, bf16)
-
-// Eight consecutive elements: one aligned 16-byte access for 16-bit types, two for f32.
-template <typename T> struct __align__(16) Pack8 { T v[8]; };
 
 template <typename T>
 __device__ __forceinline__ void dact_gelu_tanh_v8(const T* dy, const T* pre, T* out, unsigned n8, unsigned cols8, unsigned ld8) {
