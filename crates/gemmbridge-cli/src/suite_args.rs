@@ -168,7 +168,11 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
                 attn::OPS.iter().copied().filter(|a| bench_only || !attn::BENCH_ONLY.contains(a)).collect();
             let grouped: Vec<&str> =
                 grouped::OPS.iter().copied().filter(|g| bench_only || !grouped::is_fp8(g)).collect();
-            let norm = if bench_only { format!(", {}, {}", norm::OPS.join(", "), layer::OPS.join(", ")) } else { String::new() };
+            let norm = if bench_only {
+                format!(", {}, {}", norm::OPS.join(", "), layer::OPS.join(", "))
+            } else {
+                String::new()
+            };
             let grouped = format!(", {}{norm}", grouped.join(", "));
             let attn = format!(", {}{grouped}", attn.join(", "));
             bail!("unknown op {o:?}; choose from {}, {launch}{}, conv{attn}", OPS.join(", "), conv::OPS.join(", "));
@@ -267,7 +271,15 @@ mod tests {
         assert!(o.launch);
         assert_eq!(
             parse_ops(" ", true).unwrap(),
-            OpList { gemm: vec![], conv: vec![], attn: vec![], grouped: vec![], norm: vec![], layer: vec![], launch: false }
+            OpList {
+                gemm: vec![],
+                conv: vec![],
+                attn: vec![],
+                grouped: vec![],
+                norm: vec![],
+                layer: vec![],
+                launch: false
+            }
         );
         assert_eq!(parse_ops("attn_fwd_bwd,attn_fwd", true).unwrap().attn, ["attn_fwd_bwd", "attn_fwd"]);
         assert_eq!(parse_ops("attn_fwd", false).unwrap().attn, ["attn_fwd"]);
@@ -295,7 +307,7 @@ mod tests {
             e,
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
              conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fwd_bwd_fp8, attn_fp8_cast, grouped, \
-             grouped_dx, grouped_dw, grouped_fp8, grouped_fp8_dx, grouped_fp8_dw, rmsnorm, rmsnorm_fwd_bwd,
+             grouped_dx, grouped_dw, grouped_fp8, grouped_fp8_dx, grouped_fp8_dw, rmsnorm, rmsnorm_fwd_bwd, \
              rope, swiglu, swiglu_bwd"
         );
         assert_eq!(parse_ops("swiglu_bwd,rope,swiglu,rope", true).unwrap().layer, ["swiglu_bwd", "rope", "swiglu"]);

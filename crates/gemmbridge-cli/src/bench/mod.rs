@@ -9,8 +9,8 @@ pub mod fp8;
 pub mod grouped;
 mod grouped_fp8;
 pub mod launch;
-pub mod norm;
 pub mod layer;
+pub mod norm;
 pub mod report;
 
 use std::io::Write;
@@ -211,8 +211,15 @@ impl Plan {
         if dtypes.is_empty() && scalings.is_empty() {
             bail!("no dtype to run: give --dtypes with at least one of f32, tf32, f16, bf16, fp8_e4m3");
         }
-        let OpList { gemm: ops, conv: conv_ops, attn: attn_ops, grouped: grouped_ops, norm: norm_ops, layer: layer_ops, launch } =
-            parse_ops(&args.ops, true)?;
+        let OpList {
+            gemm: ops,
+            conv: conv_ops,
+            attn: attn_ops,
+            grouped: grouped_ops,
+            norm: norm_ops,
+            layer: layer_ops,
+            launch,
+        } = parse_ops(&args.ops, true)?;
         // checked whatever --ops holds, as the convolution flags are
         attn::parse_shapes(&args.shared.attn_shapes)?;
         grouped::parse_backend(&args.grouped_backend)?;
@@ -301,9 +308,14 @@ impl Plan {
             eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
             self.scalings.clear();
         }
-        if [&self.conv_ops, &self.attn_ops, &self.grouped_ops, &self.norm_ops, &self.layer_ops].iter().any(|o| !o.is_empty()) {
+        if [&self.conv_ops, &self.attn_ops, &self.grouped_ops, &self.norm_ops, &self.layer_ops]
+            .iter()
+            .any(|o| !o.is_empty())
+        {
             eprintln!("  (the convolution, attention, grouped, RMSNorm and layer ops need a GPU: skipped)");
-            for ops in [&mut self.conv_ops, &mut self.attn_ops, &mut self.grouped_ops, &mut self.norm_ops, &mut self.layer_ops] {
+            for ops in
+                [&mut self.conv_ops, &mut self.attn_ops, &mut self.grouped_ops, &mut self.norm_ops, &mut self.layer_ops]
+            {
                 ops.clear();
             }
         }
