@@ -106,6 +106,7 @@ def main():
     ap.add_argument("--rows", default=",".join(str(r) for r in ROWS))
     ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     peer.add_timing_args(ap)
+    peer.add_round_args(ap)
     a = ap.parse_args()
     try:
         peer.use_timing_args(a)
@@ -118,32 +119,37 @@ def main():
     if rc:
         return rc
     torch = peer.torch
-    out = open(a.out, "w") if a.out else sys.stdout
-    env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
-               cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(0), reps=a.reps,
-               gap_ms=peer.GAP_MS)
-    print(json.dumps(env), file=out, flush=True)
-    failed = False
     variants = [("d4096", False)] + ([] if a.no_compile else [("d4096+compile", True)])
-    for dtype in dtypes:
-        dt = peer.torch_dtype(dtype)
-        for rows in rows_list:
-            x = torch.randn(rows, FEATURES, device="cuda", dtype=dt)
-            w = torch.randn(FEATURES, device="cuda", dtype=dt)
-            dy = torch.randn(rows, FEATURES, device="cuda", dtype=dt)
-            for op in ops:
-                for layout, compiled in variants:
-                    t = timed(torch, lambda: norm_fn(torch, op, x, w, dy, compiled), a.reps)
-                    rec = record(op, dtype, rows, layout, t)
-                    failed |= "error" in rec and not compiled
-                    print(json.dumps(rec), file=out, flush=True)
-                    print(f"{op:<16} {dtype:<5} {rows:>6}x{FEATURES} {layout:<14} "
-                          f"{rec.get('median_ms', float('nan')):.4f} ms {rec.get('tbps', float('nan')):.2f} TB/s "
-                          f"{rec.get('error', '')}", file=sys.stderr, flush=True)
-            del x, w, dy
-            torch.cuda.empty_cache()
-    return 1 if failed else 0
 
+    def one_run(out):
+        env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(0), reps=a.reps,
+                   gap_ms=peer.GAP_MS)
+        print(json.dumps(env), file=out, flush=True)
+        failed = False
+        for dtype in dtypes:
+            dt = peer.torch_dtype(dtype)
+            for rows in rows_list:
+                x = torch.randn(rows, FEATURES, device="cuda", dtype=dt)
+                w = torch.randn(FEATURES, device="cuda", dtype=dt)
+                dy = torch.randn(rows, FEATURES, device="cuda", dtype=dt)
+                for op in ops:
+                    for layout, compiled in variants:
+                        t = timed(torch, lambda: norm_fn(torch, op, x, w, dy, compiled), a.reps)
+                        rec = record(op, dtype, rows, layout, t)
+                        failed |= "error" in rec and not compiled
+                        print(json.dumps(rec), file=out, flush=True)
+                        print(f"{op:<16} {dtype:<5} {rows:>6}x{FEATURES} {layout:<14} "
+                              f"{rec.get('median_ms', float('nan')):.4f} ms {rec.get('tbps', float('nan')):.2f} TB/s "
+                              f"{rec.get('error', '')}", file=sys.stderr, flush=True)
+                del x, w, dy
+                torch.cuda.empty_cache()
+        return 1 if failed else 0
+
+    try:
+        return peer.alternate(a, one_run)
+    except peer.UsageError as e:
+        ap.error(str(e))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -54,6 +54,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -293,6 +294,55 @@ def add_timing_args(ap):
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="idle GPU time before each row's warm-up, ms (as gemmbridge bench --gap-ms)")
     ap.add_argument("--out")
+
+
+def add_round_args(ap):
+    """--rounds and --between: several runs from one process, the other side's command between
+    them, so that a peer whose functions take long to compile (torch.compile) alternates with
+    gemmbridge on one warm GPU without compiling again for each run."""
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs to make, each a run of its own in --out (lines tagged {\"run\": N} when above 1)")
+    ap.add_argument("--between", default="",
+                    help="shell command run after each run, {round} replaced by the run's number "
+                         "(e.g. the gemmbridge bench of the same rows writing ours-{round}.jsonl)")
+
+
+class _Tagged:
+    """A text stream that tags every JSON object line with {"run": n} before writing it on."""
+
+    def __init__(self, inner, n):
+        self.inner, self.n, self.buf = inner, n, ""
+
+    def write(self, text):
+        self.buf += text
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            if line.startswith("{"):
+                line = json.dumps(dict(run=self.n, **json.loads(line)))
+            self.inner.write(line + "\n")
+
+    def flush(self):
+        self.inner.flush()
+
+
+def alternate(a, one_run):
+    """Calls one_run(out) --rounds times, each run's lines tagged with its number when there are
+    several, and runs --between after each (its failure is reported, not fatal). The largest
+    status one_run returned."""
+    if a.rounds < 1:
+        raise UsageError("--rounds needs at least 1")
+    base = open(a.out, "w") if a.out else sys.stdout
+    rc = 0
+    for n in range(1, a.rounds + 1):
+        rc = max(rc, one_run(_Tagged(base, n) if a.rounds > 1 else base) or 0)
+        base.flush()
+        if a.between:
+            done = subprocess.run(a.between.replace("{round}", str(n)), shell=True, check=False)
+            if done.returncode:
+                print(f"--between (run {n}) exited with {done.returncode}", file=sys.stderr, flush=True)
+    if base is not sys.stdout:
+        base.close()
+    return rc
 
 
 def use_timing_args(a):
