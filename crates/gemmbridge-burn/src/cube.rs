@@ -207,7 +207,12 @@ impl Call<'_> {
         // the caller's contract; gemmbridge checks their lengths and alignment against the
         // layouts.
         let r = unsafe {
-            self.gpu.gemm_raw(&self.p.problem, Scale::PRODUCT, RawOperands { a: ba, b: bb, c: bc, bias, aux: None }, s)
+            self.gpu.gemm_raw(
+                &self.p.problem,
+                Scale::PRODUCT,
+                RawOperands { a: ba, b: bb, c: bc, c_in: None, bias, aux: None },
+                s,
+            )
         };
         r.map_err(|e| Fallback::Problem(e.to_string()))
     }

@@ -100,6 +100,42 @@ pub fn check_epilogue(
     Ok(())
 }
 
+/// Checks a read-only C given apart from the output D (`c_in`; `c` is D): C's dtype, null,
+/// alignment and length as D's own (the problem's one C layout, the output dtype), and that
+/// no operand the call writes (D, a written aux or bias gradient) shares a byte with it. A
+/// `c_in` at D's own address is the in-place call, accepted as such (nothing more checked);
+/// one that overlaps D elsewhere is refused. C is checked even where β = 0 leaves it unread.
+///
+/// # Errors
+/// As [`check_buffers`] for [`Which::CIn`], then [`Error::OutputOverlapsInput`] naming the
+/// written operand and [`Which::CIn`].
+pub fn check_c_in(
+    p: &GemmProblem,
+    [a, b, c]: [BufferDesc; 3],
+    c_in: BufferDesc,
+    bias: Option<BufferDesc>,
+    aux: Option<BufferDesc>,
+) -> Result<()> {
+    if c_in.address == c.address {
+        return Ok(());
+    }
+    let batch = if p.is_empty() { 0 } else { p.batch() };
+    let r = check_one(Which::CIn, c_in, p.precision().output(), p.c(), batch)?;
+    for (which, w, writes) in spans(p, [a, b, c], bias, aux)? {
+        if writes && w.start < w.end && r.start < r.end && w.start < r.end && r.start < w.end {
+            return Err(Error::OutputOverlapsInput {
+                output: which,
+                input: Which::CIn,
+                out_start: w.start,
+                out_end: w.end,
+                in_start: r.start,
+                in_end: r.end,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Every operand of a call with the bytes the call may touch and whether it writes them: A,
 /// B and C, then the epilogue's bias and aux where given (those checked as [`check_buffers`]
 /// checks A–C).

@@ -20,6 +20,34 @@ fn run_all<TI: Element, TO: Element>(precision: Precision) {
     }
 }
 
+/// `D = α·A·B + β·C_in` with C_in apart from D: C_in untouched, D as the in-place call's C,
+/// D's padding untouched.
+fn run_c_in<TI: Element, TO: Element>(precision: Precision) {
+    let mut rng = rng();
+    for case in cases(&[(7, 33, 5), (17, 9, 33)]) {
+        for (alpha, beta) in [(1.0f32, 1.0f32), (1.0, 0.5), (-0.5, 0.0)] {
+            let p = case.problem(precision);
+            let ops = operands::<TI, TO>(&mut rng, &p, alpha as f64, beta as f64);
+            let before = poison::<TO>(ops.c.len());
+            let mut d = before.clone();
+            cpu::gemm_c_in(&p, (alpha, beta), &ops.a, &ops.b, &ops.c, &mut d).unwrap();
+            check(&format!("cpu c_in {precision} α={alpha} β={beta}"), &p, &before, &d, &ops.reference);
+        }
+    }
+}
+
+#[test]
+fn a_separate_c_is_read_and_left_alone() {
+    run_c_in::<f32, f32>(Precision::F32);
+    run_c_in::<bf16, bf16>(Precision::BF16);
+    let p = GemmProblem::matmul(2, 2, 2, Precision::F32).unwrap();
+    let (a, b, c_in) = ([1.0f32; 4], [1.0f32; 4], [1.0f32; 3]);
+    let mut d = [f32::NAN; 4];
+    let e = cpu::gemm_c_in(&p, (1.0, 1.0), &a, &b, &c_in, &mut d).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { operand: Which::CIn, .. }), "{e}");
+    assert!(d.iter().all(|v| v.is_nan()), "written on error");
+}
+
 #[test]
 fn f32_matches_reference() {
     run_all::<f32, f32>(Precision::F32);

@@ -269,7 +269,14 @@ fn graph_capture_after_prewarm() {
         gpu.gemm_raw(
             &call.p,
             Scale::PRODUCT,
-            RawOperands { a: call.ra, b: call.rw, c: call.rc, bias: call.extras.bias, aux: call.extras.aux },
+            RawOperands {
+                a: call.ra,
+                b: call.rw,
+                c: call.rc,
+                bias: call.extras.bias,
+                aux: call.extras.aux,
+                c_in: None,
+            },
             s.cu_stream(),
         )
     }
@@ -294,7 +301,7 @@ fn prewarm_capture_replay(gpu: &Gpu, call: GeluBiasCall, n: usize) -> f64 {
             gpu.gemm_raw(
                 &p,
                 Scale::PRODUCT,
-                RawOperands { a: ra, b: rw, c: rc, bias: extras.bias, aux: extras.aux },
+                RawOperands { a: ra, b: rw, c: rc, bias: extras.bias, aux: extras.aux, c_in: None },
                 s.cu_stream(),
             )
         }
@@ -378,7 +385,7 @@ fn graph_replay_steps_aside_during_capture() {
         gpu.gemm_raw(
             &p,
             Scale::PRODUCT,
-            RawOperands { a: ra, b: rw, c: rc, bias: extras.bias, aux: extras.aux },
+            RawOperands { a: ra, b: rw, c: rc, bias: extras.bias, aux: extras.aux, c_in: None },
             s.cu_stream(),
         )
     };
@@ -403,7 +410,7 @@ fn graph_replay_steps_aside_during_capture() {
         gpu.gemm_raw(
             &p,
             Scale::new(0.5, 0.0),
-            RawOperands { a: ra, b: rw, c: rc, bias: extras.bias, aux: extras.aux },
+            RawOperands { a: ra, b: rw, c: rc, bias: extras.bias, aux: extras.aux, c_in: None },
             s.cu_stream(),
         )
     };

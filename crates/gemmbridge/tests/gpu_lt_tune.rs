@@ -83,7 +83,7 @@ fn autotune_searches_tiny_problems() {
             gpu.autotune_raw(
                 &p,
                 Scale::PRODUCT,
-                RawOperands { a: raw(&da, &s), b: raw(&db, &s), c: rc, bias: extras.bias, aux: extras.aux },
+                RawOperands { a: raw(&da, &s), b: raw(&db, &s), c: rc, bias: extras.bias, aux: extras.aux, c_in: None },
                 TuneOptions::default(),
             )
         }
@@ -97,7 +97,7 @@ fn autotune_searches_tiny_problems() {
             gpu.gemm_raw(
                 &p,
                 Scale::PRODUCT,
-                RawOperands { a: raw(&da, &s), b: raw(&db, &s), c: rc, bias: extras.bias, aux: extras.aux },
+                RawOperands { a: raw(&da, &s), b: raw(&db, &s), c: rc, bias: extras.bias, aux: extras.aux, c_in: None },
                 s.cu_stream(),
             )
         }
@@ -138,7 +138,7 @@ fn autotune_fused_epilogue_stays_correct() {
         gpu.autotune_raw(
             &p,
             Scale::PRODUCT,
-            RawOperands { a: raw(&dx, &s), b: raw(&dw, &s), c: rc, bias: extras.bias, aux: extras.aux },
+            RawOperands { a: raw(&dx, &s), b: raw(&dw, &s), c: rc, bias: extras.bias, aux: extras.aux, c_in: None },
             TuneOptions::default(),
         )
     }

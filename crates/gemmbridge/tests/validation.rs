@@ -1,6 +1,6 @@
 //! Validation that needs no GPU: overflow, α = 0, empty problems, epilogue operands.
 
-use gemmbridge::validate::{check_epilogue, BufferDesc};
+use gemmbridge::validate::{check_c_in, check_epilogue, BufferDesc};
 use gemmbridge::{cpu, DType, Epilogue, Error, GemmProblem, MatrixLayout, Operand, Precision, Which, MAX_DIM};
 
 #[test]
@@ -167,4 +167,26 @@ fn aux_layout_only_for_aux_epilogues_and_huge_n_is_an_error() {
     assert!(matches!(e, Error::EpilogueOperand { operand: "aux", .. }), "{e}");
     let e = GemmProblem::matmul(1, usize::MAX, 1, Precision::BF16).unwrap_err();
     assert!(matches!(e, Error::DimensionTooLarge { .. }), "{e}");
+}
+
+#[test]
+fn a_separate_c_is_checked_against_every_written_operand() {
+    // 4×6×5 bf16: A 20 elems (40 B), B 30 (60 B), C 24 (48 B)
+    let p = GemmProblem::matmul(4, 6, 5, Precision::BF16).unwrap();
+    let abc = [desc(0x1000, 40, DType::BF16), desc(0x2000, 60, DType::BF16), desc(0x3000, 48, DType::BF16)];
+    check_c_in(&p, abc, desc(0x4000, 48, DType::BF16), None, None).unwrap();
+    // C_in at D's address is the in-place call; reading A's bytes is harmless
+    check_c_in(&p, abc, desc(0x3000, 48, DType::BF16), None, None).unwrap();
+    check_c_in(&p, abc, desc(0x1000, 48, DType::BF16), None, None).unwrap();
+    let e = check_c_in(&p, abc, desc(0x3010, 48, DType::BF16), None, None).unwrap_err();
+    assert!(matches!(e, Error::OutputOverlapsInput { output: Which::C, input: Which::CIn, .. }), "{e}");
+    let e = check_c_in(&p, abc, desc(0x4000, 46, DType::BF16), None, None).unwrap_err();
+    assert!(matches!(e, Error::BufferTooSmall { operand: Which::CIn, needed_elems: 24, .. }), "{e}");
+    let e = check_c_in(&p, abc, desc(0x4000, 48, DType::F16), None, None).unwrap_err();
+    assert!(matches!(e, Error::DTypeMismatch { operand: Which::CIn, .. }), "{e}");
+    // a written aux may not overlap it either
+    let aux = p.with_epilogue(Epilogue::GeluAux).unwrap();
+    let e =
+        check_c_in(&aux, abc, desc(0x5000, 48, DType::BF16), None, Some(desc(0x5000, 64, DType::BF16))).unwrap_err();
+    assert!(matches!(e, Error::OutputOverlapsInput { output: Which::Aux, input: Which::CIn, .. }), "{e}");
 }

@@ -264,7 +264,14 @@ impl Worker {
             sh.gpus[bk].gemm_raw(
                 &sh.cases[ci].problem,
                 Scale::new(alpha, beta),
-                RawOperands { a: d.raw[0], b: d.raw[1], c: d.raw[2], bias: d.extras.bias, aux: d.extras.aux },
+                RawOperands {
+                    a: d.raw[0],
+                    b: d.raw[1],
+                    c: d.raw[2],
+                    bias: d.extras.bias,
+                    aux: d.extras.aux,
+                    c_in: None,
+                },
                 self.stream.cu_stream(),
             )
         };

@@ -93,7 +93,12 @@ fn dense<T: Element + DeviceRepr + ValidAsZeroBits>(
     let bias = (p.epilogue() != Epilogue::None).then(|| r(&bias));
     // SAFETY: live buffers of this context, sized by the problem, used on gpu.stream() only.
     let out = unsafe {
-        gpu.autotune_raw(&p, Scale::PRODUCT, RawOperands { a: r(&x), b: r(&w), c: rc, bias, aux: None }, opts)
+        gpu.autotune_raw(
+            &p,
+            Scale::PRODUCT,
+            RawOperands { a: r(&x), b: r(&w), c: rc, c_in: None, bias, aux: None },
+            opts,
+        )
     }?;
     Ok(out)
 }

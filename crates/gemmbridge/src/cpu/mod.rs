@@ -1,10 +1,10 @@
 //! The CPU backend: the same problems over host slices, through the `matrixmultiply` crate's
 //! f32 GEMM (used where no GPU is present, and by the benchmark without a GPU): dense GEMMs
-//! ([`gemm`]), grouped ones ([`grouped_gemm`], `grouped.rs`), attention
-//! ([`attention_forward`], [`attention_backward`], `attention.rs`), RMSNorm
-//! ([`rms_norm_forward`], [`rms_norm_backward`], `norm.rs`) and a transformer layer's
-//! elementwise operations ([`rope`], [`swiglu`], [`swiglu_backward`], `layer.rs`: the GPU
-//! kernels' f32 arithmetic, bit for bit).
+//! ([`gemm`], and [`gemm_c_in`] with a read-only C apart from the output), grouped ones
+//! ([`grouped_gemm`], `grouped.rs`), attention ([`attention_forward`], [`attention_backward`],
+//! `attention.rs`), RMSNorm ([`rms_norm_forward`], [`rms_norm_backward`], `norm.rs`) and a
+//! transformer layer's elementwise operations ([`rope`], [`swiglu`], [`swiglu_backward`],
+//! `layer.rs`: the GPU kernels' f32 arithmetic, bit for bit).
 //!
 //! f16/bf16 inputs are widened to f32 (exactly) before the product and a f16/bf16 output is
 //! rounded from the f32 result, which is what f32 accumulation means on the GPU too. tf32 is
@@ -24,7 +24,7 @@ use crate::dtype::Element;
 use crate::error::Result;
 use crate::layout::{Op, Operand};
 use crate::problem::GemmProblem;
-use crate::validate::{check_buffers, BufferDesc};
+use crate::validate::{check_buffers, check_c_in, BufferDesc};
 
 fn host_desc<T: Element>(s: &[T]) -> BufferDesc {
     BufferDesc { address: s.as_ptr() as u64, len_bytes: std::mem::size_of_val(s), dtype: T::DTYPE }
@@ -143,4 +143,39 @@ pub fn gemm<TI: Element, TO: Element>(
         }
     }
     Ok(())
+}
+
+/// `D = α·op(A)·op(B) + β·C_in` on the CPU: [`gemm`] with C read from `c_in` and written to
+/// `d` only (the GPU's [`Extras::c_in`](crate::cuda::Extras::c_in)). Both are laid out as the
+/// problem's C, of its output dtype; C_in is left untouched, and with β = 0 it is not read.
+/// The elements `d` addresses are C_in's copied, then [`gemm`] runs on `d` in place, so every
+/// rule of [`gemm`] holds (its quick return for α = 0 and β = 1 leaves D = C_in).
+///
+/// # Errors
+/// As [`gemm`], and for `c_in` as for C ([`Which::CIn`](crate::Which::CIn)). Nothing is
+/// written on error.
+pub fn gemm_c_in<TI: Element, TO: Element>(
+    p: &GemmProblem,
+    (alpha, beta): (f32, f32),
+    a: &[TI],
+    b: &[TI],
+    c_in: &[TO],
+    d: &mut [TO],
+) -> Result<()> {
+    let descs = [host_desc(a), host_desc(b), host_desc(d)];
+    check_buffers(p, descs[0], descs[1], descs[2])?;
+    check_c_in(p, descs, host_desc(c_in), None, None)?;
+    if p.epilogue() != crate::Epilogue::None {
+        return gemm(p, alpha, a, b, beta, d); // its error, before anything is written
+    }
+    if beta != 0.0 && !p.is_empty() {
+        let l = p.c();
+        for bt in 0..p.batch() {
+            for i in 0..l.rows {
+                let at = l.offset(bt, i, 0);
+                d[at..at + l.cols].copy_from_slice(&c_in[at..at + l.cols]);
+            }
+        }
+    }
+    gemm(p, alpha, a, b, beta, d)
 }

@@ -42,8 +42,11 @@ pub(crate) struct GemmCall<'a> {
     pub cm: ColMajorCall,
     pub alpha: f32,
     pub beta: f32,
-    /// Row-major A, B, C.
+    /// Row-major A, B, C (C is the output, cuBLASLt's D).
     pub abc: (u64, u64, u64),
+    /// A read-only C laid out as C, read instead of C (validated apart from every written
+    /// operand); `None`: C is read in place. Never C's own address.
+    pub c_in: Option<u64>,
     pub bias: Option<u64>,
     pub aux: Option<u64>,
     pub stream: CUstream,

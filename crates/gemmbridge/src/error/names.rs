@@ -8,8 +8,12 @@ pub enum Which {
     A,
     /// The right operand, `op(B)` of shape `[k, n]`.
     B,
-    /// The output (and, when β ≠ 0, input) `C` of shape `[m, n]`.
+    /// The output (and, when β ≠ 0 and no separate C is given, input) `C` of shape `[m, n]`
+    /// (cuBLASLt's D).
     C,
+    /// A read-only C `[m, n]` given apart from the output (`Extras::c_in`,
+    /// `RawOperands::c_in`): `D = α·op(A)·op(B) + β·C_in`, with C_in's layout and dtype D's.
+    CIn,
     /// The epilogue's vector: a bias `[n]` it reads or a bias gradient (`[m]` or `[n]`) it
     /// writes.
     Bias,
@@ -66,6 +70,7 @@ impl std::fmt::Display for Which {
             Which::A => "A",
             Which::B => "B",
             Which::C => "C",
+            Which::CIn => "C (the read-only input c_in)",
             Which::Bias => "bias",
             Which::Aux => "aux",
             Which::Source => "quantisation source",

@@ -80,7 +80,7 @@ impl Gpu {
         B: DevicePtr<TI>,
         C: DevicePtrMut<TO>,
     {
-        let Extras { bias, bias_grad, aux_in, aux_out } = extras;
+        let Extras { c_in, bias, bias_grad, aux_in, aux_out } = extras;
         // Every operand in this Gpu's context (checked without allocating: this is the
         // per-call path).
         let ctx = self.context();
@@ -89,6 +89,7 @@ impl Gpu {
         same(Which::B, b.stream())?;
         same(Which::C, c.stream())?;
         let extra_streams = [
+            (Which::CIn, c_in.as_ref().map(|v| v.stream())),
             (Which::Bias, bias.as_ref().map(|v| v.stream())),
             (Which::Bias, bias_grad.as_ref().map(|v| v.stream())),
             (Which::Aux, aux_in.as_ref().map(|v| v.stream())),
@@ -105,6 +106,7 @@ impl Gpu {
         let (pa, _ra) = a.device_ptr(s);
         let (pb, _rb) = b.device_ptr(s);
         let (pc, _wc) = c.device_ptr_mut(s);
+        let (pci, ci_len, _gci) = either_ptr(c_in, None, s);
         let (pv, vec_len, _gv) = either_ptr(bias, bias_grad, s);
         let (px, aux_len, _gx) = either_ptr(aux_in, aux_out, s);
         let raw = |address, len_bytes| RawBuffer { address, len_bytes };
@@ -113,7 +115,11 @@ impl Gpu {
             BufferDesc { address: pb, len_bytes: lb, dtype: TI::DTYPE },
             BufferDesc { address: pc, len_bytes: lc, dtype: TO::DTYPE },
         ];
-        let extras = RawExtras { bias: pv.map(|a| raw(a, vec_len)), aux: px.map(|a| raw(a, aux_len)) };
+        let extras = RawExtras {
+            c_in: pci.map(|a| raw(a, ci_len)),
+            bias: pv.map(|a| raw(a, vec_len)),
+            aux: px.map(|a| raw(a, aux_len)),
+        };
         // SAFETY: every address comes from a live cudarc allocation of this context, borrowed
         // for this call (cudarc's events, recorded when the guards drop after the enqueue,
         // order later uses); validation checks lengths against the layouts.
@@ -121,7 +127,8 @@ impl Gpu {
     }
 
     /// `C = epilogue(α·op(A)·op(B) + β·C)` on device memory given by address ([`RawOperands`]:
-    /// A, B, C and the epilogue's operands, named), enqueued on `stream`, with `scale`'s α and
+    /// A, B, C, a separate read-only C if given, and the epilogue's operands, named), enqueued
+    /// on `stream`, with `scale`'s α and
     /// β. Zero-copy interop with other frameworks' buffers; returns once the GEMM is enqueued.
     /// The epilogue's rules are [`Gpu::gemm_fused`]'s.
     ///
@@ -172,6 +179,11 @@ impl Gpu {
         for (which, e, _) in crate::validate::spans(p, descs, extras.bias.map(d), extras.aux.map(d))? {
             check_extent(which, e.start, (e.end - e.start) as usize, ordinal)?;
         }
+        if let Some(ci) = extras.c_in.filter(|ci| ci.address != descs[2].address) {
+            let batch = if p.is_empty() { 0 } else { p.batch() };
+            let bytes = p.c().required_elems(batch).unwrap_or(0).saturating_mul(out.size_bytes());
+            check_extent(Which::CIn, ci.address, bytes, ordinal)?;
+        }
         Ok(())
     }
 
@@ -216,6 +228,7 @@ impl Gpu {
             alpha: scale.alpha,
             beta: scale.beta,
             abc: (a, b, c),
+            c_in: extras.c_in.map(|r| r.address).filter(|&ci| ci != c),
             bias: extras.bias.map(|r| r.address),
             aux: extras.aux.map(|r| r.address),
             stream,

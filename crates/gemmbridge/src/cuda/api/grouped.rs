@@ -193,7 +193,7 @@ impl Gpu {
             let batched = g.batched(p.groups())?;
             let dtypes = [p.precision().input(), p.precision().input(), p.precision().output()];
             let descs = [0, 1, 2].map(|i| BufferDesc { address: bufs[i].0, len_bytes: bufs[i].1, dtype: dtypes[i] });
-            let extras = RawExtras { bias: None, aux: None };
+            let extras = RawExtras::default();
             check_all(&batched, descs, extras)?;
             // SAFETY: checked just above on live buffers (the caller's contract).
             return unsafe { self.enqueue_checked(&batched, Scale::PRODUCT, descs, extras, stream) };
@@ -448,7 +448,7 @@ fn group_gemms(
             let (address, len_bytes) = slice(v, at);
             RawBuffer { address, len_bytes }
         });
-        check_all(g, descs, RawExtras { bias, aux: None })?;
+        check_all(g, descs, RawExtras { bias, ..RawExtras::default() })?;
         if !g.is_empty() {
             let abc = (descs[0].address, descs[1].address, descs[2].address);
             out.push(GroupGemm { p: *g, abc, bias: bias.map(|b| b.address) });

@@ -150,7 +150,8 @@ impl Gpu {
             (a.address, b.address, c.address),
             extras.bias.map(|v| v.address),
             extras.aux.map(|v| v.address),
-        );
+        )
+        .with_c_in(extras.c_in.map(|v| v.address).filter(|&ci| ci != c.address));
         // under this Gpu's SM count target: candidates planned and timed for those SMs, the
         // entry's signature ends in " sm<count>" so that only calls under that target use it
         let key = PlanKey { sm_count: lt.sm_count, ..PlanKey::of(p, cm, &ops, ws.matmul_bytes) };

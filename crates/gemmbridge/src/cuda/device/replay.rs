@@ -103,8 +103,8 @@ pub(crate) struct ReplayKey<K> {
     /// The stream handle the graph is launched on.
     pub stream: usize,
     /// The operand addresses the launch reads and writes (for a GEMM: first and second
-    /// column-major operand, C/D, bias, aux; 0 when absent).
-    pub operands: [u64; 5],
+    /// column-major operand, D, a separate C, bias, aux; 0 when absent).
+    pub operands: [u64; 6],
     /// α and β as bit patterns.
     pub scalars: [u32; 2],
     /// The workspace address the launch was given.
@@ -114,7 +114,7 @@ pub(crate) struct ReplayKey<K> {
 impl<K> ReplayKey<K> {
     /// The key of a launch of `plan` on `operands` with α, β, the workspace at `workspace` and
     /// `stream`.
-    pub fn new(plan: K, operands: [u64; 5], (alpha, beta): (f32, f32), workspace: u64, stream: CUstream) -> Self {
+    pub fn new(plan: K, operands: [u64; 6], (alpha, beta): (f32, f32), workspace: u64, stream: CUstream) -> Self {
         ReplayKey { plan, stream: stream as usize, operands, scalars: [alpha.to_bits(), beta.to_bits()], workspace }
     }
 }
@@ -293,7 +293,7 @@ mod tests {
 
     /// A key of a backend whose plan key is a number.
     fn key(c: u64) -> ReplayKey<u32> {
-        ReplayKey::new(64, [0x2000, 0x1000, c, 0, 0], (0.0, 0.0), 0x9000, 7 as CUstream)
+        ReplayKey::new(64, [0x2000, 0x1000, c, 0, 0, 0], (0.0, 0.0), 0x9000, 7 as CUstream)
     }
 
     #[test]

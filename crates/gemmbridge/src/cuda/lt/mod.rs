@@ -119,7 +119,7 @@ impl LtState {
     /// its stream, a live stream of the current context.
     pub unsafe fn enqueue(&mut self, dev: &mut DeviceState, call: &GemmCall) -> std::result::Result<(), LtFailure> {
         let p = call.problem;
-        let mine = LtOperands::new(&call.cm, call.abc, call.bias, call.aux);
+        let mine = LtOperands::new(&call.cm, call.abc, call.bias, call.aux).with_c_in(call.c_in);
         let describe = || p.describe();
         let ws = dev.workspaces.get(call.stream, &describe)?;
         let staged = staging(call, &ws)?;

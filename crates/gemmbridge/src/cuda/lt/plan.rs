@@ -38,7 +38,8 @@ pub(crate) struct PlanKey {
     /// Aux leading dimension and batch stride, in elements (0 when there is no aux).
     pub aux_ld: i64,
     pub aux_stride: i64,
-    /// Alignment classes of A_cm, B_cm, C/D and the bias (bytes, ≤ 256).
+    /// Alignment classes of A_cm, B_cm, C/D (the lesser of C's and D's where C is apart) and
+    /// the bias (bytes, ≤ 256).
     pub align: [u32; 4],
     /// Workspace the algorithm may use, in bytes.
     pub workspace: usize,
@@ -59,7 +60,12 @@ impl PlanKey {
             epilogue: p.epilogue(),
             aux_ld,
             aux_stride,
-            align: [alignment(ops.first), alignment(ops.second), alignment(ops.c), ops.bias.map_or(256, alignment)],
+            align: [
+                alignment(ops.first),
+                alignment(ops.second),
+                alignment(ops.c).min(ops.c_in.map_or(256, alignment)),
+                ops.bias.map_or(256, alignment),
+            ],
             workspace,
             sm_count: 0,
         }
@@ -98,12 +104,15 @@ pub(crate) fn signature(key: &PlanKey) -> String {
 }
 
 /// The operands of one cuBLASLt launch by device address, in the column-major call's order
-/// (`first` is the row-major B: [`ColMajorCall::operands`]). C is also D (in place).
+/// (`first` is the row-major B: [`ColMajorCall::operands`]). `c` is D, and C too unless
+/// `c_in` is given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LtOperands {
     pub first: u64,
     pub second: u64,
     pub c: u64,
+    /// C read apart from D (same layout); `None`: C is D (in place).
+    pub c_in: Option<u64>,
     /// The bias the epilogue reads or the bias gradient it writes.
     pub bias: Option<u64>,
     /// The aux matrix the epilogue reads or writes.
@@ -114,12 +123,18 @@ impl LtOperands {
     /// The operands of `call` for the row-major A, B and C.
     pub fn new(call: &ColMajorCall, (a, b, c): (u64, u64, u64), bias: Option<u64>, aux: Option<u64>) -> LtOperands {
         let (first, second) = call.operands(a, b);
-        LtOperands { first, second, c, bias, aux }
+        LtOperands { first, second, c, c_in: None, bias, aux }
+    }
+
+    /// The same with C read from `c_in` (`None`: in place).
+    pub fn with_c_in(self, c_in: Option<u64>) -> LtOperands {
+        LtOperands { c_in, ..self }
     }
 
     /// Every address, absent ones as 0 (a replay key's operands).
-    pub fn addresses(&self) -> [u64; 5] {
-        [self.first, self.second, self.c, self.bias.unwrap_or(0), self.aux.unwrap_or(0)]
+    pub fn addresses(&self) -> [u64; 6] {
+        let (bias, aux, c_in) = (self.bias.unwrap_or(0), self.aux.unwrap_or(0), self.c_in.unwrap_or(0));
+        [self.first, self.second, self.c, c_in, bias, aux]
     }
 }
 
@@ -211,8 +226,9 @@ impl Plan {
         algo_check(h, &self.desc, [&self.a, &self.b, &self.c, &self.c], algo.data)
     }
 
-    /// Enqueues `D = epilogue(α·opa(A)·opb(B) + β·C)` with C = D in place, with `algo`, the
-    /// scalars `(α, β)` and the stream's workspace `ws`.
+    /// Enqueues `D = epilogue(α·opa(A)·opb(B) + β·C)` with C read from `ops.c_in` where given
+    /// (same layout as D), else from D in place, with `algo`, the scalars `(α, β)` and the
+    /// stream's workspace `ws`.
     ///
     /// # Safety
     /// Addresses valid for the plan's layouts (checked by the caller); `bias`/`aux` given
@@ -239,7 +255,7 @@ impl Plan {
         let m = Matmul {
             desc: &self.desc,
             layouts: [&self.a, &self.b, &self.c, &self.c],
-            ptrs: [ops.first, ops.second, ops.c, ops.c],
+            ptrs: [ops.first, ops.second, ops.c_in.unwrap_or(ops.c), ops.c],
         };
         // SAFETY: the function's contract.
         unsafe { matmul(h, &m, algo, scalars, ws, stream) }

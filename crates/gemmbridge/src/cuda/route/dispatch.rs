@@ -4,9 +4,11 @@
 //! GEMM, then the gradient as a cuBLAS GEMM against a ones vector); and before all of that, a
 //! call with misaligned operands may run on aligned copies (`padded.rs`).
 
+use cudarc::driver::sys::CUstream;
+
 use crate::cuda::blas::BlasGemm;
 use crate::cuda::call::GemmCall;
-use crate::cuda::device::Locked;
+use crate::cuda::device::{copy_pitched, Locked, Pitched};
 use crate::cuda::library;
 use crate::cuda::lt::LtFailure;
 use crate::cuda::route::padded;
@@ -103,17 +105,57 @@ fn use_lt(libs: &Libraries, p: &GemmProblem) -> Result<bool> {
 }
 
 /// The request on cuBLAS (no epilogue). With α = 0, A and B are not read (an inf or NaN there
-/// must not reach C): C = β·C is the k = 0 product.
+/// must not reach C): C = β·C is the k = 0 product. cuBLAS has no C apart from its output: a
+/// separate read-only C is first copied into the output on the stream (β ≠ 0; β = 0 reads
+/// no C), then the GEMM runs on it in place.
 ///
 /// # Safety
 /// As [`enqueue`].
 unsafe fn blas(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<()> {
+    if let Some(c_in) = r.c_in.filter(|_| r.beta != 0.0) {
+        // SAFETY: C_in and the output were validated for the problem's C layout and share no
+        // byte; stream-ordered before the GEMM that reads the copy.
+        unsafe { copy_c(r.problem, c_in, r.abc.2, r.stream) }?;
+    }
     let mut g = BlasGemm::of(r);
     if r.alpha == 0.0 {
         g.call.k = 0;
     }
     // SAFETY: forwarded.
     unsafe { st.libs.blas.gemm(&mut st.dev, &g, r.stream) }.map_err(|e| status::with_problem(e, r.problem))
+}
+
+/// Copies C's addressed elements (`p.c()`'s logical `m × n` of every batch entry) from
+/// `src` to `dst`, both laid out as `p.c()`: one pitched copy where the batch stride is a
+/// multiple of the leading dimension (or there is one matrix), one per matrix otherwise.
+///
+/// # Safety
+/// Both are device memory valid for `p.c()` over the batch, not overlapping; `stream` is a
+/// live stream of the bound context.
+unsafe fn copy_c(p: &GemmProblem, src: u64, dst: u64, stream: CUstream) -> Result<()> {
+    let (l, esize) = (p.c(), p.precision().output().size_bytes());
+    let one = |offset: usize, depth: usize, slice: usize| Pitched {
+        src: src + offset as u64,
+        src_pitch: l.ld * esize,
+        src_slice: slice * esize,
+        dst: dst + offset as u64,
+        dst_pitch: l.ld * esize,
+        dst_slice: slice * esize,
+        width_bytes: l.cols * esize,
+        height: l.rows,
+        depth,
+    };
+    let batch = p.batch();
+    if batch == 1 || l.batch_stride.is_multiple_of(l.ld) {
+        // SAFETY: the caller's contract.
+        let slice = if batch == 1 { l.rows * l.ld } else { l.batch_stride };
+        return unsafe { copy_pitched(&one(0, batch, slice), stream) };
+    }
+    for z in 0..batch {
+        // SAFETY: the caller's contract; matrix z of each side.
+        unsafe { copy_pitched(&one(z * l.batch_stride * esize, 1, l.rows * l.ld), stream) }?;
+    }
+    Ok(())
 }
 
 /// The bias gradient where cuBLASLt has no BGRAD algorithm (on the H200 with cuBLASLt 13.1:
@@ -189,6 +231,7 @@ unsafe fn bias_grad_unfused(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<
         alpha: 1.0,
         beta: 0.0,
         abc: (ga, gb, r.bias.unwrap_or(0)),
+        c_in: None,
         bias: None,
         aux: None,
         stream: r.stream,

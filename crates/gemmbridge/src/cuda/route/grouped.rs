@@ -36,6 +36,7 @@ impl GroupGemm {
             alpha: 1.0,
             beta: 0.0,
             abc: self.abc,
+            c_in: None,
             bias: self.bias,
             aux: None,
             stream,
@@ -245,7 +246,7 @@ pub(crate) unsafe fn replayed_with(
     if !st.libs.lt.as_ref().is_some_and(|lt| lt.composite.options.enabled && launches > 1) {
         return direct(st, caller);
     }
-    let key = ReplayKey::new(key, [0; 5], (1.0, 0.0), 0, caller);
+    let key = ReplayKey::new(key, [0; 6], (1.0, 0.0), 0, caller);
     let Locked { dev, libs } = &mut *st;
     let lt = libs.lt.as_mut().expect("checked above");
     let has_graph = lt.composite.graphs.contains_key(&key);

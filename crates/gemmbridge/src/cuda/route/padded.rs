@@ -21,7 +21,10 @@ pub(crate) fn plan(padding: &Padding, r: &GemmCall) -> Option<PadPlan> {
     if r.alpha == 0.0 && p.epilogue() == Epilogue::None {
         return None; // C = β·C: A and B are not read
     }
-    pad::plan(p, [r.abc.0, r.abc.1, r.abc.2])
+    // A separate C that is read and misaligned is what decides C's staging (laid out as the
+    // output, so only its address can differ).
+    let c = r.c_in.filter(|ci| r.beta != 0.0 && !ci.is_multiple_of(pad::ALIGN_BYTES as u64)).unwrap_or(r.abc.2);
+    pad::plan(p, [r.abc.0, r.abc.1, c])
 }
 
 /// The function that runs a request on a library (the dispatch's route).
@@ -67,9 +70,10 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &GemmCall, plan: &PadPlan, base: u6
     };
     let at = |c: Option<Copy>, user: u64| c.map_or(user, |c| base + c.offset as u64);
     let beta_reads_c = r.beta != 0.0;
+    // C is staged in from where it is read: a separate C, or the output itself
     let ins = [(plan.a, r.abc.0), (plan.b, r.abc.1), (plan.bias, r.bias.unwrap_or(0))]
         .into_iter()
-        .chain(beta_reads_c.then_some((plan.c, r.abc.2)))
+        .chain(beta_reads_c.then_some((plan.c, r.c_in.unwrap_or(r.abc.2))))
         .filter_map(|(copy, user)| copy.map(|c| (c, user)));
     for (c, user) in ins {
         let pad = kernel_copy(&c, base + c.offset as u64, user, esize(&c), false);
@@ -80,6 +84,8 @@ unsafe fn run(st: &mut Locked<Libraries>, r: &GemmCall, plan: &PadPlan, base: u6
         problem: &plan.problem,
         cm: column_major_call(&plan.problem),
         abc: (at(plan.a, r.abc.0), at(plan.b, r.abc.1), at(plan.c, r.abc.2)),
+        // a staged C holds C_in's values and is computed in place; an unstaged one reads C_in
+        c_in: if plan.c.is_some() { None } else { r.c_in },
         bias: r.bias.map(|user| at(plan.bias, user)),
         ..*r
     };
