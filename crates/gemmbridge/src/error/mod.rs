@@ -321,6 +321,16 @@ pub enum Error {
         detail: String,
     },
 
+    /// A decoder layer's description breaks a rule ([`crate::layer::DecoderLayer::validate`]),
+    /// or a buffer handed to it has the wrong length.
+    #[error("decoder layer: {what} ({detail})")]
+    DecoderShape {
+        /// The rule broken, e.g. "query heads are not a multiple of the key/value heads".
+        what: &'static str,
+        /// The values that broke it.
+        detail: String,
+    },
+
     /// A tensor-parallel split breaks a rule (`dist::check_block`, with the `dist` feature).
     #[cfg_attr(feature = "dist", doc = "")]
     #[cfg_attr(feature = "dist", doc = "The rules: [`crate::dist::check_block`].")]

@@ -1,0 +1,214 @@
+//! The decoder layer's forward and backward in float64, written from the definitions in
+//! [`super`]'s documentation with their own RMSNorm, RoPE, causal GQA softmax attention and
+//! SiLU (no other module's arithmetic), for tests and for the check file. O(T·weights + b·h_q·s²·hd)
+//! work on one thread: for small layers.
+
+use super::math::{self, Heads};
+use super::rope::rotate;
+use super::{DecoderLayer, LayerWeight, Tokens};
+use crate::error::{Error, Result};
+
+/// The layer's weights in float64, each row-major in its layout ([`LayerWeight`]); also the
+/// weight gradients' container.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Weights {
+    /// `[(h_q + 2·h_kv)·hd, d]`.
+    pub w_qkv: Vec<f64>,
+    /// `[d, h_q·hd]`.
+    pub w_o: Vec<f64>,
+    /// `[2·ffn, d]`, gate rows first.
+    pub w_gate_up: Vec<f64>,
+    /// `[d, ffn]`.
+    pub w_down: Vec<f64>,
+    /// `[d]`.
+    pub w_norm1: Vec<f64>,
+    /// `[d]`.
+    pub w_norm2: Vec<f64>,
+}
+
+impl Weights {
+    /// Every weight of `l` filled by `f(weight, index)`.
+    pub fn from_fn(l: &DecoderLayer, mut f: impl FnMut(LayerWeight, usize) -> f64) -> Weights {
+        let mut w = Weights::default();
+        for which in LayerWeight::ALL {
+            *w.get_mut(which) = (0..l.weight_len(which)).map(|i| f(which, i)).collect();
+        }
+        w
+    }
+
+    /// One weight.
+    pub fn get(&self, w: LayerWeight) -> &Vec<f64> {
+        match w {
+            LayerWeight::Qkv => &self.w_qkv,
+            LayerWeight::O => &self.w_o,
+            LayerWeight::GateUp => &self.w_gate_up,
+            LayerWeight::Down => &self.w_down,
+            LayerWeight::Norm1 => &self.w_norm1,
+            LayerWeight::Norm2 => &self.w_norm2,
+        }
+    }
+
+    /// One weight, to change.
+    pub fn get_mut(&mut self, w: LayerWeight) -> &mut Vec<f64> {
+        match w {
+            LayerWeight::Qkv => &mut self.w_qkv,
+            LayerWeight::O => &mut self.w_o,
+            LayerWeight::GateUp => &mut self.w_gate_up,
+            LayerWeight::Down => &mut self.w_down,
+            LayerWeight::Norm1 => &mut self.w_norm1,
+            LayerWeight::Norm2 => &mut self.w_norm2,
+        }
+    }
+
+    /// Whether every weight has `l`'s length.
+    ///
+    /// # Errors
+    /// [`Error::DecoderShape`] naming the weight and both lengths.
+    pub fn check(&self, l: &DecoderLayer) -> Result<()> {
+        for w in LayerWeight::ALL {
+            if self.get(w).len() != l.weight_len(w) {
+                return Err(Error::DecoderShape {
+                    what: "a weight has the wrong length",
+                    detail: format!("{} has {}, expected {}", w.name(), self.get(w).len(), l.weight_len(w)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The forward's output and what the backward reads.
+#[derive(Clone, Debug)]
+pub struct Saved {
+    /// The output `y[T, d]`.
+    pub y: Vec<f64>,
+    /// `h1 = rms_norm(x)∘w_norm1`, `[T, d]`.
+    pub h1: Vec<f64>,
+    /// `qkv[T, (h_q + 2·h_kv)·hd]` after RoPE.
+    pub qkv: Vec<f64>,
+    /// Attention's output `o[T, h_q·hd]`.
+    pub o: Vec<f64>,
+    /// Attention's statistics `lse[b, h_q, s]` (natural log).
+    pub lse: Vec<f64>,
+    /// `x2 = x + o·w_oᵀ`, `[T, d]`.
+    pub x2: Vec<f64>,
+    /// `h2 = rms_norm(x2)∘w_norm2`, `[T, d]`.
+    pub h2: Vec<f64>,
+    /// `gu[T, 2·ffn]` (gate columns first).
+    pub gate_up: Vec<f64>,
+    /// `a = silu(gate)∘up`, `[T, ffn]`.
+    pub act: Vec<f64>,
+    /// The first norm's `1/sqrt(mean(x²) + eps)` per token, `[T]`.
+    pub rstd1: Vec<f64>,
+    /// The second norm's, `[T]`.
+    pub rstd2: Vec<f64>,
+}
+
+/// The backward's results: `dx[T, d]` and every weight's gradient in its layout.
+#[derive(Clone, Debug)]
+pub struct Grads {
+    /// The input's gradient.
+    pub dx: Vec<f64>,
+    /// The weights' gradients (`dw.w_qkv` is `dL/dw_qkv`, and so on).
+    pub dw: Weights,
+}
+
+impl Grads {
+    /// A result by its check-file name ([`super::check_names`]: `dx`, `d_w_qkv`, …).
+    pub fn named(&self, name: &str) -> Option<&[f64]> {
+        if name == "dx" {
+            return Some(&self.dx);
+        }
+        LayerWeight::ALL.into_iter().find(|w| name.strip_prefix("d_") == Some(w.name())).map(|w| &self.dw.get(w)[..])
+    }
+}
+
+fn heads(l: &DecoderLayer, t: Tokens) -> Heads {
+    let (hq, hkv, hd, w, offs) = (l.heads_q, l.heads_kv, l.head_dim, l.qkv_width(), l.qkv_offsets());
+    Heads { b: t.b, s: t.s, hq, hkv, hd, w, offs }
+}
+
+fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::DecoderShape { what, detail: format!("{got} elements, expected {want}") })
+    }
+}
+
+/// RoPE on every q and k head of `qkv` (`inverse`: the transpose, for the backward).
+fn rope_all(l: &DecoderLayer, t: Tokens, qkv: &mut [f64], inverse: bool) {
+    let (w, hd) = (l.qkv_width(), l.head_dim);
+    for row in 0..t.count() {
+        let pos = row % t.s;
+        // q and k heads are contiguous at the start of each row
+        for h in 0..l.heads_q + l.heads_kv {
+            rotate(&mut qkv[row * w + h * hd..][..hd], pos, l.rope_theta, l.rope, inverse);
+        }
+    }
+}
+
+/// The forward on `x[T, d]`.
+///
+/// # Errors
+/// As [`DecoderLayer::check_tokens`]; [`Error::DecoderShape`] for a weight or `x` of the
+/// wrong length.
+pub fn forward(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64]) -> Result<Saved> {
+    l.check_tokens(t)?;
+    w.check(l)?;
+    let (n, d, f) = (t.count(), l.d_model, l.ffn);
+    check_len("x has the wrong length", x.len(), n * d)?;
+    let (h1, rstd1) = math::rms_norm(x, &w.w_norm1, d, l.eps);
+    let mut qkv = math::nt(&h1, &w.w_qkv, (n, l.qkv_width(), d));
+    rope_all(l, t, &mut qkv, false);
+    let (o, lse) = math::attention(&qkv, heads(l, t));
+    let proj = math::nt(&o, &w.w_o, (n, d, l.q_width()));
+    let x2: Vec<f64> = x.iter().zip(&proj).map(|(a, b)| a + b).collect();
+    let (h2, rstd2) = math::rms_norm(&x2, &w.w_norm2, d, l.eps);
+    let gate_up = math::nt(&h2, &w.w_gate_up, (n, 2 * f, d));
+    let act: Vec<f64> = (0..n * f)
+        .map(|i| math::silu(gate_up[(i / f) * 2 * f + i % f]).0 * gate_up[(i / f) * 2 * f + f + i % f])
+        .collect();
+    let down = math::nt(&act, &w.w_down, (n, d, f));
+    let y = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
+    Ok(Saved { y, h1, qkv, o, lse, x2, h2, gate_up, act, rstd1, rstd2 })
+}
+
+/// The backward from `dy[T, d]`, with the forward's `saved` on the same `x` and weights.
+///
+/// # Errors
+/// As [`forward`]; [`Error::DecoderShape`] for `dy` of the wrong length.
+pub fn backward(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], saved: &Saved, dy: &[f64]) -> Result<Grads> {
+    l.check_tokens(t)?;
+    w.check(l)?;
+    let (n, d, f, qw, wd) = (t.count(), l.d_model, l.ffn, l.q_width(), l.qkv_width());
+    check_len("x has the wrong length", x.len(), n * d)?;
+    check_len("dy has the wrong length", dy.len(), n * d)?;
+    let s = saved;
+    let mut dw = Weights { w_down: math::tn(dy, &s.act, (d, f, n)), ..Weights::default() };
+    let da = math::nn(dy, &w.w_down, (n, f, d));
+    let mut dgu = vec![0.0; n * 2 * f];
+    for r in 0..n {
+        for i in 0..f {
+            let (g, u) = (s.gate_up[r * 2 * f + i], s.gate_up[r * 2 * f + f + i]);
+            let (sg, dsg) = math::silu(g);
+            dgu[r * 2 * f + i] = da[r * f + i] * u * dsg;
+            dgu[r * 2 * f + f + i] = da[r * f + i] * sg;
+        }
+    }
+    dw.w_gate_up = math::tn(&dgu, &s.h2, (2 * f, d, n));
+    let dh2 = math::nn(&dgu, &w.w_gate_up, (n, d, 2 * f));
+    let (dx2_norm, dg2) = math::rms_norm_backward(&s.x2, &w.w_norm2, &s.rstd2, &dh2);
+    dw.w_norm2 = dg2;
+    let dx2: Vec<f64> = dy.iter().zip(&dx2_norm).map(|(a, b)| a + b).collect();
+    dw.w_o = math::tn(&dx2, &s.o, (d, qw, n));
+    let d_o = math::nn(&dx2, &w.w_o, (n, qw, d));
+    let mut dqkv = math::attention_backward(&s.qkv, &s.o, &d_o, heads(l, t));
+    rope_all(l, t, &mut dqkv, true);
+    dw.w_qkv = math::tn(&dqkv, &s.h1, (wd, d, n));
+    let dh1 = math::nn(&dqkv, &w.w_qkv, (n, d, wd));
+    let (dx_norm, dg1) = math::rms_norm_backward(x, &w.w_norm1, &s.rstd1, &dh1);
+    dw.w_norm1 = dg1;
+    let dx = dx2.iter().zip(&dx_norm).map(|(a, b)| a + b).collect();
+    Ok(Grads { dx, dw })
+}

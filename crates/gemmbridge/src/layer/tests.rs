@@ -1,0 +1,192 @@
+//! The layer's rules, and its float64 reference against finite differences and against the
+//! attention module's own reference.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+use super::reference::{backward, forward, Weights};
+use super::*;
+
+/// A tiny layer: GQA (4 query heads over 2), odd sizes where they may be.
+fn tiny() -> (DecoderLayer, Tokens) {
+    (
+        DecoderLayer::new(12, (4, 2), 8, 10, DType::BF16).with_rope(10_000.0, RopeStyle::RotateHalf),
+        Tokens { b: 2, s: 5 },
+    )
+}
+
+fn rng() -> (StdRng, u64) {
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    (StdRng::seed_from_u64(seed), seed)
+}
+
+fn normal(r: &mut StdRng, n: usize, scale: f64) -> Vec<f64> {
+    (0..n).map(|_| scale * r.sample::<f64, _>(StandardNormal)).collect()
+}
+
+/// Weights scaled as a trained layer's roughly are (norms near 1, projections ~1/√in).
+fn weights(l: &DecoderLayer, r: &mut StdRng) -> Weights {
+    let mut w = Weights::default();
+    for which in LayerWeight::ALL {
+        let [rows, cols] = l.weight_shape(which);
+        *w.get_mut(which) = match which {
+            LayerWeight::Norm1 | LayerWeight::Norm2 => normal(r, cols, 0.2).iter().map(|v| 1.0 + v).collect(),
+            _ => normal(r, rows * cols, 1.0 / (cols as f64).sqrt()),
+        };
+    }
+    w
+}
+
+/// `L = Σ y∘dy`, whose gradient with respect to `y` is `dy`.
+fn loss(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], dy: &[f64]) -> f64 {
+    forward(l, t, w, x).unwrap().y.iter().zip(dy).map(|(a, b)| a * b).sum()
+}
+
+/// Central difference of `L` along `v` applied by `shift(ε·v)`.
+fn directional(eval: impl Fn(f64) -> f64) -> f64 {
+    let eps = 1e-5;
+    (eval(eps) - eval(-eps)) / (2.0 * eps)
+}
+
+fn close(what: &str, fd: f64, analytic: f64, tol: f64) {
+    let err = (fd - analytic).abs() / analytic.abs().max(1e-3);
+    assert!(err < tol, "{what}: finite difference {fd:.9e}, backward {analytic:.9e} (relative {err:.2e})");
+}
+
+#[test]
+fn every_gradient_matches_finite_differences() {
+    for rope in [RopeStyle::RotateHalf, RopeStyle::Interleaved] {
+        let (l, t) = tiny();
+        let l = l.with_rope(l.rope_theta, rope);
+        let (mut r, _) = rng();
+        let w = weights(&l, &mut r);
+        let x = normal(&mut r, t.count() * l.d_model, 1.0);
+        let dy = normal(&mut r, t.count() * l.d_model, 1.0);
+        let saved = forward(&l, t, &w, &x).unwrap();
+        let g = backward(&l, t, &w, &x, &saved, &dy).unwrap();
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f64>();
+        // dx along a random direction, and single elements
+        let v = normal(&mut r, x.len(), 1.0);
+        let fd = directional(|e| loss(&l, t, &w, &x.iter().zip(&v).map(|(a, b)| a + e * b).collect::<Vec<_>>(), &dy));
+        close(&format!("{} dx·v", rope.name()), fd, dot(&g.dx, &v), 1e-6);
+        for which in LayerWeight::ALL {
+            let v = normal(&mut r, l.weight_len(which), 1.0);
+            let shifted = |e: f64| {
+                let mut w2 = w.clone();
+                w2.get_mut(which).iter_mut().zip(&v).for_each(|(a, b)| *a += e * b);
+                loss(&l, t, &w2, &x, &dy)
+            };
+            close(
+                &format!("{} d_{}·v", rope.name(), which.name()),
+                directional(shifted),
+                dot(g.dw.get(which), &v),
+                1e-6,
+            );
+            for _ in 0..3 {
+                let i = r.random_range(0..l.weight_len(which));
+                let one = |e: f64| {
+                    let mut w2 = w.clone();
+                    w2.get_mut(which)[i] += e;
+                    loss(&l, t, &w2, &x, &dy)
+                };
+                close(&format!("{} d_{}[{i}]", rope.name(), which.name()), directional(one), g.dw.get(which)[i], 1e-5);
+            }
+        }
+    }
+}
+
+/// The layer's own attention agrees with the attention module's reference on the same
+/// packed q, k, v (a second, independent implementation of the same sums).
+#[test]
+fn attention_agrees_with_the_attention_reference() {
+    use crate::attention::{reference as attn, AttnTensor};
+    let (l, t) = tiny();
+    let (mut r, _) = rng();
+    let w = weights(&l, &mut r);
+    let x = normal(&mut r, t.count() * l.d_model, 1.0);
+    let s = forward(&l, t, &w, &x).unwrap();
+    let p = l.attention(t);
+    let [_, ok, ov] = l.qkv_offsets();
+    let view = |off: usize, tensor| &s.qkv[off..off + p.required_elems(tensor)];
+    let f = attn::forward(&p, view(0, AttnTensor::Q), view(ok, AttnTensor::K), view(ov, AttnTensor::V), None);
+    let e = crate::reference::rel_error(&s.o, &f.o);
+    assert!(e < 1e-6, "o: {e:.2e}");
+    let e = crate::reference::rel_error(&s.lse, &f.lse);
+    assert!(e < 1e-6, "lse: {e:.2e}");
+}
+
+/// RoPE at position 0 is the identity; the inverse undoes the forward; a pair's rotation is by
+/// the documented angle.
+#[test]
+fn rope_rotates_pairs_by_the_documented_angle() {
+    let mut x: Vec<f64> = (0..8).map(|i| i as f64 + 1.0).collect();
+    let orig = x.clone();
+    rope::rotate(&mut x, 0, 500_000.0, RopeStyle::RotateHalf, false);
+    assert_eq!(x, orig);
+    rope::rotate(&mut x, 7, 500_000.0, RopeStyle::RotateHalf, false);
+    // pair 1 of rotate-half is (1, 5): elements 2.0 and 6.0, angle 7·θ^(−2/8)
+    let a = 7.0 * 500_000f64.powf(-0.25);
+    assert!((x[1] - (2.0 * a.cos() - 6.0 * a.sin())).abs() < 1e-12);
+    assert!((x[5] - (6.0 * a.cos() + 2.0 * a.sin())).abs() < 1e-12);
+    rope::rotate(&mut x, 7, 500_000.0, RopeStyle::RotateHalf, true);
+    assert!(x.iter().zip(&orig).all(|(a, b)| (a - b).abs() < 1e-12));
+    assert_eq!(RopeStyle::Interleaved.pair(3, 8), (6, 7));
+}
+
+#[test]
+fn the_rules_are_named_errors() {
+    let ok = DecoderLayer::llama3_8b();
+    ok.validate().unwrap();
+    ok.check_tokens(Tokens { b: 2, s: 4096 }).unwrap();
+    let what = |l: DecoderLayer| match l.validate() {
+        Err(Error::DecoderShape { what, .. }) => what,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(what(DecoderLayer { heads_kv: 5, ..ok }), "query heads are not a multiple of the key/value heads");
+    assert_eq!(
+        what(DecoderLayer { head_dim: 127, ..ok }),
+        "the head dimension is odd (RoPE rotates pairs of elements)"
+    );
+    assert_eq!(
+        what(DecoderLayer { head_dim: 258, ..ok }),
+        "the head dimension exceeds 256 (cuDNN's fused attention engines)"
+    );
+    assert_eq!(what(DecoderLayer { ffn: 0, ..ok }), "a size is zero");
+    assert_eq!(what(ok.with_eps(f64::NAN)), "RMSNorm's eps is not finite and positive");
+    assert_eq!(what(ok.with_rope(0.0, RopeStyle::RotateHalf)), "RoPE's theta is not finite and positive");
+    assert_eq!(what(DecoderLayer { dtype: DType::F32, ..ok }), "the dtype is neither bf16 nor f16");
+    assert_eq!(what(DecoderLayer { ffn: usize::MAX / 4, ..ok }), "a weight's element count overflows usize");
+    let e = ok.check_tokens(Tokens { b: 0, s: 8 }).unwrap_err();
+    assert!(matches!(e, Error::DecoderShape { what: "no tokens (b or s is zero)", .. }), "{e}");
+    let (l, t) = tiny();
+    let w = Weights::from_fn(&l, |_, _| 0.5);
+    let mut short = w.clone();
+    short.w_down.pop();
+    let e = forward(&l, t, &short, &vec![0.0; t.count() * l.d_model]).unwrap_err();
+    assert!(e.to_string().contains("w_down has 119, expected 120"), "{e}");
+    let e = forward(&l, t, &w, &[0.0; 3]).unwrap_err();
+    assert!(matches!(e, Error::DecoderShape { what: "x has the wrong length", .. }), "{e}");
+}
+
+#[test]
+fn shapes_names_and_flops() {
+    let l = DecoderLayer::llama3_8b();
+    assert_eq!(l.weight_shape(LayerWeight::Qkv), [6144, 4096]);
+    assert_eq!(l.weight_shape(LayerWeight::O), [4096, 4096]);
+    assert_eq!(l.weight_shape(LayerWeight::GateUp), [28672, 4096]);
+    assert_eq!(l.weight_shape(LayerWeight::Down), [4096, 14336]);
+    assert_eq!(l.qkv_offsets(), [0, 4096, 5120]);
+    let names = check_names();
+    assert_eq!(names[..3], ["y", "dx", "d_w_qkv"]);
+    assert_eq!(names.len(), 8);
+    // (2, 4096): 2·T·(6144 + 4096 + 28672 + 14336)·4096 GEMM flops plus causal attention
+    let t = Tokens { b: 2, s: 4096 };
+    let gemm = 2.0 * 8192.0 * (6144.0 + 4096.0 + 28672.0 + 14336.0) * 4096.0;
+    let attn = 4.0 * 2.0 * 32.0 * 4096.0 * 4096.0 * 128.0 / 2.0;
+    assert_eq!(l.flops(t, false), gemm + attn);
+    assert_eq!(l.flops(t, true), 3.0 * gemm + 3.5 * attn);
+    let p = l.attention(t);
+    assert_eq!((p.layouts[0].seq, p.layouts[3].seq), (6144, 4096));
+}
