@@ -3,7 +3,8 @@
 //! its masks ([`AttnMask`]) and every rule a problem must meet, checked on the CPU before
 //! anything is launched. The module [`self::reference`] holds the float64 definitions of the
 //! forward and the backward that tests check against; [`self::fp8`] the CPU emulation of FP8
-//! attention (E4M3 q, k, v with tensor-wise scales).
+//! attention (E4M3 q, k, v with tensor-wise scales); [`check_packed`] the rule under which
+//! q, k, v (or their gradients) interleaved in one fused buffer share no element.
 //!
 //! Shapes, in PyTorch's names (logical order `[b, h, s, d]` whatever the strides):
 //! - queries `q[b, h_q, s_q, d]`, keys `k[b, h_kv, s_kv, d]`, values `v[b, h_kv, s_kv, d]`;
@@ -99,7 +100,10 @@
 
 pub mod fp8;
 mod fp8_bwd;
+mod packed;
 pub mod reference;
+
+pub use packed::check_packed;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -117,6 +117,7 @@ mod lt;
 mod route;
 mod status;
 
+pub use api::layer;
 pub use api::train;
 pub use api::{
     cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, Gpu, GpuOptions, GroupMember,

@@ -85,7 +85,7 @@ pub(super) fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usi
 /// lengths present exactly with [`Attention::var_len`] (host lengths checked), and no query
 /// row left without keys by the bottom-right causal mask (cuDNN's engines give such rows no
 /// defined value).
-fn check_problem<T: Element>(p: &Attention, lens: Option<SeqLens>) -> Result<()> {
+pub(super) fn check_problem<T: Element>(p: &Attention, lens: Option<SeqLens>) -> Result<()> {
     if T::DTYPE != p.dtype {
         p.validate()?;
         return Err(Error::DTypeMismatch { operand: Which::AttnQ, expected: p.dtype, got: T::DTYPE });
@@ -284,7 +284,7 @@ impl Gpu {
 
     /// The checked spans of the inputs `ins` (each of the problem's tensor, in `T`): every
     /// buffer's context first, then its guard (added to `guards`), size and alignment.
-    fn input_spans<'a: 's, 's, T: Element>(
+    pub(super) fn input_spans<'a: 's, 's, T: Element>(
         &'s self,
         p: &Attention,
         ins: &[(Which, &'a dyn DevicePtr<T>, AttnTensor)],

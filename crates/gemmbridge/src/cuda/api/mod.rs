@@ -1,15 +1,18 @@
 //! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability — its
 //! settings (`options.rs`, [`GpuOptions`]), its plans and tactics (`plans.rs`, [`Plans`]), GEMMs
 //! (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions (`conv.rs`), attention
-//! (`attention.rs`), RMSNorm (`norm.rs`), RoPE and SwiGLU (`layer.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and tuning
-//! (`tune.rs`), device information (`info.rs`), the training layers ([`train`]) — over
-//! the checks every entry shares (`checks.rs`) and the operand types (`operands.rs`). Each entry
-//! validates its arguments, builds its call and hands it to the routing floor
-//! (`crate::cuda::route`) or to a library room; no entry calls another file's entry code.
+//! (`attention.rs`, `attention_packed.rs`), RMSNorm (`norm.rs`), RoPE and SwiGLU
+//! (`layer_ops.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and
+//! tuning (`tune.rs`), device information (`info.rs`), the training layers ([`train`]), the
+//! decoder layer ([`layer`]) — over the checks every entry shares (`checks.rs`) and the operand
+//! types (`operands.rs`). Each entry validates its arguments, builds its call and hands it to the
+//! routing floor (`crate::cuda::route`) or to a library room; no entry calls another file's entry
+//! code.
 
 mod attention;
 mod attention_fp8;
 mod attention_fp8_bwd;
+mod attention_packed;
 mod checks;
 mod conv;
 mod engine;
@@ -19,7 +22,8 @@ mod gemm_group;
 mod grouped;
 mod grouped_fp8;
 mod info;
-mod layer;
+pub mod layer;
+mod layer_ops;
 mod norm;
 mod operands;
 mod options;

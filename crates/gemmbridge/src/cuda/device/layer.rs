@@ -2,7 +2,7 @@
 //! place on a fused QKV buffer, SwiGLU and its backward. Each launch is planned on the host
 //! ([`RopeLaunch::plan`], [`GluLaunch::plan`]: the instance, 8-wide where every access is
 //! 16-byte aligned, and the grid), then enqueued on a raw stream; the entry points
-//! (`cuda/api/layer.rs`) check every buffer first.
+//! (`cuda/api/layer_ops.rs`) check every buffer first.
 
 use cudarc::driver::sys::CUstream;
 
