@@ -189,6 +189,16 @@ pub struct GpuDecoderLayer<T: Element> {
     pub(super) last: Option<LastForward>,
 }
 
+impl<T: Element> std::fmt::Debug for GpuDecoderLayer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuDecoderLayer")
+            .field("layer", &self.layer)
+            .field("tokens", &self.tokens)
+            .field("precision", &self.precision)
+            .finish()
+    }
+}
+
 impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// Uploads `weights` (f64 on the host, rounded to T) of `layer` for `tokens`, allocates
     /// every buffer (zeros) and plans every GEMM and attention call of a step by running it
