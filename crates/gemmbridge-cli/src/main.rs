@@ -17,6 +17,7 @@ mod fp8cmd;
 mod gemm_events;
 mod gpu;
 mod info;
+mod layer_check;
 mod ops;
 mod probe;
 mod probe_conv;
@@ -39,7 +40,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "gemmbridge",
     version,
-    about = "Row-major GEMM (dense, FP8 and grouped for mixture-of-experts) on cuBLAS/cuBLASLt, convolutions and attention on cuDNN: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench, report (the burn adapter's bench is the gemmbridge-burn binary)"
+    about = "Row-major GEMM (dense, FP8 and grouped for mixture-of-experts) on cuBLAS/cuBLASLt, convolutions and attention on cuDNN: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench, layer-check, report (the burn adapter's bench is the gemmbridge-burn binary)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -94,6 +95,12 @@ enum Command {
     /// Step time (forward + backward) of the training layers — an MLP block and single bias
     /// Linears — with the share spent in GEMMs, as JSON lines beside bench/train_peer.py.
     TrainBench(train_bench::Args),
+    /// Writes layer_check.safetensors into --out: a small decoder layer's (d 320, 5/1 heads
+    /// of 64, ffn 864, b 2, s 37) bf16 inputs and weights, its float64 reference's output and
+    /// every gradient, and the GPU layer's where it runs — the file bench/layer_peer.py
+    /// --check DIR compares with PyTorch. Exit 0 once the file is written (it says whether
+    /// the GPU layer's results are in it).
+    LayerCheck(layer_check::Args),
 }
 
 fn main() {
@@ -116,6 +123,7 @@ fn main() {
         Command::Soak(args) => soak::run(args),
         Command::Fp8(action) => fp8cmd::run(action),
         Command::TrainBench(args) => train_bench::run(args),
+        Command::LayerCheck(args) => layer_check::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -6,7 +6,7 @@ use gemmbridge::conv::ConvLayout;
 use gemmbridge::cuda::ConvApi;
 use gemmbridge::Precision;
 
-use crate::bench::{attn, conv, fp8, grouped, layer, norm};
+use crate::bench::{attn, conv, decoder, fp8, grouped, layer, norm};
 use crate::ops::{precision_of, OPS};
 use crate::suites::{self, Shape};
 
@@ -82,6 +82,8 @@ pub struct OpList {
     pub norm: Vec<String>,
     /// The layer ops ([`layer::OPS`]; `bench` only).
     pub layer: Vec<String>,
+    /// The decoder-layer ops ([`decoder::OPS`]; `bench` only).
+    pub decoder: Vec<String>,
     pub launch: bool,
 }
 
@@ -138,6 +140,7 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
         grouped: Vec::new(),
         norm: Vec::new(),
         layer: Vec::new(),
+        decoder: Vec::new(),
         launch: false,
     };
     let push = |v: &mut Vec<String>, o: &str| {
@@ -162,6 +165,8 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             push(&mut out.norm, o);
         } else if bench_only && layer::OPS.contains(&o) {
             push(&mut out.layer, o);
+        } else if bench_only && decoder::OPS.contains(&o) {
+            push(&mut out.decoder, o);
         } else {
             let launch = if with_launch { "launch, " } else { "" };
             let attn: Vec<&str> =
@@ -169,7 +174,7 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             let grouped: Vec<&str> =
                 grouped::OPS.iter().copied().filter(|g| bench_only || !grouped::is_fp8(g)).collect();
             let norm = if bench_only {
-                format!(", {}, {}", norm::OPS.join(", "), layer::OPS.join(", "))
+                format!(", {}, {}, {}", norm::OPS.join(", "), layer::OPS.join(", "), decoder::OPS.join(", "))
             } else {
                 String::new()
             };
@@ -278,6 +283,7 @@ mod tests {
                 grouped: vec![],
                 norm: vec![],
                 layer: vec![],
+                decoder: vec![],
                 launch: false
             }
         );
@@ -308,9 +314,11 @@ mod tests {
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
              conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fwd_bwd_fp8, attn_fp8_cast, grouped, \
              grouped_dx, grouped_dw, grouped_fp8, grouped_fp8_dx, grouped_fp8_dw, rmsnorm, rmsnorm_fwd_bwd, \
-             rope, swiglu, swiglu_bwd"
+             rope, swiglu, swiglu_bwd, layer_fwd, layer_fwd_bwd"
         );
         assert_eq!(parse_ops("swiglu_bwd,rope,swiglu,rope", true).unwrap().layer, ["swiglu_bwd", "rope", "swiglu"]);
         assert!(parse_ops("rope", false).is_err(), "layer ops have nothing to tune");
+        assert_eq!(parse_ops("layer_fwd_bwd,layer_fwd", true).unwrap().decoder, ["layer_fwd_bwd", "layer_fwd"]);
+        assert!(parse_ops("layer_fwd", false).is_err(), "the decoder layer is not tuned");
     }
 }

@@ -4,6 +4,7 @@
 pub mod attn;
 mod bare;
 pub mod conv;
+pub mod decoder;
 mod dense;
 pub mod fp8;
 pub mod grouped;
@@ -97,8 +98,13 @@ pub struct Args {
     /// tf32, GPU only; not run by default; reported in TB/s beside a device-to-device copy's;
     /// their peer is bench/layer_ops_peer.py): rope (RoPE in place on the fused QKV output),
     /// swiglu, swiglu_bwd.
+    /// Decoder layer (LLaMA-3-8B's, bf16, GPU only; not run by default; its peer is
+    /// bench/layer_peer.py): layer_fwd (the forward), layer_fwd_bwd (forward and backward).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
+    /// Decoder-layer rows: the token batches, BxS comma-separated (b sequences of s tokens).
+    #[arg(long, default_value = "2x4096,8x1024")]
+    layer_shapes: String,
     /// Convolution rows: how cuDNN's algorithm is chosen, "measured" (timed on the first call,
     /// as PyTorch's cudnn.benchmark = True, the peer's setting) or "heuristic" (the library's
     /// default). Either way a convolution with an entry in --db runs that entry's plan.
@@ -192,6 +198,8 @@ struct Plan {
     attn_ops: Vec<String>,
     grouped_ops: Vec<String>,
     norm_ops: Vec<String>,
+    /// The decoder-layer ops (`bench/decoder.rs`).
+    decoder_ops: Vec<String>,
     layer_ops: Vec<String>,
     /// The recipes of the FP8 grouped rows.
     grouped_scalings: Vec<String>,
@@ -218,8 +226,10 @@ impl Plan {
             grouped: grouped_ops,
             norm: norm_ops,
             layer: layer_ops,
+            decoder: decoder_ops,
             launch,
         } = parse_ops(&args.ops, true)?;
+        decoder::parse_shapes(&args.layer_shapes)?;
         // checked whatever --ops holds, as the convolution flags are
         attn::parse_shapes(&args.shared.attn_shapes)?;
         grouped::parse_backend(&args.grouped_backend)?;
@@ -244,6 +254,7 @@ impl Plan {
             && attn_ops.is_empty()
             && grouped_ops.is_empty()
             && norm_ops.is_empty()
+            && decoder_ops.is_empty()
             && layer_ops.is_empty()
         {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
@@ -263,6 +274,7 @@ impl Plan {
             attn_ops,
             grouped_ops,
             norm_ops,
+            decoder_ops,
             layer_ops,
             grouped_scalings,
             launch,
@@ -308,16 +320,19 @@ impl Plan {
             eprintln!("  (fp8_e4m3 needs a GPU with FP8 tensor cores: skipped)");
             self.scalings.clear();
         }
-        if [&self.conv_ops, &self.attn_ops, &self.grouped_ops, &self.norm_ops, &self.layer_ops]
-            .iter()
-            .any(|o| !o.is_empty())
-        {
-            eprintln!("  (the convolution, attention, grouped, RMSNorm and layer ops need a GPU: skipped)");
-            for ops in
-                [&mut self.conv_ops, &mut self.attn_ops, &mut self.grouped_ops, &mut self.norm_ops, &mut self.layer_ops]
-            {
-                ops.clear();
-            }
+        let gpu_only = [
+            &mut self.conv_ops,
+            &mut self.attn_ops,
+            &mut self.grouped_ops,
+            &mut self.norm_ops,
+            &mut self.layer_ops,
+            &mut self.decoder_ops,
+        ];
+        if gpu_only.iter().any(|o| !o.is_empty()) {
+            eprintln!(
+                "  (the convolution, attention, grouped, RMSNorm, layer and decoder-layer ops need a GPU: skipped)"
+            );
+            gpu_only.into_iter().for_each(Vec::clear);
         }
         if self.dtypes.is_empty() {
             bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
@@ -359,6 +374,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     if let (false, Some(g)) = (plan.norm_ops.is_empty(), &gpu) {
         rows.extend(norm::bench(g, &plan.norm_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+    }
+    if let (false, Some(g)) = (plan.decoder_ops.is_empty(), &gpu) {
+        let shapes = decoder::parse_shapes(&args.layer_shapes)?;
+        let ops = (&plan.decoder_ops[..], &shapes[..]);
+        rows.extend(decoder::bench(g, ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     let mut table = match &gpu {
         Some(_) => format!("device: {device}\n{}", report::table(&rows, peer.as_deref(), false)),
