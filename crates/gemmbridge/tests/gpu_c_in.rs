@@ -163,7 +163,7 @@ fn raw_c_in_is_checked() {
     let p = GemmProblem::matmul(8, 8, 8, Precision::F32).unwrap();
     let (da, db) = (s.clone_htod(&vec![1.0f32; 64]).unwrap(), s.clone_htod(&vec![1.0f32; 64]).unwrap());
     let big = s.clone_htod(&vec![3.0f32; 128]).unwrap();
-    let (ra, rb, rbig) = (raw(&da, &s), raw(&db, &s), raw(&big, &s));
+    let (ra, rb, rbig) = (raw(&da, s), raw(&db, s), raw(&big, s));
     let d = RawBuffer { address: rbig.address, len_bytes: 64 * 4 };
     let at = |elems: u64, len: usize| RawBuffer { address: rbig.address + elems * 4, len_bytes: len * 4 };
     let run = |ops: RawOperands| unsafe { gpu.gemm_raw(&p, Scale::new(1.0, 1.0), ops, s.cu_stream()) };

@@ -1,6 +1,6 @@
 //! A LLaMA-style decoder layer as data: its sizes and every rule on them ([`DecoderLayer`]),
 //! its weights' layouts ([`LayerWeight`]), the token batch it runs on ([`Tokens`]), and its
-//! float64 forward and backward ([`reference`], written from the sums below, for tests). The
+//! float64 forward and backward ([`mod@reference`], written from the sums below, for tests). The
 //! GPU layer is `crate::cuda::layer`.
 //!
 //! # The layer

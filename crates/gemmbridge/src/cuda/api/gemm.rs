@@ -52,7 +52,9 @@ impl Gpu {
     }
 
     /// [`Gpu::gemm`] with the epilogue's extra operands ([`crate::epilogue`]): a bias it reads,
-    /// a bias gradient or aux it writes, an aux it reads. All of the output's element type.
+    /// a bias gradient or aux it writes, an aux it reads; and a read-only C apart from the
+    /// output ([`Extras::c_in`]: `c = epilogue(α·op(A)·op(B) + β·c_in)`, `c_in` untouched).
+    /// All of the output's element type.
     /// `scale` holds α and β ([`Scale::PRODUCT`]: α = 1, β = 0).
     /// An aux must be 16-byte aligned; a bias that is not is staged through the stream's
     /// 1 MiB scratch region (so at most 1 MiB of bias). With an epilogue, α = 0 still reads
@@ -61,7 +63,10 @@ impl Gpu {
     /// # Errors
     /// As [`Gpu::gemm`]; [`Error::EpilogueOperand`](crate::Error::EpilogueOperand) when an operand the epilogue needs is
     /// missing, one it does not use is given, or one it writes is passed read-only;
-    /// [`Error::Misaligned`](crate::Error::Misaligned) for an aux off 16 bytes; [`Error::Unsupported`](crate::Error::Unsupported) with
+    /// [`Error::Misaligned`](crate::Error::Misaligned) for an aux off 16 bytes; for `c_in`, C's
+    /// errors named [`Which::CIn`](crate::Which::CIn) and
+    /// [`Error::OutputOverlapsInput`](crate::Error::OutputOverlapsInput) where a written operand
+    /// shares a byte with it; [`Error::Unsupported`](crate::Error::Unsupported) with
     /// [`Backend::Blas`](crate::cuda::Backend::Blas) or past the staging limit; [`Error::LibraryNotFound`](crate::Error::LibraryNotFound) without
     /// libcublasLt.
     pub fn gemm_fused<TI, TO, A, B, C>(
