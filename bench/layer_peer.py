@@ -173,6 +173,8 @@ def bench(torch, a, ops, shapes, out):
         for op in ops:
             times = {}
             for way, kw in ways.items():
+                if kw is not None:
+                    torch._dynamo.reset()  # each way compiles afresh, with its own mode
                 f = fn if kw is None else torch.compile(fn, **kw)
                 times[way] = timed(torch, lambda f=f: make_call(torch, f, op, x, rest, dy), a.reps)
             ok = {w: t for w, t in times.items() if t[0] is not None}

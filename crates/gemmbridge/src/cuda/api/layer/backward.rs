@@ -41,7 +41,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// The backward from `dy[T, d]`, after a training forward on the same `x` (unchanged since):
     /// `dx` in [`GpuDecoderLayer::input_grad`], every weight's gradient in
     /// [`GpuDecoderLayer::weight_grad`] (overwritten, or added to under
-    /// [`GradMode::Accumulate`]). No allocation, no host wait.
+    /// [`GradMode::Accumulate`]). No device allocation, no host wait.
     ///
     /// The step, in order: `dW_down = dyᵀ·act`, `d_act = dy·w_down`, SwiGLU's backward
     /// (`→ d_gu`), `dW_gate_up = d_guᵀ·h2`, `dh2 = d_gu·w_gate_up`, norm 2's backward

@@ -15,7 +15,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// The forward on `x[T, d]` (this layer's tokens), on [`Gpu::stream`]: `y` in
     /// [`GpuDecoderLayer::output`]. With `train`, attention also writes its statistics and the
     /// step may be followed by [`GpuDecoderLayer::backward`] on the same `x`, which must then
-    /// be left unchanged until it (the first norm's backward reads it). No allocation, no
+    /// be left unchanged until it (the first norm's backward reads it). No device allocation, no
     /// host wait.
     ///
     /// The step, in order: norm 1 (`x → h1, rstd1`), `qkv = h1·w_qkvᵀ`, RoPE on q and k in

@@ -170,7 +170,7 @@ pub(super) struct LastForward {
 /// gradients, every activation the backward reads and every gradient buffer, allocated at
 /// construction, where every GEMM and attention plan is also made
 /// ([`GpuDecoderLayer::new`]). A step — [`GpuDecoderLayer::forward`], then with `train`
-/// [`GpuDecoderLayer::backward`] on the same input — allocates nothing and never waits for
+/// [`GpuDecoderLayer::backward`] on the same input — allocates no device memory and never waits for
 /// the host, so it can be captured into one CUDA graph (a padded GEMM's scratch, for widths
 /// off 16 bytes, is a stream-ordered allocation, which a capture takes as a graph node).
 ///
