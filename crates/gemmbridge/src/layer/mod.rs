@@ -1,7 +1,10 @@
 //! A LLaMA-style decoder layer as data: its sizes and every rule on them ([`DecoderLayer`]),
 //! its weights' layouts ([`LayerWeight`]), the token batch it runs on ([`Tokens`]), and its
-//! float64 forward and backward ([`mod@reference`], written from the sums below, for tests). The
-//! GPU layer is `crate::cuda::layer`.
+//! float64 forward and backward ([`mod@reference`], written from the sums below, for tests), and
+//! the problems a step is made of ([`LayerGemms`], [`DecoderLayer::norm_problem`],
+//! [`DecoderLayer::rope_problem`], [`DecoderLayer::swiglu_problem`],
+//! [`DecoderLayer::attention`]). The layer runs on the CPU backend as
+//! [`crate::cpu::CpuDecoderLayer`] and on the GPU as `crate::cuda::layer::GpuDecoderLayer`.
 //!
 //! # The layer
 //! Tokens `x[T, d]` row-major, `T = b·s` (batch entry `n`'s token at position `p` is row
@@ -21,7 +24,8 @@
 //! RoPE ([`RopeStyle::RotateHalf`], LLaMA's and Hugging Face's `rotate_half`): in each head of
 //! q and k, element `j < hd/2` pairs with `j + hd/2`, rotated by the angle
 //! `p·θ^(−2j/hd)`: `(x₁, x₂) → (x₁·cos − x₂·sin, x₂·cos + x₁·sin)`. [`RopeStyle::Interleaved`]
-//! pairs `2j` with `2j + 1` instead (GPT-J's form), same angles.
+//! pairs `2j` with `2j + 1` instead (GPT-J's form), same angles. [`RopeStyle`] is
+//! [`crate::layer_ops`]'s.
 //!
 //! The backward takes `dy` and gives `dx` and every weight's gradient, each in its weight's
 //! layout: `dW = dYᵀ·X` for a projection `Y = X·Wᵀ`, `dX = dY·W`; the residuals pass `dy` to
@@ -45,12 +49,15 @@
 //! ran, ours (`ours.<name>`, F32), for the names `y`, `dx` and `d_<weight>`.
 
 mod math;
+mod problems;
 pub mod reference;
 mod rope;
 #[cfg(test)]
 mod tests;
 
-pub use rope::{rope_angle, RopeStyle};
+pub use crate::layer_ops::RopeStyle;
+pub use problems::{LayerGemms, LayerOptions, Proj};
+pub use rope::rope_angle;
 
 use crate::attention::{Attention, AttnMask, HeadLayout, MAX_HEAD_DIM};
 use crate::dtype::DType;
@@ -142,7 +149,7 @@ pub struct DecoderLayer {
     pub ffn: usize,
     /// RMSNorm's ε, added to the mean square.
     pub eps: f64,
-    /// RoPE's base θ.
+    /// RoPE's base θ (finite, at least 1, as [`crate::layer_ops::Rope::validate`] asks).
     pub rope_theta: f64,
     /// Which elements RoPE pairs.
     pub rope: RopeStyle,
@@ -190,8 +197,8 @@ impl DecoderLayer {
     /// # Errors
     /// [`Error::DecoderShape`] naming the rule: a size is zero; the query heads are not a
     /// multiple of the key/value heads; the head dimension is odd or above
-    /// [`MAX_HEAD_DIM`] (cuDNN's attention engines); ε or θ not finite and positive; a dtype
-    /// other than f16 and bf16; a weight's element count past `usize`.
+    /// [`MAX_HEAD_DIM`] (cuDNN's attention engines); ε not finite and positive; θ not finite
+    /// and at least 1; a dtype other than f16 and bf16; a weight's element count past `usize`.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: &'static str| Err(Error::DecoderShape { what, detail: self.describe() });
         let sizes = [self.d_model, self.heads_q, self.heads_kv, self.head_dim, self.ffn];
@@ -210,8 +217,8 @@ impl DecoderLayer {
         if !(self.eps.is_finite() && self.eps > 0.0) {
             return bad("RMSNorm's eps is not finite and positive");
         }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return bad("RoPE's theta is not finite and positive");
+        if !(self.rope_theta.is_finite() && self.rope_theta >= 1.0) {
+            return bad("RoPE's theta is not finite and at least 1");
         }
         if !matches!(self.dtype, DType::BF16 | DType::F16) {
             return bad("the dtype is neither bf16 nor f16");
@@ -225,11 +232,14 @@ impl DecoderLayer {
     }
 
     /// The layer's rules and the tokens': `b` and `s` positive, and every activation's element
-    /// count within cuDNN's and the GEMMs' reach (the attention problem's own rules).
+    /// count within cuDNN's, the GEMMs' and the kernels' reach (the rules of every problem a
+    /// step is made of).
     ///
     /// # Errors
     /// As [`DecoderLayer::validate`]; [`Error::DecoderShape`] for zero or overflowing tokens;
-    /// [`Error::AttentionShape`] from [`Attention::validate`].
+    /// [`Error::AttentionShape`] from [`Attention::validate`]; [`Error::NormShape`],
+    /// [`Error::LayerOp`] from the RMSNorm's, RoPE's and SwiGLU's rules; as
+    /// [`DecoderLayer::gemms`].
     pub fn check_tokens(&self, t: Tokens) -> Result<()> {
         self.validate()?;
         let detail = || format!("b {} s {} ({})", t.b, t.s, self.describe());
@@ -243,7 +253,22 @@ impl DecoderLayer {
                 detail: detail(),
             });
         }
-        self.attention(t).validate()
+        self.attention(t).validate()?;
+        self.norm_problem(t, crate::norm::GradType::Io).validate()?;
+        self.rope_problem(t).check_call(false)?;
+        self.rope_problem(t).check_start(0)?;
+        self.swiglu_problem(t).validate()?;
+        self.gemms(t, self.precision()).map(|_| ())
+    }
+
+    /// The precision of every GEMM: the layer's dtype in and out, f32 accumulation.
+    pub fn precision(&self) -> crate::precision::Precision {
+        use crate::precision::Precision;
+        if self.dtype == DType::F16 {
+            Precision::F16
+        } else {
+            Precision::BF16
+        }
     }
 
     /// The width of q's heads, `h_q·hd` (also o's).

@@ -5,7 +5,7 @@
 
 use super::math::{self, Heads};
 use super::rope::rotate;
-use super::{DecoderLayer, LayerWeight, Tokens};
+use super::{DecoderLayer, LayerWeight, Proj, Tokens};
 use crate::error::{Error, Result};
 
 /// The layer's weights in float64, each row-major in its layout ([`LayerWeight`]); also the
@@ -148,28 +148,43 @@ fn rope_all(l: &DecoderLayer, t: Tokens, qkv: &mut [f64], inverse: bool) {
     }
 }
 
+/// A forward projection's product `out[T, out] = input[T, in]·weight[out, in]ᵀ` for
+/// [`forward_with`]: `(projection, input, weight, (T, out, in))`.
+pub type ProjFn<'a> = &'a dyn Fn(Proj, &[f64], &[f64], (usize, usize, usize)) -> Vec<f64>;
+
 /// The forward on `x[T, d]`.
 ///
 /// # Errors
 /// As [`DecoderLayer::check_tokens`]; [`Error::DecoderShape`] for a weight or `x` of the
 /// wrong length.
 pub fn forward(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64]) -> Result<Saved> {
+    forward_with(l, t, w, x, &|_, a, b, mnk| math::nt(a, b, mnk))
+}
+
+/// [`forward`] with each forward projection's product computed by `proj` (the residual added
+/// after, as in [`forward`]) — e.g. on operands rounded as an FP8 recipe rounds them, to check a
+/// layer whose forward projections run in FP8. [`backward`] on its result uses the saved
+/// (unrounded) activations, as such a layer's backward does.
+///
+/// # Errors
+/// As [`forward`].
+pub fn forward_with(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], proj: ProjFn<'_>) -> Result<Saved> {
     l.check_tokens(t)?;
     w.check(l)?;
     let (n, d, f) = (t.count(), l.d_model, l.ffn);
     check_len("x has the wrong length", x.len(), n * d)?;
     let (h1, rstd1) = math::rms_norm(x, &w.w_norm1, d, l.eps);
-    let mut qkv = math::nt(&h1, &w.w_qkv, (n, l.qkv_width(), d));
+    let mut qkv = proj(Proj::Qkv, &h1, &w.w_qkv, (n, l.qkv_width(), d));
     rope_all(l, t, &mut qkv, false);
     let (o, lse) = math::attention(&qkv, heads(l, t));
-    let proj = math::nt(&o, &w.w_o, (n, d, l.q_width()));
-    let x2: Vec<f64> = x.iter().zip(&proj).map(|(a, b)| a + b).collect();
+    let o_proj = proj(Proj::O, &o, &w.w_o, (n, d, l.q_width()));
+    let x2: Vec<f64> = x.iter().zip(&o_proj).map(|(a, b)| a + b).collect();
     let (h2, rstd2) = math::rms_norm(&x2, &w.w_norm2, d, l.eps);
-    let gate_up = math::nt(&h2, &w.w_gate_up, (n, 2 * f, d));
+    let gate_up = proj(Proj::GateUp, &h2, &w.w_gate_up, (n, 2 * f, d));
     let act: Vec<f64> = (0..n * f)
         .map(|i| math::silu(gate_up[(i / f) * 2 * f + i % f]).0 * gate_up[(i / f) * 2 * f + f + i % f])
         .collect();
-    let down = math::nt(&act, &w.w_down, (n, d, f));
+    let down = proj(Proj::Down, &act, &w.w_down, (n, d, f));
     let y = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
     Ok(Saved { y, h1, qkv, o, lse, x2, h2, gate_up, act, rstd1, rstd2 })
 }

@@ -1,38 +1,21 @@
-//! Rotary position embedding (RoPE) as data and in float64: which elements pair up
-//! ([`RopeStyle`]), the angle of a pair ([`rope_angle`]), and the rotation of one head and its
-//! transpose (the backward), for the reference.
+//! RoPE in float64, for the reference: the angle of a pair ([`rope_angle`]), the elements a
+//! pair holds ([`pair`], for the style [`RopeStyle`] of [`crate::layer_ops`]) and the rotation
+//! of one head and its transpose (the backward).
 
-/// Which elements of a head RoPE rotates together.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum RopeStyle {
-    /// Element `j < hd/2` with `j + hd/2` (LLaMA's and Hugging Face's `rotate_half`).
-    #[default]
-    RotateHalf,
-    /// Element `2j` with `2j + 1` (GPT-J's and Meta's complex-number form).
-    Interleaved,
-}
+use crate::layer_ops::RopeStyle;
 
-impl RopeStyle {
-    /// `rotate-half` or `interleaved`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            RopeStyle::RotateHalf => "rotate-half",
-            RopeStyle::Interleaved => "interleaved",
-        }
-    }
-
-    /// The indices of pair `j` (`j < hd/2`) in a head of `hd` elements.
-    pub const fn pair(self, j: usize, hd: usize) -> (usize, usize) {
-        match self {
-            RopeStyle::RotateHalf => (j, j + hd / 2),
-            RopeStyle::Interleaved => (2 * j, 2 * j + 1),
-        }
+/// The indices of pair `j` (`j < hd/2`) in a head of `hd` elements: `(j, j + hd/2)` for
+/// [`RopeStyle::RotateHalf`], `(2j, 2j + 1)` for [`RopeStyle::Interleaved`].
+pub(crate) const fn pair(style: RopeStyle, j: usize, hd: usize) -> (usize, usize) {
+    match style {
+        RopeStyle::RotateHalf => (j, j + hd / 2),
+        RopeStyle::Interleaved => (2 * j, 2 * j + 1),
     }
 }
 
 /// The angle pair `j` (`j < hd/2`) is rotated by at position `pos`: `pos·θ^(−2j/hd)`,
-/// in float64 (PyTorch's peer computes the inverse frequencies `1/θ^(2j/hd)` in f32, as
-/// Hugging Face's LLaMA does).
+/// in float64 (the GPU kernels and PyTorch's peer compute the inverse frequencies `1/θ^(2j/hd)`
+/// and the product in f32, as Hugging Face's LLaMA does: [`crate::layer_ops::arith`]).
 pub fn rope_angle(pos: usize, j: usize, hd: usize, theta: f64) -> f64 {
     pos as f64 * theta.powf(-2.0 * j as f64 / hd as f64)
 }
@@ -43,7 +26,7 @@ pub fn rope_angle(pos: usize, j: usize, hd: usize, theta: f64) -> f64 {
 pub(crate) fn rotate(x: &mut [f64], pos: usize, theta: f64, style: RopeStyle, inverse: bool) {
     let hd = x.len();
     for j in 0..hd / 2 {
-        let (a, b) = style.pair(j, hd);
+        let (a, b) = pair(style, j, hd);
         let (sin, cos) = rope_angle(pos, j, hd, theta).sin_cos();
         let sin = if inverse { -sin } else { sin };
         let (x1, x2) = (x[a], x[b]);

@@ -132,7 +132,7 @@ fn rope_rotates_pairs_by_the_documented_angle() {
     assert!((x[5] - (6.0 * a.cos() + 2.0 * a.sin())).abs() < 1e-12);
     rope::rotate(&mut x, 7, 500_000.0, RopeStyle::RotateHalf, true);
     assert!(x.iter().zip(&orig).all(|(a, b)| (a - b).abs() < 1e-12));
-    assert_eq!(RopeStyle::Interleaved.pair(3, 8), (6, 7));
+    assert_eq!(rope::pair(RopeStyle::Interleaved, 3, 8), (6, 7));
 }
 
 #[test]
@@ -155,7 +155,7 @@ fn the_rules_are_named_errors() {
     );
     assert_eq!(what(DecoderLayer { ffn: 0, ..ok }), "a size is zero");
     assert_eq!(what(ok.with_eps(f64::NAN)), "RMSNorm's eps is not finite and positive");
-    assert_eq!(what(ok.with_rope(0.0, RopeStyle::RotateHalf)), "RoPE's theta is not finite and positive");
+    assert_eq!(what(ok.with_rope(0.5, RopeStyle::RotateHalf)), "RoPE's theta is not finite and at least 1");
     assert_eq!(what(DecoderLayer { dtype: DType::F32, ..ok }), "the dtype is neither bf16 nor f16");
     assert_eq!(what(DecoderLayer { ffn: usize::MAX / 4, ..ok }), "a weight's element count overflows usize");
     let e = ok.check_tokens(Tokens { b: 0, s: 8 }).unwrap_err();
@@ -189,4 +189,33 @@ fn shapes_names_and_flops() {
     assert_eq!(l.flops(t, true), 3.0 * gemm + 3.5 * attn);
     let p = l.attention(t);
     assert_eq!((p.layouts[0].seq, p.layouts[3].seq), (6144, 4096));
+}
+
+/// The problems of a step: the projections' GEMMs and their gradients, RoPE on the fused
+/// `qkv` (row stride the fused width, q and k heads, position within the sequence), SwiGLU
+/// with the gate first, RMSNorm with the layer's ε; the options' rule.
+#[test]
+fn the_problems_of_a_step() {
+    use crate::fp8::Scaling;
+    use crate::layer_ops::GluLayout;
+    use crate::norm::GradType;
+    let (l, t) = (DecoderLayer::llama3_8b(), Tokens { b: 2, s: 4096 });
+    let g = l.gemms(t, l.precision()).unwrap();
+    let qkv = &g.fwd[Proj::Qkv as usize];
+    assert_eq!((qkv.m(), qkv.n(), qkv.k()), (8192, 6144, 4096));
+    let dx = &g.dx[Proj::Down as usize];
+    assert_eq!((dx.m(), dx.n(), dx.k()), (8192, 14336, 4096));
+    let dw = &g.dw[Proj::GateUp as usize];
+    assert_eq!((dw.m(), dw.n(), dw.k()), (28672, 4096, 8192));
+    let r = l.rope_problem(t);
+    assert_eq!((r.batch, r.seq, r.heads_q, r.heads_kv, r.head_dim, r.rotary_dim), (2, 4096, 32, 8, 128, 128));
+    assert_eq!((r.ld, r.style), (l.qkv_width(), RopeStyle::RotateHalf));
+    let sw = l.swiglu_problem(t);
+    assert_eq!((sw.rows, sw.f, sw.layout), (8192, 14336, GluLayout::Halves));
+    assert_eq!(sw.gate_up_index(1, 2), (28672 + 2, 28672 + 14336 + 2), "gate first, then up");
+    let n = l.norm_problem(t, GradType::F32);
+    assert_eq!((n.rows, n.features, n.eps, n.dw), (8192, 4096, 1e-5, GradType::F32));
+    LayerOptions { fp8_forward: Some(Scaling::Row) }.validate().unwrap();
+    let e = LayerOptions { fp8_forward: Some(Scaling::Block1x128) }.validate().unwrap_err();
+    assert!(matches!(e, Error::Fp8 { .. }), "{e}");
 }

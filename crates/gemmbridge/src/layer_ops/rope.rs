@@ -15,6 +15,16 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+impl RopeStyle {
+    /// `rotate-half` or `interleaved`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RopeStyle::RotateHalf => "rotate-half",
+            RopeStyle::Interleaved => "interleaved",
+        }
+    }
+}
+
 /// LLaMA 3's frequency scaling (Meta's `apply_scaling`, Hugging Face's `rope_type =
 /// "llama3"`): with wavelength `λ_i = 2π/inv_freq_i`, `L = original_max_position`,
 /// frequencies with `λ_i < L/high_freq_factor` are kept, those with `λ_i > L/low_freq_factor`
