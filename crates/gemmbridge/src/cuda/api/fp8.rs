@@ -6,7 +6,7 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::checks::same_context;
+use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use crate::cuda::library;
 use crate::cuda::route::fp8::{broken, enqueue, no_lt, Fp8Call, Fp8Options, Fp8Out, Fp8Tensor};
@@ -38,16 +38,47 @@ impl Gpu {
         bias: Option<&dyn DevicePtr<O>>,
         opts: Fp8Options,
     ) -> Result<()> {
+        self.fp8_dense(x, w, (None, y), bias, opts)
+    }
+
+    /// [`Gpu::fp8_gemm`], with `c_in`: `y = α·(x·wᵀ) + β·c_in (+ bias)`, `c_in` a read-only C
+    /// laid out as `y` and apart from it (the decoder layer's residual adds).
+    ///
+    /// # Errors
+    /// As [`Gpu::fp8_gemm`]; for `c_in` as for `y` ([`Which::CIn`]), and
+    /// [`crate::Error::OutputOverlapsInput`] where it overlaps `y`.
+    pub(crate) fn fp8_dense<O: Element>(
+        &self,
+        x: &Fp8Tensor,
+        w: &Fp8Tensor,
+        (c_in, y): (Option<&dyn DevicePtr<O>>, &mut dyn DevicePtrMut<O>),
+        bias: Option<&dyn DevicePtr<O>>,
+        opts: Fp8Options,
+    ) -> Result<()> {
         let ctx = self.context();
         same_context(Which::A, x.data.stream(), ctx)?;
         same_context(Which::B, w.data.stream(), ctx)?;
         same_context(Which::C, y.stream(), ctx)?;
+        if let Some(c) = c_in {
+            same_context(Which::CIn, c.stream(), ctx)?;
+        }
         if let Some(b) = bias {
             same_context(Which::Bias, b.stream(), ctx)?;
         }
         let s = self.stream();
         let y_len = y.num_bytes();
         let (py, _gy) = y.device_ptr_mut(s);
+        let (c_in, _gc) = match c_in {
+            Some(c) => {
+                let (p, g) = c.device_ptr(s);
+                let used = (x.layout.rows * w.layout.rows * O::DTYPE.size_bytes()).min(y_len);
+                let spans =
+                    [Span { which: Which::C, addr: py, bytes: used }, Span { which: Which::CIn, addr: p, bytes: used }];
+                disjoint(&spans[..1], &spans[1..])?;
+                (Some((p, c.num_bytes())), Some(g))
+            }
+            None => (None, None),
+        };
         let (bias, _gb) = match bias {
             Some(b) => {
                 let (p, g) = b.device_ptr(s);
@@ -55,8 +86,8 @@ impl Gpu {
             }
             None => (None, None),
         };
-        let call =
-            Fp8Call { x, w, y: (py, y_len), out: OutputKind::Dense(O::DTYPE), bias, d_scale: None, amax: None, opts };
+        let out = OutputKind::Dense(O::DTYPE);
+        let call = Fp8Call { x, w, y: (py, y_len), c_in, out, bias, d_scale: None, amax: None, opts };
         // SAFETY: every address is a live cudarc allocation of this context borrowed for the
         // call (cudarc's events order later uses); lengths are checked in fp8_run.
         unsafe { self.fp8_run(&call, s.cu_stream()) }
@@ -105,8 +136,17 @@ impl Gpu {
             None => (None, None),
         };
         let out = OutputKind::Fp8(Fp8Format::E4M3);
-        let call =
-            Fp8Call { x, w, y: (py, y_len), out, bias, d_scale: Some((pd, ds_len)), amax: Some((pa, am_len)), opts };
+        let call = Fp8Call {
+            x,
+            w,
+            y: (py, y_len),
+            c_in: None,
+            out,
+            bias,
+            d_scale: Some((pd, ds_len)),
+            amax: Some((pa, am_len)),
+            opts,
+        };
         // SAFETY: as in fp8_gemm.
         unsafe { self.fp8_run(&call, s.cu_stream()) }
     }

@@ -147,6 +147,7 @@ impl Gpu {
                 x,
                 w,
                 y: (pc + c0 as u64, c_len - c0),
+                c_in: None,
                 out: OutputKind::Dense(O::DTYPE),
                 bias: pv.map(|(addr, have)| (addr + b0 as u64, have - b0, O::DTYPE)),
                 d_scale: None,

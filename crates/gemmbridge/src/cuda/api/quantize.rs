@@ -93,6 +93,27 @@ impl Gpu {
         Ok(out)
     }
 
+    /// [`Gpu::quantize`] of a row-major `src[rows, cols]` into `out`, an operand made before
+    /// by [`Gpu::quantize`] with those sizes (its format, layout and scaling kept; its data and
+    /// scales overwritten in stream order, no allocation but the tensor-wise cast's 4-byte amax
+    /// scratch). For callers that quantise the same-shaped activation on every step.
+    ///
+    /// # Errors
+    /// As [`Gpu::quantize`]; [`Error::WrongContext`] for `out` of another context.
+    pub(crate) fn quantize_into<T: Element>(&self, src: &dyn DevicePtr<T>, out: &mut Fp8Tensor) -> Result<()> {
+        let (rows, cols) = (out.layout.rows, out.layout.cols);
+        same_context(Which::Source, src.stream(), self.context())?;
+        same_context(Which::C, out.data.stream(), self.context())?;
+        Error::check_bytes(Which::Source, src.num_bytes(), rows.saturating_mul(cols), T::DTYPE.size_bytes())?;
+        let (x, _gx) = src.device_ptr(self.stream());
+        self.with_cast_job::<T, _>(x, out, Source::RowMajor, |kernels, job, stream| {
+            // SAFETY: `src` holds rows·cols elements (checked); `data` and `scales` were
+            // allocated for this layout by `quantize`; all on `stream`, a live stream of the
+            // bound context.
+            unsafe { enqueue_cast(kernels, job, stream) }
+        })
+    }
+
     /// The operand `operand` of the FP8 grouped product `p` ([`Gpu::grouped_fp8_gemm`])
     /// quantised one group at a time, each group on its own ([`Gpu::quantize`] of that
     /// group's slice: its own amax and scales), into the TN form of

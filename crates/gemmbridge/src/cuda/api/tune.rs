@@ -192,6 +192,7 @@ impl Gpu {
             x,
             w,
             y: (py, y_len),
+            c_in: None,
             out: OutputKind::Dense(O::DTYPE),
             bias: None,
             d_scale: None,

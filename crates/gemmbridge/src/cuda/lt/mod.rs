@@ -222,7 +222,8 @@ impl LtState {
     ) -> Result<()> {
         let describe = || fp8_signature(&key);
         let ws = dev.workspaces.get(stream, &describe)?;
-        let key = Fp8Key { workspace: ws.matmul_bytes, align: plan::alignment(ops.d), ..key };
+        let align = plan::alignment(ops.d).min(plan::alignment(ops.c));
+        let key = Fp8Key { workspace: ws.matmul_bytes, align, ..key };
         if !self.fp8_plans.contains_key(&key) {
             if crate::cuda::device::is_capturing(stream)? {
                 return Err(Error::NotCapturable {

@@ -149,6 +149,9 @@ pub(crate) struct Fp8Call<'a> {
     pub x: &'a Fp8Tensor,
     pub w: &'a Fp8Tensor,
     pub y: (u64, usize),
+    /// A read-only C apart from `y` (dense outputs; `β·C` is read from it, `y` only written),
+    /// laid out as `y`; `None`: C is `y`.
+    pub c_in: Option<(u64, usize)>,
     pub out: OutputKind,
     pub bias: Option<(u64, usize, DType)>,
     /// FP8 output: the D scale and the amax (one f32 each).
@@ -183,14 +186,14 @@ impl Fp8Call<'_> {
     }
 
     /// The launch's addresses: the operands' data and scales (`[x, w, x scales, w scales]`)
-    /// and the output `d` (also C).
+    /// and the output `d` (also C, unless the call has a separate C).
     pub(crate) fn operands(&self, [x, w, x_scales, w_scales]: [u64; 4], d: u64) -> Fp8Operands {
         Fp8Operands {
             w,
             x,
             w_scales,
             x_scales,
-            c: d,
+            c: self.c_in.map_or(d, |c| c.0),
             d,
             bias: self.bias.map(|b| b.0),
             d_scale: self.d_scale.map(|d| d.0),
@@ -224,6 +227,13 @@ impl Fp8Call<'_> {
         match out_dtype {
             Some(d) => check_extent(Which::C, self.y.0, self.y.1, m * n, d)?,
             None => Error::check_bytes(Which::C, self.y.1, m * n, 1)?,
+        }
+        match (self.c_in, out_dtype) {
+            (Some((addr, len)), Some(d)) => check_extent(Which::CIn, addr, len, m * n, d)?,
+            (Some(_), None) => {
+                return Err(broken(Fp8Rule::OutputDtype, "a separate C needs a bf16, f16 or f32 output".into()))
+            }
+            (None, _) => {}
         }
         if let Some((addr, len, d)) = self.bias {
             check_extent(Which::Bias, addr, len, n, d)?;
@@ -297,8 +307,10 @@ unsafe fn staged(
         depth: 1,
     };
     if call.opts.beta != 0.0 {
-        // SAFETY: y holds [M, N] (validated); the scratch [m_used, n_used] was just allocated.
-        unsafe { copy_pitched(&rows, stream)? };
+        // C comes from the separate C where there is one
+        let c_rows = Pitched { src: call.c_in.map_or(call.y.0, |c| c.0), ..rows };
+        // SAFETY: C holds [M, N] (validated); the scratch [m_used, n_used] was just allocated.
+        unsafe { copy_pitched(&c_rows, stream)? };
     }
     if let Some((b, _, d)) = call.bias {
         let at = scratch.ptr + y_bytes as u64;
