@@ -10,7 +10,9 @@
 //! RMSNorm ([`Gpu::rms_norm_forward`], [`Gpu::rms_norm_backward`]; [`crate::norm`]),
 //! RoPE and SwiGLU on gemmbridge's own kernels ([`Gpu::rope`], [`Gpu::swiglu`],
 //! [`Gpu::swiglu_backward`]; [`crate::layer_ops`]),
-//! grouped GEMMs ([`Gpu::grouped_gemm`]; [`crate::grouped`]), training layers ([`train::Mlp`]).
+//! grouped GEMMs ([`Gpu::grouped_gemm`]; [`crate::grouped`]), training layers ([`train::Mlp`]),
+//! a LLaMA-style decoder layer built from these entries ([`layer::GpuDecoderLayer`];
+//! [`crate::layer`]).
 //! Settings are one value, [`GpuOptions`], given at creation ([`Gpu::with_options`]) and
 //! changed on a live engine with [`Gpu::update_options`]; [`Plans`] ([`Gpu::plans`]) holds the
 //! plan and replay caches and the tactic database.

@@ -3,38 +3,54 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::forward::saved;
-use super::steps::{self, NormBackward, Rope, SwigluBackward};
+use super::steps::{self, NormBackward, NormDw};
 use super::GpuDecoderLayer;
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::api::operands::Extras;
 use crate::cuda::call::Scale;
-use crate::dtype::Element;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::layer::Proj;
+use crate::norm::GradType;
 use crate::problem::GemmProblem;
 use crate::train::GradMode;
 
-/// `c = a·b` (or `+=`, β) with no epilogue: one of the backward's GEMMs.
-fn gemm<T: Element>(
-    gpu: &Gpu,
-    p: &GemmProblem,
-    beta: f32,
-    a: &impl DevicePtr<T>,
-    b: &impl DevicePtr<T>,
-    c: &mut impl DevicePtrMut<T>,
-) -> Result<()> {
-    gpu.gemm_fused(p, Scale::new(1.0, beta), a, b, c, Extras::default())
+/// One projection's gradients: `d_weight (+)= d_outᵀ·input` and `d_in = d_out·weight`.
+struct ProjGrad<'a, T, O> {
+    d_out: &'a O,
+    input: &'a CudaSlice<T>,
+    weight: &'a CudaSlice<T>,
+    d_in: &'a mut CudaSlice<T>,
+    d_weight: &'a mut CudaSlice<T>,
 }
 
-/// `y += x` over `y`'s elements (cuBLAS `axpy`, f32 arithmetic): a residual's gradient added
-/// to the gradient through its branch.
-fn add_into<T: Element>(gpu: &Gpu, x: &dyn DevicePtr<T>, y: &mut CudaSlice<T>) -> Result<()> {
-    let s = gpu.stream();
-    let n = y.len();
-    let (px, _gx) = x.device_ptr(s);
-    let (py, _gy) = y.device_ptr_mut(s);
-    // SAFETY: both hold n elements of T (the caller's x was checked to hold T·d, as y does),
-    // distinct buffers.
-    unsafe { gpu.enqueue_axpy(T::DTYPE, n, 1.0, px, py) }
+/// A [`ProjGrad`] of its five buffers.
+fn from<'a, T, O>(
+    d_out: &'a O,
+    input: &'a CudaSlice<T>,
+    weight: &'a CudaSlice<T>,
+    d_in: &'a mut CudaSlice<T>,
+    d_weight: &'a mut CudaSlice<T>,
+) -> ProjGrad<'a, T, O> {
+    ProjGrad { d_out, input, weight, d_in, d_weight }
+}
+
+/// The two GEMMs of a [`ProjGrad`] (the weight gradient with `beta`, no epilogue).
+fn proj_grads<T: Element, O: DevicePtr<T>>(
+    gpu: &Gpu,
+    (dw, dx): (&GemmProblem, &GemmProblem),
+    beta: f32,
+    g: ProjGrad<'_, T, O>,
+) -> Result<()> {
+    gpu.gemm_fused(dw, Scale::new(1.0, beta), g.d_out, g.input, g.d_weight, Extras::default())?;
+    gpu.gemm_fused(dx, Scale::PRODUCT, g.d_out, g.weight, g.d_in, Extras::default())
+}
+
+/// Which norm a backward step is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Norm {
+    First,
+    Second,
 }
 
 impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
@@ -47,14 +63,15 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// (`→ d_gu`), `dW_gate_up = d_guᵀ·h2`, `dh2 = d_gu·w_gate_up`, norm 2's backward
     /// (`→ dx2`, `dw_norm2`), `dx2 += dy` (`axpy`), `dW_o = dx2ᵀ·o`, `do = dx2·w_o`,
     /// attention's backward into the fused `dqkv`, RoPE's backward on it, `dW_qkv = dqkvᵀ·h1`,
-    /// `dh1 = dqkv·w_qkv`, norm 1's backward (`→ dx`, `dw_norm1`), `dx += dx2` (`axpy`).
+    /// `dh1 = dqkv·w_qkv`, norm 1's backward (`→ dx`, `dw_norm1`), `dx += dx2` (`axpy`) — 16
+    /// launches (18 under [`GradMode::Accumulate`]: each norm's gradient added with `axpy`).
     ///
     /// # Errors
     /// [`Error::TrainingOrder`] without a training forward on this `x` (same address and
-    /// length); [`Error::DecoderShape`] for `dy` too short; [`Error::Unsupported`] from a step
-    /// not wired yet ([`super::NOT_WIRED`]); as the GEMM and attention entries.
+    /// length); [`Error::DecoderShape`] for `dy` shorter than `T·d` elements; as the GEMM,
+    /// attention, RMSNorm and RoPE/SwiGLU entries.
     pub fn backward<X: DevicePtr<T>, D: DevicePtr<T>>(&mut self, gpu: &Gpu, x: &X, dy: &D) -> Result<()> {
-        let (l, n) = (self.layer, self.tokens.count());
+        let (l, t, n) = (self.layer, self.tokens, self.tokens.count());
         let want = n * l.d_model * T::DTYPE.size_bytes();
         if dy.num_bytes() < want {
             let detail = format!("{} bytes, expected {want} ({n} tokens of {})", dy.num_bytes(), l.d_model);
@@ -69,79 +86,76 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
                 return Err(Error::TrainingOrder { problem });
             }
         }
-        let (rows, d, ffn, acc) = (n, l.d_model, l.ffn, self.grad_mode == GradMode::Accumulate);
-        self.down_backward(gpu, dy)?;
+        let lt = (&l, t);
+        self.proj_backward(gpu, Proj::Down, dy)?;
         let (a, g) = (&*self.acts, &mut *self.grads);
-        steps::swiglu_backward(gpu, SwigluBackward { gu: &a.gu, d_act: &g.d_act, d_gu: &mut g.d_gu, rows, ffn })?;
-        self.gate_up_backward(gpu)?;
-        let (a, g) = (&*self.acts, &mut *self.grads);
-        let norm2 = NormBackward {
-            which: "the second RMSNorm",
-            x: &a.x2,
-            weight: &self.w.norm2,
-            rstd: &a.rstd2,
-            dh: &g.dh,
-            dx: &mut g.dx2,
-            d_weight: &mut self.dw.norm2,
-            accumulate: acc,
-            rows,
-            d,
-        };
-        steps::norm_backward(gpu, norm2)?;
-        add_into(gpu, dy, &mut self.grads.dx2)?;
-        self.o_backward(gpu)?;
+        steps::swiglu_backward(gpu, lt, (&a.gu, &g.d_act), &mut g.d_gu)?;
+        self.proj_backward(gpu, Proj::GateUp, dy)?;
+        self.norm_backward(gpu, Norm::Second, x)?;
+        steps::add_buffers(gpu, dy, &mut self.grads.dx2)?;
+        self.proj_backward(gpu, Proj::O, dy)?;
         self.attention_backward(gpu)?;
-        steps::rope(gpu, Rope { qkv: &mut self.grads.dqkv, layer: l, tokens: self.tokens, inverse: true })?;
-        self.qkv_backward(gpu)?;
-        let (a, g) = (&*self.acts, &mut *self.grads);
-        let norm1 = NormBackward {
-            which: "the first RMSNorm",
-            x,
-            weight: &self.w.norm1,
-            rstd: &a.rstd1,
-            dh: &g.dh,
-            dx: &mut g.dx,
-            d_weight: &mut self.dw.norm1,
-            accumulate: acc,
-            rows,
-            d,
-        };
-        steps::norm_backward(gpu, norm1)?;
+        steps::rope(gpu, lt, &mut self.grads.dqkv, true)?;
+        self.proj_backward(gpu, Proj::Qkv, dy)?;
+        self.norm_backward(gpu, Norm::First, x)?;
         let g = &mut *self.grads;
-        add_into(gpu, &g.dx2, &mut g.dx)
+        steps::add_buffers(gpu, &g.dx2, &mut g.dx)
     }
 
-    /// β of the weight-gradient GEMMs.
-    fn dw_beta(&self) -> f32 {
-        if self.grad_mode == GradMode::Accumulate {
-            1.0
-        } else {
-            0.0
+    /// One projection's backward: its weight gradient (`dW (+)= dYᵀ·X`) and its data gradient
+    /// (`dX = dY·W`): down from `dy` and `act` into `d_act`, gate/up from `d_gu` and `h2` into
+    /// `dh`, O from `dx2` and `o` into `do`, QKV from `dqkv` and `h1` into `dh`.
+    fn proj_backward<D: DevicePtr<T>>(&mut self, gpu: &Gpu, p: Proj, dy: &D) -> Result<()> {
+        let beta = if self.grad_mode == GradMode::Accumulate { 1.0 } else { 0.0 };
+        let (a, g, dw, w) = (&*self.acts, &mut *self.grads, &mut *self.dw, &*self.w);
+        let i = p as usize;
+        let problems = (&self.gemms.dw[i], &self.gemms.dx[i]);
+        match p {
+            Proj::Down => proj_grads(gpu, problems, beta, from(dy, &a.act, &w.down, &mut g.d_act, &mut dw.down)),
+            Proj::GateUp => {
+                proj_grads(gpu, problems, beta, from(&g.d_gu, &a.h2, &w.gate_up, &mut g.dh, &mut dw.gate_up))
+            }
+            Proj::O => proj_grads(gpu, problems, beta, from(&g.dx2, &a.o, &w.o, &mut g.d_o, &mut dw.o)),
+            Proj::Qkv => proj_grads(gpu, problems, beta, from(&g.dqkv, &a.h1, &w.qkv, &mut g.dh, &mut dw.qkv)),
         }
     }
 
-    /// `dW_down (+)= dyᵀ·act`, `d_act = dy·w_down`.
-    fn down_backward(&mut self, gpu: &Gpu, dy: &impl DevicePtr<T>) -> Result<()> {
-        let beta = self.dw_beta();
-        let (p, a, g) = (&self.problems, &*self.acts, &mut *self.grads);
-        gemm(gpu, &p.dw[3], beta, dy, &a.act, &mut self.dw.down)?;
-        gemm(gpu, &p.dx[3], 0.0, dy, &self.w.down, &mut g.d_act)
-    }
-
-    /// `dW_gate_up (+)= d_guᵀ·h2`, `dh2 = d_gu·w_gate_up`.
-    fn gate_up_backward(&mut self, gpu: &Gpu) -> Result<()> {
-        let beta = self.dw_beta();
-        let (p, a, g) = (&self.problems, &*self.acts, &mut *self.grads);
-        gemm(gpu, &p.dw[2], beta, &g.d_gu, &a.h2, &mut self.dw.gate_up)?;
-        gemm(gpu, &p.dx[2], 0.0, &g.d_gu, &self.w.gate_up, &mut g.dh)
-    }
-
-    /// `dW_o (+)= dx2ᵀ·o`, `do = dx2·w_o`.
-    fn o_backward(&mut self, gpu: &Gpu) -> Result<()> {
-        let beta = self.dw_beta();
-        let (p, a, g) = (&self.problems, &*self.acts, &mut *self.grads);
-        gemm(gpu, &p.dw[1], beta, &g.dx2, &a.o, &mut self.dw.o)?;
-        gemm(gpu, &p.dx[1], 0.0, &g.dx2, &self.w.o, &mut g.d_o)
+    /// A norm's backward from `dh`: the second writes `dx2`, the first `dx` (each overwritten;
+    /// the residual's gradient is added after), and its weight gradient — directly, or under
+    /// [`GradMode::Accumulate`] into the scratch, then added.
+    fn norm_backward(&mut self, gpu: &Gpu, which: Norm, x: &dyn DevicePtr<T>) -> Result<()> {
+        let (l, t, dw_type) = (self.layer, self.tokens, self.norm_dw);
+        let acc = self.grad_mode == GradMode::Accumulate;
+        let (a, g, ng, dw) = (&*self.acts, &mut *self.grads, &mut *self.norm_grads, &mut *self.dw);
+        let k = if which == Norm::First { 0 } else { 1 };
+        let (x, weight, rstd, dx, io): (&dyn DevicePtr<T>, _, _, _, _) = match which {
+            Norm::First => (x, &self.w.norm1, &a.rstd1, &mut g.dx, &mut dw.norm1),
+            Norm::Second => (&a.x2, &self.w.norm2, &a.rstd2, &mut g.dx2, &mut dw.norm2),
+        };
+        let (f32_target, io_target) =
+            if acc { (&mut ng.scratch_f32, &mut ng.scratch_io) } else { (&mut ng.f32[k], io) };
+        let dw_out = NormDw { f32: f32_target, io: io_target };
+        steps::norm_backward(gpu, (&l, t, dw_type), NormBackward { x, weight, rstd, dh: &g.dh, dx, dw: dw_out })?;
+        if !acc {
+            return Ok(());
+        }
+        let s = gpu.stream();
+        let d = l.d_model;
+        // SAFETY (both arms): the scratch and the target are distinct `[d]` buffers of this
+        // layer, in this context, of the named type.
+        match dw_type {
+            GradType::F32 => {
+                let (px, _gx) = ng.scratch_f32.device_ptr(s);
+                let (py, _gy) = ng.f32[k].device_ptr_mut(s);
+                unsafe { steps::add_into(gpu, DType::F32, d, px, py) }
+            }
+            GradType::Io => {
+                let target = if which == Norm::First { &mut dw.norm1 } else { &mut dw.norm2 };
+                let (px, _gx) = ng.scratch_io.device_ptr(s);
+                let (py, _gy) = target.device_ptr_mut(s);
+                unsafe { steps::add_into(gpu, T::DTYPE, d, px, py) }
+            }
+        }
     }
 
     /// Attention's backward: dq, dk, dv into the fused `dqkv`.
@@ -151,23 +165,5 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
         let (a, g) = (&*self.acts, &mut *self.grads);
         let views = [a.qkv.slice(..), a.qkv.slice(offsets[1]..), a.qkv.slice(offsets[2]..)];
         gpu.attention_backward_packed(&p, saved(&views, &a.o, &g.d_o, &a.lse), &mut g.dqkv, offsets, None)
-    }
-
-    /// `dW_qkv (+)= dqkvᵀ·h1`, `dh1 = dqkv·w_qkv`.
-    fn qkv_backward(&mut self, gpu: &Gpu) -> Result<()> {
-        let beta = self.dw_beta();
-        let (p, a, g) = (&self.problems, &*self.acts, &mut *self.grads);
-        gemm(gpu, &p.dw[0], beta, &g.dqkv, &a.h1, &mut self.dw.qkv)?;
-        gemm(gpu, &p.dx[0], 0.0, &g.dqkv, &self.w.qkv, &mut g.dh)
-    }
-
-    /// The backward's GEMMs and attention call alone (no step that is not wired), on `dy`:
-    /// the planning runs of construction.
-    pub(super) fn backward_gemms_and_attention(&mut self, gpu: &Gpu, dy: &CudaSlice<T>) -> Result<()> {
-        self.down_backward(gpu, dy)?;
-        self.gate_up_backward(gpu)?;
-        self.o_backward(gpu)?;
-        self.attention_backward(gpu)?;
-        self.qkv_backward(gpu)
     }
 }

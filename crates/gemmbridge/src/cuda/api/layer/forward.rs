@@ -1,31 +1,38 @@
-//! The layer's forward, and the planning runs made at construction.
+//! The layer's forward, and the planning step made at construction.
 
-use cudarc::driver::{DevicePtr, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
-use super::steps::{self, NormForward, Rope, SwigluForward};
+use super::fp8::weight_of;
+use super::steps::{self, NormBackward, NormDw};
 use super::{GpuDecoderLayer, LastForward};
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::api::operands::Extras;
 use crate::cuda::api::AttnSaved;
 use crate::cuda::call::Scale;
+use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
+use crate::layer::{LayerWeight, Proj};
+use crate::norm::GradType;
 
 impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// The forward on `x[T, d]` (this layer's tokens), on [`Gpu::stream`]: `y` in
-    /// [`GpuDecoderLayer::output`]. With `train`, attention also writes its statistics and the
-    /// step may be followed by [`GpuDecoderLayer::backward`] on the same `x`, which must then
-    /// be left unchanged until it (the first norm's backward reads it). No device allocation, no
+    /// [`GpuDecoderLayer::output`]. With `train`, the norms also write their inverse RMS and
+    /// attention its statistics, and the step may be followed by [`GpuDecoderLayer::backward`]
+    /// on the same `x`, which must then be left unchanged until it (the first norm's backward
+    /// reads it); without, the norms run in cuDNN's inference phase. No device allocation, no
     /// host wait.
     ///
-    /// The step, in order: norm 1 (`x → h1, rstd1`), `qkv = h1·w_qkvᵀ`, RoPE on q and k in
+    /// The step, in order: norm 1 (`x → h1`, `rstd1`), `qkv = h1·w_qkvᵀ`, RoPE on q and k in
     /// place, attention (`qkv → o`, `lse`), `x2 = x + o·w_oᵀ` (x as the GEMM's C, β = 1),
-    /// norm 2 (`x2 → h2, rstd2`), `gu = h2·w_gate_upᵀ`, SwiGLU (`gu → act`),
-    /// `y = x2 + act·w_downᵀ`.
+    /// norm 2 (`x2 → h2`, `rstd2`), `gu = h2·w_gate_upᵀ`, SwiGLU (`gu → act`),
+    /// `y = x2 + act·w_downᵀ` (x2 as the GEMM's C) — 9 launches (plus, in FP8, one or two
+    /// quantisation kernels before each projection).
     ///
     /// # Errors
-    /// [`Error::DecoderShape`] for `x` of another length; [`Error::Unsupported`] from a step not
-    /// wired yet ([`super::NOT_WIRED`]); as the GEMM and attention entries.
+    /// [`Error::DecoderShape`] for `x` shorter than `T·d` elements; as the GEMM, attention,
+    /// RMSNorm and RoPE/SwiGLU entries (after construction only a buffer from another context,
+    /// or an input overlapping the layer's buffers, can be refused).
     pub fn forward<X: DevicePtr<T>>(&mut self, gpu: &Gpu, x: &X, train: bool) -> Result<()> {
         let (l, t, n) = (self.layer, self.tokens, self.tokens.count());
         let want = n * l.d_model * T::DTYPE.size_bytes();
@@ -34,97 +41,99 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
             return Err(Error::DecoderShape { what: "the input x is too short", detail });
         }
         self.last = None;
+        let lt = (&l, t);
         let a = &mut *self.acts;
-        let eps = l.eps;
-        let (rows, d) = (n, l.d_model);
-        let norm1 = NormForward {
-            which: "the first RMSNorm",
-            x,
-            weight: &self.w.norm1,
-            h: &mut a.h1,
-            rstd: &mut a.rstd1,
-            rows,
-            d,
-            eps,
-        };
-        steps::norm_forward(gpu, norm1)?;
-        self.qkv_projection(gpu)?;
-        steps::rope(gpu, Rope { qkv: &mut self.acts.qkv, layer: l, tokens: t, inverse: false })?;
+        let rstd = if train { Some(&mut a.rstd1) } else { None };
+        steps::norm_forward(gpu, lt, steps::NormForward { x, weight: &self.w.norm1, h: &mut a.h1, rstd })?;
+        self.project(gpu, Proj::Qkv, x)?;
+        steps::rope(gpu, lt, &mut self.acts.qkv, false)?;
         self.attend(gpu, train)?;
-        self.o_projection(gpu, x)?;
+        self.project(gpu, Proj::O, x)?;
         let a = &mut *self.acts;
-        let norm2 = NormForward {
-            which: "the second RMSNorm",
-            x: &a.x2,
-            weight: &self.w.norm2,
-            h: &mut a.h2,
-            rstd: &mut a.rstd2,
-            rows,
-            d,
-            eps,
-        };
-        steps::norm_forward(gpu, norm2)?;
-        self.gate_up_projection(gpu)?;
+        let rstd = if train { Some(&mut a.rstd2) } else { None };
+        steps::norm_forward(gpu, lt, steps::NormForward { x: &a.x2, weight: &self.w.norm2, h: &mut a.h2, rstd })?;
+        self.project(gpu, Proj::GateUp, x)?;
         let a = &mut *self.acts;
-        steps::swiglu_forward(gpu, SwigluForward { gu: &a.gu, act: &mut a.act, rows, ffn: l.ffn })?;
-        self.down_projection(gpu)?;
+        steps::swiglu_forward(gpu, lt, &a.gu, &mut a.act)?;
+        self.project(gpu, Proj::Down, x)?;
         let s = gpu.stream();
         self.last = Some(LastForward { x: (x.device_ptr(s).0, x.num_bytes()), train });
         Ok(())
     }
 
-    /// `qkv = h1·w_qkvᵀ`.
-    pub(super) fn qkv_projection(&mut self, gpu: &Gpu) -> Result<()> {
-        let (p, a) = (&self.problems.qkv, &mut *self.acts);
-        gpu.gemm_fused(p, Scale::PRODUCT, &a.h1, &self.w.qkv, &mut a.qkv, Extras::default())
+    /// One forward projection: `qkv = h1·w_qkvᵀ`, `x2 = x + o·w_oᵀ`, `gu = h2·w_gate_upᵀ` or
+    /// `y = x2 + act·w_downᵀ` (the residual as the GEMM's separate C, β = 1); `x` is the
+    /// layer's input (read by the O projection only). In FP8 where the layer runs so.
+    fn project(&mut self, gpu: &Gpu, p: Proj, x: &dyn DevicePtr<T>) -> Result<()> {
+        let a = &mut *self.acts;
+        let (input, c_in, out): (&CudaSlice<T>, Option<&dyn DevicePtr<T>>, &mut CudaSlice<T>) = match p {
+            Proj::Qkv => (&a.h1, None, &mut a.qkv),
+            Proj::O => (&a.o, Some(x), &mut a.x2),
+            Proj::GateUp => (&a.h2, None, &mut a.gu),
+            Proj::Down => (&a.act, Some(&a.x2), &mut a.y),
+        };
+        if let Some(f) = self.fp8.as_mut() {
+            return f.project(gpu, p, (input, c_in), out);
+        }
+        let (scale, ex) = match c_in {
+            Some(c) => (Scale::new(1.0, 1.0), Extras { c_in: Some(c), ..Extras::default() }),
+            None => (Scale::PRODUCT, Extras::default()),
+        };
+        let w = self.w.get(weight_of(p));
+        gpu.gemm_fused(&self.gemms.fwd[p as usize], scale, input, w, out, ex)
     }
 
     /// Attention on the q, k, v views of `qkv` into `o` (and `lse` with `train`).
-    pub(super) fn attend(&mut self, gpu: &Gpu, train: bool) -> Result<()> {
+    fn attend(&mut self, gpu: &Gpu, train: bool) -> Result<()> {
         let p = self.layer.attention(self.tokens);
         let [_, ok, ov] = self.layer.qkv_offsets();
         let a = &mut *self.acts;
         let (q, k, v) = (a.qkv.slice(..), a.qkv.slice(ok..), a.qkv.slice(ov..));
-        let stats: Option<&mut dyn cudarc::driver::DevicePtrMut<f32>> = if train { Some(&mut a.lse) } else { None };
+        let stats: Option<&mut dyn DevicePtrMut<f32>> = if train { Some(&mut a.lse) } else { None };
         gpu.attention_forward(&p, [&q, &k, &v], &mut a.o, stats, None)
     }
 
-    /// `x2 = x + o·w_oᵀ` (the residual `x` as the GEMM's separate C).
-    pub(super) fn o_projection(&mut self, gpu: &Gpu, x: &dyn DevicePtr<T>) -> Result<()> {
-        let (p, a) = (&self.problems.o, &mut *self.acts);
-        let ex = Extras { c_in: Some(x), ..Extras::default() };
-        gpu.gemm_fused(p, Scale::new(1.0, 1.0), &a.o, &self.w.o, &mut a.x2, ex)
+    /// Chooses the norms' weight-gradient type: one RMSNorm backward on the layer's own
+    /// buffers with an f32 `dw`; where cuDNN refuses it ([`Error::Unsupported`]), the I/O type.
+    pub(super) fn choose_norm_dw(&mut self, gpu: &Gpu) -> Result<GradType> {
+        let (l, t) = (self.layer, self.tokens);
+        let (a, g, ng) = (&*self.acts, &mut *self.grads, &mut *self.norm_grads);
+        let step = NormBackward {
+            x: &a.x2,
+            weight: &self.w.norm2,
+            rstd: &a.rstd2,
+            dh: &g.dh,
+            dx: &mut g.dx2,
+            dw: NormDw { f32: &mut ng.scratch_f32, io: &mut ng.scratch_io },
+        };
+        match steps::norm_backward(gpu, (&l, t, GradType::F32), step) {
+            Ok(()) => Ok(GradType::F32),
+            Err(Error::Unsupported { backend, what }) => {
+                tracing::info!(
+                    layer = %l.describe(),
+                    "{backend} refused an f32 RMSNorm weight gradient ({what}); the layer's norm gradients are {}",
+                    l.dtype
+                );
+                Ok(GradType::Io)
+            }
+            Err(e) => Err(e),
+        }
     }
 
-    /// `gu = h2·w_gate_upᵀ`.
-    pub(super) fn gate_up_projection(&mut self, gpu: &Gpu) -> Result<()> {
-        let (p, a) = (&self.problems.gate_up, &mut *self.acts);
-        gpu.gemm_fused(p, Scale::PRODUCT, &a.h2, &self.w.gate_up, &mut a.gu, Extras::default())
-    }
-
-    /// `y = x2 + act·w_downᵀ` (the residual `x2` as the GEMM's separate C).
-    pub(super) fn down_projection(&mut self, gpu: &Gpu) -> Result<()> {
-        let (p, a) = (&self.problems.down, &mut *self.acts);
-        let ex = Extras { c_in: Some(&a.x2), ..Extras::default() };
-        gpu.gemm_fused(p, Scale::new(1.0, 1.0), &a.act, &self.w.down, &mut a.y, ex)
-    }
-
-    /// Runs every GEMM and attention call of a step once on the layer's own (zeroed) buffers,
-    /// so that their plans exist and later steps only launch (and can be captured): the
-    /// forward's (attention with and without statistics), then the backward's. The gradient
-    /// buffers are zeroed again after.
+    /// One inference forward and one training step on zeros (every plan made, every kernel
+    /// compiled), then the weight gradients zeroed.
     pub(super) fn prewarm(&mut self, gpu: &Gpu) -> Result<()> {
-        let stand_in = self.grads.dx.clone();
-        self.qkv_projection(gpu)?;
-        self.attend(gpu, false)?;
-        self.attend(gpu, true)?;
-        self.o_projection(gpu, &stand_in)?;
-        self.gate_up_projection(gpu)?;
-        self.down_projection(gpu)?;
-        self.backward_gemms_and_attention(gpu, &stand_in)?;
         let s = gpu.stream();
-        for w in crate::layer::LayerWeight::ALL {
-            s.memset_zeros(self.dw.get_mut(w)).map_err(crate::cuda::status::driver("cuMemsetD8Async"))?;
+        let stand_in: CudaSlice<T> = super::zeros(gpu, self.tokens.count() * self.layer.d_model)?;
+        self.forward(gpu, &stand_in, false)?;
+        self.forward(gpu, &stand_in, true)?;
+        self.backward(gpu, &stand_in, &stand_in)?;
+        self.last = None;
+        for w in LayerWeight::ALL {
+            s.memset_zeros(self.dw.get_mut(w)).map_err(status::driver("cuMemsetD8Async"))?;
+        }
+        for g in self.norm_grads.f32.iter_mut() {
+            s.memset_zeros(g).map_err(status::driver("cuMemsetD8Async"))?;
         }
         Ok(())
     }

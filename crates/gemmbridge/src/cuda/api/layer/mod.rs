@@ -2,19 +2,24 @@
 //! entries — every projection and its backward an ordinary [`Gpu::gemm_fused`] (the residual
 //! adds as the GEMM's separate C, [`crate::cuda::Extras::c_in`]), attention on cuDNN with q,
 //! k, v read in place from the fused projection's output and dq, dk, dv written into one
-//! fused gradient ([`Gpu::attention_backward_packed`]). The state and buffers are here, the
-//! step in `forward.rs` and `backward.rs`, and the steps that are not GEMMs or attention
-//! (RMSNorm, RoPE, SwiGLU) in `steps.rs`.
+//! fused gradient ([`Gpu::attention_backward_packed`]), RMSNorm on cuDNN
+//! ([`Gpu::rms_norm_forward`], [`Gpu::rms_norm_backward`]), RoPE and SwiGLU on gemmbridge's
+//! own kernels ([`Gpu::rope`], [`Gpu::swiglu`], [`Gpu::swiglu_backward`]); optionally the four
+//! forward projections in FP8 ([`crate::layer::LayerOptions::fp8_forward`]). The state and buffers are here,
+//! the step in `forward.rs` and `backward.rs`, the RMSNorm, RoPE and SwiGLU calls in
+//! `steps.rs`, the FP8 projections in `fp8.rs`.
 //!
-//! # Not wired yet
-//! RMSNorm, RoPE and SwiGLU have no GPU entry in this crate yet: each of their six steps
-//! (`steps.rs`: `norm_forward`, `norm_backward`, `rope`, `swiglu_forward`,
-//! `swiglu_backward`) answers [`Error::Unsupported`] naming the step, so [`GpuDecoderLayer::forward`]
-//! and [`GpuDecoderLayer::backward`] fail by name at their first such step, before anything
-//! after it is enqueued. The GEMMs, attention, residual adds and every buffer are in place.
+//! # What a step moves besides the GEMMs and attention
+//! Forward: the two norms (read `x`, write `h` and the f32 inverse RMS), RoPE in place on q and
+//! k, SwiGLU (read `gu`, write `act`); the residuals are the O and down GEMMs' C. Backward:
+//! SwiGLU's backward, the two norms' backward, RoPE's backward in place on dq and dk, and two
+//! residual adds (`dx2 += dy`, `dx += dx2`: cuBLAS `axpy`, each reading two `[T, d]` tensors
+//! and writing one) — cuDNN's norm backward has no fused add of a residual gradient, and no
+//! GEMM writes a sum with `dy` or `dx2` (each norm's backward comes last on its branch).
 
 mod backward;
 mod forward;
+mod fp8;
 mod steps;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
@@ -22,15 +27,13 @@ use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::device::{Relaxed, RelaxedDrop};
 use crate::cuda::status;
-use crate::dtype::{DType, Element};
+use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
+use crate::fp8::Scaling;
 use crate::layer::reference::Weights;
-use crate::layer::{DecoderLayer, LayerWeight, Tokens};
-use crate::precision::Precision;
-use crate::problem::GemmProblem;
+use crate::layer::{DecoderLayer, LayerGemms, LayerOptions, LayerWeight, Tokens};
+use crate::norm::GradType;
 use crate::train::GradMode;
-
-pub use steps::NOT_WIRED;
 
 /// The six weights (or their gradients) on the device, each in its [`LayerWeight`] layout.
 pub(super) struct Params<T> {
@@ -77,7 +80,7 @@ impl<T> Params<T> {
 pub(super) struct Acts<T> {
     /// `h1 = rms_norm(x)∘w_norm1`, `[T, d]`.
     pub h1: CudaSlice<T>,
-    /// The first norm's `1/sqrt(mean(x²) + eps)`, `[T]`, f32.
+    /// The first norm's `1/sqrt(mean(x²) + eps)`, `[T]`, f32 (written by a training forward).
     pub rstd1: CudaSlice<f32>,
     /// `qkv[T, (h_q + 2·h_kv)·hd]`, after RoPE (in place).
     pub qkv: CudaSlice<T>,
@@ -117,44 +120,15 @@ pub(super) struct GradBufs<T> {
     pub dx: CudaSlice<T>,
 }
 
-/// The GEMM problems of a step, made once.
-pub(super) struct Problems {
-    pub qkv: GemmProblem,
-    pub o: GemmProblem,
-    pub gate_up: GemmProblem,
-    pub down: GemmProblem,
-    /// Data gradients `dX = dY·W`, in the same order.
-    pub dx: [GemmProblem; 4],
-    /// Weight gradients `dW = dYᵀ·X`, in the same order.
-    pub dw: [GemmProblem; 4],
-}
-
-impl Problems {
-    fn new(l: &DecoderLayer, t: Tokens, prec: Precision) -> Result<Problems> {
-        let (n, d, f, wq, qw) = (t.count(), l.d_model, l.ffn, l.qkv_width(), l.q_width());
-        // (out, in) of each projection, in the order qkv, o, gate_up, down
-        let io = [(wq, d), (d, qw), (2 * f, d), (d, f)];
-        let fwd = |(o, i): (usize, usize)| GemmProblem::linear(n, o, i, prec);
-        let dx = |(o, i): (usize, usize)| GemmProblem::matmul(n, i, o, prec);
-        let dw = |(o, i): (usize, usize)| {
-            use crate::layout::{MatrixLayout as M, Operand};
-            GemmProblem::new(
-                Operand::t(M::row_major(n, o)),
-                Operand::n(M::row_major(n, i)),
-                M::row_major(o, i),
-                1,
-                prec,
-            )
-        };
-        Ok(Problems {
-            qkv: fwd(io[0])?,
-            o: fwd(io[1])?,
-            gate_up: fwd(io[2])?,
-            down: fwd(io[3])?,
-            dx: [dx(io[0])?, dx(io[1])?, dx(io[2])?, dx(io[3])?],
-            dw: [dw(io[0])?, dw(io[1])?, dw(io[2])?, dw(io[3])?],
-        })
-    }
+/// The norms' weight gradients where cuDNN writes them in f32, and the scratch a
+/// [`GradMode::Accumulate`] backward writes each norm's gradient into before adding it.
+pub(super) struct NormGrads<T> {
+    /// `dw_norm1`, `dw_norm2` in f32 (`[d]` each; used when the norms' `dw` is f32).
+    pub f32: [CudaSlice<f32>; 2],
+    /// `[d]` f32 scratch.
+    pub scratch_f32: CudaSlice<f32>,
+    /// `[d]` scratch in the I/O type.
+    pub scratch_io: CudaSlice<T>,
 }
 
 /// What the last forward was: its input's address and length, and whether it kept what the
@@ -165,27 +139,61 @@ pub(super) struct LastForward {
     pub train: bool,
 }
 
+/// A weight's gradient on the device ([`GpuDecoderLayer::weight_grad`]): the projections' in
+/// the layer's dtype; the norms' in f32 where the loaded cuDNN writes an f32 `dw` beside
+/// f16/bf16 I/O, else in the layer's dtype ([`GpuDecoderLayer::norm_grad_type`]).
+#[derive(Clone, Copy, Debug)]
+pub enum WeightGrad<'a, T> {
+    /// In the layer's dtype.
+    Io(&'a CudaSlice<T>),
+    /// In f32.
+    F32(&'a CudaSlice<f32>),
+}
+
 /// One decoder layer ([`crate::layer`] defines it) on the GPU for a fixed token batch, in `T`
-/// (bf16 or f16; every GEMM in that precision with f32 accumulation): its weights, their
-/// gradients, every activation the backward reads and every gradient buffer, allocated at
-/// construction, where every GEMM and attention plan is also made
-/// ([`GpuDecoderLayer::new`]). A step — [`GpuDecoderLayer::forward`], then with `train`
-/// [`GpuDecoderLayer::backward`] on the same input — allocates no device memory and never waits for
-/// the host, so it can be captured into one CUDA graph (a padded GEMM's scratch, for widths
-/// off 16 bytes, is a stream-ordered allocation, which a capture takes as a graph node).
+/// (bf16 or f16; every GEMM in that precision with f32 accumulation, or the forward's in FP8,
+/// [`LayerOptions`]): its weights, their gradients, every activation the backward reads and
+/// every gradient buffer, allocated at construction, where every plan (GEMMs, attention, the
+/// norms) is also made and gemmbridge's kernels compiled ([`GpuDecoderLayer::new`]). A step —
+/// [`GpuDecoderLayer::forward`], then with `train` [`GpuDecoderLayer::backward`] on the same
+/// input — enqueues launches on [`Gpu::stream`] only: no host wait and no device allocation
+/// (except stream-ordered ones, which a capture takes as graph nodes: a GEMM's padded copies
+/// where a width is off 16 bytes, and with tensor-wise FP8 each quantisation's 4-byte amax), so
+/// after one eager step it can be captured into one CUDA graph (with cudarc's event tracking
+/// off, as any capture of cudarc buffers).
 ///
-/// Not complete: see the module's "Not wired yet".
+/// ```no_run
+/// use gemmbridge::cuda::layer::GpuDecoderLayer;
+/// use gemmbridge::cuda::Gpu;
+/// use gemmbridge::half::bf16;
+/// use gemmbridge::layer::reference::Weights;
+/// use gemmbridge::layer::{DecoderLayer, Tokens};
+///
+/// let gpu = Gpu::new(0)?;
+/// let (l, t) = (DecoderLayer::llama3_8b(), Tokens { b: 2, s: 4096 });
+/// let w = Weights::from_fn(&l, |_, _| 0.01);
+/// let mut layer = GpuDecoderLayer::<bf16>::new(&gpu, l, t, &w)?;
+/// let s = gpu.stream();
+/// let x = s.alloc_zeros::<bf16>(t.count() * l.d_model)?;
+/// let dy = s.alloc_zeros::<bf16>(t.count() * l.d_model)?;
+/// layer.forward(&gpu, &x, true)?; // y in layer.output()
+/// layer.backward(&gpu, &x, &dy)?; // dx in layer.input_grad(), dW in layer.weight_grad(..)
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct GpuDecoderLayer<T: Element> {
     pub(super) layer: DecoderLayer,
     pub(super) tokens: Tokens,
-    pub(super) precision: Precision,
     pub(super) grad_mode: GradMode,
-    pub(super) problems: Problems,
+    pub(super) gemms: LayerGemms,
+    /// The type of the norms' weight gradients (chosen at construction).
+    pub(super) norm_dw: GradType,
     // every device buffer is freed with the thread's capture mode relaxed (as `Mlp`'s)
     pub(super) w: RelaxedDrop<Params<T>>,
     pub(super) dw: RelaxedDrop<Params<T>>,
+    pub(super) norm_grads: RelaxedDrop<NormGrads<T>>,
     pub(super) acts: RelaxedDrop<Acts<T>>,
     pub(super) grads: RelaxedDrop<GradBufs<T>>,
+    pub(super) fp8: Option<fp8::Fp8State>,
     pub(super) last: Option<LastForward>,
 }
 
@@ -194,73 +202,76 @@ impl<T: Element> std::fmt::Debug for GpuDecoderLayer<T> {
         f.debug_struct("GpuDecoderLayer")
             .field("layer", &self.layer)
             .field("tokens", &self.tokens)
-            .field("precision", &self.precision)
+            .field("norm_dw", &self.norm_dw)
+            .field("fp8_forward", &self.fp8.as_ref().map(|f| f.scaling))
             .finish()
     }
 }
 
 impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
+    /// [`GpuDecoderLayer::with_options`] with the default options (every GEMM in `T`).
+    ///
+    /// # Errors
+    /// As [`GpuDecoderLayer::with_options`].
+    pub fn new(gpu: &Gpu, layer: DecoderLayer, tokens: Tokens, weights: &Weights) -> Result<GpuDecoderLayer<T>> {
+        GpuDecoderLayer::with_options(gpu, (layer, tokens), weights, LayerOptions::default())
+    }
+
     /// Uploads `weights` (f64 on the host, rounded to T) of `layer` for `tokens`, allocates
-    /// every buffer (zeros) and plans every GEMM and attention call of a step by running it
-    /// once on those buffers (so later steps only launch); waits for the stream.
+    /// every buffer, chooses the norms' weight-gradient type (f32 where the loaded cuDNN takes
+    /// it, else T: [`GpuDecoderLayer::norm_grad_type`]) and runs one inference forward and one
+    /// training step on zeros, so that every plan exists and every kernel is compiled (later
+    /// steps only launch); the weight gradients are zeroed after; waits for the stream.
     ///
     /// # Errors
     /// As [`DecoderLayer::check_tokens`] and [`Weights::check`]; [`Error::DTypeMismatch`]
-    /// when T is not the layer's dtype; from the planning runs, as [`Gpu::gemm_fused`] and
-    /// [`Gpu::attention_forward`]; [`Error::Driver`].
-    pub fn new(gpu: &Gpu, layer: DecoderLayer, tokens: Tokens, weights: &Weights) -> Result<GpuDecoderLayer<T>> {
+    /// when T is not the layer's dtype; with FP8, [`Error::Fp8`] where the GPU or cuBLASLt
+    /// does not offer the recipe (or it is neither tensor- nor row-wise) or a width breaks an
+    /// FP8 rule; from the planning step, as [`Gpu::gemm_fused`], [`Gpu::attention_forward`],
+    /// [`Gpu::rms_norm_forward`], [`Gpu::rope`] (e.g. [`Error::Unsupported`] where cuDNN has
+    /// no engine); [`Error::Driver`].
+    pub fn with_options(
+        gpu: &Gpu,
+        (layer, tokens): (DecoderLayer, Tokens),
+        weights: &Weights,
+        options: LayerOptions,
+    ) -> Result<GpuDecoderLayer<T>> {
         layer.check_tokens(tokens)?;
         weights.check(&layer)?;
         if T::DTYPE != layer.dtype {
             return Err(Error::DTypeMismatch { operand: Which::A, expected: layer.dtype, got: T::DTYPE });
         }
-        let precision = if layer.dtype == DType::F16 { Precision::F16 } else { Precision::BF16 };
-        let problems = Problems::new(&layer, tokens, precision)?;
+        let gemms = layer.gemms(tokens, layer.precision())?;
         let s = gpu.stream();
         let _relaxed = Relaxed::enter()?;
-        let zeros = |n: usize| s.alloc_zeros::<T>(n).map_err(status::driver("cuMemAllocAsync"));
-        let zeros32 = |n: usize| s.alloc_zeros::<f32>(n).map_err(status::driver("cuMemAllocAsync"));
         let up = |w: LayerWeight| {
             let host: Vec<T> = weights.get(w).iter().map(|&v| T::from_f64(v)).collect();
             s.clone_htod(&host).map_err(status::driver("cuMemcpyHtoDAsync"))
         };
-        let (n, d, f, wq, qw) = (tokens.count(), layer.d_model, layer.ffn, layer.qkv_width(), layer.q_width());
-        let stats = layer.attention(tokens).stats_elems();
-        let acts = Acts {
-            h1: zeros(n * d)?,
-            rstd1: zeros32(n)?,
-            qkv: zeros(n * wq)?,
-            o: zeros(n * qw)?,
-            lse: zeros32(stats)?,
-            x2: zeros(n * d)?,
-            h2: zeros(n * d)?,
-            rstd2: zeros32(n)?,
-            gu: zeros(n * 2 * f)?,
-            act: zeros(n * f)?,
-            y: zeros(n * d)?,
+        let w = Params::try_new(up)?;
+        let fp8 = match options.fp8_forward {
+            Some(scaling) => Some(fp8::Fp8State::new(gpu, &layer, tokens, &w, scaling)?),
+            None => None,
         };
-        let grads = GradBufs {
-            d_act: zeros(n * f)?,
-            d_gu: zeros(n * 2 * f)?,
-            dh: zeros(n * d)?,
-            dx2: zeros(n * d)?,
-            d_o: zeros(n * qw)?,
-            dqkv: zeros(n * wq)?,
-            dx: zeros(n * d)?,
-        };
-        let (w, dw) = (Params::try_new(up)?, Params::try_new(|w| zeros(layer.weight_len(w)))?);
         let mut me = GpuDecoderLayer {
             layer,
             tokens,
-            precision,
             grad_mode: GradMode::Overwrite,
-            problems,
+            gemms,
+            norm_dw: GradType::F32,
             w: RelaxedDrop::new(w),
-            dw: RelaxedDrop::new(dw),
-            acts: RelaxedDrop::new(acts),
-            grads: RelaxedDrop::new(grads),
+            dw: RelaxedDrop::new(Params::try_new(|w| zeros(gpu, layer.weight_len(w)))?),
+            norm_grads: RelaxedDrop::new(NormGrads {
+                f32: [zeros(gpu, layer.d_model)?, zeros(gpu, layer.d_model)?],
+                scratch_f32: zeros(gpu, layer.d_model)?,
+                scratch_io: zeros(gpu, layer.d_model)?,
+            }),
+            acts: RelaxedDrop::new(Acts::new(gpu, &layer, tokens)?),
+            grads: RelaxedDrop::new(GradBufs::new(gpu, &layer, tokens)?),
+            fp8,
             last: None,
         };
+        me.norm_dw = me.choose_norm_dw(gpu)?;
         me.prewarm(gpu)?;
         s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
         Ok(me)
@@ -271,18 +282,27 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
         &self.layer
     }
 
-    /// The precision of every GEMM (the layer's dtype, f32 accumulation).
-    pub fn precision(&self) -> Precision {
-        self.precision
-    }
-
     /// The tokens every step runs on.
     pub fn tokens(&self) -> Tokens {
         self.tokens
     }
 
+    /// The FP8 recipe of the forward projections, if they run in FP8.
+    pub fn fp8_forward(&self) -> Option<Scaling> {
+        self.fp8.as_ref().map(|f| f.scaling)
+    }
+
+    /// The type the norms' weight gradients are written in: [`GradType::F32`] where the loaded
+    /// cuDNN's RMSNorm backward takes an f32 `dw` beside f16/bf16 I/O (`gemmbridge probe
+    /// --only norm` tells), else [`GradType::Io`] (chosen at construction by asking cuDNN for
+    /// the f32 plan; its refusal is logged at `info`).
+    pub fn norm_grad_type(&self) -> GradType {
+        self.norm_dw
+    }
+
     /// Whether a backward overwrites the weight gradients or adds to them (default:
-    /// overwrite; accumulation runs the weight-gradient GEMMs with β = 1).
+    /// overwrite; accumulation runs the weight-gradient GEMMs with β = 1, and adds each norm's
+    /// gradient, written to a scratch buffer, with `axpy`).
     pub fn set_grad_mode(&mut self, mode: GradMode) {
         self.grad_mode = mode;
     }
@@ -292,9 +312,14 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
         self.w.get(w)
     }
 
-    /// A weight's gradient from the last backward, in the weight's layout.
-    pub fn weight_grad(&self, w: LayerWeight) -> &CudaSlice<T> {
-        self.dw.get(w)
+    /// A weight's gradient from the last backward (or the sum of the backwards since
+    /// construction under [`GradMode::Accumulate`]), in the weight's layout.
+    pub fn weight_grad(&self, w: LayerWeight) -> WeightGrad<'_, T> {
+        match (w, self.norm_dw) {
+            (LayerWeight::Norm1, GradType::F32) => WeightGrad::F32(&self.norm_grads.f32[0]),
+            (LayerWeight::Norm2, GradType::F32) => WeightGrad::F32(&self.norm_grads.f32[1]),
+            _ => WeightGrad::Io(self.dw.get(w)),
+        }
     }
 
     /// The last forward's output `y[T, d]` (valid until the next forward).
@@ -314,9 +339,51 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     pub fn grads_to_host(&self, gpu: &Gpu) -> Result<Weights> {
         let mut out = Weights::default();
         for w in LayerWeight::ALL {
-            *out.get_mut(w) = to_host(gpu, self.dw.get(w))?;
+            *out.get_mut(w) = match self.weight_grad(w) {
+                WeightGrad::Io(v) => to_host(gpu, v)?,
+                WeightGrad::F32(v) => to_host(gpu, v)?,
+            };
         }
         Ok(out)
+    }
+}
+
+/// `n` zeros of `V` on the engine's stream.
+fn zeros<V: DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, n: usize) -> Result<CudaSlice<V>> {
+    gpu.stream().alloc_zeros::<V>(n).map_err(status::driver("cuMemAllocAsync"))
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits> Acts<T> {
+    fn new(gpu: &Gpu, l: &DecoderLayer, t: Tokens) -> Result<Acts<T>> {
+        let (n, d, f) = (t.count(), l.d_model, l.ffn);
+        Ok(Acts {
+            h1: zeros(gpu, n * d)?,
+            rstd1: zeros(gpu, n)?,
+            qkv: zeros(gpu, n * l.qkv_width())?,
+            o: zeros(gpu, n * l.q_width())?,
+            lse: zeros(gpu, l.attention(t).stats_elems())?,
+            x2: zeros(gpu, n * d)?,
+            h2: zeros(gpu, n * d)?,
+            rstd2: zeros(gpu, n)?,
+            gu: zeros(gpu, n * 2 * f)?,
+            act: zeros(gpu, n * f)?,
+            y: zeros(gpu, n * d)?,
+        })
+    }
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits> GradBufs<T> {
+    fn new(gpu: &Gpu, l: &DecoderLayer, t: Tokens) -> Result<GradBufs<T>> {
+        let (n, d, f) = (t.count(), l.d_model, l.ffn);
+        Ok(GradBufs {
+            d_act: zeros(gpu, n * f)?,
+            d_gu: zeros(gpu, n * 2 * f)?,
+            dh: zeros(gpu, n * d)?,
+            dx2: zeros(gpu, n * d)?,
+            d_o: zeros(gpu, n * l.q_width())?,
+            dqkv: zeros(gpu, n * l.qkv_width())?,
+            dx: zeros(gpu, n * d)?,
+        })
     }
 }
 
@@ -324,7 +391,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
 ///
 /// # Errors
 /// [`Error::Driver`].
-pub fn to_host<T: Element + DeviceRepr>(gpu: &Gpu, v: &CudaSlice<T>) -> Result<Vec<f64>> {
+pub fn to_host<V: Element + DeviceRepr>(gpu: &Gpu, v: &CudaSlice<V>) -> Result<Vec<f64>> {
     let host = gpu.stream().clone_dtoh(v).map_err(status::driver("cuMemcpyDtoH"))?;
     Ok(host.iter().map(|x| x.to_f64()).collect())
 }

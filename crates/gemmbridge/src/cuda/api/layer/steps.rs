@@ -1,109 +1,125 @@
-//! The layer's steps that are neither GEMMs nor attention — RMSNorm, RoPE, SwiGLU, forward and
-//! backward — each as one function over the buffers it reads and writes (named in its
-//! argument struct), so that each is one call of the entry that serves it. None is served
-//! yet: each answers [`Error::Unsupported`] with [`NOT_WIRED`] as the backend, naming the step
-//! and what it must compute, and enqueues nothing.
+//! The layer's steps that are neither GEMMs nor attention — RMSNorm (cuDNN), RoPE and SwiGLU
+//! (gemmbridge's own kernels), forward and backward — each one call of the entry that serves
+//! it, on the problems of [`crate::layer`] ([`DecoderLayer::norm_problem`],
+//! [`DecoderLayer::rope_problem`], [`DecoderLayer::swiglu_problem`]), and the residual
+//! gradient's add (cuBLAS `axpy`).
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use crate::cuda::api::engine::Gpu;
-use crate::error::{Error, Result};
+use crate::cuda::api::{RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY};
+use crate::dtype::{DType, Element};
+use crate::error::Result;
 use crate::layer::{DecoderLayer, Tokens};
+use crate::layer_ops::{Positions, RopeDirection};
+use crate::norm::GradType;
 
-/// The backend named by the errors of the steps not wired yet (see the module).
-pub const NOT_WIRED: &str = "the GPU decoder layer (step not wired yet)";
-
-fn not_wired(step: &str, computes: &str) -> Result<()> {
-    Err(Error::Unsupported { backend: NOT_WIRED, what: format!("{step}: {computes}") })
-}
-
-/// An RMSNorm forward over `rows` rows of `d`: `h = x·rstd∘weight`, `rstd = 1/sqrt(mean(x²) +
-/// eps)` per row (f32), both written.
+/// An RMSNorm forward over the layer's `T` rows of `d`: `h = x·rstd∘weight`, and with `rstd`
+/// (a training forward) `rstd = 1/sqrt(mean(x²) + eps)` per row (f32).
 pub(super) struct NormForward<'a, T> {
-    /// "the first RMSNorm" or "the second RMSNorm".
-    pub which: &'static str,
     pub x: &'a dyn DevicePtr<T>,
     pub weight: &'a CudaSlice<T>,
     pub h: &'a mut CudaSlice<T>,
-    pub rstd: &'a mut CudaSlice<f32>,
-    pub rows: usize,
-    pub d: usize,
-    pub eps: f64,
+    pub rstd: Option<&'a mut CudaSlice<f32>>,
+}
+
+/// Where an RMSNorm backward writes its weight gradient: f32 or the I/O type, as the layer's
+/// [`GradType`] says (the other is not written).
+pub(super) struct NormDw<'a, T> {
+    pub f32: &'a mut CudaSlice<f32>,
+    pub io: &'a mut CudaSlice<T>,
 }
 
 /// An RMSNorm backward: from `dh` and the forward's `x`, `weight` and `rstd`, writes
 /// `dx = rstd·weight∘dh − x·rstd³·Σ(weight∘dh∘x)/d` per row (overwritten: the layer adds the
-/// residual's gradient itself) and `d_weight = Σ_rows dh∘x·rstd` (overwritten, or added to
-/// with `accumulate`).
+/// residual's gradient itself) and the weight gradient `Σ_rows dh∘x·rstd` (overwritten).
 pub(super) struct NormBackward<'a, T> {
-    pub which: &'static str,
     pub x: &'a dyn DevicePtr<T>,
     pub weight: &'a CudaSlice<T>,
     pub rstd: &'a CudaSlice<f32>,
     pub dh: &'a CudaSlice<T>,
     pub dx: &'a mut CudaSlice<T>,
-    pub d_weight: &'a mut CudaSlice<T>,
-    pub accumulate: bool,
-    pub rows: usize,
-    pub d: usize,
+    pub dw: NormDw<'a, T>,
 }
 
-/// RoPE in place on the q and k heads of a fused `qkv[T, (h_q + 2·h_kv)·hd]` (the first
-/// `h_q + h_kv` heads of each row; v untouched), position of row `r` = `r mod s`, the layer's
-/// θ and style ([`crate::layer`]); `inverse`: the transpose (the rotation by the negative
-/// angle), which applied to `dqkv` is RoPE's backward.
-pub(super) struct Rope<'a, T> {
-    pub qkv: &'a mut CudaSlice<T>,
-    pub layer: DecoderLayer,
-    pub tokens: Tokens,
-    pub inverse: bool,
+/// [`Gpu::rms_norm_forward`] (the inference phase without `rstd`, the training phase with it).
+pub(super) fn norm_forward<T: Element>(
+    gpu: &Gpu,
+    (l, t): (&DecoderLayer, Tokens),
+    s: NormForward<'_, T>,
+) -> Result<()> {
+    let p = l.norm_problem(t, GradType::Io);
+    let out = RmsNormOut { y: RmsNormY::Io(s.h), inv_rms: s.rstd.map(|r| r as &mut dyn DevicePtrMut<f32>), sum: None };
+    gpu.rms_norm_forward(&p, RmsNormIn::new(s.x, s.weight), out)
 }
 
-/// SwiGLU forward over `rows` rows: `act[r, i] = silu(gu[r, i])·gu[r, ffn + i]`.
-pub(super) struct SwigluForward<'a, T> {
-    pub gu: &'a CudaSlice<T>,
-    pub act: &'a mut CudaSlice<T>,
-    pub rows: usize,
-    pub ffn: usize,
+/// [`Gpu::rms_norm_backward`] with the weight gradient in `dw_type`.
+pub(super) fn norm_backward<T: Element>(
+    gpu: &Gpu,
+    (l, t, dw_type): (&DecoderLayer, Tokens, GradType),
+    s: NormBackward<'_, T>,
+) -> Result<()> {
+    let p = l.norm_problem(t, dw_type);
+    let saved = RmsNormSaved { x: s.x, w: s.weight, inv_rms: s.rstd, dy: s.dh };
+    let dw = match dw_type {
+        GradType::F32 => RmsNormDw::F32(s.dw.f32),
+        GradType::Io => RmsNormDw::Io(s.dw.io),
+    };
+    gpu.rms_norm_backward(&p, saved, s.dx, dw)
 }
 
-/// SwiGLU backward: `d_gu[r, i] = d_act·up·silu'(gate)`, `d_gu[r, ffn + i] = d_act·silu(gate)`
-/// with `gate = gu[r, i]`, `up = gu[r, ffn + i]`, `silu'(g) = σ(g)·(1 + g·(1 − σ(g)))`.
-pub(super) struct SwigluBackward<'a, T> {
-    pub gu: &'a CudaSlice<T>,
-    pub d_act: &'a CudaSlice<T>,
-    pub d_gu: &'a mut CudaSlice<T>,
-    pub rows: usize,
-    pub ffn: usize,
+/// RoPE in place on the q and k heads of the fused `qkv` ([`DecoderLayer::rope_problem`]:
+/// position = the token's place in its sequence, angles from the layer's θ); `backward`: the
+/// rotation by the opposite angles, applied to `dqkv`.
+pub(super) fn rope<T: Element>(
+    gpu: &Gpu,
+    (l, t): (&DecoderLayer, Tokens),
+    qkv: &mut CudaSlice<T>,
+    backward: bool,
+) -> Result<()> {
+    let direction = if backward { RopeDirection::Backward } else { RopeDirection::Forward };
+    gpu.rope(&l.rope_problem(t), direction, qkv, Positions::Contiguous { start: 0 }, None)
 }
 
-/// Phase to come: `Gpu::rms_norm_forward` on `s`'s buffers.
-pub(super) fn norm_forward<T>(_gpu: &Gpu, s: NormForward<'_, T>) -> Result<()> {
-    let _ = (s.x, s.weight, s.h, s.rstd, s.rows, s.d, s.eps);
-    not_wired(&format!("{} forward", s.which), "h = x·rstd∘w and rstd[T] (f32)")
+/// SwiGLU forward: `act[r, i] = silu(gu[r, i])·gu[r, ffn + i]` (gate the first half).
+pub(super) fn swiglu_forward<T: Element>(
+    gpu: &Gpu,
+    (l, t): (&DecoderLayer, Tokens),
+    gu: &CudaSlice<T>,
+    act: &mut CudaSlice<T>,
+) -> Result<()> {
+    gpu.swiglu(&l.swiglu_problem(t), gu, act)
 }
 
-/// Phase to come: `Gpu::rms_norm_backward` on `s`'s buffers.
-pub(super) fn norm_backward<T>(_gpu: &Gpu, s: NormBackward<'_, T>) -> Result<()> {
-    let _ = (s.x, s.weight, s.rstd, s.dh, s.dx, s.d_weight, s.accumulate, s.rows, s.d);
-    not_wired(&format!("{} backward", s.which), "dx and d_weight from dh, x, w and rstd")
+/// SwiGLU backward: `d_gu = [d_act·up·silu'(gate), d_act·silu(gate)]` from `gu` and `d_act`.
+pub(super) fn swiglu_backward<T: Element>(
+    gpu: &Gpu,
+    (l, t): (&DecoderLayer, Tokens),
+    (gu, d_act): (&CudaSlice<T>, &CudaSlice<T>),
+    d_gu: &mut CudaSlice<T>,
+) -> Result<()> {
+    gpu.swiglu_backward(&l.swiglu_problem(t), d_act, gu, d_gu)
 }
 
-/// Phase to come: `Gpu::rope` on `s.qkv`.
-pub(super) fn rope<T>(_gpu: &Gpu, s: Rope<'_, T>) -> Result<()> {
-    let _ = (s.qkv, s.layer, s.tokens);
-    let step = if s.inverse { "RoPE's backward" } else { "RoPE" };
-    not_wired(step, "the q and k heads of the fused qkv rotated in place")
+/// `y += x` over `n` elements of `dtype` (cuBLAS `axpy`, f32 arithmetic): a residual's gradient
+/// added to the gradient through its branch, or a norm's weight gradient accumulated.
+///
+/// # Safety
+/// `x` and `y` are distinct device buffers of this engine's context holding `n` elements of
+/// `dtype` each, live until the add has run on the engine's stream.
+pub(super) unsafe fn add_into(gpu: &Gpu, dtype: DType, n: usize, x: u64, y: u64) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { gpu.enqueue_axpy(dtype, n, 1.0, x, y) }
 }
 
-/// Phase to come: `Gpu::swiglu` on `s`'s buffers.
-pub(super) fn swiglu_forward<T>(_gpu: &Gpu, s: SwigluForward<'_, T>) -> Result<()> {
-    let _ = (s.gu, s.act, s.rows, s.ffn);
-    not_wired("SwiGLU", "act = silu(gate)·up from gu = [gate, up]")
-}
-
-/// Phase to come: `Gpu::swiglu_backward` on `s`'s buffers.
-pub(super) fn swiglu_backward<T>(_gpu: &Gpu, s: SwigluBackward<'_, T>) -> Result<()> {
-    let _ = (s.gu, s.d_act, s.d_gu, s.rows, s.ffn);
-    not_wired("SwiGLU's backward", "d_gu = [d_gate, d_up] from gu and d_act")
+/// [`add_into`] on two buffers of `T` of `n` elements each (checked by the caller).
+pub(super) fn add_buffers<T: Element>(gpu: &Gpu, x: &dyn DevicePtr<T>, y: &mut dyn DevicePtrMut<T>) -> Result<()> {
+    let s = gpu.stream();
+    let n = y.num_bytes() / T::DTYPE.size_bytes();
+    debug_assert!(x.num_bytes() >= y.num_bytes());
+    let (px, _gx) = x.device_ptr(s);
+    let (py, _gy) = y.device_ptr_mut(s);
+    // SAFETY: the caller passes x holding at least y's elements (the layer's own buffers, or
+    // its input checked against the token count), distinct buffers of this context.
+    unsafe { add_into(gpu, T::DTYPE, n, px, py) }
 }
