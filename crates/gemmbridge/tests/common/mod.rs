@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod crash;
+pub mod layer;
 pub mod train;
 
 /// Device 0, with the crash reporter installed (GPU tests only: they are `#[ignore]`d).
