@@ -3,21 +3,25 @@
 //! bf16) on `b` sequences of `s` tokens (`--layer-shapes`, default 2×4096 and 8×1024, the
 //! shapes of `bench/layer_peer.py`), timed as the GEMM rows are: `layer_fwd` the forward
 //! without what the backward reads (the peer's `torch.no_grad()`), `layer_fwd_bwd` the
-//! training forward and the backward (dx and every weight gradient). A row's m is s, n is d,
-//! k is ffn, batch is b, layout `llama3-8b`; its TFLOP/s counts [`DecoderLayer::flops`]. A
-//! step the GPU layer cannot run (its [`gemmbridge::Error::Unsupported`]) is reported and its
-//! row skipped, as attention rows a cuDNN does not offer are.
+//! training forward and the backward (dx and every weight gradient); with `--dtypes
+//! fp8_e4m3`, also with FP8 forward projections per `--scalings` recipe the layer takes. A
+//! row's m is s, n is d, k is ffn, batch is b, layout `llama3-8b`; its TFLOP/s counts
+//! [`DecoderLayer::flops`]. A step the GPU layer cannot run (its
+//! [`gemmbridge::Error::Unsupported`], or an FP8 recipe the GPU does not offer) is reported
+//! and its row skipped, as attention rows a cuDNN does not offer are.
 
 use anyhow::bail;
 use cudarc::driver::CudaSlice;
 use gemmbridge::cuda::layer::GpuDecoderLayer;
 use gemmbridge::cuda::Gpu;
+use gemmbridge::fp8::Scaling;
 use gemmbridge::half::bf16;
 use gemmbridge::layer::reference::Weights;
-use gemmbridge::layer::{DecoderLayer, LayerWeight, Tokens};
+use gemmbridge::layer::{DecoderLayer, LayerOptions, LayerWeight, Tokens};
 use gemmbridge::Precision;
 
 use super::attn::unsupported;
+use super::fp8;
 use crate::random::normal;
 use crate::row::Row;
 use crate::timing;
@@ -61,46 +65,76 @@ pub fn synthetic_weights(l: &DecoderLayer) -> Weights {
     })
 }
 
-/// Every row: per shape, per op, in bf16 (the peer's only dtype; nothing without bf16 in
-/// `dtypes`); `each` is called with every row as it is made.
+/// The layer's FP8 forward recipe of a `--scalings` name: `tensor` and `row` (the same recipe
+/// for both operands); `None` for the others, which the layer does not take.
+fn layer_recipe(name: &str) -> Option<Scaling> {
+    match fp8::recipe(name).ok()? {
+        (Scaling::Tensor, Scaling::Tensor) => Some(Scaling::Tensor),
+        (Scaling::Row, Scaling::Row) => Some(Scaling::Row),
+        _ => None,
+    }
+}
+
+/// Every row: per shape, per op, in bf16 (the peer's only dtype; with bf16 in `dtypes`) and,
+/// with FP8 forward projections, per `--scalings` recipe the layer takes (`tensor`, `row`;
+/// dtype `fp8_e4m3`, layout `llama3-8b/<recipe>`; the backward stays bf16); `each` is called
+/// with every row as it is made.
 pub fn bench(
     gpu: &Gpu,
-    (ops, shapes): (&[String], &[Tokens]),
+    (ops, shapes, scalings): (&[String], &[Tokens], &[String]),
     dtypes: &[(String, Precision)],
     sampling: timing::Sampling,
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
-    if !dtypes.iter().any(|(n, _)| n == "bf16") {
-        eprintln!("layer rows: skipped (they run in bf16, and --dtypes names no bf16)");
+    let mut ways: Vec<(&str, String, LayerOptions)> = Vec::new();
+    if dtypes.iter().any(|(n, _)| n == "bf16") {
+        ways.push(("bf16", LAYOUT.to_string(), LayerOptions::default()));
+    }
+    for name in scalings {
+        match layer_recipe(name) {
+            Some(s) => ways.push(("fp8_e4m3", format!("{LAYOUT}/{name}"), LayerOptions { fp8_forward: Some(s) })),
+            None => eprintln!("layer rows: FP8 recipe {name} skipped (the layer takes tensor and row)"),
+        }
+    }
+    if ways.is_empty() {
+        eprintln!("layer rows: skipped (they run in bf16 or FP8, and --dtypes names neither)");
         return Ok(Vec::new());
     }
     let l = DecoderLayer::llama3_8b();
     let mut rows = Vec::new();
     for &t in shapes {
-        let mut layer = GpuDecoderLayer::<bf16>::new(gpu, l, t, &synthetic_weights(&l))?;
-        let s = gpu.stream();
-        let n = t.count() * l.d_model;
-        let (x, dy): (CudaSlice<bf16>, CudaSlice<bf16>) = (s.clone_htod(&normal(n))?, s.clone_htod(&normal(n))?);
-        for op in ops {
-            let timed = match op.as_str() {
-                "layer_fwd" => timing::time_gpu(gpu, sampling, &mut || layer.forward(gpu, &x, false)),
-                "layer_fwd_bwd" => timing::time_gpu(gpu, sampling, &mut || {
-                    layer.forward(gpu, &x, true)?;
-                    layer.backward(gpu, &x, &dy)
-                }),
-                other => bail!("unknown layer op {other:?}"),
-            };
-            let t_ = match timed {
-                Err(e) if unsupported(&e) => {
-                    eprintln!("{op} b{} s{}: skipped: {e}", t.b, t.s);
+        for (dtype, layout, options) in &ways {
+            let mut layer = match GpuDecoderLayer::<bf16>::with_options(gpu, (l, t), &synthetic_weights(&l), *options) {
+                Err(e) if fp8::not_offered(&e) || matches!(e, gemmbridge::Error::Unsupported { .. }) => {
+                    eprintln!("layer rows {layout} b{} s{}: skipped: {e}", t.b, t.s);
                     continue;
                 }
                 other => other?,
             };
-            let flops = l.flops(t, op == "layer_fwd_bwd");
-            let row = Row::timed(op, "bf16", [t.s, l.d_model, l.ffn, t.b], &t_, flops, LAYOUT.to_string());
-            each(&row)?;
-            rows.push(row);
+            let s = gpu.stream();
+            let n = t.count() * l.d_model;
+            let (x, dy): (CudaSlice<bf16>, CudaSlice<bf16>) = (s.clone_htod(&normal(n))?, s.clone_htod(&normal(n))?);
+            for op in ops {
+                let timed = match op.as_str() {
+                    "layer_fwd" => timing::time_gpu(gpu, sampling, &mut || layer.forward(gpu, &x, false)),
+                    "layer_fwd_bwd" => timing::time_gpu(gpu, sampling, &mut || {
+                        layer.forward(gpu, &x, true)?;
+                        layer.backward(gpu, &x, &dy)
+                    }),
+                    other => bail!("unknown layer op {other:?}"),
+                };
+                let t_ = match timed {
+                    Err(e) if unsupported(&e) => {
+                        eprintln!("{op} {layout} b{} s{}: skipped: {e}", t.b, t.s);
+                        continue;
+                    }
+                    other => other?,
+                };
+                let flops = l.flops(t, op == "layer_fwd_bwd");
+                let row = Row::timed(op, dtype, [t.s, l.d_model, l.ffn, t.b], &t_, flops, layout.clone());
+                each(&row)?;
+                rows.push(row);
+            }
         }
     }
     Ok(rows)

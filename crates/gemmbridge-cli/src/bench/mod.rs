@@ -99,7 +99,9 @@ pub struct Args {
     /// their peer is bench/layer_ops_peer.py): rope (RoPE in place on the fused QKV output),
     /// swiglu, swiglu_bwd.
     /// Decoder layer (LLaMA-3-8B's, bf16, GPU only; not run by default; its peer is
-    /// bench/layer_peer.py): layer_fwd (the forward), layer_fwd_bwd (forward and backward).
+    /// bench/layer_peer.py): layer_fwd (the forward), layer_fwd_bwd (forward and backward);
+    /// with --dtypes fp8_e4m3 also with FP8 forward projections per --scalings recipe (tensor,
+    /// row).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Decoder-layer rows: the token batches, BxS comma-separated (b sequences of s tokens).
@@ -377,7 +379,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     if let (false, Some(g)) = (plan.decoder_ops.is_empty(), &gpu) {
         let shapes = decoder::parse_shapes(&args.layer_shapes)?;
-        let ops = (&plan.decoder_ops[..], &shapes[..]);
+        let ops = (&plan.decoder_ops[..], &shapes[..], &plan.scalings[..]);
         rows.extend(decoder::bench(g, ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     let mut table = match &gpu {
