@@ -247,9 +247,10 @@ fn bits<T: Element + DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, layer: &GpuDecoder
 
 /// After a warm-up step, an inference forward and a training step (forward and backward) are
 /// captured into CUDA graphs (nothing runs while capturing: the outputs stay NaN from a step on
-/// NaN inputs) and replayed: every output equals the eager step's bit for bit, except where
-/// two eager steps already differ (a library kernel whose order of atomic adds varies, as
-/// cuDNN's attention backward may for dq), which are compared within the band and named. In
+/// NaN inputs) and replayed: every output equals the eager step's bit for bit, except those
+/// downstream of attention's backward (dx, d_w_qkv, d_w_norm1: cuDNN's dq accumulation may
+/// vary in order from run to run) and any two eager steps already disagree on, which are
+/// compared within the band (whether their bits match is printed). In
 /// bf16 and, where the GPU has FP8, with row-wise and tensor-wise FP8 forward projections (the
 /// latter's amax scratch a stream-ordered allocation in the graph). cudarc's event tracking is
 /// off on this context, as capturing cudarc buffers needs.
@@ -308,12 +309,16 @@ fn a_captured_step_replays_the_eager_bits() {
         captured.unwrap();
         assert!(to_host(&gpu, layer.input_grad()).unwrap().iter().all(|v| v.is_nan()), "capturing ran the step");
         graph.unwrap().expect("a graph").launch().unwrap();
+        // downstream of attention's backward, whose dq accumulation may vary in order
+        let after_attention = ["dx", "d_w_qkv", "d_w_norm1"];
         for ((name, got), ((_, a), (_, b))) in bits(&gpu, &layer).into_iter().zip(first.iter().zip(&second)) {
-            if a == b {
-                assert!(got == *a, "FP8 {fp8:?}: captured {name} differs from the eager step's bits");
+            let same = got == *a;
+            if a == b && !after_attention.contains(&name.as_str()) {
+                assert!(same, "FP8 {fp8:?}: captured {name} differs from the eager step's bits");
             } else {
                 let f = |v: &[u64]| v.iter().map(|&x| f64::from_bits(x)).collect::<Vec<_>>();
-                eprintln!("FP8 {fp8:?}: {name} differs between two eager steps: compared within the band");
+                let eager = if a == b { "agree" } else { "differ" };
+                eprintln!("FP8 {fp8:?}: {name}: two eager steps {eager}, captured bits equal: {same}");
                 check(&format!("captured {name}"), &f(&got), &f(a), BAND);
             }
         }
