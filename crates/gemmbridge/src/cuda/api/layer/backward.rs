@@ -63,8 +63,8 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// (`→ d_gu`), `dW_gate_up = d_guᵀ·h2`, `dh2 = d_gu·w_gate_up`, norm 2's backward
     /// (`→ dx2`, `dw_norm2`), `dx2 += dy` (`axpy`), `dW_o = dx2ᵀ·o`, `do = dx2·w_o`,
     /// attention's backward into the fused `dqkv`, RoPE's backward on it, `dW_qkv = dqkvᵀ·h1`,
-    /// `dh1 = dqkv·w_qkv`, norm 1's backward (`→ dx`, `dw_norm1`), `dx += dx2` (`axpy`) — 16
-    /// launches (18 under [`GradMode::Accumulate`]: each norm's gradient added with `axpy`).
+    /// `dh1 = dqkv·w_qkv`, norm 1's backward (`→ dx`, `dw_norm1`), `dx += dx2` (`axpy`) — 16 calls
+    /// (18 under [`GradMode::Accumulate`]: each norm's gradient added with `axpy`).
     ///
     /// # Errors
     /// [`Error::TrainingOrder`] without a training forward on this `x` (same address and

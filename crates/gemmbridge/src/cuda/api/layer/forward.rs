@@ -26,8 +26,8 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// The step, in order: norm 1 (`x → h1`, `rstd1`), `qkv = h1·w_qkvᵀ`, RoPE on q and k in
     /// place, attention (`qkv → o`, `lse`), `x2 = x + o·w_oᵀ` (x as the GEMM's C, β = 1),
     /// norm 2 (`x2 → h2`, `rstd2`), `gu = h2·w_gate_upᵀ`, SwiGLU (`gu → act`),
-    /// `y = x2 + act·w_downᵀ` (x2 as the GEMM's C) — 9 launches (plus, in FP8, one or two
-    /// quantisation kernels before each projection).
+    /// `y = x2 + act·w_downᵀ` (x2 as the GEMM's C) — 9 library or kernel calls (plus, in FP8,
+    /// the quantisation of each projection's input: one or two kernels).
     ///
     /// # Errors
     /// [`Error::DecoderShape`] for `x` shorter than `T·d` elements; as the GEMM, attention,
