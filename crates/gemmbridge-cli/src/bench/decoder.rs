@@ -65,8 +65,8 @@ pub fn synthetic_weights(l: &DecoderLayer) -> Weights {
     })
 }
 
-/// The layer's FP8 forward recipe of a `--scalings` name: `tensor` and `row` (the same recipe
-/// for both operands); `None` for the others, which the layer does not take.
+/// The layer's FP8 forward recipe of a `--scalings` name: `tensorwise` and `rowwise` (the same
+/// scaling for both operands); `None` for the others, which the layer does not take.
 fn layer_recipe(name: &str) -> Option<Scaling> {
     match fp8::recipe(name).ok()? {
         (Scaling::Tensor, Scaling::Tensor) => Some(Scaling::Tensor),
@@ -76,7 +76,7 @@ fn layer_recipe(name: &str) -> Option<Scaling> {
 }
 
 /// Every row: per shape, per op, in bf16 (the peer's only dtype; with bf16 in `dtypes`) and,
-/// with FP8 forward projections, per `--scalings` recipe the layer takes (`tensor`, `row`;
+/// with FP8 forward projections, per `--scalings` recipe the layer takes (`tensorwise`, `rowwise`;
 /// dtype `fp8_e4m3`, layout `llama3-8b/<recipe>`; the backward stays bf16); `each` is called
 /// with every row as it is made.
 pub fn bench(
@@ -93,7 +93,7 @@ pub fn bench(
     for name in scalings {
         match layer_recipe(name) {
             Some(s) => ways.push(("fp8_e4m3", format!("{LAYOUT}/{name}"), LayerOptions { fp8_forward: Some(s) })),
-            None => eprintln!("layer rows: FP8 recipe {name} skipped (the layer takes tensor and row)"),
+            None => eprintln!("layer rows: FP8 recipe {name} skipped (the layer takes tensorwise and rowwise)"),
         }
     }
     if ways.is_empty() {
@@ -158,5 +158,8 @@ mod tests {
         assert!((var * 96.0 - 1.0).abs() < 0.1, "variance·in = {}", var * 96.0);
         assert!(w.w_norm1.iter().all(|&v| v == 1.0));
         assert_ne!(w.w_qkv[..8], w.w_o[..8], "each weight draws its own values");
+        assert_eq!(layer_recipe("tensorwise"), Some(Scaling::Tensor));
+        assert_eq!(layer_recipe("rowwise"), Some(Scaling::Row));
+        assert_eq!(layer_recipe("block"), None);
     }
 }

@@ -100,8 +100,8 @@ pub struct Args {
     /// swiglu, swiglu_bwd.
     /// Decoder layer (LLaMA-3-8B's, bf16, GPU only; not run by default; its peer is
     /// bench/layer_peer.py): layer_fwd (the forward), layer_fwd_bwd (forward and backward);
-    /// with --dtypes fp8_e4m3 also with FP8 forward projections per --scalings recipe (tensor,
-    /// row).
+    /// with --dtypes fp8_e4m3 also with FP8 forward projections per --scalings recipe
+    /// (tensorwise, rowwise).
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     ops: String,
     /// Decoder-layer rows: the token batches, BxS comma-separated (b sequences of s tokens).
