@@ -153,46 +153,59 @@ def timed(torch, make, reps):
         return None, None, f"{type(e).__name__}: {peer.first_line(e)}"
 
 
-def bench(torch, a, ops, shapes, out):
+def bench(torch, a, ops, shapes):
+    """--rounds runs (peer.alternate) of every (shape, op) row, eagerly and compiled. The compiled
+    functions are made once for all runs: with static shapes torch.compile keeps one graph per
+    shape and grad mode, so only the first run compiles."""
     c, dt = LLAMA3_8B, torch.bfloat16
-    # static shapes: each (shape, op) is compiled for itself, not turned dynamic by the next
-    ways = {"eager": None, "compile": dict(dynamic=False)}
-    if a.max_autotune:
-        ways["compile-max-autotune"] = dict(dynamic=False, mode="max-autotune-no-cudagraphs")
     fn = layer_fn(torch, c)
+    # static shapes: each (shape, op) is compiled for itself, not turned dynamic by the next
+    ways = {"eager": fn, "compile": torch.compile(fn, dynamic=False)}
+    if a.max_autotune:
+        ways["compile-max-autotune"] = torch.compile(fn, dynamic=False, mode="max-autotune-no-cudagraphs")
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(shapes) * len(ops))
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = [(torch.randn(*shp, device="cuda", generator=gen) / math.sqrt(shp[-1])).to(dt).requires_grad_()
                if len(shp) == 2 else torch.ones(*shp, device="cuda", dtype=dt).requires_grad_()
                for shp in weight_shapes(c).values()]
-    failed = False
-    for b, s in shapes:
-        x = torch.randn(b, s, c["d_model"], device="cuda", dtype=dt, generator=gen).requires_grad_()
-        dy = torch.randn(b, s, c["d_model"], device="cuda", dtype=dt, generator=gen)
-        cos, sin = rope_tables(torch, c, s, dt, "cuda")
-        rest = [cos, sin] + weights
-        for op in ops:
-            times = {}
-            for way, kw in ways.items():
-                if kw is not None:
-                    torch._dynamo.reset()  # each way compiles afresh, with its own mode
-                f = fn if kw is None else torch.compile(fn, **kw)
-                times[way] = timed(torch, lambda f=f: make_call(torch, f, op, x, rest, dy), a.reps)
-            ok = {w: t for w, t in times.items() if t[0] is not None}
-            rec = dict(op=op, dtype="bf16", m=s, n=c["d_model"], k=c["ffn"], batch=b, layout=LAYOUT,
-                       backends={w: (t[0] if t[0] is not None else t[2]) for w, t in times.items()})
-            if ok:
-                best = min(ok, key=lambda w: ok[w][0])
-                med, low, _ = ok[best]
-                rec.update(backend=best, median_ms=med, min_ms=low, tflops=flops(c, b, s, op) / (med * 1e-3) / 1e12)
-            else:
-                rec["error"] = "no way ran this shape"
-                failed = True
-            print(json.dumps(rec), file=out, flush=True)
-            print(f"{op:<14} b{b} s{s:<6} {rec.get('backend', '-'):<21} {rec.get('median_ms', float('nan')):8.3f} ms "
-                  f"{rec['backends']}", file=sys.stderr, flush=True)
-        del x, dy
-        torch.cuda.empty_cache()
-    return 1 if failed else 0
+
+    def one_run(out):
+        env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(0), reps=a.reps,
+                   gap_ms=peer.GAP_MS)
+        print(json.dumps(env), file=out, flush=True)
+        failed = False
+        for b, s in shapes:
+            x = torch.randn(b, s, c["d_model"], device="cuda", dtype=dt, generator=gen).requires_grad_()
+            dy = torch.randn(b, s, c["d_model"], device="cuda", dtype=dt, generator=gen)
+            cos, sin = rope_tables(torch, c, s, dt, "cuda")
+            rest = [cos, sin] + weights
+            for op in ops:
+                times = {w: timed(torch, lambda f=f: make_call(torch, f, op, x, rest, dy), a.reps)
+                         for w, f in ways.items()}
+                failed |= emit_row(out, c, b, s, op, times)
+            del x, dy
+            torch.cuda.empty_cache()
+        return 1 if failed else 0
+
+    return peer.alternate(a, one_run)
+
+
+def emit_row(out, c, b, s, op, times):
+    """Writes one row (the fastest way's time, every way's in "backends"); True if none ran."""
+    ok = {w: t for w, t in times.items() if t[0] is not None}
+    rec = dict(op=op, dtype="bf16", m=s, n=c["d_model"], k=c["ffn"], batch=b, layout=LAYOUT,
+               backends={w: (t[0] if t[0] is not None else t[2]) for w, t in times.items()})
+    if ok:
+        best = min(ok, key=lambda w: ok[w][0])
+        med, low, _ = ok[best]
+        rec.update(backend=best, median_ms=med, min_ms=low, tflops=flops(c, b, s, op) / (med * 1e-3) / 1e12)
+    else:
+        rec["error"] = "no way ran this shape"
+    print(json.dumps(rec), file=out, flush=True)
+    print(f"{op:<14} b{b} s{s:<6} {rec.get('backend', '-'):<21} {rec.get('median_ms', float('nan')):8.3f} ms "
+          f"{rec['backends']}", file=sys.stderr, flush=True)
+    return not ok
 
 
 def rel(torch, got, want):
@@ -261,6 +274,7 @@ def main():
                     help="also time torch.compile(mode='max-autotune-no-cudagraphs') (a long kernel search)")
     ap.add_argument("--check", metavar="DIR", help=f"compare against DIR/{CHECK_FILE} instead of timing")
     peer.add_timing_args(ap)
+    peer.add_round_args(ap)
     ap.set_defaults(reps=10)
     a = ap.parse_args()
     try:
@@ -277,12 +291,10 @@ def main():
     torch = peer.torch
     if a.check:
         return check(torch, a)
-    out = open(a.out, "w") if a.out else sys.stdout
-    env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
-               cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(0), reps=a.reps,
-               gap_ms=peer.GAP_MS)
-    print(json.dumps(env), file=out, flush=True)
-    return bench(torch, a, ops, shapes, out)
+    try:
+        return bench(torch, a, ops, shapes)
+    except peer.UsageError as e:
+        ap.error(str(e))
 
 
 if __name__ == "__main__":
