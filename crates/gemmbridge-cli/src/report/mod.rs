@@ -16,13 +16,21 @@
 //!   bench`'s `speedup_vs_burn`).
 //! - `"tables"` ([`fields::Table`]; may be absent): any JSON-lines runs, one row per key (e.g.
 //!   shape and dtype), one column per field, each cell the median or the range of that field
-//!   over named sets of runs; with `plot`, an SVG of some columns as grouped bars.
-//! - `"headlines"` (may be absent): sentences of other pages that quote a figure's numbers, each
-//!   `{"page": "../../README.md", "text": "… {dense-gpu-bound.mean_max_pct} % …"}`: the page
-//!   (relative to the manifest) and a template whose `{figure.name}` are that figure's
-//!   numbers ([`figure::Figure::stat`]: `mean_min`, `mean_max`, `mean_min_pct`, `mean_max_pct`,
-//!   `lowest`, `highest`, `rows`, `below`, `bound`, and over chosen groups `means:SEL`,
-//!   `lowest:SEL`). The filled-in sentences are printed.
+//!   over named sets of runs, or the median over paired runs of a ratio of two sets' fields
+//!   (e.g. PyTorch's time over gemmbridge's); with `plot`, an SVG of some columns as grouped
+//!   bars.
+//! - `"headlines"` (may be absent): sentences of other pages that quote a figure's or a table's
+//!   numbers, each `{"page": "../../README.md", "text": "… {dense-gpu-bound.mean_max_pct} % …"}`:
+//!   the page (relative to the manifest) and a template whose `{id.name}` are the numbers of the
+//!   figure or table `id` (a figure's, [`figure::Figure::stat`]: `mean_min`, `mean_max`,
+//!   `mean_min_pct`, `mean_max_pct`, `lowest`, `highest`, `rows`, `below`, `bound`, and over
+//!   chosen groups `means:SEL`, `lowest:SEL`; a table's, [`fields::Table::stat`]: over chosen
+//!   columns `range:H`, `lowest:H`, `highest:H`, `mean:H`). The filled-in sentences are printed.
+//! - `"pending"` (may be absent): folders (relative to the manifest) of a topic whose runs are
+//!   not in yet. The figures and tables that read a file under one, and the headlines that
+//!   quote them, are skipped (named in the printed report) and need not be on the pages; a
+//!   pending folder that exists, or that no figure or table reads, is an error (take it off the
+//!   list once its runs are in).
 //!
 //! A figure, row table or table with `"page": false` is printed and may be quoted by headlines,
 //! but the page need not show it and it draws no plot: the page keeps one table and one plot
@@ -66,14 +74,59 @@ struct Manifest {
     tables: Vec<fields::Table>,
     #[serde(default)]
     headlines: Vec<Headline>,
+    #[serde(default)]
+    pending: Vec<String>,
 }
 
-/// A sentence of another page made from figures' numbers (see the module documentation).
+impl Manifest {
+    /// The pending folder (see the module documentation) one of `files` is under, if any.
+    fn pending_of<'a>(&'a self, files: impl IntoIterator<Item = &'a String>) -> Option<&'a str> {
+        let files: Vec<&String> = files.into_iter().collect();
+        self.pending
+            .iter()
+            .map(|p| p.trim_end_matches('/'))
+            .find(|p| files.iter().any(|f| f.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))))
+    }
+
+    /// The ids of the figures and tables that read a pending folder, each with its folder.
+    ///
+    /// # Errors
+    /// A pending folder that exists under `base`, or that no figure or table reads.
+    fn pending_ids(&self, base: &Path) -> anyhow::Result<Vec<(&str, &str)>> {
+        let mut out = Vec::new();
+        for f in &self.figures {
+            if let Some(p) = self.pending_of(f.ours.iter().chain(&f.peer)) {
+                out.push((f.id.as_str(), p));
+            }
+        }
+        for t in &self.tables {
+            if let Some(p) = self.pending_of(t.runs.values().flatten()) {
+                out.push((t.id.as_str(), p));
+            }
+        }
+        for p in &self.pending {
+            let folder = p.trim_end_matches('/');
+            if base.join(folder).exists() {
+                bail!(
+                    "pending {p:?}: {} exists; take it off the manifest's \"pending\" list",
+                    base.join(folder).display()
+                );
+            }
+            if !out.iter().any(|(_, q)| *q == folder) {
+                bail!("pending {p:?}: no figure or table reads a file under it");
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A sentence of another page made from figures' and tables' numbers (see the module
+/// documentation).
 #[derive(Deserialize)]
 struct Headline {
     /// The page, relative to the manifest.
     page: String,
-    /// The sentence, with `{figure.name}` for a figure's number.
+    /// The sentence, with `{id.name}` for a number of the figure or table `id`.
     text: String,
 }
 
@@ -98,6 +151,16 @@ fn fill(template: &str, value: impl Fn(&str) -> Option<String>) -> anyhow::Resul
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// The ids a headline's template quotes: the part of each `{id.name}` before the first `.`.
+fn quoted(template: &str) -> Vec<String> {
+    let ids = std::cell::RefCell::new(Vec::new());
+    let _ = fill(template, |name| {
+        ids.borrow_mut().push(name.split_once('.').map_or(name, |(id, _)| id).to_string());
+        Some(String::new())
+    });
+    ids.into_inner()
 }
 
 /// The Markdown tables of a page: each run of lines that begin with `|`, with its first line's
@@ -131,6 +194,8 @@ struct Made<'m> {
     optional: Vec<String>,
     plots: Vec<String>,
     kept: std::collections::BTreeMap<String, (&'m figure::Figure, Vec<figure::Kept>)>,
+    /// Each fields table made, for headlines.
+    made: std::collections::BTreeMap<String, (&'m fields::Table, fields::Made)>,
 }
 
 impl<'m> Made<'m> {
@@ -170,26 +235,36 @@ impl<'m> Made<'m> {
         Ok(())
     }
 
-    /// A fields table, and its plot (into `out`) when it has one and is on the page.
-    fn fields(&mut self, t: &fields::Table, base: &Path, out: &Path) -> anyhow::Result<()> {
-        let made = t.make(base)?;
+    /// A fields table (its runs through `sets`), and its plot (into `out`) when it has one and
+    /// is on the page.
+    fn fields(&mut self, t: &'m fields::Table, sets: &mut fields::Sets, out: &Path) -> anyhow::Result<()> {
+        let made = t.make(sets)?;
         let _ = writeln!(self.printed, "## {}\n\n{}", t.id, made.markdown);
         if let (Some(p), true) = (&t.plot, t.page) {
             let svg = out.join(format!("{}.svg", t.id));
-            plot::grouped(p, &made.rows, &svg)?;
+            plot::grouped(p, &t.plot_rows(&made)?, &svg)?;
             let _ = writeln!(self.printed, "({})\n", svg.display());
             self.plots.push(t.id.clone());
         }
-        self.table(format!("{}: its table", t.id), made.markdown, t.page);
+        self.table(format!("{}: its table", t.id), made.markdown.clone(), t.page);
+        self.made.insert(t.id.clone(), (t, made));
         Ok(())
     }
 
-    /// A headline filled in from the figures' numbers.
+    /// A figure or table skipped: its runs, under the pending `folder`, are not in yet.
+    fn pending(&mut self, id: &str, folder: &str) {
+        let _ = writeln!(self.printed, "## {id} (pending: its runs, under {folder}/, are not in yet)\n");
+    }
+
+    /// A headline filled in from the figures' and tables' numbers.
     fn headline(&self, h: &Headline) -> anyhow::Result<String> {
         fill(&h.text, |name| {
-            let (fig, stat) = name.split_once('.')?;
-            let (f, rows) = self.kept.get(fig)?;
-            f.stat(rows, stat)
+            let (id, stat) = name.split_once('.')?;
+            match (self.kept.get(id), self.made.get(id)) {
+                (Some((f, rows)), _) => f.stat(rows, stat),
+                (None, Some((t, made))) => t.stat(made, stat),
+                (None, None) => None,
+            }
         })
         .with_context(|| format!("the headline for {}", h.page))
     }
@@ -225,14 +300,28 @@ fn report(manifest: &Path, out: &Path, page: Option<&str>) -> anyhow::Result<(St
     let base = manifest.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut made = Made::default();
+    let pending = m.pending_ids(&base)?;
+    let skipped = |id: &str| pending.iter().find(|(p, _)| *p == id).map(|(_, folder)| *folder);
     for fig in &m.figures {
-        made.figure(fig, &base, out)?;
+        match skipped(&fig.id) {
+            Some(folder) => made.pending(&fig.id, folder),
+            None => made.figure(fig, &base, out)?,
+        }
     }
+    let mut sets = fields::Sets::new(&base);
     for t in &m.tables {
-        made.fields(t, &base, out)?;
+        match skipped(&t.id) {
+            Some(folder) => made.pending(&t.id, folder),
+            None => made.fields(t, &mut sets, out)?,
+        }
     }
     let mut headlines = Vec::new();
     for h in &m.headlines {
+        // a headline quoting what is pending waits with it
+        if quoted(&h.text).iter().any(|id| skipped(id).is_some()) {
+            let _ = writeln!(made.printed, "## headline for {} (pending)\n\n{}\n", h.page, h.text);
+            continue;
+        }
         let text = made.headline(h)?;
         let _ = writeln!(made.printed, "## headline for {}\n\n{text}\n", h.page);
         headlines.push((base.join(&h.page), text));
@@ -265,104 +354,4 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn root() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-    }
-
-    /// The repository's own page holds every table its manifest puts on it, links every plot and
-    /// has no table of its own, docs/figures/ holds exactly those plots, README.md and the page
-    /// hold their headlines; the burn adapter's README holds the device-ordering table.
-    #[test]
-    fn performance_page_matches_its_runs() {
-        let out = std::env::temp_dir().join(format!("gemmbridge-report-test-{}", std::process::id()));
-        let page = std::fs::read_to_string(root().join("docs/PERFORMANCE.md")).unwrap();
-        let (printed, wrong) = report(&root().join("docs/results/report.json"), &out, Some(&page)).unwrap();
-        assert!(wrong.is_empty(), "docs/PERFORMANCE.md is out of date (run gemmbridge report): {wrong:?}");
-        let svg = std::fs::read_to_string(out.join("conv-forward.svg")).unwrap();
-        assert!(svg.starts_with("<svg") && svg.contains("bf16"), "{}", &svg[..200.min(svg.len())]);
-        // docs/figures holds exactly the plots the manifest draws (none for what is off the page)
-        let names = |dir: &Path| {
-            let mut v: Vec<String> = std::fs::read_dir(dir)
-                .unwrap()
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect();
-            v.sort();
-            v
-        };
-        assert_eq!(
-            names(&root().join("docs/figures")),
-            names(&out),
-            "docs/figures/ against the plots the report draws"
-        );
-        let _ = std::fs::remove_dir_all(out);
-        let burn = std::fs::read_to_string(root().join("crates/gemmbridge-burn/README.md")).unwrap();
-        let ordering = printed.split("## burn-ordering\n\n").nth(1).unwrap().split("\n\n").next().unwrap();
-        assert!(burn.contains(ordering), "crates/gemmbridge-burn/README.md lacks:\n{ordering}");
-    }
-
-    #[test]
-    fn fill_replaces_names_and_refuses_unknown_ones() {
-        let v = |n: &str| (n == "k").then(|| "4096".to_string());
-        assert_eq!(fill("Linear {k} → {k}", v).unwrap(), "Linear 4096 → 4096");
-        assert!(fill("{n}", v).is_err());
-        assert!(fill("{k", v).is_err());
-    }
-
-    /// `--check` fails for a page that lacks a table, a plot's link, or that holds a table of
-    /// its own; it passes for the page made of what the report printed.
-    #[test]
-    fn check_names_what_a_page_lacks_and_tables_it_should_not_have() {
-        let dir = std::env::temp_dir().join(format!("gemmbridge-report-check-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("r.jsonl"), "{\"m\":1,\"x\":2.5}\n{\"m\":2,\"x\":0.5}\n").unwrap();
-        let o = r#"{"op":"env","device":"X"}
-{"op":"linear","dtype":"f16","m":64,"n":64,"k":64,"batch":1,"median_ms":1.0,"min_ms":1.0,"tflops":1.0}"#;
-        let p = o.replace("\"median_ms\":1.0", "\"median_ms\":2.0");
-        std::fs::write(dir.join("o.jsonl"), o).unwrap();
-        std::fs::write(dir.join("p.jsonl"), p).unwrap();
-        let manifest = r#"{"figures":[{"id":"f","title":"F","ours":["o.jsonl"],"peer":["p.jsonl"]},
-                                      {"id":"g","title":"G","ours":["o.jsonl"],"peer":["p.jsonl"],"bound":3.0,"page":false}],
-            "tables":[{"id":"t","runs":{"r":["r.jsonl"]},"key":[{"header":"m","value":"{m}"}],
-                       "columns":[{"header":"x","runs":"r","field":"x","format":"fixed:1"}],
-                       "plot":{"title":"T","columns":["x"],"y":"x"}}],
-            "headlines":[{"page":"readme.md","text":"{f.mean_max_pct} % ahead, lowest {f.lowest} ({f.below} below {f.bound})"}]}"#;
-        // the headline, wrapped as a page would wrap it
-        std::fs::write(dir.join("readme.md"), "It is 100 % ahead,\nlowest 2.000 (0 below 0.97) here.\n").unwrap();
-        std::fs::write(dir.join("report.json"), manifest).unwrap();
-        let figs = dir.join("figures");
-        let (printed, _) = report(&dir.join("report.json"), &figs, None).unwrap();
-        let table_t = "| m | x |\n|---|---:|\n| 1 | 2.5 |\n| 2 | 0.5 |";
-        assert!(printed.contains(table_t), "{printed}");
-        assert!(printed.contains("| f16 | linear | 1 | 2.000 | 2.000 | 2.000 | 0 |"), "{printed}");
-        let good = format!("{printed}\n![f](figures/f.svg) ![t](figures/t.svg)\n");
-        let check = |page: &str| report(&dir.join("report.json"), &figs, Some(page)).unwrap().1;
-        assert_eq!(check(&good), Vec::<String>::new());
-        // a figure off the page is printed, need not be on it, and draws no plot
-        let table_g = "| dtype | op | rows | geometric mean | lowest | highest | rows < 3 |";
-        assert!(printed.contains(&format!("## G (not on the page)\n\n{table_g}")), "{printed}");
-        assert!(figs.join("f.svg").exists() && !figs.join("g.svg").exists());
-        let without_g = good.replace(table_g, "");
-        assert_eq!(check(&without_g), Vec::<String>::new());
-        let without_t = good.replace(table_t, "");
-        assert_eq!(check(&without_t), vec!["t: its table".to_string()]);
-        let without_plot = good.replace("figures/t.svg", "");
-        assert_eq!(check(&without_plot), vec!["t: a link to t.svg".to_string()]);
-        let typed = format!("{good}\n| a | b |\n|---|---|\n| 1 | 2 |\n");
-        let wrong = check(&typed);
-        assert_eq!(wrong.len(), 1, "{wrong:?}");
-        assert!(wrong[0].contains("a table the manifest does not make (| a | b |)"), "{wrong:?}");
-        // one number typed differently from the runs is a table the manifest does not make
-        let edited = good.replace("| 2 | 0.5 |", "| 2 | 0.6 |");
-        assert_eq!(check(&edited).len(), 2, "{:?}", check(&edited));
-        // the headline is printed, and a page whose headline differs from the runs fails
-        assert!(printed.contains("100 % ahead, lowest 2.000 (0 below 0.97)"), "{printed}");
-        std::fs::write(dir.join("readme.md"), "It is 90 % ahead, lowest 2.000 (0 below 0.97).\n").unwrap();
-        let wrong = check(&good);
-        assert!(wrong.len() == 1 && wrong[0].contains("readme.md: its headline"), "{wrong:?}");
-        let _ = std::fs::remove_dir_all(dir);
-    }
-}
+mod tests;
