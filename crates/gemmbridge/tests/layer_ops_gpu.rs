@@ -248,7 +248,7 @@ fn bad_layer_calls_are_named_and_write_nothing() {
     let e = gpu.rope(&op, fw, &mut d, Positions::Given(&pos), None).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::LayerOp("positions"), .. }), "{e}");
     let tables = || Some(RopeTables { cos: &tab as &dyn DevicePtr<f32>, sin: &tab as &dyn DevicePtr<f32> });
-    let e = gpu.rope(&op.with_tables(6), fw, &mut d, at0, tables()).unwrap_err();
+    let e = gpu.rope(&op.with_tables(7), fw, &mut d, at0, tables()).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::LayerOp("cos table"), .. }), "{e}");
     assert!(layer_op(gpu.rope(&op.with_tables(5), fw, &mut d, at0, None).unwrap_err()), "tables missing");
     assert!(layer_op(gpu.rope(&op.with_tables(5), fw, &mut d, at0, tables()).unwrap_err()), "positions 0..7 past 5");
