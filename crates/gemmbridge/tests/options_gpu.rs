@@ -61,6 +61,7 @@ fn options_out_of_range_are_refused_by_name() {
         (GpuOptions::default().sm_count_target(Some(sms + 1)), "SM count target", u64::from(sms) + 1),
         (GpuOptions::default().grouped_streams(0), "grouped GEMM streams", 0),
         (GpuOptions::default().grouped_streams(17), "grouped GEMM streams", 17),
+        (GpuOptions::default().workspace_bytes(Some(usize::MAX)), "workspace bytes", usize::MAX as u64),
     ];
     let before = gpu.options();
     for (options, name, v) in bad {

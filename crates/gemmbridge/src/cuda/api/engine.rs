@@ -64,9 +64,11 @@ use crate::error::{Error, Result};
 /// replay caches and the tactic database are under [`Gpu::plans`].
 ///
 /// # Errors at creation
-/// [`Error::LibraryNotFound`] when libcuda or libcublas cannot be loaded, [`Error::NoDevice`]
-/// when the driver finds no GPU, [`Error::Driver`] / [`Error::Cublas`] for other failures,
-/// [`Error::OutOfRange`] for an option out of range ([`GpuOptions`]).
+/// In this order: [`Error::OutOfRange`] for an option [`GpuOptions::validate`] refuses
+/// (checked before the driver is loaded); [`Error::LibraryNotFound`] when libcuda or libcublas
+/// cannot be loaded, [`Error::NoDevice`] when the driver finds no GPU, [`Error::Driver`] /
+/// [`Error::Cublas`] for other failures; [`Error::OutOfRange`] for an SM count target above
+/// the device's SMs (the one option checked against the device).
 /// A missing libcublasLt is not an error: [`Backend::Auto`] then uses cuBLAS.
 pub struct Gpu {
     device: Device<Libraries>,
@@ -93,6 +95,7 @@ impl Gpu {
 
     /// [`Gpu::new`] and [`Gpu::with_options`].
     pub(super) fn open(ordinal: usize, options: GpuOptions) -> Result<Gpu> {
+        options.validate()?; // before the driver: a bad option is named without a GPU
         library::ensure_driver()?;
         let count = CudaContext::device_count().map_err(status::driver("cuInit/cuDeviceGetCount"))?;
         if count <= 0 {
@@ -111,8 +114,11 @@ impl Gpu {
     /// caller's other work on it.
     ///
     /// # Errors
-    /// See [`Gpu`]; [`Error::OutOfRange`] for an option out of range (see [`GpuOptions`]).
+    /// In the order of [`Gpu::with_options`]: [`Error::OutOfRange`] for an option
+    /// [`GpuOptions::validate`] refuses, first; then the loading and driver errors of [`Gpu`];
+    /// then [`Error::OutOfRange`] for an SM count target above the device's SMs.
     pub fn with_stream(stream: Arc<CudaStream>, options: GpuOptions) -> Result<Gpu> {
+        options.validate()?;
         library::ensure_driver()?;
         library::ensure_cublas()?;
         let ctx = stream.context().clone();
@@ -120,7 +126,7 @@ impl Gpu {
         let sms = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(status::driver("cuDeviceGetAttribute"))?;
-        options.validate(sms as u32)?;
+        options.validate_for(sms as u32)?;
         let _relaxed = Relaxed::enter()?;
         // A primary context stays for the life of the process, and its library handles are
         // pooled: dropping an engine then neither resets the context nor synchronises it.

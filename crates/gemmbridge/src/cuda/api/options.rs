@@ -3,7 +3,7 @@
 //! [`Gpu::update_options`], which says what each change reaches ([`Applied`]).
 
 use super::engine::Gpu;
-use crate::cuda::device::{GraphReplay, Held};
+use crate::cuda::device::{GraphReplay, Held, MAX_MATMUL_BYTES};
 use crate::cuda::dnn::{ConvApi, ConvSearch, CONV_WORKSPACE_LIMIT};
 use crate::cuda::route::{Backend, Libraries, Padding};
 use crate::cuda::status;
@@ -23,9 +23,10 @@ use crate::grouped::streams::{GroupedBackend, GroupedSettings};
 /// # }
 /// ```
 ///
-/// Checked when the engine is made or updated ([`GpuOptions::sm_count_target`],
-/// [`GpuOptions::grouped_streams`]); the fields are public to read and to set on a value in
-/// hand (new fields may be added: build from `default()`).
+/// Checked when the engine is made or updated: first [`GpuOptions::validate`], the rules that
+/// need no device (a CPU-only program or configuration loader can call it too), then, once the
+/// device is open, the SM count target's upper bound. The fields are public to read and to set
+/// on a value in hand (new fields may be added: build from `default()`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GpuOptions {
@@ -34,6 +35,9 @@ pub struct GpuOptions {
     /// The library workspace (bytes) each stream gets on its first call (plus 1 MiB of
     /// scratch); `None` (the default): 32 MiB on Hopper and later, 4 MiB before, the sizes
     /// cuBLASLt's documentation recommends. [`Gpu::options`] reports the size in use.
+    /// Checked: at most [`GpuOptions::MAX_WORKSPACE_BYTES`] ([`Error::OutOfRange`] otherwise);
+    /// a size the device cannot allocate fails at a stream's first call ([`Error::Driver`],
+    /// `cuMemAllocAsync`).
     pub workspace_bytes: Option<usize>,
     /// When calls whose operands are off 16-byte alignment run on aligned copies ([`Padding`];
     /// default on above the measured thresholds).
@@ -60,7 +64,8 @@ pub struct GpuOptions {
     /// one-thread kernel resident on another stream made the GEMM 1.46× slower; with a target
     /// of 131 SMs, 1.14× (1.055× without the resident kernel). See docs/PERFORMANCE.md.
     ///
-    /// Checked: 1 to the device's SM count ([`Error::OutOfRange`] otherwise).
+    /// Checked: 1 to the device's SM count ([`Error::OutOfRange`] otherwise; 0 by
+    /// [`GpuOptions::validate`], the upper bound only once the device is open).
     pub sm_count_target: Option<u32>,
     /// Checks, before each raw call ([`Gpu::gemm_raw`], [`Gpu::autotune_raw`]), that every
     /// byte the call reads or writes lies inside one allocation this GPU can access — its own
@@ -182,22 +187,49 @@ builders! {
 }
 
 impl GpuOptions {
-    /// The checks against a device of `sms` SMs.
+    /// The largest [`GpuOptions::workspace_bytes`]: what a stream's workspace arithmetic
+    /// holds — the size rounded up to 256 bytes (cuBLASLt's alignment) plus the 1 MiB of
+    /// scratch within `isize::MAX` bytes. Far above any device's memory: it guards the
+    /// arithmetic, and a size the device cannot allocate fails at a stream's first call.
+    pub const MAX_WORKSPACE_BYTES: usize = MAX_MATMUL_BYTES;
+
+    /// Checks every rule that needs no device, in this order: an SM count target of at least
+    /// 1, a workspace of at most [`GpuOptions::MAX_WORKSPACE_BYTES`], a pool of 1 to 16
+    /// streams. [`Gpu::with_options`], [`Gpu::with_stream`] and [`Gpu::update_options`] run
+    /// it before anything else; the SM count target's upper bound (the device's SM count)
+    /// needs the device and is checked there once it is open.
     ///
     /// # Errors
-    /// [`Error::OutOfRange`]: an SM count target of 0 or above `sms`; a pool of 0 or more than
-    /// 16 streams.
-    pub(crate) fn validate(&self, sms: u32) -> Result<()> {
-        if let Some(n) = self.sm_count_target {
-            if !(1..=sms).contains(&n) {
-                return Err(Error::OutOfRange {
-                    what: "SM count target",
-                    value: u64::from(n),
-                    expected: format!("1 to {sms}, the device's SMs (or None for all of them)"),
-                });
-            }
+    /// [`Error::OutOfRange`] naming the setting and the value.
+    pub fn validate(&self) -> Result<()> {
+        if self.sm_count_target == Some(0) {
+            let expected = "1 to the device's SMs (or None for all of them)".to_string();
+            return Err(Error::OutOfRange { what: "SM count target", value: 0, expected });
+        }
+        if let Some(b) = self.workspace_bytes.filter(|&b| b > Self::MAX_WORKSPACE_BYTES) {
+            return Err(Error::OutOfRange {
+                what: "workspace bytes",
+                value: b as u64,
+                expected: format!("at most {} (GpuOptions::MAX_WORKSPACE_BYTES)", Self::MAX_WORKSPACE_BYTES),
+            });
         }
         GroupedSettings::check_streams(self.grouped_streams)
+    }
+
+    /// [`GpuOptions::validate`], then the SM count target against a device of `sms` SMs.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`]: as [`GpuOptions::validate`]; an SM count target above `sms`.
+    pub(crate) fn validate_for(&self, sms: u32) -> Result<()> {
+        self.validate()?;
+        match self.sm_count_target {
+            Some(n) if n > sms => Err(Error::OutOfRange {
+                what: "SM count target",
+                value: u64::from(n),
+                expected: format!("1 to {sms}, the device's SMs (or None for all of them)"),
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -250,8 +282,10 @@ impl Gpu {
     /// `options` ([`GpuOptions`]).
     ///
     /// # Errors
-    /// As [`Gpu::new`]; [`Error::OutOfRange`] for an option out of range (see
-    /// [`GpuOptions`]).
+    /// In this order: [`Error::OutOfRange`] for an option [`GpuOptions::validate`] refuses
+    /// (checked first, without a device); then as [`Gpu::new`] ([`Error::LibraryNotFound`],
+    /// [`Error::NoDevice`], [`Error::Driver`], [`Error::Cublas`]); then [`Error::OutOfRange`]
+    /// for an SM count target above the device's SMs.
     pub fn with_options(ordinal: usize, options: GpuOptions) -> Result<Gpu> {
         Gpu::open(ordinal, options)
     }
@@ -306,14 +340,16 @@ impl Gpu {
     /// lock held.
     ///
     /// # Errors
-    /// Nothing is changed on an error: [`Error::OutOfRange`] for an option out of range (see
-    /// [`GpuOptions`]); [`Error::Driver`] from the device query or binding the context;
-    /// [`Error::Cublas`] from setting cuBLAS's SM count target.
+    /// Nothing is changed on an error: [`Error::OutOfRange`] for an option out of range
+    /// ([`GpuOptions::validate`] first, then the SM count target against the device's SMs);
+    /// [`Error::Driver`] from the device query or binding the context; [`Error::Cublas`] from
+    /// setting cuBLAS's SM count target.
     pub fn update_options(&self, change: impl FnOnce(&mut GpuOptions)) -> Result<Applied> {
         let old = self.options();
         let mut new = old.clone();
         change(&mut new);
-        new.validate(self.sm_count()?)?;
+        new.validate()?;
+        new.validate_for(self.sm_count()?)?;
         self.apply(&old, &new)
     }
 
@@ -413,57 +449,4 @@ fn set_libraries(libs: &mut Libraries, o: &GpuOptions) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::grouped::streams::MAX_STREAMS;
-
-    #[test]
-    fn defaults_are_the_engines_former_defaults() {
-        let o = GpuOptions::default();
-        assert_eq!(o.backend, Backend::Auto);
-        assert_eq!(o.workspace_bytes, None);
-        assert_eq!(o.padding, Padding::default());
-        assert!(o.padding.enabled);
-        assert_eq!(o.graph_replay, GraphReplay::default());
-        assert!(o.graph_replay.enabled);
-        assert_eq!(o.sm_count_target, None);
-        assert!(!o.check_raw_addresses);
-        assert_eq!(o.conv_search, ConvSearch::Heuristic);
-        assert_eq!(o.conv_api, ConvApi::Graph);
-        assert!(o.conv_fusion);
-        assert_eq!(o.conv_workspace_limit, 1 << 30);
-        assert!(!o.attention_search);
-        assert_eq!(o.grouped_backend, None);
-        assert_eq!(o.grouped_streams, 4);
-    }
-
-    #[test]
-    fn builders_set_one_field_each() {
-        let o = GpuOptions::default().backend(Backend::Blas).grouped_streams(8).sm_count_target(Some(3));
-        assert_eq!((o.backend, o.grouped_streams, o.sm_count_target), (Backend::Blas, 8, Some(3)));
-        assert_eq!(
-            GpuOptions { backend: Backend::Auto, grouped_streams: 4, sm_count_target: None, ..o },
-            GpuOptions::default()
-        );
-    }
-
-    #[test]
-    fn validation_names_the_value_out_of_range() {
-        let sm = |n| GpuOptions::default().sm_count_target(Some(n)).validate(132);
-        for bad in [0, 133] {
-            match sm(bad) {
-                Err(Error::OutOfRange { what: "SM count target", value, .. }) => assert_eq!(value, u64::from(bad)),
-                r => panic!("SM count target {bad}: {r:?}"),
-            }
-        }
-        assert!(sm(1).is_ok() && sm(132).is_ok());
-        for bad in [0, MAX_STREAMS + 1] {
-            match GpuOptions::default().grouped_streams(bad).validate(132) {
-                Err(Error::OutOfRange { what: "grouped GEMM streams", value, .. }) => assert_eq!(value, bad as u64),
-                r => panic!("{bad} streams: {r:?}"),
-            }
-        }
-        assert!(GpuOptions::default().grouped_streams(MAX_STREAMS).validate(132).is_ok());
-        assert!(GpuOptions::default().validate(1).is_ok());
-    }
-}
+mod tests;

@@ -35,7 +35,7 @@ pub(crate) use pointer::check_extent;
 pub use replay::GraphReplay;
 pub(crate) use replay::{Cached, ReplayCache, ReplayKey};
 pub(crate) use timing::{time_interleaved, Call, Timed};
-pub(crate) use workspace::{Workspace, WorkspacePool};
+pub(crate) use workspace::{Workspace, WorkspacePool, MAX_MATMUL_BYTES};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -28,10 +28,18 @@ impl Workspace {
     /// Allocates from the device's stream-ordered pool on the private stream `service` and
     /// waits for that allocation alone, so that any stream may use it from now on; freed the
     /// same way (`cuMemFreeAsync`), which, unlike `cuMemFree`, never synchronises the device.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] for a size whose rounding and scratch overflow (the engine's
+    /// options refuse such sizes before; this keeps the arithmetic checked here too);
+    /// [`Error::Driver`] from the allocation.
     fn new(matmul_bytes: usize, service: CUstream) -> Result<Workspace> {
         // cuBLASLt wants a 256-byte-aligned workspace; round the scratch start up to that.
-        let matmul_bytes = matmul_bytes.next_multiple_of(256);
-        let total = matmul_bytes + SCRATCH_BYTES;
+        let (matmul_bytes, total) = sizes(matmul_bytes).ok_or_else(|| Error::OutOfRange {
+            what: "workspace bytes",
+            value: matmul_bytes as u64,
+            expected: format!("at most {} (the workspace's arithmetic)", MAX_MATMUL_BYTES),
+        })?;
         // SAFETY: `service` is a live private stream of the current context (bound by the
         // caller); the allocation is waited for before the address is used.
         let ptr = unsafe { cudarc::driver::result::malloc_async(service, total) }
@@ -44,6 +52,18 @@ impl Workspace {
         }
         Ok(Workspace { ptr, matmul_bytes, scratch: ptr + matmul_bytes as u64, scratch_bytes: SCRATCH_BYTES })
     }
+}
+
+/// The largest library workspace (bytes) [`sizes`] takes: rounded up to 256 bytes and with
+/// the scratch added, it stays within `isize::MAX`.
+pub(crate) const MAX_MATMUL_BYTES: usize = (isize::MAX as usize - SCRATCH_BYTES) & !255;
+
+/// The library workspace rounded up to 256 bytes and the whole allocation with the scratch
+/// after it; `None` above [`MAX_MATMUL_BYTES`].
+fn sizes(matmul_bytes: usize) -> Option<(usize, usize)> {
+    let rounded = matmul_bytes.checked_next_multiple_of(256)?;
+    let total = rounded.checked_add(SCRATCH_BYTES)?;
+    (total <= isize::MAX as usize).then_some((rounded, total))
 }
 
 /// The key of a stream's workspace. `CU_STREAM_PER_THREAD` (handle 0x2) names a different
@@ -151,5 +171,21 @@ impl WorkspacePool {
         self.map.clear();
         self.used.clear();
         std::mem::forget(self.service.take());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_sizes_are_checked_arithmetic() {
+        assert_eq!(sizes(0), Some((0, SCRATCH_BYTES)));
+        assert_eq!(sizes(1), Some((256, 256 + SCRATCH_BYTES)));
+        assert_eq!(sizes(32 << 20), Some((32 << 20, (32 << 20) + SCRATCH_BYTES)));
+        assert_eq!(sizes(MAX_MATMUL_BYTES), Some((MAX_MATMUL_BYTES, MAX_MATMUL_BYTES + SCRATCH_BYTES)));
+        for bad in [MAX_MATMUL_BYTES + 1, isize::MAX as usize, usize::MAX - (1 << 20), usize::MAX] {
+            assert_eq!(sizes(bad), None, "{bad}");
+        }
     }
 }
