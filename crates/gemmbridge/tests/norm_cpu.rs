@@ -45,9 +45,10 @@ fn check<T: Element>(p: &RmsNorm, r: &mut StdRng) {
     let mut y = vec![T::from_f64(f64::NAN); p.required_elems(NormTensor::Y)];
     let mut inv = vec![f32::NAN; p.rows];
     cpu::rms_norm_forward(p, &x, &w, &mut y, Some(&mut inv)).unwrap();
-    let (x64, w64, dy64) = (wide(&p.gather(NormTensor::X, &x)), wide(&w), wide(&p.gather(NormTensor::Dy, &dy)));
+    let (x64, w64, dy64) =
+        (wide(&p.gather(NormTensor::X, &x).unwrap()), wide(&w), wide(&p.gather(NormTensor::Dy, &dy).unwrap()));
     let want = reference::forward(p, &x64, &w64);
-    let e = rel_error(&wide(&p.gather(NormTensor::Y, &y)), &want.y);
+    let e = rel_error(&wide(&p.gather(NormTensor::Y, &y).unwrap()), &want.y);
     assert!(e <= band, "{} y: {e:e} > {band:e}", p.describe());
     for (i, (&got, want)) in inv.iter().zip(&want.inv_rms).enumerate() {
         let rel = (f64::from(got) - want).abs() / want;
@@ -68,7 +69,7 @@ fn check<T: Element>(p: &RmsNorm, r: &mut StdRng) {
             wide(&dw)
         }
     };
-    let e = rel_error(&wide(&p.gather(NormTensor::Dx, &dx)), &g.dx);
+    let e = rel_error(&wide(&p.gather(NormTensor::Dx, &dx).unwrap()), &g.dx);
     assert!(e <= band, "{} dx: {e:e} > {band:e}", p.describe());
     let e = rel_error(&dw, &g.dw);
     assert!(e <= band, "{} dw: {e:e} > {band:e}", p.describe());
@@ -130,4 +131,61 @@ fn bad_input_is_named_and_nothing_is_written() {
     assert!(dx.iter().all(|v| v.is_nan()) && dw.iter().all(|v| v.is_nan()), "a refused backward wrote");
     cpu::rms_norm_forward(&p, &x, &w, &mut y, Some(&mut inv)).unwrap();
     assert!(y.iter().all(|v| v.is_finite()));
+}
+
+/// For an f32 problem both forms of `dw` hold f32: either is taken, with the same result; for
+/// bf16 I/O the f32 form is refused under `GradType::Io`, naming the element types.
+#[test]
+fn an_f32_problem_takes_either_form_of_dw() {
+    let mut r = rng();
+    let p = RmsNorm::new(3, 7, 1e-6, DType::F32);
+    let (x, w, dy) = (normal::<f32>(&mut r, 21), normal::<f32>(&mut r, 7), normal::<f32>(&mut r, 21));
+    let mut inv = vec![f32::NAN; 3];
+    cpu::rms_norm_forward(&p, &x, &w, &mut [f32::NAN; 21], Some(&mut inv)).unwrap();
+    let mut grads = Vec::new();
+    for (q, as_f32) in [(p, false), (p, true), (p.with_dw(GradType::F32), false), (p.with_dw(GradType::F32), true)] {
+        let (mut dx, mut dw) = (vec![f32::NAN; 21], vec![f32::NAN; 7]);
+        let d = if as_f32 { cpu::DwSlice::F32(&mut dw) } else { cpu::DwSlice::Io(&mut dw) };
+        cpu::rms_norm_backward(&q, &x, &w, &inv, &dy, &mut dx, d).unwrap();
+        assert!(dw.iter().chain(&dx).all(|v| v.is_finite()), "{} as_f32 {as_f32}", q.describe());
+        grads.push((dx, dw));
+    }
+    assert!(grads.windows(2).all(|g| g[0] == g[1]), "the forms of dw disagree");
+    let p = RmsNorm::new(3, 7, 1e-6, DType::BF16);
+    let (x, dy) = (vec![bf16::ONE; 21], vec![bf16::ONE; 21]);
+    let (mut dx, mut dw) = (vec![bf16::NAN; 21], vec![f32::NAN; 7]);
+    let e = cpu::rms_norm_backward(&p, &x, &[bf16::ONE; 7], &inv, &dy, &mut dx, cpu::DwSlice::F32(&mut dw));
+    match e {
+        Err(e @ Error::DTypeMismatch { operand: Which::Norm("dw"), expected: DType::BF16, got: DType::F32 }) => {
+            assert_eq!(e.to_string(), "RMSNorm's dw holds f32 elements but the problem needs bf16")
+        }
+        r => panic!("{r:?}"),
+    }
+}
+
+/// The CPU calls check the leading dimensions of the tensors they use only; `gather` refuses
+/// a short buffer by name.
+#[test]
+fn the_cpu_calls_check_only_the_tensors_they_use() {
+    let p = RmsNorm::new(2, 4, 1e-6, DType::F32);
+    let (x, w) = ([1.0f32; 8], [1.0f32; 4]);
+    let q = p.with_ld(NormTensor::Sum, 3).with_ld(NormTensor::Residual, 1).with_ld(NormTensor::Dx, 2);
+    assert!(q.validate().is_err(), "validate checks every tensor");
+    let (mut y, mut y_ref) = ([f32::NAN; 8], [f32::NAN; 8]);
+    cpu::rms_norm_forward(&q, &x, &w, &mut y, None).unwrap();
+    cpu::rms_norm_forward(&p, &x, &w, &mut y_ref, None).unwrap();
+    assert_eq!(y, y_ref);
+    let e = cpu::rms_norm_forward(&p.with_ld(NormTensor::Y, 3), &x, &w, &mut y, None).unwrap_err();
+    assert!(matches!(e, Error::NormShape { what: "a leading dimension is smaller than the features", .. }), "{e}");
+    let e = cpu::rms_norm_backward(&q, &x, &w, &[1.0; 2], &x, &mut [0.0; 8], cpu::DwSlice::Io(&mut [0.0; 4]));
+    assert!(matches!(e, Err(Error::NormShape { .. })), "the backward writes dx: {e:?}");
+    let mut dx = [f32::NAN; 8];
+    let q = p.with_ld(NormTensor::Y, 1).with_ld(NormTensor::Sum, 1);
+    cpu::rms_norm_backward(&q, &x, &w, &[1.0; 2], &x, &mut dx, cpu::DwSlice::Io(&mut [0.0; 4])).unwrap();
+    assert!(dx.iter().all(|v| v.is_finite()));
+    match p.gather(NormTensor::X, &x[..5]) {
+        Err(Error::BufferTooSmall { operand: Which::Norm("x"), .. }) => {}
+        r => panic!("{r:?}"),
+    }
+    assert_eq!(p.gather(NormTensor::X, &x).unwrap().len(), 8);
 }

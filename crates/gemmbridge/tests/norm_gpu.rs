@@ -76,7 +76,7 @@ fn rows<T: Element>(p: &RmsNorm, t: NormTensor, r: &mut StdRng) -> Vec<T> {
 /// Tensor `t` of `got` within `band` of `want` (dense float64), every element between its
 /// rows still NaN.
 fn check_rows<T: Element>(p: &RmsNorm, t: NormTensor, got: &[T], want: &[f64], band: f64, what: &str) {
-    let e = rel_error(&wide(&p.gather(t, got)), want);
+    let e = rel_error(&wide(&p.gather(t, got).unwrap()), want);
     assert!(e <= band, "{} {what}: rel error {e:e} > {band:e}", p.describe());
     for (at, v) in got.iter().enumerate() {
         if at % p.ld(t) >= p.features {
@@ -108,7 +108,7 @@ struct Inputs<T> {
 
 fn inputs<T: Element + DeviceRepr>(s: &Arc<CudaStream>, p: &RmsNorm, r: &mut StdRng) -> Inputs<T> {
     let (x, w, dy) = (rows::<T>(p, X, r), normal::<T>(r, p.features), rows::<T>(p, Dy, r));
-    let (x64, w64, dy64) = (wide(&p.gather(X, &x)), wide(&w), wide(&p.gather(Dy, &dy)));
+    let (x64, w64, dy64) = (wide(&p.gather(X, &x).unwrap()), wide(&w), wide(&p.gather(Dy, &dy).unwrap()));
     Inputs { x: up(s, &x), w: up(s, &w), dy: up(s, &dy), x64, w64, dy64 }
 }
 
@@ -269,8 +269,11 @@ fn residual_case(gpu: &Gpu, p: &RmsNorm, r: &mut StdRng, training: bool) -> Resu
     let s = gpu.stream();
     let (xh, rh, wh) = (rows::<bf16>(p, X, r), rows::<bf16>(p, Residual, r), normal::<bf16>(r, p.features));
     let (x, res, w) = (up(s, &xh), up(s, &rh), up(s, &wh));
-    let sum64: Vec<f64> =
-        wide(&p.gather(X, &xh)).iter().zip(wide(&p.gather(Residual, &rh))).map(|(a, b)| a + b).collect();
+    let sum64: Vec<f64> = wide(&p.gather(X, &xh).unwrap())
+        .iter()
+        .zip(wide(&p.gather(Residual, &rh).unwrap()))
+        .map(|(a, b)| a + b)
+        .collect();
     let want = reference::forward(p, &sum64, &wide(&wh));
     let (mut y, mut sum) = (up(s, &poison::<bf16>(p.required_elems(Y))), up(s, &poison::<bf16>(p.required_elems(Sum))));
     let mut inv = up(s, &vec![f32::NAN; p.rows]);
@@ -315,7 +318,7 @@ fn fp8_case(gpu: &Gpu, p: &RmsNorm, r: &mut StdRng) -> Result<(), Error> {
     let s = gpu.stream();
     let (xh, wh) = (rows::<bf16>(p, X, r), normal::<bf16>(r, p.features));
     let (x, w) = (up(s, &xh), up(s, &wh));
-    let want = reference::forward(p, &wide(&p.gather(X, &xh)), &wide(&wh));
+    let want = reference::forward(p, &wide(&p.gather(X, &xh).unwrap()), &wide(&wh));
     let amax_want = want.y.iter().fold(0.0f64, |a, v| a.max(v.abs()));
     let factor = (0.9 * 448.0 / amax_want) as f32;
     let scale = up(s, &[factor]);
@@ -336,6 +339,7 @@ fn fp8_case(gpu: &Gpu, p: &RmsNorm, r: &mut StdRng) -> Result<(), Error> {
     }
     let got: Vec<f64> = p
         .gather(Y, &down(s, &y8))
+        .unwrap()
         .iter()
         .map(|&b| f64::from(fp8_to_f32(b, Fp8Format::E4M3)) / f64::from(factor))
         .collect();

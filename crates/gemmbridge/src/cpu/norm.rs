@@ -4,21 +4,22 @@
 
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
-use crate::norm::{GradType, NormTensor, RmsNorm};
+use crate::norm::{NormTensor, RmsNorm};
 
 /// The weight gradient `dw[features]` a CPU backward writes: in the I/O type or in f32, as the
-/// problem's [`RmsNorm::dw`] says.
+/// problem's [`RmsNorm::dw`] says. What must agree is the element type
+/// ([`RmsNorm::dw_dtype`]): for an f32 problem both forms hold f32 and either is taken.
 #[derive(Debug)]
 pub enum DwSlice<'a, T> {
-    /// `dw` in the I/O type (the problem's [`GradType::Io`]).
+    /// `dw` in the I/O type (the problem's [`GradType::Io`](crate::norm::GradType::Io)).
     Io(&'a mut [T]),
-    /// `dw` in f32 (the problem's [`GradType::F32`]).
+    /// `dw` in f32 (the problem's [`GradType::F32`](crate::norm::GradType::F32), or any f32 problem).
     F32(&'a mut [f32]),
 }
 
-/// The problem's rules and the element type.
-fn check_problem<T: Element>(p: &RmsNorm) -> Result<()> {
-    p.validate()?;
+/// The problem's rules (the leading dimensions of the tensors in `used`) and the element type.
+fn check_problem<T: Element>(p: &RmsNorm, used: &[NormTensor]) -> Result<()> {
+    p.validate_tensors(used)?;
     if T::DTYPE != p.dtype {
         return Err(Error::DTypeMismatch { operand: Which::Norm("x"), expected: p.dtype, got: T::DTYPE });
     }
@@ -35,7 +36,9 @@ fn check_tensor(p: &RmsNorm, t: NormTensor, have: usize, elem: usize) -> Result<
 /// untouched. Each row: `ss = Σ x²` in f32, `r = 1/√(ss/C + ε)`, `y = T(x·r·w)`.
 ///
 /// # Errors
-/// [`Error::NormShape`] (the problem's rules), [`Error::DTypeMismatch`] (an element type other
+/// [`Error::NormShape`] (the problem's rules, [`RmsNorm::validate`]; of the leading dimensions
+/// only those of `x` and `y`: the residual, sum and gradients are not used here),
+/// [`Error::DTypeMismatch`] (an element type other
 /// than the problem's), [`Error::BufferTooSmall`] (a slice shorter than its layout); nothing
 /// is written then.
 pub fn rms_norm_forward<T: Element>(
@@ -45,7 +48,7 @@ pub fn rms_norm_forward<T: Element>(
     y: &mut [T],
     inv_rms: Option<&mut [f32]>,
 ) -> Result<()> {
-    check_problem::<T>(p)?;
+    check_problem::<T>(p, &[NormTensor::X, NormTensor::Y])?;
     let elem = T::DTYPE.size_bytes();
     check_tensor(p, NormTensor::X, x.len(), elem)?;
     Error::check_len(Which::Norm("w"), w.len(), p.features, elem)?;
@@ -82,8 +85,10 @@ fn row_inv_rms<T: Element>(row: &[T], eps: f32) -> f32 {
 /// `dx = T(r·(g − x̂·dot))`; `dw[j] = Σ_i dy·x̂`, accumulated in f32 and rounded once.
 ///
 /// # Errors
-/// As [`rms_norm_forward`]; [`Error::DTypeMismatch`] for a `dw` of the other type than
-/// [`RmsNorm::dw`].
+/// As [`rms_norm_forward`] (of the leading dimensions only those of `x`, `dy` and `dx`);
+/// [`Error::DTypeMismatch`] for a `dw` whose element type is not
+/// [`RmsNorm::dw_dtype`] (an f32 `dw` beside f16/bf16 I/O with [`GradType::Io`](crate::norm::GradType::Io), or an I/O-type
+/// one with [`GradType::F32`](crate::norm::GradType::F32)).
 pub fn rms_norm_backward<T: Element>(
     p: &RmsNorm,
     x: &[T],
@@ -93,19 +98,18 @@ pub fn rms_norm_backward<T: Element>(
     dx: &mut [T],
     dw: DwSlice<'_, T>,
 ) -> Result<()> {
-    check_problem::<T>(p)?;
+    check_problem::<T>(p, &[NormTensor::X, NormTensor::Dy, NormTensor::Dx])?;
     let elem = T::DTYPE.size_bytes();
     check_tensor(p, NormTensor::X, x.len(), elem)?;
     Error::check_len(Which::Norm("w"), w.len(), p.features, elem)?;
     Error::check_len(Which::Norm("inv_rms"), inv_rms.len(), p.rows, 4)?;
     check_tensor(p, NormTensor::Dy, dy.len(), elem)?;
     check_tensor(p, NormTensor::Dx, dx.len(), elem)?;
-    let (dw_len, dw_type) = match &dw {
-        DwSlice::Io(d) => (d.len(), GradType::Io),
-        DwSlice::F32(d) => (d.len(), GradType::F32),
+    let (dw_len, got) = match &dw {
+        DwSlice::Io(d) => (d.len(), p.dtype),
+        DwSlice::F32(d) => (d.len(), crate::DType::F32),
     };
-    if dw_type != p.dw {
-        let got = if dw_type == GradType::F32 { crate::DType::F32 } else { p.dtype };
+    if got != p.dw_dtype() {
         return Err(Error::DTypeMismatch { operand: Which::Norm("dw"), expected: p.dw_dtype(), got });
     }
     Error::check_len(Which::Norm("dw"), dw_len, p.features, p.dw_dtype().size_bytes())?;

@@ -102,12 +102,13 @@ pub enum Error {
         output: DType,
     },
 
-    /// A buffer's element type does not match the problem's precision.
-    #[error("{operand} holds {got} elements but the problem's precision needs {expected}")]
+    /// A buffer's element type does not match what the problem needs (its precision or its
+    /// dtype).
+    #[error("{operand} holds {got} elements but the problem needs {expected}")]
     DTypeMismatch {
         /// The operand.
         operand: Which,
-        /// The dtype the precision needs.
+        /// The dtype the problem needs.
         expected: DType,
         /// The dtype of the buffer given.
         got: DType,

@@ -136,6 +136,9 @@ const EXP: [f32; 6] = [
 /// `e^x` for `x ≤ 0` in f32 (NaN stays NaN): 0 below −87; else `j = rint(x·log₂e)`,
 /// `r = fma(−j, LN2_LO, fma(−j, LN2_HI, x))` (the inner one exact), `e^r = fma(r², P(r), r) + 1`
 /// with `P` by Horner's rule in fused multiply-adds, times `2^j` (exact: the result is normal).
+/// Flushing below −87 (where `e^x` would be subnormal) makes `silu(g)` exactly −0 for `g` in
+/// about (−103, −87] instead of a tiny normal number (silu(−88) ≈ −5.3e−37): harmless, and the
+/// GPU kernels do the same, bit for bit.
 pub fn exp_neg(x: f32) -> f32 {
     if x < -87.0 {
         return 0.0;

@@ -132,7 +132,8 @@ pub struct Rope {
 impl Rope {
     /// `batch` sequences of `seq` tokens, `heads_q` query and `heads_kv` key/value heads of
     /// `head_dim` elements, rows contiguous; every element of q and k rotated
-    /// ([`RopeStyle::RotateHalf`], θ = 10 000, no scaling).
+    /// ([`RopeStyle::RotateHalf`], θ = 10 000, no scaling). Not checked here (problems are
+    /// data): [`Rope::validate`] and every call check it.
     pub fn new(batch: usize, seq: usize, (heads_q, heads_kv): (usize, usize), head_dim: usize) -> Rope {
         let width = heads_q.saturating_add(heads_kv.saturating_mul(2)).saturating_mul(head_dim);
         Rope {
@@ -247,6 +248,12 @@ impl Rope {
     ///   factor of at least 1, `0 < low_freq_factor < high_freq_factor`, both finite, and
     ///   `original_max_position ≥ 1`;
     /// - tables of 1 to [`MAX_SIZE`] rows.
+    ///
+    /// Zero tokens (`batch = 0` or `seq = 0`) are allowed: the call reads and writes nothing
+    /// and returns `Ok` (as SwiGLU with zero rows; RMSNorm refuses zero rows,
+    /// [`crate::norm::RmsNorm::validate`]); zero heads are refused. Any `h_q`, `h_kv` pair is
+    /// taken: RoPE rotates each head on its own, so `h_q` need not be a multiple of `h_kv`
+    /// (attention requires that, [`crate::attention::Attention`]).
     ///
     /// # Errors
     /// [`Error::LayerOp`] naming the rule and the values that break it.

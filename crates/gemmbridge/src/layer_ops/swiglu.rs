@@ -34,7 +34,8 @@ pub struct SwiGlu {
 }
 
 impl SwiGlu {
-    /// `rows × 2·f` in, `rows × f` out, rows contiguous.
+    /// `rows × 2·f` in, `rows × f` out, rows contiguous. Not checked here (problems are data):
+    /// [`SwiGlu::validate`] and every call check it.
     pub fn new(rows: usize, f: usize, layout: GluLayout) -> SwiGlu {
         SwiGlu { rows, f, layout, ld_in: f.saturating_mul(2), ld_out: f }
     }
@@ -56,7 +57,8 @@ impl SwiGlu {
         extent(self.rows, self.ld_out, self.f)
     }
 
-    /// Where `g[r, j]` and `u[r, j]` lie in the input.
+    /// Where `g[r, j]` and `u[r, j]` lie in the input. Arithmetic only, no bounds check:
+    /// meaningful for `r < rows`, `j < f` of a problem that passes [`SwiGlu::validate`].
     pub fn gate_up_index(&self, r: usize, j: usize) -> (usize, usize) {
         let row = r * self.ld_in;
         match self.layout {
@@ -83,6 +85,10 @@ impl SwiGlu {
 
     /// Checks every rule: `ld_in ≥ 2·f`, `ld_out ≥ f`, every size at most [`MAX_SIZE`] and the
     /// buffers' extents addressable.
+    ///
+    /// Zero sizes are allowed: with `rows = 0` or `f = 0` a call reads and writes nothing
+    /// (its buffers may be empty, [`SwiGlu::in_elems`]) and returns `Ok` (as RoPE with zero
+    /// tokens; RMSNorm instead refuses zero rows, [`crate::norm::RmsNorm::validate`]).
     ///
     /// # Errors
     /// [`crate::Error::LayerOp`] naming the rule and the values.

@@ -23,6 +23,10 @@
 //! The backward, with `x̂ = x · inv_rms` and `g = dy · w`:
 //! `dx[i, j] = inv_rms[i] · (g[i, j] − x̂[i, j] · Σ_k g[i, k] · x̂[i, k] / C)`,
 //! `dw[j] = Σ_i dy[i, j] · x̂[i, j]`.
+//!
+//! The sum of squares is accumulated in f32, as PyTorch's f32 path does: a row whose sum of
+//! squares passes f32's range (elements of about 1.8·10¹⁹/√features in magnitude) overflows
+//! it, giving `inv_rms = 0` and `y = 0`.
 
 pub mod reference;
 
@@ -99,7 +103,8 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     /// `rows` rows of `features` features, ε = `eps`, every tensor contiguous (leading
-    /// dimension `features`), `dw` in the I/O type.
+    /// dimension `features`), `dw` in the I/O type. Not checked here (problems are data):
+    /// [`RmsNorm::validate`] and every call check it.
     pub fn new(rows: usize, features: usize, eps: f32, dtype: DType) -> RmsNorm {
         RmsNorm { rows, features, eps, dtype, dw: GradType::Io, lds: [features; 6] }
     }
@@ -140,19 +145,29 @@ impl RmsNorm {
         self.rows.saturating_sub(1).saturating_mul(self.ld(t)).saturating_add(self.features)
     }
 
-    /// Where element `[row, col]` of tensor `t` lives, in elements from its start.
+    /// Where element `[row, col]` of tensor `t` lives, in elements from its start:
+    /// `row·ld + col`. Arithmetic only, no bounds check: meaningful for `row < rows`,
+    /// `col < features` of a problem that passes [`RmsNorm::validate`] (its spans fit in
+    /// [`MAX_ELEMS`], so the product cannot overflow).
     pub fn index(&self, t: NormTensor, row: usize, col: usize) -> usize {
         row * self.ld(t) + col
     }
 
-    /// Tensor `t`'s logical elements of `buf` (laid out as the problem says), row by row.
-    pub fn gather<V: Copy>(&self, t: NormTensor, buf: &[V]) -> Vec<V> {
+    /// Tensor `t`'s logical elements of `buf` (laid out as the problem says), row by row:
+    /// `rows·features` values.
+    ///
+    /// # Errors
+    /// [`Error::BufferTooSmall`] when `buf` holds fewer than [`RmsNorm::required_elems`]
+    /// elements (nothing is read then).
+    pub fn gather<V: Copy>(&self, t: NormTensor, buf: &[V]) -> Result<Vec<V>> {
+        let which = crate::error::Which::Norm(t.name());
+        Error::check_len(which, buf.len(), self.required_elems(t), std::mem::size_of::<V>())?;
         let mut out = Vec::with_capacity(self.rows * self.features);
         for i in 0..self.rows {
             let at = self.index(t, i, 0);
             out.extend_from_slice(&buf[at..at + self.features]);
         }
-        out
+        Ok(out)
     }
 
     /// Bytes one forward moves at least: x and w read, y written, and (training) the inverse
@@ -189,9 +204,24 @@ impl RmsNorm {
     /// leading dimension at least the features; every tensor's span at most [`MAX_ELEMS`]
     /// elements.
     ///
+    /// Zero sizes: unlike SwiGLU and RoPE ([`crate::layer_ops`]), where zero rows or tokens
+    /// are a call that does nothing, RMSNorm refuses zero rows as it refuses zero features —
+    /// cuDNN's norm graph takes no tensor with an empty dimension, and the CPU backend keeps
+    /// the same rule.
+    ///
+    /// The GPU calls check every tensor's leading dimension; the CPU calls
+    /// ([`crate::cpu::rms_norm_forward`], [`crate::cpu::rms_norm_backward`]) only those of the
+    /// tensors they read or write.
+    ///
     /// # Errors
     /// [`Error::NormShape`] naming the rule and the values.
     pub fn validate(&self) -> Result<()> {
+        self.validate_tensors(&NormTensor::ALL)
+    }
+
+    /// The rules of [`RmsNorm::validate`], the leading-dimension ones for the tensors in
+    /// `used` only.
+    pub(crate) fn validate_tensors(&self, used: &[NormTensor]) -> Result<()> {
         let bad = |what: &'static str, detail: String| Err(Error::NormShape { what, detail });
         for (name, v) in [("rows", self.rows), ("features", self.features)] {
             if v == 0 {
@@ -204,7 +234,7 @@ impl RmsNorm {
         if !(self.eps.is_finite() && self.eps > 0.0) {
             return bad("epsilon is not finite and positive", format!("eps = {} ({})", self.eps, self.describe()));
         }
-        for t in NormTensor::ALL {
+        for &t in used {
             let ld = self.ld(t);
             if ld < self.features {
                 let detail = format!("ld of {} = {ld} < features = {} ({})", t.name(), self.features, self.describe());

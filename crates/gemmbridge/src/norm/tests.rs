@@ -39,7 +39,7 @@ fn layouts_and_byte_counts() {
     assert_eq!(p.index(NormTensor::X, 2, 1), 21);
     assert!(p.strided(NormTensor::X) && !p.strided(NormTensor::Y));
     let buf: Vec<usize> = (0..24).collect();
-    assert_eq!(p.gather(NormTensor::X, &buf), [0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23]);
+    assert_eq!(p.gather(NormTensor::X, &buf).unwrap(), [0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23]);
     // x, y: 3·4·2 bytes each, w 8 bytes, inv_rms 12 bytes
     assert_eq!(p.forward_bytes(false), 56.0);
     assert_eq!(p.forward_bytes(true), 68.0);

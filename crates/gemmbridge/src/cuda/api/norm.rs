@@ -13,7 +13,7 @@ use crate::cuda::route::Fp8Out;
 use crate::cuda::status;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, Which};
-use crate::norm::{GradType, NormTensor, RmsNorm};
+use crate::norm::{NormTensor, RmsNorm};
 
 /// What the forward reads: `x` (strided as the problem's [`NormTensor::X`]), the weight
 /// `w[features]` and, for a pre-norm residual add, `residual` (strided as
@@ -95,11 +95,12 @@ pub struct RmsNormSaved<'a, T> {
 }
 
 /// The weight gradient `dw[features]` the backward writes (overwritten, not accumulated), of
-/// the type the problem's [`RmsNorm::dw`] names.
+/// the type the problem's [`RmsNorm::dw`] names. What must agree is the element type
+/// ([`RmsNorm::dw_dtype`]): for an f32 problem both forms hold f32 and either is taken.
 pub enum RmsNormDw<'a, T> {
-    /// In the I/O type ([`GradType::Io`]).
+    /// In the I/O type ([`GradType::Io`](crate::norm::GradType::Io)).
     Io(&'a mut dyn DevicePtrMut<T>),
-    /// In f32 ([`GradType::F32`]).
+    /// In f32 ([`GradType::F32`](crate::norm::GradType::F32), or any f32 problem).
     F32(&'a mut dyn DevicePtrMut<f32>),
 }
 
@@ -281,8 +282,8 @@ impl Gpu {
     /// Plans, capture and workspace as the forward.
     ///
     /// # Errors
-    /// As [`Gpu::rms_norm_forward`]; [`Error::DTypeMismatch`] for a `dw` of the other type than
-    /// [`RmsNorm::dw`]; [`Error::Unsupported`] where the loaded cuDNN does not take an f32 `dw`
+    /// As [`Gpu::rms_norm_forward`]; [`Error::DTypeMismatch`] for a `dw` whose element type is
+    /// not [`RmsNorm::dw_dtype`] (for an f32 problem either form is taken); [`Error::Unsupported`] where the loaded cuDNN does not take an f32 `dw`
     /// beside f16/bf16 I/O or strided rows.
     pub fn rms_norm_backward<T: Element>(
         &self,
@@ -293,12 +294,11 @@ impl Gpu {
     ) -> Result<()> {
         check_problem::<T>(p)?;
         let RmsNormSaved { x, w, inv_rms, dy } = saved;
-        let (given, dw_stream) = match &dw {
-            RmsNormDw::Io(b) => (GradType::Io, b.stream()),
-            RmsNormDw::F32(b) => (GradType::F32, b.stream()),
+        let (got, dw_stream) = match &dw {
+            RmsNormDw::Io(b) => (p.dtype, b.stream()),
+            RmsNormDw::F32(b) => (DType::F32, b.stream()),
         };
-        if given != p.dw {
-            let got = if given == GradType::F32 { DType::F32 } else { p.dtype };
+        if got != p.dw_dtype() {
             return Err(Error::DTypeMismatch { operand: Which::Norm("dw"), expected: p.dw_dtype(), got });
         }
         let (ctx, s) = (self.context(), self.stream());
