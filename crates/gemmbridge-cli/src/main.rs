@@ -40,7 +40,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "gemmbridge",
     version,
-    about = "Row-major GEMM (dense, FP8 and grouped for mixture-of-experts) on cuBLAS/cuBLASLt, convolutions and attention on cuDNN: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench, layer-check, report (the burn adapter's bench is the gemmbridge-burn binary)"
+    about = "Row-major GEMM (dense, FP8 and grouped for mixture-of-experts) on cuBLAS/cuBLASLt, convolutions, attention and RMSNorm on cuDNN, RoPE and SwiGLU kernels, a LLaMA-style decoder layer: info, probe, bench, tune, firstcall, compare, soak, fp8, train-bench, layer-check, report (the burn adapter's bench is the gemmbridge-burn binary)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -57,9 +57,10 @@ enum Command {
     /// recipe the GPU offers, a cuDNN convolution per precision and what cuDNN's RMSNorm graph
     /// takes (where libcudnn loads). Exits non-zero if anything is wrong.
     Probe(probe::Args),
-    /// Times GEMMs (and, with --ops conv_…, attn_… or grouped…, cuDNN convolutions, attention
-    /// and grouped GEMMs) on the suites of the PyTorch peers in bench/ and writes JSON lines
-    /// in their schema. Without a CUDA GPU it runs
+    /// Times GEMMs (and, with --ops conv_…, attn_…, grouped…, rmsnorm…, rope, swiglu… or
+    /// layer_…, cuDNN convolutions, attention, grouped GEMMs, RMSNorm, the RoPE and SwiGLU
+    /// kernels and the decoder layer) on the suites of the PyTorch peers in bench/ and writes
+    /// JSON lines in their schema. Without a CUDA GPU it runs
     /// gemmbridge's CPU backend instead (the matrixmultiply crate) on the small "cpu" suite,
     /// matmul and linear only, rates in GFLOP/s; GPU-only options are then ignored with a note.
     Bench(bench::Args),

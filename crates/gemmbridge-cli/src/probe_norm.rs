@@ -59,11 +59,12 @@ fn plain<T: Element + DeviceRepr>(gpu: &Gpu, p: &RmsNorm) -> anyhow::Result<Chec
             wide(&s.clone_dtoh(&dw)?)
         }
     };
-    let (x64, w64) = (wide(&p.gather(X, &xh)), wide(&wh));
+    let (x64, w64) = (wide(&p.gather(X, &xh)?), wide(&wh));
     let f = reference::forward(p, &x64, &w64);
-    let b = reference::backward(p, &x64, &w64, &wide(&p.gather(Dy, &dyh)));
-    let got =
-        |t, v: &cudarc::driver::CudaSlice<T>| -> anyhow::Result<Vec<f64>> { Ok(wide(&p.gather(t, &s.clone_dtoh(v)?))) };
+    let b = reference::backward(p, &x64, &w64, &wide(&p.gather(Dy, &dyh)?));
+    let got = |t, v: &cudarc::driver::CudaSlice<T>| -> anyhow::Result<Vec<f64>> {
+        Ok(wide(&p.gather(t, &s.clone_dtoh(v)?)?))
+    };
     Ok(vec![
         ("y", rel_error(&got(Y, &y)?, &f.y), band),
         ("inv_rms", inv_rms_error(&s.clone_dtoh(&inv)?, &f.inv_rms), 1e-5),
@@ -85,10 +86,10 @@ fn residual(gpu: &Gpu, p: &RmsNorm) -> anyhow::Result<Checks> {
     let out = RmsNormOut { sum: Some(&mut sum), ..RmsNormOut::new(&mut y).training(&mut inv) };
     gpu.rms_norm_forward(p, input, out)?;
     let sum64: Vec<f64> =
-        wide(&p.gather(X, &xh)).iter().zip(wide(&p.gather(Residual, &rh))).map(|(a, b)| a + b).collect();
+        wide(&p.gather(X, &xh)?).iter().zip(wide(&p.gather(Residual, &rh)?)).map(|(a, b)| a + b).collect();
     let f = reference::forward(p, &sum64, &wide(&wh));
-    let got_sum = wide(&p.gather(Sum, &s.clone_dtoh(&sum)?));
-    let got_y = wide(&p.gather(Y, &s.clone_dtoh(&y)?));
+    let got_sum = wide(&p.gather(Sum, &s.clone_dtoh(&sum)?)?);
+    let got_y = wide(&p.gather(Y, &s.clone_dtoh(&y)?)?);
     Ok(vec![("sum", rel_error(&got_sum, &sum64), 1e-2), ("y", rel_error(&got_y, &f.y), 1e-2)])
 }
 
@@ -98,7 +99,7 @@ fn fp8(gpu: &Gpu, p: &RmsNorm) -> anyhow::Result<Checks> {
     let s = gpu.stream();
     let (xh, wh) = (normal::<bf16>(p.required_elems(X)), normal::<bf16>(p.features));
     let (x, w) = (s.clone_htod(&xh)?, s.clone_htod(&wh)?);
-    let f = reference::forward(p, &wide(&p.gather(X, &xh)), &wide(&wh));
+    let f = reference::forward(p, &wide(&p.gather(X, &xh)?), &wide(&wh));
     let amax_want = f.y.iter().fold(0.0f64, |a, v| a.max(v.abs()));
     let factor = (0.9 * 448.0 / amax_want) as f32;
     let scale = s.clone_htod(&[factor])?;
@@ -106,7 +107,7 @@ fn fp8(gpu: &Gpu, p: &RmsNorm) -> anyhow::Result<Checks> {
     let mut y8 = s.clone_htod(&vec![0x7Fu8; p.required_elems(Y)])?;
     let y = RmsNormY::Fp8 { y: &mut y8, out: Fp8Out { d_scale: &scale, amax: &mut amax } };
     gpu.rms_norm_forward(p, RmsNormIn::new(&x, &w), RmsNormOut { y, inv_rms: None, sum: None })?;
-    let bytes = p.gather(Y, &s.clone_dtoh(&y8)?);
+    let bytes = p.gather(Y, &s.clone_dtoh(&y8)?)?;
     let got: Vec<f64> = bytes.iter().map(|&b| f64::from(fp8_to_f32(b, Fp8Format::E4M3)) / f64::from(factor)).collect();
     let a = f64::from(s.clone_dtoh(&amax)?[0]);
     Ok(vec![("y", rel_error(&got, &f.y), 5e-2), ("amax", (a - amax_want).abs() / amax_want, 1e-4)])

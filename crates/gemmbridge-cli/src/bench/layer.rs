@@ -58,6 +58,9 @@ pub fn bench(
          {:<11} {:<5} {:>10} {:>8} {:>8}\n",
         copy.tb_s, "op", "dtype", "ms", "TB/s", "of copy"
     );
+    if dtypes.iter().any(|(n, _)| n == "tf32") {
+        eprintln!("layer-op rows: tf32 skipped (they run in f32, f16 and bf16: no GEMM inside)");
+    }
     for (name, p) in dtypes.iter().filter(|(n, _)| n != "tf32") {
         for op in ops {
             let m = match p.input() {

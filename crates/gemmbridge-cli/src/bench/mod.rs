@@ -265,6 +265,9 @@ impl Plan {
         if (!attn_ops.is_empty() || !norm_ops.is_empty() || grouped_ops.iter().any(|o| !grouped::is_fp8(o))) && !half {
             bail!("--ops names attention, RMSNorm or grouped GEMM rows but --dtypes names neither f16 nor bf16 (their input types)");
         }
+        if !layer_ops.is_empty() && dtypes.iter().all(|(n, _)| n == "tf32") {
+            bail!("--ops names rope or swiglu rows but --dtypes names none of f32, f16, bf16 (their element types)");
+        }
         let backend = parse_backend(&args.backend)?;
         let padding = parse_padding(&args.padding)?;
         Ok(Plan {
