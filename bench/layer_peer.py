@@ -22,7 +22,7 @@ compile-max-autotune = mode "max-autotune-no-cudagraphs", off by default: its ke
 takes many minutes at these sizes), with every way's time (or why it could not run) in
 "backends". tflops counts 2 per multiply-add of the four projections (x3 with the backward)
 plus attention's 4 b hq s^2 hd / 2 (x3.5 with the backward), as gemmbridge does.
-Timing as bench/peer.py: 5 warm-up calls, then --reps samples (default 10) of ~1 ms of
+Timing as bench/peer.py: 5 warm-up calls, then --reps samples (default 30, as gemmbridge bench) of ~1 ms of
 back-to-back calls (one call per sample here) between CUDA events, median and minimum;
 --gap-ms MS leaves the GPU idle for MS ms before each row's warm-up.
 
@@ -275,7 +275,7 @@ def main():
     ap.add_argument("--check", metavar="DIR", help=f"compare against DIR/{CHECK_FILE} instead of timing")
     peer.add_timing_args(ap)
     peer.add_round_args(ap)
-    ap.set_defaults(reps=10)
+    ap.set_defaults(reps=30)
     a = ap.parse_args()
     try:
         peer.use_timing_args(a)
