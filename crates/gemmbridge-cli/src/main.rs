@@ -18,6 +18,7 @@ mod gemm_events;
 mod gpu;
 mod info;
 mod layer_check;
+mod lists;
 mod ops;
 mod probe;
 mod probe_conv;

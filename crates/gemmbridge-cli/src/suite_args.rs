@@ -7,6 +7,7 @@ use gemmbridge::cuda::ConvApi;
 use gemmbridge::Precision;
 
 use crate::bench::{attn, conv, decoder, fp8, grouped, layer, norm};
+use crate::lists::entries;
 use crate::ops::{precision_of, OPS};
 use crate::suites::{self, Shape};
 
@@ -42,23 +43,6 @@ pub struct SuiteArgs {
     /// every shape).
     #[arg(long, default_value = "")]
     pub attn_shapes: String,
-}
-
-/// The entries of a comma-separated list given to `flag`, trimmed, in order: none for a blank
-/// list.
-///
-/// # Errors
-/// An empty entry (`f32,,f16`, a leading or trailing comma), named with the flag: a typo must
-/// not silently run less than asked.
-pub fn entries<'a>(flag: &str, list: &'a str) -> anyhow::Result<Vec<&'a str>> {
-    if list.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    let out: Vec<&str> = list.split(',').map(str::trim).collect();
-    if out.iter().any(|e| e.is_empty()) {
-        bail!("{flag} {list:?} has an empty entry: give comma-separated names");
-    }
-    Ok(out)
 }
 
 /// `--dtypes` parsed: the dense precisions, in order, each once, and the FP8 recipes.

@@ -225,14 +225,14 @@ fn row<T: Element + DeviceRepr + ValidAsZeroBits>(
 }
 
 pub fn run(mut args: Args) -> anyhow::Result<i32> {
-    let ops = crate::suite_args::entries("--ops", &args.ops)?;
+    let ops = crate::lists::entries("--ops", &args.ops)?;
     for o in &ops {
         if *o != "mlp_train" && *o != "linear_train" {
             bail!("unknown op {o:?}; choose from mlp_train, linear_train");
         }
     }
     let mut dtypes = Vec::new();
-    for d in crate::suite_args::entries("--dtypes", &args.dtypes)? {
+    for d in crate::lists::entries("--dtypes", &args.dtypes)? {
         match (d, precision_of(d)) {
             ("fp8", _) => dtypes.push((d.to_string(), Precision::BF16)),
             (_, Some(p)) => dtypes.push((d.to_string(), p)),

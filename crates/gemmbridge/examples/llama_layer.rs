@@ -13,9 +13,9 @@
 //! their error against the unquantised float64 layer is then FP8's, a few percent.
 
 use clap::Parser;
-use gemmbridge::cpu::CpuDecoderLayer;
 use gemmbridge::fp8::Scaling;
 use gemmbridge::half::bf16;
+use gemmbridge::layer::cpu::CpuDecoderLayer;
 use gemmbridge::layer::reference::{backward, forward, Grads, Weights};
 use gemmbridge::layer::{DecoderLayer, LayerOptions, LayerWeight, Tokens};
 use gemmbridge::reference::rel_error;

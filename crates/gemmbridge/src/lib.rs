@@ -30,7 +30,7 @@
 //! | grouped GEMM (mixture of experts) | [`grouped`], [`cpu::grouped_gemm`] | [`cuda::Gpu::grouped_gemm`], [`cuda::Gpu::grouped_fp8_gemm`] |
 //! | RMSNorm (forward, backward) | [`norm`], [`cpu::rms_norm_forward`], [`cpu::rms_norm_backward`] | [`cuda::Gpu::rms_norm_forward`], [`cuda::Gpu::rms_norm_backward`] (cuDNN's norm graph) |
 //! | RoPE, SwiGLU (forward, backward) | [`layer_ops`], [`cpu::rope`], [`cpu::swiglu`], [`cpu::swiglu_backward`] | [`cuda::Gpu::rope`], [`cuda::Gpu::swiglu`], [`cuda::Gpu::swiglu_backward`] (gemmbridge's own kernels) |
-//! | a LLaMA-style decoder layer (forward, backward; FP8 forward projections as an option) | [`layer`]: sizes, weights, the problems of a step, float64 reference; [`cpu::CpuDecoderLayer`] | [`cuda::layer::GpuDecoderLayer`] (built from the entries above) |
+//! | a LLaMA-style decoder layer (forward, backward; FP8 forward projections as an option) | [`layer`]: sizes, weights, the problems of a step, float64 reference; [`layer::cpu::CpuDecoderLayer`] | [`cuda::layer::GpuDecoderLayer`] (built from the entries above) |
 //! | tactic database | [`tactics`] | [`cuda::Plans::load_tactics`] |
 //!
 //! # The problem

@@ -10,9 +10,9 @@ mod common;
 
 use common::layer::{check, check_step, fp8_is_what_ran, reference, weights, wide, BAND, FP8_BAND};
 use common::{normal, rng};
-use gemmbridge::cpu::CpuDecoderLayer;
 use gemmbridge::fp8::Scaling;
 use gemmbridge::half::{bf16, f16};
+use gemmbridge::layer::cpu::CpuDecoderLayer;
 use gemmbridge::layer::reference::Grads;
 use gemmbridge::layer::{DecoderLayer, LayerOptions, LayerWeight, RopeStyle, Tokens};
 use gemmbridge::train::GradMode;

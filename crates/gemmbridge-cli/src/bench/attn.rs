@@ -90,7 +90,7 @@ pub fn shapes() -> anyhow::Result<Vec<Shape>> {
 pub fn parse_shapes(list: &str) -> anyhow::Result<Vec<String>> {
     let known: Vec<String> = shapes()?.into_iter().map(|s| s.name).collect();
     let mut out = Vec::new();
-    for n in crate::suite_args::entries("--attn-shapes", list)? {
+    for n in crate::lists::entries("--attn-shapes", list)? {
         if !known.iter().any(|k| k == n) {
             bail!("--attn-shapes: unknown shape {n:?}; bench/attention.json has {}", known.join(", "));
         }

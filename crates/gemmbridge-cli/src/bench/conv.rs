@@ -46,7 +46,7 @@ pub struct Plan<'a> {
 /// `--conv-layouts` parsed.
 pub fn parse_layouts(s: &str) -> anyhow::Result<Vec<ConvLayout>> {
     let mut out = Vec::new();
-    for l in crate::suite_args::entries("--conv-layouts", s)? {
+    for l in crate::lists::entries("--conv-layouts", s)? {
         let layout = match l {
             "nhwc" => ConvLayout::Nhwc,
             "nchw" => ConvLayout::Nchw,
@@ -65,7 +65,7 @@ pub fn parse_layouts(s: &str) -> anyhow::Result<Vec<ConvLayout>> {
 /// `--conv-batches` parsed: batch sizes from 1 to 1024.
 pub fn parse_batches(s: &str) -> anyhow::Result<Vec<usize>> {
     let mut out = Vec::new();
-    for b in crate::suite_args::entries("--conv-batches", s)? {
+    for b in crate::lists::entries("--conv-batches", s)? {
         let n: usize = b.parse().with_context(|| format!("--conv-batches: {b:?} is not a number"))?;
         if !(1..=1024).contains(&n) {
             bail!("--conv-batches: {n} is not between 1 and 1024");

@@ -36,7 +36,7 @@ pub fn recipe(name: &str) -> anyhow::Result<(Scaling, Scaling)> {
 /// `--scalings` (or `--grouped-scalings`, `flag`) parsed: names in order, each once.
 pub fn parse_scalings(flag: &str, list: &str) -> anyhow::Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
-    for s in crate::suite_args::entries(flag, list)? {
+    for s in crate::lists::entries(flag, list)? {
         recipe(s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
         if !out.iter().any(|x| x == s) {
             out.push(s.to_string());

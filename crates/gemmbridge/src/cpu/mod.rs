@@ -4,21 +4,19 @@
 //! ([`grouped_gemm`], `grouped.rs`), attention ([`attention_forward`], [`attention_backward`],
 //! `attention.rs`), RMSNorm ([`rms_norm_forward`], [`rms_norm_backward`], `norm.rs`) and a
 //! transformer layer's elementwise operations ([`rope`], [`swiglu`], [`swiglu_backward`],
-//! `layer.rs`: the GPU kernels' f32 arithmetic, bit for bit), and a whole decoder layer built
-//! from them ([`CpuDecoderLayer`], `decoder.rs`).
+//! `layer.rs`: the GPU kernels' f32 arithmetic, bit for bit); a whole decoder layer built
+//! from them is [`crate::layer::cpu::CpuDecoderLayer`].
 //!
 //! f16/bf16 inputs are widened to f32 (exactly) before the product and a f16/bf16 output is
 //! rounded from the f32 result, which is what f32 accumulation means on the GPU too. tf32 is
 //! computed in full f32 here (more accurate than the GPU's tf32, within the same band).
 
 mod attention;
-mod decoder;
 mod grouped;
 mod layer;
 mod norm;
 
 pub use attention::{attention_backward, attention_forward, MAX_CPU_SCORES};
-pub use decoder::CpuDecoderLayer;
 pub use grouped::grouped_gemm;
 pub use layer::{rope, swiglu, swiglu_backward};
 pub use norm::{rms_norm_backward, rms_norm_forward, DwSlice};

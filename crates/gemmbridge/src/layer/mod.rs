@@ -4,7 +4,7 @@
 //! the problems a step is made of ([`LayerGemms`], [`DecoderLayer::norm_problem`],
 //! [`DecoderLayer::rope_problem`], [`DecoderLayer::swiglu_problem`],
 //! [`DecoderLayer::attention`]). The layer runs on the CPU backend as
-//! [`crate::cpu::CpuDecoderLayer`] and on the GPU as `crate::cuda::layer::GpuDecoderLayer`.
+//! [`cpu::CpuDecoderLayer`] and on the GPU as `crate::cuda::layer::GpuDecoderLayer`.
 //!
 //! # The layer
 //! Tokens `x[T, d]` row-major, `T = b·s` (batch entry `n`'s token at position `p` is row
@@ -48,6 +48,7 @@
 //! float64 reference's output and gradients (`ref64.<name>`, F64) and, where the GPU layer
 //! ran, ours (`ours.<name>`, F32), for the names `y`, `dx` and `d_<weight>`.
 
+pub mod cpu;
 mod math;
 mod problems;
 pub mod reference;

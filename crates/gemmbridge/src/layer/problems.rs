@@ -1,7 +1,7 @@
 //! The problems one step of a [`DecoderLayer`] is made of, as data: its four projections and
 //! their backward GEMMs ([`LayerGemms`]), its RMSNorm, RoPE and SwiGLU ([`DecoderLayer::norm_problem`],
 //! [`DecoderLayer::rope_problem`], [`DecoderLayer::swiglu_problem`]) and its attention
-//! ([`DecoderLayer::attention`]). The CPU layer ([`crate::cpu::CpuDecoderLayer`]) and the GPU
+//! ([`DecoderLayer::attention`]). The CPU layer ([`crate::layer::cpu::CpuDecoderLayer`]) and the GPU
 //! layer run exactly these.
 
 use super::{DecoderLayer, Tokens};
@@ -14,7 +14,7 @@ use crate::precision::Precision;
 use crate::problem::GemmProblem;
 
 /// How a layer runs beyond its sizes: the same for the CPU layer
-/// ([`crate::cpu::CpuDecoderLayer`]) and the GPU layer.
+/// ([`crate::layer::cpu::CpuDecoderLayer`]) and the GPU layer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LayerOptions {
     /// `Some(scaling)`: the four forward projections (`qkv`, `o`, `gate_up`, `down`) take FP8

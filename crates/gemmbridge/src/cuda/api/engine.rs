@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
 
-use super::options::GpuOptions;
+use super::options::value::GpuOptions;
 use crate::cuda::blas::BlasHandle;
 use crate::cuda::device::{first_stream, keep_primary, Device, Held, Relaxed};
 use crate::cuda::dnn::{ConvApi, ConvSearch};

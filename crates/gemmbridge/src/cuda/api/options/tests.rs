@@ -1,6 +1,9 @@
 //! The settings' defaults, builders and checks (no device needed).
 
 use super::*;
+use crate::cuda::dnn::{ConvApi, ConvSearch};
+use crate::cuda::route::{Backend, Padding};
+use crate::error::Error;
 use crate::grouped::streams::MAX_STREAMS;
 
 #[test]

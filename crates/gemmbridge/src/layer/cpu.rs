@@ -1,13 +1,13 @@
-//! The decoder layer of [`crate::layer`] on the CPU backend ([`CpuDecoderLayer`]): the same
+//! The decoder layer of [`crate::layer`] on the CPU backend ([`crate::cpu`]) ([`CpuDecoderLayer`]): the same
 //! steps, in the same order, on the same problems ([`crate::layer::LayerGemms`] and the
 //! layer's RMSNorm, RoPE, SwiGLU and attention problems) as the GPU layer, each through this
-//! backend's function ([`super::gemm`], [`super::gemm_c_in`], [`super::rms_norm_forward`],
-//! [`super::rope`], [`super::swiglu`], [`super::attention_forward`] and their backwards), in
+//! backend's function ([`crate::cpu::gemm`], [`crate::cpu::gemm_c_in`], [`crate::cpu::rms_norm_forward`],
+//! [`crate::cpu::rope`], [`crate::cpu::swiglu`], [`crate::cpu::attention_forward`] and their backwards), in
 //! f32 arithmetic on f16/bf16 storage. For tests, the example and machines without a GPU: one
 //! thread per call, small layers.
 
-use super::{attention_backward, attention_forward, gemm, gemm_c_in, rms_norm_backward, rms_norm_forward};
-use super::{rope, swiglu, swiglu_backward, DwSlice};
+use crate::cpu::{attention_backward, attention_forward, gemm, gemm_c_in, rms_norm_backward, rms_norm_forward};
+use crate::cpu::{rope, swiglu, swiglu_backward, DwSlice};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::fp8::{self, Fp8Format, Scaling, Source};
