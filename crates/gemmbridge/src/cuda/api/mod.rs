@@ -1,5 +1,5 @@
 //! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability — its
-//! settings (`options.rs`, [`GpuOptions`]), its plans and tactics (`plans.rs`, [`Plans`]), GEMMs
+//! settings (`options/`: the value, [`GpuOptions`], and the live update), its plans and tactics (`plans.rs`, [`Plans`]), GEMMs
 //! (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions (`conv.rs`), attention
 //! (`attention.rs`, `attention_packed.rs`), RMSNorm (`norm.rs`), RoPE and SwiGLU
 //! (`layer_ops.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and
