@@ -2,10 +2,11 @@
 //! f32 GEMM (used where no GPU is present, and by the benchmark without a GPU): dense GEMMs
 //! ([`gemm`], and [`gemm_c_in`] with a read-only C apart from the output), grouped ones
 //! ([`grouped_gemm`], `grouped.rs`), attention ([`attention_forward`], [`attention_backward`],
-//! `attention.rs`), RMSNorm ([`rms_norm_forward`], [`rms_norm_backward`], `norm.rs`) and a
+//! `attention.rs`), RMSNorm ([`rms_norm_forward`], [`rms_norm_backward`], `norm.rs`), a
 //! transformer layer's elementwise operations ([`rope`], [`swiglu`], [`swiglu_backward`],
-//! `layer.rs`: the GPU kernels' f32 arithmetic, bit for bit); a whole decoder layer built
-//! from them is [`crate::layer::cpu::CpuDecoderLayer`].
+//! `layer.rs`: the GPU kernels' f32 arithmetic, bit for bit) and the append into a paged KV
+//! cache ([`paged_append`], `paged.rs`: a copy, bit for bit the GPU kernel's); a whole decoder
+//! layer built from them is [`crate::layer::cpu::CpuDecoderLayer`].
 //!
 //! f16/bf16 inputs are widened to f32 (exactly) before the product and a f16/bf16 output is
 //! rounded from the f32 result, which is what f32 accumulation means on the GPU too. tf32 is
@@ -15,11 +16,13 @@ mod attention;
 mod grouped;
 mod layer;
 mod norm;
+mod paged;
 
 pub use attention::{attention_backward, attention_forward, MAX_CPU_SCORES};
 pub use grouped::grouped_gemm;
 pub use layer::{rope, swiglu, swiglu_backward};
 pub use norm::{rms_norm_backward, rms_norm_forward, DwSlice};
+pub use paged::paged_append;
 
 use crate::dtype::Element;
 use crate::error::Result;

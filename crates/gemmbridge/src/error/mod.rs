@@ -322,6 +322,17 @@ pub enum Error {
         detail: String,
     },
 
+    /// A paged KV cache, its page tables or lengths, or an append into it breaks a rule
+    /// ([`crate::paged::PagedCache::validate`], [`crate::paged::PagedAppend::validate`], the
+    /// checks of host tables and lengths such as [`crate::paged::PagedAppend::check_index`]).
+    #[error("paged KV cache: {what} ({detail})")]
+    PagedCache {
+        /// The rule broken, e.g. "a page-table entry is past the container".
+        what: &'static str,
+        /// The values that broke it.
+        detail: String,
+    },
+
     /// A decoder layer's description breaks a rule ([`crate::layer::DecoderLayer::validate`]),
     /// or a buffer handed to it has the wrong length.
     #[error("decoder layer: {what} ({detail})")]

@@ -59,6 +59,9 @@ pub enum Which {
     /// RoPE's `qkv`, `positions`, `cos table`, `sin table`; SwiGLU's `gate/up`, `y`, `dy`,
     /// `gate/up gradient`).
     LayerOp(&'static str),
+    /// A buffer of a paged KV cache's call, by name ([`crate::paged`]: `k cache`, `v cache`,
+    /// `new k`, `new v`, `page table`, `lengths`, `new lengths`).
+    Paged(&'static str),
 }
 
 impl std::fmt::Display for Which {
@@ -67,6 +70,7 @@ impl std::fmt::Display for Which {
             Which::Grouped(name) => return write!(f, "grouped GEMM's {name}"),
             Which::Norm(name) => return write!(f, "RMSNorm's {name}"),
             Which::LayerOp(name) => return write!(f, "{name}"),
+            Which::Paged(name) => return write!(f, "paged cache's {name}"),
             Which::A => "A",
             Which::B => "B",
             Which::C => "C",
