@@ -123,7 +123,7 @@ pub use api::layer;
 pub use api::train;
 pub use api::{
     cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, Gpu, GpuOptions, GroupMember,
-    Plans, RawBuffer, RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY, SeqLens,
+    PageIndex, Plans, RawBuffer, RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY, SeqLens,
 };
 pub use call::Scale;
 pub use device::GraphReplay;

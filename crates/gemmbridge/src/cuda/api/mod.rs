@@ -2,7 +2,7 @@
 //! settings (`options/`: the value, [`GpuOptions`], and the live update), its plans and tactics (`plans.rs`, [`Plans`]), GEMMs
 //! (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions (`conv.rs`), attention
 //! (`attention.rs`, `attention_packed.rs`), RMSNorm (`norm.rs`), RoPE and SwiGLU
-//! (`layer_ops.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and
+//! (`layer_ops.rs`), the paged KV cache's append (`paged.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and
 //! tuning (`tune.rs`), device information (`info.rs`), the training layers ([`train`]), the
 //! decoder layer ([`layer`]) — over the checks every entry shares (`checks.rs`) and the operand
 //! types (`operands.rs`). Each entry validates its arguments, builds its call and hands it to the
@@ -27,6 +27,7 @@ mod layer_ops;
 mod norm;
 mod operands;
 mod options;
+mod paged;
 mod plans;
 mod quantize;
 pub mod train;
@@ -40,4 +41,5 @@ pub use info::{cuda_version_string, DeviceInfo};
 pub use norm::{RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY};
 pub use operands::{Extras, RawBuffer, RawOperands};
 pub use options::{Applied, Change, GpuOptions, Reach};
+pub use paged::PageIndex;
 pub use plans::Plans;

@@ -51,6 +51,8 @@ pub(crate) enum KernelSet {
     /// A transformer layer's elementwise operations, RoPE and SwiGLU (`kernels/layer.cu`;
     /// compute capability 7.0 or later, for its `__grid_constant__` argument).
     Layer,
+    /// The append into a paged KV cache (`kernels/paged.cu`; any GPU).
+    Paged,
 }
 
 impl KernelSet {
@@ -71,11 +73,12 @@ impl KernelSet {
             KernelSet::Layer => {
                 (concat!(include_str!("kernels/elem.cu"), include_str!("kernels/layer.cu")), "gemmbridge_layer.cu")
             }
+            KernelSet::Paged => (include_str!("kernels/paged.cu"), "gemmbridge_paged.cu"),
         }
     }
 
     /// Every kernel's name and the suffixes of its instances (per source dtype: `_f32`, `_f16`,
-    /// `_bf16`; the copy per element size in bytes: `_b2`, `_b4`).
+    /// `_bf16`; the copies per element size in bytes: `_b2`, `_b4`).
     fn kernels(self) -> (&'static [&'static str], &'static [&'static str]) {
         const DTYPES: &[&str] = &["f32", "f16", "bf16"];
         match self {
@@ -107,6 +110,7 @@ impl KernelSet {
                 DTYPES,
             ),
             KernelSet::Copy => (&["pad_copy"], &["b2", "b4"]),
+            KernelSet::Paged => (&["paged_append_v8", "paged_append"], &["b2"]),
             KernelSet::Layer => (
                 &[
                     "rope_neox_v8",
@@ -133,9 +137,9 @@ impl KernelSet {
             (9, _) => "compute_90",
             (10, _) => "compute_100",
             (12, _) => "compute_120",
-            (8, KernelSet::Train | KernelSet::Copy | KernelSet::Layer) => "compute_80",
+            (8, KernelSet::Train | KernelSet::Copy | KernelSet::Layer | KernelSet::Paged) => "compute_80",
             (_, KernelSet::Fp8) => "compute_89",
-            (_, KernelSet::Train | KernelSet::Copy | KernelSet::Layer) => "compute_70",
+            (_, KernelSet::Train | KernelSet::Copy | KernelSet::Layer | KernelSet::Paged) => "compute_70",
         }
     }
 }

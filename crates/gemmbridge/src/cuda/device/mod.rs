@@ -18,6 +18,7 @@ mod fp8_cast;
 mod kernels;
 mod layer;
 mod lifetime;
+mod paged;
 mod pointer;
 mod replay;
 mod timing;
@@ -31,11 +32,12 @@ pub(crate) use fp8_cast::{enqueue_cast, CastJob};
 pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
 pub(crate) use layer::{GluLaunch, RopeLaunch};
 pub(crate) use lifetime::{capturing, first_stream, keep_primary, Pool, Relaxed, RelaxedDrop};
+pub(crate) use paged::AppendLaunch;
 pub(crate) use pointer::check_extent;
 pub use replay::GraphReplay;
 pub(crate) use replay::{Cached, ReplayCache, ReplayKey};
 pub(crate) use timing::{time_interleaved, Call, Timed};
-pub(crate) use workspace::{Workspace, WorkspacePool, MAX_MATMUL_BYTES};
+pub(crate) use workspace::{Workspace, WorkspacePool, MAX_MATMUL_BYTES, SCRATCH_BYTES};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -72,7 +74,7 @@ pub(crate) struct DeviceState {
     capture_stream: Option<CaptureStream>,
     /// gemmbridge's own kernels, one module per [`KernelSet`] (compiled on first use; for a
     /// primary context shared by every engine of the process, [`kernels::shared`]).
-    kernels: [Option<Arc<Kernels>>; 4],
+    kernels: [Option<Arc<Kernels>>; 5],
     /// The private streams work is forked to ([`Lanes`]; created on first use).
     lanes: Option<Lanes>,
 }
@@ -172,6 +174,7 @@ impl DeviceState {
                         KernelSet::Train => "the first training step; run one step before capturing",
                         KernelSet::Copy => "the first padded (misaligned) call; call Gpu::prewarm before capturing",
                         KernelSet::Layer => "the first RoPE or SwiGLU call; make one before capturing",
+                        KernelSet::Paged => "the first paged-cache append; make one before capturing",
                     }
                     .into(),
                 });
@@ -226,7 +229,7 @@ impl<L: Resources> Device<L> {
             ctx: stream.context().clone(),
             workspaces: WorkspacePool::new(workspace_bytes),
             capture_stream: None,
-            kernels: [None, None, None, None],
+            kernels: Default::default(),
             lanes: None,
         };
         let check_raw = AtomicBool::new(CHECK_RAW_DEFAULT);
@@ -319,7 +322,7 @@ impl<L: Resources> Drop for Device<L> {
         }
         st.libs.release();
         st.dev.capture_stream = None;
-        st.dev.kernels = [None, None, None, None];
+        st.dev.kernels = Default::default();
         if idle {
             st.dev.workspaces.free_all();
         } else {
