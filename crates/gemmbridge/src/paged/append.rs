@@ -27,7 +27,8 @@ pub struct PagedAppend {
     pub ld: usize,
 }
 
-/// A call's page table and lengths on the host (`int32` each):
+/// A call's page table and lengths on the host (`int32` each), checked by
+/// [`PagedAppend::check_index`] before anything is written.
 #[derive(Clone, Copy, Debug)]
 pub struct HostIndex<'a> {
     /// The page table `[batch, table_width]`, row-major.
