@@ -1,13 +1,13 @@
 //! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability — its
-//! settings (`options/`: the value, [`GpuOptions`], and the live update), its plans and tactics (`plans.rs`, [`Plans`]), GEMMs
-//! (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions (`conv.rs`), attention
-//! (`attention.rs`, `attention_packed.rs`), RMSNorm (`norm.rs`), RoPE and SwiGLU
-//! (`layer_ops.rs`), the paged KV cache's append (`paged.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and
-//! tuning (`tune.rs`), device information (`info.rs`), the training layers ([`train`]), the
-//! decoder layer ([`layer`]) — over the checks every entry shares (`checks.rs`) and the operand
-//! types (`operands.rs`). Each entry validates its arguments, builds its call and hands it to the
-//! routing floor (`crate::cuda::route`) or to a library room; no entry calls another file's entry
-//! code.
+//! settings (`options/`: the value, [`GpuOptions`], and the live update), its plans and tactics
+//! (`plans.rs`, [`Plans`]), GEMMs (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions
+//! (`conv.rs`), attention (`attention.rs`, `attention_packed.rs`), RMSNorm (`norm.rs`), RoPE and
+//! SwiGLU (`layer_ops.rs`), the paged KV cache's append (`paged.rs`), grouped GEMMs (`grouped.rs`,
+//! FP8 groups `grouped_fp8.rs`), set-up and tuning (`tune.rs`), device information (`info.rs`), the
+//! training layers ([`train`]), the decoder layer ([`layer`]) — over the checks every entry shares
+//! (`checks.rs`) and the operand types (`operands.rs`). Each entry validates its arguments, builds
+//! its call and hands it to the routing floor (`crate::cuda::route`) or to a library room; no entry
+//! calls another file's entry code.
 
 mod attention;
 mod attention_fp8;
