@@ -36,6 +36,12 @@ impl PagedDecode {
         PagedDecode { scale, ..self }
     }
 
+    /// A short description: `decode hq32 scale0.088388346 over pages4096×16 h8 d128 bf16
+    /// tables[64×256]`.
+    pub fn describe(&self) -> String {
+        format!("decode hq{} scale{:?} over {}", self.heads_q, self.scale, self.cache.describe())
+    }
+
     /// Elements of `q` and of `o`: `batch·h_q·d` (saturating).
     pub fn query_elems(&self) -> usize {
         self.cache.batch.saturating_mul(self.heads_q).saturating_mul(self.cache.head_dim)

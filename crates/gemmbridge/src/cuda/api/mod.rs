@@ -2,12 +2,13 @@
 //! settings (`options/`: the value, [`GpuOptions`], and the live update), its plans and tactics
 //! (`plans.rs`, [`Plans`]), GEMMs (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions
 //! (`conv.rs`), attention (`attention.rs`, `attention_packed.rs`), RMSNorm (`norm.rs`), RoPE and
-//! SwiGLU (`layer_ops.rs`), the paged KV cache's append (`paged.rs`), grouped GEMMs (`grouped.rs`,
-//! FP8 groups `grouped_fp8.rs`), set-up and tuning (`tune.rs`), device information (`info.rs`), the
-//! training layers ([`train`]), the decoder layer ([`layer`]) — over the checks every entry shares
-//! (`checks.rs`) and the operand types (`operands.rs`). Each entry validates its arguments, builds
-//! its call and hands it to the routing floor (`crate::cuda::route`) or to a library room; no entry
-//! calls another file's entry code.
+//! SwiGLU (`layer_ops.rs`), the paged KV cache's append (`paged.rs`) and decode attention
+//! (`paged_decode.rs`), grouped GEMMs (`grouped.rs`, FP8 groups `grouped_fp8.rs`), set-up and
+//! tuning (`tune.rs`), device information (`info.rs`), the training layers ([`train`]), the
+//! decoder layer ([`layer`]) — over the checks every entry shares (`checks.rs`) and the operand
+//! types (`operands.rs`). Each entry validates its arguments, builds its call and hands it to the
+//! routing floor (`crate::cuda::route`) or to a library room; no entry calls another file's entry
+//! code.
 
 mod attention;
 mod attention_fp8;
@@ -28,6 +29,7 @@ mod norm;
 mod operands;
 mod options;
 mod paged;
+mod paged_decode;
 mod plans;
 mod quantize;
 pub mod train;

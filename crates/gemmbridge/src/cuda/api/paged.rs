@@ -14,14 +14,16 @@ use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::paged::{HostIndex, PagedAppend};
 
-/// A call's page table and lengths: on the host ([`PageIndex::host`], checked and copied), or
-/// on the device ([`PageIndex::device`], the caller's contract, capturable;
-/// [`PageIndex::device_checked`], copied back and checked first, for debugging).
+/// A call's page table and lengths, for [`Gpu::paged_append`] and [`Gpu::paged_decode`]: on
+/// the host ([`PageIndex::host`], checked and copied), or on the device ([`PageIndex::device`],
+/// the caller's contract, capturable; [`PageIndex::device_checked`], copied back and checked
+/// first, for debugging). A decode reads no new lengths: it refuses them
+/// ([`Error::PagedCache`]).
 #[derive(Clone, Copy)]
-pub struct PageIndex<'a>(Index<'a>);
+pub struct PageIndex<'a>(pub(super) Index<'a>);
 
 #[derive(Clone, Copy)]
-enum Index<'a> {
+pub(super) enum Index<'a> {
     Host(HostIndex<'a>),
     Device {
         tables: &'a dyn DevicePtr<i32>,
@@ -34,7 +36,8 @@ enum Index<'a> {
 impl<'a> PageIndex<'a> {
     /// Tables and lengths on the host: checked against the problem
     /// ([`PagedAppend::check_index`]: entries within the container, lengths within the tables,
-    /// no page written from two places) before anything is enqueued, then copied in stream
+    /// no page written from two places; [`PagedDecode::check_index`](crate::paged::PagedDecode::check_index) for a decode) before
+    /// anything is enqueued, then copied in stream
     /// order into the stream's staging region (pageable copies the driver stages before
     /// returning; at most 1 MiB together: [`Error::Unsupported`] beyond). Such a call cannot be
     /// captured into a CUDA graph ([`Error::NotCapturable`]); device tables can.
@@ -50,11 +53,14 @@ impl<'a> PageIndex<'a> {
     /// synchronisation ([`PageIndex::device_checked`] does that).
     ///
     /// # Safety
-    /// When the kernel runs, the values meet [`PagedAppend::check_index`]'s rules. The kernel
-    /// never writes outside the containers whatever they are (a row whose position falls past
-    /// the table, or whose entry falls outside `0..pages`, is skipped, and a count is never
-    /// taken past `seq`), but two places writing one page race, and rows written where the
-    /// tables did not mean them overwrite other sequences' keys and values.
+    /// When the call runs, the values meet [`PagedAppend::check_index`]'s rules (an append) or
+    /// [`PagedDecode::check_index`](crate::paged::PagedDecode::check_index)'s (a decode: every entry in `0..pages`, every length from 1
+    /// to the table's capacity). The append's kernel never writes outside the containers
+    /// whatever they are (a row whose position falls past the table, or whose entry falls
+    /// outside `0..pages`, is skipped, and a count is never taken past `seq`), but two places
+    /// writing one page race, and rows written where the tables did not mean them overwrite
+    /// other sequences' keys and values. cuDNN's paged load has no such guard: an entry or a
+    /// length out of range makes it read outside the containers.
     pub unsafe fn device(
         tables: &'a dyn DevicePtr<i32>,
         lens: &'a dyn DevicePtr<i32>,
@@ -174,7 +180,7 @@ impl Gpu {
         let spans = self.spans(op, (k_new, v_new), (k_cache, v_cache), &device_index, &mut guards)?;
         disjoint(&spans.written, &spans.read)?;
         if let Index::Device { check: true, .. } = index.0 {
-            self.check_on_host(op, &spans.read[2..])?;
+            self.check_on_host(&op.describe(), &spans.read[2..], &|h| op.check_index(h))?;
         }
         let r = self.enqueue_append(op, &spans, index);
         drop(guards);
@@ -217,16 +223,21 @@ impl Gpu {
         Ok(Spans { written, read })
     }
 
-    /// Copies device tables and lengths (`index`: their checked spans, in [`index_buffers`]'
-    /// order) back to the host after the stream's work before them, and checks them
-    /// ([`PagedAppend::check_index`]). Synchronises [`Gpu::stream`].
-    fn check_on_host(&self, op: &PagedAppend, index: &[Span]) -> Result<()> {
+    /// Copies device tables and lengths (`index`: their checked spans: tables, lengths, then
+    /// the counts if given) back to the host after the stream's work before them, and checks
+    /// them with `check` (`problem` names the call in errors). Synchronises [`Gpu::stream`].
+    pub(super) fn check_on_host(
+        &self,
+        problem: &str,
+        index: &[Span],
+        check: &dyn Fn(&HostIndex) -> Result<()>,
+    ) -> Result<()> {
         let stream = self.stream().cu_stream();
         self.device().bind()?;
         if is_capturing(stream)? {
             return Err(Error::NotCapturable {
                 action: "copy device page tables back to check them (PageIndex::device_checked)",
-                problem: op.describe(),
+                problem: problem.to_string(),
             });
         }
         let mut host: Vec<Vec<i32>> = index.iter().map(|s| vec![0i32; s.bytes / 4]).collect();
@@ -241,7 +252,7 @@ impl Gpu {
         unsafe { cudarc::driver::result::stream::synchronize(stream) }
             .map_err(status::driver("cuStreamSynchronize"))?;
         let h = HostIndex { tables: &host[0], lens: &host[1], new_lens: host.get(2).map(|v| v.as_slice()) };
-        op.check_index(&h)
+        check(&h)
     }
 
     /// Enqueues the append over checked buffers: host tables and lengths copied into the

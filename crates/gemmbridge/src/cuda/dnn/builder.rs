@@ -1,9 +1,9 @@
 //! A small builder for cuDNN operation graphs of four-dimensional tensors, shared by the
 //! attention graphs (`attention/`) and the RMSNorm graphs (`norm/`): tensors (by unique id,
-//! virtual, or a host scalar passed by value), the pointwise, reduction, matmul and reshape
-//! operations the attention graphs are made of, the RMS norm forward and backward operations,
-//! and the finalized operation graph with every descriptor it was made of (kept alive with the
-//! plan, as `graph.rs` does for convolutions).
+//! virtual, or a host scalar passed by value), the pointwise, reduction, matmul, reshape and
+//! paged cache load operations the attention graphs are made of, the RMS norm forward and
+//! backward operations, and the finalized operation graph with every descriptor it was made of
+//! (kept alive with the plan, as `graph.rs` does for convolutions).
 //!
 //! Virtual tensors take unique ids from [`FIRST_VIRTUAL_UID`] up; by-value scalars are named in
 //! the variant pack with a host pointer to their value (cuDNN reads it when the plan is
@@ -244,6 +244,22 @@ impl Builder {
             .descs(A::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, &[self.get(x)])?
             .descs(A::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, &[self.get(y)])?
             .finalize(|| format!("reshape {:?} → {:?}", x.dims, y.dims))?;
+        self.ops.push(op);
+        Ok(())
+    }
+
+    /// A paged cache load (cuDNN 9.5.0 and later): `y` (virtual, `[b, h, s, d]` or, strided
+    /// as kᵀ, `[b, h, d, s]`) gathered from `container` (`[pages, h, page_size, d]`) through the
+    /// int32 page `table` (`[b, 1, width, 1]`), positions past the int32 lengths `lens`
+    /// (`[b, 1, 1, 1]`) not read (cuDNN's developer guide,
+    /// `CUDNN_BACKEND_OPERATION_PAGED_CACHE_LOAD_DESCRIPTOR`).
+    pub fn paged_load(&mut self, [container, lens, table]: [Tensor; 3], y: Tensor) -> Result<()> {
+        let op = Desc::new(D::CUDNN_BACKEND_OPERATION_PAGED_CACHE_LOAD_DESCRIPTOR)?
+            .descs(A::CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_CONTAINER_DESC, &[self.get(container)])?
+            .descs(A::CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_PAGE_TABLE_DESC, &[self.get(table)])?
+            .descs(A::CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_SEQUENCE_DESC, &[self.get(lens)])?
+            .descs(A::CUDNN_ATTR_OPERATION_PAGED_CACHE_LOAD_YDESC, &[self.get(y)])?
+            .finalize(|| format!("paged cache load {:?} → {:?}", container.dims, y.dims))?;
         self.ops.push(op);
         Ok(())
     }

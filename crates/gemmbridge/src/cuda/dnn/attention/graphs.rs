@@ -31,6 +31,10 @@ pub(crate) mod uid {
     pub const SOFTMAX_SUM: i64 = 12;
     /// Backward: dq accumulated in f32 `[b, h_q, s_q, d]`, in the workspace.
     pub const DQ_ACCUM: i64 = 13;
+    /// Paged decode: the page tables through which the key and the value containers are read
+    /// (one device table, named twice, as cudnn-frontend's paged SDPA names a table per cache).
+    pub const PAGE_TABLE_K: i64 = 14;
+    pub const PAGE_TABLE_V: i64 = 15;
     /// FP8: the dequantisation scales of q, k, v (f32 `[1, 1, 1, 1]`, the quantisation's).
     pub const DESCALE_Q: i64 = 20;
     pub const DESCALE_K: i64 = 21;
@@ -76,7 +80,7 @@ pub(super) fn i(v: usize) -> i64 {
 
 /// Tensor `t` of the problem (uid `uid`), as `[b, h, s, d]` or (`transposed`) `[b, h, d, s]`,
 /// of the problem's type.
-fn operand(g: &mut Builder, p: &Attention, t: AttnTensor, uid: i64, transposed: bool) -> Result<Tensor> {
+pub(super) fn operand(g: &mut Builder, p: &Attention, t: AttnTensor, uid: i64, transposed: bool) -> Result<Tensor> {
     operand_of(g, p, t, uid, transposed, io_type(p))
 }
 
@@ -207,6 +211,18 @@ pub(super) fn forward(g: &mut Builder, p: &Attention, stats: bool) -> Result<()>
     let v = operand(g, p, AttnTensor::V, uid::V, false)?;
     let o = operand(g, p, AttnTensor::O, uid::O, false)?;
     let lens = if p.var_len { Some(lens(g, p)?) } else { None };
+    attend(g, p, [q, kt, v, o], lens, stats)
+}
+
+/// The forward from `q`, `kᵀ`, `v` into `o` (whichever operations produced them): the masked
+/// scores, the softmax with its statistics, the product with `v`.
+pub(super) fn attend(
+    g: &mut Builder,
+    p: &Attention,
+    [q, kt, v, o]: [Tensor; 4],
+    lens: Option<Lens>,
+    stats: bool,
+) -> Result<()> {
     let (s, _) = scores(g, p, (q, kt), lens, None, &[])?;
     let (e, sum) = softmax(g, p, s, stats)?;
     let probs = g.virt(s.dims, s.strides, io_type(p))?;

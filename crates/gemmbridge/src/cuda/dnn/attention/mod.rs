@@ -11,6 +11,7 @@
 mod fp8;
 mod fp8_bwd;
 mod graphs;
+mod paged;
 mod plan;
 mod run;
 mod tactic;
@@ -22,6 +23,7 @@ use crate::dtype::DType;
 use crate::fp8::Fp8Format;
 
 pub(crate) use fp8::{MAX_KEYS, O_FACTOR};
+pub(crate) use paged::PagedShape;
 pub(crate) use plan::AttnPlan;
 pub(crate) use tactic::key_text;
 
@@ -41,6 +43,9 @@ pub(crate) enum AttnOp {
     ForwardFp8 { stats: bool },
     /// The FP8 backward (E4M3 q, k, v, o; do, dS and the gradients in `grad`).
     BackwardFp8 { grad: Fp8Format },
+    /// Decode over a paged KV cache (`paged.rs`): one query row per sequence, k and v read
+    /// from containers of this shape through the call's page table, no statistics.
+    PagedDecode(PagedShape),
 }
 
 /// Device addresses of one call (0 where the direction has no such tensor).
@@ -64,6 +69,9 @@ pub(crate) struct AttnBuffers {
     /// FP8 backward: the graph's scales and absolute maxima (`fp8_bwd.rs`), 11 f32 in the
     /// order of `plan.rs`'s variant pack.
     pub scalars: u64,
+    /// Paged decode: the page table `[b, width]` int32 on the device (k and v are the
+    /// containers).
+    pub table: u64,
 }
 
 impl AttnBuffers {
@@ -98,6 +106,9 @@ pub(crate) enum LensSource {
     Call,
     /// The full extents, written into the workspace by the launch (the pre-9.15.1 backward).
     Full,
+    /// Paged decode: q lengths of 1 written into the workspace by the launch, the call's
+    /// device kv lengths.
+    Decode,
 }
 
 /// A plan's key: the problem (scale by its bits), direction and buffer alignment.

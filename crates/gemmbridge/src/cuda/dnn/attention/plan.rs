@@ -60,7 +60,7 @@ pub(crate) struct AttnPlan {
     scalar_uids: Vec<i64>,
     scalar_bits: Box<[u32]>,
     /// The last variant pack and the addresses it holds.
-    pack: Option<([u64; 18], Desc)>,
+    pack: Option<([u64; 19], Desc)>,
 }
 
 // SAFETY: host-side cuDNN objects and plain data, used under the device's Mutex only.
@@ -148,6 +148,7 @@ pub(crate) fn make(
         AttnOp::ForwardFp8 { stats } => fp8::forward(&mut g, p, stats)?,
         AttnOp::Backward => graphs::backward(&mut g, p, lens != LensSource::None)?,
         AttnOp::BackwardFp8 { grad } => super::fp8_bwd::backward(&mut g, p, grad)?,
+        AttnOp::PagedDecode(shape) => super::paged::decode(&mut g, p, shape)?,
     }
     let graph = g.finish(h, || format!("attention {} {op:?}", p.describe()))?;
     let common = Common { h, p, op, lens, limit, scalars: &graph.scalars };
@@ -251,6 +252,10 @@ impl AttnPlan {
                 }
                 (u, p)
             }
+            AttnOp::PagedDecode(_) => (
+                vec![uid::Q, uid::K, uid::V, uid::O, uid::PAGE_TABLE_K, uid::PAGE_TABLE_V],
+                vec![v(b.q), v(b.k), v(b.v), v(b.o), v(b.table), v(b.table)],
+            ),
             AttnOp::BackwardFp8 { .. } => {
                 let mut u = vec![uid::Q, uid::K, uid::V, uid::O, uid::DO, uid::STATS, uid::DQ, uid::DK, uid::DV];
                 let mut p = vec![v(b.q), v(b.k), v(b.v), v(b.o), v(b.d_o), v(b.stats), v(b.dq), v(b.dk), v(b.dv)];
@@ -300,8 +305,8 @@ impl AttnPlan {
 
     /// Enqueues the plan on the handle's stream with the call's buffers and the workspace at
     /// `ws` (at least `extra.total` bytes): the lengths first where the plan takes them from
-    /// the workspace (the call's host lengths copied, or the full extents set), then the
-    /// execution.
+    /// the workspace (the call's host lengths copied, the full extents set, or a paged
+    /// decode's q lengths of 1 set), then the execution.
     ///
     /// # Safety
     /// `h` is the live handle the plan was made with, bound to the call's stream; the call's
@@ -323,6 +328,13 @@ impl AttnPlan {
                         .map_err(status::driver("cuMemcpyHtoDAsync"))?;
                 }
                 in_ws
+            }
+            LensSource::Decode => {
+                // SAFETY: `in_ws.0` holds b int32 (Extra::new); a stream-ordered memset.
+                unsafe { drv::cuMemsetD32Async(in_ws.0, 1, p.b, stream) }
+                    .result()
+                    .map_err(status::driver("cuMemsetD32Async"))?;
+                (in_ws.0, b.len_kv)
             }
             LensSource::Full => {
                 for (at, len) in [(in_ws.0, p.s_q), (in_ws.1, p.s_kv)] {
@@ -348,7 +360,7 @@ impl AttnPlan {
         let d = b.descale;
         let key = [
             b.q, b.k, b.v, b.o, b.stats, b.d_o, b.dq, b.dk, b.dv, lens.0, lens.1, ws, d[0], d[1], d[2], d[3], d[4],
-            b.scalars,
+            b.scalars, b.table,
         ];
         if self.pack.as_ref().is_none_or(|(k, _)| *k != key) {
             let (uids, ptrs) = self.variant(call.op, b, ws, lens);

@@ -19,11 +19,14 @@ impl DnnState {
         self.attn.contains_key(&AttnKey::new(call.problem, call.op, call.buffers.alignment()))
     }
 
-    /// Where a plan for `p` and `op` takes lengths from: the call's with per-sequence lengths;
+    /// Where a plan for `p` and `op` takes lengths from: the decode's (q lengths of 1 and the
+    /// call's kv lengths) for a paged decode; the call's with per-sequence lengths;
     /// the full extents for a backward on a cuDNN before the fix whose key length is not a
     /// multiple of 128; none otherwise.
     fn lens_source(&self, p: &Attention, op: AttnOp) -> LensSource {
-        if p.var_len {
+        if matches!(op, AttnOp::PagedDecode(_)) {
+            LensSource::Decode
+        } else if p.var_len {
             LensSource::Call
         } else if op == AttnOp::Backward && self.version < BACKWARD_FIX_VERSION && !p.s_kv.is_multiple_of(128) {
             LensSource::Full
@@ -47,16 +50,7 @@ impl DnnState {
     pub unsafe fn attention(&mut self, call: &AttnCall, before: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         let (p, op, align) = (call.problem, call.op, call.buffers.alignment());
         let key = AttnKey::new(p, op, align);
-        if matches!(op, AttnOp::BackwardFp8 { .. }) && (self.version < 90100 || self.version == 91000) {
-            // cudnn-frontend's support checks: from 9.1.0, and not 9.10.0 (known bugs there)
-            return Err(Error::Unsupported {
-                backend: "cuDNN",
-                what: format!(
-                    "the FP8 attention backward on cuDNN {} (it needs 9.1.0 or later, not 9.10.0)",
-                    self.version
-                ),
-            });
-        }
+        self.attention_supported(p, op)?;
         let h = self.handle.on(call.stream)?;
         if !self.attn.contains_key(&key) {
             let limit = self.ws_limit.max(call.workspace.1);
@@ -80,6 +74,24 @@ impl DnnState {
         before()?;
         // SAFETY: forwarded; `ws` holds the plan's workspace.
         unsafe { plan.launch(h, call, ws) }
+    }
+
+    /// The version rules of cudnn-frontend's support checks, as named errors: the FP8 backward
+    /// from 9.1.0, not 9.10.0 (known bugs there); paged caches from 9.5.0, and with a head
+    /// dimension above 128 only after 9.9 (`sdpa_support_surface.h`).
+    fn attention_supported(&self, p: &Attention, op: AttnOp) -> Result<()> {
+        let v = self.version;
+        let refused = match op {
+            AttnOp::BackwardFp8 { .. } if v < 90100 || v == 91000 => {
+                "the FP8 attention backward (it needs 9.1.0 or later, not 9.10.0)"
+            }
+            AttnOp::PagedDecode(_) if v < 90500 => "attention over a paged KV cache (it needs 9.5.0 or later)",
+            AttnOp::PagedDecode(_) if p.d > 128 && v <= 90900 => {
+                "attention over a paged KV cache with a head dimension above 128 (it needs a cuDNN after 9.9)"
+            }
+            _ => return Ok(()),
+        };
+        Err(Error::Unsupported { backend: "cuDNN", what: format!("{refused} on cuDNN {v}: {}", p.describe()) })
     }
 
     /// The plan for the call's key: the tactic database's entry where there is one (a warning

@@ -8,10 +8,13 @@ use crate::fp8::Fp8Format;
 use crate::tactics::{Choice, Tactic};
 
 /// The database key of a plan key: `attention`, the direction (`fwd`, `fwd_stats`, `bwd`,
-/// `fp8_fwd`, `fp8_fwd_stats`), the sizes (`b hq hkv sq skv d`), the dtype, the mask (`none`,
-/// `causal`, `causal_bottom_right`), `var_len` or `fixed`, the scale (the f32 as `{:?}` writes
-/// it: the shortest decimal that reads back as the same f32), the strides of q, k, v and o (batch, head, row, in elements) and the
-/// buffers' byte alignment class (`al16` … `al1`). Nothing is bucketed: a tactic serves exactly
+/// `fp8_fwd`, `fp8_fwd_stats`, `fp8_bwd_e4m3`, `fp8_bwd_e5m2`, `paged_decode`), the sizes
+/// (`b hq hkv sq skv d`), the dtype, the mask (`none`, `causal`, `causal_bottom_right`),
+/// `var_len` or `fixed`, the scale (the f32 as `{:?}` writes it: the shortest decimal that reads
+/// back as the same f32), the strides of q, k, v and o (batch, head, row, in elements), the
+/// buffers' byte alignment class (`al16` … `al1`), and for a paged decode the containers' pages
+/// and page size (`pages4096 page_size16`; `skv` is the table's capacity, bucketed by the
+/// caller: [`crate::paged::bucket_width`]). Nothing else is bucketed: a tactic serves exactly
 /// that problem.
 pub(crate) fn key_text(k: &AttnKey) -> String {
     let dir = match k.op {
@@ -22,6 +25,11 @@ pub(crate) fn key_text(k: &AttnKey) -> String {
         AttnOp::ForwardFp8 { stats: true } => "fp8_fwd_stats",
         AttnOp::BackwardFp8 { grad: Fp8Format::E4M3 } => "fp8_bwd_e4m3",
         AttnOp::BackwardFp8 { grad: Fp8Format::E5M2 } => "fp8_bwd_e5m2",
+        AttnOp::PagedDecode(_) => "paged_decode",
+    };
+    let paged = match k.op {
+        AttnOp::PagedDecode(s) => format!(" pages{} page_size{}", s.pages, s.page_size),
+        _ => String::new(),
     };
     let mask = match k.mask {
         AttnMask::None => "none",
@@ -36,7 +44,7 @@ pub(crate) fn key_text(k: &AttnKey) -> String {
         .map(|(name, l)| format!("{name}{},{},{}", l.batch, l.head, l.seq))
         .collect();
     format!(
-        "attention {dir} b{b} hq{hq} hkv{hkv} sq{sq} skv{skv} d{d} {} {mask} {lens} scale{:?} {} al{}",
+        "attention {dir} b{b} hq{hq} hkv{hkv} sq{sq} skv{skv} d{d} {} {mask} {lens} scale{:?} {} al{}{paged}",
         k.dtype,
         f32::from_bits(k.scale),
         strides.join(" "),
@@ -58,6 +66,7 @@ mod tests {
 
     use super::*;
     use crate::attention::Attention;
+    use crate::cuda::dnn::attention::PagedShape;
     use crate::dtype::DType;
 
     #[test]
@@ -79,6 +88,9 @@ mod tests {
             AttnOp::Forward { stats: true },
             AttnOp::ForwardFp8 { stats: false },
             AttnOp::ForwardFp8 { stats: true },
+            AttnOp::PagedDecode(PagedShape { pages: 10, page_size: 16 }),
+            AttnOp::PagedDecode(PagedShape { pages: 11, page_size: 16 }),
+            AttnOp::PagedDecode(PagedShape { pages: 10, page_size: 32 }),
         ] {
             keys.push(AttnKey::new(&p, op, 16));
         }
