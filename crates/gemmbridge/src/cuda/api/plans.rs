@@ -107,6 +107,13 @@ impl Plans<'_> {
         self.gpu.lock().libs.lt.as_ref().map_or(0, |lt| lt.plans.len())
     }
 
+    /// Number of cached cuDNN attention plans, every direction and paged decodes included (0
+    /// before the first attention call). A paged decode's plan is keyed by its bucketed table
+    /// width, so steps inside one bucket add none.
+    pub fn attention_count(&self) -> usize {
+        self.gpu.lock().libs.dnn.as_ref().map_or(0, |d| d.attention_plans())
+    }
+
     /// Number of cached replay graphs: of single calls, and of whole grouped GEMMs
     /// ([`GpuOptions::graph_replay`](super::GpuOptions::graph_replay)).
     pub fn graphs(&self) -> usize {

@@ -14,6 +14,11 @@ use crate::error::{Error, Result};
 use crate::tactics::{Choice, Tactic};
 
 impl DnnState {
+    /// The number of attention plans kept.
+    pub fn attention_plans(&self) -> usize {
+        self.attn.len()
+    }
+
     /// Whether the call's plan exists (a call is then capturable, given device lengths).
     pub fn attention_planned(&self, call: &AttnCall) -> bool {
         self.attn.contains_key(&AttnKey::new(call.problem, call.op, call.buffers.alignment()))
