@@ -102,8 +102,8 @@ fn geomean(v: &[f64]) -> f64 {
 
 /// The peers' other ways of running one of our rows: `bench/attn_peer.py`'s packed
 /// variable-length kernel, `bench/grouped_peer.py`'s per-expert loop, `bench/norm_peer.py`'s
-/// `torch.compile`d RMSNorm.
-const PEER_VARIANTS: [&str; 3] = ["varlen_attn", "loop", "compile"];
+/// `torch.compile`d RMSNorm, `bench/decode_peer.py`'s flash and memory-efficient SDPA backends.
+const PEER_VARIANTS: [&str; 5] = ["varlen_attn", "loop", "compile", "flash", "efficient"];
 
 /// Per row present in every pair: the ratio (peer median ms / our median ms) of each pair, in
 /// pair order. A peer row whose label is one of ours followed by `+variant` (another way the

@@ -6,7 +6,7 @@ use gemmbridge::conv::ConvLayout;
 use gemmbridge::cuda::ConvApi;
 use gemmbridge::Precision;
 
-use crate::bench::{attn, conv, decoder, fp8, grouped, layer, norm};
+use crate::bench::{attn, conv, decode, decoder, fp8, grouped, layer, norm};
 use crate::lists::entries;
 use crate::ops::{precision_of, OPS};
 use crate::suites::{self, Shape};
@@ -68,6 +68,8 @@ pub struct OpList {
     pub layer: Vec<String>,
     /// The decoder-layer ops ([`decoder::OPS`]; `bench` only).
     pub decoder: Vec<String>,
+    /// The paged decode-attention ops ([`decode::OPS`]; `bench` only).
+    pub decode: Vec<String>,
     pub launch: bool,
 }
 
@@ -125,6 +127,7 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
         norm: Vec::new(),
         layer: Vec::new(),
         decoder: Vec::new(),
+        decode: Vec::new(),
         launch: false,
     };
     let push = |v: &mut Vec<String>, o: &str| {
@@ -151,6 +154,8 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             push(&mut out.layer, o);
         } else if bench_only && decoder::OPS.contains(&o) {
             push(&mut out.decoder, o);
+        } else if bench_only && decode::OPS.contains(&o) {
+            push(&mut out.decode, o);
         } else {
             let launch = if with_launch { "launch, " } else { "" };
             let attn: Vec<&str> =
@@ -158,7 +163,8 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             let grouped: Vec<&str> =
                 grouped::OPS.iter().copied().filter(|g| bench_only || !grouped::is_fp8(g)).collect();
             let norm = if bench_only {
-                format!(", {}, {}, {}", norm::OPS.join(", "), layer::OPS.join(", "), decoder::OPS.join(", "))
+                let more = [&norm::OPS[..], &layer::OPS, &decoder::OPS, &decode::OPS].concat();
+                format!(", {}", more.join(", "))
             } else {
                 String::new()
             };
@@ -268,6 +274,7 @@ mod tests {
                 norm: vec![],
                 layer: vec![],
                 decoder: vec![],
+                decode: vec![],
                 launch: false
             }
         );
@@ -298,11 +305,13 @@ mod tests {
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
              conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fwd_bwd_fp8, attn_fp8_cast, grouped, \
              grouped_dx, grouped_dw, grouped_fp8, grouped_fp8_dx, grouped_fp8_dw, rmsnorm, rmsnorm_fwd_bwd, \
-             rope, swiglu, swiglu_bwd, layer_fwd, layer_fwd_bwd"
+             rope, swiglu, swiglu_bwd, layer_fwd, layer_fwd_bwd, decode_attn"
         );
         assert_eq!(parse_ops("swiglu_bwd,rope,swiglu,rope", true).unwrap().layer, ["swiglu_bwd", "rope", "swiglu"]);
         assert!(parse_ops("rope", false).is_err(), "layer ops have nothing to tune");
         assert_eq!(parse_ops("layer_fwd_bwd,layer_fwd", true).unwrap().decoder, ["layer_fwd_bwd", "layer_fwd"]);
         assert!(parse_ops("layer_fwd", false).is_err(), "the decoder layer is not tuned");
+        assert_eq!(parse_ops("decode_attn", true).unwrap().decode, ["decode_attn"]);
+        assert!(parse_ops("decode_attn", false).is_err(), "the paged decode is not tuned");
     }
 }

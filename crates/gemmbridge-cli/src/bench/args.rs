@@ -74,6 +74,10 @@ pub struct Args {
     /// bench/layer_peer.py): layer_fwd (the forward), layer_fwd_bwd (forward and backward);
     /// with --dtypes fp8_e4m3 also with FP8 forward projections per --scalings recipe
     /// (tensorwise, rowwise).
+    /// Paged decode attention (cuDNN's SDPA reading the keys and values through page tables,
+    /// f16 and bf16, the shapes of bench/decode.json: one query row per sequence, b 1, 8, 64 at
+    /// 4096 keys and a ragged batch of 64; GPU only; not run by default; its peer is
+    /// bench/decode_peer.py; rates in TB/s): decode_attn.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     pub(super) ops: String,
     /// Decoder-layer rows: the token batches, BxS comma-separated (b sequences of s tokens).

@@ -5,6 +5,7 @@ mod args;
 pub mod attn;
 mod bare;
 pub mod conv;
+pub mod decode;
 pub mod decoder;
 mod dense;
 pub mod fp8;
@@ -87,6 +88,8 @@ struct Plan {
     norm_ops: Vec<String>,
     /// The decoder-layer ops (`bench/decoder.rs`).
     decoder_ops: Vec<String>,
+    /// The paged decode-attention ops (`bench/decode.rs`).
+    decode_ops: Vec<String>,
     layer_ops: Vec<String>,
     /// The recipes of the FP8 grouped rows.
     grouped_scalings: Vec<String>,
@@ -114,6 +117,7 @@ impl Plan {
             norm: norm_ops,
             layer: layer_ops,
             decoder: decoder_ops,
+            decode: decode_ops,
             launch,
         } = parse_ops(&args.ops, true)?;
         decoder::parse_shapes(&args.layer_shapes)?;
@@ -142,13 +146,15 @@ impl Plan {
             && grouped_ops.is_empty()
             && norm_ops.is_empty()
             && decoder_ops.is_empty()
+            && decode_ops.is_empty()
             && layer_ops.is_empty()
         {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
         let half = dtypes.iter().any(|(_, p)| matches!(p.input(), gemmbridge::DType::F16 | gemmbridge::DType::BF16));
-        if (!attn_ops.is_empty() || !norm_ops.is_empty() || grouped_ops.iter().any(|o| !grouped::is_fp8(o))) && !half {
-            bail!("--ops names attention, RMSNorm or grouped GEMM rows but --dtypes names neither f16 nor bf16 (their input types)");
+        let halves = [&attn_ops, &norm_ops, &decode_ops].iter().any(|o| !o.is_empty());
+        if (halves || grouped_ops.iter().any(|o| !grouped::is_fp8(o))) && !half {
+            bail!("--ops names attention, RMSNorm, decode or grouped GEMM rows but --dtypes names neither f16 nor bf16 (their input types)");
         }
         if !layer_ops.is_empty() && dtypes.iter().all(|(n, _)| n == "tf32") {
             bail!("--ops names rope or swiglu rows but --dtypes names none of f32, f16, bf16 (their element types)");
@@ -165,6 +171,7 @@ impl Plan {
             grouped_ops,
             norm_ops,
             decoder_ops,
+            decode_ops,
             layer_ops,
             grouped_scalings,
             launch,
@@ -217,10 +224,11 @@ impl Plan {
             &mut self.norm_ops,
             &mut self.layer_ops,
             &mut self.decoder_ops,
+            &mut self.decode_ops,
         ];
         if gpu_only.iter().any(|o| !o.is_empty()) {
             eprintln!(
-                "  (the convolution, attention, grouped, RMSNorm, layer and decoder-layer ops need a GPU: skipped)"
+                "  (the convolution, attention, grouped, RMSNorm, layer, decoder-layer and decode ops need a GPU: skipped)"
             );
             gpu_only.into_iter().for_each(Vec::clear);
         }
@@ -264,6 +272,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     if let (false, Some(g)) = (plan.norm_ops.is_empty(), &gpu) {
         rows.extend(norm::bench(g, &plan.norm_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+    }
+    if let (false, Some(g)) = (plan.decode_ops.is_empty(), &gpu) {
+        rows.extend(decode::bench(g, &plan.decode_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     if let (false, Some(g)) = (plan.decoder_ops.is_empty(), &gpu) {
         let shapes = decoder::parse_shapes(&args.layer_shapes)?;
