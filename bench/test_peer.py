@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Checks of bench/peer.py (and bench/norm_peer.py's byte counts and usage errors) that need no
-GPU: `python3 bench/test_peer.py`.
+"""Checks of bench/peer.py (and bench/norm_peer.py's and bench/decode_peer.py's byte counts and usage
+errors) that need no GPU: `python3 bench/test_peer.py`.
 
 Without PyTorch: the suites against crates/gemmbridge-lab/src/suites.rs, the op/dtype rules,
 the rotation count, --list, the usage errors (exit 2), the FP8 rules (--scalings, the
@@ -36,6 +36,11 @@ NORM_PEER = os.path.join(HERE, "norm_peer.py")
 norm_spec = importlib.util.spec_from_file_location("norm_peer", NORM_PEER)
 norm_peer = importlib.util.module_from_spec(norm_spec)
 norm_spec.loader.exec_module(norm_peer)
+
+DECODE_PEER = os.path.join(HERE, "decode_peer.py")
+decode_spec = importlib.util.spec_from_file_location("decode_peer", DECODE_PEER)
+decode_peer = importlib.util.module_from_spec(decode_spec)
+decode_spec.loader.exec_module(decode_peer)
 
 try:
     import torch  # noqa: F401
@@ -321,6 +326,30 @@ class NormPeer(unittest.TestCase):
             (["--gap-ms", "-1"], "--gap-ms -1.0"),
         ):
             p = subprocess.run([sys.executable, NORM_PEER, *args], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 2, (args, p.stderr))
+            self.assertIn(msg, p.stderr, args)
+            self.assertEqual(p.stdout, "", args)
+
+
+class DecodePeer(unittest.TestCase):
+    """bench/decode_peer.py without a GPU: its byte counts are gemmbridge's, its labels match
+    ours, its usage errors exit 2."""
+
+    def test_bytes_and_labels_match_gemmbridge(self):
+        # crates/gemmbridge-cli/src/bench/decode.rs, the_bytes_are_the_held_keys_and_values_q_and_o
+        s = dict(name="x", b=2, h_q=4, h_kv=2, d=8, s_kv=64, page_size=16, lens=[10, 30])
+        self.assertEqual(decode_peer.bytes_moved(s, 2), (1280 + 128) * 2)
+        self.assertEqual(decode_peer.lens(dict(s, lens=None)), [64, 64])
+        self.assertEqual([decode_peer.layout(s, b) for b in decode_peer.BACKENDS], ["x", "x+flash", "x+efficient"])
+        self.assertEqual([s["b"] for s in decode_peer.SHAPES], [1, 8, 64, 64])
+
+    def test_usage_errors_exit_2(self):
+        for args, msg in (
+            (["--dtypes", "f32"], "unknown dtype 'f32'"),
+            (["--backends", "math"], "unknown backend 'math'"),
+            (["--shapes", "nope"], "unknown shape 'nope'"),
+        ):
+            p = subprocess.run([sys.executable, DECODE_PEER, *args], capture_output=True, text=True)
             self.assertEqual(p.returncode, 2, (args, p.stderr))
             self.assertIn(msg, p.stderr, args)
             self.assertEqual(p.stdout, "", args)
