@@ -55,6 +55,7 @@ pub(super) fn decode(g: &mut Builder, p: &Attention, shape: PagedShape) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::dnn::attention::{AttnKey, AttnOp};
     use crate::paged::{PagedCache, PagedDecode};
     use crate::DType;
 
@@ -66,5 +67,21 @@ mod tests {
         let (dims, strides) = table_dims(&p, PagedShape { pages: 100, page_size: 16 });
         assert_eq!(dims, [3, 1, 8, 1]);
         assert_eq!(strides, [8, 8, 1, 1]);
+    }
+
+    #[test]
+    fn steps_inside_one_bucket_share_one_plan_key() {
+        let cache = PagedCache::new(1000, 16, (8, 128), DType::BF16, (4, 1));
+        let shape = PagedShape { pages: 1000, page_size: 16 };
+        let key = |longest: usize| {
+            let p = PagedDecode::new(cache.for_max_len(longest), 32).attention();
+            AttnKey::new(&p, AttnOp::PagedDecode(shape), 16)
+        };
+        // 130 to 256 positions: 16 pages of 16 each time
+        assert!((130..=256).all(|l| key(l) == key(130)));
+        assert_ne!(key(257), key(256), "past the bucket a wider table, another plan");
+        let other = AttnOp::PagedDecode(PagedShape { pages: 1001, page_size: 16 });
+        let p = PagedDecode::new(cache.for_max_len(130), 32).attention();
+        assert_ne!(AttnKey::new(&p, other, 16), key(130), "another container, another plan");
     }
 }
