@@ -1,0 +1,136 @@
+//! The CUDA path on a GPU, with the `cuda` feature: each operation on candle's CUDA tensors
+//! (a device with its own stream, and one on the per-thread stream), against float64 and beside
+//! the CPU path and candle's own CUDA result, on odd shapes and strided views.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use common::reference::{linear_f64, matmul_f64, norm_f64, sdpa_f64, EPS};
+use common::{assert_close, f64s, random, rel_err, rng};
+use gemmbridge_candle::{linear_served, matmul_served, rms_norm, rms_norm_served, sdpa_served, Activation, Served};
+
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// A CUDA device with a stream of its own (`CudaDevice::new_with_stream`).
+fn gpu() -> Result<Device> {
+    Device::new_cuda_with_stream(0)
+}
+
+/// `t` made on the CPU, moved to `dev`.
+fn on(t: &Tensor, dev: &Device) -> Result<Tensor> {
+    t.to_device(dev)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matmul_broadcast_transposes_offsets() -> Result<()> {
+    let mut rng = rng("gpu_matmul_broadcast_transposes_offsets");
+    let (cpu, dev) = (Device::Cpu, gpu()?);
+    for dtype in DTYPES {
+        let r = |rng: &mut _, d: &[usize]| random(rng, d, dtype, &cpu);
+        let cases = [
+            (r(&mut rng, &[2, 3, 37, 29])?, r(&mut rng, &[29, 41])?, Served::Gemmbridge),
+            (
+                r(&mut rng, &[3, 29, 37])?.transpose(1, 2)?,
+                r(&mut rng, &[3, 41, 29])?.transpose(1, 2)?,
+                Served::Gemmbridge,
+            ),
+            (
+                r(&mut rng, &[37, 40])?.narrow(1, 3, 29)?,
+                r(&mut rng, &[2, 29, 50])?.narrow(2, 5, 41)?,
+                Served::Gemmbridge,
+            ),
+            (r(&mut rng, &[2, 1, 7, 5])?, r(&mut rng, &[1, 4, 5, 9])?, Served::AfterCopy),
+        ];
+        for (i, (a, b, path)) in cases.into_iter().enumerate() {
+            let (want, _) = matmul_f64(&a, &b)?;
+            let (got, served) = matmul_served(&on(&a, &dev)?, &on(&b, &dev)?)?;
+            assert_eq!(served, path, "case {i} {dtype:?}");
+            assert!(got.device().is_cuda());
+            assert_close(&format!("gpu matmul case {i}"), &got, &want, dtype)?;
+            let (cpu_path, _) = matmul_served(&a, &b)?;
+            let e = rel_err(&f64s(&got)?, &f64s(&cpu_path)?);
+            assert!(e <= common::band(dtype), "case {i} {dtype:?}: {e:e} from the CPU path");
+            let candle = on(&a, &dev)?.broadcast_matmul(&on(&b, &dev)?)?;
+            assert_close(&format!("candle's CUDA matmul case {i}"), &candle, &want, dtype)?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matmul_backward_on_the_per_thread_stream() -> Result<()> {
+    let mut rng = rng("gpu_matmul_backward_on_the_per_thread_stream");
+    let dev = Device::new_cuda(0)?; // candle's default: the calling thread's per-thread stream
+    let a = Var::from_tensor(&random(&mut rng, &[3, 17, 13], DType::F32, &dev)?)?;
+    let b = Var::from_tensor(&random(&mut rng, &[13, 11], DType::F32, &dev)?)?;
+    let w = random(&mut rng, &[3, 17, 11], DType::F32, &dev)?;
+    let ours = gemmbridge_candle::matmul(a.as_tensor(), b.as_tensor())?.mul(&w)?.sum_all()?.backward()?;
+    let theirs = a.as_tensor().broadcast_matmul(b.as_tensor())?.mul(&w)?.sum_all()?.backward()?;
+    for v in [&a, &b] {
+        let e = rel_err(&f64s(ours.get(v).unwrap())?, &f64s(theirs.get(v).unwrap())?);
+        assert!(e <= 1e-5, "{e:e} from candle's gradient");
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_linear_fused_bias_and_activation() -> Result<()> {
+    let mut rng = rng("gpu_linear_fused_bias_and_activation");
+    let (cpu, dev) = (Device::Cpu, gpu()?);
+    for dtype in DTYPES {
+        for act in [Activation::None, Activation::Relu, Activation::Gelu] {
+            let x = random(&mut rng, &[3, 19, 40], dtype, &cpu)?;
+            let w = random(&mut rng, &[24, 40], dtype, &cpu)?;
+            let b = random(&mut rng, &[24], dtype, &cpu)?;
+            let want = linear_f64(&x, &w, Some(&b), act)?;
+            let (got, served) = linear_served(&on(&x, &dev)?, &on(&w, &dev)?, Some(&on(&b, &dev)?), act)?;
+            assert_eq!(served, Served::Gemmbridge);
+            assert_close(&format!("gpu linear {act:?}"), &got, &want, dtype)?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_rms_norm_forward_and_backward() -> Result<()> {
+    let mut rng = rng("gpu_rms_norm_forward_and_backward");
+    let (cpu, dev) = (Device::Cpu, gpu()?);
+    for dtype in DTYPES {
+        let x = random(&mut rng, &[3, 7, 136], dtype, &cpu)?.narrow(2, 0, 128)?; // padded rows, in place
+        let w = random(&mut rng, &[128], dtype, &cpu)?;
+        let dy = random(&mut rng, &[3, 7, 128], dtype, &cpu)?;
+        let (fwd, bwd) = norm_f64(&x, &w, &f64s(&dy)?)?;
+        let (xg, wg) = (Var::from_tensor(&on(&x, &dev)?)?, Var::from_tensor(&on(&w, &dev)?)?);
+        let (y, served) = rms_norm_served(xg.as_tensor(), wg.as_tensor(), EPS)?;
+        assert_eq!(served, Served::Gemmbridge);
+        assert_close("gpu rms_norm y", &y, &fwd.y, dtype)?;
+        let grads = rms_norm(xg.as_tensor(), wg.as_tensor(), EPS)?.mul(&on(&dy, &dev)?)?.sum_all()?.backward()?;
+        assert_close("gpu rms_norm dx", grads.get(&xg).unwrap(), &bwd.dx, dtype)?;
+        assert_close("gpu rms_norm dw", grads.get(&wg).unwrap(), &bwd.dw, dtype)?;
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_sdpa_gqa_causal() -> Result<()> {
+    let mut rng = rng("gpu_sdpa_gqa_causal");
+    let (cpu, dev) = (Device::Cpu, gpu()?);
+    for dtype in [DType::F16, DType::BF16] {
+        for causal in [false, true] {
+            let q = random(&mut rng, &[2, 77, 8, 64], dtype, &cpu)?.transpose(1, 2)?; // [b, s, h, d] in place
+            let k = random(&mut rng, &[2, 2, 77, 64], dtype, &cpu)?;
+            let v = random(&mut rng, &[2, 2, 77, 64], dtype, &cpu)?;
+            let want = sdpa_f64(&q, &k, &v, causal)?;
+            let (o, served) = sdpa_served(&on(&q, &dev)?, &on(&k, &dev)?, &on(&v, &dev)?, causal, None)?;
+            assert_eq!(served, Served::Gemmbridge);
+            assert_close(&format!("gpu sdpa causal {causal}"), &o, &want, dtype)?;
+        }
+    }
+    Ok(())
+}
