@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use candle_core::cuda::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+use candle_core::cuda::cudarc::driver::result::memset_d8_async;
+use candle_core::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use candle_core::cuda::{CudaDevice, DeviceId};
 use candle_core::Result;
 use gemmbridge::attention::AttnTensor;
@@ -51,11 +52,20 @@ macro_rules! by_dtype {
 pub(crate) use by_dtype;
 
 /// An output of `n` elements on `dev`'s stream, every element written by the call it is made
-/// for before candle reads it.
+/// for before candle reads it; filled with NaN first where [`crate::set_poison_outputs`] is on.
 fn output<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: the memory is uninitialised; each caller's GEMM (β = 0 never reads C), norm or
     // attention writes all `n` elements on the same stream before the storage is returned.
-    unsafe { dev.alloc::<T>(n) }
+    let mut out = unsafe { dev.alloc::<T>(n) }?;
+    if crate::poison_outputs() {
+        let stream = dev.cuda_stream();
+        let bytes = n * std::mem::size_of::<T>();
+        let (ptr, _record) = out.device_ptr_mut(&stream);
+        // SAFETY: `ptr` is the start of the `bytes` bytes just allocated on `stream`, filled on
+        // the same stream; all-ones bytes are a NaN of f32, f16 and bf16 alike.
+        unsafe { memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }.map_err(candle_core::Error::wrap)?;
+    }
+    Ok(out)
 }
 
 /// `C = A·B` for the plan, C dense `[batch, m, n]`.

@@ -79,6 +79,22 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
+static POISON: AtomicBool = AtomicBool::new(false);
+
+/// A testing aid, off by default: with it on, every output the CUDA path allocates is filled
+/// with all-ones bytes (a NaN in f32, f16 and bf16) on the stream before the operation writes
+/// it, so that an element the operation leaves unwritten reads as NaN instead of as whatever
+/// the memory held. It costs one memset per output. The CPU path always starts its outputs as
+/// NaN.
+pub fn set_poison_outputs(on: bool) {
+    POISON.store(on, Ordering::Relaxed);
+}
+
+/// Whether CUDA outputs are filled with NaN first ([`set_poison_outputs`]).
+pub fn poison_outputs() -> bool {
+    POISON.load(Ordering::Relaxed)
+}
+
 /// Whether calls on this device can be served: the CPU, and CUDA devices with the `cuda`
 /// feature.
 fn device_served(dev: &candle_core::Device) -> bool {

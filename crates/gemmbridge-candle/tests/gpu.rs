@@ -8,12 +8,17 @@ mod common;
 use candle_core::{DType, Device, Result, Tensor, Var};
 use common::reference::{linear_f64, matmul_f64, norm_f64, sdpa_f64, EPS};
 use common::{assert_close, f64s, random, rel_err, rng};
-use gemmbridge_candle::{linear_served, matmul_served, rms_norm, rms_norm_served, sdpa_served, Activation, Served};
+use gemmbridge_candle::{
+    linear_served, matmul_served, rms_norm, rms_norm_candle, rms_norm_served, sdpa_candle, sdpa_served, Activation,
+    Served,
+};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
-/// A CUDA device with a stream of its own (`CudaDevice::new_with_stream`).
+/// A CUDA device with a stream of its own (`CudaDevice::new_with_stream`); the adapter's CUDA
+/// outputs start as NaN, so that an element left unwritten fails the comparison.
 fn gpu() -> Result<Device> {
+    gemmbridge_candle::set_poison_outputs(true);
     Device::new_cuda_with_stream(0)
 }
 
@@ -63,6 +68,7 @@ fn gpu_matmul_broadcast_transposes_offsets() -> Result<()> {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_matmul_backward_on_the_per_thread_stream() -> Result<()> {
     let mut rng = rng("gpu_matmul_backward_on_the_per_thread_stream");
+    gemmbridge_candle::set_poison_outputs(true);
     let dev = Device::new_cuda(0)?; // candle's default: the calling thread's per-thread stream
     let a = Var::from_tensor(&random(&mut rng, &[3, 17, 13], DType::F32, &dev)?)?;
     let b = Var::from_tensor(&random(&mut rng, &[13, 11], DType::F32, &dev)?)?;
@@ -87,9 +93,18 @@ fn gpu_linear_fused_bias_and_activation() -> Result<()> {
             let w = random(&mut rng, &[24, 40], dtype, &cpu)?;
             let b = random(&mut rng, &[24], dtype, &cpu)?;
             let want = linear_f64(&x, &w, Some(&b), act)?;
-            let (got, served) = linear_served(&on(&x, &dev)?, &on(&w, &dev)?, Some(&on(&b, &dev)?), act)?;
+            let (xg, wg, bg) = (on(&x, &dev)?, on(&w, &dev)?, on(&b, &dev)?);
+            let (got, served) = linear_served(&xg, &wg, Some(&bg), act)?;
             assert_eq!(served, Served::Gemmbridge);
             assert_close(&format!("gpu linear {act:?}"), &got, &want, dtype)?;
+            // candle's own layer on the GPU, in the same dtype
+            let c = xg.broadcast_matmul(&wg.t()?)?.broadcast_add(&bg)?;
+            let c = match act {
+                Activation::None => c,
+                Activation::Relu => c.relu()?,
+                Activation::Gelu => c.gelu()?,
+            };
+            assert_close(&format!("candle's CUDA linear {act:?}"), &c, &want, dtype)?;
         }
     }
     Ok(())
@@ -109,6 +124,8 @@ fn gpu_rms_norm_forward_and_backward() -> Result<()> {
         let (y, served) = rms_norm_served(xg.as_tensor(), wg.as_tensor(), EPS)?;
         assert_eq!(served, Served::Gemmbridge);
         assert_close("gpu rms_norm y", &y, &fwd.y, dtype)?;
+        let theirs = rms_norm_candle(xg.as_tensor(), wg.as_tensor(), EPS)?;
+        assert_close("candle's CUDA rms_norm y", &theirs, &fwd.y, dtype)?;
         let grads = rms_norm(xg.as_tensor(), wg.as_tensor(), EPS)?.mul(&on(&dy, &dev)?)?.sum_all()?.backward()?;
         assert_close("gpu rms_norm dx", grads.get(&xg).unwrap(), &bwd.dx, dtype)?;
         assert_close("gpu rms_norm dw", grads.get(&wg).unwrap(), &bwd.dw, dtype)?;
@@ -130,7 +147,36 @@ fn gpu_sdpa_gqa_causal() -> Result<()> {
             let (o, served) = sdpa_served(&on(&q, &dev)?, &on(&k, &dev)?, &on(&v, &dev)?, causal, None)?;
             assert_eq!(served, Served::Gemmbridge);
             assert_close(&format!("gpu sdpa causal {causal}"), &o, &want, dtype)?;
+            let theirs = sdpa_candle(&on(&q, &dev)?, &on(&k, &dev)?, &on(&v, &dev)?, causal, None)?;
+            assert_close(&format!("candle's CUDA sdpa causal {causal}"), &theirs, &want, dtype)?;
         }
     }
     Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_matmul_from_two_host_threads_on_per_thread_streams() -> Result<()> {
+    // one candle device on the per-thread stream, used from two threads: each call goes on the
+    // calling thread's stream, in order with candle's own work there
+    gemmbridge_candle::set_poison_outputs(true);
+    let dev = Device::new_cuda(0)?;
+    let run = |name: &'static str, dev: Device| -> Result<()> {
+        let mut rng = rng(name);
+        let a = random(&mut rng, &[4, 33, 65], DType::BF16, &Device::Cpu)?;
+        let b = random(&mut rng, &[65, 17], DType::BF16, &Device::Cpu)?;
+        let (want, _) = matmul_f64(&a, &b)?;
+        for _ in 0..20 {
+            let (got, served) = matmul_served(&on(&a, &dev)?, &on(&b, &dev)?)?;
+            assert_eq!(served, Served::Gemmbridge);
+            assert_close(name, &got, &want, DType::BF16)?;
+        }
+        Ok(())
+    };
+    let other = {
+        let dev = dev.clone();
+        std::thread::spawn(move || run("gpu_matmul_other_thread", dev))
+    };
+    run("gpu_matmul_this_thread", dev)?;
+    other.join().expect("the other thread panicked")
 }
