@@ -9,7 +9,8 @@ use crate::{device_served, Served};
 /// RMSNorm over the last dimension: `y = x / √(mean(x²) + eps) · w` for `x[.., c]`, `w[c]`,
 /// with the sum of squares and the products in f32 and `y` rounded once (gemmbridge's CPU
 /// backend on the CPU, cuDNN's norm graph on CUDA). The rows of `x` are read in place where
-/// its leading dimensions merge into one row stride. The backward gives `dx` and `dw`
+/// its leading dimensions merge into one row stride (on CUDA: into dense rows, as cuDNN's norm
+/// graph takes no other; padded rows are copied contiguous there first). The backward gives `dx` and `dw`
 /// (gemmbridge's backward on both paths; it runs the forward again for the rows' inverse RMS).
 ///
 /// # Errors
@@ -27,11 +28,13 @@ pub fn rms_norm_served(x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Serv
     if !device_served(x.device()) || w.dtype() != dtype || x.rank() < 1 {
         return Ok((rms_norm_candle(x, w, eps)?, Served::Candle));
     }
-    if let Some(plan) = plan::rms_norm(x.layout(), w.layout(), eps, dtype) {
+    // cuDNN's norm graph takes dense rows only (plan::rms_norm)
+    let dense_rows = x.device().is_cuda();
+    if let Some(plan) = plan::rms_norm(x.layout(), w.layout(), eps, dtype, dense_rows) {
         return Ok((x.apply_op2(w, NormOp::new(plan, x))?, Served::Gemmbridge));
     }
     let (x2, w2) = (x.contiguous()?, w.contiguous()?);
-    match plan::rms_norm(x2.layout(), w2.layout(), eps, dtype) {
+    match plan::rms_norm(x2.layout(), w2.layout(), eps, dtype, dense_rows) {
         Some(plan) => Ok((x2.apply_op2(&w2, NormOp::new(plan, &x2))?, Served::AfterCopy)),
         None => Ok((rms_norm_candle(x, w, eps)?, Served::Candle)),
     }

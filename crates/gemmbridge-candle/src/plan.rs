@@ -173,8 +173,13 @@ pub(crate) struct NormPlan {
 }
 
 /// x's rows as the norm's rows, or `None` (strides that do not merge, a weight that is not
-/// `[c]` and contiguous, a dtype gemmbridge's norm does not take, an empty tensor).
-pub(crate) fn rms_norm(x: &Layout, w: &Layout, eps: f32, dtype: DType) -> Option<NormPlan> {
+/// `[c]` and contiguous, a dtype gemmbridge's norm does not take, an empty tensor; with
+/// `dense_rows`, a row stride other than `c`).
+///
+/// `dense_rows` is for the CUDA path: cuDNN's norm graph refuses strided rows (cuDNN 9.14 on an
+/// H100, `gemmbridge probe --only norm`; docs/DESIGN.md), so there padded rows are copied
+/// contiguous first, where the CPU backend reads them in place.
+pub(crate) fn rms_norm(x: &Layout, w: &Layout, eps: f32, dtype: DType, dense_rows: bool) -> Option<NormPlan> {
     let (xd, xs) = (x.dims(), x.stride());
     let r = xd.len();
     let (c, rows) = (xd[r - 1], xd[..r - 1].iter().product::<usize>());
@@ -186,7 +191,7 @@ pub(crate) fn rms_norm(x: &Layout, w: &Layout, eps: f32, dtype: DType) -> Option
         0 => c,
         s => s,
     };
-    if ld < c {
+    if ld < c || (dense_rows && rows > 1 && ld != c) {
         return None;
     }
     let problem = RmsNorm::new(rows, c, eps, element(dtype)?).with_ld(NormTensor::X, ld);
@@ -262,6 +267,17 @@ mod tests {
         assert_eq!(p.a().layout.batch_stride, 15);
         assert_eq!(p.b().op, gemmbridge::Op::T);
         assert_eq!(p.b().layout.batch_stride, 0);
+    }
+
+    #[test]
+    fn padded_norm_rows_are_read_in_place_on_the_cpu_only() {
+        let x = Layout::contiguous(Shape::from((3, 5, 40))).narrow(2, 3, 37).unwrap();
+        let w = Layout::contiguous(Shape::from(37));
+        let p = rms_norm(&x, &w, 1e-5, DType::F32, false).unwrap();
+        assert_eq!((p.problem.rows, p.problem.features, p.starts[0]), (15, 37, 3));
+        assert!(rms_norm(&x, &w, 1e-5, DType::F32, true).is_none());
+        let dense = Layout::contiguous(Shape::from((3, 5, 37)));
+        assert!(rms_norm(&dense, &w, 1e-5, DType::F32, true).is_some());
     }
 
     #[test]
