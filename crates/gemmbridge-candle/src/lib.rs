@@ -51,7 +51,7 @@ mod plan;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use attention::{sdpa, sdpa_candle, sdpa_served};
-pub use matmul::{linear, linear_served, matmul, matmul_served, Activation};
+pub use matmul::{linear, linear_candle, linear_served, matmul, matmul_served, Activation};
 pub use norm::{rms_norm, rms_norm_candle, rms_norm_served};
 
 /// Which path ran a call.

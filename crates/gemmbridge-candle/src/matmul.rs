@@ -185,8 +185,13 @@ fn apply_linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, plan: LinearPlan)
     }
 }
 
-/// candle's own linear layer: `x·wᵀ`, the bias, the activation, in `x`'s dtype.
-fn linear_candle(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, act: Activation) -> Result<Tensor> {
+/// candle's own linear layer: `x·wᵀ` (`broadcast_matmul`), the bias (`broadcast_add`), the
+/// activation (`relu`, `gelu`), each rounded to `x`'s dtype — what the fallback runs, and
+/// what the tests and the benchmark compare with.
+///
+/// # Errors
+/// candle's errors for shapes that do not agree.
+pub fn linear_candle(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, act: Activation) -> Result<Tensor> {
     let y = x.broadcast_matmul(&w.t()?)?;
     let y = match bias {
         Some(b) => y.broadcast_add(b)?,

@@ -6,7 +6,7 @@ mod common;
 use candle_core::{DType, Device, Result, Tensor, Var};
 use common::reference::{linear_f64, matmul_f64};
 use common::{assert_close, f64s, random, rel_err, rng};
-use gemmbridge_candle::{linear_served, matmul, matmul_served, Activation, Served};
+use gemmbridge_candle::{linear_candle, linear_served, matmul, matmul_served, Activation, Served};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
@@ -103,15 +103,7 @@ fn linear_fuses_bias_and_activation() -> Result<()> {
                 assert_eq!((served, got.dims()), (Served::Gemmbridge, &[2usize, 5, 7][..]), "{what}");
                 assert_close(&what, &got, &want, dtype)?;
                 // candle's own layer, in the same dtype
-                let mut c = x.broadcast_matmul(&w.t()?)?;
-                if let Some(b) = bias {
-                    c = c.broadcast_add(b)?;
-                }
-                let c = match act {
-                    Activation::None => c,
-                    Activation::Relu => c.relu()?,
-                    Activation::Gelu => c.gelu()?,
-                };
+                let c = linear_candle(&x, &w, bias, act)?;
                 assert_close(&format!("{what}, candle's own"), &c, &want, dtype)?;
             }
         }

@@ -9,8 +9,8 @@ use candle_core::{DType, Device, Result, Tensor, Var};
 use common::reference::{linear_f64, matmul_f64, norm_f64, sdpa_f64, EPS};
 use common::{assert_close, f64s, random, rel_err, rng};
 use gemmbridge_candle::{
-    linear_served, matmul_served, rms_norm, rms_norm_candle, rms_norm_served, sdpa_candle, sdpa_served, Activation,
-    Served,
+    linear_candle, linear_served, matmul_served, rms_norm, rms_norm_candle, rms_norm_served, sdpa_candle, sdpa_served,
+    Activation, Served,
 };
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -98,12 +98,7 @@ fn gpu_linear_fused_bias_and_activation() -> Result<()> {
             assert_eq!(served, Served::Gemmbridge);
             assert_close(&format!("gpu linear {act:?}"), &got, &want, dtype)?;
             // candle's own layer on the GPU, in the same dtype
-            let c = xg.broadcast_matmul(&wg.t()?)?.broadcast_add(&bg)?;
-            let c = match act {
-                Activation::None => c,
-                Activation::Relu => c.relu()?,
-                Activation::Gelu => c.gelu()?,
-            };
+            let c = linear_candle(&xg, &wg, Some(&bg), act)?;
             assert_close(&format!("candle's CUDA linear {act:?}"), &c, &want, dtype)?;
         }
     }
