@@ -2,7 +2,8 @@
 //!
 //! candle 0.11 operations through gemmbridge, as candle custom operations on candle's own
 //! storage: [`matmul`] (broadcast batched, with its backward), [`linear`] with the bias and an
-//! [`Activation`] fused into the GEMM's epilogue, [`rms_norm`] with its backward, and [`sdpa`]
+//! [`Activation`] fused into the GEMM's epilogue (and its backward), [`rms_norm`] with its
+//! backward, and [`sdpa`]
 //! (scaled-dot-product attention forward: causal mask, grouped-query heads). Results are
 //! ordinary candle tensors.
 //!
@@ -44,6 +45,7 @@ mod attention;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod linear_bwd;
 mod matmul;
 mod norm;
 mod plan;

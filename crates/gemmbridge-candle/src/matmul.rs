@@ -4,6 +4,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use gemmbridge::Epilogue;
 
 use crate::cpu::{self, by_dtype};
+use crate::linear_bwd::linear_grads;
 use crate::plan::{self, LinearPlan, MatmulPlan};
 use crate::{device_served, Served};
 
@@ -140,8 +141,9 @@ impl Activation {
 /// A linear layer, `y[.., n] = act(x[.., k]·w[n, k]ᵀ + bias[n])` (candle-nn's `Linear`
 /// layout: `w` is `[out_features, in_features]`), as one GEMM over the rows of `x` (its leading
 /// dimensions merged) with the bias and activation in the GEMM's epilogue: computed in f32 and
-/// rounded once. Forward only: a backward through it is refused by candle
-/// (`BackwardNotSupported`).
+/// rounded once. The backward gives `dx`, `dw` and `db`: the activation's derivative on the
+/// incoming gradient (GELU's at the pre-activation, computed again with one more GEMM), then
+/// `dx = g·w` and `dw = gᵀ·x` through [`matmul`] and `db` as a row sum.
 ///
 /// # Errors
 /// candle's errors for shapes that do not agree; a gemmbridge error from the GPU, wrapped.
@@ -165,20 +167,20 @@ pub fn linear_served(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, act: Activat
         plan::linear(x.layout(), w.layout(), b.map(|b| b.layout()), epilogue, dtype)
     };
     if let Some(plan) = planned(x, w, bias) {
-        return Ok((apply_linear(x, w, bias, plan)?, Served::Gemmbridge));
+        return Ok((apply_linear(x, w, bias, plan, act)?, Served::Gemmbridge));
     }
     let (x2, w2, b2) = (x.contiguous()?, w.contiguous()?, bias.map(Tensor::contiguous).transpose()?);
     match planned(&x2, &w2, b2.as_ref()) {
-        Some(plan) => Ok((apply_linear(&x2, &w2, b2.as_ref(), plan)?, Served::AfterCopy)),
+        Some(plan) => Ok((apply_linear(&x2, &w2, b2.as_ref(), plan, act)?, Served::AfterCopy)),
         None => Ok((linear_candle(x, w, bias, act)?, Served::Candle)),
     }
 }
 
 /// Runs the planned linear layer as a custom operation.
-fn apply_linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, plan: LinearPlan) -> Result<Tensor> {
+fn apply_linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, plan: LinearPlan, act: Activation) -> Result<Tensor> {
     let mut out = x.dims()[..x.rank() - 1].to_vec();
     out.push(plan.problem.n());
-    let op = LinearOp { plan, out: Shape::from(out) };
+    let op = LinearOp { plan, out: Shape::from(out), act };
     match bias {
         Some(b) => x.apply_op3(w, b, op),
         None => x.apply_op2(w, op),
@@ -204,11 +206,15 @@ pub fn linear_candle(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, act: Activat
     }
 }
 
+/// A three-operand custom operation's gradients.
+type Grads3 = Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)>;
+
 /// The planned linear layer, as candle's custom operation (two operands without a bias,
-/// three with one).
+/// three with one); its backward is [`linear_grads`].
 struct LinearOp {
     plan: LinearPlan,
     out: Shape,
+    act: Activation,
 }
 
 impl CustomOp2 for LinearOp {
@@ -233,6 +239,12 @@ impl CustomOp2 for LinearOp {
         let y =
             crate::cuda::by_dtype!("linear", dev, [x, w], |T| crate::cuda::linear::<T>(&dev, &self.plan, [x, w], None));
         Ok((y, self.out.clone()))
+    }
+
+    /// `dx` and `dw` ([`linear_grads`]).
+    fn bwd(&self, x: &Tensor, w: &Tensor, y: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, _) = linear_grads([x, w], None, (y, dy), self.act)?;
+        Ok((Some(dx), Some(dw)))
     }
 }
 
@@ -272,5 +284,11 @@ impl CustomOp3 for LinearOp {
             Some(b)
         ));
         Ok((y, self.out.clone()))
+    }
+
+    /// `dx`, `dw` and `db` ([`linear_grads`]).
+    fn bwd(&self, x: &Tensor, w: &Tensor, b: &Tensor, y: &Tensor, dy: &Tensor) -> Grads3 {
+        let (dx, dw, db) = linear_grads([x, w], Some(b), (y, dy), self.act)?;
+        Ok((Some(dx), Some(dw), db))
     }
 }

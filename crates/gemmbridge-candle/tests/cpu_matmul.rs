@@ -116,3 +116,41 @@ fn linear_fuses_bias_and_activation() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn linear_backward_against_float64() -> Result<()> {
+    // loss = Σ y·r, so that dL/dy = r; the float64 reference is candle's autograd through its
+    // own layer on float64 copies of the same values
+    let mut rng = rng("linear_backward_against_float64");
+    let dev = Device::Cpu;
+    for dtype in DTYPES {
+        for act in [Activation::None, Activation::Relu, Activation::Gelu] {
+            for with_bias in [false, true] {
+                let what = format!("linear backward {act:?} bias {with_bias} {dtype:?}");
+                let x = Var::from_tensor(&random(&mut rng, &[2, 5, 11], dtype, &dev)?)?;
+                let w = Var::from_tensor(&random(&mut rng, &[7, 11], dtype, &dev)?)?;
+                let b = Var::from_tensor(&random(&mut rng, &[7], dtype, &dev)?)?;
+                let r = random(&mut rng, &[2, 5, 7], dtype, &dev)?;
+                let bias = with_bias.then(|| b.as_tensor());
+                let (y, served) = linear_served(x.as_tensor(), w.as_tensor(), bias, act)?;
+                assert_eq!(served, Served::Gemmbridge, "{what}");
+                let ours = y.mul(&r)?.sum_all()?.backward()?;
+                let f64v = |v: &Var| Var::from_tensor(&v.as_tensor().to_dtype(DType::F64)?);
+                let (x64, w64, b64) = (f64v(&x)?, f64v(&w)?, f64v(&b)?);
+                let y64 = linear_candle(x64.as_tensor(), w64.as_tensor(), with_bias.then(|| b64.as_tensor()), act)?;
+                let want = y64.mul(&r.to_dtype(DType::F64)?)?.sum_all()?.backward()?;
+                let mut pairs = vec![("dx", &x, &x64), ("dw", &w, &w64)];
+                if with_bias {
+                    pairs.push(("db", &b, &b64));
+                }
+                for (name, v, v64) in pairs {
+                    let g = ours.get(v).unwrap_or_else(|| panic!("{what}: no {name}"));
+                    assert_eq!(g.dims(), v.dims(), "{what}: {name} shape");
+                    assert_close(&format!("{what}: {name}"), g, &f64s(want.get(v64).unwrap())?, dtype)?;
+                }
+                assert_eq!(ours.get(&b).is_some(), with_bias, "{what}: db only with a bias");
+            }
+        }
+    }
+    Ok(())
+}

@@ -178,3 +178,37 @@ fn gpu_matmul_from_two_host_threads_on_per_thread_streams() -> Result<()> {
     run("gpu_matmul_this_thread", dev)?;
     other.join().expect("the other thread panicked")
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_linear_backward_against_float64() -> Result<()> {
+    // loss = Σ y·r; the float64 reference is candle's autograd through its own layer on the CPU
+    let mut rng = rng("gpu_linear_backward_against_float64");
+    let (cpu, dev) = (Device::Cpu, gpu()?);
+    for dtype in DTYPES {
+        for act in [Activation::None, Activation::Relu, Activation::Gelu] {
+            let what = format!("gpu linear backward {act:?} {dtype:?}");
+            let (x, w, b) = (
+                random(&mut rng, &[3, 19, 40], dtype, &cpu)?,
+                random(&mut rng, &[24, 40], dtype, &cpu)?,
+                random(&mut rng, &[24], dtype, &cpu)?,
+            );
+            let r = random(&mut rng, &[3, 19, 24], dtype, &cpu)?;
+            let gv = |t: &Tensor| Var::from_tensor(&on(t, &dev)?);
+            let (xg, wg, bg) = (gv(&x)?, gv(&w)?, gv(&b)?);
+            let (y, served) = linear_served(xg.as_tensor(), wg.as_tensor(), Some(bg.as_tensor()), act)?;
+            assert_eq!(served, Served::Gemmbridge, "{what}");
+            let ours = y.mul(&on(&r, &dev)?)?.sum_all()?.backward()?;
+            let cv = |t: &Tensor| Var::from_tensor(&t.to_dtype(DType::F64)?);
+            let (x64, w64, b64) = (cv(&x)?, cv(&w)?, cv(&b)?);
+            let y64 = linear_candle(x64.as_tensor(), w64.as_tensor(), Some(b64.as_tensor()), act)?;
+            let want = y64.mul(&r.to_dtype(DType::F64)?)?.sum_all()?.backward()?;
+            for (name, v, v64) in [("dx", &xg, &x64), ("dw", &wg, &w64), ("db", &bg, &b64)] {
+                let g = ours.get(v).unwrap_or_else(|| panic!("{what}: no {name}"));
+                assert!(g.device().is_cuda());
+                assert_close(&format!("{what}: {name}"), g, &f64s(want.get(v64).unwrap())?, dtype)?;
+            }
+        }
+    }
+    Ok(())
+}
