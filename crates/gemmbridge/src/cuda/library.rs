@@ -1,8 +1,12 @@
 //! Finding the NVIDIA libraries at run time.
 //!
 //! gemmbridge builds without CUDA installed: cudarc loads `libcuda`, `libcublas` and friends
-//! when they are first used (its `dynamic-loading` feature). cudarc panics when a library is
+//! when they are first used (its `dynamic-loading` mode). cudarc panics when a library is
 //! missing, so every entry point checks here first and returns a named error instead.
+//!
+//! With the `cuda-dynamic-linking` feature cudarc is linked against the libraries at build time
+//! instead: the loader opens them when the program starts (or the program does not start), so
+//! every library counts as present and a symbol is looked up in the process itself.
 //!
 //! The check keeps a library it found loaded for the process. cudarc's own
 //! `is_culib_present` opens and closes it on every call, and a close before cudarc's first real
@@ -44,11 +48,14 @@ impl Lib {
 /// library is not looked for again; a missing one is, on every call (it may be loaded later
 /// by something else in the process).
 fn present(lib: Lib) -> bool {
+    if cfg!(feature = "cuda-dynamic-linking") {
+        return true; // linked at build time: loaded before `main`
+    }
     static FOUND: [AtomicBool; 6] = [const { AtomicBool::new(false) }; 6];
     if FOUND[lib as usize].load(Ordering::Acquire) {
         return true;
     }
-    let found = lib.names().iter().flat_map(|n| cudarc::get_lib_name_candidates(n)).any(|file| {
+    let found = lib.names().iter().flat_map(|n| candidates(n)).any(|file| {
         // SAFETY: loading runs the library's initialisers, as cudarc's own loading of the same
         // file does; nothing in it is called here.
         match unsafe { libloading::Library::new(&file) } {
@@ -75,10 +82,22 @@ const HINT_TOOLKIT: &str = "install the CUDA 13 toolkit or the nvidia-cublas whe
                             folder that holds it (usually /usr/local/cuda/lib64) to \
                             LD_LIBRARY_PATH";
 
+/// The file names cudarc tries for the library `name` when it opens it at run time.
+#[cfg(not(feature = "cuda-dynamic-linking"))]
+fn candidates(name: &str) -> Vec<String> {
+    cudarc::get_lib_name_candidates(name)
+}
+
+/// With the libraries linked at build time: the file the linker took (`-l{name}`).
+#[cfg(feature = "cuda-dynamic-linking")]
+fn candidates(name: &str) -> Vec<String> {
+    vec![format!("lib{name}.so (linked at build time)")]
+}
+
 /// The file names cudarc tries for a library, without repeats.
 pub(crate) fn tried(name: &str) -> String {
     let mut seen: Vec<String> = Vec::new();
-    for c in cudarc::get_lib_name_candidates(name) {
+    for c in candidates(name) {
         if !seen.contains(&c) {
             seen.push(c);
         }
@@ -149,14 +168,30 @@ pub fn has_cublaslt_grouped_matmul() -> bool {
 
 /// Whether the first of cudarc's candidate files for `names` that loads (for a loaded library,
 /// the file [`present`] found) exports `symbol`.
+#[cfg(not(feature = "cuda-dynamic-linking"))]
 fn exported(names: &[&str], symbol: &str) -> bool {
-    let mut files = names.iter().flat_map(|n| cudarc::get_lib_name_candidates(n));
+    let mut files = names.iter().flat_map(|n| candidates(n));
     // SAFETY: as in `present`: loading runs the library's initialisers, as cudarc's own
     // loading does; the symbol is looked up, never called. The reference taken here is
     // dropped again; the one `present` keeps holds the library loaded.
     let found = files.find_map(|file| unsafe { libloading::Library::new(&file) }.ok());
     // SAFETY: the address is only tested for presence, not called or read.
     found.is_some_and(|l| unsafe { l.get::<*const std::ffi::c_void>(symbol) }.is_ok())
+}
+
+/// Whether the process exports `symbol` (the libraries are linked at build time, so the
+/// loader has them open): looked up in the process's global scope, whatever `names` says.
+#[cfg(all(feature = "cuda-dynamic-linking", unix))]
+fn exported(_names: &[&str], symbol: &str) -> bool {
+    let this = libloading::os::unix::Library::this();
+    // SAFETY: the address is only tested for presence, not called or read.
+    unsafe { this.get::<*const std::ffi::c_void>(symbol.as_bytes()) }.is_ok()
+}
+
+/// Not looked up on other systems with the libraries linked at build time: never offered.
+#[cfg(all(feature = "cuda-dynamic-linking", not(unix)))]
+fn exported(_names: &[&str], _symbol: &str) -> bool {
+    false
 }
 
 /// Whether the CUDA runtime (libcudart) can be loaded.
@@ -180,7 +215,7 @@ pub fn ensure_nvrtc() -> Result<()> {
     ensure(Lib::Nvrtc, "NVRTC (libnvrtc)", HINT_TOOLKIT)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(feature = "cuda-dynamic-linking")))]
 mod tests {
     use super::exported;
 

@@ -1,0 +1,109 @@
+//! # gemmbridge-candle
+//!
+//! candle 0.11 operations through gemmbridge, as candle custom operations on candle's own
+//! storage: [`matmul`] (broadcast batched, with its backward), [`linear`] with the bias and an
+//! [`Activation`] fused into the GEMM's epilogue (and its backward), [`rms_norm`] with its
+//! backward, and [`sdpa`]
+//! (scaled-dot-product attention forward: causal mask, grouped-query heads). Results are
+//! ordinary candle tensors.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! let dev = Device::Cpu;
+//! let a = Tensor::arange(0f32, 24., &dev)?.reshape((2, 3, 4))?;
+//! let b = Tensor::ones((4, 5), candle_core::DType::F32, &dev)?; // broadcast over a's batch
+//! let c = gemmbridge_candle::matmul(&a, &b)?;
+//! assert_eq!(c.dims(), &[2, 3, 5]);
+//! assert_eq!(c.to_vec3::<f32>()?[1][2][0], 20. + 21. + 22. + 23.);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+//!
+//! # Which path a call takes
+//! Every operation describes its tensors, read in place at their strides and start offsets, as
+//! one gemmbridge problem (a strided batch for `matmul`, the rows of `x` for `linear` and
+//! `rms_norm`, per-tensor head strides for `sdpa`). Where that description exists the call is
+//! **served**: on a CUDA device by gemmbridge's GPU path (cuBLASLt, cuDNN) on candle's buffers
+//! and stream, with the crate's `cuda` feature; on the CPU by gemmbridge's CPU backend running
+//! the same description (so the CPU tests check the layouts the GPU path is handed). Where a
+//! tensor's strides cannot be described, it is copied contiguous first and the call is served
+//! after the copy ([`Served::AfterCopy`]). Everything else — other dtypes than f32/f16/bf16
+//! (f16/bf16 only for `sdpa`), empty tensors, other devices, [`set_enabled`]`(false)` — falls
+//! back to candle's own operations ([`Served::Candle`]). Each operation has a `*_served` form
+//! that also says which path ran.
+//!
+//! # Precision
+//! f32 is strict f32 (no TF32); f16 and bf16 accumulate in f32 and are rounded once. The CPU
+//! backend widens f16/bf16 to f32 and rounds each output once, as the GPU does.
+//!
+//! # Streams
+//! On CUDA, work is enqueued on the stream of the storage it is given
+//! (`CudaDevice::cuda_stream`), in order with candle's own work on it, with no host
+//! synchronisation. One gemmbridge engine is made per candle device on first use and kept for
+//! the process.
+
+mod attention;
+mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod linear_bwd;
+mod matmul;
+mod norm;
+mod plan;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub use attention::{sdpa, sdpa_candle, sdpa_served};
+pub use matmul::{linear, linear_candle, linear_served, matmul, matmul_served, Activation};
+pub use norm::{rms_norm, rms_norm_candle, rms_norm_served};
+
+/// Which path ran a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// gemmbridge on the tensors as they are (the GPU path on CUDA, the CPU backend on the
+    /// CPU).
+    Gemmbridge,
+    /// gemmbridge after copying one or more inputs contiguous (strides it cannot describe).
+    AfterCopy,
+    /// candle's own operations.
+    Candle,
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Switches gemmbridge off (every call then runs candle's own operations) or back on, for the
+/// whole process; on by default.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether gemmbridge serves calls ([`set_enabled`]).
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+static POISON: AtomicBool = AtomicBool::new(false);
+
+/// A testing aid, off by default: with it on, every output the CUDA path allocates is filled
+/// with all-ones bytes (a NaN in f32, f16 and bf16) on the stream before the operation writes
+/// it, so that an element the operation leaves unwritten reads as NaN instead of as whatever
+/// the memory held. It costs one memset per output. The CPU path always starts its outputs as
+/// NaN.
+pub fn set_poison_outputs(on: bool) {
+    POISON.store(on, Ordering::Relaxed);
+}
+
+/// Whether CUDA outputs are filled with NaN first ([`set_poison_outputs`]).
+pub fn poison_outputs() -> bool {
+    POISON.load(Ordering::Relaxed)
+}
+
+/// Whether calls on this device can be served: the CPU, and CUDA devices with the `cuda`
+/// feature.
+fn device_served(dev: &candle_core::Device) -> bool {
+    enabled() && (dev.is_cpu() || (cfg!(feature = "cuda") && dev.is_cuda()))
+}
+
+/// The README's examples, compiled as doctests so that they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
