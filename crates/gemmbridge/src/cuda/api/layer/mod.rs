@@ -7,7 +7,8 @@
 //! own kernels ([`Gpu::rope`], [`Gpu::swiglu`], [`Gpu::swiglu_backward`]); optionally the four
 //! forward projections in FP8 ([`crate::layer::LayerOptions::fp8_forward`]). The state and buffers are here,
 //! the step in `forward.rs` and `backward.rs`, the RMSNorm, RoPE and SwiGLU calls in
-//! `steps.rs`, the FP8 projections in `fp8.rs`.
+//! `steps.rs`, the FP8 projections in `fp8.rs`. [`GpuDecodeStep`] (`decode.rs`) is the layer's
+//! decode step over a paged KV cache, made of the same calls.
 //!
 //! # What a step moves besides the GEMMs and attention
 //! Forward: the two norms (read `x`, write `h` and the f32 inverse RMS), RoPE in place on q and
@@ -18,11 +19,14 @@
 //! GEMM writes a sum with `dy` or `dx2` (each norm's backward comes last on its branch).
 
 mod backward;
+mod decode;
 mod forward;
 mod fp8;
 mod steps;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+
+pub use decode::GpuDecodeStep;
 
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::device::{Relaxed, RelaxedDrop};
