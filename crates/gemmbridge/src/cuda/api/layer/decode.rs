@@ -16,7 +16,7 @@ use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::layer::reference::Weights;
-use crate::layer::{DecodeStep, LayerGemms, LayerWeight, Proj};
+use crate::layer::{DecodeStep, LayerGemms, Proj};
 use crate::layer_ops::{Positions, RopeDirection};
 
 /// The step's activations (`b` tokens), the cache's containers and the index buffers.
@@ -125,11 +125,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
         let gemms = l.gemms(step.tokens(), l.precision())?;
         let s = gpu.stream();
         let _relaxed = Relaxed::enter()?;
-        let up = |w: LayerWeight| {
-            let host: Vec<T> = weights.get(w).iter().map(|&v| T::from_f64(v)).collect();
-            s.clone_htod(&host).map_err(status::driver("cuMemcpyHtoDAsync"))
-        };
-        let w = Params::try_new(up)?;
+        let w = Params::upload(gpu, weights)?;
         let bufs = StepBufs {
             h1: zeros(gpu, b * l.d_model)?,
             qkv: zeros(gpu, b * l.qkv_width())?,

@@ -72,6 +72,17 @@ impl<T> Params<T> {
         }
     }
 
+    /// Every weight of `weights` (f64 on the host) rounded to `T` and copied to the device.
+    fn upload(gpu: &Gpu, weights: &Weights) -> Result<Params<T>>
+    where
+        T: Element + DeviceRepr,
+    {
+        Params::try_new(|w| {
+            let host: Vec<T> = weights.get(w).iter().map(|&v| T::from_f64(v)).collect();
+            gpu.stream().clone_htod(&host).map_err(status::driver("cuMemcpyHtoDAsync"))
+        })
+    }
+
     /// Each weight made by `f(weight)`.
     fn try_new(mut f: impl FnMut(LayerWeight) -> Result<CudaSlice<T>>) -> Result<Params<T>> {
         use LayerWeight::*;
@@ -248,11 +259,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
         let gemms = layer.gemms(tokens, layer.precision())?;
         let s = gpu.stream();
         let _relaxed = Relaxed::enter()?;
-        let up = |w: LayerWeight| {
-            let host: Vec<T> = weights.get(w).iter().map(|&v| T::from_f64(v)).collect();
-            s.clone_htod(&host).map_err(status::driver("cuMemcpyHtoDAsync"))
-        };
-        let w = Params::try_new(up)?;
+        let w = Params::upload(gpu, weights)?;
         let fp8 = match options.fp8_forward {
             Some(scaling) => Some(fp8::Fp8State::new(gpu, &layer, tokens, &w, scaling)?),
             None => None,
