@@ -49,11 +49,12 @@ struct Batch {
     v: Vec<f64>,
 }
 
-/// `held` positions per sequence, room for `steps` more.
+/// `held` positions per sequence, pages for `steps` more and the position after them (the
+/// lengths are advanced after the last step too).
 fn batch(r: &mut StdRng, l: &DecoderLayer, held: &[i32], steps: usize) -> Batch {
     let ps = 16;
-    let most = *held.iter().max().unwrap() as usize + steps;
-    let needed: Vec<usize> = held.iter().map(|&h| (h as usize + steps).div_ceil(ps)).collect();
+    let most = *held.iter().max().unwrap() as usize + steps + 1;
+    let needed: Vec<usize> = held.iter().map(|&h| (h as usize + steps + 1).div_ceil(ps)).collect();
     let pages = needed.iter().sum::<usize>() + 3;
     let cache = PagedCache::new(pages, ps, (l.heads_kv, l.head_dim), l.dtype, (held.len(), 1)).for_max_len(most);
     let mut order: Vec<i32> = (0..pages as i32).collect();

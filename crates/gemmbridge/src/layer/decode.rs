@@ -1,21 +1,6 @@
 //! The layer's decode step as data ([`DecodeStep`]: `b` sequences, one new token each, over a
 //! paged KV cache), its rules, its byte count, and its float64 definition
 //! ([`decode_reference`]), for tests.
-//!
-//! # The step
-//! Token `n` of `x[b, d]` is sequence `n`'s next token; the sequence holds `held[n]` positions
-//! in the cache before the step. The step is the layer of [`super`] on one token per sequence,
-//! its attention reading the cache:
-//! ```text
-//! h1  = rms_norm(x) ∘ w_norm1;  qkv = h1 · w_qkvᵀ
-//! q, k ← rope(q), rope(k)       at position p = held[n] (the token's place in its sequence)
-//! k, v → the cache              at position held[n] through sequence n's page table
-//! o   = paged decode(q)         over held[n] + 1 keys and values (GQA, scale 1/√hd, no mask)
-//! y   = the layer's tail on (x, o): x2 = x + o·w_oᵀ, norm 2, gate/up, SwiGLU, y = x2 + a·w_downᵀ
-//! ```
-//! The held lengths are not changed: the caller advances each by one after the step. A
-//! prefill of `s` tokens followed by decode steps gives, token for token, the layer's causal
-//! forward over the whole sequence (a CPU test checks this).
 
 use super::math;
 use super::reference::{tail, Weights};
@@ -25,11 +10,26 @@ use crate::error::{Error, Result};
 use crate::layer_ops::MAX_POSITION;
 use crate::paged::{HostIndex, PagedAppend, PagedCache, PagedDecode};
 
-/// One decode step of `layer` over `cache`: `cache.batch` sequences, one token each; the
-/// cache's key/value heads, head dimension and element type are the layer's. The page table's
-/// width is fixed by `cache` (bucketed: [`PagedCache::for_max_len`]), so one plan serves every
-/// step until a sequence outgrows [`PagedCache::max_len`]. Fields public to be read; checked
-/// by [`DecodeStep::validate`].
+/// One decode step of `layer` over `cache`: `cache.batch` sequences, one token each.
+///
+/// Token `n` of `x[b, d]` is sequence `n`'s next token; the sequence holds `held[n]` positions
+/// in the cache before the step. The step is the layer of [`crate::layer`] on one token per
+/// sequence, its attention reading the cache:
+/// ```text
+/// h1  = rms_norm(x) ∘ w_norm1;  qkv = h1 · w_qkvᵀ
+/// q, k ← rope(q), rope(k)       at position p = held[n] (the token's place in its sequence)
+/// k, v → the cache              at position held[n] through sequence n's page table
+/// o   = paged decode(q)         over held[n] + 1 keys and values (GQA, scale 1/√hd, no mask)
+/// y   = the layer's tail on (x, o): x2 = x + o·w_oᵀ, norm 2, gate/up, SwiGLU, y = x2 + a·w_downᵀ
+/// ```
+/// The held lengths are not changed: the caller advances each by one after the step. A
+/// prefill of `s` tokens followed by decode steps gives, token for token, the layer's causal
+/// forward over the whole sequence (a CPU test checks this).
+///
+/// The cache's key/value heads, head dimension and element type are the layer's. The page
+/// table's width is fixed by `cache` (bucketed: [`PagedCache::for_max_len`]), so one plan serves
+/// every step until a sequence outgrows [`PagedCache::max_len`]. Fields public to be read;
+/// checked by [`DecodeStep::validate`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeStep {
     /// The layer.
@@ -124,7 +124,7 @@ impl DecodeStep {
     }
 }
 
-/// The decode step in float64, [`super::decode`]'s definition: from `x[b, d]`, the caches
+/// The decode step in float64, [`DecodeStep`]'s definition: from `x[b, d]`, the caches
 /// (`k`, `v`: [`PagedCache::container_elems`] values each, written at each sequence's position
 /// `held[n]`), `tables` and `held`, returns `y[b, d]`.
 ///
