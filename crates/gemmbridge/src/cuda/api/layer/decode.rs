@@ -18,6 +18,7 @@ use crate::error::{Error, Result, Which};
 use crate::layer::reference::Weights;
 use crate::layer::{DecodeStep, LayerGemms, Proj};
 use crate::layer_ops::{Positions, RopeDirection};
+use crate::paged::PagedCache;
 
 /// The step's activations (`b` tokens), the cache's containers and the index buffers.
 struct StepBufs<T> {
@@ -144,9 +145,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
         };
         let host = (Vec::new(), Vec::new());
         let mut me = GpuDecodeStep { step, gemms, w: RelaxedDrop::new(w), bufs: RelaxedDrop::new(bufs), host };
-        let first: Vec<i32> =
-            (0..c.table_elems()).map(|i| ((i % c.table_width * b + i / c.table_width) % c.pages) as i32).collect();
-        me.set_index(gpu, &first, &vec![0; b])?;
+        me.set_index(gpu, &first_tables(&c), &vec![0; b])?;
         let stand_in: CudaSlice<T> = zeros(gpu, b * l.d_model)?;
         me.run(gpu, &stand_in)?;
         s.memset_zeros(&mut me.bufs.k_cache).map_err(status::driver("cuMemsetD8Async"))?;
@@ -316,27 +315,73 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
     }
 }
 
-/// q's heads of every row of `qkv[b, (h_q + 2·h_kv)·hd]` copied into `q[b, h_q·hd]` (one
-/// pitched device-to-device copy on the Gpu's stream).
-fn copy_q<T: Element>(gpu: &Gpu, st: &DecodeStep, qkv: &CudaSlice<T>, q: &mut CudaSlice<T>) -> Result<()> {
-    let (l, e, s) = (&st.layer, T::DTYPE.size_bytes(), gpu.stream());
-    let (src, _gs) = qkv.device_ptr(s);
-    let (dst, _gd) = q.device_ptr_mut(s);
-    let rows = st.cache.batch;
-    let c = Pitched {
+/// The construction's page table: sequence `n`'s row holds pages `n, n + b, n + 2b, …` modulo
+/// the pages (each sequence's first page its own where there are at least `b` pages).
+fn first_tables(c: &PagedCache) -> Vec<i32> {
+    let (b, w) = (c.batch, c.table_width);
+    (0..c.table_elems()).map(|i| ((i % w * b + i / w) % c.pages) as i32).collect()
+}
+
+/// The copy of q's heads of every row of `qkv[b, (h_q + 2·h_kv)·hd]` (at `src`) into
+/// `q[b, h_q·hd]` (at `dst`), in bytes of `elem`.
+fn q_copy(st: &DecodeStep, (src, dst): (u64, u64), elem: usize) -> Pitched {
+    let (l, rows) = (&st.layer, st.cache.batch);
+    Pitched {
         src,
-        src_pitch: l.qkv_width() * e,
-        src_slice: rows * l.qkv_width() * e,
+        src_pitch: l.qkv_width() * elem,
+        src_slice: rows * l.qkv_width() * elem,
         dst,
-        dst_pitch: l.q_width() * e,
-        dst_slice: rows * l.q_width() * e,
-        width_bytes: l.q_width() * e,
+        dst_pitch: l.q_width() * elem,
+        dst_slice: rows * l.q_width() * elem,
+        width_bytes: l.q_width() * elem,
         height: rows,
         depth: 1,
-    };
+    }
+}
+
+/// [`q_copy`] enqueued on the Gpu's stream (one pitched device-to-device copy).
+fn copy_q<T: Element>(gpu: &Gpu, st: &DecodeStep, qkv: &CudaSlice<T>, q: &mut CudaSlice<T>) -> Result<()> {
+    let s = gpu.stream();
+    let (src, _gs) = qkv.device_ptr(s);
+    let (dst, _gd) = q.device_ptr_mut(s);
+    let c = q_copy(st, (src, dst), T::DTYPE.size_bytes());
     gpu.device().bind()?;
     // SAFETY: both are the step's own buffers of this context, qkv holding b rows of
     // qkv_width and q b rows of q_width elements (allocated so in GpuDecodeStep::new), distinct;
     // the stream is the Gpu's own, live.
     unsafe { copy_pitched(&c, s.cu_stream()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::DecoderLayer;
+    use crate::DType;
+
+    fn step(pages: usize, batch: usize) -> DecodeStep {
+        let l = DecoderLayer::new(72, (4, 2), 64, 88, DType::BF16);
+        DecodeStep::new(l, PagedCache::new(pages, 16, (2, 64), DType::BF16, (batch, 4)))
+    }
+
+    #[test]
+    fn the_first_tables_give_each_sequence_its_own_page_and_pass_the_checks() {
+        let st = step(12, 3);
+        let t = first_tables(&st.cache);
+        assert_eq!(t, [0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11]);
+        st.check_index(&t, &[0; 3]).unwrap();
+        // fewer pages than sequences: two sequences write one page, named
+        let small = step(2, 3);
+        let e = small.check_index(&first_tables(&small.cache), &[0; 3]).unwrap_err();
+        assert!(e.to_string().contains("write one page"), "{e}");
+    }
+
+    #[test]
+    fn q_is_copied_as_b_rows_of_its_heads() {
+        let st = step(12, 3);
+        let c = q_copy(&st, (4096, 65536), 2);
+        // rows of (4 + 2·2)·64 = 512 elements, q the first 256 of each
+        assert_eq!((c.src, c.src_pitch, c.dst, c.dst_pitch), (4096, 1024, 65536, 512));
+        assert_eq!((c.width_bytes, c.height, c.depth), (512, 3, 1));
+        assert_eq!((c.src_slice, c.dst_slice), (3 * 1024, 3 * 512));
+    }
 }
