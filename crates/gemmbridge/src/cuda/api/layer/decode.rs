@@ -49,7 +49,7 @@ struct StepBufs<T> {
 /// the k and v rows appended into the paged cache ([`Gpu::paged_append`]), paged decode
 /// attention over the lengths after the append ([`Gpu::paged_decode`]), the O GEMM with the
 /// residual (β = 1), RMSNorm, the gate/up GEMM, SwiGLU and the down GEMM with the residual —
-/// 12 launches, q copied out of the fused projection's output by one pitched copy (the paged
+/// 11 launches, one of them a pitched copy of q out of the fused projection's output (the paged
 /// decode reads q contiguous).
 ///
 /// The step owns its weights, activations, the cache's two containers and three device index
