@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks of bench/peer.py (and bench/norm_peer.py's and bench/decode_peer.py's byte counts and usage
-errors) that need no GPU: `python3 bench/test_peer.py`.
+"""Checks of bench/peer.py (and bench/norm_peer.py's, bench/decode_peer.py's and
+bench/decode_step_peer.py's byte counts and usage errors) that need no GPU:
+`python3 bench/test_peer.py`.
 
 Without PyTorch: the suites against crates/gemmbridge-lab/src/suites.rs, the op/dtype rules,
 the rotation count, --list, the usage errors (exit 2), the FP8 rules (--scalings, the
@@ -41,6 +42,11 @@ DECODE_PEER = os.path.join(HERE, "decode_peer.py")
 decode_spec = importlib.util.spec_from_file_location("decode_peer", DECODE_PEER)
 decode_peer = importlib.util.module_from_spec(decode_spec)
 decode_spec.loader.exec_module(decode_peer)
+
+DECODE_STEP_PEER = os.path.join(HERE, "decode_step_peer.py")
+decode_step_spec = importlib.util.spec_from_file_location("decode_step_peer", DECODE_STEP_PEER)
+decode_step_peer = importlib.util.module_from_spec(decode_step_spec)
+decode_step_spec.loader.exec_module(decode_step_peer)
 
 try:
     import torch  # noqa: F401
@@ -350,6 +356,39 @@ class DecodePeer(unittest.TestCase):
             (["--shapes", "nope"], "unknown shape 'nope'"),
         ):
             p = subprocess.run([sys.executable, DECODE_PEER, *args], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 2, (args, p.stderr))
+            self.assertIn(msg, p.stderr, args)
+            self.assertEqual(p.stdout, "", args)
+
+
+class DecodeStepPeer(unittest.TestCase):
+    """bench/decode_step_peer.py without a GPU: its byte count is gemmbridge's, its labels and
+    shapes match ours, its usage errors exit 2."""
+
+    def test_bytes_labels_and_shapes_match_gemmbridge(self):
+        # crates/gemmbridge-cli/src/bench/decode_step.rs, every_shape_of_one_length_is_a_step_at_4096_keys
+        # and crates/gemmbridge/src/layer/decode_tests.rs, the_bytes_are_the_weights_and_the_held_keys_and_values
+        weights = 2 * ((6144 + 4096 + 28672 + 14336) * 4096 + 8192)
+        self.assertEqual(decode_step_peer.weight_bytes(), weights)
+        s = [s for s in decode_step_peer.SHAPES if s["b"] == 64][0]
+        self.assertEqual(decode_step_peer.bytes_moved(s), weights + 2 * 64 * 4096 * 1024 * 2)
+        self.assertEqual([s["b"] for s in decode_step_peer.SHAPES], [1, 8, 64])
+        self.assertEqual({s["s_kv"] for s in decode_step_peer.SHAPES}, {4096})
+        self.assertEqual([decode_step_peer.layout(w) for w in decode_step_peer.WAYS],
+                         ["llama3-8b-p16", "llama3-8b-p16+compile"])
+        rec = decode_step_peer.record(s, "eager", (2.0, 1.9, None))
+        self.assertEqual({k: rec[k] for k in ("op", "dtype", "m", "n", "k", "batch", "layout")},
+                         dict(op="decode_step", dtype="bf16", m=1, n=4096, k=4096, batch=64, layout="llama3-8b-p16"))
+        self.assertAlmostEqual(rec["tbps"], decode_step_peer.bytes_moved(s) / 2e-3 / 1e12)
+        self.assertEqual(decode_step_peer.record(s, "compile", (None, None, "E: x"))["error"], "E: x")
+
+    def test_usage_errors_exit_2(self):
+        for args, msg in (
+            (["--ways", "jit"], "unknown way 'jit'"),
+            (["--batch-sizes", "2"], "unknown batch-size '2'"),
+            (["--reps", "0"], "--reps needs at least 1"),
+        ):
+            p = subprocess.run([sys.executable, DECODE_STEP_PEER, *args], capture_output=True, text=True)
             self.assertEqual(p.returncode, 2, (args, p.stderr))
             self.assertIn(msg, p.stderr, args)
             self.assertEqual(p.stdout, "", args)

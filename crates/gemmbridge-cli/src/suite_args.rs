@@ -305,7 +305,7 @@ mod tests {
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
              conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fwd_bwd_fp8, attn_fp8_cast, grouped, \
              grouped_dx, grouped_dw, grouped_fp8, grouped_fp8_dx, grouped_fp8_dw, rmsnorm, rmsnorm_fwd_bwd, \
-             rope, swiglu, swiglu_bwd, layer_fwd, layer_fwd_bwd, decode_attn"
+             rope, swiglu, swiglu_bwd, layer_fwd, layer_fwd_bwd, decode_attn, decode_step"
         );
         assert_eq!(parse_ops("swiglu_bwd,rope,swiglu,rope", true).unwrap().layer, ["swiglu_bwd", "rope", "swiglu"]);
         assert!(parse_ops("rope", false).is_err(), "layer ops have nothing to tune");
@@ -313,5 +313,6 @@ mod tests {
         assert!(parse_ops("layer_fwd", false).is_err(), "the decoder layer is not tuned");
         assert_eq!(parse_ops("decode_attn", true).unwrap().decode, ["decode_attn"]);
         assert!(parse_ops("decode_attn", false).is_err(), "the paged decode is not tuned");
+        assert_eq!(parse_ops("decode_step,decode_attn", true).unwrap().decode, ["decode_step", "decode_attn"]);
     }
 }

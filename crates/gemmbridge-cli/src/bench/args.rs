@@ -77,7 +77,10 @@ pub struct Args {
     /// Paged decode attention (cuDNN's SDPA reading the keys and values through page tables,
     /// f16 and bf16, the shapes of bench/decode.json: one query row per sequence, b 1, 8, 64 at
     /// 4096 keys and a ragged batch of 64; GPU only; not run by default; its peer is
-    /// bench/decode_peer.py; rates in TB/s): decode_attn.
+    /// bench/decode_peer.py; rates in TB/s): decode_attn. The decode step (LLaMA-3-8B's layer on
+    /// one new token per sequence over that paged cache, bf16, b 1, 8, 64 at 4096 keys, one
+    /// captured CUDA graph per call; its peer is bench/decode_step_peer.py; TB/s of the weights
+    /// and the keys and values read): decode_step.
     #[arg(long, default_value = "matmul,linear,linear_bias,linear_bias_gelu,launch")]
     pub(super) ops: String,
     /// Decoder-layer rows: the token batches, BxS comma-separated (b sequences of s tokens).

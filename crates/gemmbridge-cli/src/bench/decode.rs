@@ -1,4 +1,5 @@
-//! The decode-attention rows of `gemmbridge bench` (`--ops decode_attn`), f16 and bf16, on
+//! The decode-attention rows of `gemmbridge bench` (`--ops decode_attn`; `decode_step` rows are
+//! `decode_step.rs`'s), f16 and bf16, on
 //! cuDNN's paged attention ([`Gpu::paged_decode`]): the shapes of `bench/decode.json` (the file
 //! `bench/decode_peer.py` reads too), one query row per sequence over keys and values read
 //! through page tables, device tables and lengths (as a server's captured step has them), the
@@ -18,8 +19,8 @@ use crate::random::normal;
 use crate::row::Row;
 use crate::timing;
 
-/// The decode-attention ops.
-pub const OPS: [&str; 1] = ["decode_attn"];
+/// The decode ops: attention alone, and the layer's whole step (`decode_step.rs`).
+pub const OPS: [&str; 2] = ["decode_attn", super::decode_step::OP];
 
 /// One shape of `bench/decode.json`.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -84,12 +85,19 @@ pub fn bench(
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
+    let (steps, ops): (Vec<String>, Vec<String>) = ops.iter().cloned().partition(|o| o == super::decode_step::OP);
+    if !steps.is_empty() {
+        rows.extend(super::decode_step::bench(gpu, dtypes, sampling, each)?);
+    }
+    if ops.is_empty() {
+        return Ok(rows);
+    }
     for (name, precision) in dtypes.iter().filter(|(_, p)| matches!(p.input(), DType::F16 | DType::BF16)) {
         for shape in shapes()? {
             let p = shape.problem(precision.input())?;
             let new = match p.cache.dtype {
-                DType::F16 => shape_rows::<half::f16>(gpu, &shape, &p, name, ops, sampling)?,
-                _ => shape_rows::<half::bf16>(gpu, &shape, &p, name, ops, sampling)?,
+                DType::F16 => shape_rows::<half::f16>(gpu, &shape, &p, name, &ops, sampling)?,
+                _ => shape_rows::<half::bf16>(gpu, &shape, &p, name, &ops, sampling)?,
             };
             for row in new {
                 each(&row)?;

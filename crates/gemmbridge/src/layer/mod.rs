@@ -3,7 +3,8 @@
 //! float64 forward and backward ([`mod@reference`], written from the sums below, for tests), and
 //! the problems a step is made of ([`LayerGemms`], [`DecoderLayer::norm_problem`],
 //! [`DecoderLayer::rope_problem`], [`DecoderLayer::swiglu_problem`],
-//! [`DecoderLayer::attention`]). The layer runs on the CPU backend as
+//! [`DecoderLayer::attention`]), and its decode step over a paged KV cache ([`DecodeStep`],
+//! [`decode_reference`]). The layer runs on the CPU backend as
 //! [`cpu::CpuDecoderLayer`] and on the GPU as `crate::cuda::layer::GpuDecoderLayer`.
 //!
 //! # The layer
@@ -49,6 +50,9 @@
 //! ran, ours (`ours.<name>`, F32), for the names `y`, `dx` and `d_<weight>`.
 
 pub mod cpu;
+mod decode;
+#[cfg(test)]
+mod decode_tests;
 mod math;
 mod problems;
 pub mod reference;
@@ -57,6 +61,7 @@ mod rope;
 mod tests;
 
 pub use crate::layer_ops::RopeStyle;
+pub use decode::{decode_reference, DecodeStep};
 pub use problems::{LayerGemms, LayerOptions, Proj};
 pub use rope::rope_angle;
 

@@ -171,13 +171,32 @@ pub fn forward(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64]) -> Result<Sa
 pub fn forward_with(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], proj: ProjFn<'_>) -> Result<Saved> {
     l.check_tokens(t)?;
     w.check(l)?;
-    let (n, d, f) = (t.count(), l.d_model, l.ffn);
+    let (n, d) = (t.count(), l.d_model);
     check_len("x has the wrong length", x.len(), n * d)?;
     let (h1, rstd1) = math::rms_norm(x, &w.w_norm1, d, l.eps);
     let mut qkv = proj(Proj::Qkv, &h1, &w.w_qkv, (n, l.qkv_width(), d));
     rope_all(l, t, &mut qkv, false);
     let (o, lse) = math::attention(&qkv, heads(l, t));
-    let o_proj = proj(Proj::O, &o, &w.w_o, (n, d, l.q_width()));
+    let Tail { x2, h2, rstd2, gate_up, act, y } = tail(l, w, (x, &o), proj);
+    Ok(Saved { y, h1, qkv, o, lse, x2, h2, gate_up, act, rstd1, rstd2 })
+}
+
+/// What follows attention in a forward: the O projection with the residual, norm 2, the
+/// gate/up projection, SwiGLU and the down projection with the residual.
+pub(super) struct Tail {
+    pub x2: Vec<f64>,
+    pub h2: Vec<f64>,
+    pub rstd2: Vec<f64>,
+    pub gate_up: Vec<f64>,
+    pub act: Vec<f64>,
+    pub y: Vec<f64>,
+}
+
+/// [`Tail`] from the layer's input `x[T, d]` and attention's output `o[T, h_q·hd]`.
+pub(super) fn tail(l: &DecoderLayer, w: &Weights, (x, o): (&[f64], &[f64]), proj: ProjFn<'_>) -> Tail {
+    let (d, f) = (l.d_model, l.ffn);
+    let n = x.len() / d;
+    let o_proj = proj(Proj::O, o, &w.w_o, (n, d, l.q_width()));
     let x2: Vec<f64> = x.iter().zip(&o_proj).map(|(a, b)| a + b).collect();
     let (h2, rstd2) = math::rms_norm(&x2, &w.w_norm2, d, l.eps);
     let gate_up = proj(Proj::GateUp, &h2, &w.w_gate_up, (n, 2 * f, d));
@@ -186,7 +205,7 @@ pub fn forward_with(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], proj: P
         .collect();
     let down = proj(Proj::Down, &act, &w.w_down, (n, d, f));
     let y = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
-    Ok(Saved { y, h1, qkv, o, lse, x2, h2, gate_up, act, rstd1, rstd2 })
+    Tail { x2, h2, rstd2, gate_up, act, y }
 }
 
 /// The backward from `dy[T, d]`, with the forward's `saved` on the same `x` and weights.

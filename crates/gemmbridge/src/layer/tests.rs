@@ -16,18 +16,18 @@ fn tiny() -> (DecoderLayer, Tokens) {
     )
 }
 
-fn rng() -> (StdRng, u64) {
+pub(super) fn rng() -> (StdRng, u64) {
     let seed: u64 = rand::random();
     eprintln!("seed {seed}");
     (StdRng::seed_from_u64(seed), seed)
 }
 
-fn normal(r: &mut StdRng, n: usize, scale: f64) -> Vec<f64> {
+pub(super) fn normal(r: &mut StdRng, n: usize, scale: f64) -> Vec<f64> {
     (0..n).map(|_| scale * r.sample::<f64, _>(StandardNormal)).collect()
 }
 
 /// Weights scaled as a trained layer's roughly are (norms near 1, projections ~1/√in).
-fn weights(l: &DecoderLayer, r: &mut StdRng) -> Weights {
+pub(super) fn weights(l: &DecoderLayer, r: &mut StdRng) -> Weights {
     let mut w = Weights::default();
     for which in LayerWeight::ALL {
         let [rows, cols] = l.weight_shape(which);

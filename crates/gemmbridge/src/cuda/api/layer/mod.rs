@@ -7,7 +7,8 @@
 //! own kernels ([`Gpu::rope`], [`Gpu::swiglu`], [`Gpu::swiglu_backward`]); optionally the four
 //! forward projections in FP8 ([`crate::layer::LayerOptions::fp8_forward`]). The state and buffers are here,
 //! the step in `forward.rs` and `backward.rs`, the RMSNorm, RoPE and SwiGLU calls in
-//! `steps.rs`, the FP8 projections in `fp8.rs`.
+//! `steps.rs`, the FP8 projections in `fp8.rs`. [`GpuDecodeStep`] (`decode.rs`) is the layer's
+//! decode step over a paged KV cache, made of the same calls.
 //!
 //! # What a step moves besides the GEMMs and attention
 //! Forward: the two norms (read `x`, write `h` and the f32 inverse RMS), RoPE in place on q and
@@ -18,11 +19,14 @@
 //! GEMM writes a sum with `dy` or `dx2` (each norm's backward comes last on its branch).
 
 mod backward;
+mod decode;
 mod forward;
 mod fp8;
 mod steps;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+
+pub use decode::GpuDecodeStep;
 
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::device::{Relaxed, RelaxedDrop};
@@ -66,6 +70,17 @@ impl<T> Params<T> {
             LayerWeight::Norm1 => &mut self.norm1,
             LayerWeight::Norm2 => &mut self.norm2,
         }
+    }
+
+    /// Every weight of `weights` (f64 on the host) rounded to `T` and copied to the device.
+    fn upload(gpu: &Gpu, weights: &Weights) -> Result<Params<T>>
+    where
+        T: Element + DeviceRepr,
+    {
+        Params::try_new(|w| {
+            let host: Vec<T> = weights.get(w).iter().map(|&v| T::from_f64(v)).collect();
+            gpu.stream().clone_htod(&host).map_err(status::driver("cuMemcpyHtoDAsync"))
+        })
     }
 
     /// Each weight made by `f(weight)`.
@@ -244,11 +259,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
         let gemms = layer.gemms(tokens, layer.precision())?;
         let s = gpu.stream();
         let _relaxed = Relaxed::enter()?;
-        let up = |w: LayerWeight| {
-            let host: Vec<T> = weights.get(w).iter().map(|&v| T::from_f64(v)).collect();
-            s.clone_htod(&host).map_err(status::driver("cuMemcpyHtoDAsync"))
-        };
-        let w = Params::try_new(up)?;
+        let w = Params::upload(gpu, weights)?;
         let fp8 = match options.fp8_forward {
             Some(scaling) => Some(fp8::Fp8State::new(gpu, &layer, tokens, &w, scaling)?),
             None => None,
