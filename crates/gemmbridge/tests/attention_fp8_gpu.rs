@@ -293,17 +293,30 @@ fn fp8_backward_is_within_the_recipes_error() {
         (c(2, (8, 8), (128, 128), AttnMask::None), Fp8Format::E5M2),
         (c(1, (8, 2), (192, 64), AttnMask::None), Fp8Format::E5M2),
     ];
-    // every case runs before the verdict, so that one failure does not hide the others
+    // every case runs before the verdict, so that one failure does not hide the others; on
+    // Hopper a causal mask is refused by name (cuDNN's FP8 backward is slower than bf16's there)
+    let hopper = gpu.info().unwrap().compute_capability.0 == 9;
     let mut over = Vec::new();
     for (case, grad) in &cases {
-        over.extend(
-            check_backward(&gpu, case, *grad, &mut rng).unwrap_or_else(|e| panic!("{}: {e}", case.p.describe())),
-        );
+        match check_backward(&gpu, case, *grad, &mut rng) {
+            Err(Error::Unsupported { what, .. }) if hopper && case.p.mask == AttnMask::Causal => {
+                assert!(what.contains("causal mask on Hopper"), "{what}");
+            }
+            r => over.extend(r.unwrap_or_else(|e| panic!("{}: {e}", case.p.describe()))),
+        }
     }
     match check_backward(&gpu, &varlen, Fp8Format::E5M2, &mut rng) {
         Ok(v) => over.extend(v),
         Err(Error::Unsupported { what, .. }) => eprintln!("padded lengths not offered: {what}"),
         Err(e) => panic!("{}: {e}", varlen.p.describe()),
+    }
+    // the padded batch unmasked too (Hopper refuses it causal)
+    let mut open = c(3, (8, 2), (128, 128), AttnMask::None);
+    (open.p, open.lens) = (open.p.with_var_len(true), varlen.lens.clone());
+    match check_backward(&gpu, &open, Fp8Format::E5M2, &mut rng) {
+        Ok(v) => over.extend(v),
+        Err(Error::Unsupported { what, .. }) => eprintln!("padded lengths not offered: {what}"),
+        Err(e) => panic!("{}: {e}", open.p.describe()),
     }
     assert!(over.is_empty(), "{}", over.join("\n"));
     // refused by name, nothing written: query rows or keys not multiples of 64, E4M3 gradients
@@ -311,7 +324,7 @@ fn fp8_backward_is_within_the_recipes_error() {
         (c(2, (8, 2), (7, 7), AttnMask::None), Fp8Format::E5M2, "7 query rows and 7 keys"),
         (c(1, (8, 2), (100, 65), AttnMask::None), Fp8Format::E5M2, "100 query rows and 65 keys"),
         (c(2, (8, 2), (128, 129), AttnMask::Causal), Fp8Format::E5M2, "128 query rows and 129 keys"),
-        (c(2, (8, 2), (128, 128), AttnMask::Causal), Fp8Format::E4M3, "E5M2"),
+        (c(2, (8, 2), (128, 128), AttnMask::None), Fp8Format::E4M3, "E5M2"),
     ] {
         match check_backward(&gpu, &case, grad, &mut rng) {
             Err(Error::Unsupported { what, .. }) => assert!(what.contains(word), "{what}"),

@@ -6,8 +6,8 @@
 //! backward, as PyTorch's and FlashAttention's benchmarks do. Decoding shapes (one query row)
 //! get no attn_fwd_bwd or attn_fwd_bwd_fp8 row. The FP8 rows (`attn_fwd_fp8`,
 //! `attn_fwd_bwd_fp8`, `attn_fp8_cast`) have no peer: PyTorch offers no FP8 attention; they read
-//! against the bf16/f16 rows of the same run. A row cuDNN's FP8 backward does not offer (on
-//! Hopper every head dimension but 128, the bottom-right causal mask) is skipped, named.
+//! against the bf16/f16 rows of the same run. A row the FP8 backward does not take (on Hopper
+//! every head dimension but 128, and any causal mask) is skipped, named.
 
 use anyhow::bail;
 use std::sync::Arc;
