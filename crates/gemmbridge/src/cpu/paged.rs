@@ -13,8 +13,8 @@ use crate::paged::{HostIndex, PagedAppend};
 ///
 /// # Errors
 /// Before anything is written: [`Error::PagedCache`] ([`PagedAppend::validate`],
-/// [`PagedAppend::check_index`]: the tables, the lengths, the counts, two places writing one
-/// page); [`Error::DTypeMismatch`] for `T` other than the cache's element type;
+/// [`PagedAppend::check_index`]: the tables, the lengths, the counts, a page written that
+/// another sequence holds or a row naming one page twice); [`Error::DTypeMismatch`] for `T` other than the cache's element type;
 /// [`Error::BufferTooSmall`] for a source below [`PagedAppend::source_elems`] or a container
 /// below [`crate::paged::PagedCache::container_elems`].
 pub fn paged_append<T: Element>(

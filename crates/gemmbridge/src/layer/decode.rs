@@ -82,8 +82,8 @@ impl DecodeStep {
     }
 
     /// Checks a step's host tables and held lengths: as [`PagedAppend::check_index`] (entries
-    /// within the container, `held[n] + 1` within the table's capacity, no page written from
-    /// two places), and every position below RoPE's [`MAX_POSITION`].
+    /// within the container, `held[n] + 1` within the table's capacity, no page written that
+    /// another sequence holds, no page twice among one sequence's live entries), and every position below RoPE's [`MAX_POSITION`].
     ///
     /// # Errors
     /// [`Error::PagedCache`] naming the rule, the sequence and the values.

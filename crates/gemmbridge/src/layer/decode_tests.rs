@@ -95,6 +95,15 @@ fn a_cache_unlike_the_layer_and_bad_tables_are_named() {
     assert!(matches!(e, Error::PagedCache { what: "a length is past its table's pages", .. }), "{e}");
     let e = st.check_index(&[0, 1, 0, 3], &[3, 5]).unwrap_err();
     assert!(e.to_string().contains("write one page"), "{e}");
+    // sequence 1 writes page 1 (its position 16) where sequence 0 holds its positions 0..16;
+    // and a row naming one page twice among its live entries
+    let e = st.check_index(&[1, 2, 0, 1], &[16, 16]).unwrap_err();
+    assert!(
+        matches!(e, Error::PagedCache { what: "a page written here holds live positions of another sequence", .. }),
+        "{e}"
+    );
+    let e = st.check_index(&[4, 4, 0, 1], &[16, 3]).unwrap_err();
+    assert!(e.to_string().contains("table[0, 0] = table[0, 1] = 4"), "{e}");
     let e = st.check_index(&[0, 1, 2, 8], &[3, 5]).unwrap_err();
     assert!(e.to_string().contains("table[1, 1] = 8"), "{e}");
     let e = st.check_index(&tables, &[3]).unwrap_err();

@@ -127,13 +127,22 @@ impl PagedAppend {
     /// Checks a call's host tables and lengths against the problem (which passed
     /// [`PagedAppend::validate`]): the table ([`PagedCache::check_tables`]); one length per
     /// sequence, none negative; one count per sequence in `0..=seq`; `lens[n] + new_lens[n]`
-    /// within the table's capacity; and no page written from two places — two sequences, or two
-    /// entries of one sequence's row, whose appended positions fall on one page (the writes would
-    /// race and one sequence would read the other's keys). Pages only read (a shared prefix)
-    /// are not restricted.
+    /// within the table's capacity; and no live position on two places — a sequence's *live
+    /// entries* are those holding its positions after the call, `0..⌈(lens[n] + new_lens[n]) /
+    /// page_size⌉`:
+    /// - no page twice among one sequence's live entries (two of its positions would share a
+    ///   slot);
+    /// - no page the call writes among another sequence's live entries, written by both (the
+    ///   writes would race) or held by the other (its keys would be overwritten).
+    ///
+    /// Pages no call writes may be held by several sequences (a common prefix, read-only: a
+    /// sequence that goes on from a shared page whose last slots are free copies it to a page
+    /// of its own first). Entries past a sequence's live ones are not restricted. The cost is
+    /// a sort of the live entries on the host, `O(P log P)` for `P = Σ ⌈lens[n] / page_size⌉`.
     ///
     /// # Errors
-    /// [`crate::Error::PagedCache`] naming the rule, the sequence, the entry and the values.
+    /// [`crate::Error::PagedCache`] naming the rule, the sequences, the entries, the page and
+    /// the positions; nothing is written by any call that checks first.
     pub fn check_index(&self, index: &HostIndex) -> Result<()> {
         let c = &self.cache;
         c.check_tables(index.tables)?;
@@ -168,32 +177,53 @@ impl PagedAppend {
                 );
             }
         }
-        self.check_writes(index)
+        self.check_pages(index)
     }
 
-    /// No page is written from two table entries (of one sequence or two).
-    fn check_writes(&self, index: &HostIndex) -> Result<()> {
+    /// The pages each sequence holds after the call and the pages the call writes: no page twice
+    /// in one row's live entries, and no page written that another row's live entries hold.
+    fn check_pages(&self, index: &HostIndex) -> Result<()> {
         let c = &self.cache;
-        let mut written: Vec<(i32, usize, usize)> = Vec::new();
+        // (page, sequence, entry, written) for every live entry: entries 0..⌈(len + new)/page_size⌉
+        let mut live: Vec<(i32, usize, usize, bool)> = Vec::new();
         for n in 0..c.batch {
             let (len, new) = (index.lens[n] as usize, self.new_rows(index, n));
-            if new == 0 {
-                continue;
-            }
-            for j in len / c.page_size..=(len + new - 1) / c.page_size {
-                written.push((index.tables[n * c.table_width + j], n, j));
+            for j in 0..(len + new).div_ceil(c.page_size) {
+                live.push((index.tables[n * c.table_width + j], n, j, new > 0 && j >= len / c.page_size));
             }
         }
-        written.sort_unstable();
-        match written.windows(2).find(|w| w[0].0 == w[1].0) {
-            None => Ok(()),
-            Some(w) => {
-                let ((page, n1, j1), (_, n2, j2)) = (w[0], w[1]);
-                bad(
-                    "two sequences (or two entries of one) write one page in one append",
-                    format!("table[{n1}, {j1}] = table[{n2}, {j2}] = {page}, both written ({})", self.describe()),
-                )
+        live.sort_unstable();
+        let held = |n: usize, j: usize| {
+            let end = (index.lens[n] as usize + self.new_rows(index, n)).min((j + 1) * c.page_size);
+            format!("positions {}..{end}", j * c.page_size)
+        };
+        for group in live.chunk_by(|a, b| a.0 == b.0) {
+            let page = group[0].0;
+            if let Some(w) = group.windows(2).find(|w| w[0].1 == w[1].1) {
+                let ((_, n, j1, _), (_, _, j2, _)) = (w[0], w[1]);
+                return bad(
+                    "a sequence's table row holds one page twice among its live entries",
+                    format!(
+                        "table[{n}, {j1}] = table[{n}, {j2}] = {page}, {} and {} ({})",
+                        held(n, j1),
+                        held(n, j2),
+                        self.describe()
+                    ),
+                );
             }
+            let Some(&(_, n1, j1, _)) = group.iter().find(|e| e.3) else { continue };
+            let Some(&(_, n2, j2, w2)) = group.iter().find(|e| e.1 != n1) else { continue };
+            let detail = format!(
+                "table[{n1}, {j1}] = table[{n2}, {j2}] = {page}: sequence {n1} writes it, sequence {n2} holds {} ({})",
+                held(n2, j2),
+                self.describe()
+            );
+            return if w2 {
+                bad("two sequences write one page in one append", detail)
+            } else {
+                bad("a page written here holds live positions of another sequence", detail)
+            };
         }
+        Ok(())
     }
 }

@@ -18,8 +18,10 @@
 //! `table[n, p / page_size]`. Every entry of a table lies in `0..pages`, those past a
 //! sequence's last page too (cuDNN's paged load may read any entry within the table's width;
 //! fill unused entries with any page, 0 for instance), and `lens[n] ≤ table_width·page_size`.
-//! Sequences may share pages they only read (a common prefix); an append never writes one page
-//! from two places.
+//! Sequences may share pages no append writes (a common prefix, read-only); an append is
+//! refused when a page it writes holds live positions of another sequence, or when one
+//! sequence's live entries name a page twice ([`PagedAppend::check_index`]). Tables on the
+//! device are not read by the host: there these rules are the caller's.
 //!
 //! # Why the table width is bucketed
 //! A cuDNN execution plan for paged attention is built for one batch size, one table width and

@@ -162,13 +162,13 @@ fn bad_appends_are_named_and_write_nothing() {
     // sequence 1's second page is sequence 0's first, and both are written
     let shared = [0, 1, 2, 3, 4, 0, 6, 7];
     let e = call(HostIndex { tables: &shared, lens: &[0, 10], new_lens: None }, &op);
-    assert_eq!(rule(Err(e.clone())), "two sequences (or two entries of one) write one page in one append");
+    assert_eq!(rule(Err(e.clone())), "two sequences write one page in one append");
     assert!(e.to_string().contains("table[0, 0] = table[1, 1] = 0"), "{e}");
     // one sequence's two written entries on one page
     let twice = [5, 5, 2, 3, 4, 1, 6, 7];
-    assert!(
-        rule(Err(call(HostIndex { tables: &twice, lens: &[10, 0], new_lens: None }, &op))).contains("write one page")
-    );
+    let e = call(HostIndex { tables: &twice, lens: &[10, 0], new_lens: None }, &op);
+    assert_eq!(rule(Err(e.clone())), "a sequence's table row holds one page twice among its live entries");
+    assert!(e.to_string().contains("table[0, 0] = table[0, 1] = 5, positions 0..16 and positions 16..30"), "{e}");
     // read-only sharing (a common prefix) is allowed: sequence 1 reads page 0, writes page 6
     let prefix = [0, 1, 2, 3, 0, 6, 2, 3];
     let (mut kc, mut vc) = poisoned(&c);
@@ -190,6 +190,48 @@ fn bad_appends_are_named_and_write_nothing() {
     assert_eq!(rule(PagedAppend::prefill(c, 0).validate()), "the rows per sequence are not from 1 to 2³¹ − 1");
     assert_eq!(rule(op.with_ld(127).validate()), "the sources' leading dimension is less than a token's heads");
     assert!(kc.iter().chain(&vc).all(|x| x.is_nan()));
+}
+
+#[test]
+fn an_append_into_a_page_another_sequence_holds_or_its_own_row_repeats_is_refused() {
+    let mut r = rng();
+    let op = PagedAppend::decode(cache(8, 16, 2, 8, (2, 4)));
+    let (k, v) = (values(&mut r, op.source_elems()), values(&mut r, op.source_elems()));
+    let call = |tables: &[i32], lens: &[i32], new_lens: Option<&[i32]>| {
+        let (mut kc, mut vc) = poisoned(&op.cache);
+        let r = cpu::paged_append(&op, (&k, &v), (&mut kc, &mut vc), &HostIndex { tables, lens, new_lens });
+        assert!(r.is_err() || kc.iter().any(|x| !x.is_nan()), "accepted and wrote nothing");
+        if r.is_err() {
+            assert!(kc.iter().chain(&vc).all(|x| x.is_nan()), "written before {r:?}");
+        }
+        r
+    };
+    // sequence 0 (16 held) appends position 16 on page 0, slot 0; sequence 1 (20 held) holds its
+    // positions 0..16 on page 0 and appends on page 3
+    let tables = [5, 0, 0, 0, 0, 3, 0, 0];
+    for new_lens in [None, Some(&[1, 0][..])] {
+        let e = call(&tables, &[16, 20], new_lens).unwrap_err();
+        assert_eq!(rule(Err(e.clone())), "a page written here holds live positions of another sequence");
+        let text = e.to_string();
+        assert!(
+            text.contains("table[0, 1] = table[1, 0] = 0: sequence 0 writes it, sequence 1 holds positions 0..16"),
+            "{text}"
+        );
+    }
+    // sequence 1 appends nothing, holding 3 positions on page 0: still its live keys
+    assert!(call(&tables, &[16, 3], Some(&[1, 0])).is_err());
+    // sequence 1 holds nothing: its entries are not live, page 0 is sequence 0's to write
+    call(&tables, &[16, 0], Some(&[1, 0])).unwrap();
+    // one sequence: position 16 would land on page 5 slot 0, its own position 0
+    let e = call(&[5, 5, 0, 0, 1, 2, 0, 0], &[16, 3], None).unwrap_err();
+    assert_eq!(rule(Err(e)), "a sequence's table row holds one page twice among its live entries");
+    // a row repeating a page it does not write is refused too (two positions on one slot)
+    let e = call(&[5, 5, 6, 0, 1, 2, 0, 0], &[20, 3], Some(&[0, 1])).unwrap_err();
+    assert_eq!(rule(Err(e)), "a sequence's table row holds one page twice among its live entries");
+    // pages past the live entries may repeat and be anyone's (the table's padding)
+    call(&[5, 6, 6, 6, 1, 2, 6, 6], &[16, 3], None).unwrap();
+    // a full shared prefix page, read by both, each writing its own page: allowed
+    call(&[4, 5, 0, 0, 4, 6, 0, 0], &[16, 16], None).unwrap();
 }
 
 /// Per-sequence keys `[len, h_kv, d]` (one contiguous block per sequence), as f64.

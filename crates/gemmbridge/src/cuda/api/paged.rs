@@ -36,7 +36,8 @@ pub(super) enum Index<'a> {
 impl<'a> PageIndex<'a> {
     /// Tables and lengths on the host: checked against the problem
     /// ([`PagedAppend::check_index`]: entries within the container, lengths within the tables,
-    /// no page written from two places; [`PagedDecode::check_index`](crate::paged::PagedDecode::check_index) for a decode) before
+    /// no page written that another sequence's live entries hold or named twice in one row's;
+    /// [`PagedDecode::check_index`](crate::paged::PagedDecode::check_index) for a decode) before
     /// anything is enqueued, then copied in stream
     /// order into the stream's staging region (pageable copies the driver stages before
     /// returning; at most 1 MiB together: [`Error::Unsupported`] beyond). Such a call cannot be
@@ -58,8 +59,8 @@ impl<'a> PageIndex<'a> {
     /// to the table's capacity). The append's kernel never writes outside the containers
     /// whatever they are (a row whose position falls past the table, or whose entry falls
     /// outside `0..pages`, is skipped, and a count is never taken past `seq`), but two places
-    /// writing one page race, and rows written where the tables did not mean them overwrite
-    /// other sequences' keys and values. cuDNN's paged load has no such guard: an entry or a
+    /// writing one page race, and rows written into a page another sequence holds (or one
+    /// sequence's row naming a page twice) overwrite live keys and values. cuDNN's paged load has no such guard: an entry or a
     /// length out of range makes it read outside the containers.
     pub unsafe fn device(
         tables: &'a dyn DevicePtr<i32>,
