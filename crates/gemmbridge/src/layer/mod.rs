@@ -204,7 +204,8 @@ impl DecoderLayer {
     /// [`Error::DecoderShape`] naming the rule: a size is zero; the query heads are not a
     /// multiple of the key/value heads; the head dimension is odd or above
     /// [`MAX_HEAD_DIM`] (cuDNN's attention engines); ε not finite and positive; θ not finite
-    /// and at least 1; a dtype other than f16 and bf16; a weight's element count past `usize`.
+    /// and at least 1; a dtype other than f16 and bf16; the six weights' bytes past `isize::MAX`
+    /// (every product checked, so no size panics or wraps).
     pub fn validate(&self) -> Result<()> {
         let bad = |what: &'static str| Err(Error::DecoderShape { what, detail: self.describe() });
         let sizes = [self.d_model, self.heads_q, self.heads_kv, self.head_dim, self.ffn];
@@ -229,12 +230,35 @@ impl DecoderLayer {
         if !matches!(self.dtype, DType::BF16 | DType::F16) {
             return bad("the dtype is neither bf16 nor f16");
         }
-        let widest = (self.heads_q + 2 * self.heads_kv).checked_mul(self.head_dim);
-        let counts = [widest.and_then(|w| w.checked_mul(self.d_model)), self.ffn.checked_mul(2 * self.d_model)];
-        if counts.iter().any(Option::is_none) {
-            return bad("a weight's element count overflows usize");
+        if self.checked_weight_bytes().is_none_or(|b| b > isize::MAX as usize) {
+            return Err(Error::DecoderShape {
+                what: "the weights' bytes overflow (more than isize::MAX)",
+                detail: format!(
+                    "{:.4e} elements of {} bytes ({})",
+                    self.weight_elems_f64(),
+                    self.dtype.size_bytes(),
+                    self.describe()
+                ),
+            });
         }
         Ok(())
+    }
+
+    /// The bytes of all six weights, `None` where a product or the sum overflows `usize`.
+    fn checked_weight_bytes(&self) -> Option<usize> {
+        let (hd, d) = (self.head_dim, self.d_model);
+        let qkv = self.heads_kv.checked_mul(2)?.checked_add(self.heads_q)?.checked_mul(hd)?.checked_mul(d)?;
+        let o = self.heads_q.checked_mul(hd)?.checked_mul(d)?;
+        let ffn = self.ffn.checked_mul(3)?.checked_mul(d)?; // gate, up and down
+        let norms = d.checked_mul(2)?;
+        qkv.checked_add(o)?.checked_add(ffn)?.checked_add(norms)?.checked_mul(self.dtype.size_bytes())
+    }
+
+    /// The element count of all six weights, in f64 (exact up to 2⁵³; for messages).
+    fn weight_elems_f64(&self) -> f64 {
+        let [hq, hkv, hd, d, ffn] =
+            [self.heads_q, self.heads_kv, self.head_dim, self.d_model, self.ffn].map(|x| x as f64);
+        (hq + 2.0 * hkv) * hd * d + hq * hd * d + 3.0 * ffn * d + 2.0 * d
     }
 
     /// The layer's rules and the tokens': `b` and `s` positive, and every activation's element
@@ -277,41 +301,50 @@ impl DecoderLayer {
         }
     }
 
-    /// The width of q's heads, `h_q·hd` (also o's).
+    // The size helpers below saturate at `usize::MAX` rather than panic (debug) or wrap
+    // (release): exact for every layer that passes `validate` (whose weights' bytes fit
+    // `isize::MAX`), and on one it refuses a saturated size is never mistaken for a small one.
+
+    /// The width of q's heads, `h_q·hd` (also o's). Saturating: exact for a layer that passes
+    /// [`DecoderLayer::validate`].
     pub const fn q_width(&self) -> usize {
-        self.heads_q * self.head_dim
+        self.heads_q.saturating_mul(self.head_dim)
     }
 
-    /// The width of k's heads (and of v's), `h_kv·hd`.
+    /// The width of k's heads (and of v's), `h_kv·hd`. Saturating, as [`DecoderLayer::q_width`].
     pub const fn kv_width(&self) -> usize {
-        self.heads_kv * self.head_dim
+        self.heads_kv.saturating_mul(self.head_dim)
     }
 
-    /// The fused projection's output width `(h_q + 2·h_kv)·hd`: one row of `qkv`.
+    /// The fused projection's output width `(h_q + 2·h_kv)·hd`: one row of `qkv`. Saturating,
+    /// as [`DecoderLayer::q_width`].
     pub const fn qkv_width(&self) -> usize {
-        self.q_width() + 2 * self.kv_width()
+        self.q_width().saturating_add(self.kv_width().saturating_mul(2))
     }
 
     /// Where q, k and v start in a row of `qkv`, in elements: `0`, `h_q·hd`, `(h_q + h_kv)·hd`.
+    /// Saturating, as [`DecoderLayer::q_width`].
     pub const fn qkv_offsets(&self) -> [usize; 3] {
-        [0, self.q_width(), self.q_width() + self.kv_width()]
+        [0, self.q_width(), self.q_width().saturating_add(self.kv_width())]
     }
 
-    /// A weight's `[rows, cols]`.
+    /// A weight's `[rows, cols]`. Saturating, as [`DecoderLayer::q_width`].
     pub const fn weight_shape(&self, w: LayerWeight) -> [usize; 2] {
         match w {
             LayerWeight::Qkv => [self.qkv_width(), self.d_model],
             LayerWeight::O => [self.d_model, self.q_width()],
-            LayerWeight::GateUp => [2 * self.ffn, self.d_model],
+            LayerWeight::GateUp => [self.ffn.saturating_mul(2), self.d_model],
             LayerWeight::Down => [self.d_model, self.ffn],
             LayerWeight::Norm1 | LayerWeight::Norm2 => [1, self.d_model],
         }
     }
 
-    /// A weight's element count.
+    /// A weight's element count. Saturating: exact for a layer that passes
+    /// [`DecoderLayer::validate`] (which also keeps the sum over the six weights, in bytes,
+    /// within `isize::MAX`); `usize::MAX` where the product overflows.
     pub const fn weight_len(&self, w: LayerWeight) -> usize {
         let [r, c] = self.weight_shape(w);
-        r * c
+        r.saturating_mul(c)
     }
 
     /// The attention of `t` tokens: causal, `h_q`/`h_kv` heads of `hd`, scale `1/√hd`, in
@@ -330,13 +363,11 @@ impl DecoderLayer {
     /// Floating-point operations of one forward on `t` (`backward`: forward and backward), as
     /// the benchmark counts them: 2 per multiply-add of the four projections (×3 with the
     /// backward: dX and dW), and attention's [`Attention::forward_flops`] (×3.5 with the
-    /// backward); norms, RoPE and SwiGLU are not counted.
+    /// backward); norms, RoPE and SwiGLU are not counted. Counted in f64 from the sizes (no
+    /// integer product, so no overflow on any sizes; exact while the counts stay below 2⁵³).
     pub fn flops(&self, t: Tokens, backward: bool) -> f64 {
-        let weights: usize = [LayerWeight::Qkv, LayerWeight::O, LayerWeight::GateUp, LayerWeight::Down]
-            .map(|w| self.weight_len(w))
-            .iter()
-            .sum();
-        let gemm = 2.0 * t.count() as f64 * weights as f64;
+        let weights = self.weight_elems_f64() - 2.0 * self.d_model as f64; // the norms are not GEMMs
+        let gemm = 2.0 * t.b as f64 * t.s as f64 * weights;
         let attn = self.attention(t).forward_flops();
         if backward {
             3.0 * gemm + 3.5 * attn

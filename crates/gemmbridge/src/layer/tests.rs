@@ -157,7 +157,22 @@ fn the_rules_are_named_errors() {
     assert_eq!(what(ok.with_eps(f64::NAN)), "RMSNorm's eps is not finite and positive");
     assert_eq!(what(ok.with_rope(0.5, RopeStyle::RotateHalf)), "RoPE's theta is not finite and at least 1");
     assert_eq!(what(DecoderLayer { dtype: DType::F32, ..ok }), "the dtype is neither bf16 nor f16");
-    assert_eq!(what(DecoderLayer { ffn: usize::MAX / 4, ..ok }), "a weight's element count overflows usize");
+    let over = "the weights' bytes overflow (more than isize::MAX)";
+    assert_eq!(what(DecoderLayer { ffn: usize::MAX / 4, ..ok }), over);
+    // sizes whose first doubling overflows: a named error, no arithmetic panic
+    assert_eq!(what(DecoderLayer { d_model: 1 << 63, ..ok }), over);
+    assert_eq!(what(DecoderLayer::new(8, (1 << 63, 1 << 63), 2, 8, DType::BF16)), over);
+    assert_eq!(what(DecoderLayer { ffn: usize::MAX, ..ok }), over);
+    // every product fits usize but the bytes pass isize::MAX: refused too
+    let e = DecoderLayer { ffn: 1 << 41, d_model: 1 << 20, ..ok }.validate().unwrap_err();
+    assert!(e.to_string().contains("elements of 2 bytes"), "{e}");
+    // the size helpers saturate instead of panicking or wrapping on a refused layer
+    let huge = DecoderLayer { d_model: 1 << 62, ffn: 1 << 62, ..ok };
+    assert_eq!(huge.weight_len(LayerWeight::GateUp), usize::MAX);
+    let wide = DecoderLayer::new(8, (1 << 63, 1 << 63), 2, 8, DType::BF16);
+    assert_eq!((wide.qkv_width(), wide.qkv_offsets()[2]), (usize::MAX, usize::MAX));
+    let f = huge.flops(Tokens { b: 1, s: 1 }, true);
+    assert!(f.is_finite() && f > 1e37, "{f}");
     let e = ok.check_tokens(Tokens { b: 0, s: 8 }).unwrap_err();
     assert!(matches!(e, Error::DecoderShape { what: "no tokens (b or s is zero)", .. }), "{e}");
     let (l, t) = tiny();
