@@ -103,5 +103,6 @@ fn accumulation_order_and_bad_input() {
     let e = layer.forward(&x[..n - 1], true).unwrap_err();
     assert!(matches!(e, Error::DecoderShape { .. }), "{e}");
     let e = CpuDecoderLayer::<f16>::new(l, t, &w).unwrap_err();
-    assert!(matches!(e, Error::DTypeMismatch { .. }), "{e}");
+    assert!(matches!(e, Error::DTypeMismatch { expected: DType::BF16, got: DType::F16, .. }), "{e}");
+    assert_eq!(e.to_string(), "decoder layer's element type T holds f16 elements but the problem needs bf16");
 }

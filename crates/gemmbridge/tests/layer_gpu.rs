@@ -20,7 +20,7 @@ use gemmbridge::half::{bf16, f16};
 use gemmbridge::layer::reference::{Grads, Weights};
 use gemmbridge::layer::{DecoderLayer, LayerOptions, LayerWeight, RopeStyle, Tokens};
 use gemmbridge::train::GradMode;
-use gemmbridge::{DType, Element, Error};
+use gemmbridge::{DType, Element, Error, Which};
 
 /// The capture test takes this exclusively, the others share it (another thread's first launch
 /// or module load invalidates a capture).
@@ -145,7 +145,7 @@ fn the_layer_is_built_and_keeps_its_order_rules() {
     let e = layer.backward(&gpu, &x, &short).unwrap_err();
     assert!(matches!(e, Error::DecoderShape { .. }), "{e}");
     let e = GpuDecoderLayer::<f16>::new(&gpu, l, t, &w).unwrap_err();
-    assert!(matches!(e, Error::DTypeMismatch { .. }), "{e}");
+    assert!(matches!(e, Error::DTypeMismatch { operand: Which::Decoder("element type T"), .. }), "{e}");
     let opts = LayerOptions { fp8_forward: Some(Scaling::Block128x128) };
     let e = GpuDecoderLayer::<bf16>::with_options(&gpu, (l, t), &w, opts).unwrap_err();
     assert!(matches!(e, Error::Fp8 { .. }), "{e}");

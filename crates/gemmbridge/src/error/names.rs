@@ -62,6 +62,9 @@ pub enum Which {
     /// A buffer of a paged KV cache's call, by name ([`crate::paged`]: `k cache`, `v cache`,
     /// `new k`, `new v`, `page table`, `lengths`, `new lengths`).
     Paged(&'static str),
+    /// A decoder layer's buffers as a whole, by name ([`crate::layer`]: `element type T`, the
+    /// type its weights and activations are held in, which must be the layer's dtype).
+    Decoder(&'static str),
 }
 
 impl std::fmt::Display for Which {
@@ -71,6 +74,7 @@ impl std::fmt::Display for Which {
             Which::Norm(name) => return write!(f, "RMSNorm's {name}"),
             Which::LayerOp(name) => return write!(f, "{name}"),
             Which::Paged(name) => return write!(f, "paged cache's {name}"),
+            Which::Decoder(name) => return write!(f, "decoder layer's {name}"),
             Which::A => "A",
             Which::B => "B",
             Which::C => "C",

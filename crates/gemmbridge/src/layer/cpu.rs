@@ -126,7 +126,11 @@ impl<T: Element> CpuDecoderLayer<T> {
         layer.check_tokens(tokens)?;
         weights.check(&layer)?;
         if T::DTYPE != layer.dtype {
-            return Err(Error::DTypeMismatch { operand: Which::A, expected: layer.dtype, got: T::DTYPE });
+            return Err(Error::DTypeMismatch {
+                operand: Which::Decoder("element type T"),
+                expected: layer.dtype,
+                got: T::DTYPE,
+            });
         }
         let (n, d, f, wq) = (tokens.count(), layer.d_model, layer.ffn, layer.qkv_width());
         let z = |k: usize| vec![T::from_f32(0.0); k];

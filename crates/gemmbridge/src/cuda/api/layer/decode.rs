@@ -120,7 +120,11 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
         step.validate()?;
         weights.check(&step.layer)?;
         if T::DTYPE != step.layer.dtype {
-            return Err(Error::DTypeMismatch { operand: Which::A, expected: step.layer.dtype, got: T::DTYPE });
+            return Err(Error::DTypeMismatch {
+                operand: Which::Decoder("element type T"),
+                expected: step.layer.dtype,
+                got: T::DTYPE,
+            });
         }
         let (l, c, b) = (step.layer, step.cache, step.cache.batch);
         let gemms = l.gemms(step.tokens(), l.precision())?;

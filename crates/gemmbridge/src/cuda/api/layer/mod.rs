@@ -254,7 +254,11 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
         layer.check_tokens(tokens)?;
         weights.check(&layer)?;
         if T::DTYPE != layer.dtype {
-            return Err(Error::DTypeMismatch { operand: Which::A, expected: layer.dtype, got: T::DTYPE });
+            return Err(Error::DTypeMismatch {
+                operand: Which::Decoder("element type T"),
+                expected: layer.dtype,
+                got: T::DTYPE,
+            });
         }
         let gemms = layer.gemms(tokens, layer.precision())?;
         let s = gpu.stream();
