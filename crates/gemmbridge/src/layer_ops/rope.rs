@@ -15,6 +15,9 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+/// The widest element RoPE takes (f32): [`Rope::validate`] bounds the buffer's bytes with it.
+const MAX_ELEM_BYTES: usize = 4;
+
 impl RopeStyle {
     /// `rotate-half` or `interleaved`.
     pub const fn name(self) -> &'static str {
@@ -241,7 +244,9 @@ impl Rope {
 
     /// Checks every rule of the problem (nothing is launched):
     /// - at least one query and one key/value head; every size, head count and `ld` at most
-    ///   [`MAX_SIZE`], and the buffer's extent addressable;
+    ///   [`MAX_SIZE`], and the buffer's extent `(b·s − 1)·ld + width` addressable: at most
+    ///   `isize::MAX` bytes of the widest element RoPE takes (f32, 4 bytes), so every count
+    ///   below ([`Rope::qkv_elems`] and its bytes) is exact;
     /// - `rotary_dim` even, `2 ≤ rotary_dim ≤ head_dim`, at most [`MAX_ROTARY_DIM`];
     /// - `ld ≥ width`;
     /// - θ finite and at least 1 (so every `inv_freq_i ≤ 1`); LLaMA 3's scaling with a finite
@@ -290,8 +295,23 @@ impl Rope {
                 format!("ld = {}, (h_q + 2·h_kv)·d = {} ({})", self.ld, self.width(), d()),
             );
         }
-        if self.tokens() > 0 && self.qkv_elems() == usize::MAX {
-            return bad(op, "the buffer's extent overflows", d());
+        // every factor is at most MAX_SIZE here, so b·s and the detail's numbers are exact
+        let extent = match self.tokens() {
+            0 => Some(0),
+            t => (t - 1).checked_mul(self.ld).and_then(|x| x.checked_add(self.width())),
+        };
+        if extent.is_none_or(|e| e.checked_mul(MAX_ELEM_BYTES).is_none_or(|b| b > isize::MAX as usize)) {
+            return bad(
+                op,
+                "the buffer's extent is not addressable (more than isize::MAX bytes of 4-byte elements)",
+                format!(
+                    "(b·s − 1)·ld + width = ({} − 1)·{} + {} elements ({})",
+                    self.tokens(),
+                    self.ld,
+                    self.width(),
+                    d()
+                ),
+            );
         }
         self.validate_angles()
     }

@@ -59,6 +59,25 @@ fn rope_rules_are_named_errors() {
 }
 
 #[test]
+fn a_rope_buffer_past_isize_max_is_refused_with_exact_numbers() {
+    // 2³¹ − 1 sequences of 2³⁰ tokens, rows of 6 elements: about 1.4·10¹⁹ elements
+    let huge = Rope::new(i32::MAX as usize, 1 << 30, (1, 1), 2);
+    let e = huge.validate().unwrap_err();
+    let text = e.to_string();
+    assert!(what(e).contains("not addressable"), "{text}");
+    assert!(text.contains(&format!("({} − 1)·6 + 6 elements", (i32::MAX as usize) << 30)), "{text}");
+    assert!(!text.contains(&usize::MAX.to_string()), "a saturated count: {text}");
+    let mut x = vec![bf16::ZERO; 6];
+    let e = cpu::rope(&huge, RopeDirection::Forward, &mut x, Positions::Contiguous { start: 0 }, None).unwrap_err();
+    assert!(matches!(e, crate::Error::LayerOp { .. }), "{e}");
+    // rows of 6 elements, 2³⁰ tokens per sequence: the most sequences whose f32 extent 6·b·s·4
+    // bytes is at most isize::MAX pass, one more is refused
+    let most = isize::MAX as usize / 4 / 6 / (1 << 30);
+    assert!(Rope::new(most, 1 << 30, (1, 1), 2).validate().is_ok());
+    assert!(Rope::new(most + 1, 1 << 30, (1, 1), 2).validate().is_err());
+}
+
+#[test]
 fn swiglu_rules_are_named_errors() {
     let op = SwiGlu::new(7, 11, GluLayout::Halves);
     assert!(op.validate().is_ok());
