@@ -18,6 +18,8 @@ use crate::{device_served, Served};
 /// a backward through it is refused by candle (`BackwardNotSupported`).
 ///
 /// # Errors
+/// A `scale` given that is not finite and positive (candle's `Error::Msg` naming the value;
+/// refused on every path, the fallback included, as gemmbridge's attention refuses it);
 /// candle's errors for shapes that do not agree; a gemmbridge error from the GPU, wrapped.
 pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) -> Result<Tensor> {
     sdpa_served(q, k, v, causal, scale).map(|(t, _)| t)
@@ -28,6 +30,9 @@ pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>
 /// # Errors
 /// As [`sdpa`].
 pub fn sdpa_served(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) -> Result<(Tensor, Served)> {
+    if let Some(s) = scale.filter(|s| !(s.is_finite() && *s > 0.0)) {
+        candle_core::bail!("sdpa: scale = {s:?} is not finite and positive");
+    }
     let dtype = q.dtype();
     if !device_served(q.device()) || k.dtype() != dtype || v.dtype() != dtype {
         return Ok((sdpa_candle(q, k, v, causal, scale)?, Served::Candle));

@@ -14,7 +14,9 @@ use crate::{device_served, Served};
 /// (gemmbridge's backward on both paths; it runs the forward again for the rows' inverse RMS).
 ///
 /// # Errors
-/// candle's errors for shapes that do not agree; a gemmbridge error from the GPU, wrapped.
+/// `eps` not finite and positive (candle's `Error::Msg` naming the value; refused on every
+/// path, the fallback included, as gemmbridge's RMSNorm refuses it); candle's errors for shapes
+/// that do not agree; a gemmbridge error from the GPU, wrapped.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     rms_norm_served(x, w, eps).map(|(t, _)| t)
 }
@@ -24,6 +26,9 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
 /// # Errors
 /// As [`rms_norm`].
 pub fn rms_norm_served(x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Served)> {
+    if !(eps.is_finite() && eps > 0.0) {
+        candle_core::bail!("rms_norm: eps = {eps:?} is not finite and positive");
+    }
     let dtype = x.dtype();
     if !device_served(x.device()) || w.dtype() != dtype || x.rank() < 1 {
         return Ok((rms_norm_candle(x, w, eps)?, Served::Candle));

@@ -98,3 +98,27 @@ fn sdpa_falls_back_where_gemmbridge_has_no_attention() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn a_bad_eps_or_scale_is_refused_on_every_path() -> Result<()> {
+    let mut rng = rng("a_bad_eps_or_scale_is_refused_on_every_path");
+    let dev = Device::Cpu;
+    // bf16 is served, f64 falls back to candle: both refuse, naming the value
+    for dtype in [DType::BF16, DType::F64] {
+        let x = random(&mut rng, &[3, 16], dtype, &dev)?;
+        let w = random(&mut rng, &[16], dtype, &dev)?;
+        for eps in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let e = rms_norm_served(&x, &w, eps).expect_err("a bad eps was served");
+            assert!(e.to_string().contains(&format!("eps = {eps:?} is not finite and positive")), "{e}");
+        }
+        rms_norm_served(&x, &w, 1e-6)?;
+        let q = random(&mut rng, &[1, 2, 3, 16], dtype, &dev)?;
+        let k = random(&mut rng, &[1, 1, 5, 16], dtype, &dev)?;
+        for scale in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let e = sdpa_served(&q, &k, &k, false, Some(scale)).expect_err("a bad scale was served");
+            assert!(e.to_string().contains(&format!("scale = {scale:?} is not finite and positive")), "{e}");
+        }
+        sdpa_served(&q, &k, &k, false, Some(0.25))?;
+    }
+    Ok(())
+}

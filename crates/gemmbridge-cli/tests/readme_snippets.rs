@@ -1,11 +1,11 @@
 //! The READMEs' Rust snippets are whole programs a user can paste into a new crate's
 //! `src/main.rs`: each has a `fn main` and no hidden (`# `) doctest lines. That they compile is
-//! checked by the doctests of the crate that includes each README (`gemmbridge` and
-//! `gemmbridge-burn`, `#[cfg(doctest)]`).
+//! checked by the doctests of the crate that includes each README (`gemmbridge`,
+//! `gemmbridge-burn` and `gemmbridge-candle`, `#[cfg(doctest)]`).
 
 use std::path::Path;
 
-const READMES: [&str; 2] = ["README.md", "crates/gemmbridge-burn/README.md"];
+const READMES: [&str; 3] = ["README.md", "crates/gemmbridge-burn/README.md", "crates/gemmbridge-candle/README.md"];
 
 /// (info string, first line, code) of every fenced block whose info string starts with `rust`.
 fn rust_blocks(text: &str) -> Vec<(String, usize, String)> {
