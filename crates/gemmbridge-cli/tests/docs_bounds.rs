@@ -3,8 +3,8 @@
 //! 350, docs/PERFORMANCE.md 250, any other Markdown file in docs/ 150, each crate's README 200,
 //! and docs/ at most 60 files (figures and runs included: a comparison's alternated runs are
 //! packed into one file per side, tools/pack-runs). README.md's first screen (its first 50
-//! lines) holds the set-up, the main job and the test command CI runs (.ci/run). A failure lists
-//! every bound crossed.
+//! lines) holds the set-up, the main job and the test command CI runs (.ci/run), and it names
+//! every adapter and capability module. A failure lists every bound crossed.
 
 use std::path::{Path, PathBuf};
 
@@ -97,4 +97,41 @@ fn the_readmes_first_screen_sets_up_runs_the_main_job_and_the_ci_tests() {
         screen.iter().any(|l| l.contains("--include-ignored")),
         "README.md's first {FIRST_SCREEN} lines give no GPU quick start (the GPU tests)"
     );
+}
+
+/// Modules of the library that are infrastructure rather than a capability (the README's
+/// rustdoc list leaves them out; the crate root's documentation links them).
+const NOT_CAPABILITIES: [&str; 7] = ["cpu", "dist", "epilogue", "mapping", "reference", "tactics", "validate"];
+
+/// README.md names what the repository holds: every adapter crate (`crates/gemmbridge-<x>`
+/// with a README, the command line aside) in its opening lines and in a row of the capability
+/// table, and every capability module of the library in its list of rustdoc modules.
+#[test]
+fn readme_names_every_adapter_and_capability_module() {
+    let root = root();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let opening: String = readme.lines().take(10).collect::<Vec<_>>().join(" ");
+    let mut missing = Vec::new();
+    for e in std::fs::read_dir(root.join("crates")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(adapter) = name.strip_prefix("gemmbridge-").filter(|a| *a != "cli") else { continue };
+        if !e.path().join("README.md").is_file() {
+            continue;
+        }
+        if !opening.contains(adapter) {
+            missing.push(format!("the opening lines do not name the {adapter} adapter"));
+        }
+        if !readme.lines().any(|l| l.starts_with(&format!("| {adapter} adapter (`crates/{name}`)"))) {
+            missing.push(format!("the capability table has no `| {adapter} adapter (`crates/{name}`)` row"));
+        }
+    }
+    let lib = std::fs::read_to_string(root.join("crates/gemmbridge/src/lib.rs")).unwrap();
+    let list_start = readme.find("the crate root, then").expect("the rustdoc module list");
+    let list = &readme[list_start..list_start + readme[list_start..].find(".\n").expect("the list's end")];
+    for module in lib.lines().filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';')) {
+        if !NOT_CAPABILITIES.contains(&module) && !list.contains(&format!("`{module}`")) {
+            missing.push(format!("the rustdoc module list lacks `{module}`"));
+        }
+    }
+    assert!(missing.is_empty(), "README.md:\n{}", missing.join("\n"));
 }

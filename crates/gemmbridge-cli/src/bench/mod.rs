@@ -103,6 +103,11 @@ struct Plan {
     padding: Padding,
 }
 
+/// What the CPU benchmark leaves out, and that the library's CPU backend has most of it.
+const CPU_UNTIMED: &str = "the convolution, attention, grouped, RMSNorm, RoPE/SwiGLU, decoder-layer and decode ops \
+     are timed on a GPU only: skipped; gemmbridge::cpu computes attention, grouped GEMMs, RMSNorm, RoPE, SwiGLU and \
+     the decoder layer, untimed here";
+
 impl Plan {
     fn parse(args: &Args) -> anyhow::Result<Plan> {
         let shapes = args.shared.shapes()?;
@@ -228,16 +233,14 @@ impl Plan {
             &mut self.decode_ops,
         ];
         if gpu_only.iter().any(|o| !o.is_empty()) {
-            eprintln!(
-                "  (the convolution, attention, grouped, RMSNorm, layer, decoder-layer and decode ops need a GPU: skipped)"
-            );
+            eprintln!("  ({CPU_UNTIMED})");
             gpu_only.into_iter().for_each(Vec::clear);
         }
         if self.dtypes.is_empty() {
             bail!("nothing to run on the CPU backend: it runs f32, tf32, f16 and bf16, and --dtypes gave none of them");
         }
         if self.ops.is_empty() {
-            bail!("nothing to run on the CPU backend: it runs only the matmul and linear ops");
+            bail!("nothing to run: without a GPU `bench` times only the matmul and linear ops ({CPU_UNTIMED})");
         }
         Ok(())
     }
@@ -428,4 +431,28 @@ fn launch_rows(gpu: &Gpu, plan: &Plan, args: &Args, sink: &mut Sink) -> anyhow::
         None => Vec::new(),
     };
     Ok(report::launch_table(&launches, &peer_launch))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    /// Without a GPU, ops the CPU benchmark does not time are named as such, not as ops the
+    /// CPU backend lacks.
+    #[test]
+    fn the_cpu_cut_says_what_it_times_and_what_the_cpu_backend_has() {
+        let cli = crate::Cli::try_parse_from(["gemmbridge", "bench", "--ops", "rmsnorm"]).expect("parses");
+        let crate::Command::Bench(args) = cli.command else { unreachable!("bench") };
+        let mut plan = super::Plan::parse(&args).expect("a plan");
+        let e = plan.cut_to_cpu(&args, "no driver").unwrap_err().to_string();
+        assert!(e.contains("without a GPU `bench` times only the matmul and linear ops"), "{e}");
+        assert!(e.contains("gemmbridge::cpu computes attention, grouped GEMMs, RMSNorm"), "{e}");
+        assert!(!e.contains("it runs only"), "{e}");
+        let cli = crate::Cli::try_parse_from(["gemmbridge", "bench", "--ops", "matmul,rmsnorm"]).expect("parses");
+        let crate::Command::Bench(args) = cli.command else { unreachable!("bench") };
+        let mut plan = super::Plan::parse(&args).expect("a plan");
+        plan.cut_to_cpu(&args, "no driver").unwrap();
+        assert_eq!(plan.ops, ["matmul"]);
+        assert!(plan.norm_ops.is_empty());
+    }
 }
