@@ -56,6 +56,10 @@ pub const MAX_POSITION: usize = 1 << 24;
 /// take them as 32-bit integers).
 pub const MAX_SIZE: usize = i32::MAX as usize;
 
+/// The widest element these operations take (f32): the problems' `validate` bound their
+/// buffers' bytes with it, so that every count they report is exact.
+const MAX_ELEM_BYTES: usize = 4;
+
 /// [`Error::LayerOp`] for `op`.
 fn bad<T>(op: &'static str, what: &'static str, detail: String) -> Result<T> {
     Err(Error::LayerOp { op, what, detail })

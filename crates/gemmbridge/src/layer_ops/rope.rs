@@ -2,7 +2,7 @@
 //! where each pair and angle of a call comes from (the module documentation of
 //! [`crate::layer_ops`] gives the definition).
 
-use super::{arith, bad, MAX_POSITION, MAX_ROTARY_DIM, MAX_SIZE};
+use super::{arith, bad, MAX_ELEM_BYTES, MAX_POSITION, MAX_ROTARY_DIM, MAX_SIZE};
 use crate::error::{Error, Result};
 
 /// Which elements of a head form the rotated pairs.
@@ -14,9 +14,6 @@ pub enum RopeStyle {
     /// Pair `i` is `(x[2i], x[2i + 1])`: GPT-J's interleaved pairs (`rotate_every_two`).
     Interleaved,
 }
-
-/// The widest element RoPE takes (f32): [`Rope::validate`] bounds the buffer's bytes with it.
-const MAX_ELEM_BYTES: usize = 4;
 
 impl RopeStyle {
     /// `rotate-half` or `interleaved`.

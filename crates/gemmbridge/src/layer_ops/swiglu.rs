@@ -1,7 +1,7 @@
 //! SwiGLU as data: [`SwiGlu`] (the gate/up buffer's shape and layout, the output's) and its
 //! rules (the module documentation of [`crate::layer_ops`] gives the definition).
 
-use super::{bad, MAX_SIZE};
+use super::{bad, MAX_ELEM_BYTES, MAX_SIZE};
 use crate::error::Result;
 
 /// How the gate `g` and the up projection `u` lie in a row of the `[rows, 2·f]` input.
@@ -84,7 +84,9 @@ impl SwiGlu {
     }
 
     /// Checks every rule: `ld_in ≥ 2·f`, `ld_out ≥ f`, every size at most [`MAX_SIZE`] and the
-    /// buffers' extents addressable.
+    /// buffers' extents `(rows − 1)·ld + width` addressable: at most `isize::MAX` bytes of the
+    /// widest element SwiGLU takes (f32, 4 bytes), so [`SwiGlu::in_elems`] and
+    /// [`SwiGlu::out_elems`] and their bytes are exact.
     ///
     /// Zero sizes are allowed: with `rows = 0` or `f = 0` a call reads and writes nothing
     /// (its buffers may be empty, [`SwiGlu::in_elems`]) and returns `Ok` (as RoPE with zero
@@ -108,8 +110,15 @@ impl SwiGlu {
                 format!("need ld_in ≥ 2·f, ld_out ≥ f ({})", d()),
             );
         }
-        if self.in_elems() == usize::MAX || self.out_elems() == usize::MAX {
-            return bad(op, "the buffer's extent overflows", d());
+        for (name, ld, width) in [("gate/up", self.ld_in, 2 * self.f), ("y", self.ld_out, self.f)] {
+            let elems = (self.rows.max(1) - 1).checked_mul(ld).and_then(|x| x.checked_add(width));
+            if elems.is_none_or(|e| e.checked_mul(MAX_ELEM_BYTES).is_none_or(|b| b > isize::MAX as usize)) {
+                return bad(
+                    op,
+                    "a buffer's extent is not addressable (more than isize::MAX bytes of 4-byte elements)",
+                    format!("{name}: ({} − 1)·{ld} + {width} elements ({})", self.rows, d()),
+                );
+            }
         }
         Ok(())
     }

@@ -89,6 +89,14 @@ fn swiglu_rules_are_named_errors() {
     let mut y = vec![bf16::ZERO; 76];
     let e = cpu::swiglu(&op, &[bf16::ZERO; 153], &mut y).unwrap_err();
     assert!(matches!(e, crate::Error::BufferTooSmall { operand: Which::LayerOp("gate/up"), .. }), "{e}");
+    // every size at most 2³¹ − 1, but (rows − 1)·ld_in + 2·f ≈ 2⁶² elements: 2⁶⁴ f32 bytes
+    let big = SwiGlu::new(MAX_SIZE, 1 << 29, GluLayout::Halves).with_ld(MAX_SIZE, 1 << 29);
+    let e = big.validate().unwrap_err();
+    let text = e.to_string();
+    assert!(what(e).contains("not addressable"), "{text}");
+    assert!(text.contains(&format!("gate/up: ({MAX_SIZE} − 1)·{MAX_SIZE} + {} elements", 1 << 30)), "{text}");
+    // an extent of at most isize::MAX / 4 elements passes
+    assert!(SwiGlu::new(1 << 30, 1 << 29, GluLayout::Halves).validate().is_ok());
 }
 
 /// Every shape of RoPE on the CPU against float64, forward and backward, both styles, partial
