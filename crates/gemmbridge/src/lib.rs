@@ -31,7 +31,7 @@
 //! | RMSNorm (forward, backward) | [`norm`], [`cpu::rms_norm_forward`], [`cpu::rms_norm_backward`] | [`cuda::Gpu::rms_norm_forward`], [`cuda::Gpu::rms_norm_backward`] (cuDNN's norm graph) |
 //! | RoPE, SwiGLU (forward, backward) | [`layer_ops`], [`cpu::rope`], [`cpu::swiglu`], [`cpu::swiglu_backward`] | [`cuda::Gpu::rope`], [`cuda::Gpu::swiglu`], [`cuda::Gpu::swiglu_backward`] (gemmbridge's own kernels) |
 //! | a LLaMA-style decoder layer (forward, backward; FP8 forward projections as an option) | [`layer`]: sizes, weights, the problems of a step, float64 reference; [`layer::cpu::CpuDecoderLayer`] | [`cuda::layer::GpuDecoderLayer`] (built from the entries above) |
-//! | paged KV cache: layout, tables, append, decode attention's float64 reference | [`paged`], [`cpu::paged_append`] | [`cuda::Gpu::paged_append`] (gemmbridge's own kernel) |
+//! | paged KV cache: layout, tables, append, decode attention's float64 reference | [`paged`], [`cpu::paged_append`] | [`cuda::Gpu::paged_append`] (gemmbridge's own kernel), [`cuda::Gpu::paged_decode`] (cuDNN) |
 //! | tactic database | [`tactics`] | [`cuda::Plans::load_tactics`] |
 //!
 //! # The problem
