@@ -138,7 +138,8 @@ impl PagedAppend {
     /// Pages no call writes may be held by several sequences (a common prefix, read-only: a
     /// sequence that goes on from a shared page whose last slots are free copies it to a page
     /// of its own first). Entries past a sequence's live ones are not restricted. The cost is
-    /// a sort of the live entries on the host, `O(P log P)` for `P = Σ ⌈lens[n] / page_size⌉`.
+    /// a sort of the live entries on the host, `O(P log P)` for `P = Σ ⌈(lens[n] + new_lens[n]) /
+    /// page_size⌉`.
     ///
     /// # Errors
     /// [`crate::Error::PagedCache`] naming the rule, the sequences, the entries, the page and
