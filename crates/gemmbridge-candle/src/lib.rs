@@ -45,7 +45,7 @@ mod attention;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
-mod linear_bwd;
+mod linear;
 mod matmul;
 mod norm;
 mod plan;
@@ -53,7 +53,8 @@ mod plan;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use attention::{sdpa, sdpa_candle, sdpa_served};
-pub use matmul::{linear, linear_candle, linear_served, matmul, matmul_served, Activation};
+pub use linear::{linear, linear_candle, linear_served, Activation};
+pub use matmul::{matmul, matmul_served};
 pub use norm::{rms_norm, rms_norm_candle, rms_norm_served};
 
 /// Which path ran a call.

@@ -17,7 +17,7 @@ use gemmbridge::layer::{DecodeStep, DecoderLayer};
 use gemmbridge::paged::{bucket_width, PagedCache};
 use gemmbridge::{DType, Precision};
 
-use super::decode::{shapes, Shape};
+use super::decode_shapes::{shapes, Shape};
 use super::decoder::synthetic_weights;
 use crate::random::normal;
 use crate::row::Row;

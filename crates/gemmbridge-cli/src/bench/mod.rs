@@ -6,6 +6,7 @@ pub mod attn;
 mod bare;
 pub mod conv;
 pub mod decode;
+pub mod decode_shapes;
 pub mod decode_step;
 pub mod decoder;
 mod dense;
