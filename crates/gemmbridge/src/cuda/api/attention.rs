@@ -242,15 +242,7 @@ impl Gpu {
     ) -> Result<()> {
         check_problem::<T>(p, lens)?;
         let (ctx, s) = (self.context(), self.stream());
-        let AttnSaved { q, k, v, o, d_o, stats } = saved;
-        let ins = [
-            (Which::AttnQ, q, AttnTensor::Q),
-            (Which::AttnK, k, AttnTensor::K),
-            (Which::AttnV, v, AttnTensor::V),
-            (Which::AttnO, o, AttnTensor::O),
-            (Which::AttnDo, d_o, AttnTensor::O),
-        ];
-        same_context(Which::AttnStats, stats.stream(), ctx)?;
+        same_context(Which::AttnStats, saved.stats.stream(), ctx)?;
         let outs: [(Which, &mut dyn DevicePtrMut<T>, AttnTensor); 3] = [
             (Which::AttnDq, dq, AttnTensor::Q),
             (Which::AttnDk, dk, AttnTensor::K),
@@ -261,10 +253,7 @@ impl Gpu {
         }
         let elem = T::DTYPE.size_bytes();
         let mut guards = Vec::with_capacity(12);
-        let mut read = self.input_spans(p, &ins, &mut guards)?;
-        let (addr, g) = stats.device_ptr(s);
-        guards.push(g);
-        read.push(span(Which::AttnStats, addr, stats.num_bytes(), p.stats_elems(), 4)?);
+        let mut read = self.saved_spans(p, saved, &mut guards)?;
         let mut written = Vec::with_capacity(3);
         for (w, b, t) in outs {
             let bytes = b.num_bytes();
@@ -280,6 +269,30 @@ impl Gpu {
         let r = self.attention_run(p, AttnOp::Backward, b, host, None);
         drop(guards);
         r
+    }
+
+    /// The read spans of a backward's saved tensors, in the order the launch takes them: q, k,
+    /// v, o and do (checked as [`Gpu::input_spans`] checks them), then the statistics (its
+    /// context checked by the caller); their guards added to `guards`.
+    pub(super) fn saved_spans<'a: 's, 's, T: Element>(
+        &'s self,
+        p: &Attention,
+        saved: AttnSaved<'a, T>,
+        guards: &mut Vec<cudarc::driver::SyncOnDrop<'s>>,
+    ) -> Result<Vec<Span>> {
+        let AttnSaved { q, k, v, o, d_o, stats } = saved;
+        let ins = [
+            (Which::AttnQ, q, AttnTensor::Q),
+            (Which::AttnK, k, AttnTensor::K),
+            (Which::AttnV, v, AttnTensor::V),
+            (Which::AttnO, o, AttnTensor::O),
+            (Which::AttnDo, d_o, AttnTensor::O),
+        ];
+        let mut read = self.input_spans(p, &ins, guards)?;
+        let (addr, g) = stats.device_ptr(self.stream());
+        guards.push(g);
+        read.push(span(Which::AttnStats, addr, stats.num_bytes(), p.stats_elems(), 4)?);
+        Ok(read)
     }
 
     /// The checked spans of the inputs `ins` (each of the problem's tensor, in `T`): every

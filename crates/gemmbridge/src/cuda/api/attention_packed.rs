@@ -37,22 +37,11 @@ impl Gpu {
         check_problem::<T>(p, lens)?;
         check_packed(p, offsets)?;
         let (ctx, s) = (self.context(), self.stream());
-        let AttnSaved { q, k, v, o, d_o, stats } = saved;
-        let ins = [
-            (Which::AttnQ, q, AttnTensor::Q),
-            (Which::AttnK, k, AttnTensor::K),
-            (Which::AttnV, v, AttnTensor::V),
-            (Which::AttnO, o, AttnTensor::O),
-            (Which::AttnDo, d_o, AttnTensor::O),
-        ];
-        same_context(Which::AttnStats, stats.stream(), ctx)?;
+        same_context(Which::AttnStats, saved.stats.stream(), ctx)?;
         same_context(Which::AttnDq, dqkv.stream(), ctx)?;
         let elem = T::DTYPE.size_bytes();
         let mut guards = Vec::with_capacity(10);
-        let mut read = self.input_spans(p, &ins, &mut guards)?;
-        let (addr, g) = stats.device_ptr(s);
-        guards.push(g);
-        read.push(span(Which::AttnStats, addr, stats.num_bytes(), p.stats_elems(), 4)?);
+        let mut read = self.saved_spans(p, saved, &mut guards)?;
         let bytes = dqkv.num_bytes();
         let (base, g) = dqkv.device_ptr_mut(s);
         guards.push(g);
