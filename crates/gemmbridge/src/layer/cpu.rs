@@ -9,7 +9,7 @@
 use crate::cpu::{attention_backward, attention_forward, gemm, gemm_c_in, rms_norm_backward, rms_norm_forward};
 use crate::cpu::{rope, swiglu, swiglu_backward, DwSlice};
 use crate::dtype::Element;
-use crate::error::{Error, Result, Which};
+use crate::error::{Error, Result};
 use crate::fp8::{self, Fp8Format, Scaling, Source};
 use crate::layer::reference::Weights;
 use crate::layer::{DecoderLayer, LayerGemms, LayerOptions, LayerWeight, Proj, Tokens};
@@ -125,13 +125,7 @@ impl<T: Element> CpuDecoderLayer<T> {
         options.validate()?;
         layer.check_tokens(tokens)?;
         weights.check(&layer)?;
-        if T::DTYPE != layer.dtype {
-            return Err(Error::DTypeMismatch {
-                operand: Which::Decoder("element type T"),
-                expected: layer.dtype,
-                got: T::DTYPE,
-            });
-        }
+        layer.check_element::<T>()?;
         let (n, d, f, wq) = (tokens.count(), layer.d_model, layer.ffn, layer.qkv_width());
         let z = |k: usize| vec![T::from_f32(0.0); k];
         let w: [Vec<T>; 6] = LayerWeight::ALL.map(|w| weights.get(w).iter().map(|&v| T::from_f64(v)).collect());

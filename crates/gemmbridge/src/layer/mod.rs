@@ -291,6 +291,17 @@ impl DecoderLayer {
         self.gemms(t, self.precision()).map(|_| ())
     }
 
+    /// That `T`, the element type a layer is built with, is the layer's dtype:
+    /// [`Error::DTypeMismatch`] naming the element type otherwise (the CPU and GPU layers and
+    /// the decode step check it at construction).
+    pub(crate) fn check_element<T: crate::dtype::Element>(&self) -> Result<()> {
+        if T::DTYPE != self.dtype {
+            let operand = crate::error::Which::Decoder("element type T");
+            return Err(Error::DTypeMismatch { operand, expected: self.dtype, got: T::DTYPE });
+        }
+        Ok(())
+    }
+
     /// The precision of every GEMM: the layer's dtype in and out, f32 accumulation.
     pub fn precision(&self) -> crate::precision::Precision {
         use crate::precision::Precision;

@@ -14,7 +14,7 @@ use crate::cuda::call::Scale;
 use crate::cuda::device::{copy_pitched, is_capturing, Pitched, Relaxed, RelaxedDrop};
 use crate::cuda::status;
 use crate::dtype::Element;
-use crate::error::{Error, Result, Which};
+use crate::error::{Error, Result};
 use crate::layer::reference::Weights;
 use crate::layer::{DecodeStep, LayerGemms, Proj};
 use crate::layer_ops::{Positions, RopeDirection};
@@ -119,13 +119,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
     pub fn new(gpu: &Gpu, step: DecodeStep, weights: &Weights) -> Result<GpuDecodeStep<T>> {
         step.validate()?;
         weights.check(&step.layer)?;
-        if T::DTYPE != step.layer.dtype {
-            return Err(Error::DTypeMismatch {
-                operand: Which::Decoder("element type T"),
-                expected: step.layer.dtype,
-                got: T::DTYPE,
-            });
-        }
+        step.layer.check_element::<T>()?;
         let (l, c, b) = (step.layer, step.cache, step.cache.batch);
         let gemms = l.gemms(step.tokens(), l.precision())?;
         let s = gpu.stream();

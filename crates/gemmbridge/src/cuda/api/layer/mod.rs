@@ -32,7 +32,7 @@ use crate::cuda::api::engine::Gpu;
 use crate::cuda::device::{Relaxed, RelaxedDrop};
 use crate::cuda::status;
 use crate::dtype::Element;
-use crate::error::{Error, Result, Which};
+use crate::error::Result;
 use crate::fp8::Scaling;
 use crate::layer::reference::Weights;
 use crate::layer::{DecoderLayer, LayerGemms, LayerOptions, LayerWeight, Tokens};
@@ -239,12 +239,12 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// steps only launch); the weight gradients are zeroed after; waits for the stream.
     ///
     /// # Errors
-    /// As [`DecoderLayer::check_tokens`] and [`Weights::check`]; [`Error::DTypeMismatch`]
-    /// when T is not the layer's dtype; with FP8, [`Error::Fp8`] where the GPU or cuBLASLt
+    /// As [`DecoderLayer::check_tokens`] and [`Weights::check`]; [`crate::Error::DTypeMismatch`]
+    /// when T is not the layer's dtype; with FP8, [`crate::Error::Fp8`] where the GPU or cuBLASLt
     /// does not offer the recipe (or it is neither tensor- nor row-wise) or a width breaks an
     /// FP8 rule; from the planning step, as [`Gpu::gemm_fused`], [`Gpu::attention_forward`],
-    /// [`Gpu::rms_norm_forward`], [`Gpu::rope`] (e.g. [`Error::Unsupported`] where cuDNN has
-    /// no engine); [`Error::Driver`].
+    /// [`Gpu::rms_norm_forward`], [`Gpu::rope`] (e.g. [`crate::Error::Unsupported`] where cuDNN has
+    /// no engine); [`crate::Error::Driver`].
     pub fn with_options(
         gpu: &Gpu,
         (layer, tokens): (DecoderLayer, Tokens),
@@ -253,13 +253,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     ) -> Result<GpuDecoderLayer<T>> {
         layer.check_tokens(tokens)?;
         weights.check(&layer)?;
-        if T::DTYPE != layer.dtype {
-            return Err(Error::DTypeMismatch {
-                operand: Which::Decoder("element type T"),
-                expected: layer.dtype,
-                got: T::DTYPE,
-            });
-        }
+        layer.check_element::<T>()?;
         let gemms = layer.gemms(tokens, layer.precision())?;
         let s = gpu.stream();
         let _relaxed = Relaxed::enter()?;
@@ -350,7 +344,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// The weight gradients copied to the host as f64 (waits for the stream).
     ///
     /// # Errors
-    /// [`Error::Driver`].
+    /// [`crate::Error::Driver`].
     pub fn grads_to_host(&self, gpu: &Gpu) -> Result<Weights> {
         let mut out = Weights::default();
         for w in LayerWeight::ALL {
@@ -405,7 +399,7 @@ impl<T: DeviceRepr + ValidAsZeroBits> GradBufs<T> {
 /// A device buffer copied to the host as f64 (waits for the stream).
 ///
 /// # Errors
-/// [`Error::Driver`].
+/// [`crate::Error::Driver`].
 pub fn to_host<V: Element + DeviceRepr>(gpu: &Gpu, v: &CudaSlice<V>) -> Result<Vec<f64>> {
     let host = gpu.stream().clone_dtoh(v).map_err(status::driver("cuMemcpyDtoH"))?;
     Ok(host.iter().map(|x| x.to_f64()).collect())
