@@ -91,9 +91,7 @@ def main():
     torch = peer.torch
     torch.backends.cudnn.benchmark = True
     out = open(a.out, "w") if a.out else sys.stdout
-    env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
-               cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(0), reps=a.reps,
-               cudnn_benchmark=True, gap_ms=peer.GAP_MS)
+    env = peer.cudnn_env(a.reps, cudnn_benchmark=True)
     print(json.dumps(env), file=out, flush=True)
     for dtype in dtypes:
         torch.backends.cudnn.allow_tf32 = dtype == "tf32"

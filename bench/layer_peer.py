@@ -170,9 +170,7 @@ def bench(torch, a, ops, shapes):
                for shp in weight_shapes(c).values()]
 
     def one_run(out):
-        env = dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
-                   cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(0), reps=a.reps,
-                   gap_ms=peer.GAP_MS)
+        env = peer.cudnn_env(a.reps)
         print(json.dumps(env), file=out, flush=True)
         failed = False
         for b, s in shapes:

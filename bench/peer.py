@@ -638,6 +638,15 @@ def cublas_versions():
     return blas, lt
 
 
+def cudnn_env(reps, **extra):
+    """The "env" row of the peers beside cuDNN-backed rows (attention, convolutions, RMSNorm,
+    the decoder layer, decoding): PyTorch's, CUDA's and cuDNN's versions, the device, the
+    sample count and the idle gap, and `extra` fields."""
+    return dict(op="env", backend="torch", torch=torch.__version__, cuda=torch.version.cuda,
+                cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name(0), reps=reps,
+                gap_ms=GAP_MS, **extra)
+
+
 def env_row(device, reps, suite):
     """The "env" row: as gemmbridge's (op, backend, device, cublas, cublaslt, reps, heat_ms,
     gap_ms) plus PyTorch's own versions and matmul flags."""
