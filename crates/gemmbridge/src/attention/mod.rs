@@ -95,7 +95,7 @@
 //! scales ([`fp8::backward_scales`] derives them); gradients are E5M2 (under those scales E4M3 would lose
 //! dk to underflow, so it is refused). On Hopper cuDNN offers it for `d` = 128 only, without the
 //! bottom-right mask; gemmbridge refuses the causal mask there (cuDNN's FP8 backward kernel is
-//! about 4 times slower than its bf16 one, `Gpu::attention_backward_fp8`), and takes query rows and keys that are multiples of 64 (at 7 or
+//! about twice as slow as its bf16 one, `Gpu::attention_backward_fp8`), and takes query rows and keys that are multiples of 64 (at 7 or
 //! 65, dq came out wrong on cuDNN 9.14 and 9.19); decoding (one query row) has no FP8 engine in
 //! cuDNN 9.19. Anything else is [`crate::Error::Unsupported`].
 

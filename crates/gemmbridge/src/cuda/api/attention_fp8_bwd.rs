@@ -111,7 +111,7 @@ fn check_offered(p: &Attention, cc: (i32, i32)) -> Result<()> {
     if p.mask == AttnMask::Causal && cc.0 == 9 {
         return no(format!(
             "the FP8 attention backward with a causal mask on Hopper ({}): cuDNN's FP8 flash backward kernel takes \
-             about 4 times its bf16 kernel's time there (5.27 against 1.32 ms at b 4, h 32, s 4096, d 128 on an \
+             about twice its bf16 kernel's time there (5.27 against 2.53 ms at b 4, h 32, s 4096, d 128 on an \
              H100, cuDNN 9.14 and 9.19), so the bf16 backward is faster: run the backward in bf16",
             p.describe()
         ));
@@ -230,9 +230,10 @@ impl Gpu {
     /// forward+backward took 6.26–6.37 ms against bf16's 4.07–4.18 at b 4, h 32, s 4096, d 128
     /// causal (6.60 against 4.19 with GQA 32/8; 10.5–10.8 against 7.4–7.6 at s 8192), and 1.32 ms
     /// against 1.62 without a mask (b 1, h 24, s 4608). Nsight Compute puts the difference in
-    /// cuDNN's own kernel: its FP8 flash backward (`flash_bprop_wgmma_f8`, 64×64×128 tiles) took
-    /// 5.27 ms where the bf16 one (`flash_bprop_wgmma_f16`, the same tiles) took 1.32; the
-    /// scale kernel and the conversions around it take under 0.3 ms. So on compute capability
+    /// cuDNN's own kernel: at b 4, h 32, s 4096 its FP8 flash backward (`flash_bprop_wgmma_f8`,
+    /// 64×64×128 tiles) took 5.27 ms where the bf16 one (`flash_bprop_wgmma_f16`, the same
+    /// tiles) took 2.53, while the FP8 forward (0.77 ms against 0.90), the scale kernel and the
+    /// conversions around them gain or cost under 0.3 ms (docs/results/layer/kernels.txt). So on compute capability
     /// 9.x the (top-left) causal mask is refused by name, whatever the cuDNN (none newer was
     /// measured); unmasked problems, faster in FP8, are taken.
     ///
