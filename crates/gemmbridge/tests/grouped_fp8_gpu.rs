@@ -154,13 +154,19 @@ fn the_pool_and_in_order_give_the_same_bits() {
         let lc = p.lens()[2];
         let (qa, qb) = random_quantized(&gpu, &p, (Scaling::Row, Scaling::Row), &mut rng);
         let mut outs = Vec::new();
-        for backend in [Some(GroupedBackend::InOrder), Some(GroupedBackend::StreamPool), None] {
-            gpu.update_options(|o| o.grouped_backend = backend).unwrap();
+        // in order (a pool of one stream), the pool, the rule
+        for (backend, streams) in
+            [(Some(GroupedBackend::StreamPool), 1), (Some(GroupedBackend::StreamPool), 4), (None, 4)]
+        {
+            gpu.update_options(|o| {
+                o.grouped_backend = backend;
+                o.grouped_streams = streams;
+            })
+            .unwrap();
             let mut c = s.clone_htod(&poison::<bf16>(lc)).unwrap();
             gpu.grouped_fp8_gemm(&p, &qa, &qb, &mut c, None, Fp8Options::default()).unwrap();
             outs.push(s.clone_dtoh(&c).unwrap());
         }
-        gpu.update_options(|o| o.grouped_backend = None).unwrap();
         assert!(outs[0][..written(&p)].iter().all(|v| v.is_finite()), "{op:?}");
         for o in &outs[1..] {
             assert!(
@@ -185,11 +191,10 @@ fn a_repeated_call_replays_the_first_calls_bits() {
     for op in OPS {
         let p = GroupedProblem::new(op, &[40, 0, 300, 7, 129], 128, 256, Precision::BF16).unwrap();
         // on the pool, and in order (on the capture stream, with its own workspace)
-        for way in [None, Some(GroupedBackend::InOrder)] {
-            gpu.update_options(|o| o.grouped_backend = way).unwrap();
+        for streams in [4, 1] {
+            gpu.update_options(|o| o.grouped_streams = streams).unwrap();
             replays::<bf16>(&gpu, &p, (Scaling::Row, Scaling::Row), &mut rng);
         }
-        gpu.update_options(|o| o.grouped_backend = None).unwrap();
         let p = GroupedProblem::new(op, &[40, 0, 300, 7, 129], 36, 256, Precision::F16).unwrap();
         replays::<f16>(&gpu, &p, (Scaling::Block1x128, Scaling::Block128x128), &mut rng);
     }

@@ -122,8 +122,9 @@ mod status;
 pub use api::layer;
 pub use api::train;
 pub use api::{
-    cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, Gpu, GpuOptions, GroupMember,
-    PageIndex, Plans, RawBuffer, RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY, SeqLens,
+    cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, Gpu, GpuOptions,
+    MoeCombineGrads, MoeRouting, PageIndex, Plans, RawBuffer, RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut,
+    RmsNormSaved, RmsNormY, SeqLens,
 };
 pub use call::Scale;
 pub use device::GraphReplay;

@@ -298,17 +298,6 @@ pub enum Error {
         detail: String,
     },
 
-    /// One GEMM of a general grouped call (`Gpu::gemm_group`, a list of GEMMs with their own
-    /// shapes and buffers) is refused: which one, and the error its own call would give.
-    #[error("grouped GEMM: GEMM {index} of the list: {error}")]
-    GroupMember {
-        /// Its place in the list.
-        index: usize,
-        /// Why it is refused (also the error's `source()`).
-        #[source]
-        error: Box<Error>,
-    },
-
     /// A transformer layer's elementwise operation (RoPE, SwiGLU) breaks a rule
     /// ([`crate::layer_ops::Rope::validate`], [`crate::layer_ops::SwiGlu::validate`], the
     /// positions and tables of a call).

@@ -18,11 +18,10 @@ use crate::error::{Error, Result, Which};
 pub const GROUPED_CALL_ALIGN: u64 = 16;
 
 impl GroupedBackend {
-    /// Whether this way runs cuBLAS's grouped call ([`GroupedBackend::GroupedBatched`],
-    /// [`GroupedBackend::ChunkedBatched`], [`GroupedBackend::SplitPool`]), which takes only
-    /// pointers aligned to [`GROUPED_CALL_ALIGN`] bytes.
+    /// Whether this way runs cuBLAS's grouped call ([`GroupedBackend::GroupedBatched`]), which
+    /// takes only pointers aligned to [`GROUPED_CALL_ALIGN`] bytes.
     pub fn uses_grouped_call(self) -> bool {
-        matches!(self, GroupedBackend::GroupedBatched | GroupedBackend::ChunkedBatched | GroupedBackend::SplitPool)
+        self == GroupedBackend::GroupedBatched
     }
 }
 
@@ -53,15 +52,9 @@ pub(crate) fn misaligned_pointer(which: Which, addr: u64) -> String {
     format!("{which} at {addr:#x} is not {GROUPED_CALL_ALIGN}-byte aligned, as cuBLAS's grouped call needs of every pointer")
 }
 
-/// The first of `pointers` (operand, device address) off [`GROUPED_CALL_ALIGN`].
-pub(crate) fn first_misaligned(pointers: impl IntoIterator<Item = (Which, u64)>) -> Option<(Which, u64)> {
-    pointers.into_iter().find(|&(_, a)| !a.is_multiple_of(GROUPED_CALL_ALIGN))
-}
-
 /// The way to take for a call chosen `how`, given why its pointers are off the grouped call's
 /// alignment (`misaligned`, `None` where they are not): `how` unless it runs cuBLAS's grouped
-/// call on misaligned pointers; then the pool where more than one GEMM has work (`busy`), in
-/// order otherwise.
+/// call on misaligned pointers; then the pool.
 ///
 /// # Errors
 /// [`Error::Unsupported`] naming `what` and why, where such a way is `forced`.
@@ -69,25 +62,22 @@ pub(crate) fn off_grouped_call(
     how: GroupedBackend,
     misaligned: Option<String>,
     forced: bool,
-    busy: usize,
     what: impl FnOnce() -> String,
 ) -> Result<GroupedBackend> {
     match misaligned {
         Some(why) if how.uses_grouped_call() && forced => {
             Err(Error::Unsupported { backend: "grouped GEMM", what: format!("{how:?} for {}: {why}", what()) })
         }
-        Some(_) if how.uses_grouped_call() => {
-            Ok(if busy > 1 { GroupedBackend::StreamPool } else { GroupedBackend::InOrder })
-        }
+        Some(_) if how.uses_grouped_call() => Ok(GroupedBackend::StreamPool),
         _ => Ok(how),
     }
 }
 
-/// [`super::streams::candidates`] for `p` on buffers at `bases` (`[a, b, c]`): without the
-/// ways through cuBLAS's grouped call where a pointer would miss its alignment
-/// ([`grouped_call_misalignment`]).
-pub fn candidates_at(p: &GroupedProblem, bases: [u64; 3]) -> Vec<GroupedBackend> {
-    let mut out = super::streams::candidates(p);
+/// [`super::streams::candidates`] for `p` on buffers at `bases` (`[a, b, c]`), the loaded cuDNN
+/// having (`cudnn_moe`) or lacking the MoE grouped matmul: without cuBLAS's grouped call where a
+/// pointer would miss its alignment ([`grouped_call_misalignment`]).
+pub fn candidates_at(p: &GroupedProblem, bases: [u64; 3], cudnn_moe: bool) -> Vec<GroupedBackend> {
+    let mut out = super::streams::candidates(p, cudnn_moe);
     if grouped_call_misalignment(p, bases).is_some() {
         out.retain(|b| !b.uses_grouped_call());
     }
@@ -95,53 +85,5 @@ pub fn candidates_at(p: &GroupedProblem, bases: [u64; 3]) -> Vec<GroupedBackend>
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::grouped::GroupedOp;
-    use crate::precision::Precision;
-    use GroupedBackend::*;
-
-    const AT: [u64; 3] = [0x1000, 0x2000, 0x3000];
-
-    fn p(n: usize, k: usize) -> GroupedProblem {
-        GroupedProblem::new(GroupedOp::Forward, &[8, 3, 0, 5], n, k, Precision::BF16).unwrap()
-    }
-
-    #[test]
-    fn rows_and_bases_on_16_bytes_keep_the_grouped_call() {
-        assert_eq!(grouped_call_misalignment(&p(64, 32), AT), None);
-        assert_eq!(candidates_at(&p(64, 32), AT), super::super::streams::candidates(&p(64, 32)));
-        assert!(candidates_at(&p(64, 32), AT).contains(&GroupedBatched));
-    }
-
-    #[test]
-    fn a_misaligned_base_or_row_leaves_only_the_per_gemm_ways() {
-        // N = 33 bf16: 66-byte rows; K = 17: 34-byte rows; a base 8 bytes off
-        for (q, bases, words) in [
-            (p(33, 64), AT, "N = 33 elements is 66 bytes"),
-            (p(64, 17), AT, "K = 17 elements is 34 bytes"),
-            (p(64, 32), [0x1000, 0x2008, 0x3000], "grouped GEMM's w at 0x2008"),
-        ] {
-            let why = grouped_call_misalignment(&q, bases).expect(words);
-            assert!(why.contains(words), "{why}");
-            assert_eq!(candidates_at(&q, bases), [StreamPool, InOrder]);
-        }
-    }
-
-    #[test]
-    fn a_chosen_grouped_call_on_misaligned_pointers_becomes_the_pool_and_a_forced_one_an_error() {
-        let why = || Some("B at 0x2008 is off".to_string());
-        for how in [GroupedBatched, ChunkedBatched, SplitPool] {
-            assert_eq!(off_grouped_call(how, why(), false, 3, String::new).unwrap(), StreamPool);
-            assert_eq!(off_grouped_call(how, why(), false, 1, String::new).unwrap(), InOrder);
-            let e = off_grouped_call(how, why(), true, 3, || "the call".into()).unwrap_err().to_string();
-            assert!(e.contains("the call") && e.contains("0x2008"), "{e}");
-            assert_eq!(off_grouped_call(how, None, true, 3, String::new).unwrap(), how);
-        }
-        for how in [StreamPool, InOrder, StridedBatch] {
-            assert_eq!(off_grouped_call(how, why(), true, 3, String::new).unwrap(), how);
-        }
-        assert_eq!(first_misaligned([(Which::A, 0x100), (Which::C, 0x104)]), Some((Which::C, 0x104)));
-        assert_eq!(first_misaligned([(Which::A, 0x100)]), None);
-    }
-}
+#[path = "align_tests.rs"]
+mod tests;

@@ -5,9 +5,8 @@
 //! ([`GroupedProblem::group`]), which is how a backend runs it. The module
 //! [`self::reference`] holds the float64 definitions tests check against; [`self::fp8`] the
 //! CPU emulation of an FP8 grouped product (operands quantised per group, each group in the
-//! TN form of [`GroupedProblem::tn_operand`]); [`self::list`] the general form (a list of
-//! independent GEMMs, each with its own shapes and buffers) and the ways it runs; [`self::streams`]
-//! the ways to run one ([`streams::candidates`]) and the pool-of-streams schedule as data.
+//! TN form of [`GroupedProblem::tn_operand`]); [`self::streams`] the ways to run one
+//! ([`streams::candidates`]) and the pool-of-streams schedule as data.
 //!
 //! E experts (groups), `m_e` tokens routed to expert `e` (any of them 0), `M = Σ m_e` rows,
 //! the layer maps K input features to N output features; every matrix row-major and
@@ -24,8 +23,8 @@
 //!
 //! f32, tf32, f16 and bf16 (f32 accumulation); a bias per group for the forward
 //! ([`GroupedProblem::with_bias`], `bias[E, N]`). Group sizes are host counts; PyTorch's `offs`
-//! on the device come over with `Gpu::grouped_offsets` and [`GroupedProblem::from_offsets`] (a
-//! copy and a wait on the engine's stream, so not capturable). Without a GPU,
+//! on the device come over with a copy to the host (`gpu.stream().clone_dtoh(&offs)`, a wait on
+//! the engine's stream, not capturable) and [`GroupedProblem::from_offsets`]. Without a GPU,
 //! [`crate::cpu::grouped_gemm`] runs the same problem on host slices.
 //!
 //! ```no_run
@@ -61,21 +60,22 @@
 //!
 //! # How it runs
 //! `gpu.plans().grouped_backend(&p)` says which way ([`streams::GroupedBackend`]; a setting of the
-//! engine forces one), by a rule measured on the H200: equal groups without a bias as one
-//! strided-batched GEMM (`StridedBatch`); small unequal groups (at most 1024³ multiply-adds each
-//! on average) of a forward or backward data as one `cublasGemmGroupedBatchedEx`
-//! (`GroupedBatched`); otherwise each group's GEMM (cuBLASLt, a plan per shape, kept) on a pool
-//! of the engine's own streams (`StreamPool`, 4 by default), forked from and joined back to the
-//! engine's stream with events, so that experts run side by side; a single group with rows in
-//! order on the engine's stream (`InOrder`). The *split pool* (`SplitPool`, for skewed routing:
-//! the large groups on the pool, the small rest in one cuBLAS grouped call beside them) and the
-//! *chunked* call (`ChunkedBatched`: each group's rows cut into chunks of 128, 64, …, 1 rows, so
-//! any routing makes at most eight shapes, each one batch of alike GEMMs) are taken where
-//! measured fastest or forced. A pooled call repeated on the same buffers and sizes is captured
-//! once into one CUDA graph and then replayed with a single launch. Capturing a grouped call
-//! yourself works for every way but those with cuBLAS's grouped call (its pointer arrays are
-//! copied from the host: [`crate::Error::NotCapturable`]); force `StreamPool` before capturing
-//! small unequal groups. Every buffer and every group is checked before anything is launched.
+//! engine forces one), by a rule measured on the H100 and the H200: equal groups without a bias
+//! as one strided-batched GEMM (`StridedBatch`); small unequal groups (at most 1024³
+//! multiply-adds each on average) of a forward or backward data as one
+//! `cublasGemmGroupedBatchedEx` (`GroupedBatched`); otherwise — every backward weight among them
+//! — each group's GEMM (cuBLASLt, a plan per shape, kept) on a
+//! pool of the engine's own streams (`StreamPool`, 4 by default), forked from and joined back to
+//! the engine's stream with events, so that experts run side by side (in order on the engine's
+//! stream where one group has rows). A pooled call repeated on the same buffers and sizes is
+//! captured once into one CUDA graph and then replayed with a single launch. Capturing a grouped
+//! call yourself works for every way but cuBLAS's grouped call (its pointer arrays are copied
+//! from the host: [`crate::Error::NotCapturable`]); force `StreamPool` before capturing small
+//! unequal groups. cuDNN's MoE grouped matmul (`Cudnn`, cuDNN 9.18 and later: one operation
+//! over every group, the group starts written by a kernel launch) is a candidate that
+//! `tune_grouped` measures and a setting can force; on Hopper with cuDNN 9.19 it was several
+//! times slower on skewed groups and has no backward data. Every buffer and every group is
+//! checked before anything is launched. [`crate::moe`] has a MoE layer's routing on the device.
 //!
 //! Measured instead of the rule: `Gpu::tune_grouped(&p, (&a, &b), &mut c, None, 10)` times
 //! every way on your buffers and keeps the fastest for every problem of that layer alike in
@@ -86,11 +86,6 @@
 //! # Other forms
 //! - By address (other frameworks' buffers): `unsafe { gpu.grouped_gemm_raw(&p, [a, b, c], bias,
 //!   stream) }` with `RawBuffer`s, as `gemm_raw` for one GEMM.
-//! - A list of unlike GEMMs, each with its own shapes, layouts and buffers (`GroupMember {
-//!   problem, a, b, c, bias }`), as one grouped call: `Gpu::gemm_group` (`gemm_group_raw` by
-//!   address; [`list`] has its ways), each member checked as a single GEMM is
-//!   ([`crate::Error::GroupMember`] names the refused one) and no output overlapping another
-//!   member's buffer.
 //! - FP8, every recipe of the FP8 GEMM: `Gpu::grouped_quantize` makes one operand per group in
 //!   the TN form ([`GroupedProblem::tn_operand`] says which: the forward's `x_e[m_e, K]` and
 //!   `w_e[N, K]`, the backward data's `dy_e[m_e, N]` and `w_eᵀ[K, N]`, the backward weight's
@@ -100,9 +95,7 @@
 //!   empty group is refused.
 
 pub mod align;
-pub mod chunks;
 pub mod fp8;
-pub mod list;
 pub mod reference;
 pub mod streams;
 pub mod tn;

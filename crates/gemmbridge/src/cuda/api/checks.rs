@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::epilogue::{AuxUse, Epilogue, VectorUse};
 use crate::error::{Error, Result, Which};
@@ -94,4 +94,39 @@ pub(super) fn disjoint(written: &[Span], read: &[Span]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The buffer rules: the buffer holds `elems` elements of `elem` bytes, its address is a
+/// multiple of the element size.
+pub(super) fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
+    let s = Span::sized(which, addr, have, elems, elem)?;
+    if !addr.is_multiple_of(elem as u64) {
+        return Err(Error::Misaligned { operand: which, address: addr, align: elem });
+    }
+    Ok(s)
+}
+
+/// An input's checked span (its guard added to `guards`).
+pub(super) fn read_span<'g, 'b: 'g, V>(
+    s: &'g CudaStream,
+    (which, buf): (Which, &'g (dyn DevicePtr<V> + 'b)),
+    (elems, elem): (usize, usize),
+    guards: &mut Vec<SyncOnDrop<'g>>,
+) -> Result<Span> {
+    let (addr, g) = buf.device_ptr(s);
+    guards.push(g);
+    span(which, addr, buf.num_bytes(), elems, elem)
+}
+
+/// An output's checked span (its guard added to `guards`).
+pub(super) fn write_span<'g, 'b: 'g, V>(
+    s: &'g CudaStream,
+    (which, buf): (Which, &'g mut (dyn DevicePtrMut<V> + 'b)),
+    (elems, elem): (usize, usize),
+    guards: &mut Vec<SyncOnDrop<'g>>,
+) -> Result<Span> {
+    let bytes = buf.num_bytes();
+    let (addr, g) = buf.device_ptr_mut(s);
+    guards.push(g);
+    span(which, addr, bytes, elems, elem)
 }

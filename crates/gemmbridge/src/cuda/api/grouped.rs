@@ -13,7 +13,7 @@ use super::operands::{check_all, RawBuffer, RawExtras};
 use super::plans::Plans;
 use crate::cuda::call::Scale;
 use crate::cuda::device::{check_extent, time_interleaved, Call};
-use crate::cuda::route::grouped::{batched, replayed, split, GroupGemm};
+use crate::cuda::route::grouped::{batched, replayed, GroupGemm};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::grouped::align::{candidates_at, grouped_call_misalignment, off_grouped_call};
@@ -34,34 +34,23 @@ impl Gpu {
     /// are not written; an empty group writes nothing in the forward and backward data, and
     /// zeros into its `dw[e]` (k = 0: β·C with β = 0).
     ///
-    /// How it runs ([`Plans::grouped_backend`] says which for `p`, by the rule of
-    /// [`GroupedSettings::choose`];
-    /// [`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend) forces one): all
-    /// groups of one size and no bias — one strided-batched GEMM on [`Gpu::stream`]; small unequal
-    /// groups of a forward or backward data — cuBLAS's grouped batched call on [`Gpu::stream`] (its
-    /// pointer arrays copied from the host: not capturable); otherwise each group's GEMM (cuBLASLt,
-    /// each shape's plan kept) on a pool of the engine's own streams, forked from [`Gpu::stream`]
-    /// with an event and joined back to it
-    /// ([`GpuOptions::grouped_streams`](crate::cuda::GpuOptions::grouped_streams) lanes, 4 by
-    /// default: the GEMMs of many experts run side by side), so that work enqueued on
-    /// [`Gpu::stream`] afterwards sees every group. The pool's streams are created with a workspace
-    /// each ([`GpuOptions::workspace_bytes`](crate::cuda::GpuOptions::workspace_bytes)) on the
-    /// first pooled call, and kept until the engine is dropped. A pooled or in-order call repeated
-    /// on the same buffers and sizes is captured once into a CUDA graph of the whole call and
-    /// replayed from then on (with graph replay on,
-    /// [`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay)).
+    /// How it runs is [`crate::grouped`]'s "How it runs" ([`Plans::grouped_backend`] says which
+    /// way for `p`; [`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend)
+    /// forces one): work enqueued on [`Gpu::stream`] afterwards sees every group, with no host
+    /// synchronisation. The pool's streams are created with a workspace each
+    /// ([`GpuOptions::workspace_bytes`](crate::cuda::GpuOptions::workspace_bytes)) on the first
+    /// pooled call and kept until the engine is dropped; a pooled call repeated on the same
+    /// buffers and sizes is replayed as one CUDA graph
+    /// ([`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay)).
     ///
-    /// Group sizes are host counts ([`Gpu::grouped_offsets`] brings PyTorch's `offs` to the
-    /// host), so a pooled, in-order or strided call is capturable into a CUDA graph of
-    /// [`Gpu::stream`] — the pool's work included — once the pool exists and each group shape
-    /// has been planned: run the call once outside the capture first (and force
-    /// [`GroupedBackend::StreamPool`] where the rule would take cuBLAS's grouped call). Inside a
-    /// capture, a group shape not planned yet fails with [`Error::NotCapturable`] after the
-    /// groups before it were recorded: end the capture and discard it. Such a graph of yours
-    /// runs the pool's GEMMs with the pool streams' workspaces when you launch it: launch it
-    /// on the stream it was captured from, and not while this engine runs pooled grouped
-    /// calls on another stream (the engine orders its own replays and pooled calls against
-    /// each other, but cannot see your launches).
+    /// Capturing a call yourself: every way but cuBLAS's grouped call (its pointer arrays come
+    /// from the host) is capturable into a graph of [`Gpu::stream`] once the pool exists and
+    /// each group shape has been planned: run the call once outside the capture first (and
+    /// force [`GroupedBackend::StreamPool`] where the rule takes cuBLAS's grouped call). A group
+    /// shape not planned yet fails with [`Error::NotCapturable`] after the groups before it were
+    /// recorded: end the capture and discard it. Launch such a graph on the stream it was
+    /// captured from, and not while this engine runs pooled grouped calls on another stream (the
+    /// engine orders its own replays and pooled calls, but cannot see your launches).
     ///
     /// # Errors
     /// Before anything is launched, with no buffer written: [`Error::WrongContext`],
@@ -162,6 +151,7 @@ impl Gpu {
     ) -> Result<()> {
         let how = {
             let mut st = self.lock();
+            detect_cudnn_moe(&mut st.libs.grouped);
             let how = way_on(&st.libs.grouped, p, bufs.map(|b| b.0))?;
             st.libs.grouped.note_use(p, how);
             how
@@ -188,34 +178,33 @@ impl Gpu {
         stream: CUstream,
     ) -> Result<()> {
         let elem = p.precision().input().size_bytes();
-        if how == GroupedBackend::StridedBatch {
-            let (g, _) = p.group(0)?;
-            let batched = g.batched(p.groups())?;
-            let dtypes = [p.precision().input(), p.precision().input(), p.precision().output()];
-            let descs = [0, 1, 2].map(|i| BufferDesc { address: bufs[i].0, len_bytes: bufs[i].1, dtype: dtypes[i] });
-            let extras = RawExtras::default();
-            check_all(&batched, descs, extras)?;
-            // SAFETY: checked just above on live buffers (the caller's contract).
-            return unsafe { self.enqueue_checked(&batched, Scale::PRODUCT, descs, extras, stream) };
+        match how {
+            GroupedBackend::StridedBatch => {
+                let (g, _) = p.group(0)?;
+                let batched = g.batched(p.groups())?;
+                let dtypes = [p.precision().input(), p.precision().input(), p.precision().output()];
+                let descs =
+                    [0, 1, 2].map(|i| BufferDesc { address: bufs[i].0, len_bytes: bufs[i].1, dtype: dtypes[i] });
+                let extras = RawExtras::default();
+                check_all(&batched, descs, extras)?;
+                // SAFETY: checked just above on live buffers (the caller's contract).
+                return unsafe { self.enqueue_checked(&batched, Scale::PRODUCT, descs, extras, stream) };
+            }
+            GroupedBackend::Cudnn => return self.moe_grouped(p, bufs, stream),
+            _ => {}
         }
-        let parts = match how {
-            GroupedBackend::ChunkedBatched => p.row_chunks()?.into_iter().map(|(g, offs)| (g, offs, None)).collect(),
-            _ => group_parts(p)?,
-        };
-        let groups = group_gemms(&parts, bufs, pv, elem)?;
+        let groups = group_gemms(&group_parts(p)?, bufs, pv, elem)?;
         self.device().bind()?;
         let mut st = self.lock();
-        let lanes = (how == GroupedBackend::StreamPool && groups.len() > 1).then_some(st.libs.grouped.streams);
+        // the pool in order where one group has work or the pool has one stream
+        let lanes =
+            Some(st.libs.grouped.streams).filter(|&n| how == GroupedBackend::StreamPool && n > 1 && groups.len() > 1);
         // SAFETY: each group passed check_all in group_gemms; the replay key encodes the problem
         // (from which the groups follow), every address and the lanes; the rest is the caller's
         // contract.
         let done = unsafe {
             match how {
-                GroupedBackend::GroupedBatched | GroupedBackend::ChunkedBatched => batched(&mut st, &groups, stream),
-                GroupedBackend::SplitPool => {
-                    let lanes = st.libs.grouped.streams;
-                    split(&mut st, &groups, lanes, stream)
-                }
+                GroupedBackend::GroupedBatched => batched(&mut st, &groups, stream),
                 _ => replayed(&mut st, &groups, replay_key(p, bufs, pv, lanes), lanes, stream),
             }
         };
@@ -264,7 +253,8 @@ impl Gpu {
             let (lc, (pc, _wc)) = (c.num_bytes(), c.device_ptr_mut(s));
             let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
             let bias = pv.as_ref().map(|((ptr, _), len)| (*ptr, *len));
-            let ways = candidates_at(p, bufs.map(|b| b.0));
+            let moe = self.lock().libs.grouped.cudnn_moe.unwrap_or(false);
+            let ways = candidates_at(p, bufs.map(|b| b.0), moe);
             let calls: Vec<Call<'_>> = ways
                 .iter()
                 // SAFETY: the same buffers the checked call above ran on, borrowed until the
@@ -278,7 +268,8 @@ impl Gpu {
             let medians = time_interleaved(s, reps, &calls, false)?.medians;
             // the way the call takes with nothing measured: the rule's, off cuBLAS's grouped
             // call where the pointers miss its alignment
-            let untuned = way_on(&GroupedSettings::default(), p, bufs.map(|b| b.0))?;
+            let untuned =
+                way_on(&GroupedSettings { cudnn_moe: Some(moe), ..Default::default() }, p, bufs.map(|b| b.0))?;
             Ok((ways.into_iter().zip(medians).collect::<Vec<_>>(), untuned))
         });
         self.lock().libs.grouped.backend = forced;
@@ -289,36 +280,6 @@ impl Gpu {
         self.lock().libs.grouped.tuned.insert(sig.clone(), best);
         let version = crate::cuda::library::cublaslt_version().unwrap_or(0);
         Ok((times, sig, Tactic::grouped(best, version, rule_ms, best_ms)))
-    }
-
-    /// PyTorch's `offs` (`torch._grouped_mm`: where each group's rows end, int32, on the
-    /// device) copied to the host for [`GroupedProblem::from_offsets`]: enqueued on
-    /// [`Gpu::stream`] after what is there, then that stream is waited for (this engine's
-    /// stream only, not the device). Every backend here takes host group sizes, so a grouped call
-    /// from device offsets costs this copy and wait, and cannot be captured into a CUDA graph;
-    /// a repeated size pattern can be captured once from host sizes and replayed.
-    ///
-    /// # Errors
-    /// [`Error::WrongContext`]; [`Error::NotCapturable`] while [`Gpu::stream`] is being
-    /// captured; [`Error::Driver`] from the copy or the wait.
-    pub fn grouped_offsets(&self, offs: &dyn DevicePtr<i32>) -> Result<Vec<i32>> {
-        same_context(Which::Grouped("offs"), offs.stream(), self.context())?;
-        let s = self.stream();
-        self.device().bind()?;
-        if crate::cuda::device::is_capturing(s.cu_stream())? {
-            return Err(Error::NotCapturable {
-                action: "copy a grouped GEMM's offsets to the host",
-                problem: "device offsets need a wait; capture with host group sizes".into(),
-            });
-        }
-        let mut host = vec![0i32; offs.num_bytes() / 4];
-        let (ptr, _guard) = offs.device_ptr(s);
-        // SAFETY: `ptr` is a live allocation of this context holding `host.len()` i32 (its
-        // byte length, rounded down); the copy is waited for before `host` is read or dropped.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut host, ptr, s.cu_stream()) }
-            .map_err(crate::cuda::status::driver("cuMemcpyDtoHAsync"))?;
-        s.synchronize().map_err(crate::cuda::status::driver("cuStreamSynchronize"))?;
-        Ok(host)
     }
 }
 
@@ -332,7 +293,9 @@ impl Plans<'_> {
     /// # Errors
     /// [`Error::Unsupported`]: the forced backend does not apply to `p` (or to its rows).
     pub fn grouped_backend(&self, p: &GroupedProblem) -> Result<GroupedBackend> {
-        way_on(&self.gpu.lock().libs.grouped, p, [0; 3])
+        let mut st = self.gpu.lock();
+        detect_cudnn_moe(&mut st.libs.grouped);
+        way_on(&st.libs.grouped, p, [0; 3])
     }
 }
 
@@ -344,7 +307,16 @@ impl Plans<'_> {
 /// [`Error::Unsupported`]: the forced way does not apply to `p` or to these pointers.
 fn way_on(settings: &GroupedSettings, p: &GroupedProblem, bases: [u64; 3]) -> Result<GroupedBackend> {
     let misaligned = grouped_call_misalignment(p, bases);
-    off_grouped_call(settings.choose(p)?, misaligned, settings.backend.is_some(), p.busy_groups(), || p.describe())
+    off_grouped_call(settings.choose(p)?, misaligned, settings.backend.is_some(), || p.describe())
+}
+
+/// Settles whether the loaded cuDNN has the MoE grouped matmul (9.18 or later), once: the
+/// first grouped call loads libcudnn to read its version (no handle is made).
+fn detect_cudnn_moe(settings: &mut GroupedSettings) {
+    if settings.cudnn_moe.is_none() {
+        let version = crate::cuda::dnn::cudnn_version();
+        settings.cudnn_moe = Some(version.is_some_and(|v| v >= crate::cuda::dnn::moe::MOE_VERSION));
+    }
 }
 
 /// Everything a grouped call's launches depend on, for its replay graph: the product, the

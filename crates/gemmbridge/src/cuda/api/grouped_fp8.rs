@@ -42,7 +42,7 @@ impl Gpu {
     /// two operands paired as there), spread over the pool of the engine's streams forked from and
     /// joined to [`Gpu::stream`]
     /// ([`GpuOptions::grouped_streams`](crate::cuda::GpuOptions::grouped_streams)), or in order on
-    /// [`Gpu::stream`] when one group has rows or [`GroupedBackend::InOrder`] is forced. Work
+    /// [`Gpu::stream`] when one group has rows or the pool has one stream. Work
     /// enqueued on [`Gpu::stream`] afterwards sees every group. No host synchronisation. A call
     /// repeated on the same operands and output is captured once into one CUDA graph of the whole
     /// call and replayed from then on (with graph replay on,
@@ -105,8 +105,8 @@ impl Gpu {
         self.launch_groups(&calls, &zeroed, lanes)
     }
 
-    /// The lanes an FP8 grouped call spreads over: the stream setting, or 1 (in order, on
-    /// the caller's stream) when [`GroupedBackend::InOrder`] is forced.
+    /// The lanes an FP8 grouped call spreads over: the stream setting (1: in order, on the
+    /// caller's stream).
     fn fp8_grouped_lanes(&self) -> Result<usize> {
         let (backend, streams) = {
             let st = self.lock();
@@ -114,10 +114,9 @@ impl Gpu {
         };
         match backend {
             None | Some(GroupedBackend::StreamPool) => Ok(streams),
-            Some(GroupedBackend::InOrder) => Ok(1),
             Some(other) => Err(Error::Unsupported {
                 backend: "FP8 grouped GEMM",
-                what: format!("{other:?} is forced: FP8 groups run on the pool of streams or in order"),
+                what: format!("{other:?} is forced: FP8 groups run on the pool of streams (in order with one stream)"),
             }),
         }
     }

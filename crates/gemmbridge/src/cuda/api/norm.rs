@@ -5,7 +5,7 @@
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
-use super::checks::{disjoint, same_context, Span};
+use super::checks::{disjoint, read_span, same_context, write_span};
 use super::engine::Gpu;
 use crate::cuda::device::{is_capturing, Relaxed};
 use crate::cuda::dnn::norm::{NormBuffers, NormCall, NormOp};
@@ -102,41 +102,6 @@ pub enum RmsNormDw<'a, T> {
     Io(&'a mut dyn DevicePtrMut<T>),
     /// In f32 ([`GradType::F32`](crate::norm::GradType::F32), or any f32 problem).
     F32(&'a mut dyn DevicePtrMut<f32>),
-}
-
-/// The buffer rules: the buffer holds `elems` elements of `elem` bytes, its address is a
-/// multiple of the element size.
-fn span(which: Which, addr: u64, have: usize, elems: usize, elem: usize) -> Result<Span> {
-    let s = Span::sized(which, addr, have, elems, elem)?;
-    if !addr.is_multiple_of(elem as u64) {
-        return Err(Error::Misaligned { operand: which, address: addr, align: elem });
-    }
-    Ok(s)
-}
-
-/// An input's checked span (its guard added to `guards`).
-fn read_span<'g, 'b: 'g, V>(
-    s: &'g CudaStream,
-    (which, buf): (Which, &'g (dyn DevicePtr<V> + 'b)),
-    (elems, elem): (usize, usize),
-    guards: &mut Vec<SyncOnDrop<'g>>,
-) -> Result<Span> {
-    let (addr, g) = buf.device_ptr(s);
-    guards.push(g);
-    span(which, addr, buf.num_bytes(), elems, elem)
-}
-
-/// An output's checked span (its guard added to `guards`).
-fn write_span<'g, 'b: 'g, V>(
-    s: &'g CudaStream,
-    (which, buf): (Which, &'g mut (dyn DevicePtrMut<V> + 'b)),
-    (elems, elem): (usize, usize),
-    guards: &mut Vec<SyncOnDrop<'g>>,
-) -> Result<Span> {
-    let bytes = buf.num_bytes();
-    let (addr, g) = buf.device_ptr_mut(s);
-    guards.push(g);
-    span(which, addr, bytes, elems, elem)
 }
 
 /// The problem's rules and the element type.

@@ -1,7 +1,7 @@
 //! [`Plans`]: the engine's plans, replay graphs and tuned tactics — loading a tactic database,
 //! what served, what is cached, dropping it; how a problem was or would be planned (those
 //! queries sit beside their capability's entry points: `conv.rs`, `attention.rs`,
-//! `grouped.rs`, `gemm_group.rs`).
+//! `grouped.rs`).
 
 use super::engine::Gpu;
 use crate::cuda::lt::launch::Algorithm;
@@ -12,7 +12,7 @@ use crate::tactics;
 /// [`Plans::graphs`], [`Plans::clear`]), and how a problem was planned or would run —
 /// convolutions ([`Plans::conv2d`], [`Plans::conv2d_tactic`], [`Plans::conv2d_tactics`]),
 /// attention ([`Plans::attention`], [`Plans::attention_tactic`]), grouped GEMMs
-/// ([`Plans::grouped_backend`], [`Plans::gemm_group_backend`]). Each query takes the engine's
+/// ([`Plans::grouped_backend`]). Each query takes the engine's
 /// lock for its own duration.
 #[derive(Clone, Copy, Debug)]
 pub struct Plans<'a> {

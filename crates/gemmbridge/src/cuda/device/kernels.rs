@@ -49,7 +49,9 @@ pub(crate) enum KernelSet {
     /// The misaligned-operand path's pitched copy with zero fill (`kernels/copy.cu`; any GPU).
     Copy,
     /// A transformer layer's elementwise operations, RoPE and SwiGLU (`kernels/layer.cu`;
-    /// compute capability 7.0 or later, for its `__grid_constant__` argument).
+    /// compute capability 7.0 or later, for its `__grid_constant__` argument), and a
+    /// mixture-of-experts layer's routing pieces (`kernels/moe.cu`, which uses layer.cu's
+    /// exponential).
     Layer,
     /// The append into a paged KV cache (`kernels/paged.cu`; any GPU).
     Paged,
@@ -70,16 +72,32 @@ impl KernelSet {
                 (concat!(include_str!("kernels/elem.cu"), include_str!("kernels/act.cu")), "gemmbridge_act.cu")
             }
             KernelSet::Copy => (include_str!("kernels/copy.cu"), "gemmbridge_copy.cu"),
-            KernelSet::Layer => {
-                (concat!(include_str!("kernels/elem.cu"), include_str!("kernels/layer.cu")), "gemmbridge_layer.cu")
-            }
+            KernelSet::Layer => (
+                concat!(
+                    include_str!("kernels/elem.cu"),
+                    include_str!("kernels/layer.cu"),
+                    include_str!("kernels/moe.cu")
+                ),
+                "gemmbridge_layer.cu",
+            ),
             KernelSet::Paged => (include_str!("kernels/paged.cu"), "gemmbridge_paged.cu"),
         }
     }
 
     /// Every kernel's name and the suffixes of its instances (per source dtype: `_f32`, `_f16`,
-    /// `_bf16`; the copies per element size in bytes: `_b2`, `_b4`).
-    fn kernels(self) -> (&'static [&'static str], &'static [&'static str]) {
+    /// `_bf16`; the copies per element size in bytes: `_b2`, `_b4`), and the kernels of one
+    /// instance, named without a suffix.
+    fn kernels(self) -> (&'static [&'static str], &'static [&'static str], &'static [&'static str]) {
+        let (typed, suffixes) = self.typed();
+        let plain: &[&str] = match self {
+            KernelSet::Layer => &["moe_count", "moe_scan", "moe_place", "moe_starts", "moe_clamp"],
+            _ => &[],
+        };
+        (typed, suffixes, plain)
+    }
+
+    /// The kernels with an instance per suffix, and the suffixes.
+    fn typed(self) -> (&'static [&'static str], &'static [&'static str]) {
         const DTYPES: &[&str] = &["f32", "f16", "bf16"];
         match self {
             KernelSet::Fp8 => (
@@ -123,6 +141,10 @@ impl KernelSet {
                     "swiglu_il_v8",
                     "dswiglu_v8",
                     "dswiglu_il_v8",
+                    "moe_topk",
+                    "moe_combine",
+                    "moe_combine_bwd",
+                    "moe_gather",
                 ],
                 DTYPES,
             ),
@@ -211,13 +233,11 @@ impl Kernels {
             })?;
         let module = ctx.load_module(ptx).map_err(status::driver("cuModuleLoadData"))?;
         let mut functions = HashMap::new();
-        let (kernels, suffixes) = set.kernels();
-        for kernel in kernels {
-            for suffix in suffixes {
-                let name = format!("{kernel}_{suffix}");
-                let f = module.load_function(&name).map_err(status::driver("cuModuleGetFunction"))?;
-                functions.insert(name, f);
-            }
+        let (kernels, suffixes, plain) = set.kernels();
+        let typed = kernels.iter().flat_map(|k| suffixes.iter().map(move |s| format!("{k}_{s}")));
+        for name in typed.chain(plain.iter().map(|k| k.to_string())) {
+            let f = module.load_function(&name).map_err(status::driver("cuModuleGetFunction"))?;
+            functions.insert(name, f);
         }
         Ok(Kernels { _module: module, functions })
     }

@@ -18,6 +18,7 @@ mod fp8_cast;
 mod kernels;
 mod layer;
 mod lifetime;
+mod moe;
 mod paged;
 mod pointer;
 mod replay;
@@ -32,6 +33,7 @@ pub(crate) use fp8_cast::{enqueue_cast, CastJob};
 pub(crate) use kernels::{arg, suffix, KernelSet, Kernels};
 pub(crate) use layer::{GluLaunch, RopeLaunch};
 pub(crate) use lifetime::{capturing, first_stream, keep_primary, Pool, Relaxed, RelaxedDrop};
+pub(crate) use moe::MoeKernels;
 pub(crate) use paged::AppendLaunch;
 pub(crate) use pointer::check_extent;
 pub use replay::GraphReplay;
@@ -173,7 +175,9 @@ impl DeviceState {
                         KernelSet::Fp8 => "the first FP8 quantisation; call Gpu::prepare_fp8 before capturing",
                         KernelSet::Train => "the first training step; run one step before capturing",
                         KernelSet::Copy => "the first padded (misaligned) call; call Gpu::prewarm before capturing",
-                        KernelSet::Layer => "the first RoPE or SwiGLU call; make one before capturing",
+                        KernelSet::Layer => {
+                            "the first RoPE, SwiGLU or mixture-of-experts routing call; make one before capturing"
+                        }
                         KernelSet::Paged => "the first paged-cache append; make one before capturing",
                     }
                     .into(),

@@ -84,14 +84,16 @@ impl Builder {
         }
     }
 
-    fn make(&mut self, uid: i64, dims: Dims, strides: Dims, dtype: Dt, kind: Kind) -> Result<Tensor> {
+    /// A tensor descriptor of any rank (`dims` and `strides` of one length), kept with the
+    /// graph; its index among the graph's tensors.
+    fn describe(&mut self, uid: i64, dims: &[i64], strides: &[i64], dtype: Dt, kind: Kind) -> Result<usize> {
         let (virt, by_value) = (kind == Kind::Virtual, kind == Kind::ByValue);
         // SAFETY: DATA_TYPE reads cudnnDataType_t, BOOLEAN a C bool, the rest int64_t.
         let mut d = unsafe {
             Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?
                 .set(A::CUDNN_ATTR_TENSOR_DATA_TYPE, T::CUDNN_TYPE_DATA_TYPE, &[dtype])?
-                .i64s(A::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims)?
-                .i64s(A::CUDNN_ATTR_TENSOR_STRIDES, &strides)?
+                .i64s(A::CUDNN_ATTR_TENSOR_DIMENSIONS, dims)?
+                .i64s(A::CUDNN_ATTR_TENSOR_STRIDES, strides)?
                 .i64s(A::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?
                 .i64s(A::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[self.align])?
                 .set(A::CUDNN_ATTR_TENSOR_IS_VIRTUAL, T::CUDNN_TYPE_BOOLEAN, &[virt])?
@@ -102,7 +104,12 @@ impl Builder {
         }
         let d = d.finalize(|| format!("tensor {uid} dims {dims:?} strides {strides:?} {dtype:?}"))?;
         self.tensors.push(d);
-        Ok(Tensor { idx: self.tensors.len() - 1, dims, strides })
+        Ok(self.tensors.len() - 1)
+    }
+
+    fn make(&mut self, uid: i64, dims: Dims, strides: Dims, dtype: Dt, kind: Kind) -> Result<Tensor> {
+        let idx = self.describe(uid, &dims, &strides, dtype, kind)?;
+        Ok(Tensor { idx, dims, strides })
     }
 
     fn uid(&mut self) -> i64 {
@@ -113,6 +120,13 @@ impl Builder {
     /// A tensor in device memory, named `uid` in the variant pack.
     pub fn io(&mut self, uid: i64, dims: Dims, strides: Dims, dtype: Dt) -> Result<Tensor> {
         self.make(uid, dims, strides, dtype, Kind::Memory)
+    }
+
+    /// A three-dimensional tensor in device memory, named `uid` in the variant pack (what the
+    /// MoE grouped matmul takes); its `dims` and `strides` as `[d0, d1, d2, 1]`.
+    pub fn io3(&mut self, uid: i64, dims: [i64; 3], strides: [i64; 3], dtype: Dt) -> Result<Tensor> {
+        let idx = self.describe(uid, &dims, &strides, dtype, Kind::Memory)?;
+        Ok(Tensor { idx, dims: [dims[0], dims[1], dims[2], 1], strides: [strides[0], strides[1], strides[2], 1] })
     }
 
     /// A virtual tensor (an intermediate the engine keeps to itself).
@@ -308,6 +322,31 @@ impl Builder {
             .descs(A::CUDNN_ATTR_OPERATION_NORM_BWD_DSCALE_DESC, &[self.get(dw)])?
             .descs(A::CUDNN_ATTR_OPERATION_NORM_BWD_DXDESC, &[self.get(dx)])?
             .finalize(|| format!("rms norm backward x {:?}", x.dims))?;
+        self.ops.push(op);
+        Ok(())
+    }
+
+    /// cuDNN's MoE grouped matmul (cuDNN 9.18 and later) in its plain mode (rows in expert
+    /// order): `y = token · weight[e]` per expert over the rows the int32 `first` offsets give
+    /// it, tensors of three dimensions, f32 accumulation (cuDNN's developer guide,
+    /// `CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_DESCRIPTOR`; cudnn-frontend's
+    /// `MoeGroupedMatmulNode`).
+    pub fn moe(&mut self, [token, weight, first]: [Tensor; 3], y: Tensor) -> Result<()> {
+        let mode = raw::cudnnMoeGroupedMatmulMode_t::CUDNN_MOE_GROUPED_MATMUL_MODE_NONE;
+        let f32_ = Dt::CUDNN_DATA_FLOAT;
+        // SAFETY: MODE reads cudnnMoeGroupedMatmulMode_t (a 32-bit C enum), MATH_PREC a
+        // cudnnDataType_t.
+        let op = unsafe {
+            Desc::new(D::CUDNN_BACKEND_OPERATION_MOE_GROUPED_MATMUL_DESCRIPTOR)?
+                .set(A::CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_MODE, T::CUDNN_TYPE_MOE_GROUPED_MATMUL_MODE, &[mode])?
+                .set(A::CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_MATH_PREC, T::CUDNN_TYPE_DATA_TYPE, &[f32_])?
+        };
+        let op = op
+            .descs(A::CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_TOKEN_DESC, &[self.get(token)])?
+            .descs(A::CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_WEIGHT_DESC, &[self.get(weight)])?
+            .descs(A::CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_FIRST_TOKEN_OFFSET_DESC, &[self.get(first)])?
+            .descs(A::CUDNN_ATTR_OPERATION_MOE_GROUPED_MATMUL_OUTPUT_DESC, &[self.get(y)])?
+            .finalize(|| format!("moe grouped matmul token {:?} weight {:?}", token.dims, weight.dims))?;
         self.ops.push(op);
         Ok(())
     }

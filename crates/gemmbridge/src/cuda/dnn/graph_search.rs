@@ -60,6 +60,48 @@ pub(super) fn configs(graph: &Desc, mode: raw::cudnnBackendHeurMode_t) -> Result
     Ok(cfgs.into_iter().take(got).collect())
 }
 
+/// A plan cuDNN's heuristic picked: the finalized execution plan, its engine configuration,
+/// the workspace bytes it needs and its name (`engine <index> (<mode>, notes <notes>)`).
+pub(super) struct Picked {
+    pub plan: Desc,
+    pub cfg: Desc,
+    pub workspace: usize,
+    pub name: String,
+}
+
+/// The first configuration of cuDNN's ranked lists for `graph` (heuristic mode A, then the
+/// fallback list) whose execution plan finalizes within `limit` bytes of workspace; `Ok(None)`
+/// when none does. `what` names the problem in the log.
+pub(super) fn first_plan(
+    h: raw::cudnnHandle_t,
+    graph: &Desc,
+    limit: usize,
+    what: &dyn Fn() -> String,
+) -> Result<Option<Picked>> {
+    use raw::cudnnBackendHeurMode_t::*;
+    for mode in [CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK] {
+        let cfgs = match configs(graph, mode) {
+            Ok(cfgs) => cfgs,
+            Err(e) => {
+                tracing::debug!(problem = %what(), ?mode, error = %e, "cuDNN heuristic list unavailable");
+                continue;
+            }
+        };
+        for cfg in cfgs {
+            let Ok((index, notes)) = engine_of(&cfg) else { continue };
+            let name = format!("engine {index} ({mode:?}, notes {notes:?})");
+            match execution_plan(h, &cfg, || format!("{} {name}", what())) {
+                Ok((_, bytes)) if bytes > limit => {
+                    tracing::debug!(problem = %what(), %name, bytes, limit, "skipped: workspace over the limit");
+                }
+                Ok((plan, workspace)) => return Ok(Some(Picked { plan, cfg, workspace, name })),
+                Err(e) => tracing::debug!(problem = %what(), %name, error = %e, "skipped"),
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// The execution plan of engine configuration `cfg` on handle `h`, finalized, and the
 /// workspace bytes it needs.
 ///

@@ -10,8 +10,8 @@
 //! graph replay of repeated calls: `replay.rs`; the room's own larger workspace:
 //! `workspace.rs`. Plans from the tactic database, and plans a measured search chose as tactics
 //! for it: `tactic.rs` (rebuilt from an entry: `rebuild.rs`). Beside the convolutions, on the
-//! graph API with the small graph builder both share (`builder.rs`): attention (`attention/`)
-//! and RMSNorm (`norm/`).
+//! graph API with the small graph builder both share (`builder.rs`): attention (`attention/`),
+//! RMSNorm (`norm/`) and the MoE grouped matmul (`moe/`).
 //!
 //! This file: the settings ([`ConvSearch`], [`ConvApi`]), the call ([`ConvOp`],
 //! [`ConvBuffers`], [`ConvCall`]), the plan key and the planned call of either API, and
@@ -26,6 +26,7 @@ mod graph_search;
 mod legacy;
 mod legacy_launch;
 mod legacy_rank;
+pub(crate) mod moe;
 pub(crate) mod norm;
 mod rebuild;
 mod replay;
@@ -205,6 +206,8 @@ pub(crate) struct DnnState {
     pub attn_search: bool,
     /// RMSNorm plans, by problem, direction and alignment (`norm/`).
     norm: HashMap<norm::NormKey, norm::NormPlan>,
+    /// MoE grouped matmul plans, by product and alignment (`moe/`).
+    moe: HashMap<moe::MoeKey, moe::MoePlan>,
 }
 
 impl DnnState {
@@ -220,7 +223,7 @@ impl DnnState {
             (CONV_WORKSPACE_LIMIT, BigWorkspaces::default(), HashMap::default(), sys::version());
         let handle = Handle::new(pool)?;
         let applied = Default::default();
-        let (attn, norm) = (HashMap::default(), HashMap::default());
+        let (attn, norm, moe) = (HashMap::default(), HashMap::default(), HashMap::default());
         Ok(DnnState {
             handle,
             plans,
@@ -237,6 +240,7 @@ impl DnnState {
             attn,
             attn_search: false,
             norm,
+            moe,
         })
     }
 
@@ -265,6 +269,7 @@ impl DnnState {
         self.plans.clear();
         self.attn.clear();
         self.norm.clear();
+        self.moe.clear();
         self.big = BigWorkspaces::default();
         self.handle.release();
     }
@@ -275,6 +280,7 @@ impl DnnState {
         std::mem::forget(std::mem::take(&mut self.plans));
         std::mem::forget(std::mem::take(&mut self.attn));
         std::mem::forget(std::mem::take(&mut self.norm));
+        std::mem::forget(std::mem::take(&mut self.moe));
         std::mem::forget(std::mem::take(&mut self.big));
         self.handle.leak();
     }

@@ -11,7 +11,7 @@ use crate::cuda::call::GemmCall;
 use crate::cuda::device::{capture, is_capturing, Cached, Locked, ReplayKey};
 use crate::cuda::route::{dispatch, Libraries};
 use crate::error::Result;
-use crate::grouped::streams::{assign, schedule, Step, SMALL_GROUP_MACS};
+use crate::grouped::streams::{assign, schedule, Step};
 use crate::mapping::column_major_call;
 use crate::problem::GemmProblem;
 
@@ -62,54 +62,10 @@ pub(crate) unsafe fn in_order(st: &mut Locked<Libraries>, groups: &[GroupGemm], 
 /// # Safety
 /// As [`in_order`].
 pub(crate) unsafe fn batched(st: &mut Locked<Libraries>, groups: &[GroupGemm], caller: CUstream) -> Result<()> {
-    let refs: Vec<&GroupGemm> = groups.iter().collect();
-    // SAFETY: the caller's contract.
-    unsafe { batched_refs(st, &refs, caller) }
-}
-
-/// [`batched`] of the groups `groups` points to, on `stream`.
-///
-/// # Safety
-/// As [`in_order`].
-unsafe fn batched_refs(st: &mut Locked<Libraries>, groups: &[&GroupGemm], stream: CUstream) -> Result<()> {
-    let gemms: Vec<BlasGemm> = groups.iter().map(|g| BlasGemm::of(&g.call(stream))).collect();
+    let gemms: Vec<BlasGemm> = groups.iter().map(|g| BlasGemm::of(&g.call(caller))).collect();
     let Locked { dev, libs } = st;
     // SAFETY: the caller's contract.
-    unsafe { libs.blas.gemm_grouped(dev, &gemms, stream) }
-}
-
-/// Enqueues the large groups (above [`SMALL_GROUP_MACS`] multiply-adds: one GEMM each) and
-/// the small rest (one cuBLAS grouped batched call) over at most `lanes + 1` of the device's
-/// lanes, as [`pooled_launches`] does: the small groups' call is one job of their summed work,
-/// so the longest-first assignment gives it a lane of its own beside the large groups. Not
-/// capturable (cuBLAS's grouped call).
-///
-/// # Safety
-/// As [`in_order`].
-pub(crate) unsafe fn split(
-    st: &mut Locked<Libraries>,
-    groups: &[GroupGemm],
-    lanes: usize,
-    caller: CUstream,
-) -> Result<()> {
-    let (mut big, mut small) = (Vec::new(), Vec::new());
-    for g in groups {
-        if g.work() > SMALL_GROUP_MACS {
-            big.push(g);
-        } else {
-            small.push(g);
-        }
-    }
-    let mut work: Vec<u64> = big.iter().map(|g| g.work()).collect();
-    work.push(small.iter().map(|g| g.work()).sum::<u64>().max(1));
-    let describe = || format!("{} large grouped GEMMs beside {} small ones", big.len(), small.len());
-    // SAFETY: the caller's contract; each launch is checked groups on a live stream.
-    unsafe {
-        pooled_launches(st, &work, lanes + 1, caller, &describe, |st, e, s| match big.get(e) {
-            Some(g) => dispatch::enqueue(st, &g.call(s)).map(|_| ()),
-            None => batched_refs(st, &small, s),
-        })
-    }
+    unsafe { libs.blas.gemm_grouped(dev, &gemms, caller) }
 }
 
 /// Enqueues `groups` over at most `lanes` of the device's lanes, as [`pooled_launches`] does.

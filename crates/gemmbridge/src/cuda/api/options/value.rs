@@ -103,14 +103,12 @@ pub struct GpuOptions {
     /// database takes the entry's engine instead, unless cuDNN refuses it; a measured choice
     /// can be stored there ([`Plans::attention_tactic`](crate::cuda::Plans::attention_tactic)).
     pub attention_search: bool,
-    /// Forces how grouped products and lists of GEMMs ([`Gpu::grouped_gemm`](crate::cuda::Gpu::grouped_gemm),
-    /// [`Gpu::gemm_group`](crate::cuda::Gpu::gemm_group)) run ([`GroupedBackend`]), or with `None` (the default) lets the
-    /// measured choices and the rule choose
-    /// ([`Plans::grouped_backend`](crate::cuda::Plans::grouped_backend),
-    /// [`Plans::gemm_group_backend`](crate::cuda::Plans::gemm_group_backend)). A forced backend that
-    /// does not apply to a problem or list makes that call fail with [`Error::Unsupported`](crate::Error::Unsupported)
-    /// before any launch (a strided batch applies to no list; FP8 groups take the pool or in
-    /// order).
+    /// Forces how grouped products ([`Gpu::grouped_gemm`](crate::cuda::Gpu::grouped_gemm)) run
+    /// ([`GroupedBackend`]), or with `None` (the default) lets the measured choices and the rule
+    /// choose ([`Plans::grouped_backend`](crate::cuda::Plans::grouped_backend)). A forced backend
+    /// that does not apply to a problem makes that call fail with
+    /// [`Error::Unsupported`](crate::Error::Unsupported) before any launch (FP8 groups take the
+    /// pool only).
     pub grouped_backend: Option<GroupedBackend>,
     /// How many streams a pooled grouped product spreads over (1 to 16; 4 by default, what
     /// TransformerEngine's grouped linear layer uses). Streams are added when a call first

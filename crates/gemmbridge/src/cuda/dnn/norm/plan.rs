@@ -12,7 +12,7 @@ use super::{NormBuffers, NormCall, NormOp};
 use crate::cuda::dnn::builder::Builder;
 use crate::cuda::dnn::graph_desc::Desc;
 use crate::cuda::dnn::graph_plan::pack;
-use crate::cuda::dnn::graph_search::{configs, engine_of, execution_plan};
+use crate::cuda::dnn::graph_search::{first_plan, Picked};
 use crate::cuda::dnn::sys::check;
 use crate::error::Result;
 use crate::norm::RmsNorm;
@@ -57,45 +57,14 @@ pub(super) fn make(
         NormOp::Backward => graphs::backward(&mut g, p)?,
     }
     let graph = g.finish(h, what)?;
-    use raw::cudnnBackendHeurMode_t::*;
-    for mode in [CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK] {
-        let cfgs = match configs(&graph.graph, mode) {
-            Ok(cfgs) => cfgs,
-            Err(e) => {
-                tracing::debug!(problem = %what(), ?mode, error = %e, "cuDNN heuristic list unavailable");
-                continue;
-            }
-        };
-        for cfg in cfgs {
-            let Ok((index, notes)) = engine_of(&cfg) else { continue };
-            let name = format!("engine {index} ({mode:?}, notes {notes:?})");
-            let (plan, workspace) = match execution_plan(h, &cfg, || format!("{} {name}", what())) {
-                Ok((_, bytes)) if bytes > limit => {
-                    tracing::debug!(problem = %what(), %name, bytes, limit, "skipped: workspace over the limit");
-                    continue;
-                }
-                Ok(made) => made,
-                Err(e) => {
-                    tracing::debug!(problem = %what(), %name, error = %e, "skipped");
-                    continue;
-                }
-            };
-            tracing::debug!(problem = %what(), %name, workspace, "cuDNN RMSNorm plan");
-            let mut made_of = vec![cfg, graph.graph];
-            made_of.extend(graph.parts);
-            let eps_uid = graph.scalars.first().map(|&(u, _)| u);
-            return Ok(Some(NormPlan {
-                plan,
-                _made_of: made_of,
-                workspace,
-                name,
-                eps_uid,
-                eps: Box::new(p.eps),
-                pack: None,
-            }));
-        }
-    }
-    Ok(None)
+    let Some(Picked { plan, cfg, workspace, name }) = first_plan(h, &graph.graph, limit, &what)? else {
+        return Ok(None);
+    };
+    tracing::debug!(problem = %what(), %name, workspace, "cuDNN RMSNorm plan");
+    let mut made_of = vec![cfg, graph.graph];
+    made_of.extend(graph.parts);
+    let eps_uid = graph.scalars.first().map(|&(u, _)| u);
+    Ok(Some(NormPlan { plan, _made_of: made_of, workspace, name, eps_uid, eps: Box::new(p.eps), pack: None }))
 }
 
 impl NormPlan {
