@@ -43,6 +43,10 @@ decode_spec = importlib.util.spec_from_file_location("decode_peer", DECODE_PEER)
 decode_peer = importlib.util.module_from_spec(decode_spec)
 decode_spec.loader.exec_module(decode_peer)
 
+MOE_PEER = os.path.join(HERE, "moe_peer.py")
+moe_spec = importlib.util.spec_from_file_location("moe_peer", MOE_PEER)
+moe_peer = importlib.util.module_from_spec(moe_spec)
+moe_spec.loader.exec_module(moe_peer)
 DECODE_STEP_PEER = os.path.join(HERE, "decode_step_peer.py")
 decode_step_spec = importlib.util.spec_from_file_location("decode_step_peer", DECODE_STEP_PEER)
 decode_step_peer = importlib.util.module_from_spec(decode_step_spec)
@@ -389,6 +393,29 @@ class DecodeStepPeer(unittest.TestCase):
             (["--reps", "0"], "--reps needs at least 1"),
         ):
             p = subprocess.run([sys.executable, DECODE_STEP_PEER, *args], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 2, (args, p.stderr))
+            self.assertIn(msg, p.stderr, args)
+            self.assertEqual(p.stdout, "", args)
+
+
+class MoePeer(unittest.TestCase):
+    """bench/moe_peer.py without a GPU: its layers and FLOP count are gemmbridge's, its usage
+    errors exit 2."""
+
+    def test_layers_and_flops_match_gemmbridge(self):
+        # crates/gemmbridge-cli/src/bench/moe.rs, the_layers_are_qwen3s_and_mixtrals
+        self.assertEqual([s["name"] for s in moe_peer.SHAPES], ["qwen3-30b-a3b", "mixtral-8x7b"])
+        q = moe_peer.SHAPES[0]
+        self.assertAlmostEqual(moe_peer.forward_flops(q) / 1e9, 311.4, delta=0.1)
+        self.assertEqual(moe_peer.forward_flops(q), 6 * 32768 * 2048 * 768 + 2 * 4096 * 2048 * 128)
+
+    def test_usage_errors_exit_2(self):
+        for args, msg in (
+            (["--ways", "jit"], "unknown way 'jit'"),
+            (["--ops", "moe"], "unknown op 'moe'"),
+            (["--shapes", "llama"], "unknown shape 'llama'"),
+        ):
+            p = subprocess.run([sys.executable, MOE_PEER, *args], capture_output=True, text=True)
             self.assertEqual(p.returncode, 2, (args, p.stderr))
             self.assertIn(msg, p.stderr, args)
             self.assertEqual(p.stdout, "", args)

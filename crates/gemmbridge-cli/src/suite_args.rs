@@ -6,7 +6,7 @@ use gemmbridge::conv::ConvLayout;
 use gemmbridge::cuda::ConvApi;
 use gemmbridge::Precision;
 
-use crate::bench::{attn, conv, decode, decoder, fp8, grouped, layer, norm};
+use crate::bench::{attn, conv, decode, decoder, fp8, grouped, layer, moe, norm};
 use crate::lists::entries;
 use crate::ops::{precision_of, OPS};
 use crate::suites::{self, Shape};
@@ -70,6 +70,8 @@ pub struct OpList {
     pub decoder: Vec<String>,
     /// The paged decode-attention ops ([`decode::OPS`]; `bench` only).
     pub decode: Vec<String>,
+    /// The mixture-of-experts layer ops ([`moe::OPS`]; `bench` only).
+    pub moe: Vec<String>,
     pub launch: bool,
 }
 
@@ -128,6 +130,7 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
         layer: Vec::new(),
         decoder: Vec::new(),
         decode: Vec::new(),
+        moe: Vec::new(),
         launch: false,
     };
     let push = |v: &mut Vec<String>, o: &str| {
@@ -156,6 +159,8 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             push(&mut out.decoder, o);
         } else if bench_only && decode::OPS.contains(&o) {
             push(&mut out.decode, o);
+        } else if bench_only && moe::OPS.contains(&o) {
+            push(&mut out.moe, o);
         } else {
             let launch = if with_launch { "launch, " } else { "" };
             let attn: Vec<&str> =
@@ -163,7 +168,7 @@ pub fn parse_ops(list: &str, bench_only: bool) -> anyhow::Result<OpList> {
             let grouped: Vec<&str> =
                 grouped::OPS.iter().copied().filter(|g| bench_only || !grouped::is_fp8(g)).collect();
             let norm = if bench_only {
-                let more = [&norm::OPS[..], &layer::OPS, &decoder::OPS, &decode::OPS].concat();
+                let more = [&norm::OPS[..], &layer::OPS, &decoder::OPS, &decode::OPS, &moe::OPS].concat();
                 format!(", {}", more.join(", "))
             } else {
                 String::new()
@@ -275,9 +280,12 @@ mod tests {
                 layer: vec![],
                 decoder: vec![],
                 decode: vec![],
+                moe: vec![],
                 launch: false
             }
         );
+        assert_eq!(parse_ops("moe_fwd_bwd,moe_fwd", true).unwrap().moe, ["moe_fwd_bwd", "moe_fwd"]);
+        assert!(parse_ops("moe_fwd", false).is_err(), "a MoE step has nothing to tune");
         assert_eq!(parse_ops("attn_fwd_bwd,attn_fwd", true).unwrap().attn, ["attn_fwd_bwd", "attn_fwd"]);
         assert_eq!(parse_ops("attn_fwd", false).unwrap().attn, ["attn_fwd"]);
         assert!(parse_ops("attn_fp8_cast", false).is_err(), "a cast has no plan to tune");
@@ -305,7 +313,7 @@ mod tests {
             "unknown op \"foo\"; choose from matmul, linear, linear_bias, linear_bias_gelu, bmm, launch, conv_fwd, \
              conv_bias_relu, conv_bias_relu_unfused, conv_dgrad, conv_wgrad, conv, attn_fwd, attn_fwd_bwd, attn_fwd_fp8, attn_fwd_bwd_fp8, attn_fp8_cast, grouped, \
              grouped_dx, grouped_dw, grouped_fp8, grouped_fp8_dx, grouped_fp8_dw, rmsnorm, rmsnorm_fwd_bwd, \
-             rope, swiglu, swiglu_bwd, layer_fwd, layer_fwd_bwd, decode_attn, decode_step"
+             rope, swiglu, swiglu_bwd, layer_fwd, layer_fwd_bwd, decode_attn, decode_step, moe_fwd, moe_fwd_bwd"
         );
         assert_eq!(parse_ops("swiglu_bwd,rope,swiglu,rope", true).unwrap().layer, ["swiglu_bwd", "rope", "swiglu"]);
         assert!(parse_ops("rope", false).is_err(), "layer ops have nothing to tune");

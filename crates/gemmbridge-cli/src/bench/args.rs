@@ -92,12 +92,12 @@ pub struct Args {
     #[arg(long, default_value = "measured")]
     pub(super) conv_search: String,
     /// Grouped rows: how the engine runs them — auto (a measured choice from --db, else its
-    /// rule: one strided batch for equal groups, for small unequal ones of a forward or
-    /// backward data cuBLAS's grouped call, a pool of streams otherwise), strided,
-    /// cublas-grouped (cuBLAS's grouped batched call), chunked (the groups' rows cut into
-    /// chunks of 128, 64, …, 1 rows, alike chunks batched in one cuBLAS grouped call), pool,
-    /// split (the large groups on the pool, the small ones in one cuBLAS grouped call beside
-    /// them) or in-order (shapes a forced backend does not apply to are skipped).
+    /// rule: one strided batch for equal groups, cuDNN's MoE grouped matmul for other forwards
+    /// and backward data where the loaded cuDNN has it (9.18 and later), elsewhere cuBLAS's
+    /// grouped call for small unequal ones, a pool of streams otherwise), strided,
+    /// cublas-grouped (cuBLAS's grouped batched call), cudnn (cuDNN's MoE grouped matmul) or
+    /// pool (in order with --grouped-streams 1); shapes a forced backend does not apply to
+    /// are skipped.
     #[arg(long, default_value = "auto")]
     pub(super) grouped_backend: String,
     /// Grouped rows: streams of the pool (1 to 16).

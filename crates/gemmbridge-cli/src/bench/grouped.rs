@@ -41,14 +41,10 @@ pub fn parse_backend(s: &str) -> anyhow::Result<Option<GroupedBackend>> {
         "auto" => None,
         "strided" => Some(GroupedBackend::StridedBatch),
         "pool" => Some(GroupedBackend::StreamPool),
-        "split" => Some(GroupedBackend::SplitPool),
-        "chunked" => Some(GroupedBackend::ChunkedBatched),
         "cublas-grouped" => Some(GroupedBackend::GroupedBatched),
-        "in-order" => Some(GroupedBackend::InOrder),
+        "cudnn" => Some(GroupedBackend::Cudnn),
         other => {
-            anyhow::bail!(
-                "unknown grouped backend {other:?}; choose auto, strided, cublas-grouped, chunked, pool, split or in-order"
-            )
+            anyhow::bail!("unknown grouped backend {other:?}; choose auto, strided, cublas-grouped, cudnn or pool")
         }
     })
 }

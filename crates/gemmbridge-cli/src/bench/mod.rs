@@ -15,6 +15,7 @@ pub mod grouped;
 mod grouped_fp8;
 pub mod launch;
 pub mod layer;
+pub mod moe;
 pub mod norm;
 pub mod report;
 
@@ -93,6 +94,7 @@ struct Plan {
     /// The paged decode-attention ops (`bench/decode.rs`).
     decode_ops: Vec<String>,
     layer_ops: Vec<String>,
+    moe_ops: Vec<String>,
     /// The recipes of the FP8 grouped rows.
     grouped_scalings: Vec<String>,
     launch: bool,
@@ -105,7 +107,8 @@ struct Plan {
 }
 
 /// What the CPU benchmark leaves out, and that the library's CPU backend has most of it.
-const CPU_UNTIMED: &str = "the convolution, attention, grouped, RMSNorm, RoPE/SwiGLU, decoder-layer and decode ops \
+const CPU_UNTIMED: &str =
+    "the convolution, attention, grouped, MoE, RMSNorm, RoPE/SwiGLU, decoder-layer and decode ops \
      are timed on a GPU only: skipped; gemmbridge::cpu computes attention, grouped GEMMs, RMSNorm, RoPE, SwiGLU and \
      the decoder layer, untimed here";
 
@@ -125,6 +128,7 @@ impl Plan {
             layer: layer_ops,
             decoder: decoder_ops,
             decode: decode_ops,
+            moe: moe_ops,
             launch,
         } = parse_ops(&args.ops, true)?;
         decoder::parse_shapes(&args.layer_shapes)?;
@@ -145,21 +149,13 @@ impl Plan {
         };
         let conv = args.shared.conv()?;
         let conv_search = conv::parse_search(&args.conv_search)?;
-        if ops.is_empty()
-            && !launch
-            && scalings.is_empty()
-            && conv_ops.is_empty()
-            && attn_ops.is_empty()
-            && grouped_ops.is_empty()
-            && norm_ops.is_empty()
-            && decoder_ops.is_empty()
-            && decode_ops.is_empty()
-            && layer_ops.is_empty()
-        {
+        let lists =
+            [&ops, &conv_ops, &attn_ops, &grouped_ops, &norm_ops, &decoder_ops, &decode_ops, &layer_ops, &moe_ops];
+        if !launch && scalings.is_empty() && lists.iter().all(|o| o.is_empty()) {
             bail!("no op to run: give --ops with at least one of {}, launch", OPS.join(", "));
         }
         let half = dtypes.iter().any(|(_, p)| matches!(p.input(), gemmbridge::DType::F16 | gemmbridge::DType::BF16));
-        let halves = [&attn_ops, &norm_ops, &decode_ops].iter().any(|o| !o.is_empty());
+        let halves = [&attn_ops, &norm_ops, &decode_ops, &moe_ops].iter().any(|o| !o.is_empty());
         if (halves || grouped_ops.iter().any(|o| !grouped::is_fp8(o))) && !half {
             bail!("--ops names attention, RMSNorm, decode or grouped GEMM rows but --dtypes names neither f16 nor bf16 (their input types)");
         }
@@ -180,6 +176,7 @@ impl Plan {
             decoder_ops,
             decode_ops,
             layer_ops,
+            moe_ops,
             grouped_scalings,
             launch,
             reps,
@@ -232,6 +229,7 @@ impl Plan {
             &mut self.layer_ops,
             &mut self.decoder_ops,
             &mut self.decode_ops,
+            &mut self.moe_ops,
         ];
         if gpu_only.iter().any(|o| !o.is_empty()) {
             eprintln!("  ({CPU_UNTIMED})");
@@ -280,6 +278,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     if let (false, Some(g)) = (plan.decode_ops.is_empty(), &gpu) {
         rows.extend(decode::bench(g, &plan.decode_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+    }
+    if let (false, Some(g)) = (plan.moe_ops.is_empty(), &gpu) {
+        rows.extend(moe::bench(g, &plan.moe_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     if let (false, Some(g)) = (plan.decoder_ops.is_empty(), &gpu) {
         let shapes = decoder::parse_shapes(&args.layer_shapes)?;
