@@ -45,9 +45,8 @@ pub enum GroupedBackend {
     /// the caller's stream where one group has rows or the pool has one stream.
     StreamPool,
     /// cuDNN's MoE grouped matmul (cuDNN 9.18 and later, [`crate::moe`]): every group in one
-    /// operation, the group starts written to the device by a kernel launch. A forward or
-    /// backward data in f16 or bf16 without a bias (cuDNN 9.19 on Hopper has no engine for the
-    /// backward data: refused by name when run).
+    /// operation, the group starts written to the device by a kernel launch. A forward in f16
+    /// or bf16 without a bias.
     #[serde(rename = "cudnn_moe")]
     Cudnn,
 }
@@ -74,10 +73,11 @@ pub fn candidates(p: &GroupedProblem, cudnn_moe: bool) -> Vec<GroupedBackend> {
     out
 }
 
-/// Whether cuDNN's MoE grouped matmul takes `p`: a forward or backward data, f16 or bf16,
-/// no bias.
+/// Whether cuDNN's MoE grouped matmul takes `p`: a forward (its backward data reads the weight
+/// in a layout cuDNN 9.19 has no engine for; its backward weight needs 9.22), f16 or bf16, no
+/// bias.
 fn moe_fits(p: &GroupedProblem) -> bool {
-    p.op() != GroupedOp::BackwardWeight && !p.has_bias() && matches!(p.precision(), Precision::F16 | Precision::BF16)
+    p.op() == GroupedOp::Forward && !p.has_bias() && matches!(p.precision(), Precision::F16 | Precision::BF16)
 }
 
 /// How grouped products run on an engine: a forced backend, or `None` for the measured
@@ -205,11 +205,14 @@ fn why_not(p: &GroupedProblem, b: GroupedBackend, cudnn_moe: bool) -> String {
             let e = p.sizes().iter().position(|&m| m != first).unwrap_or(0);
             format!("the groups differ in size (m[0] = {first}, m[{e}] = {})", p.sizes()[e])
         }
-        (GroupedBackend::Cudnn, _) if !cudnn_moe => {
-            "the loaded cuDNN has no MoE grouped matmul (it needs 9.18 or later)".into()
-        }
         (GroupedBackend::Cudnn, _) if p.op() == GroupedOp::BackwardWeight => {
             "cuDNN's MoE grouped matmul has no backward weight before 9.22".into()
+        }
+        (GroupedBackend::Cudnn, _) if p.op() == GroupedOp::BackwardData => {
+            "cuDNN's MoE grouped matmul has no engine for the backward data's weight layout (cuDNN 9.19)".into()
+        }
+        (GroupedBackend::Cudnn, _) if !cudnn_moe => {
+            "the loaded cuDNN has no MoE grouped matmul (it needs 9.18 or later)".into()
         }
         (GroupedBackend::Cudnn, _) => format!("cuDNN's MoE grouped matmul takes f16 and bf16, not {}", p.precision()),
         (GroupedBackend::GroupedBatched, Some(e)) if p.op() == GroupedOp::BackwardWeight => {

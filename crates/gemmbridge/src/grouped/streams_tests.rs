@@ -113,6 +113,8 @@ fn candidates_follow_the_sizes_the_precision_and_the_loaded_cudnn() {
     assert_eq!(candidates(&p(&[4, 4, 4], Precision::BF16), true), [StridedBatch, Cudnn, GroupedBatched, StreamPool]);
     assert_eq!(c(&p(&[4, 0, 4], Precision::F16)), [GroupedBatched, StreamPool]);
     assert_eq!(candidates(&p(&[4, 0, 4], Precision::F16), true), [Cudnn, GroupedBatched, StreamPool]);
+    let dx = GroupedProblem::new(GroupedOp::BackwardData, &[4, 0, 4], 64, 32, Precision::F16).unwrap();
+    assert_eq!(candidates(&dx, true), [GroupedBatched, StreamPool]);
     // cuDNN's MoE operation: f16 and bf16 without a bias, no backward weight
     assert_eq!(candidates(&p(&[0, 0], Precision::F32), true), [GroupedBatched, StreamPool]);
     assert_eq!(candidates(&p(&[8, 8], Precision::BF16).with_bias().unwrap(), true), [StreamPool]);
