@@ -177,7 +177,8 @@ fn check_unsupported(gpu: &Gpu, p: &MoeGemm) -> String {
 /// One MoE forward (router, x gathered into expert order, up- and down-projection over the
 /// device group starts, the combine through pos) captured once into a CUDA graph, then
 /// replayed after new logits and tokens were written in place: each replay gives the new
-/// routing's float64 result.
+/// routing's float64 result. With cuDNN 9.19 on Hopper the capture was invalidated (this test
+/// fails there) — whether by cuDNN's MoE engine or by this path is still to be found.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_captured_step_replays_with_new_routing() {
