@@ -152,8 +152,7 @@ impl Layer {
             .stream()
             .clone_dtoh(self.routing.starts())
             .map_err(|e| gemmbridge::Error::Driver { operation: "cuMemcpyDtoHAsync", status: e.to_string() })?;
-        let ends = starts.iter().skip(1).copied().chain([r as i32]);
-        self.sizes = starts.iter().zip(ends).map(|(a, b)| (b - a) as usize).collect();
+        self.sizes = gemmbridge::moe::sizes_of(&starts, r);
         gpu.grouped_gemm(&self.grouped(GroupedOp::Forward, (2 * i, h))?, &self.xs, &self.w_gu, &mut self.h, None)?;
         gpu.swiglu(&self.glu, &self.h, &mut self.a)?;
         gpu.grouped_gemm(&self.grouped(GroupedOp::Forward, (h, i))?, &self.a, &self.w_d, &mut self.o, None)?;

@@ -182,6 +182,14 @@ pub fn starts_of(sizes: &[usize]) -> Result<Vec<i32>> {
     Ok(out)
 }
 
+/// Group sizes from group starts over `rows` rows (what [`starts_of`] inverts): expert e has
+/// the rows from `starts[e]` to the next start (the last to `rows`); starts out of order give
+/// 0 where they step back.
+pub fn sizes_of(starts: &[i32], rows: usize) -> Vec<usize> {
+    let ends = starts.iter().skip(1).map(|&e| e as i64).chain([rows as i64]);
+    starts.iter().zip(ends).map(|(&s, e)| (e - s as i64).max(0) as usize).collect()
+}
+
 /// Checks host group starts against `p` (what the device values must be for the product to
 /// mean what they say; on the device, values out of range are clamped into range instead, so
 /// that nothing outside the buffers is read or written): `E` of them, non-decreasing from 0,

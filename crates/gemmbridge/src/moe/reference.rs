@@ -29,9 +29,7 @@ pub struct Routing {
 impl Routing {
     /// Rows per expert.
     pub fn sizes(&self) -> Vec<usize> {
-        let r = self.index.len() as i32;
-        let ends = self.starts.iter().skip(1).copied().chain([r]);
-        self.starts.iter().zip(ends).map(|(&s, e)| (e - s) as usize).collect()
+        super::sizes_of(&self.starts, self.index.len())
     }
 }
 

@@ -43,6 +43,8 @@ fn lengths_widths_and_the_grouped_twin() {
     assert_eq!(q.grouped(&[4, 0, 6]).unwrap().sizes(), [4, 0, 6]);
     assert_eq!(rule(q.grouped(&[4, 0, 5])), "the group sizes do not match the MoE product");
     assert_eq!(starts_of(&[4, 0, 6]).unwrap(), [0, 4, 4]);
+    assert_eq!(sizes_of(&[0, 4, 4], 10), [4, 0, 6]);
+    assert_eq!(sizes_of(&[5, 2, 9], 8), [0, 7, 0]);
     assert_eq!(rule(starts_of(&[usize::MAX, 1])), "a group start passes 2³¹ − 1");
     assert_eq!(q.describe(), "Forward E3 R10 N6 K4 bf16");
 }

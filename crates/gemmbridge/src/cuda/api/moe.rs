@@ -141,8 +141,13 @@ impl Gpu {
         same_context(Which::Grouped("routing"), out.ids.stream(), self.context())?;
         let s = self.stream();
         let mut guards: Vec<SyncOnDrop<'_>> = Vec::new();
-        read_span(s, (Which::Grouped("logits"), logits), (r.tokens * r.experts, T::DTYPE.size_bytes()), &mut guards)?;
-        let (lp, _g) = logits.device_ptr(s);
+        let lp = read_span(
+            s,
+            (Which::Grouped("logits"), logits),
+            (r.tokens * r.experts, T::DTYPE.size_bytes()),
+            &mut guards,
+        )?
+        .addr;
         let (ids, _a) = out.ids.device_ptr_mut(s);
         let (weights, _b) = out.weights.device_ptr_mut(s);
         let (counts, _c) = out.counts.device_ptr_mut(s);
@@ -276,13 +281,12 @@ impl Gpu {
     ) -> Result<()> {
         c.validate()?;
         check_type::<T>(Which::Grouped("dy"), c.dtype)?;
-        let r = routing.router;
-        same_context(Which::Grouped("routing"), routing.ids.stream(), self.context())?;
+        let (r, ctx, s, elem) = (routing.router, self.context(), self.stream(), T::DTYPE.size_bytes());
+        same_context(Which::Grouped("routing"), routing.ids.stream(), ctx)?;
         if (r.tokens, r.top_k) != (c.tokens, c.top_k) {
             let detail = format!("combine S {} k {}, router S {} k {}", c.tokens, c.top_k, r.tokens, r.top_k);
             return Err(Error::GroupedShape { what: "the combine is not the routing's", detail });
         }
-        let (ctx, s, elem) = (self.context(), self.stream(), T::DTYPE.size_bytes());
         let names = ["dy", "o", "do", "dw", "dlogits"].map(Which::Grouped);
         same_context(names[0], dy.stream(), ctx)?;
         same_context(names[1], o.stream(), ctx)?;
