@@ -28,7 +28,7 @@
 //! | 2-D convolution | [`conv`] | [`cuda::Gpu::conv2d_forward`] and the rest (cuDNN) |
 //! | attention (SDPA) | [`attention`], [`cpu::attention_forward`], [`cpu::attention_backward`] | [`cuda::Gpu::attention_forward`] and the rest (cuDNN) |
 //! | grouped GEMM (mixture of experts) | [`grouped`], [`cpu::grouped_gemm`] | [`cuda::Gpu::grouped_gemm`], [`cuda::Gpu::grouped_fp8_gemm`] |
-//! | mixture-of-experts routing: router top-k and sort, gather, combine; expert products over device group starts | [`moe`], [`moe::reference`] | [`cuda::Gpu::moe_route`], [`cuda::Gpu::moe_gather`], [`cuda::Gpu::moe_combine`], [`cuda::Gpu::moe_combine_backward`], [`cuda::Gpu::moe_gemm`] (gemmbridge's own kernels; cuDNN) |
+//! | mixture-of-experts routing: router top-k and sort, the capacity layout, gather, combine; expert products over device group starts | [`moe`], [`moe::reference`] | [`cuda::Gpu::moe_route`], [`cuda::MoeRouting::pad`], [`cuda::Gpu::moe_gather`], [`cuda::Gpu::moe_combine`], [`cuda::Gpu::moe_combine_backward`], [`cuda::Gpu::moe_gemm`] (gemmbridge's own kernels; cuDNN) |
 //! | RMSNorm (forward, backward) | [`norm`], [`cpu::rms_norm_forward`], [`cpu::rms_norm_backward`] | [`cuda::Gpu::rms_norm_forward`], [`cuda::Gpu::rms_norm_backward`] (cuDNN's norm graph) |
 //! | RoPE, SwiGLU (forward, backward) | [`layer_ops`], [`cpu::rope`], [`cpu::swiglu`], [`cpu::swiglu_backward`] | [`cuda::Gpu::rope`], [`cuda::Gpu::swiglu`], [`cuda::Gpu::swiglu_backward`] (gemmbridge's own kernels) |
 //! | a LLaMA-style decoder layer (forward, backward; FP8 forward projections as an option) | [`layer`]: sizes, weights, the problems of a step, float64 reference; [`layer::cpu::CpuDecoderLayer`] | [`cuda::layer::GpuDecoderLayer`] (built from the entries above) |

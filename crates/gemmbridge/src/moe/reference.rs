@@ -93,6 +93,33 @@ pub fn route(r: &MoeRouter, logits: &[f32]) -> Routing {
     out
 }
 
+/// The capacity layout of `r` ([`crate::cuda::MoeRouting::pad`]) for `cap` rows per expert:
+/// `index`, `ks` and `slots` `[E·cap]` with −1 on pad rows, `pos` the slots' new rows (−1 past
+/// an expert's `cap`); ids, weights and starts as `r`'s.
+pub fn pad(r: &Routing, cap: usize) -> Routing {
+    let (e_n, rows) = (r.starts.len(), r.index.len());
+    let sizes = r.sizes();
+    let mut out = Routing { index: vec![-1; e_n * cap], pos: vec![-1; rows], ..r.clone() };
+    out.ks = out.index.clone();
+    out.slots = out.index.clone();
+    for (e, &size) in sizes.iter().enumerate() {
+        let s0 = r.starts[e] as usize;
+        for i in 0..size.min(cap) {
+            out.index[e * cap + i] = r.index[s0 + i];
+            out.ks[e * cap + i] = r.ks[s0 + i];
+            out.slots[e * cap + i] = r.slots[s0 + i];
+        }
+    }
+    for (q, &p) in r.pos.iter().enumerate() {
+        let e = r.ids[q] as usize;
+        let i = p as usize - r.starts[e] as usize;
+        if i < cap {
+            out.pos[q] = (e * cap + i) as i32;
+        }
+    }
+    out
+}
+
 /// The product `p` over host group starts in float64: `input` `[R, in]` and `w` (`[E, N, K]`)
 /// in f64, the output `[R, out]`.
 pub fn moe_gemm(p: &MoeGemm, input: &[f64], w: &[f64], starts: &[i32]) -> Vec<f64> {
@@ -123,7 +150,9 @@ pub fn combine(c: &MoeCombine, (o, rows): (&[f32], Option<&[i32]>), w: Option<&[
             let mut acc = 0.0f32;
             for j in 0..k {
                 let q = s * k + j;
-                let at = rows.map_or(q, |r| r[q] as usize);
+                let Some(at) = rows.map_or(Some(q), |r| usize::try_from(r[q]).ok()) else {
+                    continue; // a slot the capacity dropped
+                };
                 acc = w.map_or(1.0, |w| w[q]).mul_add(o[at * n + col], acc);
             }
             y[s * n + col] = acc;
@@ -135,9 +164,10 @@ pub fn combine(c: &MoeCombine, (o, rows): (&[f32], Option<&[i32]>), w: Option<&[
 /// Threads of the combine's backward CTA, whose reduction order [`combine_backward`] follows.
 pub const COMBINE_BWD_THREADS: usize = 256;
 
-/// The combine's backward on host values (see [`MoeCombine`]): `do` `[S·k, N]` (f32 before
-/// its rounding; rows as `o`'s, at `rows[q]` or q), the weights' gradient `[S·k]` and the
-/// logits' gradient `[S, E]` for the router's choices `ids`. Each weight gradient sums in the kernel's order: thread t of
+/// The combine's backward on host values (see [`MoeCombine`]): `do` (f32 before its
+/// rounding; as many rows as `o`, `o.len() / N`, slot q's at `rows[q]` or q, the rows no slot
+/// names zero; a negative `rows[q]` writes nothing and has a zero weight gradient), the
+/// weights' gradient `[S·k]` and the logits' gradient `[S, E]` for the router's choices `ids`. Each weight gradient sums in the kernel's order: thread t of
 /// [`COMBINE_BWD_THREADS`] adds columns t, t + 256, … with fused multiply-adds, then the
 /// threads' sums are added pairwise, halving (t and t + 128, then t and t + 64, …).
 pub fn combine_backward(
@@ -147,13 +177,15 @@ pub fn combine_backward(
     (w, ids): (&[f32], &[i32]),
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (k, n, t_n) = (c.top_k, c.n, COMBINE_BWD_THREADS);
-    let mut d_o = vec![0.0f32; c.rows() * n];
+    let mut d_o = vec![0.0f32; o.len()];
     let mut dw = vec![0.0f32; c.rows()];
     let mut dlogits = vec![0.0f32; c.tokens * experts];
     for s in 0..c.tokens {
         for j in 0..k {
             let q = s * k + j;
-            let at = rows.map_or(q, |r| r[q] as usize);
+            let Some(at) = rows.map_or(Some(q), |r| usize::try_from(r[q]).ok()) else {
+                continue; // a slot the capacity dropped: dw[q] stays 0
+            };
             let mut part = vec![0.0f32; t_n];
             for (t, p) in part.iter_mut().enumerate() {
                 for col in (t..n).step_by(t_n) {

@@ -180,3 +180,64 @@ fn the_references_agree_with_plain_float64() {
         assert!((0..e as i32).filter(|f| !chosen.contains(f)).all(|f| row[f as usize] == 0.0));
     }
 }
+
+/// The capacity layout: each expert's rows at e·cap in their sorted order, pad rows −1, pos
+/// the slots' new rows; the combine through it equals the sorted one's, bit for bit; a
+/// capacity below the largest group drops that group's last slots (they add nothing and get
+/// no gradient). `capacity` pads near-balanced sizes only.
+#[test]
+fn the_capacity_layout_moves_rows_and_drops_past_the_capacity() {
+    let r = MoeRouter { tokens: 4, experts: 5, top_k: 2, dtype: DType::F32 };
+    #[rustfmt::skip]
+    let l = [0.0, 3.0, 1.0, 3.0, -1.0, f32::NAN, 0.0, 0.0, 0.0, 0.0, 5.0, -2.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 9.0];
+    let rt = route(&r, &l); // sizes [2, 2, 2, 1, 1], as the_router_sorts_stably_by_expert
+    let p = super::reference::pad(&rt, 3);
+    assert_eq!(p.index, [2, 3, -1, 0, 1, -1, 1, 2, -1, 0, -1, -1, 3, -1, -1]);
+    assert_eq!(p.slots, [4, 7, -1, 0, 2, -1, 3, 5, -1, 1, -1, -1, 6, -1, -1]);
+    assert_eq!(p.ks, [0, 1, -1, 0, 0, -1, 1, 1, -1, 1, -1, -1, 0, -1, -1]);
+    for (q, &at) in p.pos.iter().enumerate() {
+        assert_eq!(p.slots[at as usize], q as i32, "slot {q}");
+    }
+    let c = MoeCombine { tokens: 4, top_k: 2, n: 3, dtype: DType::F32 };
+    let sorted: Vec<f32> = (0..8 * 3).map(|v| v as f32 * 0.25 - 2.0).collect();
+    let mut padded = vec![f32::NAN; 15 * 3];
+    for (row, &q) in p.slots.iter().enumerate() {
+        if q >= 0 {
+            let from = rt.pos[q as usize] as usize;
+            padded[row * 3..row * 3 + 3].copy_from_slice(&sorted[from * 3..from * 3 + 3]);
+        }
+    }
+    let y = combine(&c, (&sorted, Some(&rt.pos)), Some(&rt.weights));
+    assert_eq!(combine(&c, (&padded, Some(&p.pos)), Some(&rt.weights)), y);
+    let dy: Vec<f32> = (0..12).map(|v| 1.0 - v as f32 * 0.125).collect();
+    let (d_s, dw_s, dl_s) = combine_backward(&c, 5, (&dy, &sorted, Some(&rt.pos)), (&rt.weights, &rt.ids));
+    let (d_p, dw_p, dl_p) = combine_backward(&c, 5, (&dy, &padded, Some(&p.pos)), (&rt.weights, &rt.ids));
+    assert_eq!((dw_p, dl_p), (dw_s, dl_s));
+    for (row, &q) in p.slots.iter().enumerate() {
+        let got = &d_p[row * 3..row * 3 + 3];
+        match q {
+            -1 => assert_eq!(got, [0.0; 3], "pad row {row}"),
+            _ => assert_eq!(got, &d_s[rt.pos[q as usize] as usize * 3..][..3], "row {row}"),
+        }
+    }
+    // capacity 1: experts 0, 1, 2 keep their first row; slots 7, 2, 5 are dropped
+    let p1 = super::reference::pad(&rt, 1);
+    assert_eq!(p1.index, [2, 0, 1, 0, 3]);
+    assert_eq!(p1.pos, [1, 3, -1, 2, 0, -1, 4, -1]);
+    let compact: Vec<f32> =
+        p1.slots.iter().flat_map(|&q| sorted[rt.pos[q as usize] as usize * 3..][..3].to_vec()).collect();
+    let y1 = combine(&c, (&compact, Some(&p1.pos)), Some(&rt.weights));
+    let (_, dw1, _) = combine_backward(&c, 5, (&dy, &compact, Some(&p1.pos)), (&rt.weights, &rt.ids));
+    for q in [7usize, 2, 5] {
+        assert_eq!(dw1[q], 0.0, "dropped slot {q}");
+    }
+    // token 1 (slots 2, 3) keeps only slot 3's term
+    for col in 0..3 {
+        let want = rt.weights[3].mul_add(compact[2 * 3 + col], 0.0);
+        assert_eq!(y1[3 + col], want, "token 1 col {col}");
+    }
+    assert_eq!(capacity(&[250, 260, 255, 263]), Some(264));
+    assert_eq!(capacity(&[1000, 10, 10, 10]), None);
+    assert_eq!(capacity(&[0, 0]), None);
+    assert_eq!(capacity(&[]), None);
+}

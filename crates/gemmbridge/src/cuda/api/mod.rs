@@ -25,6 +25,7 @@ mod info;
 pub mod layer;
 mod layer_ops;
 mod moe;
+mod moe_routing;
 mod norm;
 mod operands;
 mod options;

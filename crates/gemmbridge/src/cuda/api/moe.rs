@@ -6,97 +6,18 @@
 //! enqueues on [`Gpu::stream`] with no host synchronisation.
 
 use cudarc::driver::sys::CUstream;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
+
+pub use super::moe_routing::MoeRouting;
 
 use super::checks::{disjoint, read_span, same_context, write_span};
 use super::engine::Gpu;
 use crate::cuda::device::{is_capturing, KernelSet, MoeKernels, Relaxed, Scratch};
 use crate::cuda::dnn::moe::{MoeBuffers, MoeCall};
-use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::grouped::GroupedProblem;
-use crate::moe::{MoeCombine, MoeGemm, MoeRouter};
-
-/// What [`Gpu::moe_route`] writes, on the device (see [`MoeRouter`]), read through its
-/// accessors (the buffers are the engine's to write, so their lengths and values stay what the
-/// kernels need): `ids` and `weights` `[S·k]` in token order, `starts` `[E]`, `index`, `ks` and
-/// `slots` `[S·k]` in expert order, `pos` `[S·k]` (each slot's sorted row).
-pub struct MoeRouting {
-    router: MoeRouter,
-    ids: CudaSlice<i32>,
-    weights: CudaSlice<f32>,
-    starts: CudaSlice<i32>,
-    index: CudaSlice<i32>,
-    ks: CudaSlice<i32>,
-    slots: CudaSlice<i32>,
-    pos: CudaSlice<i32>,
-    counts: CudaSlice<i32>,
-}
-
-impl MoeRouting {
-    /// Buffers for `router` on `gpu`'s stream.
-    ///
-    /// # Errors
-    /// As [`MoeRouter::validate`]; [`Error::Driver`] from the allocations.
-    pub fn new(gpu: &Gpu, router: &MoeRouter) -> Result<MoeRouting> {
-        router.validate()?;
-        let s = gpu.stream();
-        let (r, e, (_, counts)) = (router.rows(), router.experts, router.sort_blocks());
-        let i32s = |n: usize| s.alloc_zeros::<i32>(n).map_err(status::driver("cuMemAllocAsync"));
-        Ok(MoeRouting {
-            router: *router,
-            ids: i32s(r)?,
-            weights: s.alloc_zeros::<f32>(r).map_err(status::driver("cuMemAllocAsync"))?,
-            starts: i32s(e)?,
-            index: i32s(r)?,
-            ks: i32s(r)?,
-            slots: i32s(r)?,
-            pos: i32s(r)?,
-            counts: i32s(counts)?,
-        })
-    }
-
-    /// The router these buffers are for.
-    pub fn router(&self) -> &MoeRouter {
-        &self.router
-    }
-
-    /// Each token's experts, largest logit first (`[S·k]`, token order).
-    pub fn ids(&self) -> &CudaSlice<i32> {
-        &self.ids
-    }
-
-    /// Their weights (`[S·k]` f32, token order).
-    pub fn weights(&self) -> &CudaSlice<f32> {
-        &self.weights
-    }
-
-    /// Where each expert's sorted rows start (`[E]`).
-    pub fn starts(&self) -> &CudaSlice<i32> {
-        &self.starts
-    }
-
-    /// The token of each sorted row (`[S·k]`).
-    pub fn index(&self) -> &CudaSlice<i32> {
-        &self.index
-    }
-
-    /// The slot of each sorted row among its token's k (`[S·k]`).
-    pub fn ks(&self) -> &CudaSlice<i32> {
-        &self.ks
-    }
-
-    /// `index·k + ks` of each sorted row: its row in token order (`[S·k]`).
-    pub fn slots(&self) -> &CudaSlice<i32> {
-        &self.slots
-    }
-
-    /// The sorted row of each slot (`slots`' inverse, `[S·k]`).
-    pub fn pos(&self) -> &CudaSlice<i32> {
-        &self.pos
-    }
-}
+use crate::moe::{MoeCombine, MoeGemm};
 
 /// The gradients [`Gpu::moe_combine_backward`] writes: the combine's input gradient `do`
 /// `[S·k, N]`, the weights' `dw` `[S·k]` (f32) and the router logits' `dlogits` `[S, E]`.
@@ -125,7 +46,7 @@ fn check_type<T: Element>(which: Which, want: crate::DType) -> Result<()> {
 }
 
 impl Gpu {
-    /// The router's top-k and the sort of the routed rows by expert ([`MoeRouter`], the one
+    /// The router's top-k and the sort of the routed rows by expert ([`MoeRouter`](crate::moe::MoeRouter), the one
     /// `out` was made for) from `logits` `[S, E]` (row-major, `T` the router's dtype), into
     /// `out`: four launches of gemmbridge's own kernels on [`Gpu::stream`], no host wait.
     ///
@@ -152,10 +73,9 @@ impl Gpu {
         let (weights, _b) = out.weights.device_ptr_mut(s);
         let (counts, _c) = out.counts.device_ptr_mut(s);
         let (starts, _d) = out.starts.device_ptr_mut(s);
-        let (index, _e) = out.index.device_ptr_mut(s);
-        let (ks, _f) = out.ks.device_ptr_mut(s);
-        let (slots, _h) = out.slots.device_ptr_mut(s);
-        let (pos, _i) = out.pos.device_ptr_mut(s);
+        out.cap = None; // the sorted layout, rewritten below
+        let [i0, i1, i2, i3] = &mut out.sorted;
+        let [(index, _e), (ks, _f), (slots, _h), (pos, _i)] = [i0, i1, i2, i3].map(|b| b.device_ptr_mut(s));
         // SAFETY: `out`'s buffers were made for this router (MoeRouting::new), the logits checked
         // above; all are borrowed until the launches are enqueued.
         self.with_moe_kernels(|k| unsafe { k.route(&r, lp, [ids, weights, counts], [starts, index, ks, slots, pos]) })
@@ -218,10 +138,12 @@ impl Gpu {
     }
 
     /// The combine `y[s] = Σ_j w[q] · o[row(q)]` over the slots q = s·k + j ([`MoeCombine`]):
-    /// `o` `[S·k, N]` with slot q's row at `rows[q]` (expert order: the router's
-    /// [`MoeRouting::pos`]) or, without `rows`, at q (token order), the weights `w` `[S·k]` f32
-    /// (`None`: ones), `y` written; one launch of gemmbridge's own kernel on [`Gpu::stream`].
-    /// Each `rows` entry is clamped into `0..S·k`.
+    /// `o` with slot q's row at `rows[q]` (expert order: the router's [`MoeRouting::pos`];
+    /// `o` `[MoeRouting::rows, N]`, as many rows as `o.len() / N`) or, without `rows`, at q
+    /// (token order, `o` `[S·k, N]`), the weights `w` `[S·k]` f32 (`None`: ones), `y`
+    /// written; one launch of gemmbridge's own kernel on [`Gpu::stream`]. A `rows` entry past
+    /// o's rows is clamped to its last; a negative one (a slot a capacity dropped) adds
+    /// nothing.
     ///
     /// # Errors
     /// Before anything is launched: as [`MoeCombine::validate`]; [`Error::WrongContext`],
@@ -241,7 +163,13 @@ impl Gpu {
         same_context(Which::Grouped("o"), o.stream(), ctx)?;
         same_context(Which::Grouped("y"), y.stream(), ctx)?;
         let mut guards: Vec<SyncOnDrop<'_>> = Vec::new();
-        let mut read = vec![read_span(s, (Which::Grouped("o"), o), (c.rows() * c.n, elem), &mut guards)?];
+        // with rows: whatever rows o holds (at least one), the kernel clamps below them
+        let o_rows = if rows.is_some() { (o.len() / c.n).max(1) } else { c.rows() };
+        if o_rows > crate::MAX_DIM {
+            let detail = format!("{o_rows} rows of {}", c.n);
+            return Err(Error::GroupedShape { what: "the combine reads at most 2³¹ − 1 rows of o", detail });
+        }
+        let mut read = vec![read_span(s, (Which::Grouped("o"), o), (o_rows * c.n, elem), &mut guards)?];
         let mut addr = [read[0].addr, 0, 0];
         if let Some(b) = w {
             same_context(Which::Grouped("weights"), b.stream(), ctx)?;
@@ -258,16 +186,18 @@ impl Gpu {
         let written = [write_span(s, (Which::Grouped("y"), y), (c.tokens * c.n, elem), &mut guards)?];
         disjoint(&written, &read)?;
         // SAFETY: every buffer checked above and borrowed until the launch is enqueued.
-        let r = self.with_moe_kernels(|k| unsafe { k.combine(c, addr, written[0].addr) });
+        let r = self.with_moe_kernels(|k| unsafe { k.combine(c, addr, o_rows, written[0].addr) });
         drop(guards);
         r
     }
 
     /// The combine's backward ([`MoeCombine`]) for `routing`'s weights and experts: from `dy`
-    /// `[S, N]` and the forward's `o` `[S·k, N]` — in expert order (`sorted`: slot q's row at
-    /// [`MoeRouting::pos`]`[q]`, as [`Gpu::moe_combine`] read it with those rows) or in token
-    /// order — writes `grads` (`do` in o's order, the weights' and the logits' gradients); one
-    /// launch on [`Gpu::stream`].
+    /// `[S, N]` and the forward's `o` — in expert order (`sorted`: `[MoeRouting::rows, N]`,
+    /// slot q's row at [`MoeRouting::pos`]`[q]`, as [`Gpu::moe_combine`] read it with those
+    /// rows) or in token order (`[S·k, N]`) — writes `grads` (`do` in o's order, the weights'
+    /// and the logits' gradients); one launch on [`Gpu::stream`], and in the capacity layout
+    /// ([`MoeRouting::pad`]) a second that zeros `do`'s pad rows, so that every row of it is
+    /// written. A slot the capacity dropped gets no `do` row and a zero weight gradient.
     ///
     /// # Errors
     /// As [`Gpu::moe_combine`]; [`Error::GroupedShape`] when `c`'s tokens or k differ from
@@ -293,19 +223,24 @@ impl Gpu {
         same_context(names[2], grads.d_o.stream(), ctx)?;
         same_context(names[3], grads.dw.stream(), ctx)?;
         same_context(names[4], grads.dlogits.stream(), ctx)?;
+        let o_rows = if sorted { routing.rows() } else { c.rows() };
         let mut guards: Vec<SyncOnDrop<'_>> = Vec::new();
         let mut read = vec![
             read_span(s, (names[0], dy), (c.tokens * c.n, elem), &mut guards)?,
-            read_span(s, (names[1], o), (c.rows() * c.n, elem), &mut guards)?,
+            read_span(s, (names[1], o), (o_rows * c.n, elem), &mut guards)?,
         ];
         let wr: &dyn DevicePtr<f32> = &routing.weights;
         let ir: &dyn DevicePtr<i32> = &routing.ids;
         read.push(read_span(s, (Which::Grouped("weights"), wr), (c.rows(), 4), &mut guards)?);
         read.push(read_span(s, (Which::Grouped("ids"), ir), (c.rows(), 4), &mut guards)?);
-        let pr: &dyn DevicePtr<i32> = &routing.pos;
+        let (pr, ir): (&dyn DevicePtr<i32>, &dyn DevicePtr<i32>) = (routing.pos(), routing.index());
         let rows = if sorted { read_span(s, (Which::Grouped("pos"), pr), (c.rows(), 4), &mut guards)?.addr } else { 0 };
+        let pad = match routing.cap {
+            Some(_) if sorted => read_span(s, (Which::Grouped("index"), ir), (o_rows, 4), &mut guards)?.addr,
+            _ => 0,
+        };
         let written = [
-            write_span(s, (names[2], grads.d_o), (c.rows() * c.n, elem), &mut guards)?,
+            write_span(s, (names[2], grads.d_o), (o_rows * c.n, elem), &mut guards)?,
             write_span(s, (names[3], grads.dw), (c.rows(), 4), &mut guards)?,
             write_span(s, (names[4], grads.dlogits), (c.tokens * r.experts, elem), &mut guards)?,
         ];
@@ -314,15 +249,22 @@ impl Gpu {
         let outs = [written[0].addr, written[1].addr, written[2].addr];
         // SAFETY: every buffer checked above, borrowed until the launch is enqueued; an id
         // outside 0..E writes no logit gradient (the kernel skips it).
-        let res = self.with_moe_kernels(|k| unsafe { k.combine_backward(c, r.experts, ins, outs) });
+        let res = self.with_moe_kernels(|k| unsafe {
+            k.combine_backward((c, r.experts, o_rows), ins, outs)?;
+            if pad != 0 {
+                k.zero_rows(c.dtype, [pad, outs[0]], (o_rows, c.n))?;
+            }
+            Ok(())
+        });
         drop(guards);
         res
     }
 
     /// Rows gathered by index: `out[r, ·] = input[index[r], ·]` for the `index.len()` rows of
-    /// `width` elements (each index clamped into the input's rows, `input.len() / width`):
-    /// a MoE backward's expert-ordered copy of x (by [`MoeRouting::index`]) or of a
-    /// token-ordered gradient (by [`MoeRouting::slots`]); one launch on [`Gpu::stream`].
+    /// `width` elements (each index clamped below the input's rows, `input.len() / width`; a
+    /// negative index, a pad row of the capacity layout, writes zeros): a MoE backward's
+    /// expert-ordered copy of x (by [`MoeRouting::index`]) or of a token-ordered gradient (by
+    /// [`MoeRouting::slots`]); one launch on [`Gpu::stream`].
     ///
     /// # Errors
     /// Before anything is launched: [`Error::GroupedShape`] for a zero width or an input of no
@@ -365,7 +307,7 @@ impl Gpu {
 
     /// Runs `f` with the MoE kernels (compiled on first use, never inside a capture) under
     /// the lock, the context bound.
-    fn with_moe_kernels(&self, f: impl FnOnce(&MoeKernels<'_>) -> Result<()>) -> Result<()> {
+    pub(super) fn with_moe_kernels(&self, f: impl FnOnce(&MoeKernels<'_>) -> Result<()>) -> Result<()> {
         self.device().bind()?;
         let mut st = self.lock();
         let stream = self.stream().cu_stream();

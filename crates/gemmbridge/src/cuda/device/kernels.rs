@@ -90,7 +90,7 @@ impl KernelSet {
     fn kernels(self) -> (&'static [&'static str], &'static [&'static str], &'static [&'static str]) {
         let (typed, suffixes) = self.typed();
         let plain: &[&str] = match self {
-            KernelSet::Layer => &["moe_count", "moe_scan", "moe_place", "moe_starts", "moe_clamp"],
+            KernelSet::Layer => &["moe_count", "moe_scan", "moe_place", "moe_starts", "moe_clamp", "moe_pad"],
             _ => &[],
         };
         (typed, suffixes, plain)
@@ -145,6 +145,7 @@ impl KernelSet {
                     "moe_combine",
                     "moe_combine_bwd",
                     "moe_gather",
+                    "moe_zero_rows",
                 ],
                 DTYPES,
             ),

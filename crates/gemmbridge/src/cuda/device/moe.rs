@@ -125,40 +125,84 @@ impl MoeKernels<'_> {
         unsafe { self.k.launch("moe_clamp", (1, 1, 1), 32, self.stream, &mut a) }
     }
 
-    /// The combine `y[S, N]` from `o` `[S·k, N]` (slot q's row at `rows[q]`, or q with `rows`
-    /// 0) and the weights `w` `[S·k]` f32 (0: ones).
+    /// The capacity layout of a routing: from the sorted `starts` `[E]`, `index`, `ks`,
+    /// `slots`, `pos` and `ids` (`[R]` each), the padded `index`, `ks`, `slots`
+    /// (`[E·cap]`, −1 on pad rows) and `pos` (`[R]`, −1 for a slot past its expert's `cap`).
+    ///
+    /// # Safety
+    /// The buffers are device memory of the stream's context of those lengths (int32), the
+    /// outputs apart from the inputs; `E·cap` and R fit an int32; the context is current.
+    pub unsafe fn pad(
+        &self,
+        (rows, experts, cap): (usize, usize, usize),
+        sorted: [u64; 6],
+        out: [u64; 4],
+    ) -> Result<()> {
+        let [mut starts, mut index, mut ks, mut slots, mut pos, mut ids] = sorted;
+        let [mut index_p, mut ks_p, mut slots_p, mut pos_p] = out;
+        let [mut r_n, mut e_n, mut c_n] = [rows, experts, cap].map(|v| v as i32);
+        let mut a = [
+            arg(&mut starts),
+            arg(&mut index),
+            arg(&mut ks),
+            arg(&mut slots),
+            arg(&mut pos),
+            arg(&mut ids),
+            arg(&mut r_n),
+            arg(&mut e_n),
+            arg(&mut c_n),
+            arg(&mut index_p),
+            arg(&mut ks_p),
+            arg(&mut slots_p),
+            arg(&mut pos_p),
+        ];
+        let items = rows.max(experts * cap);
+        // SAFETY: moe_pad's parameters in order; the buffers are the caller's contract.
+        unsafe { self.k.launch("moe_pad", grid(items), THREADS, self.stream, &mut a) }
+    }
+
+    /// The combine `y[S, N]` from `o` `[o_rows, N]` (slot q's row at `rows[q]`, or q with
+    /// `rows` 0; a negative row adds nothing) and the weights `w` `[S·k]` f32 (0: ones).
     ///
     /// # Safety
     /// The combine passed [`MoeCombine::validate`]; the buffers are device memory of the
-    /// stream's context of those lengths, of `c.dtype` (w f32, rows int32 each below S·k), `y`
-    /// apart from the inputs; the context is current.
-    pub unsafe fn combine(&self, c: &MoeCombine, [o, w, rows]: [u64; 3], y: u64) -> Result<()> {
+    /// stream's context of those lengths, of `c.dtype` (w f32, rows int32), `o_rows` ≥ 1 (S·k
+    /// without rows), `y` apart from the inputs; the context is current.
+    pub unsafe fn combine(&self, c: &MoeCombine, [o, w, rows]: [u64; 3], o_rows: usize, y: u64) -> Result<()> {
         let (mut o, mut w, mut rows, mut y) = (o, w, rows, y);
-        let [mut s_n, mut k_n] = [c.tokens, c.top_k].map(|v| v as i32);
+        let [mut s_n, mut k_n, mut o_n] = [c.tokens, c.top_k, o_rows].map(|v| v as i32);
         let mut n = c.n as i64;
         let name = format!("moe_combine_{}", suffix(c.dtype));
-        let mut a = [arg(&mut o), arg(&mut w), arg(&mut rows), arg(&mut y), arg(&mut s_n), arg(&mut k_n), arg(&mut n)];
+        let mut a = [
+            arg(&mut o),
+            arg(&mut w),
+            arg(&mut rows),
+            arg(&mut y),
+            arg(&mut s_n),
+            arg(&mut k_n),
+            arg(&mut n),
+            arg(&mut o_n),
+        ];
         // SAFETY: moe_combine's parameters in order; the buffers are the caller's contract.
         unsafe { self.k.launch(&name, grid(c.tokens.saturating_mul(c.n)), THREADS, self.stream, &mut a) }
     }
 
-    /// The combine's backward: from `dy` `[S, N]`, `o` `[S·k, N]` (rows as
+    /// The combine's backward: from `dy` `[S, N]`, `o` `[o_rows, N]` (rows as
     /// [`MoeKernels::combine`]'s), the weights and the router's ids `[S·k]`, writes `do`
-    /// `[S·k, N]` (rows as o's), `dw` `[S·k]` f32 and `dlogits` `[S, E]`.
+    /// `[o_rows, N]` (the rows the slots name), `dw` `[S·k]` f32 and `dlogits` `[S, E]`.
     ///
     /// # Safety
-    /// As [`MoeKernels::combine`], with every id below `experts` and `rows` (non-zero) a
-    /// permutation of `0..S·k`; the outputs apart from everything else.
+    /// As [`MoeKernels::combine`]; no two slots name one row (`rows` non-zero: distinct where
+    /// not negative); the outputs apart from everything else.
     pub unsafe fn combine_backward(
         &self,
-        c: &MoeCombine,
-        experts: usize,
+        (c, experts, o_rows): (&MoeCombine, usize, usize),
         [dy, o, w, ids, rows]: [u64; 5],
         [d_o, dw, dlogits]: [u64; 3],
     ) -> Result<()> {
         let (mut dy, mut o, mut w, mut ids, mut rows) = (dy, o, w, ids, rows);
         let (mut d_o, mut dw, mut dl) = (d_o, dw, dlogits);
-        let [mut k_n, mut e_n] = [c.top_k, experts].map(|v| v as i32);
+        let [mut k_n, mut e_n, mut o_n] = [c.top_k, experts, o_rows].map(|v| v as i32);
         let mut n = c.n as i64;
         let name = format!("moe_combine_bwd_{}", suffix(c.dtype));
         let mut a = [
@@ -173,13 +217,14 @@ impl MoeKernels<'_> {
             arg(&mut k_n),
             arg(&mut n),
             arg(&mut e_n),
+            arg(&mut o_n),
         ];
         // SAFETY: moe_combine_bwd's parameters in order, one 256-thread CTA per token.
         unsafe { self.k.launch(&name, (c.tokens as u32, 1, 1), THREADS, self.stream, &mut a) }
     }
 
     /// `out[r, ·] = in[index[r], ·]` for `rows` rows of `width` elements of `dtype`, each
-    /// index clamped into `[0, in_rows)`.
+    /// index clamped below `in_rows`, a negative one writing zeros.
     ///
     /// # Safety
     /// `index` holds `rows` int32, `in` `in_rows·width` elements (`in_rows` ≥ 1), `out`
@@ -198,6 +243,21 @@ impl MoeKernels<'_> {
         let name = format!("moe_gather_{}", suffix(dtype));
         let mut a = [arg(&mut input), arg(&mut index), arg(&mut out), arg(&mut r_n), arg(&mut w), arg(&mut in_n)];
         // SAFETY: moe_gather's parameters in order; the buffers are the caller's contract.
+        unsafe { self.k.launch(&name, grid(rows.saturating_mul(width)), THREADS, self.stream, &mut a) }
+    }
+
+    /// Zeros the rows of `out` (`[rows, width]` of `dtype`) whose `index` entry is negative.
+    ///
+    /// # Safety
+    /// `index` holds `rows` int32, `out` `rows·width` elements, device memory of the stream's
+    /// context, apart; the context is current.
+    pub unsafe fn zero_rows(&self, dtype: DType, [index, out]: [u64; 2], (rows, width): (usize, usize)) -> Result<()> {
+        let (mut index, mut out) = (index, out);
+        let mut r_n = rows as i32;
+        let mut w = width as i64;
+        let name = format!("moe_zero_rows_{}", suffix(dtype));
+        let mut a = [arg(&mut index), arg(&mut out), arg(&mut r_n), arg(&mut w)];
+        // SAFETY: moe_zero_rows's parameters in order; the buffers are the caller's contract.
         unsafe { self.k.launch(&name, grid(rows.saturating_mul(width)), THREADS, self.stream, &mut a) }
     }
 }

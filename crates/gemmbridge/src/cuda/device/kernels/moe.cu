@@ -20,16 +20,26 @@
 //   moe_starts(Starts s, int* starts)   starts[s.first + i] = s.v[i], i < s.count.
 //   moe_clamp(const int* starts, int* out, int experts, int rows)  one thread: out[e] =
 //     starts[e] clamped between out[e − 1] (0 for e = 0) and rows: non-decreasing in [0, rows].
+//   moe_pad(const int* starts, const int* index, const int* ks, const int* slots, const int* pos,
+//     const int* ids, int rows, int experts, int cap, int* index_p, int* ks_p, int* slots_p,
+//     int* pos_p)  the capacity layout: padded row e·cap + i holds expert e's sorted row
+//     starts[e] + i (index, ks, slots copied; −1 past the expert's rows); pos_p[q] = e·cap + i
+//     for slot q at sorted row starts[e] + i, −1 when i ≥ cap (the slot is dropped).
 //   moe_combine_T(const T* o, const float* w, const int* rows, T* y, int tokens, int top_k,
-//     long long n)  y[s, c] = Σ_j fma(w[q] (1 without w), o[row(q), c], ·), q = s·k + j,
-//     row(q) = rows[q] clamped into [0, S·k) (q without rows), rounded once.
+//     long long n, int o_rows)  y[s, c] = Σ_j fma(w[q] (1 without w), o[row(q), c], ·),
+//     q = s·k + j, row(q) = rows[q] clamped below o_rows (q without rows), rounded once; a
+//     negative rows[q] (a dropped slot) adds nothing.
 //   moe_combine_bwd_T(const T* dy, const T* o, const float* w, const int* ids, const int* rows,
-//     T* d_o, float* dw, T* dlogits, int top_k, long long n, int experts)
+//     T* d_o, float* dw, T* dlogits, int top_k, long long n, int experts, int o_rows)
 //     one CTA of 256 per token: d_o[row(q)] = w[q]·dy[s] (rounded), dw[q] as reference.rs's
 //     combine_backward orders its sums, dlogits[s, ·] = 0 but w_j (dw_j − Σ_i fma(w_i, dw_i, ·))
-//     at ids (an id outside [0, E) writes nothing).
+//     at ids (an id outside [0, E) writes nothing); a negative rows[q] writes no d_o row and
+//     has dw[q] = 0.
 //   moe_gather_T(const T* in, const int* index, T* out, int rows, long long width, int in_rows)
-//     out[r, ·] = in[index[r], ·], the index clamped into [0, in_rows).
+//     out[r, ·] = in[index[r], ·], the index clamped below in_rows; a negative index (a pad
+//     row) writes zeros.
+//   moe_zero_rows_T(const int* index, T* out, int rows, long long width)  out[r, ·] = 0 where
+//     index[r] < 0 (a capacity layout's pad rows), nothing elsewhere.
 
 #define MOE_CHUNK 2048
 #define MOE_MAX_E 4096
@@ -182,17 +192,43 @@ extern "C" __global__ void moe_clamp(const int* __restrict__ starts, int* __rest
     }
 }
 
+// Grid-stride over max(experts·cap, rows).
+extern "C" __global__ void moe_pad(const int* __restrict__ starts, const int* __restrict__ index,
+                                   const int* __restrict__ ks, const int* __restrict__ slots,
+                                   const int* __restrict__ pos, const int* __restrict__ ids, int rows, int experts,
+                                   int cap, int* __restrict__ index_p, int* __restrict__ ks_p,
+                                   int* __restrict__ slots_p, int* __restrict__ pos_p) {
+    const long long padded = (long long)experts * cap, stride = (long long)gridDim.x * blockDim.x;
+    const long long total = padded > rows ? padded : rows;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        if (i < padded) {
+            const int e = (int)(i / cap), r = (int)(i - (long long)e * cap);
+            const int s0 = min(max(starts[e], 0), rows);
+            const int s1 = e + 1 < experts ? min(max(starts[e + 1], s0), rows) : rows;
+            const bool real = r < s1 - s0;
+            index_p[i] = real ? index[s0 + r] : -1;
+            ks_p[i] = real ? ks[s0 + r] : -1;
+            slots_p[i] = real ? slots[s0 + r] : -1;
+        }
+        if (i < rows) {
+            const int e = ids[i], p = pos[i];
+            const int r = (e >= 0 && e < experts) ? p - starts[e] : -1;
+            pos_p[i] = (r >= 0 && r < cap) ? e * cap + r : -1;
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void moe_combine(const T* __restrict__ o, const float* __restrict__ w,
                                             const int* __restrict__ rows, T* __restrict__ y, int tokens, int top_k,
-                                            long long n) {
+                                            long long n, int o_rows) {
     const long long total = (long long)tokens * n, stride = (long long)gridDim.x * blockDim.x;
-    const int r_max = tokens * top_k - 1;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         const long long s = i / n, c = i - s * n;
         float acc = 0.0f;
         for (int j = 0; j < top_k; ++j) {
-            const long long q = s * top_k + j, at = rows ? (long long)min(max(rows[q], 0), r_max) : q;
+            const long long q = s * top_k + j, at = rows ? (long long)min(rows[q], o_rows - 1) : q;
+            if (at < 0) continue;
             acc = __fmaf_rn(w ? w[q] : 1.0f, to_f(o[at * n + c]), acc);
         }
         from_f(acc, &y[i]);
@@ -204,16 +240,16 @@ template <typename T>
 __device__ __forceinline__ void moe_combine_bwd(const T* __restrict__ dy, const T* __restrict__ o,
                                                 const float* __restrict__ w, const int* __restrict__ ids,
                                                 const int* __restrict__ rows, T* __restrict__ d_o, float* __restrict__ dw,
-                                                T* __restrict__ dlogits, int top_k, long long n, int experts) {
+                                                T* __restrict__ dlogits, int top_k, long long n, int experts,
+                                                int o_rows) {
     __shared__ float part[256];
     __shared__ float dws[16];
     const long long s = blockIdx.x;
-    const int r_max = gridDim.x * top_k - 1;
     for (int j = 0; j < top_k; ++j) {
-        const long long q = s * top_k + j, at = rows ? (long long)min(max(rows[q], 0), r_max) : q;
+        const long long q = s * top_k + j, at = rows ? (long long)min(rows[q], o_rows - 1) : q;
         const float wq = w[q];
         float acc = 0.0f;
-        for (long long c = threadIdx.x; c < n; c += 256) {
+        for (long long c = threadIdx.x; at >= 0 && c < n; c += 256) {
             const float g = to_f(dy[s * n + c]);
             acc = __fmaf_rn(g, to_f(o[at * n + c]), acc);
             from_f(__fmul_rn(wq, g), &d_o[at * n + c]);
@@ -249,7 +285,21 @@ __device__ __forceinline__ void moe_gather(const T* __restrict__ in, const int* 
     const long long total = (long long)rows * width, stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         const long long r = i / width, c = i - r * width;
-        out[i] = in[(long long)min(max(index[r], 0), in_rows - 1) * width + c];
+        const int at = index[r];
+        if (at < 0) {
+            from_f(0.0f, &out[i]);
+        } else {
+            out[i] = in[(long long)min(at, in_rows - 1) * width + c];
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void moe_zero_rows(const int* __restrict__ index, T* __restrict__ out, int rows,
+                                              long long width) {
+    const long long total = (long long)rows * width, stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        if (index[i / width] < 0) from_f(0.0f, &out[i]);
     }
 }
 
@@ -258,17 +308,20 @@ __device__ __forceinline__ void moe_gather(const T* __restrict__ in, const int* 
         moe_topk<T>(l, tokens, experts, top_k, ids, w);                                                          \
     }                                                                                                            \
     extern "C" __global__ void moe_combine_##S(const T* o, const float* w, const int* rows, T* y, int tokens,     \
-                                               int top_k, long long n) {                                         \
-        moe_combine<T>(o, w, rows, y, tokens, top_k, n);                                                         \
+                                               int top_k, long long n, int o_rows) {                             \
+        moe_combine<T>(o, w, rows, y, tokens, top_k, n, o_rows);                                                 \
     }                                                                                                            \
     extern "C" __global__ void moe_combine_bwd_##S(const T* dy, const T* o, const float* w, const int* ids,       \
                                                    const int* rows, T* d_o, float* dw, T* dl, int top_k,          \
-                                                   long long n, int experts) {                                   \
-        moe_combine_bwd<T>(dy, o, w, ids, rows, d_o, dw, dl, top_k, n, experts);                                 \
+                                                   long long n, int experts, int o_rows) {                       \
+        moe_combine_bwd<T>(dy, o, w, ids, rows, d_o, dw, dl, top_k, n, experts, o_rows);                         \
     }                                                                                                            \
     extern "C" __global__ void moe_gather_##S(const T* in, const int* index, T* out, int rows, long long width,   \
                                               int in_rows) {                                                     \
         moe_gather<T>(in, index, out, rows, width, in_rows);                                                     \
+    }                                                                                                            \
+    extern "C" __global__ void moe_zero_rows_##S(const int* index, T* out, int rows, long long width) {          \
+        moe_zero_rows<T>(index, out, rows, width);                                                               \
     }
 
 MOE_TYPED(float, f32)
