@@ -92,14 +92,19 @@ pub struct Args {
     #[arg(long, default_value = "measured")]
     pub(super) conv_search: String,
     /// Grouped rows: how the engine runs them — auto (a measured choice from --db, else its
-    /// rule: one strided batch for equal groups, cuDNN's MoE grouped matmul for other forwards
-    /// and backward data where the loaded cuDNN has it (9.18 and later), elsewhere cuBLAS's
-    /// grouped call for small unequal ones, a pool of streams otherwise), strided,
+    /// rule: one strided batch for equal groups, cuBLAS's grouped call for small unequal ones,
+    /// a pool of streams otherwise), strided,
     /// cublas-grouped (cuBLAS's grouped batched call), cudnn (cuDNN's MoE grouped matmul) or
     /// pool (in order with --grouped-streams 1); shapes a forced backend does not apply to
     /// are skipped.
     #[arg(long, default_value = "auto")]
     pub(super) grouped_backend: String,
+    /// MoE rows: where the expert products' rows sit, "auto" (the capacity layout, every
+    /// expert padded to the largest group, where gemmbridge::moe::capacity says it pays: equal
+    /// groups of one strided batch; the sorted layout otherwise) or "sorted" (always the sorted
+    /// layout, ragged groups).
+    #[arg(long, default_value = "auto")]
+    pub(super) moe_layout: String,
     /// Grouped rows: streams of the pool (1 to 16).
     #[arg(long, default_value_t = 4)]
     pub(super) grouped_streams: usize,

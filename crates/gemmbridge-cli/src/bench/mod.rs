@@ -95,6 +95,8 @@ struct Plan {
     decode_ops: Vec<String>,
     layer_ops: Vec<String>,
     moe_ops: Vec<String>,
+    /// `--moe-layout auto`: pad where the capacity rule says.
+    moe_pad: bool,
     /// The recipes of the FP8 grouped rows.
     grouped_scalings: Vec<String>,
     launch: bool,
@@ -177,6 +179,11 @@ impl Plan {
             decode_ops,
             layer_ops,
             moe_ops,
+            moe_pad: match args.moe_layout.as_str() {
+                "auto" => true,
+                "sorted" => false,
+                other => bail!("unknown MoE layout {other:?}; choose auto or sorted"),
+            },
             grouped_scalings,
             launch,
             reps,
@@ -280,7 +287,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         rows.extend(decode::bench(g, &plan.decode_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     if let (false, Some(g)) = (plan.moe_ops.is_empty(), &gpu) {
-        rows.extend(moe::bench(g, &plan.moe_ops, &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
+        rows.extend(moe::bench(g, (&plan.moe_ops, plan.moe_pad), &plan.dtypes, plan.sampling, &mut |r| sink.emit(r))?);
     }
     if let (false, Some(g)) = (plan.decoder_ops.is_empty(), &gpu) {
         let shapes = decoder::parse_shapes(&args.layer_shapes)?;

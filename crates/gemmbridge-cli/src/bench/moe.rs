@@ -7,7 +7,10 @@
 //! reading each slot's row through the router's `pos` (the unpermute fused into it). The
 //! grouped products take host group sizes: the router's group starts are copied to the host
 //! once per step (the only host synchronisation; cuDNN's MoE grouped matmul, which takes them
-//! on the device, is several times slower on Hopper with cuDNN 9.19 and has no backward). The
+//! on the device, is several times slower on Hopper with cuDNN 9.19 and has no backward).
+//! Where [`gemmbridge::moe::capacity`] says it pays (`--moe-layout auto`), the routing is laid
+//! out with every expert padded to the largest group ([`MoeRouting::pad`]) before x is
+//! gathered, so every product is one strided batch of equal groups. The
 //! backward: the combine's (the router logits' gradient with it, the output gradient written
 //! in expert order), the two data gradients and the two weight gradients as grouped products,
 //! SwiGLU's, the input gradient summed per token by a combine without weights, and the
@@ -65,9 +68,12 @@ pub fn shapes() -> anyhow::Result<Vec<Shape>> {
 struct Layer {
     s: Shape,
     routing: MoeRouting,
-    /// Rows per expert, from the last forward's routing.
+    /// Whether the capacity layout may be used.
+    pad: bool,
+    /// Rows per expert, from the last forward's routing (the capacity, each, when padded).
     sizes: Vec<usize>,
     combine: MoeCombine,
+    /// SwiGLU over the last forward's rows in expert order.
     glu: SwiGlu,
     /// x, Wr, W_gu `[E, 2I, H]`, W_d `[E, H, I]`, dy.
     x: CudaSlice<bf16>,
@@ -96,8 +102,10 @@ struct Layer {
 }
 
 impl Layer {
-    fn new(gpu: &Gpu, s: &Shape) -> anyhow::Result<Layer> {
-        let (t, h, i, e, k, r) = (s.tokens, s.hidden, s.intermediate, s.experts, s.top_k, s.rows());
+    fn new(gpu: &Gpu, s: &Shape, pad: bool) -> anyhow::Result<Layer> {
+        let (t, h, i, e, k) = (s.tokens, s.hidden, s.intermediate, s.experts, s.top_k);
+        // rows in expert order: at most the capacity rule's bound when padding
+        let r = if pad { (s.rows() as f64 * gemmbridge::moe::PAD_LIMIT) as usize + 8 * e } else { s.rows() };
         let router = MoeRouter { tokens: t, experts: e, top_k: k, dtype: DType::BF16 };
         let st = gpu.stream();
         let up = |n: usize| st.clone_htod(&normal::<bf16>(n));
@@ -110,9 +118,10 @@ impl Layer {
         };
         Ok(Layer {
             routing: MoeRouting::new(gpu, &router)?,
+            pad,
             sizes: vec![0; e],
             combine: MoeCombine { tokens: t, top_k: k, n: h, dtype: DType::BF16 },
-            glu: SwiGlu::new(r, i, GluLayout::Halves),
+            glu: SwiGlu::new(s.rows(), i, GluLayout::Halves),
             x: up(t * h)?,
             wr: scaled(e * h, h)?,
             w_gu: scaled(e * 2 * i * h, h)?,
@@ -125,7 +134,7 @@ impl Layer {
             o: zeros(r * h)?,
             y: zeros(t * h)?,
             d_o: zeros(r * h)?,
-            d_w: st.alloc_zeros::<f32>(r)?,
+            d_w: st.alloc_zeros::<f32>(s.rows())?,
             d_logits: zeros(t * e)?,
             d_a: zeros(r * i)?,
             d_h: zeros(r * 2 * i)?,
@@ -147,12 +156,17 @@ impl Layer {
         let (t, h, i, e, r) = (self.s.tokens, self.s.hidden, self.s.intermediate, self.s.experts, self.s.rows());
         gpu.gemm(&GemmProblem::linear(t, e, h, Precision::BF16)?, 1.0, &self.x, &self.wr, 0.0, &mut self.logits)?;
         gpu.moe_route(&self.logits, &mut self.routing)?;
-        gpu.moe_gather(self.routing.index(), h, &self.x, &mut self.xs)?;
         let starts: Vec<i32> = gpu
             .stream()
             .clone_dtoh(self.routing.starts())
             .map_err(|e| gemmbridge::Error::Driver { operation: "cuMemcpyDtoHAsync", status: e.to_string() })?;
         self.sizes = gemmbridge::moe::sizes_of(&starts, r);
+        if let Some(cap) = gemmbridge::moe::capacity(&self.sizes).filter(|_| self.pad) {
+            self.routing.pad(gpu, cap)?;
+            self.sizes = vec![cap; e];
+        }
+        self.glu = SwiGlu::new(self.routing.rows(), i, GluLayout::Halves);
+        gpu.moe_gather(self.routing.index(), h, &self.x, &mut self.xs)?;
         gpu.grouped_gemm(&self.grouped(GroupedOp::Forward, (2 * i, h))?, &self.xs, &self.w_gu, &mut self.h, None)?;
         gpu.swiglu(&self.glu, &self.h, &mut self.a)?;
         gpu.grouped_gemm(&self.grouped(GroupedOp::Forward, (h, i))?, &self.a, &self.w_d, &mut self.o, None)?;
@@ -189,11 +203,11 @@ impl Layer {
     }
 }
 
-/// Every row: each op of `ops` on each layer, with bf16 in `dtypes`; `each` is called with every
-/// row as it is made.
+/// Every row: each op of `ops` on each layer, with bf16 in `dtypes`, in the capacity layout
+/// where the rule says and `pad` allows it; `each` is called with every row as it is made.
 pub fn bench(
     gpu: &Gpu,
-    ops: &[String],
+    (ops, pad): (&[String], bool),
     dtypes: &[(String, Precision)],
     sampling: timing::Sampling,
     each: &mut dyn FnMut(&Row) -> anyhow::Result<()>,
@@ -204,7 +218,16 @@ pub fn bench(
     }
     let mut rows = Vec::new();
     for s in shapes()? {
-        let mut layer = Layer::new(gpu, &s)?;
+        let mut layer = Layer::new(gpu, &s, pad)?;
+        layer.forward(gpu)?;
+        match layer.routing.capacity() {
+            Some(cap) => eprintln!(
+                "{}: capacity layout, {cap} rows per expert ({:.3}× the routed rows)",
+                s.name,
+                (cap * s.experts) as f64 / s.rows() as f64
+            ),
+            None => eprintln!("{}: sorted layout (largest group {:?})", s.name, layer.sizes.iter().max()),
+        }
         for op in ops {
             let backward = op == "moe_fwd_bwd";
             let mut step = || -> gemmbridge::Result<()> {
