@@ -252,7 +252,7 @@ pub fn assign(work: &[u64], streams: usize) -> Vec<Vec<usize>> {
     let mut out = vec![Vec::new(); lanes];
     for e in order {
         let lane = (0..lanes).min_by_key(|&l| (load[l], l)).expect("at least one lane");
-        load[lane] += work[e];
+        load[lane] = load[lane].saturating_add(work[e]);
         out[lane].push(e);
     }
     out

@@ -71,6 +71,8 @@ fn groups_go_longest_first_to_the_least_loaded_stream_and_empty_groups_nowhere()
                                    // never more streams than groups with work, and one even when none has any
     assert_eq!(assign(&[4, 0, 4], 8).len(), 2);
     assert_eq!(assign(&[0, 0], 4), vec![Vec::<usize>::new()]);
+    // work past u64 in sum saturates instead of overflowing
+    assert_eq!(assign(&[u64::MAX, u64::MAX, 1], 1), vec![vec![0, 1, 2]]);
 }
 
 #[test]

@@ -185,11 +185,21 @@ pub fn starts_of(sizes: &[usize]) -> Result<Vec<i32>> {
 }
 
 /// Group sizes from group starts over `rows` rows (what [`starts_of`] inverts): expert e has
-/// the rows from `starts[e]` to the next start (the last to `rows`); starts out of order give
-/// 0 where they step back.
+/// the rows from `starts[e]` to the next start (the last to `rows`), the starts first clamped
+/// as the device clamps them (each between the one before it, 0 for the first, and `rows`):
+/// a start that steps back gives 0, a negative first start counts from 0, a start past
+/// `rows` ends there.
 pub fn sizes_of(starts: &[i32], rows: usize) -> Vec<usize> {
-    let ends = starts.iter().skip(1).map(|&e| e as i64).chain([rows as i64]);
-    starts.iter().zip(ends).map(|(&s, e)| (e - s as i64).max(0) as usize).collect()
+    let mut prev = 0usize;
+    let clamped: Vec<usize> = starts
+        .iter()
+        .map(|&s| {
+            prev = usize::try_from(s).unwrap_or(0).clamp(prev, rows);
+            prev
+        })
+        .collect();
+    let ends = clamped.iter().skip(1).copied().chain([rows]);
+    clamped.iter().zip(ends).map(|(&s, e)| e - s).collect()
 }
 
 /// The most rows a capacity layout may add, as a multiple of the routed rows, for
@@ -203,12 +213,14 @@ pub const PAD_LIMIT: f64 = 1.5;
 /// Rows per expert of a capacity layout ([`crate::cuda::MoeRouting::pad`]), a multiple of 8:
 /// the largest group of `sizes`, rounded up, when the E·cap rows stay within [`PAD_LIMIT`]
 /// times the routed rows (a near-balanced routing, as a router trained with a balancing loss
-/// gives); `None` when they do not (a skewed routing: its ragged groups are cheaper) or
-/// nothing is routed. No row is dropped at this capacity.
+/// gives) and within [`MAX_DIM`] (what `pad` takes); `None` when they do not (a skewed
+/// routing: its ragged groups are cheaper), when nothing is routed, or when the sums overflow.
+/// No row is dropped at this capacity.
 pub fn capacity(sizes: &[usize]) -> Option<usize> {
-    let rows: usize = sizes.iter().sum();
-    let cap = sizes.iter().max()?.div_ceil(8) * 8;
-    (rows > 0 && (cap * sizes.len()) as f64 <= PAD_LIMIT * rows as f64).then_some(cap)
+    let rows = sizes.iter().try_fold(0usize, |a, &m| a.checked_add(m))?;
+    let cap = sizes.iter().max()?.checked_next_multiple_of(8)?;
+    let padded = cap.checked_mul(sizes.len()).filter(|&p| p <= MAX_DIM)?;
+    (rows > 0 && padded as f64 <= PAD_LIMIT * rows as f64).then_some(cap)
 }
 
 /// Checks host group starts against `p` (what the device values must be for the product to

@@ -27,9 +27,10 @@ pub struct Routing {
 }
 
 impl Routing {
-    /// Rows per expert.
+    /// Rows per expert of the sorted layout (from `starts` over the S·k slots; the same after
+    /// [`pad`], whose experts each hold the capacity's rows).
     pub fn sizes(&self) -> Vec<usize> {
-        super::sizes_of(&self.starts, self.index.len())
+        super::sizes_of(&self.starts, self.pos.len())
     }
 }
 
@@ -41,6 +42,10 @@ fn before((a, ea): (f32, usize), (b, eb): (f32, usize)) -> bool {
 }
 
 /// The router on host logits `[S, E]` (already f32).
+///
+/// # Panics
+/// For a router that fails [`MoeRouter::validate`] or logits shorter than S·E (a reference:
+/// its callers are tests that check their inputs first).
 pub fn route(r: &MoeRouter, logits: &[f32]) -> Routing {
     let (s_n, e_n, k) = (r.tokens, r.experts, r.top_k);
     let mut out =
@@ -96,7 +101,12 @@ pub fn route(r: &MoeRouter, logits: &[f32]) -> Routing {
 /// The capacity layout of `r` ([`crate::cuda::MoeRouting::pad`]) for `cap` rows per expert:
 /// `index`, `ks` and `slots` `[E·cap]` with −1 on pad rows, `pos` the slots' new rows (−1 past
 /// an expert's `cap`); ids, weights and starts as `r`'s.
+///
+/// # Panics
+/// For a capacity of 0 (the device refuses it by name) or one whose E·cap rows do not fit
+/// memory.
 pub fn pad(r: &Routing, cap: usize) -> Routing {
+    assert!(cap > 0, "a capacity layout needs at least one row per expert");
     let (e_n, rows) = (r.starts.len(), r.index.len());
     let sizes = r.sizes();
     let mut out = Routing { index: vec![-1; e_n * cap], pos: vec![-1; rows], ..r.clone() };
@@ -121,12 +131,24 @@ pub fn pad(r: &Routing, cap: usize) -> Routing {
 }
 
 /// The product `p` over host group starts in float64: `input` `[R, in]` and `w` (`[E, N, K]`)
-/// in f64, the output `[R, out]`.
+/// in f64, the output `[R, out]`. The starts are clamped as the device clamps them
+/// ([`super::sizes_of`]); rows before the first clamped start are left NaN (unwritten).
+///
+/// # Panics
+/// For starts of another length than E, or buffers shorter than `p` says.
 pub fn moe_gemm(p: &MoeGemm, input: &[f64], w: &[f64], starts: &[i32]) -> Vec<f64> {
     let ((win, wout), r_n, (n, k)) = (p.width(), p.rows(), (p.n(), p.k()));
+    assert_eq!(starts.len(), p.experts(), "one start per expert");
+    let sizes = super::sizes_of(starts, r_n);
+    let first = r_n - sizes.iter().sum::<usize>();
     let mut out = vec![f64::NAN; r_n * wout];
-    for r in 0..r_n {
-        let e = starts.iter().rposition(|&s| s as usize <= r).unwrap_or(0);
+    for r in first..r_n {
+        let mut at = first;
+        let e = sizes.iter().position(|&m| {
+            at += m;
+            r < at
+        });
+        let e = e.expect("the sizes cover the rows from the first start");
         let x = &input[r * win..(r + 1) * win];
         let we = &w[e * n * k..(e + 1) * n * k];
         for o in 0..wout {
@@ -139,18 +161,24 @@ pub fn moe_gemm(p: &MoeGemm, input: &[f64], w: &[f64], starts: &[i32]) -> Vec<f6
     out
 }
 
-/// The combine on host values (see [`MoeCombine`]): `o` `[S·k, N]` (slot q's row at
-/// `rows[q]`, or q without rows) and the weights (or none: ones) in f32, `y[S, N]` in f32
-/// before its rounding to the output type.
+/// The combine on host values (see [`MoeCombine`]): `o` (slot q's row at `rows[q]`, clamped
+/// below o's rows `o.len() / N` as the device clamps it, a negative one adding nothing; or q
+/// without rows) and the weights (or none: ones) in f32, `y[S, N]` in f32 before its rounding
+/// to the output type.
+///
+/// # Panics
+/// For a combine that fails [`MoeCombine::validate`], or `o`, `rows` or `w` shorter than it
+/// says.
 pub fn combine(c: &MoeCombine, (o, rows): (&[f32], Option<&[i32]>), w: Option<&[f32]>) -> Vec<f32> {
     let (k, n) = (c.top_k, c.n);
+    let last = (o.len() / n).max(1) - 1;
     let mut y = vec![0.0f32; c.tokens * n];
     for s in 0..c.tokens {
         for col in 0..n {
             let mut acc = 0.0f32;
             for j in 0..k {
                 let q = s * k + j;
-                let Some(at) = rows.map_or(Some(q), |r| usize::try_from(r[q]).ok()) else {
+                let Some(at) = rows.map_or(Some(q), |r| usize::try_from(r[q]).ok().map(|a| a.min(last))) else {
                     continue; // a slot the capacity dropped
                 };
                 acc = w.map_or(1.0, |w| w[q]).mul_add(o[at * n + col], acc);
@@ -167,9 +195,15 @@ pub const COMBINE_BWD_THREADS: usize = 256;
 /// The combine's backward on host values (see [`MoeCombine`]): `do` (f32 before its
 /// rounding; as many rows as `o`, `o.len() / N`, slot q's at `rows[q]` or q, the rows no slot
 /// names zero; a negative `rows[q]` writes nothing and has a zero weight gradient), the
-/// weights' gradient `[S·k]` and the logits' gradient `[S, E]` for the router's choices `ids`. Each weight gradient sums in the kernel's order: thread t of
-/// [`COMBINE_BWD_THREADS`] adds columns t, t + 256, … with fused multiply-adds, then the
-/// threads' sums are added pairwise, halving (t and t + 128, then t and t + 64, …).
+/// weights' gradient `[S·k]` and the logits' gradient `[S, E]` for the router's choices `ids`.
+/// Rows past o's are clamped to its last, as the device clamps them. Each weight gradient
+/// sums in the kernel's order: thread t of [`COMBINE_BWD_THREADS`] adds columns t, t + 256, …
+/// with fused multiply-adds, then the threads' sums are added pairwise, halving (t and
+/// t + 128, then t and t + 64, …).
+///
+/// # Panics
+/// For a combine that fails [`MoeCombine::validate`], or `dy`, `o`, `rows`, `w` or `ids`
+/// shorter than it says.
 pub fn combine_backward(
     c: &MoeCombine,
     experts: usize,
@@ -177,13 +211,14 @@ pub fn combine_backward(
     (w, ids): (&[f32], &[i32]),
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (k, n, t_n) = (c.top_k, c.n, COMBINE_BWD_THREADS);
+    let last = (o.len() / n).max(1) - 1;
     let mut d_o = vec![0.0f32; o.len()];
     let mut dw = vec![0.0f32; c.rows()];
     let mut dlogits = vec![0.0f32; c.tokens * experts];
     for s in 0..c.tokens {
         for j in 0..k {
             let q = s * k + j;
-            let Some(at) = rows.map_or(Some(q), |r| usize::try_from(r[q]).ok()) else {
+            let Some(at) = rows.map_or(Some(q), |r| usize::try_from(r[q]).ok().map(|a| a.min(last))) else {
                 continue; // a slot the capacity dropped: dw[q] stays 0
             };
             let mut part = vec![0.0f32; t_n];

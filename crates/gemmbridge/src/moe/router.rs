@@ -25,8 +25,9 @@ pub const SORT_CHUNK: usize = 2048;
 ///   expert e's rows start at `starts[e]`; `pos[R]`: the sorted row of each slot (`slots`'
 ///   inverse).
 ///
-/// A logit that is NaN ranks as −∞ (below every number, ties to the lower expert); a NaN or an
-/// infinite logit among a token's chosen ones makes all its weights NaN.
+/// A logit that is NaN ranks as −∞ (below every number, ties to the lower expert); a NaN among
+/// a token's chosen logits, or a largest chosen logit of +∞ or −∞, makes all its weights NaN;
+/// a −∞ below a finite largest one gets weight 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MoeRouter {
     /// Tokens S.

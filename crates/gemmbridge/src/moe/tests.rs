@@ -44,7 +44,11 @@ fn lengths_widths_and_the_grouped_twin() {
     assert_eq!(rule(q.grouped(&[4, 0, 5])), "the group sizes do not match the MoE product");
     assert_eq!(starts_of(&[4, 0, 6]).unwrap(), [0, 4, 4]);
     assert_eq!(sizes_of(&[0, 4, 4], 10), [4, 0, 6]);
-    assert_eq!(sizes_of(&[5, 2, 9], 8), [0, 7, 0]);
+    // clamped as the device clamps: 5, then 2 → 5, then 9 → 8
+    assert_eq!(sizes_of(&[5, 2, 9], 8), [0, 3, 0]);
+    assert_eq!(sizes_of(&[0, 4], 2), [2, 0]);
+    assert_eq!(sizes_of(&[-5, 3], 10), [3, 7]);
+    assert_eq!(sizes_of(&[0], usize::MAX), [usize::MAX]);
     assert_eq!(rule(starts_of(&[usize::MAX, 1])), "a group start passes 2³¹ − 1");
     assert_eq!(q.describe(), "Forward E3 R10 N6 K4 bf16");
 }
@@ -240,4 +244,10 @@ fn the_capacity_layout_moves_rows_and_drops_past_the_capacity() {
     assert_eq!(capacity(&[1000, 10, 10, 10]), None);
     assert_eq!(capacity(&[0, 0]), None);
     assert_eq!(capacity(&[]), None);
+    // overflow and past what a layout may hold: no capacity, never a panic
+    assert_eq!(capacity(&[usize::MAX]), None);
+    assert_eq!(capacity(&[usize::MAX, 1]), None);
+    assert_eq!(capacity(&[1 << 62; 4]), None);
+    assert_eq!(capacity(&[1 << 40; 4]), None);
+    assert_eq!(capacity(&[1 << 30, (1 << 30) - 8]), None);
 }

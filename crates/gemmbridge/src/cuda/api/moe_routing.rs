@@ -69,8 +69,10 @@ impl MoeRouting {
         &self.weights
     }
 
-    /// Where each expert's rows start in the sorted layout (`[E]`; its rows per expert also
-    /// after [`MoeRouting::pad`]).
+    /// Where each expert's rows start in the sorted layout (`[E]`), also after
+    /// [`MoeRouting::pad`]: they still give each expert's own rows (what the capacity keeps or
+    /// drops), but the padded rows' products are equal groups of the capacity (a strided batch,
+    /// or starts e·cap), never these starts.
     pub fn starts(&self) -> &CudaSlice<i32> {
         &self.starts
     }
