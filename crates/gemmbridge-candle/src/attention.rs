@@ -1,8 +1,11 @@
-//! Scaled-dot-product attention, forward.
+//! Scaled-dot-product attention; its backward is in [`crate::attention_bwd`].
+
+use std::sync::OnceLock;
 
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
-use crate::cpu::{self, by_dtype};
+use crate::attention_bwd::{self, Grads};
+use crate::cpu::by_dtype;
 use crate::plan::{self, AttnPlan};
 use crate::{device_served, Served};
 
@@ -14,13 +17,29 @@ use crate::{device_served, Served};
 /// `scale`: `1/√d` unless given. Grouped-query heads: query head `hq` reads key/value head
 /// `hq / (h_q / h_kv)`. Served for f16 and bf16 with `d` a multiple of 8 up to gemmbridge's
 /// limit (cuDNN's flash-attention engines on CUDA, gemmbridge's CPU attention on the CPU:
-/// f32 scores and softmax, one rounding); anything else runs [`sdpa_candle`]. Forward only:
-/// a backward through it is refused by candle (`BackwardNotSupported`).
+/// f32 scores and softmax, one rounding); anything else runs [`sdpa_candle`].
+///
+/// # Backward
+/// Through candle's autograd (`Tensor::backward`): `dq`, `dk`, `dv` of q's, k's, v's shapes
+/// and dtype (`dk`, `dv` summed over the query heads that share a key/value head); where the
+/// call fell back to [`sdpa_candle`], candle's own autograd through its operations. A served
+/// call's backward is one call of gemmbridge's attention backward (cuDNN's fused backward on
+/// CUDA; on the CPU gemmbridge's, f32 products and each gradient rounded once) from q, k, v,
+/// the output, its gradient and the softmax statistics `lse[b, h_q, s_q]` (f32). The forward
+/// keeps those: where q, k or v tracks a gradient (`Tensor::track_op`, candle's rule for
+/// recording the operation) it writes them beside `o`, `4·b·h_q·s_q` bytes that the graph
+/// holds until it is dropped, so the backward recomputes nothing. Each gradient is written
+/// dense in its input's order of `[b, h, s]` (a `[b, s, h, d]` projection transposed to
+/// `[b, h, s, d]` gets its gradient in the same strides) and given to candle as a view; an
+/// input whose strides are no such order (q, k, v inside one fused projection's output,
+/// padded rows) is copied contiguous for the backward, as is an output gradient that is not
+/// contiguous (the stride-0 gradient of a `sum`).
 ///
 /// # Errors
 /// A `scale` given that is not finite and positive (candle's `Error::Msg` naming the value;
 /// refused on every path, the fallback included, as gemmbridge's attention refuses it);
-/// candle's errors for shapes that do not agree; a gemmbridge error from the GPU, wrapped.
+/// candle's errors for shapes that do not agree; a gemmbridge error from the GPU, wrapped;
+/// the same from `Tensor::backward` for the backward.
 pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) -> Result<Tensor> {
     sdpa_served(q, k, v, causal, scale).map(|(t, _)| t)
 }
@@ -50,10 +69,12 @@ pub fn sdpa_served(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Opti
     }
 }
 
-/// Runs the planned attention as a custom operation.
+/// Runs the planned attention as a custom operation, keeping its statistics for the backward
+/// where an input tracks a gradient (the rule by which candle records the operation).
 fn apply(q: &Tensor, k: &Tensor, v: &Tensor, plan: AttnPlan) -> Result<Tensor> {
     let out = q.shape().clone();
-    q.apply_op3(k, v, AttnOp { plan, out })
+    let stats = [q, k, v].iter().any(|t| t.track_op()).then(OnceLock::new);
+    q.apply_op3(k, v, AttnOp { plan, out, stats })
 }
 
 /// candle's own matmul-softmax attention, in f32 and rounded to q's dtype at the end: the
@@ -95,6 +116,9 @@ pub fn sdpa_candle(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Opti
 struct AttnOp {
     plan: AttnPlan,
     out: Shape,
+    /// Where the forward keeps its statistics (`lse[b, h_q, s_q]`, f32, on the inputs'
+    /// device) for the backward; `None` where no input tracks a gradient.
+    stats: Option<OnceLock<Tensor>>,
 }
 
 impl CustomOp3 for AttnOp {
@@ -111,7 +135,11 @@ impl CustomOp3 for AttnOp {
         v: &CpuStorage,
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let o = by_dtype!("sdpa", [q, k, v], |T| cpu::attention::<T>(&self.plan, q, k, v));
+        let o = by_dtype!("sdpa", [q, k, v], |T| attention_bwd::cpu_forward::<T>(
+            &self.plan,
+            [q, k, v],
+            self.stats.as_ref()
+        ));
         Ok((o, self.out.clone()))
     }
 
@@ -126,11 +154,20 @@ impl CustomOp3 for AttnOp {
         _: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let dev = q.device.clone();
-        let o = crate::cuda::by_dtype!("sdpa", dev, [q, k, v], |T| crate::cuda::attention::<T>(
+        let o = crate::cuda::by_dtype!("sdpa", dev, [q, k, v], |T| crate::cuda_attention::forward::<T>(
             &dev,
             &self.plan,
-            [q, k, v]
+            [q, k, v],
+            self.stats.as_ref()
         ));
         Ok((o, self.out.clone()))
+    }
+
+    /// `dq`, `dk`, `dv` from one backward call, with the statistics the forward kept.
+    fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, o: &Tensor, grad: &Tensor) -> Result<Grads> {
+        let Some(stats) = self.stats.as_ref().and_then(OnceLock::get) else {
+            candle_core::bail!("sdpa backward: the forward kept no softmax statistics")
+        };
+        attention_bwd::backward(&self.plan.problem, [q, k, v], o, grad, stats)
     }
 }

@@ -22,7 +22,7 @@ use crate::plan::{AttnPlan, LinearPlan, MatmulPlan, NormPlan};
 
 /// The gemmbridge engine on `dev`'s stream: made on first use (`Gpu::with_stream`, default
 /// options) and kept for the process, one per candle device (`CudaDevice::id`).
-fn engine(dev: &CudaDevice) -> Result<Arc<Gpu>> {
+pub(crate) fn engine(dev: &CudaDevice) -> Result<Arc<Gpu>> {
     static ENGINES: OnceLock<Mutex<HashMap<DeviceId, Arc<Gpu>>>> = OnceLock::new();
     let mut map = ENGINES
         .get_or_init(Mutex::default)
@@ -53,7 +53,7 @@ pub(crate) use by_dtype;
 
 /// An output of `n` elements on `dev`'s stream, every element written by the call it is made
 /// for before candle reads it; filled with NaN first where [`crate::set_poison_outputs`] is on.
-fn output<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
+pub(crate) fn output<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: the memory is uninitialised; each caller's GEMM (β = 0 never reads C), norm or
     // attention writes all `n` elements on the same stream before the storage is returned.
     let mut out = unsafe { dev.alloc::<T>(n) }?;
