@@ -3,9 +3,11 @@
 //! candle 0.11 operations through gemmbridge, as candle custom operations on candle's own
 //! storage: [`matmul`] (broadcast batched, with its backward), [`linear`] with the bias and an
 //! [`Activation`] fused into the GEMM's epilogue (and its backward), [`rms_norm`] with its
-//! backward, and [`sdpa`]
-//! (scaled-dot-product attention forward: causal mask, grouped-query heads). Results are
-//! ordinary candle tensors.
+//! backward, rotary embeddings [`rope`] and [`rope_i`] (candle-nn's) and [`swiglu`] over a fused
+//! gate/up projection, each with its backward, and [`sdpa`]
+//! (scaled-dot-product attention: causal mask, grouped-query heads) with its backward (the
+//! forward keeps its softmax statistics for it). Results are ordinary candle tensors. A
+//! LLaMA-family model built from them, read from a Hugging Face checkpoint, is [`llama`].
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
@@ -42,20 +44,32 @@
 //! the process.
 
 mod attention;
+mod attention_bwd;
 mod cpu;
+mod cpu_layer_ops;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_attention;
+#[cfg(feature = "cuda")]
+mod cuda_layer_ops;
 mod linear;
+pub mod llama;
 mod matmul;
 mod norm;
 mod plan;
+mod rope;
+mod swiglu;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use attention::{sdpa, sdpa_candle, sdpa_served};
+pub use gemmbridge::layer_ops::RopeStyle;
 pub use linear::{linear, linear_candle, linear_served, Activation};
 pub use matmul::{matmul, matmul_served};
 pub use norm::{rms_norm, rms_norm_candle, rms_norm_served};
+pub use rope::{rope, rope_candle, rope_i, rope_served};
+pub use swiglu::{swiglu, swiglu_candle, swiglu_served};
 
 /// Which path ran a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

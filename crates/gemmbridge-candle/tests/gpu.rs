@@ -4,6 +4,20 @@
 #![cfg(feature = "cuda")]
 
 mod common;
+#[path = "common/llama.rs"]
+mod llama_check;
+#[path = "common/sdpa_grad.rs"]
+mod sdpa_grad;
+
+/// The LLaMA model against candle-transformers on the GPU.
+#[path = "gpu/llama.rs"]
+mod llama;
+/// RoPE and SwiGLU on the GPU.
+#[path = "gpu/rope_swiglu.rs"]
+mod rope_swiglu;
+/// `sdpa`'s backward on the GPU.
+#[path = "gpu/sdpa_backward.rs"]
+mod sdpa_backward;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use common::reference::{linear_f64, matmul_f64, norm_f64, sdpa_f64, EPS};

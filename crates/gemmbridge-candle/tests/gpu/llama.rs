@@ -1,0 +1,18 @@
+//! The LLaMA model on a GPU against candle-transformers' `llama` on candle's own CUDA ops, on
+//! the checkpoint `common/llama.rs` writes: the bands of the CPU tests.
+
+use candle_core::{DType, Device, Result};
+
+use crate::llama_check::run;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_on_the_gpu_equals_candle_transformers() -> Result<()> {
+    run(&Device::new_cuda(0)?, DType::BF16, 2e-2)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn f32_on_the_gpu_equals_candle_transformers() -> Result<()> {
+    run(&Device::new_cuda(0)?, DType::F32, 1e-4)
+}
