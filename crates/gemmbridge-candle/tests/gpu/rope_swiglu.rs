@@ -92,7 +92,7 @@ fn gpu_rope_forward_odd_shapes_and_views() -> Result<()> {
                 assert_eq!(f64s(&y)?, f64s(&cpu)?, "{what}: the CPU path's bits");
                 let theirs = rope_candle(&xg, &cg, &sg, style)?;
                 let e = rel_err(&f64s(&y)?, &f64s(&theirs)?);
-                assert!(e <= common::band(dtype), "{what}: {e:e} from candle's CUDA rope_candle");
+                assert!(e <= crate::common::band(dtype), "{what}: {e:e} from candle's CUDA rope_candle");
             }
         }
     }
@@ -166,7 +166,7 @@ fn gpu_swiglu_forward_and_backward() -> Result<()> {
                 assert_close(&format!("{what} case {k}"), &y, &swiglu_f64(&f64s(gu)?, f, None), dtype)?;
                 assert_eq!(f64s(&y)?, f64s(&swiglu_served(gu)?.0)?, "{what} case {k}: the CPU path's bits");
                 let e = rel_err(&f64s(&y)?, &f64s(&swiglu_candle(&gg)?)?);
-                assert!(e <= common::band(dtype), "{what} case {k}: {e:e} from candle's CUDA swiglu_candle");
+                assert!(e <= crate::common::band(dtype), "{what} case {k}: {e:e} from candle's CUDA swiglu_candle");
             }
             // the backward, in place on padded rows of a wider Var
             let wide = Var::from_tensor(&r(&mut rng, &[3, 37, 2 * f + 5])?.to_device(&dev)?)?;
