@@ -4,7 +4,8 @@
 //! storage: [`matmul`] (broadcast batched, with its backward), [`linear`] with the bias and an
 //! [`Activation`] fused into the GEMM's epilogue (and its backward), [`rms_norm`] with its
 //! backward, rotary embeddings [`rope`] and [`rope_i`] (candle-nn's) and [`swiglu`] over a fused
-//! gate/up projection, each with its backward, and [`sdpa`]
+//! gate/up projection, each with its backward, [`grouped_matmul`] (a mixture-of-experts
+//! layer's product over rows sorted by expert) with its backward, and [`sdpa`]
 //! (scaled-dot-product attention: causal mask, grouped-query heads) with its backward (the
 //! forward keeps its softmax statistics for it). Results are ordinary candle tensors. A
 //! LLaMA-family model built from them, read from a Hugging Face checkpoint, is [`llama`].
@@ -52,7 +53,10 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_attention;
 #[cfg(feature = "cuda")]
+mod cuda_grouped;
+#[cfg(feature = "cuda")]
 mod cuda_layer_ops;
+mod grouped;
 mod linear;
 pub mod llama;
 mod matmul;
@@ -65,6 +69,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use attention::{sdpa, sdpa_candle, sdpa_served};
 pub use gemmbridge::layer_ops::RopeStyle;
+pub use grouped::{grouped_matmul, grouped_matmul_candle, grouped_matmul_served};
 pub use linear::{linear, linear_candle, linear_served, Activation};
 pub use matmul::{matmul, matmul_served};
 pub use norm::{rms_norm, rms_norm_candle, rms_norm_served};

@@ -9,6 +9,9 @@ mod llama_check;
 #[path = "common/sdpa_grad.rs"]
 mod sdpa_grad;
 
+/// The grouped matmul on the GPU.
+#[path = "gpu/grouped.rs"]
+mod grouped;
 /// The LLaMA model against candle-transformers on the GPU.
 #[path = "gpu/llama.rs"]
 mod llama;
