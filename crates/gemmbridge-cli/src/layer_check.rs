@@ -77,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let n = t.count() * l.d_model;
     let (x, dy) = (rounded(normal::<bf16>(n)), rounded(normal::<bf16>(n)));
     // the bench's weights (a hash of each place), plus noise on the norms, rounded to bf16
-    let base = synthetic_weights(&l);
+    let base = synthetic_weights(&l)?;
     let noise = rounded(normal::<bf16>(2 * l.d_model));
     let w = Weights::from_fn(&l, |which, i| {
         let v = match which {
@@ -86,7 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             _ => base.get(which)[i],
         };
         bf16::from_f64(v).to_f64()
-    });
+    })?;
     let saved = forward(&l, t, &w, &x)?;
     let want = backward(&l, t, &w, &x, &saved, &dy)?;
     let mut entries: Vec<(String, Entry)> =

@@ -82,7 +82,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             _ => v / (cols as f64).sqrt(),
         };
         bf16::from_f64(v).to_f64() // the float64 layer starts from the stored values
-    });
+    })?;
     let n = t.count() * l.d_model;
     let mut normal = |n: usize| -> Vec<bf16> { (0..n).map(|_| bf16::from_f64(r.sample(StandardNormal))).collect() };
     let (x, dy) = (normal(n), normal(n));

@@ -90,6 +90,9 @@ fn accumulation_order_and_bad_input() {
     let e = layer.backward(&x, &dy).unwrap_err();
     assert!(matches!(e, Error::TrainingOrder { .. }), "an inference forward: {e}");
     layer.forward(&x, true).unwrap();
+    // an equal copy of x is not the x the forward ran on: the message says what is compared
+    let e = layer.backward(&x.clone(), &dy).unwrap_err().to_string();
+    assert!(e.contains("address and length, not its values") && e.contains("train = true"), "{e}");
     layer.backward(&x, &dy).unwrap();
     let once = layer.grads();
     layer.set_grad_mode(GradMode::Accumulate);
@@ -105,4 +108,27 @@ fn accumulation_order_and_bad_input() {
     let e = CpuDecoderLayer::<f16>::new(l, t, &w).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { expected: DType::BF16, got: DType::F16, .. }), "{e}");
     assert_eq!(e.to_string(), "decoder layer's element type T holds f16 elements but the problem needs bf16");
+}
+
+/// Sizes past what the host holds or the CPU attention takes are refused before anything is
+/// allocated or computed.
+#[test]
+fn sizes_past_the_host_are_refused_up_front() {
+    use gemmbridge::layer::reference::{Weights, MAX_HOST_WEIGHT_ELEMS};
+    let huge = DecoderLayer::new(usize::MAX, (2, 1), 32, 96, DType::BF16);
+    let e = Weights::from_fn(&huge, |_, _| 0.0).unwrap_err();
+    assert!(matches!(e, Error::DecoderShape { .. }), "{e}");
+    // validate accepts this one (its bytes fit isize); the host bound refuses it
+    let wide = DecoderLayer::new(1 << 40, (2, 1), 32, 96, DType::BF16);
+    wide.validate().unwrap();
+    let e = Weights::from_fn(&wide, |_, _| 0.0).unwrap_err();
+    assert!(matches!(e, Error::DimensionTooLarge { max: MAX_HOST_WEIGHT_ELEMS, .. }), "{e}");
+    let (l, _) = size(DType::BF16);
+    let w = weights::<bf16>(&l, &mut rng());
+    let t0 = std::time::Instant::now();
+    let Err(e) = CpuDecoderLayer::<bf16>::new(l, Tokens { b: 1, s: 100_000 }, &w) else {
+        panic!("s = 100 000 accepted");
+    };
+    assert!(matches!(e, Error::DimensionTooLarge { value: 10_000_000_000, .. }), "{e}");
+    assert!(t0.elapsed().as_secs_f64() < 1.0, "refused at construction, {:?}", t0.elapsed());
 }

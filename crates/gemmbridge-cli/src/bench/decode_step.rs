@@ -71,7 +71,7 @@ pub fn bench(
     for shape in shapes()?.into_iter().filter(|s| s.lens.is_none()) {
         let (step, tables, held) = step_for(&shape)?;
         let l = step.layer;
-        let mut st = match GpuDecodeStep::<bf16>::new(gpu, step, &synthetic_weights(&l)) {
+        let mut st = match GpuDecodeStep::<bf16>::new(gpu, step, &synthetic_weights(&l)?) {
             Err(e @ gemmbridge::Error::Unsupported { .. }) => {
                 eprintln!("{OP} {}: skipped: {e}", step.describe());
                 continue;

@@ -51,7 +51,10 @@ pub fn parse_shapes(list: &str) -> anyhow::Result<Vec<Tokens>> {
 
 /// Weights of a trained layer's scale without a host random source per element: norms 1,
 /// each projection's entries a hash of their place in ±√(3/in) (uniform, variance 1/in).
-pub fn synthetic_weights(l: &DecoderLayer) -> Weights {
+///
+/// # Errors
+/// As [`Weights::from_fn`].
+pub fn synthetic_weights(l: &DecoderLayer) -> gemmbridge::Result<Weights> {
     Weights::from_fn(l, |w, i| {
         let [_, cols] = l.weight_shape(w);
         if matches!(w, LayerWeight::Norm1 | LayerWeight::Norm2) {
@@ -104,7 +107,8 @@ pub fn bench(
     let mut rows = Vec::new();
     for &t in shapes {
         for (dtype, layout, options) in &ways {
-            let mut layer = match GpuDecoderLayer::<bf16>::with_options(gpu, (l, t), &synthetic_weights(&l), *options) {
+            let mut layer = match GpuDecoderLayer::<bf16>::with_options(gpu, (l, t), &synthetic_weights(&l)?, *options)
+            {
                 Err(e) if fp8::not_offered(&e) || matches!(e, gemmbridge::Error::Unsupported { .. }) => {
                     eprintln!("layer rows {layout} b{} s{}: skipped: {e}", t.b, t.s);
                     continue;
@@ -151,7 +155,7 @@ mod tests {
         assert!(parse_shapes("4096").is_err());
         assert!(parse_shapes(",").is_err());
         let l = DecoderLayer::new(64, (2, 1), 16, 96, gemmbridge::DType::BF16);
-        let w = synthetic_weights(&l);
+        let w = synthetic_weights(&l).unwrap();
         w.check(&l).unwrap();
         let down = &w.w_down;
         let var = down.iter().map(|v| v * v).sum::<f64>() / down.len() as f64;

@@ -124,6 +124,12 @@ impl<T: Element> CpuDecoderLayer<T> {
     ) -> Result<CpuDecoderLayer<T>> {
         options.validate()?;
         layer.check_tokens(tokens)?;
+        // the CPU attention's limit, refused here rather than at the first forward
+        let scores = tokens.s.saturating_mul(tokens.s);
+        if scores > crate::cpu::MAX_CPU_SCORES {
+            let what = "s·s, one attention head's f32 scores on the CPU";
+            return Err(Error::DimensionTooLarge { what, value: scores, max: crate::cpu::MAX_CPU_SCORES });
+        }
         weights.check(&layer)?;
         layer.check_element::<T>()?;
         let (n, d, f, wq) = (tokens.count(), layer.d_model, layer.ffn, layer.qkv_width());
@@ -248,8 +254,18 @@ impl<T: Element> CpuDecoderLayer<T> {
     pub fn backward(&mut self, x: &[T], dy: &[T]) -> Result<()> {
         let (l, t) = (self.layer, self.tokens);
         let need = t.count() * l.d_model;
-        if self.last != Some(((x.as_ptr() as usize, x.len()), true)) {
-            let problem = "the decoder layer's backward needs a training forward (train = true) on the same x".into();
+        let here = (x.as_ptr() as usize, x.len());
+        if self.last != Some((here, true)) {
+            let problem = format!(
+                "the decoder layer's backward needs a training forward (train = true) on the same x buffer, \
+                 recognised by its address and length, not its values: x at {:#x}, {} elements; the last forward {}",
+                here.0,
+                here.1,
+                match self.last {
+                    Some(((a, n), train)) => format!("at {a:#x}, {n} elements, train = {train}"),
+                    None => "none".into(),
+                }
+            );
             return Err(Error::TrainingOrder { problem });
         }
         if dy.len() < need {

@@ -26,14 +26,35 @@ pub struct Weights {
     pub w_norm2: Vec<f64>,
 }
 
+/// Most f64 elements the six weights of one layer may hold on the host in [`Weights`]
+/// (2³⁴ elements, 128 GiB): past it [`Weights::from_fn`] refuses the layer.
+pub const MAX_HOST_WEIGHT_ELEMS: usize = 1 << 34;
+
 impl Weights {
     /// Every weight of `l` filled by `f(weight, index)`.
-    pub fn from_fn(l: &DecoderLayer, mut f: impl FnMut(LayerWeight, usize) -> f64) -> Weights {
+    ///
+    /// # Errors
+    /// Before anything is allocated: as [`DecoderLayer::validate`];
+    /// [`Error::DimensionTooLarge`] for weights past [`MAX_HOST_WEIGHT_ELEMS`] elements.
+    /// [`Error::Unsupported`] where the host cannot allocate a weight (named in bytes).
+    pub fn from_fn(l: &DecoderLayer, mut f: impl FnMut(LayerWeight, usize) -> f64) -> Result<Weights> {
+        l.validate()?;
+        let total = LayerWeight::ALL.iter().fold(0usize, |a, &w| a.saturating_add(l.weight_len(w)));
+        if total > MAX_HOST_WEIGHT_ELEMS {
+            let what = "the decoder layer's weights, in f64 on the host";
+            return Err(Error::DimensionTooLarge { what, value: total, max: MAX_HOST_WEIGHT_ELEMS });
+        }
         let mut w = Weights::default();
         for which in LayerWeight::ALL {
-            *w.get_mut(which) = (0..l.weight_len(which)).map(|i| f(which, i)).collect();
+            let n = l.weight_len(which);
+            let v = w.get_mut(which);
+            v.try_reserve_exact(n).map_err(|_| Error::Unsupported {
+                backend: "the host",
+                what: format!("{} bytes for the {which:?} weight could not be allocated", n.saturating_mul(8)),
+            })?;
+            v.extend((0..n).map(|i| f(which, i)));
         }
-        w
+        Ok(w)
     }
 
     /// One weight.

@@ -176,7 +176,7 @@ fn the_rules_are_named_errors() {
     let e = ok.check_tokens(Tokens { b: 0, s: 8 }).unwrap_err();
     assert!(matches!(e, Error::DecoderShape { what: "no tokens (b or s is zero)", .. }), "{e}");
     let (l, t) = tiny();
-    let w = Weights::from_fn(&l, |_, _| 0.5);
+    let w = Weights::from_fn(&l, |_, _| 0.5).unwrap();
     let mut short = w.clone();
     short.w_down.pop();
     let e = forward(&l, t, &short, &vec![0.0; t.count() * l.d_model]).unwrap_err();

@@ -80,9 +80,15 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
         let here = (x.device_ptr(gpu.stream()).0, x.num_bytes());
         match self.last {
             Some(f) if f.train && f.x == here => {}
-            _ => {
-                let problem =
-                    "the decoder layer's backward needs a training forward (train = true) on the same x".into();
+            last => {
+                let problem = format!(
+                    "the decoder layer's backward needs a training forward (train = true) on the same x buffer, \
+                     recognised by its device address and bytes, not its values: x at {:#x}, {} bytes; the last \
+                     forward {}",
+                    here.0,
+                    here.1,
+                    last.map_or("none".into(), |f| format!("at {:#x}, {} bytes, train = {}", f.x.0, f.x.1, f.train))
+                );
                 return Err(Error::TrainingOrder { problem });
             }
         }

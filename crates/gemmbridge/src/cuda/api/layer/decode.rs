@@ -74,7 +74,7 @@ struct StepBufs<T> {
 /// let gpu = Gpu::new(0)?;
 /// let l = DecoderLayer::llama3_8b();
 /// let cache = PagedCache::new(64 * 256, 16, (8, 128), l.dtype, (64, 1)).for_max_len(4096);
-/// let mut step = GpuDecodeStep::<bf16>::new(&gpu, DecodeStep::new(l, cache), &Weights::from_fn(&l, |_, _| 0.01))?;
+/// let mut step = GpuDecodeStep::<bf16>::new(&gpu, DecodeStep::new(l, cache), &Weights::from_fn(&l, |_, _| 0.01)?)?;
 /// let tables: Vec<i32> = (0..64 * 256).collect();
 /// step.set_index(&gpu, &tables, &[0; 64])?;
 /// let x = gpu.stream().alloc_zeros::<bf16>(64 * l.d_model)?;

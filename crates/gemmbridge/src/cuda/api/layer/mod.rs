@@ -186,7 +186,7 @@ pub enum WeightGrad<'a, T> {
 ///
 /// let gpu = Gpu::new(0)?;
 /// let (l, t) = (DecoderLayer::llama3_8b(), Tokens { b: 2, s: 4096 });
-/// let w = Weights::from_fn(&l, |_, _| 0.01);
+/// let w = Weights::from_fn(&l, |_, _| 0.01)?;
 /// let mut layer = GpuDecoderLayer::<bf16>::new(&gpu, l, t, &w)?;
 /// let s = gpu.stream();
 /// let x = s.alloc_zeros::<bf16>(t.count() * l.d_model)?;
