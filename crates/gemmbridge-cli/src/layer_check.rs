@@ -3,7 +3,7 @@
 //! and, where the GPU layer runs, the GPU's (`gemmbridge::layer` documents the tensor names).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use gemmbridge::cuda::layer::{to_host, GpuDecoderLayer};
@@ -23,7 +23,9 @@ const FORMAT: &str = "gemmbridge-layer-check-1";
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Folder to write layer_check.safetensors into (created if missing).
+    /// Folder to write layer_check.safetensors into (created if missing). Checked before any
+    /// work: a path that is not a folder, or a folder the file cannot be written in, is an
+    /// error.
     #[arg(long)]
     out: PathBuf,
 }
@@ -71,7 +73,28 @@ fn ours(l: DecoderLayer, t: Tokens, w: &Weights, x: &[f64], dy: &[f64]) -> anyho
     Ok((y, g))
 }
 
+/// The file to write in `dir`, checked before anything is computed: `dir` is created if
+/// missing, and the file can be written there (an existing one is left as it is until the
+/// write replaces it).
+///
+/// # Errors
+/// `dir` cannot be created as a folder (a file of that name, a missing permission), or the
+/// file in it cannot be opened for writing; each names the path and the OS error.
+fn check_out(dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--out {}: cannot create the folder", dir.display()))?;
+    let path = dir.join(CHECK_FILE);
+    let cannot = || format!("--out {}: cannot write {}", dir.display(), path.display());
+    if path.exists() {
+        std::fs::OpenOptions::new().write(true).open(&path).with_context(cannot)?;
+    } else {
+        std::fs::File::create(&path).with_context(cannot)?;
+        std::fs::remove_file(&path).with_context(cannot)?;
+    }
+    Ok(path)
+}
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
+    let path = check_out(&args.out)?;
     let (l, t) = check_size();
     let rounded = |v: Vec<bf16>| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
     let n = t.count() * l.d_model;
@@ -116,13 +139,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             format!("absent: {e:#}")
         }
     };
-    write(&args.out, &l, t, &status, &entries)?;
+    write(&path, &l, t, &status, &entries)?;
     Ok(0)
 }
 
-/// Writes the entries with the layer's sizes as metadata.
-fn write(dir: &PathBuf, l: &DecoderLayer, t: Tokens, ours: &str, entries: &[(String, Entry)]) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+/// Writes the entries to `path` ([`check_out`]) with the layer's sizes as metadata.
+fn write(path: &Path, l: &DecoderLayer, t: Tokens, ours: &str, entries: &[(String, Entry)]) -> anyhow::Result<()> {
     let meta: HashMap<String, String> = [
         ("format", FORMAT.to_string()),
         ("d_model", l.d_model.to_string()),
@@ -145,8 +167,35 @@ fn write(dir: &PathBuf, l: &DecoderLayer, t: Tokens, ours: &str, entries: &[(Str
     for (name, Entry(dtype, shape, bytes)) in entries {
         views.push((name.clone(), TensorView::new(*dtype, shape.clone(), bytes)?));
     }
-    let path = dir.join(CHECK_FILE);
-    safetensors::serialize_to_file(views, Some(meta), &path).with_context(|| format!("writing {}", path.display()))?;
+    safetensors::serialize_to_file(views, Some(meta), path).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("wrote {} ({} tensors; ours {ours})", path.display(), entries.len());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_out;
+
+    #[test]
+    fn the_output_folder_is_checked_before_any_work() {
+        let dir = std::env::temp_dir().join(format!("gemmbridge-layer-check-out-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // a missing folder is created, and nothing is left in it
+        let fresh = dir.join("a/b");
+        assert_eq!(check_out(&fresh).unwrap(), fresh.join(super::CHECK_FILE));
+        assert_eq!(std::fs::read_dir(&fresh).unwrap().count(), 0);
+        // a file where the folder should be
+        let file = dir.join("file");
+        std::fs::write(&file, "x").unwrap();
+        let e = format!("{:#}", check_out(&file).unwrap_err());
+        assert!(e.starts_with(&format!("--out {}: cannot create the folder: ", file.display())), "{e}");
+        assert!(e.contains("os error"), "{e}");
+        // a folder where the file should be
+        let taken = dir.join("taken");
+        std::fs::create_dir_all(taken.join(super::CHECK_FILE)).unwrap();
+        let e = format!("{:#}", check_out(&taken).unwrap_err());
+        assert!(e.starts_with(&format!("--out {}: cannot write ", taken.display())), "{e}");
+        assert!(e.contains("os error 21"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -39,16 +39,29 @@ const TABLES: [&str; 5] = ["convention", "precision", "fp8", "conv", "norm"];
 #[derive(clap::Args)]
 pub struct Args {
     /// Comma-separated tables to run (default: every table): convention, precision, fp8,
-    /// conv, norm.
+    /// conv, norm. An empty list, or one with an empty entry, is refused.
     #[arg(long, default_value = "convention,precision,fp8,conv,norm")]
     only: String,
 }
 
-pub fn run(args: Args) -> anyhow::Result<i32> {
-    let tables: Vec<&str> = args.only.split(',').map(str::trim).filter(|t| !t.is_empty()).collect();
+/// The tables `--only` names, checked before a GPU is opened.
+///
+/// # Errors
+/// An unknown table, an empty entry, or no table at all: a probe that runs nothing would
+/// report "OK" for a check it never made.
+fn parse_only(only: &str) -> anyhow::Result<Vec<&str>> {
+    let tables = crate::lists::entries("--only", only)?;
     if let Some(t) = tables.iter().find(|t| !TABLES.contains(t)) {
         anyhow::bail!("--only: unknown table {t:?}; choose from {}", TABLES.join(", "));
     }
+    if tables.is_empty() {
+        anyhow::bail!("no table to run: give --only with at least one of {}", TABLES.join(", "));
+    }
+    Ok(tables)
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let tables = parse_only(&args.only)?;
     let gpu = crate::gpu::open("probe")?;
     let info = gpu.info()?;
     println!(
@@ -260,4 +273,23 @@ fn precision_table(gpu: &Gpu) -> anyhow::Result<bool> {
         );
     }
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_only;
+
+    #[test]
+    fn only_names_at_least_one_known_table() {
+        assert_eq!(parse_only("fp8, conv").unwrap(), ["fp8", "conv"]);
+        for blank in ["", " "] {
+            let e = parse_only(blank).unwrap_err().to_string();
+            assert_eq!(e, "no table to run: give --only with at least one of convention, precision, fp8, conv, norm");
+        }
+        for list in [",", "fp8,", "fp8,,conv"] {
+            let e = parse_only(list).unwrap_err().to_string();
+            assert_eq!(e, format!("--only {list:?} has an empty entry: give comma-separated names"));
+        }
+        assert!(parse_only("fp9").unwrap_err().to_string().starts_with("--only: unknown table \"fp9\""));
+    }
 }

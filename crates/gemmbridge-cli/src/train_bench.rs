@@ -24,7 +24,7 @@ use gemmbridge::train::{init_params, Activation, GeluBiasGrad, GeluPlacement, Gr
 use gemmbridge::{Element, Precision};
 use serde::Serialize;
 
-use crate::db::load_db;
+use crate::db::{check_readable, load_db};
 use crate::gemm_events::GemmEvents;
 use crate::ops::precision_of;
 use crate::timing;
@@ -50,7 +50,8 @@ pub struct Args {
     /// bench/train_peer.py the same --gap-ms.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     gap_ms: f64,
-    /// Tactic database from `gemmbridge tune` to use.
+    /// Tactic database from `gemmbridge tune` to use (a file that cannot be read is an error,
+    /// before anything runs).
     #[arg(long)]
     db: Option<String>,
     /// Autotune every GEMM of a step (cuBLASLt's candidates, timed) before timing the row.
@@ -257,6 +258,9 @@ pub fn run(mut args: Args) -> anyhow::Result<i32> {
     }
     // checked once, and the checked value (-0 as 0) is what the rows and the env row use
     args.gap_ms = timing::check_ms("--gap-ms", args.gap_ms)?;
+    if let Some(db) = &args.db {
+        check_readable("--db", db)?;
+    }
     let gpu = crate::gpu::open("train-bench")?;
     // SAFETY: every buffer here is created, used and dropped on the one stream gpu.stream().
     unsafe { gpu.context().disable_event_tracking() };

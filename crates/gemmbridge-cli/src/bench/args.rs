@@ -29,7 +29,8 @@ pub struct Args {
     #[arg(long)]
     pub(super) out: Option<String>,
     /// bench/peer.py's JSON lines from the same machine: adds peer time / our time per row
-    /// and the geometric mean per dtype.
+    /// and the geometric mean per dtype. A file without timed rows is refused, before anything
+    /// is timed.
     #[arg(long)]
     pub(super) peer: Option<String>,
     /// Library: auto (cuBLASLt where it serves), blas (cuBLAS), lt (cuBLASLt).
@@ -37,7 +38,8 @@ pub struct Args {
     pub(super) backend: String,
     /// Tactic database from `gemmbridge tune` to use: its GEMM entries, and its convolution and
     /// attention entries of the cuDNN version loaded (a convolution or attention call with an
-    /// entry runs the stored plan, without a search).
+    /// entry runs the stored plan, without a search). A file that cannot be read is an
+    /// error, before anything is timed (without a GPU too, where the entries are not used).
     #[arg(long)]
     pub(super) db: Option<String>,
     /// Misaligned operands (leading dimension or address off 16 bytes): "on" runs large such
@@ -61,7 +63,7 @@ pub struct Args {
     /// the mixture-of-experts shapes of bench/grouped.json, GPU only; not run by default; their
     /// peer is bench/grouped_peer.py): grouped (the forward), grouped_dx (the backward data),
     /// grouped_dw (the backward weight); grouped_fp8, grouped_fp8_dx, grouped_fp8_dw (the same
-    /// in FP8, per recipe of --grouped-scalings, each with rows <op>_dense: the dense FP8 GEMM
+    /// in FP8, per recipe of --grouped-scalings, each with rows `<op>_dense`: the dense FP8 GEMM
     /// of the same total size; the peer has row-wise rows for the forward and backward data).
     /// RMSNorm (cuDNN's norm graph, f16 and bf16, 2048 to 32768 rows × 4096, GPU only; not run
     /// by default; its peer is bench/norm_peer.py; rates in TB/s): rmsnorm (the inference

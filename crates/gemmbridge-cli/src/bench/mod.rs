@@ -28,7 +28,7 @@ use gemmbridge::Precision;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::db::{load_db, warn_if_missing};
+use crate::db::{check_readable, load_db};
 use crate::ops::{op_applies, OPS};
 use crate::row::Row;
 use crate::suite_args::{parse_ops, ConvSettings, Dtypes, OpList};
@@ -205,9 +205,6 @@ impl Plan {
         eprintln!("no CUDA GPU: {reason}");
         eprintln!("running the CPU backend (matrixmultiply crate) on the small 'cpu' suite");
         eprintln!("  (f32 accumulation; tf32 runs as f32; fused ops and launch rows need a GPU)");
-        if let Some(db) = &args.db {
-            warn_if_missing(db);
-        }
         if args.backend != "auto"
             || args.db.is_some()
             || args.heat_ms > 0.0
@@ -254,16 +251,22 @@ impl Plan {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let mut plan = Plan::parse(&args)?;
+    // the files the run reads are read before a GPU is opened or anything is timed
+    if let Some(db) = &args.db {
+        check_readable("--db", db)?;
+    }
+    let peer = match &args.peer {
+        Some(path) => Some(report::read_peer(path).with_context(|| format!("reading peer file {path}"))?),
+        None => None,
+    };
     let gpu = open_gpu(&args, &mut plan)?;
     let env = env_line(&args, &plan, gpu.as_ref())?;
     let device = env.get("device").and_then(|d| d.as_str()).unwrap_or("cpu").to_string();
     let our_gap = env.get("gap_ms").and_then(|g| g.as_f64()).unwrap_or(0.0);
-    let peer = match &args.peer {
-        Some(path) => {
-            Some(report::read_peer(path, &device, our_gap).with_context(|| format!("reading peer file {path}"))?)
-        }
-        None => None,
-    };
+    let peer = peer.map(|(theirs, rows)| {
+        report::warn_unlike(&theirs, &device, our_gap);
+        rows
+    });
     // the output file is created only once everything that can fail early has been read
     let mut sink = Sink::create(args.out.as_deref())?;
     sink.emit(&env)?;

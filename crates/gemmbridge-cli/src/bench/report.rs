@@ -16,13 +16,23 @@ fn key(r: &Row) -> Key {
 }
 
 /// Reads bench/peer.py's JSON lines, keeping the timed rows (skips "env", "launch", rows
-/// with an "error", and anything else without a median), and warns when an "env" row names
-/// another device than `our_device`, or another idle gap before each row than `our_gap_ms`.
+/// with an "error", and anything else without a median), with what its "env" rows say; read
+/// before anything is timed.
 ///
 /// # Errors
-/// As [`read_rows`].
-pub fn read_peer(path: &str, our_device: &str, our_gap_ms: f64) -> anyhow::Result<Vec<Row>> {
-    let (theirs, rows) = read_rows(path)?;
+/// As [`read_rows`]; a file without timed rows (nor "launch" rows) is refused as `gemmbridge
+/// compare` refuses one: there would be nothing to set beside the run.
+pub fn read_peer(path: &str) -> anyhow::Result<(Envs, Vec<Row>)> {
+    let (envs, rows) = read_rows(path)?;
+    if rows.is_empty() && read_peer_launch(path)?.is_empty() {
+        anyhow::bail!("{path} has no timed rows");
+    }
+    Ok((envs, rows))
+}
+
+/// Warns when the peer's "env" rows (`theirs`) name another device than `our_device`, or
+/// another idle gap before each row than `our_gap_ms`.
+pub fn warn_unlike(theirs: &Envs, our_device: &str, our_gap_ms: f64) {
     for t in theirs.devices.iter().filter(|t| *t != our_device) {
         eprintln!("warning: the peer ran on {t:?}, this run on {our_device:?}: the ratios compare different machines");
     }
@@ -32,7 +42,6 @@ pub fn read_peer(path: &str, our_device: &str, our_gap_ms: f64) -> anyhow::Resul
              different idle gaps are not comparable"
         );
     }
-    Ok(rows)
 }
 
 /// What a file's "env" rows say (a file of several runs concatenated has several), each value
@@ -339,12 +348,27 @@ mod tests {
              {\"op\": \"launch\", \"dtype\": \"f16\", \"m\": 64, \"n\": 64, \"k\": 64, \"host_us\": 13.8, \"wall_us\": 14.0, \"graph_us\": 2.1}\n",
         )
         .unwrap();
-        let rows = read_peer(dir.to_str().unwrap(), "cpu", 0.0).unwrap();
+        let (envs, rows) = read_peer(dir.to_str().unwrap()).unwrap();
         std::fs::remove_file(&dir).unwrap();
+        assert_eq!(envs.devices, ["cpu"]);
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].op, "matmul");
         assert_eq!(rows[0].median_ms, 0.01);
         // FP8 rows are told apart by their scaling
         assert_eq!((rows[1].label(), rows[1].scaling.as_deref()), ("scaled_mm/rowwise".to_string(), Some("rowwise")));
+    }
+
+    #[test]
+    fn a_peer_file_without_timed_rows_is_refused() {
+        let path = std::env::temp_dir().join(format!("gemmbridge-peer-empty-{}", std::process::id()));
+        let p = path.to_str().unwrap();
+        for text in ["", "{\"op\": \"env\", \"device\": \"cpu\"}\n"] {
+            std::fs::write(&path, text).unwrap();
+            assert_eq!(read_peer(p).unwrap_err().to_string(), format!("{p} has no timed rows"));
+        }
+        // launch rows alone are what `--ops launch` sets beside its own
+        std::fs::write(&path, "{\"op\": \"launch\", \"dtype\": \"f16\", \"host_us\": 13.8}\n").unwrap();
+        assert!(read_peer(p).unwrap().1.is_empty());
+        std::fs::remove_file(&path).unwrap();
     }
 }

@@ -14,7 +14,8 @@
 //!   `row_table` it also gives a table of every row: each side's median time and the ratio.
 //!   A figure with `field` reads runs that carry their own ratio instead (`gemmbridge-burn
 //!   bench`'s `speedup_vs_burn`).
-//! - `"tables"` ([`fields::Table`]; may be absent): any JSON-lines runs, one row per key (e.g.
+//! - `"tables"` ([`fields::Table`]; may be absent; a manifest without a figure and without a
+//!   table is an error): any JSON-lines runs, one row per key (e.g.
 //!   shape and dtype), one column per field, each cell the median or the range of that field
 //!   over named sets of runs, or the median over paired runs of a ratio of two sets' fields
 //!   (e.g. PyTorch's time over gemmbridge's); with `plot`, an SVG of some columns as grouped
@@ -55,7 +56,8 @@ use serde::Deserialize;
 #[derive(clap::Args)]
 pub struct Args {
     /// The manifest: a JSON object {"figures": [...], "tables": [...]} (see the module
-    /// documentation in crates/gemmbridge-cli/src/report/).
+    /// documentation in crates/gemmbridge-cli/src/report/); one with neither a figure nor a
+    /// table is an error.
     #[arg(long, default_value = "docs/results/report.json")]
     manifest: String,
     /// Folder the SVG plots are written to (created if missing).
@@ -297,6 +299,9 @@ impl<'m> Made<'m> {
 fn report(manifest: &Path, out: &Path, page: Option<&str>) -> anyhow::Result<(String, Vec<String>)> {
     let text = std::fs::read_to_string(manifest).with_context(|| format!("reading {}", manifest.display()))?;
     let m: Manifest = serde_json::from_str(&text).with_context(|| format!("parsing {}", manifest.display()))?;
+    if m.figures.is_empty() && m.tables.is_empty() {
+        bail!("{}: the manifest lists no figure and no table: nothing to report", manifest.display());
+    }
     let base = manifest.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut made = Made::default();

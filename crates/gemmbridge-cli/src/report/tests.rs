@@ -132,3 +132,19 @@ fn a_pending_folder_skips_what_reads_it_until_its_runs_are_in() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(e.as_deref().is_some_and(|e| e.contains("exists; take it off")), "{e:?}");
 }
+
+#[test]
+fn a_manifest_with_nothing_to_report_is_an_error_naming_it() {
+    let dir = std::env::temp_dir().join(format!("gemmbridge-report-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("report.json");
+    for text in [r#"{"figures": []}"#, r#"{"figures": [], "tables": [], "headlines": []}"#] {
+        std::fs::write(&path, text).unwrap();
+        let e = report(&path, &dir.join("figures"), None).err().map(|e| e.to_string());
+        let want = format!("{}: the manifest lists no figure and no table: nothing to report", path.display());
+        assert_eq!(e.as_deref(), Some(want.as_str()));
+    }
+    // refused before anything is written
+    assert!(!dir.join("figures").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -161,6 +161,7 @@ fn check_numbers(args: &Args) -> anyhow::Result<()> {
         if !std::path::Path::new(path).is_file() {
             bail!("--verify {path:?}: no such file");
         }
+        crate::db::check_readable("--verify", path)?;
     }
     if !(1..=3).contains(&args.finalists) {
         bail!("--finalists {} is not between 1 and 3", args.finalists);
