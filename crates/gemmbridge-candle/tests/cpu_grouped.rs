@@ -5,6 +5,7 @@
 mod common;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
+use common::reference::grouped_f64;
 use common::{assert_close, f64s, random, rel_err, rng};
 use gemmbridge_candle::{grouped_matmul, grouped_matmul_candle, grouped_matmul_served, Served};
 
@@ -14,38 +15,6 @@ const SIZES: [usize; 5] = [3, 0, 17, 1, 9];
 const R: usize = 30;
 const K: usize = 24;
 const N: usize = 40;
-
-/// The three products by their definitions in float64, on values in logical order
-/// (`x[R, K]`, `w[E, N, K]`, `dy[R, N]`): `y[R, N]`, `dx[R, K]` and `dw[E, N, K]`.
-fn grouped_f64(x: &[f64], w: &[f64], dy: &[f64], sizes: &[usize], n: usize, k: usize) -> [Vec<f64>; 3] {
-    let r: usize = sizes.iter().sum();
-    let (mut y, mut dx, mut dw) = (vec![0.0; r * n], vec![0.0; r * k], vec![0.0; sizes.len() * n * k]);
-    let mut r0 = 0;
-    for (e, &m) in sizes.iter().enumerate() {
-        let wi = |j: usize, t: usize| (e * n + j) * k + t;
-        for row in r0..r0 + m {
-            for j in 0..n {
-                y[row * n + j] = (0..k).map(|t| x[row * k + t] * w[wi(j, t)]).sum();
-            }
-            for t in 0..k {
-                dx[row * k + t] = (0..n).map(|j| dy[row * n + j] * w[wi(j, t)]).sum();
-            }
-        }
-        for j in 0..n {
-            for t in 0..k {
-                dw[wi(j, t)] = (r0..r0 + m).map(|row| dy[row * n + j] * x[row * k + t]).sum();
-            }
-        }
-        r0 += m;
-    }
-    [y, dx, dw]
-}
-
-/// [`grouped_f64`] of tensors.
-fn grouped_ref(x: &Tensor, w: &Tensor, dy: &Tensor, sizes: &[usize]) -> Result<[Vec<f64>; 3]> {
-    let (_, n, k) = w.dims3()?;
-    Ok(grouped_f64(&f64s(x)?, &f64s(w)?, &f64s(dy)?, sizes, n, k))
-}
 
 /// Asserts `a` within `dtype`'s band of `b` (both tensors).
 fn assert_near(what: &str, a: &Tensor, b: &Tensor, dtype: DType) -> Result<()> {
@@ -71,7 +40,7 @@ fn grouped_matmul_against_float64_on_odd_sizes_and_views() -> Result<()> {
         for (i, (x, w, path)) in cases.iter().enumerate() {
             let what = format!("grouped_matmul case {i} {dtype:?}");
             let dy = Tensor::zeros((R, N), dtype, &dev)?;
-            let [want, _, _] = grouped_ref(x, w, &dy, &SIZES)?;
+            let [want, _, _] = grouped_f64(x, w, &dy, &SIZES)?;
             let (y, served) = grouped_matmul_served(x, w, &SIZES)?;
             assert_eq!((served, y.dims(), y.dtype()), (*path, &[R, N][..], dtype), "{what}");
             assert!(y.is_contiguous(), "{what}");
@@ -94,7 +63,7 @@ fn grouped_matmul_falls_back_to_candle() -> Result<()> {
     let w = random(&mut rng, &[SIZES.len(), N, K], DType::F64, &dev)?;
     let (y, served) = grouped_matmul_served(&x, &w, &SIZES)?;
     assert_eq!((served, y.dims(), y.dtype()), (Served::Candle, &[R, N][..], DType::F64));
-    let [want, _, _] = grouped_ref(&x, &w, &Tensor::zeros((R, N), DType::F64, &dev)?, &SIZES)?;
+    let [want, _, _] = grouped_f64(&x, &w, &Tensor::zeros((R, N), DType::F64, &dev)?, &SIZES)?;
     assert!(rel_err(&f64s(&y)?, &want) <= 1e-12);
     // no rows at all: every expert empty
     let x0 = Tensor::zeros((0, K), DType::F32, &dev)?;
@@ -117,7 +86,7 @@ fn grouped_matmul_backward_against_float64_and_candle_autograd() -> Result<()> {
         let dy = random(&mut rng, &[R, N], dtype, &dev)?;
         for (x, var, path) in [(xv.as_tensor(), &xv, Served::Gemmbridge), (&xt, &tv, Served::AfterCopy)] {
             let what = format!("grouped_matmul backward {path:?} {dtype:?}");
-            let [_, want_dx, want_dw] = grouped_ref(x, w.as_tensor(), &dy, &SIZES)?;
+            let [_, want_dx, want_dw] = grouped_f64(x, w.as_tensor(), &dy, &SIZES)?;
             let (y, served) = grouped_matmul_served(x, w.as_tensor(), &SIZES)?;
             assert_eq!(served, path, "{what}");
             let grads = y.mul(&dy)?.sum_all()?.backward()?;

@@ -109,3 +109,25 @@ pub fn sdpa_loops(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) 
     }
     Ok(o)
 }
+
+/// The three grouped products of `x[R, K]`, `w[E, N, K]` and `dy[R, N]` (rows sorted by expert,
+/// expert e owning `sizes[e]` rows), by gemmbridge's float64 definitions
+/// (`gemmbridge::grouped::reference`): `y[R, N]`, `dx[R, K]` and `dw[E, N, K]` (zero for an
+/// expert of no rows).
+pub fn grouped_f64(x: &Tensor, w: &Tensor, dy: &Tensor, sizes: &[usize]) -> Result<[Vec<f64>; 3]> {
+    use gemmbridge::grouped::{reference::run, GroupedOp, GroupedProblem};
+    let (e, n, k) = w.dims3()?;
+    let (x, w, dy) = (f64s(x)?, f64s(w)?, f64s(dy)?);
+    let r: usize = sizes.iter().sum();
+    let product = |op, a: &[f64], b: &[f64], len: usize| -> Result<Vec<f64>> {
+        let p = GroupedProblem::new(op, sizes, n, k, gemmbridge::Precision::F32).map_err(candle_core::Error::wrap)?;
+        let mut c = vec![0.0; len];
+        run(&p, a, b, None, &mut c);
+        Ok(c)
+    };
+    Ok([
+        product(GroupedOp::Forward, &x, &w, r * n)?,
+        product(GroupedOp::BackwardData, &dy, &w, r * k)?,
+        product(GroupedOp::BackwardWeight, &dy, &x, e * n * k)?,
+    ])
+}

@@ -3,6 +3,7 @@
 //! unwritten fails) against float64, beside candle's own CUDA result through
 //! `grouped_matmul_candle` and beside the CPU path, forward and backward, on odd sizes (an
 //! expert of 0 rows among them) and strided views.
+use crate::common::reference::grouped_f64;
 use crate::common::{assert_close, f64s, random, rel_err, rng};
 use candle_core::{DType, Device, Result, Tensor, Var};
 use gemmbridge_candle::{grouped_matmul, grouped_matmul_candle, grouped_matmul_served, Served};
@@ -18,34 +19,6 @@ const N: usize = 40;
 fn gpu() -> Result<Device> {
     gemmbridge_candle::set_poison_outputs(true);
     Device::new_cuda_with_stream(0)
-}
-
-/// The three products by their definitions in float64 (`x[R, K]`, `w[E, N, K]`, `dy[R, N]`,
-/// any device): `y[R, N]`, `dx[R, K]` and `dw[E, N, K]`.
-fn grouped_f64(x: &Tensor, w: &Tensor, dy: &Tensor, sizes: &[usize]) -> Result<[Vec<f64>; 3]> {
-    let (_, n, k) = w.dims3()?;
-    let (x, w, dy) = (f64s(x)?, f64s(w)?, f64s(dy)?);
-    let r: usize = sizes.iter().sum();
-    let (mut y, mut dx, mut dw) = (vec![0.0; r * n], vec![0.0; r * k], vec![0.0; sizes.len() * n * k]);
-    let mut r0 = 0;
-    for (e, &m) in sizes.iter().enumerate() {
-        let wi = |j: usize, t: usize| (e * n + j) * k + t;
-        for row in r0..r0 + m {
-            for j in 0..n {
-                y[row * n + j] = (0..k).map(|t| x[row * k + t] * w[wi(j, t)]).sum();
-            }
-            for t in 0..k {
-                dx[row * k + t] = (0..n).map(|j| dy[row * n + j] * w[wi(j, t)]).sum();
-            }
-        }
-        for j in 0..n {
-            for t in 0..k {
-                dw[wi(j, t)] = (r0..r0 + m).map(|row| dy[row * n + j] * x[row * k + t]).sum();
-            }
-        }
-        r0 += m;
-    }
-    Ok([y, dx, dw])
 }
 
 /// Asserts `a` within `dtype`'s band of `b` (tensors on any device).
