@@ -60,6 +60,8 @@ fn bad_checkpoints_and_prompts_are_named_errors() -> Result<()> {
     let model = Llama::from_folder(&dir, &cfg, DType::F32, &dev)?;
     let e = generate(&model, &[vec![5; 60]], 8, |_| {}).unwrap_err().to_string();
     assert!(e.contains("64 positions"), "{e}");
+    let e = generate(&model, &[vec![5, 2], vec![7, 1000]], 2, |_| {}).unwrap_err().to_string();
+    assert!(e.contains("token id 1000"), "{e}");
     let mut cache = Cache::new(&model);
     let e = model.forward(&Tensor::new(&[[5u32, 1000]], &dev)?, &mut cache).unwrap_err().to_string();
     assert!(e.contains("token id 1000"), "{e}");

@@ -65,8 +65,16 @@ impl Llama {
     /// multi-token step on a cache that already holds positions, positions past
     /// `max_position_embeddings`, a batch other than the cache's; then the operations' errors.
     pub fn forward(&self, tokens: &Tensor, cache: &mut Cache) -> Result<Tensor> {
+        self.check_step(tokens, cache)?;
+        // the ids' largest, read back to the host (one wait); generate checks its ids on the host
+        let ids = tokens.flatten_all()?.max(0)?.to_scalar::<u32>()?;
+        self.check_id(ids)?;
+        self.step(tokens, cache)
+    }
+
+    /// [`Llama::forward`] once its checks passed (the ids by the caller).
+    fn step(&self, tokens: &Tensor, cache: &mut Cache) -> Result<Tensor> {
         let (b, s) = tokens.dims2()?;
-        self.check_step(tokens, (b, s), cache)?;
         let pos = cache.len;
         let h = self.cfg.hidden_size;
         let mut x = self.embed.index_select(&tokens.flatten_all()?, 0)?.reshape((b, s, h))?;
@@ -80,17 +88,23 @@ impl Llama {
         linear(&last, &self.lm_head, None, Activation::None)?.to_dtype(DType::F32)
     }
 
-    fn check_step(&self, tokens: &Tensor, (b, s): (usize, usize), cache: &Cache) -> Result<()> {
+    /// A token id past the vocabulary, named.
+    fn check_id(&self, top: u32) -> Result<()> {
+        if top as usize >= self.cfg.vocab_size {
+            candle_core::bail!("llama: token id {top} is past the vocabulary ({} tokens)", self.cfg.vocab_size);
+        }
+        Ok(())
+    }
+
+    /// Every rule of a step but the ids' range (host values only, no wait on the device).
+    fn check_step(&self, tokens: &Tensor, cache: &Cache) -> Result<()> {
+        let (b, s) = tokens.dims2()?;
         if tokens.dtype() != DType::U32 || b == 0 || s == 0 {
             candle_core::bail!(
                 "llama: tokens must be a non-empty [b, s] u32 tensor, got {:?} {:?}",
                 tokens.dims(),
                 tokens.dtype()
             );
-        }
-        let top = tokens.flatten_all()?.max(0)?.to_scalar::<u32>()?;
-        if top as usize >= self.cfg.vocab_size {
-            candle_core::bail!("llama: token id {top} is past the vocabulary ({} tokens)", self.cfg.vocab_size);
         }
         if s > 1 && cache.len > 0 {
             candle_core::bail!(
@@ -150,8 +164,8 @@ impl Llama {
 /// the number of tokens made so far after each one. Returns the new tokens of each prompt.
 ///
 /// # Errors
-/// An empty prompt; a prompt and `steps` past `max_position_embeddings` (named before anything
-/// runs); as [`Llama::forward`].
+/// An empty prompt, a prompt and `steps` past `max_position_embeddings` or a token id past the
+/// vocabulary (named before anything runs); as [`Llama::forward`].
 pub fn generate(
     model: &Llama,
     prompts: &[Vec<u32>],
@@ -166,6 +180,7 @@ pub fn generate(
                 p.len()
             );
         }
+        model.check_id(p.iter().copied().max().unwrap_or(0))?;
     }
     let dev = model.embed.device();
     let (mut outs, mut made) = (Vec::with_capacity(prompts.len()), 0);
@@ -174,7 +189,9 @@ pub fn generate(
         let mut out = Vec::with_capacity(steps);
         let mut tokens = Tensor::new(p.as_slice(), dev)?.unsqueeze(0)?;
         for _ in 0..steps {
-            let next = model.forward(&tokens, &mut cache)?.argmax(D::Minus1)?.to_vec1::<u32>()?[0];
+            // the prompt's ids were checked above and each next one is an argmax over the vocabulary
+            model.check_step(&tokens, &cache)?;
+            let next = model.step(&tokens, &mut cache)?.argmax(D::Minus1)?.to_vec1::<u32>()?[0];
             out.push(next);
             made += 1;
             progress(made);
