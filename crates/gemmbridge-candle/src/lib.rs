@@ -46,6 +46,8 @@
 
 mod attention;
 mod attention_bwd;
+mod attention_varlen;
+mod attention_varlen_op;
 mod cpu;
 mod cpu_layer_ops;
 #[cfg(feature = "cuda")]
@@ -56,6 +58,8 @@ mod cuda_attention;
 mod cuda_grouped;
 #[cfg(feature = "cuda")]
 mod cuda_layer_ops;
+#[cfg(feature = "cuda")]
+mod cuda_varlen;
 mod grouped;
 mod linear;
 pub mod llama;
@@ -68,6 +72,7 @@ mod swiglu;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use attention::{sdpa, sdpa_candle, sdpa_served};
+pub use attention_varlen::{sdpa_varlen, sdpa_varlen_candle, sdpa_varlen_served, Causal, CuSeqlens};
 pub use gemmbridge::layer_ops::RopeStyle;
 pub use grouped::{grouped_matmul, grouped_matmul_candle, grouped_matmul_served};
 pub use linear::{linear, linear_candle, linear_served, Activation};

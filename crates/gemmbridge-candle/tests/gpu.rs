@@ -21,6 +21,9 @@ mod rope_swiglu;
 /// `sdpa`'s backward on the GPU.
 #[path = "gpu/sdpa_backward.rs"]
 mod sdpa_backward;
+/// `sdpa_varlen` on the GPU.
+#[path = "gpu/sdpa_varlen.rs"]
+mod sdpa_varlen;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use common::reference::{linear_f64, matmul_f64, norm_f64, sdpa_f64, EPS};

@@ -1,0 +1,388 @@
+//! Variable-length attention over packed sequences (`[total, h, d]` rows, cumulative lengths),
+//! forward and backward; the engine's side (padded batch, custom operations) is in
+//! [`crate::attention_varlen_op`].
+
+use candle_core::{DType, Result, Tensor, D};
+use gemmbridge::attention::AttnMask;
+
+use crate::attention_varlen_op as op;
+use crate::{device_served, Served};
+
+/// Which keys a query row sees in [`sdpa_varlen`], within its own sequence (a sequence of
+/// `len_q` queries and `len_kv` keys; rows and keys counted from the sequence's start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Causal {
+    /// Every key of the sequence.
+    #[default]
+    None,
+    /// Query `i` sees keys `j ≤ i` (the diagonal from the top left: PyTorch's `is_causal`).
+    TopLeft,
+    /// Query `i` sees keys `j ≤ i + len_kv − len_q` (the diagonal ends at the bottom right: the
+    /// last query sees every key, as in decoding or chunked prefill with a cache;
+    /// FlashAttention's `causal`, PyTorch's `causal_lower_right`). Needs `len_q ≤ len_kv` in
+    /// every sequence: otherwise the first rows see no key and have no defined value.
+    BottomRight,
+}
+
+impl Causal {
+    /// gemmbridge's mask.
+    pub(crate) fn mask(self) -> AttnMask {
+        match self {
+            Causal::None => AttnMask::None,
+            Causal::TopLeft => AttnMask::Causal,
+            Causal::BottomRight => AttnMask::CausalBottomRight,
+        }
+    }
+
+    /// Whether query `i` sees key `j` in a sequence of `lq` queries and `lkv` keys.
+    fn visible(self, i: usize, j: usize, lq: usize, lkv: usize) -> bool {
+        match self {
+            Causal::None => true,
+            Causal::TopLeft => j <= i,
+            Causal::BottomRight => j + lq <= i + lkv,
+        }
+    }
+}
+
+/// Cumulative sequence lengths `[0, l₀, l₀ + l₁, …, total]` (`b + 1` values for `b`
+/// sequences): on the host, or as candle's `u32` tensor `[b + 1]` (candle-flash-attn's
+/// `seqlens_q` / `seqlens_k`). Made with `.into()` from `&Tensor`, `&[u32]`, `&Vec<u32>` or
+/// `&[u32; N]`.
+///
+/// The lengths are needed on the host either way: every call checks them before anything is
+/// launched (a bad length would make the GPU read out of bounds), lays the sequences out as a
+/// padded batch from them and hands them to cuDNN. A tensor on a GPU is therefore read back
+/// (`Tensor::to_vec1`), which waits for the work queued on its stream; host lengths cost no
+/// synchronisation, so a training loop that knows its batch's lengths on the host (it packed
+/// the batch) should pass them as such.
+#[derive(Clone, Copy, Debug)]
+pub enum CuSeqlens<'a> {
+    /// Host values: no synchronisation.
+    Host(&'a [u32]),
+    /// A 1-D `u32` tensor on any device, read to the host by each call.
+    Tensor(&'a Tensor),
+}
+
+impl<'a> From<&'a Tensor> for CuSeqlens<'a> {
+    fn from(t: &'a Tensor) -> Self {
+        CuSeqlens::Tensor(t)
+    }
+}
+
+impl<'a> From<&'a [u32]> for CuSeqlens<'a> {
+    fn from(v: &'a [u32]) -> Self {
+        CuSeqlens::Host(v)
+    }
+}
+
+impl<'a> From<&'a Vec<u32>> for CuSeqlens<'a> {
+    fn from(v: &'a Vec<u32>) -> Self {
+        CuSeqlens::Host(v)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u32; N]> for CuSeqlens<'a> {
+    fn from(v: &'a [u32; N]) -> Self {
+        CuSeqlens::Host(v)
+    }
+}
+
+impl CuSeqlens<'_> {
+    /// The values on the host (a tensor read back).
+    fn host(self, which: &str) -> Result<Vec<u32>> {
+        match self {
+            CuSeqlens::Host(v) => Ok(v.to_vec()),
+            CuSeqlens::Tensor(t) => {
+                if t.dtype() != DType::U32 || t.rank() != 1 {
+                    candle_core::bail!(
+                        "sdpa_varlen: {which} is a {:?} tensor of shape {:?}, not u32 [b + 1]",
+                        t.dtype(),
+                        t.dims()
+                    );
+                }
+                t.to_vec1::<u32>()
+            }
+        }
+    }
+}
+
+/// Attention over packed variable-length sequences, forward and backward (candle-flash-attn's
+/// `flash_attn_varlen`): sequence `n` is the query rows `cu_q[n]..cu_q[n+1]` of
+/// `q[total_q, h_q, d]` and the key/value rows `cu_kv[n]..cu_kv[n+1]` of `k`, `v[total_kv,
+/// h_kv, d]`; each attends within itself, `o = softmax(scale·q·kᵀ + mask)·v`, under `mask`
+/// ([`Causal`]); `o` is `[total_q, h_q, d]`, contiguous, of q's dtype. Query head `hq` reads
+/// key/value head `hq / (h_q / h_kv)` (grouped-query heads); `scale` is `1/√d` unless given.
+/// `seqlens_q`, `seqlens_kv`: cumulative lengths, `b + 1` each ([`CuSeqlens`]: host values or
+/// a `u32` tensor, which is read back — a synchronisation); `max_seqlen_q`, `max_seqlen_kv`:
+/// bounds on the sequences' lengths. A sequence may be empty (0 queries: no output rows, its
+/// keys get zero gradients), also to keep `b` fixed across batches.
+///
+/// # Which path serves it
+/// f16 and bf16 with `d` a multiple of 8 up to 256, on the CPU or (feature `cuda`) a CUDA
+/// device: gemmbridge's attention on a padded batch of the sequences, `[b, max_seqlen, h, d]`
+/// with per-sequence lengths (cuDNN's flash-attention engines with their padding mask on
+/// CUDA, gemmbridge's CPU attention on the CPU: f32 scores and softmax, one rounding). The
+/// packed rows are scattered into the padded tensors and the output gathered back with
+/// candle's `index_add` / `index_select` (copies of q, k, v and o; padded rows cost the
+/// engine nothing). The engine plans once per problem: `b`, `max_seqlen_q`, `max_seqlen_kv`,
+/// the heads, `d`, the mask and the scale — fixed bounds and a fixed `b` (padded with empty
+/// sequences) keep one cuDNN plan across batches. Inputs that are not contiguous are copied
+/// first ([`Served::AfterCopy`]). Anything else (f32, other head dimensions, an empty batch,
+/// other devices, [`crate::set_enabled`]`(false)`) runs [`sdpa_varlen_candle`].
+///
+/// # Backward
+/// Through candle's autograd: `dq`, `dk`, `dv` of q's, k's, v's shapes (`dk`, `dv` summed over
+/// the query heads sharing a key/value head). A served call's backward is one call of
+/// gemmbridge's attention backward on the padded batch (cuDNN's fused backward on CUDA), from
+/// the softmax statistics the forward kept (`4·b·h_q·max_seqlen_q` bytes, held by the graph,
+/// only where an input tracks a gradient); the fallback's is candle's own.
+///
+/// # Errors
+/// Named errors (candle's `Error::Msg`, starting `sdpa_varlen:`), on every path, before
+/// anything is launched: cumulative lengths that do not start at 0, decrease, do not end at
+/// the tensor's rows, or whose counts differ between q and k/v; a tensor `seqlens_*` that is
+/// not `u32 [b + 1]`; a sequence longer than its `max_seqlen`; a sequence with queries and no
+/// keys, or (`BottomRight`) more queries than keys; `h_q` not a multiple of `h_kv`; q, k, v
+/// not 3-D or of disagreeing shapes or dtypes; a `scale` that is not finite and positive.
+/// From the engine, a gemmbridge error wrapped; the same from `Tensor::backward`.
+#[allow(clippy::too_many_arguments)] // candle-flash-attn's `flash_attn_varlen` argument list
+pub fn sdpa_varlen<'a>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: impl Into<CuSeqlens<'a>>,
+    seqlens_kv: impl Into<CuSeqlens<'a>>,
+    max_seqlen_q: usize,
+    max_seqlen_kv: usize,
+    mask: Causal,
+    scale: Option<f32>,
+) -> Result<Tensor> {
+    let pk =
+        Packing::check([q, k, v], [seqlens_q.into(), seqlens_kv.into()], [max_seqlen_q, max_seqlen_kv], mask, scale)?;
+    served(q, k, v, &pk, mask, scale).map(|(t, _)| t)
+}
+
+/// [`sdpa_varlen`], and which path ran it.
+///
+/// # Errors
+/// As [`sdpa_varlen`].
+#[allow(clippy::too_many_arguments)] // as `sdpa_varlen`
+pub fn sdpa_varlen_served<'a>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: impl Into<CuSeqlens<'a>>,
+    seqlens_kv: impl Into<CuSeqlens<'a>>,
+    max_seqlen_q: usize,
+    max_seqlen_kv: usize,
+    mask: Causal,
+    scale: Option<f32>,
+) -> Result<(Tensor, Served)> {
+    let pk =
+        Packing::check([q, k, v], [seqlens_q.into(), seqlens_kv.into()], [max_seqlen_q, max_seqlen_kv], mask, scale)?;
+    served(q, k, v, &pk, mask, scale)
+}
+
+/// candle's own operations, one sequence at a time: each sequence's rows taken with `narrow`,
+/// its scores `scale·q·kᵀ` (`[h_q, len_q, len_kv]`) materialised in f32, the mask added as
+/// `−∞`, the softmax with its row maximum subtracted, `·v`, rounded to q's dtype; the
+/// sequences' outputs concatenated (`[total_q, h_q, d]`; an empty batch gives `[0, h_q, d]`).
+/// Any dtype candle's matmul takes, any `d`, any device. What [`sdpa_varlen`] falls back to,
+/// and what the tests compare with; its backward is candle's autograd.
+///
+/// # Errors
+/// As [`sdpa_varlen`] (the same checks, before any operation).
+#[allow(clippy::too_many_arguments)] // as `sdpa_varlen`
+pub fn sdpa_varlen_candle<'a>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: impl Into<CuSeqlens<'a>>,
+    seqlens_kv: impl Into<CuSeqlens<'a>>,
+    max_seqlen_q: usize,
+    max_seqlen_kv: usize,
+    mask: Causal,
+    scale: Option<f32>,
+) -> Result<Tensor> {
+    let pk =
+        Packing::check([q, k, v], [seqlens_q.into(), seqlens_kv.into()], [max_seqlen_q, max_seqlen_kv], mask, scale)?;
+    candle_varlen(q, k, v, &pk, mask, scale)
+}
+
+/// The path for checked inputs: the engine where it serves them, else candle's operations.
+fn served(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pk: &Packing,
+    mask: Causal,
+    scale: Option<f32>,
+) -> Result<(Tensor, Served)> {
+    let (_, h_q, d) = q.dims3()?;
+    let h_kv = k.dims()[1];
+    let plan = device_served(q.device()).then(|| op::plan(pk, (h_q, h_kv, d), mask, scale, q.dtype())).flatten();
+    let Some(plan) = plan else { return Ok((candle_varlen(q, k, v, pk, mask, scale)?, Served::Candle)) };
+    if q.is_contiguous() && k.is_contiguous() && v.is_contiguous() {
+        return Ok((op::run([q, k, v], plan, pk)?, Served::Gemmbridge));
+    }
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    Ok((op::run([&q, &k, &v], plan, pk)?, Served::AfterCopy))
+}
+
+/// The batch's checked lengths, on the host.
+#[derive(Clone, Debug)]
+pub(crate) struct Packing {
+    /// Cumulative query lengths, `b + 1`.
+    pub cu_q: Vec<u32>,
+    /// Cumulative key/value lengths, `b + 1`.
+    pub cu_kv: Vec<u32>,
+    /// The bounds given, `max_seqlen_q` and `max_seqlen_kv`.
+    pub max: [usize; 2],
+}
+
+impl Packing {
+    /// Every rule of [`sdpa_varlen`]'s errors, checked before anything runs.
+    fn check(
+        [q, k, v]: [&Tensor; 3],
+        [sq, skv]: [CuSeqlens; 2],
+        max: [usize; 2],
+        mask: Causal,
+        scale: Option<f32>,
+    ) -> Result<Packing> {
+        if let Some(s) = scale.filter(|s| !(s.is_finite() && *s > 0.0)) {
+            candle_core::bail!("sdpa_varlen: scale = {s:?} is not finite and positive");
+        }
+        let shapes = (q.dims3(), k.dims3(), v.dims());
+        let (Ok((total_q, h_q, d)), Ok((total_kv, h_kv, dk)), vd) = shapes else {
+            candle_core::bail!(
+                "sdpa_varlen: q {:?}, k {:?}, v {:?} are not [total_q, h_q, d], [total_kv, h_kv, d] twice",
+                q.dims(),
+                k.dims(),
+                v.dims()
+            )
+        };
+        if vd != k.dims() || dk != d {
+            candle_core::bail!("sdpa_varlen: q {:?}, k {:?}, v {:?} disagree", q.dims(), k.dims(), vd);
+        }
+        if h_kv == 0 || h_q % h_kv != 0 {
+            candle_core::bail!("sdpa_varlen: {h_q} query heads are not a multiple of {h_kv} key/value heads");
+        }
+        if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+            candle_core::bail!("sdpa_varlen: q, k, v are {:?}, {:?}, {:?}", q.dtype(), k.dtype(), v.dtype());
+        }
+        let cu_q = cumulative(sq.host("seqlens_q")?, "seqlens_q", total_q)?;
+        let cu_kv = cumulative(skv.host("seqlens_kv")?, "seqlens_kv", total_kv)?;
+        if cu_q.len() != cu_kv.len() {
+            candle_core::bail!(
+                "sdpa_varlen: seqlens_q has {} values and seqlens_kv {}: not the same b + 1",
+                cu_q.len(),
+                cu_kv.len()
+            );
+        }
+        let pk = Packing { cu_q, cu_kv, max };
+        pk.check_sequences(mask)?;
+        Ok(pk)
+    }
+
+    /// Each sequence within its bounds, and with keys for every query row under `mask`.
+    fn check_sequences(&self, mask: Causal) -> Result<()> {
+        for n in 0..self.b() {
+            let (lq, lkv) = self.lens(n);
+            for (name, l, max) in [("q", lq, self.max[0]), ("kv", lkv, self.max[1])] {
+                if l > max {
+                    candle_core::bail!(
+                        "sdpa_varlen: sequence {n} has {l} {name} rows, more than max_seqlen_{name} = {max}"
+                    );
+                }
+            }
+            if lq > 0 && lkv == 0 {
+                candle_core::bail!("sdpa_varlen: sequence {n} has {lq} query rows and no keys");
+            }
+            if mask == Causal::BottomRight && lq > lkv {
+                candle_core::bail!(
+                    "sdpa_varlen: sequence {n} has {lq} query rows and {lkv} keys: the bottom-right causal mask \
+                     leaves its first {} rows without keys",
+                    lq - lkv
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The number of sequences.
+    pub fn b(&self) -> usize {
+        self.cu_q.len() - 1
+    }
+
+    /// Sequence `n`'s `(len_q, len_kv)`.
+    pub fn lens(&self, n: usize) -> (usize, usize) {
+        let len = |cu: &[u32]| (cu[n + 1] - cu[n]) as usize;
+        (len(&self.cu_q), len(&self.cu_kv))
+    }
+}
+
+/// `cu` checked as cumulative lengths of `rows` rows: at least one value, the first 0, none
+/// below the one before, the last `rows`.
+fn cumulative(cu: Vec<u32>, name: &str, rows: usize) -> Result<Vec<u32>> {
+    match (cu.first(), cu.last()) {
+        (None, _) => candle_core::bail!("sdpa_varlen: {name} is empty, not b + 1 cumulative lengths"),
+        (Some(&first), _) if first != 0 => {
+            candle_core::bail!("sdpa_varlen: {name} starts at {first}, not 0")
+        }
+        (_, Some(&last)) if last as usize != rows => {
+            candle_core::bail!("sdpa_varlen: {name} ends at {last}, not at the tensor's {rows} rows")
+        }
+        _ => {}
+    }
+    if let Some(n) = (1..cu.len()).find(|&n| cu[n] < cu[n - 1]) {
+        candle_core::bail!("sdpa_varlen: {name} decreases at {n} ({} after {})", cu[n], cu[n - 1]);
+    }
+    Ok(cu)
+}
+
+/// [`sdpa_varlen_candle`] on checked inputs.
+fn candle_varlen(q: &Tensor, k: &Tensor, v: &Tensor, pk: &Packing, mask: Causal, scale: Option<f32>) -> Result<Tensor> {
+    let (_, h_q, d) = q.dims3()?;
+    let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let mut parts = Vec::with_capacity(pk.b());
+    for n in 0..pk.b() {
+        let (lq, lkv) = pk.lens(n);
+        if lq == 0 {
+            continue;
+        }
+        let rows = |t: &Tensor, cu: &[u32], len| t.narrow(0, cu[n] as usize, len);
+        let (qn, kn, vn) = (rows(q, &pk.cu_q, lq)?, rows(k, &pk.cu_kv, lkv)?, rows(v, &pk.cu_kv, lkv)?);
+        parts.push(candle_sequence([&qn, &kn, &vn], mask, scale)?);
+    }
+    if parts.is_empty() {
+        return Tensor::zeros((0, h_q, d), q.dtype(), q.device());
+    }
+    Tensor::cat(&parts, 0)
+}
+
+/// One sequence, `q[lq, h_q, d]`, `k`, `v[lkv, h_kv, d]` (`lq`, `lkv` ≥ 1), through candle's
+/// operations in f32: `o[lq, h_q, d]` in q's dtype.
+fn candle_sequence([q, k, v]: [&Tensor; 3], mask: Causal, scale: f32) -> Result<Tensor> {
+    let (lq, h_q, d) = q.dims3()?;
+    let (lkv, h_kv, _) = k.dims3()?;
+    let g = h_q / h_kv;
+    // [l, h, d] → [h_q, l, d] in f32, key/value heads repeated for grouped queries
+    let heads = |t: &Tensor, l: usize, h: usize| -> Result<Tensor> {
+        let t = t.to_dtype(DType::F32)?.transpose(0, 1)?;
+        if h == h_q {
+            return t.contiguous();
+        }
+        t.unsqueeze(1)?.broadcast_as((h, g, l, d))?.reshape((h_q, l, d))
+    };
+    let (q32, k32, v32) = (heads(q, lq, h_q)?, heads(k, lkv, h_kv)?, heads(v, lkv, h_kv)?);
+    let mut s = (q32.matmul(&k32.t()?.contiguous()?)? * f64::from(scale))?;
+    if mask != Causal::None {
+        let m: Vec<f32> = (0..lq * lkv)
+            .map(|e| if mask.visible(e / lkv, e % lkv, lq, lkv) { 0.0 } else { f32::NEG_INFINITY })
+            .collect();
+        s = s.broadcast_add(&Tensor::from_vec(m, (lq, lkv), q.device())?)?;
+    }
+    let e = s.broadcast_sub(&s.max_keepdim(D::Minus1)?)?.exp()?;
+    let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    p.matmul(&v32)?.transpose(0, 1)?.to_dtype(q.dtype())
+}
