@@ -55,11 +55,14 @@ mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_attention;
 #[cfg(feature = "cuda")]
+mod cuda_fp8;
+#[cfg(feature = "cuda")]
 mod cuda_grouped;
 #[cfg(feature = "cuda")]
 mod cuda_layer_ops;
 #[cfg(feature = "cuda")]
 mod cuda_varlen;
+mod fp8_linear;
 mod grouped;
 mod linear;
 pub mod llama;
@@ -73,6 +76,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use attention::{sdpa, sdpa_candle, sdpa_served};
 pub use attention_varlen::{sdpa_varlen, sdpa_varlen_candle, sdpa_varlen_served, Causal, CuSeqlens};
+pub use fp8_linear::{fp8_linear, fp8_linear_candle, fp8_linear_served, Fp8Scaling, Fp8Weight};
 pub use gemmbridge::layer_ops::RopeStyle;
 pub use grouped::{grouped_matmul, grouped_matmul_candle, grouped_matmul_served};
 pub use linear::{linear, linear_candle, linear_served, Activation};
