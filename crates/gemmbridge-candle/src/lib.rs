@@ -48,12 +48,15 @@ mod attention;
 mod attention_bwd;
 mod attention_varlen;
 mod attention_varlen_op;
+mod conv;
 mod cpu;
 mod cpu_layer_ops;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_attention;
+#[cfg(feature = "cuda")]
+mod cuda_conv;
 #[cfg(feature = "cuda")]
 mod cuda_fp8;
 #[cfg(feature = "cuda")]
@@ -76,6 +79,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use attention::{sdpa, sdpa_candle, sdpa_served};
 pub use attention_varlen::{sdpa_varlen, sdpa_varlen_candle, sdpa_varlen_served, Causal, CuSeqlens};
+pub use conv::{conv2d, conv2d_candle, conv2d_served, Conv2dParams, ConvAct};
 pub use fp8_linear::{fp8_linear, fp8_linear_candle, fp8_linear_served, Fp8Scaling, Fp8Weight};
 pub use gemmbridge::layer_ops::RopeStyle;
 pub use grouped::{grouped_matmul, grouped_matmul_candle, grouped_matmul_served};

@@ -9,6 +9,9 @@ mod llama_check;
 #[path = "common/sdpa_grad.rs"]
 mod sdpa_grad;
 
+/// `conv2d` on the GPU.
+#[path = "gpu/conv.rs"]
+mod conv;
 /// `fp8_linear` on the GPU.
 #[path = "gpu/fp8_linear.rs"]
 mod fp8_linear;
