@@ -64,13 +64,17 @@ mod cuda_grouped;
 #[cfg(feature = "cuda")]
 mod cuda_layer_ops;
 #[cfg(feature = "cuda")]
+mod cuda_paged;
+#[cfg(feature = "cuda")]
 mod cuda_varlen;
 mod fp8_linear;
 mod grouped;
+mod kv_cache;
 mod linear;
 pub mod llama;
 mod matmul;
 mod norm;
+mod paged_ops;
 mod plan;
 mod rope;
 mod swiglu;
@@ -83,6 +87,7 @@ pub use conv::{conv2d, conv2d_candle, conv2d_served, Conv2dParams, ConvAct};
 pub use fp8_linear::{fp8_linear, fp8_linear_candle, fp8_linear_served, Fp8Scaling, Fp8Weight};
 pub use gemmbridge::layer_ops::RopeStyle;
 pub use grouped::{grouped_matmul, grouped_matmul_candle, grouped_matmul_served};
+pub use kv_cache::PagedKvCache;
 pub use linear::{linear, linear_candle, linear_served, Activation};
 pub use matmul::{matmul, matmul_served};
 pub use norm::{rms_norm, rms_norm_candle, rms_norm_served};

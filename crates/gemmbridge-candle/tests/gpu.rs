@@ -21,6 +21,11 @@ mod grouped;
 /// The LLaMA model against candle-transformers on the GPU.
 #[path = "gpu/llama.rs"]
 mod llama;
+#[path = "common/paged.rs"]
+mod paged;
+/// The paged KV cache on the GPU.
+#[path = "gpu/paged.rs"]
+mod paged_gpu;
 /// RoPE and SwiGLU on the GPU.
 #[path = "gpu/rope_swiglu.rs"]
 mod rope_swiglu;

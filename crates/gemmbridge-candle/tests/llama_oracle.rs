@@ -12,7 +12,7 @@ mod llama_check;
 
 use candle_core::{DType, Device, Result, Tensor};
 use gemmbridge_candle::llama::{generate, Cache, Llama, LlamaConfig};
-use llama_check::{folder, run, tensors, write, CONFIG};
+use llama_check::{folder, run, run_batched, tensors, write, CONFIG};
 
 #[test]
 fn f32_on_the_cpu_equals_candle_transformers() -> Result<()> {
@@ -22,6 +22,11 @@ fn f32_on_the_cpu_equals_candle_transformers() -> Result<()> {
 #[test]
 fn bf16_on_the_cpu_equals_candle_transformers() -> Result<()> {
     run(&Device::Cpu, DType::BF16, 2e-2)
+}
+
+#[test]
+fn bf16_batched_on_a_paged_cache_equals_candle_transformers() -> Result<()> {
+    run_batched(&Device::Cpu, DType::BF16, 2e-2)
 }
 
 /// A missing tensor, a mis-shaped one, heads that do not divide, a prompt past the positions

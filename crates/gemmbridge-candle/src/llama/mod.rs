@@ -24,14 +24,18 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
+mod generate;
 mod model;
+mod paged;
 
 use std::path::Path;
 
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 
-pub use model::{generate, Cache, Llama};
+pub use generate::{generate, PREFILL_TOKENS};
+pub use model::{Cache, Llama};
+pub use paged::PAGE_SIZE;
 
 /// The fields of a Hugging Face LLaMA `config.json` the model reads (as candle-transformers'
 /// `LlamaConfig`); others are ignored.
@@ -240,7 +244,9 @@ impl Llama {
             .map(|i| LayerWeights::load(vb.pp(format!("model.layers.{i}")), cfg))
             .collect::<Result<Vec<_>>>()?;
         let (cos, sin) = cfg.rope_tables(vb.dtype(), vb.device())?;
-        Ok(Llama { cfg: cfg.clone(), embed, layers, norm: vb.get(h, "model.norm.weight")?, lm_head, cos, sin })
+        let (cos32, sin32) = (cos.to_dtype(DType::F32)?, sin.to_dtype(DType::F32)?);
+        let norm = vb.get(h, "model.norm.weight")?;
+        Ok(Llama { cfg: cfg.clone(), embed, layers, norm, lm_head, cos, sin, cos32, sin32 })
     }
 
     /// Loads every `*.safetensors` file of `dir` (memory-mapped) in `dtype` on `dev`.

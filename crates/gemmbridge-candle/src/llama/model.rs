@@ -1,6 +1,6 @@
 //! The model's forward and greedy decoding.
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{DType, Result, Tensor};
 
 use super::{LayerWeights, LlamaConfig};
 use crate::{linear, rms_norm, rope, sdpa, swiglu, Activation};
@@ -18,6 +18,9 @@ pub struct Llama {
     /// RoPE's tables `[max_position_embeddings, d/2]`, in the model's dtype.
     pub(super) cos: Tensor,
     pub(super) sin: Tensor,
+    /// The same tables widened to f32 (exactly), as gemmbridge's RoPE reads them.
+    pub(super) cos32: Tensor,
+    pub(super) sin32: Tensor,
 }
 
 /// One batch of sequences' keys and values, per layer `[b, h_kv, len, d]` (contiguous, grown
@@ -73,7 +76,7 @@ impl Llama {
     }
 
     /// [`Llama::forward`] once its checks passed (the ids by the caller).
-    fn step(&self, tokens: &Tensor, cache: &mut Cache) -> Result<Tensor> {
+    pub(super) fn step(&self, tokens: &Tensor, cache: &mut Cache) -> Result<Tensor> {
         let (b, s) = tokens.dims2()?;
         let pos = cache.len;
         let h = self.cfg.hidden_size;
@@ -89,7 +92,7 @@ impl Llama {
     }
 
     /// A token id past the vocabulary, named.
-    fn check_id(&self, top: u32) -> Result<()> {
+    pub(super) fn check_id(&self, top: u32) -> Result<()> {
         if top as usize >= self.cfg.vocab_size {
             candle_core::bail!("llama: token id {top} is past the vocabulary ({} tokens)", self.cfg.vocab_size);
         }
@@ -97,7 +100,7 @@ impl Llama {
     }
 
     /// Every rule of a step but the ids' range (host values only, no wait on the device).
-    fn check_step(&self, tokens: &Tensor, cache: &Cache) -> Result<()> {
+    pub(super) fn check_step(&self, tokens: &Tensor, cache: &Cache) -> Result<()> {
         let (b, s) = tokens.dims2()?;
         if tokens.dtype() != DType::U32 || b == 0 || s == 0 {
             candle_core::bail!(
@@ -157,47 +160,4 @@ impl Llama {
         let a = swiglu(&linear(&n, &l.gate_up, None, Activation::None)?)?;
         linear(&a, &l.down, None, Activation::None)? + x
     }
-}
-
-/// Greedy decoding of each prompt (token ids, of any lengths) for `steps` new tokens: the
-/// prompt's prefill, then one token a step on its own [`Cache`]; `progress` is called with
-/// the number of tokens made so far after each one. Returns the new tokens of each prompt.
-///
-/// # Errors
-/// An empty prompt, a prompt and `steps` past `max_position_embeddings` or a token id past the
-/// vocabulary (named before anything runs); as [`Llama::forward`].
-pub fn generate(
-    model: &Llama,
-    prompts: &[Vec<u32>],
-    steps: usize,
-    mut progress: impl FnMut(usize),
-) -> Result<Vec<Vec<u32>>> {
-    let limit = model.cfg.max_position_embeddings;
-    for (i, p) in prompts.iter().enumerate() {
-        if p.is_empty() || p.len() + steps > limit + 1 {
-            candle_core::bail!(
-                "llama: prompt {i} has {} tokens; with {steps} more it must fit {limit} positions",
-                p.len()
-            );
-        }
-        model.check_id(p.iter().copied().max().unwrap_or(0))?;
-    }
-    let dev = model.embed.device();
-    let (mut outs, mut made) = (Vec::with_capacity(prompts.len()), 0);
-    for p in prompts {
-        let mut cache = Cache::new(model);
-        let mut out = Vec::with_capacity(steps);
-        let mut tokens = Tensor::new(p.as_slice(), dev)?.unsqueeze(0)?;
-        for _ in 0..steps {
-            // the prompt's ids were checked above and each next one is an argmax over the vocabulary
-            model.check_step(&tokens, &cache)?;
-            let next = model.step(&tokens, &mut cache)?.argmax(D::Minus1)?.to_vec1::<u32>()?[0];
-            out.push(next);
-            made += 1;
-            progress(made);
-            tokens = Tensor::new(&[next], dev)?.unsqueeze(0)?;
-        }
-        outs.push(out);
-    }
-    Ok(outs)
 }

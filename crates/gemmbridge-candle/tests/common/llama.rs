@@ -121,3 +121,61 @@ pub fn run(dev: &Device, dtype: DType, band: f64) -> Result<()> {
     std::fs::remove_dir_all(&dir).ok();
     Ok(())
 }
+
+/// A batch of prompts of different lengths prefilled together on a paged cache and
+/// decoded together for 16 steps, each sequence against candle-transformers run on that prompt
+/// alone (batch 1, its own cache): every sequence's logits within `band` at every step, the
+/// reference's token wherever its top-2 margin exceeds the band; each sequence fed the
+/// reference's token.
+pub fn run_batched(dev: &Device, dtype: DType, band: f64) -> Result<()> {
+    let mut rng = common::rng(&format!("llama batched {dtype:?}"));
+    let dir = folder(&format!("batched-{dtype:?}-{}", dev.is_cuda()));
+    std::fs::write(dir.join("config.json"), CONFIG).unwrap();
+    let cfg = LlamaConfig::from_file(&dir.join("config.json"))?;
+    write(&dir, CONFIG, &tensors(&mut rng, &cfg)?)?;
+    let ours = Llama::from_folder(&dir, &cfg, dtype, dev)?;
+    let prompts: Vec<Vec<u32>> =
+        [11usize, 3, 17].iter().map(|&n| (0..n).map(|_| rng.random_range(3..1000)).collect()).collect();
+    // room for the prompts, 16 steps, and a page each to spare
+    let mut cache = ours.paged_cache(3 * 64)?;
+    let ids: Vec<usize> = prompts.iter().map(|_| cache.add_sequence()).collect();
+    let mut refs = Vec::new();
+    for _ in &prompts {
+        refs.push(reference(&dir, dtype, dev)?);
+    }
+    let slices: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let mut got = ours.prefill(&slices, &ids, &mut cache)?;
+    let mut inputs: Vec<Tensor> =
+        prompts.iter().map(|p| Tensor::new(p.as_slice(), dev)?.unsqueeze(0)).collect::<Result<_>>()?;
+    let mut pos = vec![0usize; prompts.len()];
+    let (mut agreed, mut checked) = (0, 0);
+    for step in 0..17 {
+        let mut next = Vec::new();
+        for (n, (theirs, their_cache)) in refs.iter_mut().enumerate() {
+            let want = theirs.forward(&inputs[n], pos[n], their_cache)?;
+            pos[n] += inputs[n].dim(1)?;
+            let mine = got.narrow(0, n, 1)?;
+            let e = rel(&mine, &want)?;
+            let (m, top) = margin(&want)?;
+            let arg = mine.argmax(D::Minus1)?.to_vec1::<u32>()?[0];
+            println!("step {step} seq {n}: logits {e:.2e}, reference top {top} (margin {m:.2e}), ours {arg}");
+            assert!(e <= band, "step {step} seq {n} ({dtype:?}): logits {e:e} above {band:e}");
+            if m > band {
+                assert_eq!(arg, top, "step {step} seq {n} ({dtype:?}): margin {m:e} above the band, tokens differ");
+                agreed += 1;
+            }
+            checked += 1;
+            next.push(top);
+            inputs[n] = Tensor::new(&[top], dev)?.unsqueeze(0)?;
+        }
+        if step < 16 {
+            got = ours.decode(&next, &ids, &mut cache)?;
+        }
+    }
+    assert!(agreed >= checked / 2, "only {agreed} of {checked} steps had a margin above the band");
+    for (n, &id) in ids.iter().enumerate() {
+        assert_eq!(cache.len(id)?, prompts[n].len() + 16);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
