@@ -102,8 +102,9 @@ fn geomean(v: &[f64]) -> f64 {
 
 /// The peers' other ways of running one of our rows: `bench/attn_peer.py`'s packed
 /// variable-length kernel, `bench/grouped_peer.py`'s per-expert loop, `bench/norm_peer.py`'s
-/// `torch.compile`d RMSNorm, `bench/decode_peer.py`'s flash and memory-efficient SDPA backends.
-const PEER_VARIANTS: [&str; 5] = ["varlen_attn", "loop", "compile", "flash", "efficient"];
+/// `torch.compile`d RMSNorm, `bench/decode_peer.py`'s flash and memory-efficient SDPA backends,
+/// `gemmbridge-candle bench --impl candle`'s attention with its scores kept in bf16.
+const PEER_VARIANTS: [&str; 6] = ["varlen_attn", "loop", "compile", "flash", "efficient", "bf16_scores"];
 
 /// Per row present in every pair: the ratio (peer median ms / our median ms) of each pair, in
 /// pair order. A peer row whose label is one of ours followed by `+variant` (another way the
@@ -439,6 +440,46 @@ mod tests {
         assert_eq!(summary(&load(std::slice::from_ref(&op), &p).unwrap(), 0.97), separate);
         let err = load(std::slice::from_ref(&op), &p[..2]).unwrap_err().to_string();
         assert!(err.contains("--ours holds 3 runs and --peer 2"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `gemmbridge-candle bench`'s runs, as it writes them: our side's rows carry `impl`,
+    /// `rel_diff` and `served`, which are read past; candle's side has a `+bf16_scores` variant
+    /// of its attention row and a failed row (`error`), which is skipped.
+    #[test]
+    fn candle_bench_rows_are_compared() {
+        let dir = std::env::temp_dir().join(format!("gemmbridge-compare-candle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let env = |side: &str| {
+            format!(r#"{{"op":"env","backend":"{side}","device":"NVIDIA H100 80GB HBM3","reps":30,"gap_ms":200.0}}"#)
+        };
+        let sdpa = |layout: &str, ms: f64, extra: &str| {
+            let dims = r#""op":"sdpa","dtype":"bf16","m":4096,"n":4096,"k":128,"batch":1"#;
+            format!(r#"{{{dims},"median_ms":{ms},"min_ms":{ms},"tflops":100.0,"layout":"{layout}",{extra}}}"#)
+        };
+        let norm = r#""op":"rms_norm","dtype":"bf16","m":4096,"n":4096,"k":1,"batch":1"#;
+        let ours = [
+            env("gemmbridge-candle"),
+            sdpa("h32:8-causal", 1.0, r#""impl":"ours","rel_diff":2.5e-3,"served":"Gemmbridge""#),
+            format!(
+                r#"{{{norm},"median_ms":0.02,"min_ms":0.02,"tflops":0.0,"layout":"d4096","tbps":3.3,"impl":"ours"}}"#
+            ),
+        ];
+        let peer = [
+            env("candle"),
+            sdpa("h32:8-causal", 8.0, r#""impl":"candle""#),
+            sdpa("h32:8-causal+bf16_scores", 4.0, r#""impl":"candle""#),
+            format!(r#"{{{norm},"layout":"d4096","impl":"candle","error":"out of memory"}}"#),
+        ];
+        let (ours, peer) = (ours.join("\n"), peer.join("\n"));
+        let (o, p) = (dir.join("ours.jsonl"), dir.join("candle.jsonl"));
+        std::fs::write(&o, ours).unwrap();
+        std::fs::write(&p, peer).unwrap();
+        let pairs = load(&[o.to_str().unwrap().to_string()], &[p.to_str().unwrap().to_string()]).unwrap();
+        let (rows, left_out) = ratios(&pairs);
+        let got: Vec<(String, f64)> = rows.iter().map(|(k, v)| (k.1.clone(), v[0])).collect();
+        assert_eq!(got, [("sdpa/h32:8-causal".to_string(), 8.0), ("sdpa/h32:8-causal+bf16_scores".to_string(), 4.0)]);
+        assert_eq!(left_out, 1, "the rms_norm row the candle side failed");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
