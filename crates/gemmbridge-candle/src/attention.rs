@@ -135,9 +135,11 @@ impl CustomOp3 for AttnOp {
         v: &CpuStorage,
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let [sq, sk, sv] = self.plan.starts;
         let o = by_dtype!("sdpa", [q, k, v], |T| attention_bwd::cpu_forward::<T>(
-            &self.plan,
-            [q, k, v],
+            &self.plan.problem,
+            [&q[sq..], &k[sk..], &v[sv..]],
+            None,
             self.stats.as_ref()
         ));
         Ok((o, self.out.clone()))
@@ -156,8 +158,9 @@ impl CustomOp3 for AttnOp {
         let dev = q.device.clone();
         let o = crate::cuda::by_dtype!("sdpa", dev, [q, k, v], |T| crate::cuda_attention::forward::<T>(
             &dev,
-            &self.plan,
-            [q, k, v],
+            &self.plan.problem,
+            ([q, k, v], self.plan.starts),
+            None,
             self.stats.as_ref()
         ));
         Ok((o, self.out.clone()))

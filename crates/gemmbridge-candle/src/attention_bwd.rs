@@ -23,22 +23,24 @@ use gemmbridge::attention::{Attention, AttnTensor, HeadLayout};
 use gemmbridge::Element;
 
 use crate::cpu::{self, by_dtype, wrap};
-use crate::plan::AttnPlan;
 
 /// `dq`, `dk`, `dv` as candle's `CustomOp3::bwd` returns them.
 pub(crate) type Grads = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 
-/// The forward on the CPU: `o` dense `[b, h_q, s_q, d]`; with a `slot` (an input tracks a
-/// gradient) the statistics are computed too and kept there as a CPU tensor `[b, h_q, s_q]`.
+/// The forward of `p` on the CPU, on q, k, v each from its first element (with the lengths of
+/// a padded variable-length batch where given: [`cpu::attention`]): `o` dense; with a `slot`
+/// (an input tracks a gradient) the statistics are computed too and kept there as a CPU tensor
+/// `[b, h_q, s_q]`.
 pub(crate) fn cpu_forward<T: Element>(
-    plan: &AttnPlan,
-    [q, k, v]: [&[T]; 3],
+    p: &Attention,
+    qkv: [&[T]; 3],
+    lens: Option<(&[i32], &[i32])>,
     slot: Option<&OnceLock<Tensor>>,
 ) -> Result<Vec<T>> {
-    let Some(slot) = slot else { return cpu::attention(plan, q, k, v) };
-    let (o, lse) = cpu::attention_with_stats(plan, q, k, v)?;
-    let p = &plan.problem;
-    keep(slot, Tensor::from_vec(lse, (p.b, p.h_q, p.s_q), &Device::Cpu)?);
+    let (o, lse) = cpu::attention(p, qkv, lens, slot.is_some())?;
+    if let (Some(slot), Some(lse)) = (slot, lse) {
+        keep(slot, Tensor::from_vec(lse, (p.b, p.h_q, p.s_q), &Device::Cpu)?);
+    }
     Ok(o)
 }
 
@@ -78,17 +80,34 @@ pub(crate) fn backward(
     p.validate().map_err(wrap)?;
     let op = AttnBwdOp { problem: p, saved: [dense_aligned(o)?, dense_aligned(grad)?, stats.clone()] };
     let flat = ins[0].0.apply_op3_no_bwd(&ins[1].0, &ins[2].0, &op)?;
+    let elems = [ins[0].1.elems(), ins[1].1.elems(), ins[2].1.elems()];
+    split_grads(&flat, [q, k, v], elems, |i, part| ins[i].1.view(&part))
+}
+
+/// The gradients of `ins` (q, k, v) from the backward's flat `[dq | dk | dv]`, `elems[i]`
+/// elements each in that order, each part given its input's shape by `view(i, part)`; `None`
+/// for an input that tracks no gradient.
+pub(crate) fn split_grads(
+    flat: &Tensor,
+    ins: [&Tensor; 3],
+    elems: [usize; 3],
+    view: impl Fn(usize, Tensor) -> Result<Tensor>,
+) -> Result<Grads> {
     let mut grads = [None, None, None];
     let mut at = 0;
-    for (i, t) in [q, k, v].into_iter().enumerate() {
-        let dense = ins[i].1;
+    for (i, t) in ins.into_iter().enumerate() {
         if t.track_op() {
-            grads[i] = Some(dense.view(&flat.narrow(0, at, dense.elems())?)?);
+            grads[i] = Some(view(i, flat.narrow(0, at, elems[i])?)?);
         }
-        at += dense.elems();
+        at += elems[i];
     }
     let [dq, dk, dv] = grads;
     Ok((dq, dk, dv))
+}
+
+/// The shape of the backward's flat `[dq | dk | dv]` for the problem `p`.
+pub(crate) fn grads_shape(p: &Attention) -> Shape {
+    Shape::from([AttnTensor::Q, AttnTensor::K, AttnTensor::V].iter().map(|&t| p.required_elems(t)).sum::<usize>())
 }
 
 /// Whether `t` starts at a 16-byte aligned element (cuDNN's engines load 16-byte vectors; the
@@ -99,7 +118,7 @@ fn aligned(t: &Tensor) -> bool {
 
 /// `t` contiguous with an aligned start: itself where it is, else a copy (detached: the
 /// backward's inputs need no graph of their own).
-fn dense_aligned(t: &Tensor) -> Result<Tensor> {
+pub(crate) fn dense_aligned(t: &Tensor) -> Result<Tensor> {
     let t = t.detach();
     if t.is_contiguous() && aligned(&t) {
         Ok(t)
@@ -181,13 +200,6 @@ struct AttnBwdOp {
     saved: [Tensor; 3],
 }
 
-impl AttnBwdOp {
-    fn shape(&self) -> Shape {
-        let p = &self.problem;
-        Shape::from([AttnTensor::Q, AttnTensor::K, AttnTensor::V].iter().map(|&t| p.required_elems(t)).sum::<usize>())
-    }
-}
-
 impl CustomOp3 for AttnBwdOp {
     fn name(&self) -> &'static str {
         "gemmbridge-sdpa-backward"
@@ -204,11 +216,13 @@ impl CustomOp3 for AttnBwdOp {
     ) -> Result<(CpuStorage, Shape)> {
         let starts = [lq.start_offset(), lk.start_offset(), lv.start_offset()];
         let g = by_dtype!("sdpa backward", [q, k, v], |T| cpu_backward::<T>(
+            "sdpa backward",
             &self.problem,
             [&q[starts[0]..], &k[starts[1]..], &v[starts[2]..]],
-            &self.saved
+            &self.saved,
+            None
         ));
-        Ok((g, self.shape()))
+        Ok((g, grads_shape(&self.problem)))
     }
 
     #[cfg(feature = "cuda")]
@@ -224,22 +238,36 @@ impl CustomOp3 for AttnBwdOp {
         let dev = q.device.clone();
         let starts = [lq.start_offset(), lk.start_offset(), lv.start_offset()];
         let g = crate::cuda::by_dtype!("sdpa backward", dev, [q, k, v], |T| {
-            crate::cuda_attention::backward::<T>(&dev, &self.problem, ([q, k, v], starts), &self.saved)
+            crate::cuda_attention::backward::<T>(
+                "sdpa backward",
+                &dev,
+                &self.problem,
+                ([q, k, v], starts),
+                &self.saved,
+                None,
+            )
         });
-        Ok((g, self.shape()))
+        Ok((g, grads_shape(&self.problem)))
     }
 }
 
-/// The CPU backward: `o`, `do` and the statistics read from the saved tensors' storages.
-fn cpu_backward<T: Element + WithDType>(p: &Attention, [q, k, v]: [&[T]; 3], saved: &[Tensor; 3]) -> Result<Vec<T>> {
+/// The CPU backward of `p` for the operation `op` (named in errors): `o`, `do` and the
+/// statistics read from the saved tensors' storages; `lens` as [`cpu::attention`]'s.
+pub(crate) fn cpu_backward<T: Element + WithDType>(
+    op: &str,
+    p: &Attention,
+    [q, k, v]: [&[T]; 3],
+    saved: &[Tensor; 3],
+    lens: Option<(&[i32], &[i32])>,
+) -> Result<Vec<T>> {
     // read locks beside the ones candle holds on q, k, v: the saved tensors are the forward's
     // output, a gradient and the statistics, never written in place
     let [(o, lo), (d_o, ldo), (lse, llse)] = saved.each_ref().map(|t| t.storage_and_layout());
     let (Storage::Cpu(o), Storage::Cpu(d_o), Storage::Cpu(lse)) = (&*o, &*d_o, &*lse) else {
-        candle_core::bail!("sdpa backward: the saved tensors are not on the CPU")
+        candle_core::bail!("{op}: the saved tensors are not on the CPU")
     };
     let o = &o.as_slice::<T>()?[lo.start_offset()..];
     let d_o = &d_o.as_slice::<T>()?[ldo.start_offset()..];
     let lse = &lse.as_slice::<f32>()?[llse.start_offset()..];
-    cpu::attention_backward(p, [q, k, v, o, d_o], lse)
+    cpu::attention_backward(p, [q, k, v, o, d_o], lse, lens)
 }

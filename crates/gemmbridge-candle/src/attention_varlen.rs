@@ -157,9 +157,7 @@ pub fn sdpa_varlen<'a>(
     mask: Causal,
     scale: Option<f32>,
 ) -> Result<Tensor> {
-    let pk =
-        Packing::check([q, k, v], [seqlens_q.into(), seqlens_kv.into()], [max_seqlen_q, max_seqlen_kv], mask, scale)?;
-    served(q, k, v, &pk, mask, scale).map(|(t, _)| t)
+    sdpa_varlen_served(q, k, v, seqlens_q, seqlens_kv, max_seqlen_q, max_seqlen_kv, mask, scale).map(|(t, _)| t)
 }
 
 /// [`sdpa_varlen`], and which path ran it.

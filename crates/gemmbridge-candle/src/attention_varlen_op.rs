@@ -22,13 +22,12 @@
 
 use std::sync::{Arc, OnceLock};
 
-use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor, WithDType};
-use gemmbridge::attention::{Attention, AttnTensor};
-use gemmbridge::Element;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use gemmbridge::attention::Attention;
 
-use crate::attention_bwd::{keep, Grads};
+use crate::attention_bwd::{cpu_backward, cpu_forward, dense_aligned, grads_shape, split_grads, Grads};
 use crate::attention_varlen::{Causal, Packing};
-use crate::cpu::{by_dtype, wrap};
+use crate::cpu::by_dtype;
 
 /// The padded problem and the lengths the engine is given.
 #[derive(Clone, Debug)]
@@ -45,6 +44,13 @@ impl VarlenPlan {
     /// The lengths as the CPU backend takes them.
     pub fn lens(&self) -> Option<(&[i32], &[i32])> {
         Some((&self.len_q, &self.len_kv))
+    }
+
+    /// The lengths as the CUDA engine takes them: host values (checked again, then copied in
+    /// stream order; nothing waits for the GPU).
+    #[cfg(feature = "cuda")]
+    pub fn seq_lens(&self) -> Option<gemmbridge::cuda::SeqLens<'_>> {
+        Some(gemmbridge::cuda::SeqLens::host(&self.len_q, &self.len_kv))
     }
 }
 
@@ -144,8 +150,9 @@ impl CustomOp3 for VarlenOp {
     ) -> Result<(CpuStorage, Shape)> {
         let [sq, sk, sv] = starts("sdpa_varlen", [lq, lk, lv])?;
         let o = by_dtype!("sdpa_varlen", [q, k, v], |T| cpu_forward::<T>(
-            &self.plan,
+            &self.plan.problem,
             [&q[sq..], &k[sk..], &v[sv..]],
+            self.plan.lens(),
             self.stats.as_ref()
         ));
         Ok((o, lq.shape().clone()))
@@ -163,10 +170,11 @@ impl CustomOp3 for VarlenOp {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let st = starts("sdpa_varlen", [lq, lk, lv])?;
         let dev = q.device.clone();
-        let o = crate::cuda::by_dtype!("sdpa_varlen", dev, [q, k, v], |T| crate::cuda_varlen::forward::<T>(
+        let o = crate::cuda::by_dtype!("sdpa_varlen", dev, [q, k, v], |T| crate::cuda_attention::forward::<T>(
             &dev,
-            &self.plan,
+            &self.plan.problem,
             ([q, k, v], st),
+            self.plan.seq_lens(),
             self.stats.as_ref()
         ));
         Ok((o, lq.shape().clone()))
@@ -178,30 +186,18 @@ impl CustomOp3 for VarlenOp {
         let Some(stats) = self.stats.as_ref().and_then(OnceLock::get) else {
             candle_core::bail!("sdpa_varlen backward: the forward kept no softmax statistics")
         };
-        let dense = |t: &Tensor| -> Result<Tensor> {
-            let t = t.detach();
-            let aligned = (t.layout().start_offset() * t.dtype().size_in_bytes()).is_multiple_of(16);
-            if t.is_contiguous() && aligned {
-                Ok(t)
-            } else {
-                t.force_contiguous()
-            }
-        };
-        let (qd, kd, vd) = (dense(q)?, dense(k)?, dense(v)?);
-        let op = VarlenBwdOp { plan: self.plan.clone(), saved: [dense(o)?, dense(grad)?, stats.clone()] };
+        let (qd, kd, vd) = (dense_aligned(q)?, dense_aligned(k)?, dense_aligned(v)?);
+        let op =
+            VarlenBwdOp { plan: self.plan.clone(), saved: [dense_aligned(o)?, dense_aligned(grad)?, stats.clone()] };
         let flat = qd.apply_op3_no_bwd(&kd, &vd, &op)?;
-        let mut grads = [None, None, None];
-        let mut at = 0;
-        for (i, t) in [q, k, v].into_iter().enumerate() {
-            let n = t.elem_count();
-            if t.track_op() {
-                grads[i] = Some(flat.narrow(0, at, n)?.reshape(t.shape())?);
-            }
-            at += n;
-        }
-        debug_assert_eq!(at, flat.elem_count(), "the backward wrote dq, dk, dv of the padded shapes");
-        let [dq, dk, dv] = grads;
-        Ok((dq, dk, dv))
+        let elems = [q.elem_count(), k.elem_count(), v.elem_count()];
+        debug_assert_eq!(
+            elems.iter().sum::<usize>(),
+            flat.elem_count(),
+            "the backward wrote dq, dk, dv of the padded shapes"
+        );
+        let ins = [q, k, v];
+        split_grads(&flat, ins, elems, |i, part| part.reshape(ins[i].shape()))
     }
 }
 
@@ -211,13 +207,6 @@ impl CustomOp3 for VarlenOp {
 struct VarlenBwdOp {
     plan: Arc<VarlenPlan>,
     saved: [Tensor; 3],
-}
-
-impl VarlenBwdOp {
-    fn shape(&self) -> Shape {
-        let p = &self.plan.problem;
-        Shape::from([AttnTensor::Q, AttnTensor::K, AttnTensor::V].iter().map(|&t| p.required_elems(t)).sum::<usize>())
-    }
 }
 
 impl CustomOp3 for VarlenBwdOp {
@@ -236,11 +225,13 @@ impl CustomOp3 for VarlenBwdOp {
     ) -> Result<(CpuStorage, Shape)> {
         let [sq, sk, sv] = starts("sdpa_varlen backward", [lq, lk, lv])?;
         let g = by_dtype!("sdpa_varlen backward", [q, k, v], |T| cpu_backward::<T>(
-            &self.plan,
+            "sdpa_varlen backward",
+            &self.plan.problem,
             [&q[sq..], &k[sk..], &v[sv..]],
-            &self.saved
+            &self.saved,
+            self.plan.lens()
         ));
-        Ok((g, self.shape()))
+        Ok((g, grads_shape(&self.plan.problem)))
     }
 
     #[cfg(feature = "cuda")]
@@ -256,53 +247,17 @@ impl CustomOp3 for VarlenBwdOp {
         let st = starts("sdpa_varlen backward", [lq, lk, lv])?;
         let dev = q.device.clone();
         let g = crate::cuda::by_dtype!("sdpa_varlen backward", dev, [q, k, v], |T| {
-            crate::cuda_varlen::backward::<T>(&dev, &self.plan, ([q, k, v], st), &self.saved)
+            crate::cuda_attention::backward::<T>(
+                "sdpa_varlen backward",
+                &dev,
+                &self.plan.problem,
+                ([q, k, v], st),
+                &self.saved,
+                self.plan.seq_lens(),
+            )
         });
-        Ok((g, self.shape()))
+        Ok((g, grads_shape(&self.plan.problem)))
     }
-}
-
-/// `n` elements, NaN until written: an element the call leaves unwritten shows.
-fn poisoned<T: Element>(n: usize) -> Vec<T> {
-    vec![T::from_f32(f32::NAN); n]
-}
-
-/// The CPU forward: `o` dense `[b, s_q, h_q, d]` (padded rows unwritten); with a `slot` the
-/// statistics `[b, h_q, s_q]` too, kept there.
-fn cpu_forward<T: Element>(plan: &VarlenPlan, [q, k, v]: [&[T]; 3], slot: Option<&OnceLock<Tensor>>) -> Result<Vec<T>> {
-    let p = &plan.problem;
-    let mut o = poisoned::<T>(p.required_elems(AttnTensor::O));
-    let Some(slot) = slot else {
-        gemmbridge::cpu::attention_forward(p, [q, k, v], &mut o, None, plan.lens()).map_err(wrap)?;
-        return Ok(o);
-    };
-    let mut lse = vec![f32::NAN; p.stats_elems()];
-    gemmbridge::cpu::attention_forward(p, [q, k, v], &mut o, Some(&mut lse), plan.lens()).map_err(wrap)?;
-    keep(slot, Tensor::from_vec(lse, (p.b, p.h_q, p.s_q), &Device::Cpu)?);
-    Ok(o)
-}
-
-/// The CPU backward: `[dq | dk | dv]`, the saved tensors read from their storages.
-fn cpu_backward<T: Element + WithDType>(
-    plan: &VarlenPlan,
-    [q, k, v]: [&[T]; 3],
-    saved: &[Tensor; 3],
-) -> Result<Vec<T>> {
-    // read locks beside candle's on q, k, v: the saved tensors are never written in place
-    let [(o, lo), (d_o, ldo), (lse, llse)] = saved.each_ref().map(|t| t.storage_and_layout());
-    let (Storage::Cpu(o), Storage::Cpu(d_o), Storage::Cpu(lse)) = (&*o, &*d_o, &*lse) else {
-        candle_core::bail!("sdpa_varlen backward: the saved tensors are not on the CPU")
-    };
-    let o = &o.as_slice::<T>()?[lo.start_offset()..];
-    let d_o = &d_o.as_slice::<T>()?[ldo.start_offset()..];
-    let lse = &lse.as_slice::<f32>()?[llse.start_offset()..];
-    let p = &plan.problem;
-    let (nq, nk) = (p.required_elems(AttnTensor::Q), p.required_elems(AttnTensor::K));
-    let mut out = poisoned::<T>(nq + nk + p.required_elems(AttnTensor::V));
-    let (dq, rest) = out.split_at_mut(nq);
-    let (dk, dv) = rest.split_at_mut(nk);
-    gemmbridge::cpu::attention_backward(p, [q, k, v, o, d_o], lse, [dq, dk, dv], plan.lens()).map_err(wrap)?;
-    Ok(out)
 }
 
 #[cfg(test)]

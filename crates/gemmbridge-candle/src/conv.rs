@@ -18,6 +18,16 @@ pub enum ConvAct {
     Relu,
 }
 
+impl ConvAct {
+    /// The activation on `y` by candle's own operations (`relu`).
+    pub(crate) fn apply(self, y: Tensor) -> Result<Tensor> {
+        match self {
+            ConvAct::None => Ok(y),
+            ConvAct::Relu => y.relu(),
+        }
+    }
+}
+
 /// A convolution's geometry, as candle's `Tensor::conv2d(kernel, padding, stride, dilation,
 /// groups)` takes it (the same value for the height and the width): zero `padding` on each
 /// side, `stride`, `dilation` (the kernel taps' spacing) and `groups` (the channels split into
@@ -193,10 +203,7 @@ fn candle_conv(
         Some(b) => y.broadcast_add(&cast(b)?.reshape((1, b.elem_count(), 1, 1))?)?,
         None => y,
     };
-    let y = match act {
-        ConvAct::None => y,
-        ConvAct::Relu => y.relu()?,
-    };
+    let y = act.apply(y)?;
     if wide {
         y.to_dtype(dtype)
     } else {

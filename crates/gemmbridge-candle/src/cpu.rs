@@ -6,7 +6,7 @@ use candle_core::Result;
 use gemmbridge::cpu::DwSlice;
 use gemmbridge::{Element, Epilogue};
 
-use crate::plan::{f32_out, AttnPlan, LinearPlan, MatmulPlan, NormPlan};
+use crate::plan::{f32_out, LinearPlan, MatmulPlan, NormPlan};
 
 /// A gemmbridge error as candle's.
 pub(crate) fn wrap(e: gemmbridge::Error) -> candle_core::Error {
@@ -102,51 +102,43 @@ pub(crate) fn rms_norm_backward<T: Element>(
     Ok(out)
 }
 
-/// Attention's forward: `o` dense `[b, h_q, s_q, d]`.
-pub(crate) fn attention<T: Element>(plan: &AttnPlan, q: &[T], k: &[T], v: &[T]) -> Result<Vec<T>> {
-    let p = &plan.problem;
-    let [sq, sk, sv] = plan.starts;
+/// Attention's forward for the problem `p` on `q`, `k`, `v` (each starting at its first
+/// element, in `p`'s strides), with the per-sequence lengths `lens` of a padded
+/// variable-length batch where given: `o` dense (`p.required_elems`), and with `stats` the
+/// softmax statistics `lse[b, h_q, s_q]` too (f32, dense, natural log), what the backward
+/// reads.
+pub(crate) fn attention<T: Element>(
+    p: &gemmbridge::attention::Attention,
+    qkv: [&[T]; 3],
+    lens: Option<(&[i32], &[i32])>,
+    stats: bool,
+) -> Result<(Vec<T>, Option<Vec<f32>>)> {
     let mut o = poisoned::<T>(p.required_elems(gemmbridge::attention::AttnTensor::O));
-    gemmbridge::cpu::attention_forward(p, [&q[sq..], &k[sk..], &v[sv..]], &mut o, None, None).map_err(wrap)?;
-    Ok(o)
-}
-
-// ---------------------------------------------------------------------------------------------
-// sdpa's autograd: the forward with its softmax statistics, and the backward
-// ---------------------------------------------------------------------------------------------
-
-/// Attention's forward with its softmax statistics: `o` dense `[b, h_q, s_q, d]` and
-/// `lse[b, h_q, s_q]` (f32, dense, natural log), what the backward reads.
-pub(crate) fn attention_with_stats<T: Element>(
-    plan: &AttnPlan,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-) -> Result<(Vec<T>, Vec<f32>)> {
-    let p = &plan.problem;
-    let [sq, sk, sv] = plan.starts;
-    let mut o = poisoned::<T>(p.required_elems(gemmbridge::attention::AttnTensor::O));
-    let mut lse = vec![f32::NAN; p.stats_elems()];
-    gemmbridge::cpu::attention_forward(p, [&q[sq..], &k[sk..], &v[sv..]], &mut o, Some(&mut lse), None)
-        .map_err(wrap)?;
+    let mut lse = stats.then(|| vec![f32::NAN; p.stats_elems()]);
+    gemmbridge::cpu::attention_forward(p, qkv, &mut o, lse.as_deref_mut(), lens).map_err(wrap)?;
     Ok((o, lse))
 }
+
+// ---------------------------------------------------------------------------------------------
+// sdpa's autograd: the backward
+// ---------------------------------------------------------------------------------------------
 
 /// Attention's backward for the problem `p`: from `q`, `k`, `v` (each starting at its first
 /// element, in `p`'s strides), the forward's `o` and the output's gradient `d_o` (in o's
 /// strides) and the statistics `lse`, the buffer `[dq | dk | dv]`, each part
 /// `p.required_elems` long and in its tensor's strides (`dk`, `dv` summed over the query heads
-/// that share a key/value head).
+/// that share a key/value head); `lens` as [`attention`]'s.
 pub(crate) fn attention_backward<T: Element>(
     p: &gemmbridge::attention::Attention,
     [q, k, v, o, d_o]: [&[T]; 5],
     lse: &[f32],
+    lens: Option<(&[i32], &[i32])>,
 ) -> Result<Vec<T>> {
     use gemmbridge::attention::AttnTensor;
     let (nq, nk) = (p.required_elems(AttnTensor::Q), p.required_elems(AttnTensor::K));
     let mut out = poisoned::<T>(nq + nk + p.required_elems(AttnTensor::V));
     let (dq, rest) = out.split_at_mut(nq);
     let (dk, dv) = rest.split_at_mut(nk);
-    gemmbridge::cpu::attention_backward(p, [q, k, v, o, d_o], lse, [dq, dk, dv], None).map_err(wrap)?;
+    gemmbridge::cpu::attention_backward(p, [q, k, v, o, d_o], lse, [dq, dk, dv], lens).map_err(wrap)?;
     Ok(out)
 }

@@ -13,12 +13,11 @@ use candle_core::cuda::cudarc::driver::result::memset_d8_async;
 use candle_core::cuda::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use candle_core::cuda::{CudaDevice, DeviceId};
 use candle_core::Result;
-use gemmbridge::attention::AttnTensor;
 use gemmbridge::cuda::{Extras, Gpu, GpuOptions, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, Scale};
 use gemmbridge::Element;
 
 use crate::cpu::wrap;
-use crate::plan::{AttnPlan, LinearPlan, MatmulPlan, NormPlan};
+use crate::plan::{LinearPlan, MatmulPlan, NormPlan};
 
 /// The gemmbridge engine on `dev`'s stream: made on first use (`Gpu::with_stream`, default
 /// options) and kept for the process, one per candle device (`CudaDevice::id`).
@@ -138,19 +137,4 @@ pub(crate) fn rms_norm_backward<T: Element + DeviceRepr>(
         gpu.rms_norm_backward(p, saved, &mut dx, RmsNormDw::Io(&mut dw)).map_err(wrap)?;
     }
     Ok(out)
-}
-
-/// Attention's forward on cuDNN's fused flash-attention engines: `o` dense `[b, h_q, s_q, d]`.
-pub(crate) fn attention<T: Element + DeviceRepr>(
-    dev: &CudaDevice,
-    plan: &AttnPlan,
-    [q, k, v]: [&CudaSlice<T>; 3],
-) -> Result<CudaSlice<T>> {
-    let p = &plan.problem;
-    let gpu = engine(dev)?;
-    let [sq, sk, sv] = plan.starts;
-    let (q, k, v) = (q.slice(sq..), k.slice(sk..), v.slice(sv..));
-    let mut o = output::<T>(dev, p.required_elems(AttnTensor::O))?;
-    gpu.attention_forward(p, [&q, &k, &v], &mut o, None, None).map_err(wrap)?;
-    Ok(o)
 }

@@ -57,13 +57,7 @@ fn apply(p: Conv2d, [x, w]: [&Tensor; 2], bias: Option<&Tensor>, act: ConvAct) -
             };
             x.apply_op3(w, b, ConvOp { problem: p, act: Some(act), out })
         }
-        None => {
-            let y = x.apply_op2(w, ConvOp { problem: p, act: None, out })?;
-            match act {
-                ConvAct::None => Ok(y),
-                ConvAct::Relu => y.relu(),
-            }
-        }
+        None => act.apply(x.apply_op2(w, ConvOp { problem: p, act: None, out })?),
     }
 }
 

@@ -65,8 +65,6 @@ mod cuda_grouped;
 mod cuda_layer_ops;
 #[cfg(feature = "cuda")]
 mod cuda_paged;
-#[cfg(feature = "cuda")]
-mod cuda_varlen;
 mod fp8_linear;
 mod grouped;
 mod kv_cache;

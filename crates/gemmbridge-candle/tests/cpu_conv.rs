@@ -4,11 +4,13 @@
 //! groups and on strided views; and the named errors every path gives for bad input.
 
 mod common;
+#[path = "common/conv.rs"]
+mod conv_case;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use common::{f64s, random, rel_err, rng};
-use gemmbridge::conv::{reference, Conv2d, ConvLayout};
-use gemmbridge::Precision;
+use conv_case::{db_f64, forward_f64, Case};
+use gemmbridge::conv::reference;
 use gemmbridge_candle::{conv2d, conv2d_candle, conv2d_served, Conv2dParams, ConvAct, Served};
 use rand::rngs::StdRng;
 
@@ -28,37 +30,6 @@ fn assert_close(what: &str, got: &Tensor, want: &[f64], dtype: DType) -> Result<
     let e = rel_err(&f64s(got)?, want);
     assert!(e <= band(dtype), "{what} ({dtype:?}): relative error {e:e} above {:e}", band(dtype));
     Ok(())
-}
-
-/// One convolution: x `[n, c, h, w]`, `k` filters of `r × s`, the geometry.
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    x: [usize; 4],
-    krs: [usize; 3],
-    params: Conv2dParams,
-}
-
-impl Case {
-    const fn new(x: [usize; 4], krs: [usize; 3], params: Conv2dParams) -> Case {
-        Case { x, krs, params }
-    }
-
-    /// w's dims `[k, c/groups, r, s]`.
-    fn w_dims(&self) -> [usize; 4] {
-        let [k, r, s] = self.krs;
-        [k, self.x[1] / self.params.groups, r, s]
-    }
-
-    /// The same problem for gemmbridge's references (NCHW: candle's contiguous order).
-    fn problem(&self) -> Conv2d {
-        let Conv2dParams { padding, stride, dilation, groups } = self.params;
-        Conv2d::new(self.x, self.krs, Precision::F32)
-            .with_pad(padding, padding)
-            .with_stride(stride, stride)
-            .with_dilation(dilation, dilation)
-            .with_groups(groups)
-            .with_layout(ConvLayout::Nchw)
-    }
 }
 
 /// Shapes with every feature: odd sizes, stride, padding, dilation, groups, depthwise, 1×1,
@@ -113,15 +84,9 @@ fn cpu_conv2d_fused_bias_and_relu() -> Result<()> {
     for dtype in DTYPES {
         for (i, case) in CASES.iter().enumerate() {
             let [x, w, b] = inputs(&mut rng, case, dtype, false)?;
-            let (p, xv, wv) = (case.problem(), f64s(&x)?, f64s(&w)?);
-            let zero = vec![0.0; case.krs[0]];
             for (bias, act) in [(Some(&b), ConvAct::Relu), (Some(&b), ConvAct::None), (None, ConvAct::Relu)] {
                 let what = format!("case {i} bias {} {act:?} {dtype:?}", bias.is_some());
-                let bv = match bias {
-                    Some(b) => f64s(b)?,
-                    None => zero.clone(),
-                };
-                let want = reference::forward_fused(&p, &xv, &wv, &bv, act == ConvAct::Relu);
+                let want = forward_f64(case, [&x, &w], bias, act)?;
                 let (y, served) = conv2d_served(&x, &w, bias, act, case.params)?;
                 assert_eq!(served, Served::Candle, "{what}");
                 assert_close(&what, &y, &want, dtype)?;
@@ -169,10 +134,7 @@ fn cpu_conv2d_backward_against_float64() -> Result<()> {
                     .zip(f64s(&r)?)
                     .map(|(&z, r)| if act == ConvAct::Relu && z < 0.0 { 0.0 } else { r })
                     .collect();
-                let [n, k, pp, q] = p.y_dims();
-                let db: Vec<f64> = (0..k)
-                    .map(|o| (0..n).map(|m| g[(m * k + o) * pp * q..][..pp * q].iter().sum::<f64>()).sum())
-                    .collect();
+                let db = db_f64(&p, &g);
                 let get = |v: &Var, name: &str| grads.get(v).cloned().unwrap_or_else(|| panic!("{what}: no {name}"));
                 assert_close(
                     &format!("{what}: dx"),

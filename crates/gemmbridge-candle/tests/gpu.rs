@@ -12,9 +12,13 @@ mod sdpa_grad;
 /// `conv2d` on the GPU.
 #[path = "gpu/conv.rs"]
 mod conv;
+#[path = "common/conv.rs"]
+mod conv_case;
 /// `fp8_linear` on the GPU.
 #[path = "gpu/fp8_linear.rs"]
 mod fp8_linear;
+#[path = "common/fp8.rs"]
+mod fp8_ref;
 /// The grouped matmul on the GPU.
 #[path = "gpu/grouped.rs"]
 mod grouped;

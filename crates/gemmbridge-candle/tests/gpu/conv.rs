@@ -9,9 +9,9 @@
 //! engine for f32, so no TF32, and the legacy API runs `CUDNN_FMA_MATH`); with TF32 the error
 //! would be about 1e-3. f16 and bf16 1e-2 (f32 accumulation, one rounding of each output).
 use crate::common::{assert_close, f64s, random, rel_err, rng};
+use crate::conv_case::{db_f64, forward_f64, Case};
 use candle_core::{DType, Device, Result, Tensor, Var};
-use gemmbridge::conv::{reference, Conv2d, ConvLayout};
-use gemmbridge::Precision;
+use gemmbridge::conv::reference;
 use gemmbridge_candle::{conv2d, conv2d_candle, conv2d_served, Conv2dParams, ConvAct, Served};
 use rand::rngs::StdRng;
 
@@ -21,37 +21,6 @@ const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 fn gpu() -> Result<Device> {
     gemmbridge_candle::set_poison_outputs(true);
     Device::new_cuda_with_stream(0)
-}
-
-/// One convolution: x `[n, c, h, w]`, `k` filters of `r × s`, the geometry.
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    x: [usize; 4],
-    krs: [usize; 3],
-    params: Conv2dParams,
-}
-
-impl Case {
-    const fn new(x: [usize; 4], krs: [usize; 3], params: Conv2dParams) -> Case {
-        Case { x, krs, params }
-    }
-
-    /// w's dims `[k, c/groups, r, s]`.
-    fn w_dims(&self) -> [usize; 4] {
-        let [k, r, s] = self.krs;
-        [k, self.x[1] / self.params.groups, r, s]
-    }
-
-    /// The same problem for gemmbridge's references (NCHW: candle's contiguous order).
-    fn problem(&self) -> Conv2d {
-        let Conv2dParams { padding, stride, dilation, groups } = self.params;
-        Conv2d::new(self.x, self.krs, Precision::F32)
-            .with_pad(padding, padding)
-            .with_stride(stride, stride)
-            .with_dilation(dilation, dilation)
-            .with_groups(groups)
-            .with_layout(ConvLayout::Nchw)
-    }
 }
 
 /// Odd sizes, stride, padding, dilation, groups, depthwise, 1×1, a non-square kernel, and
@@ -82,15 +51,6 @@ fn inputs(rng: &mut StdRng, case: &Case, dtype: DType, dev: &Device) -> Result<[
     ])
 }
 
-/// `act(x ⋆ w + b)` in float64 (b zero where there is none).
-fn want(case: &Case, [x, w]: [&Tensor; 2], b: Option<&Tensor>, act: ConvAct) -> Result<Vec<f64>> {
-    let bv = match b {
-        Some(b) => f64s(b)?,
-        None => vec![0.0; case.krs[0]],
-    };
-    Ok(reference::forward_fused(&case.problem(), &f64s(x)?, &f64s(w)?, &bv, act == ConvAct::Relu))
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_conv2d_forward_and_fused_against_float64() -> Result<()> {
@@ -102,7 +62,7 @@ fn gpu_conv2d_forward_and_fused_against_float64() -> Result<()> {
             for (with_bias, act) in FORMS {
                 let what = format!("gpu conv2d case {i} {case:?} bias {with_bias} {act:?} {dtype:?}");
                 let bias = with_bias.then_some(&b);
-                let expected = want(case, [&x, &w], bias, act)?;
+                let expected = forward_f64(case, [&x, &w], bias, act)?;
                 let (y, served) = conv2d_served(&x, &w, bias, act, case.params)?;
                 assert_eq!((served, y.dims()), (Served::Gemmbridge, &case.problem().y_dims()[..]), "{what}");
                 assert!(y.device().is_cuda() && y.dtype() == dtype, "{what}");
@@ -145,7 +105,7 @@ fn gpu_conv2d_strided_and_offset_inputs() -> Result<()> {
             assert_eq!(dense, path == Served::Gemmbridge, "{what}");
             let (y, served) = conv2d_served(xv, wv, Some(bv), ConvAct::Relu, case.params)?;
             assert_eq!(served, path, "{what}");
-            assert_close(&what, &y, &want(&case, [xv, wv], Some(bv), ConvAct::Relu)?, dtype)?;
+            assert_close(&what, &y, &forward_f64(&case, [xv, wv], Some(bv), ConvAct::Relu)?, dtype)?;
         }
     }
     Ok(())
@@ -157,8 +117,7 @@ fn grads_f64(case: &Case, [x, w]: [&Tensor; 2], (y, dy): (&Tensor, &Tensor), act
     let p = case.problem();
     let g: Vec<f64> =
         f64s(y)?.iter().zip(f64s(dy)?).map(|(&y, d)| if act == ConvAct::Relu && y <= 0.0 { 0.0 } else { d }).collect();
-    let [n, k, pp, q] = p.y_dims();
-    let db = (0..k).map(|o| (0..n).map(|m| g[(m * k + o) * pp * q..][..pp * q].iter().sum::<f64>()).sum()).collect();
+    let db = db_f64(&p, &g);
     Ok([reference::backward_data(&p, &f64s(w)?, &g), reference::backward_filter(&p, &f64s(x)?, &g), db])
 }
 
@@ -211,7 +170,7 @@ fn gpu_conv2d_fallbacks_and_bad_input() -> Result<()> {
     let [x, w, b] = inputs(&mut rng, &case, DType::F64, &dev)?;
     let (y, served) = conv2d_served(&x, &w, Some(&b), ConvAct::Relu, case.params)?;
     assert_eq!(served, Served::Candle);
-    let e = rel_err(&f64s(&y)?, &want(&case, [&x, &w], Some(&b), ConvAct::Relu)?);
+    let e = rel_err(&f64s(&y)?, &forward_f64(&case, [&x, &w], Some(&b), ConvAct::Relu)?);
     assert!(e <= 1e-12, "f64 on candle's CUDA conv2d: {e:e}");
     // an empty batch: nothing to run
     let x0 = Tensor::zeros((0, 6, 8, 7), DType::F32, &dev)?;

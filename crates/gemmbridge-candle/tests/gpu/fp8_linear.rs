@@ -5,8 +5,8 @@
 //! float64), beside the CPU path and candle's own bf16 product, for odd and large row counts;
 //! the weight's bytes and scales against the CPU's; the backward.
 use crate::common::{band, f64s, random, rel_err, rng};
+use crate::fp8_ref::{emulated, exact};
 use candle_core::{DType, Device, Result, Tensor, Var};
-use gemmbridge::fp8::{self, Fp8Format, Source};
 use gemmbridge_candle::{fp8_linear, fp8_linear_served, Fp8Scaling, Fp8Weight, Served};
 
 const SCALINGS: [Fp8Scaling; 2] = [Fp8Scaling::RowWise, Fp8Scaling::Block];
@@ -17,37 +17,10 @@ fn gpu() -> Result<Device> {
     Device::new_cuda_with_stream(0)
 }
 
-/// The tensor's values in logical order as f32 (exact for f16, bf16 and f32).
-fn f32s(t: &Tensor) -> Result<Vec<f32>> {
-    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
-}
-
-/// `x[.., k]·w[n, k]ᵀ + b` in float64 on the given values.
-fn product(x: &[f64], w: &[f64], b: Option<&[f64]>, (n, k): (usize, usize)) -> Vec<f64> {
-    let rows = x.len() / k;
-    let mut y = Vec::with_capacity(rows * n);
-    for r in 0..rows {
-        for j in 0..n {
-            let dot: f64 = (0..k).map(|t| x[r * k + t] * w[j * k + t]).sum();
-            y.push(dot + b.map_or(0.0, |b| b[j]));
-        }
-    }
-    y
-}
-
 /// The recipe's emulation (x and w quantised by gemmbridge's CPU quantisation, the product in
 /// float64) and the float64 product of the unquantised values, both with the bias.
 fn references(x: &Tensor, w: &Tensor, b: Option<&Tensor>, scaling: Fp8Scaling) -> Result<[Vec<f64>; 2]> {
-    let (n, k) = w.dims2()?;
-    let m = x.elem_count() / k;
-    let q = |v: &[f32], rows, s| -> Vec<f64> {
-        let q = fp8::quantize(v, rows, k, Source::RowMajor, Fp8Format::E4M3, s).unwrap();
-        fp8::dequantize(&q).unwrap()
-    };
-    let (xd, wd) = (q(&f32s(x)?, m, scaling.x_scaling()), q(&f32s(w)?, n, scaling.w_scaling()));
-    let bv = b.map(f64s).transpose()?;
-    let emu = product(&xd, &wd, bv.as_deref(), (n, k));
-    Ok([emu, product(&f64s(x)?, &f64s(w)?, bv.as_deref(), (n, k))])
+    Ok([emulated(x, w, b, scaling)?, exact(x, w, b)?])
 }
 
 /// The band of an FP8 GEMM's output against its emulation, gemmbridge's own (`gemmbridge::fp8`:
@@ -61,16 +34,9 @@ fn fp8_band(dtype: DType) -> f64 {
     }
 }
 
-/// Asserts `got` within `dtype`'s FP8 band of the emulation and within 1.5× the emulation's error
-/// against float64, the quantisation visible in that error.
-fn check_recipe(what: &str, got: &Tensor, [emu, ex]: [&[f64]; 2], dtype: DType) -> Result<()> {
-    let got = f64s(got)?;
-    let (vs_emu, vs_exact, recipe) = (rel_err(&got, emu), rel_err(&got, ex), rel_err(emu, ex));
-    println!("{what}: {vs_emu:.2e} from the emulation, {vs_exact:.3e} from float64 (recipe {recipe:.3e})");
-    assert!(vs_emu <= fp8_band(dtype), "{what}: {vs_emu:e} from the emulation");
-    assert!(vs_exact <= 1.5 * recipe, "{what}: {vs_exact:e} > 1.5 × the recipe's {recipe:e}");
-    assert!(recipe > 1e-3, "{what}: the recipe's error {recipe:e} is not FP8's");
-    Ok(())
+/// [`crate::fp8_ref::check_recipe`] within `dtype`'s FP8 band of the emulation.
+fn check_recipe(what: &str, got: &Tensor, refs: [&[f64]; 2], dtype: DType) -> Result<()> {
+    crate::fp8_ref::check_recipe(what, got, refs, fp8_band(dtype)).map(|_| ())
 }
 
 #[test]
