@@ -2,13 +2,17 @@
 //!
 //! candle 0.11 operations through gemmbridge, as candle custom operations on candle's own
 //! storage: [`matmul`] (broadcast batched, with its backward), [`linear`] with the bias and an
-//! [`Activation`] fused into the GEMM's epilogue (and its backward), [`rms_norm`] with its
-//! backward, rotary embeddings [`rope`] and [`rope_i`] (candle-nn's) and [`swiglu`] over a fused
-//! gate/up projection, each with its backward, [`grouped_matmul`] (a mixture-of-experts
-//! layer's product over rows sorted by expert) with its backward, and [`sdpa`]
-//! (scaled-dot-product attention: causal mask, grouped-query heads) with its backward (the
-//! forward keeps its softmax statistics for it). Results are ordinary candle tensors. A
-//! LLaMA-family model built from them, read from a Hugging Face checkpoint, is [`llama`].
+//! [`Activation`] fused into the GEMM's epilogue (and its backward), [`fp8_linear`] over an
+//! [`Fp8Weight`] quantised once, [`rms_norm`] with its backward, rotary embeddings [`rope`] and
+//! [`rope_i`] (candle-nn's) and [`swiglu`] over a fused gate/up projection, each with its
+//! backward, [`grouped_matmul`] (a mixture-of-experts layer's product over rows sorted by
+//! expert) with its backward, [`sdpa`] (scaled-dot-product attention: causal mask,
+//! grouped-query heads) and [`sdpa_varlen`] (packed sequences of different lengths) with their
+//! backward, [`conv2d`] (cuDNN, bias and ReLU fused) with its backward, and a paged key/value
+//! cache, [`PagedKvCache`], whose steps append keys and values, rotate a fused QKV projection
+//! at each sequence's position and run decode attention through the page table. Results are
+//! ordinary candle tensors. A LLaMA-family model built from them, read from a Hugging Face
+//! checkpoint, prefilling and decoding batches of sequences on a paged cache, is [`llama`].
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
