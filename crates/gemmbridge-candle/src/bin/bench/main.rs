@@ -33,11 +33,16 @@
 //!   3.5× the forward's operations.
 //! - `rms_norm`, `rope`, `swiglu`: candle-nn's fused `ops::rms_norm`, `rotary_emb::rope` and
 //!   `ops::swiglu` against the adapter's, m every `--tokens` count, rates in TB/s.
+//! - `fp8_linear`: candle's bf16 matmul against the adapter's FP8 linear (row-wise and block
+//!   scales, the activations quantised inside each call), the linear rows' shapes.
+//! - `conv2d`: ResNet-50's 3×3 convolutions at batch 32 with bias and ReLU, candle's three
+//!   operations against one fused cuDNN graph.
 //!
 //! Alternate the two sides on one warm machine (ours, candle, ours, candle, …, three pairs or
 //! more; `tools/gpu/candle-bench-pairs` does it) and give both the same flags.
 
 mod attention;
+mod fp8_conv;
 mod layer_ops;
 mod linear;
 mod rows;

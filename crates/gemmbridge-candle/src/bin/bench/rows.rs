@@ -15,7 +15,7 @@ use gemmbridge_candle::Served;
 use serde::Serialize;
 
 use crate::timing::{time_gpu, Sampling, Timing};
-use crate::{attention, layer_ops, linear, BenchArgs};
+use crate::{attention, fp8_conv, layer_ops, linear, BenchArgs};
 
 /// A family of rows: its op name for `--ops`, and the function that measures its rows.
 pub struct Family {
@@ -23,9 +23,8 @@ pub struct Family {
     pub run: fn(&mut Bench, &BenchArgs) -> Result<()>,
 }
 
-/// Every family, in the order they run. An `fp8_linear` or `conv2d` family is one more
-/// module beside `linear.rs` and one more entry here.
-pub const FAMILIES: [Family; 7] = [
+/// Every family, in the order they run.
+pub const FAMILIES: [Family; 9] = [
     Family { op: "linear", run: linear::plain },
     Family { op: "linear_bias_gelu", run: linear::bias_gelu },
     Family { op: "sdpa", run: attention::forward },
@@ -33,6 +32,8 @@ pub const FAMILIES: [Family; 7] = [
     Family { op: "rms_norm", run: layer_ops::rms_norm },
     Family { op: "rope", run: layer_ops::rope },
     Family { op: "swiglu", run: layer_ops::swiglu },
+    Family { op: "fp8_linear", run: fp8_conv::fp8_linear },
+    Family { op: "conv2d", run: fp8_conv::conv2d },
 ];
 
 /// Which side this process times.
