@@ -119,14 +119,16 @@ impl CuSeqlens<'_> {
 ///
 /// # Which path serves it
 /// f16 and bf16 with `d` a multiple of 8 up to 256, on the CPU or (feature `cuda`) a CUDA
-/// device: gemmbridge's attention on a padded batch of the sequences, `[b, max_seqlen, h, d]`
-/// with per-sequence lengths (cuDNN's flash-attention engines with their padding mask on
+/// device: gemmbridge's attention on a padded batch of the sequences, `[b, s, h, d]` with `s`
+/// the longest sequence's length rounded up to a power of two (at most the bound given), with
+/// per-sequence lengths (cuDNN's flash-attention engines with their padding mask on
 /// CUDA, gemmbridge's CPU attention on the CPU: f32 scores and softmax, one rounding). The
 /// packed rows are scattered into the padded tensors and the output gathered back with
-/// candle's `index_add` / `index_select` (copies of q, k, v and o; padded rows cost the
-/// engine nothing). The engine plans once per problem: `b`, `max_seqlen_q`, `max_seqlen_kv`,
-/// the heads, `d`, the mask and the scale — fixed bounds and a fixed `b` (padded with empty
-/// sequences) keep one cuDNN plan across batches. Inputs that are not contiguous are copied
+/// candle's `index_add` / `index_select` (copies of q, k, v and o; cuDNN skips the padded
+/// rows, the CPU path computes their scores). The engine plans once per problem: `b`, the
+/// padded extents, the heads, `d`, the mask and the scale — a fixed `b` (padded with empty
+/// sequences) keeps one cuDNN plan for every batch whose longest sequences stay within the
+/// same powers of two. Inputs that are not contiguous are copied
 /// first ([`Served::AfterCopy`]). Anything else (f32, other head dimensions, an empty batch,
 /// other devices, [`crate::set_enabled`]`(false)`) runs [`sdpa_varlen_candle`].
 ///
@@ -134,7 +136,7 @@ impl CuSeqlens<'_> {
 /// Through candle's autograd: `dq`, `dk`, `dv` of q's, k's, v's shapes (`dk`, `dv` summed over
 /// the query heads sharing a key/value head). A served call's backward is one call of
 /// gemmbridge's attention backward on the padded batch (cuDNN's fused backward on CUDA), from
-/// the softmax statistics the forward kept (`4·b·h_q·max_seqlen_q` bytes, held by the graph,
+/// the softmax statistics the forward kept (`4·b·h_q·s_q` bytes, `s_q` the padded query extent, held by the graph,
 /// only where an input tracks a gradient); the fallback's is candle's own.
 ///
 /// # Errors

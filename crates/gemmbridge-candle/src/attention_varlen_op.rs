@@ -68,7 +68,12 @@ pub(crate) fn plan(
     if b == 0 || pk.cu_q[b] == 0 {
         return None;
     }
-    let (s_q, s_kv) = (pk.max[0].max(1), pk.max[1].max(1));
+    // the padded extents: the longest sequence rounded up to a power of two, within the bounds
+    // given — memory and work follow the batch, and one plan serves every batch whose longest
+    // sequence stays within the same power of two
+    let longest = |which: usize| (0..b).map(|n| [pk.lens(n).0, pk.lens(n).1][which]).max().unwrap_or(0);
+    let bucket = |which: usize| longest(which).max(1).next_power_of_two().min(pk.max[which]).max(1);
+    let (s_q, s_kv) = (bucket(0), bucket(1));
     let elem = crate::plan::element(dtype)?;
     let mut p = Attention::new(b, (h_q, h_kv), (s_q, s_kv), d, elem).with_mask(mask.mask()).with_var_len(true);
     if let Some(s) = scale {

@@ -265,6 +265,17 @@ pub(crate) fn check(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, params: Conv2
             padded(iw)
         );
     }
+    // the output's height and width, and its elements: refused past 2³¹ − 1 each (cuDNN's
+    // `int` extents) and past what an allocation can hold, before anything is allocated
+    let out = |size: usize, taps: usize| (padded(size) - span(taps)) / stride as u128 + 1;
+    let (p, q) = (out(h, r), out(iw, s));
+    let elems = [k as u128, p, q].iter().try_fold(n as u128, |a, &b| a.checked_mul(b));
+    if p > i32::MAX as u128 || q > i32::MAX as u128 || elems.is_none_or(|e| e > (isize::MAX as u128) / 8) {
+        candle_core::bail!(
+            "conv2d: the output [{n}, {k}, {p}, {q}] (x {xd:?}, w {wd:?}, padding {padding}, stride {stride}, \
+             dilation {dilation}) is too large"
+        );
+    }
     Ok(Conv2d::new([n, c, h, iw], [k, r, s], Precision::F32)
         .with_pad(padding, padding)
         .with_stride(stride, stride)

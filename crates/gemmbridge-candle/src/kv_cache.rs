@@ -94,9 +94,25 @@ pub(crate) struct Step {
     pub(crate) index: Tensor,
     /// Where each of the five parts starts in [`Step::index`], in elements.
     pub(crate) at: [usize; 5],
+    /// Pages each sequence took from the pool for the step (given back by a cancel).
+    taken: Vec<usize>,
+    /// Which layers' rows were appended.
+    appended: std::sync::Mutex<Vec<bool>>,
 }
 
 impl Step {
+    /// Which layers' rows were appended (a poisoned lock still holds the flags).
+    pub(crate) fn appended_layers(&self) -> Vec<bool> {
+        self.appended.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records that layer `l` appended the step's rows.
+    pub(crate) fn mark_appended(&self, l: usize) {
+        if let Some(a) = self.appended.lock().unwrap_or_else(|e| e.into_inner()).get_mut(l) {
+            *a = true;
+        }
+    }
+
     /// The five parts of the index laid out from 16-byte boundaries: the buffer and where each
     /// part starts.
     fn pack(parts: [&[i32]; 5]) -> (Vec<i32>, [usize; 5]) {
@@ -118,7 +134,8 @@ impl PagedKvCache {
     /// # Errors
     /// candle's `Error::Msg` naming the value: no layer; a dtype other than f16 and bf16; a
     /// page size that is not a power of two from 16 to 256; no head or a head dimension that is
-    /// not a multiple of 8 up to 256; no page, or more than 2³¹ − 1; candle's allocation error.
+    /// not a multiple of 8 up to 256; no page, or more than 2³¹ − 1; containers whose bytes
+    /// overflow, or (on the CPU) that the allocator refuses; candle's allocation error on CUDA.
     pub fn new(
         layers: usize,
         (heads_kv, head_dim): (usize, usize),
@@ -139,6 +156,22 @@ impl PagedKvCache {
         }
         let geometry = PagedCache::new(pages, page_size, (heads_kv, head_dim), ours, (1, 1));
         geometry.validate().map_err(crate::cpu::wrap)?;
+        let bytes = [2, pages, heads_kv, page_size, head_dim, dtype.size_in_bytes()]
+            .iter()
+            .try_fold(layers, |a, &b| a.checked_mul(b))
+            .filter(|&b| b <= isize::MAX as usize);
+        let Some(bytes) = bytes else {
+            candle_core::bail!(
+                "PagedKvCache: {layers} layers of 2·{pages}·{heads_kv}·{page_size}·{head_dim} elements overflow"
+            );
+        };
+        if dev.is_cpu() {
+            // candle's CPU allocation aborts the process when it fails; ask the allocator first
+            let mut probe: Vec<u8> = Vec::new();
+            if probe.try_reserve_exact(bytes).is_err() {
+                candle_core::bail!("PagedKvCache: {bytes} bytes of containers cannot be allocated on the CPU");
+            }
+        }
         let layers = (0..layers)
             .map(|_| Tensor::zeros((2, pages, heads_kv, page_size, head_dim), dtype, dev))
             .collect::<Result<Vec<_>>>()?;
@@ -205,7 +238,8 @@ impl PagedKvCache {
     /// # Errors
     /// candle's `Error::Msg`, before anything changes: a step already begun; no sequence, an id
     /// that is not live or named twice, `rows` not one per id, a count above `seq` or `seq` 0;
-    /// fewer free pages than the step needs (both counts named).
+    /// `seq` or a sequence's positions after the step past the pool's `pages·page_size`; fewer
+    /// free pages than the step needs (both counts named).
     pub fn begin(&mut self, ids: &[usize], rows: &[usize], seq: usize) -> Result<()> {
         self.check_begin(ids, rows, seq)?;
         let need: usize =
@@ -213,11 +247,13 @@ impl PagedKvCache {
         if need > self.free.len() {
             candle_core::bail!("PagedKvCache: the step needs {need} more pages, {} are free", self.free.len());
         }
+        let mut taken = Vec::with_capacity(ids.len());
         for (&id, &r) in ids.iter().zip(rows) {
             let grow = self.pages_needed(id, r)?;
-            let taken = self.free.split_off(self.free.len() - grow);
+            let new = self.free.split_off(self.free.len() - grow);
             let s = self.seqs[id].as_mut().expect("checked live");
-            s.pages.extend(taken.into_iter().rev());
+            s.pages.extend(new.into_iter().rev());
+            taken.push(grow);
         }
         let lens: Vec<usize> = ids.iter().map(|&id| self.seqs[id].as_ref().map_or(0, |s| s.len)).collect();
         let longest = lens.iter().zip(rows).map(|(l, r)| l + r).max().unwrap_or(0);
@@ -225,6 +261,7 @@ impl PagedKvCache {
         let w = cache.table_width;
         let mut tables = vec![0i32; ids.len() * w];
         for (n, &id) in ids.iter().enumerate() {
+            // a sequence holds exactly the pages its positions after the step need (≤ w)
             let pages = &self.seqs[id].as_ref().expect("checked live").pages;
             tables[n * w..n * w + pages.len()].copy_from_slice(pages);
         }
@@ -241,16 +278,25 @@ impl PagedKvCache {
         let index = Tensor::from_vec(all, n, self.layers[0].device())?;
         let (ids, rows) = (ids.to_vec(), rows.to_vec());
         let host = std::sync::Arc::new(StepIndex { tables, held, after, rows: rows32, positions });
-        self.step = Some(Step { ids, rows, seq, cache, host, index, at });
+        let appended = std::sync::Mutex::new(vec![false; self.layers.len()]);
+        self.step = Some(Step { ids, rows, seq, cache, host, index, at, taken, appended });
         Ok(())
     }
 
     /// Ends the step begun: each sequence of the batch now holds its appended rows.
     ///
     /// # Errors
-    /// No step begun.
+    /// No step begun; a layer whose rows were not appended (named; the step stays begun).
     pub fn commit(&mut self) -> Result<()> {
-        let Some(step) = self.step.take() else { candle_core::bail!("PagedKvCache: commit without a step begun") };
+        let Some(step) = self.step.as_ref() else { candle_core::bail!("PagedKvCache: commit without a step begun") };
+        let missing: Vec<usize> =
+            step.appended_layers().iter().enumerate().filter(|(_, &a)| !a).map(|(l, _)| l).collect();
+        if !missing.is_empty() {
+            candle_core::bail!(
+                "PagedKvCache: commit before layers {missing:?} appended the step's rows (append them, or cancel the step)"
+            );
+        }
+        let step = self.step.take().expect("checked above");
         for (&id, &r) in step.ids.iter().zip(&step.rows) {
             if let Some(s) = self.seqs[id].as_mut() {
                 s.len += r;
@@ -260,10 +306,16 @@ impl PagedKvCache {
     }
 
     /// Drops the step begun, if any, without advancing any length (after an operation of the
-    /// step failed): the pages it took stay with their sequences, and the rows it wrote lie
-    /// past the lengths, where the next step overwrites them.
+    /// step failed): the pages it took go back to the pool, and the rows it wrote lie past the
+    /// lengths, where the next step overwrites them.
     pub fn cancel(&mut self) {
-        self.step = None;
+        let Some(step) = self.step.take() else { return };
+        for (&id, &grow) in step.ids.iter().zip(&step.taken) {
+            if let Some(s) = self.seqs[id].as_mut() {
+                let back = s.pages.split_off(s.pages.len() - grow);
+                self.free.extend(back.into_iter().rev());
+            }
+        }
     }
 
     /// The step begun, for the operations.
@@ -282,7 +334,19 @@ impl PagedKvCache {
     /// Pages sequence `id` must take to hold `rows` more positions.
     fn pages_needed(&self, id: usize, rows: usize) -> Result<usize> {
         let s = self.seq(id)?;
-        Ok((s.len + rows).div_ceil(self.geometry.page_size).saturating_sub(s.pages.len()))
+        let end = s.len.checked_add(rows).filter(|&e| e <= self.capacity()).ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "PagedKvCache: sequence {id} holds {} positions; {rows} more pass the pool's {} positions",
+                s.len,
+                self.capacity()
+            ))
+        })?;
+        Ok(end.div_ceil(self.geometry.page_size).saturating_sub(s.pages.len()))
+    }
+
+    /// Positions the whole pool holds: `pages·page_size`.
+    fn capacity(&self) -> usize {
+        self.geometry.pages.saturating_mul(self.geometry.page_size)
     }
 
     /// [`PagedKvCache::begin`]'s rules on its arguments.
@@ -295,6 +359,12 @@ impl PagedKvCache {
                 "PagedKvCache: a step needs one row count per sequence and seq ≥ 1, got {} ids, {} counts, seq {seq}",
                 ids.len(),
                 rows.len()
+            );
+        }
+        if seq > self.capacity() {
+            candle_core::bail!(
+                "PagedKvCache: sources of {seq} rows per sequence pass the pool's {} positions",
+                self.capacity()
             );
         }
         for (n, (&id, &r)) in ids.iter().zip(rows).enumerate() {

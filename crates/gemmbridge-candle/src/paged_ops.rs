@@ -47,11 +47,10 @@ impl PagedKvCache {
         let op = PagedAppend::prefill(step.cache, step.seq).with_ld(ld);
         let host = HostIndex { tables: &step.host.tables, lens: &step.host.held, new_lens: Some(&step.host.rows) };
         op.check_index(&host).map_err(wrap)?;
-        self.containers(l)?.inplace_op3(
-            &k,
-            &v,
-            &AppendOp { op, host: step.host.clone(), index: step.index.clone(), at: step.at },
-        )
+        let append = AppendOp { op, host: step.host.clone(), index: step.index.clone(), at: step.at };
+        self.containers(l)?.inplace_op3(&k, &v, &append)?;
+        step.mark_appended(l);
+        Ok(())
     }
 
     /// Decode attention for layer `l` over the step's sequences: `q[b, h_q, d]` (one query row
@@ -64,8 +63,9 @@ impl PagedKvCache {
     /// and values first: the step's own position is read.
     ///
     /// # Errors
-    /// candle's `Error::Msg` before anything runs: no step begun, a layer past the cache's, q
-    /// of another shape, dtype or device, a scale not finite and positive; gemmbridge's errors,
+    /// candle's `Error::Msg` before anything runs: no step begun, a layer past the cache's or
+    /// one that has not appended the step's rows, a sequence holding no position, q of another
+    /// shape, dtype or device, a scale not finite and positive; gemmbridge's errors,
     /// wrapped (`h_q` not a multiple of `h_kv`, no cuDNN engine).
     pub fn attend(&self, l: usize, q: &Tensor, scale: Option<f32>) -> Result<Tensor> {
         let step = self.step("attend")?;
@@ -85,6 +85,12 @@ impl PagedKvCache {
                 candle_core::bail!("PagedKvCache::attend: scale = {s:?} is not finite and positive");
             }
             op = op.with_scale(s);
+        }
+        if !step.appended_layers().get(l).copied().unwrap_or(false) {
+            candle_core::bail!("PagedKvCache::attend: layer {l} has not appended the step's rows (append first)");
+        }
+        if let Some(n) = step.host.after.iter().position(|&a| a < 1) {
+            candle_core::bail!("PagedKvCache::attend: sequence {} holds no position after the step", step.ids[n]);
         }
         op.validate().map_err(wrap)?;
         op.check_index(&step.host.tables, &step.host.after).map_err(wrap)?;
@@ -119,13 +125,14 @@ impl PagedKvCache {
             );
         }
         let max_pos = cos.dims().first().copied().unwrap_or(0);
-        for t in [cos, sin] {
+        for (name, t) in [("cos", cos), ("sin", sin)] {
             if t.dims() != [max_pos, d / 2] || t.dtype() != candle_core::DType::F32 || !t.is_contiguous() {
                 candle_core::bail!(
-                    "PagedKvCache::rope_qkv: tables must be [max_pos, {}] f32 contiguous, got {:?} {:?}",
-                    d / 2,
+                    "PagedKvCache::rope_qkv: {name} is {:?} {:?} (contiguous: {}); both tables must be [max_pos, {}] f32 contiguous, max_pos = {max_pos} from cos",
                     t.dims(),
-                    t.dtype()
+                    t.dtype(),
+                    t.is_contiguous(),
+                    d / 2
                 );
             }
         }

@@ -213,6 +213,11 @@ fn cpu_conv2d_bad_input_is_named() -> Result<()> {
     }
     let e = refused(&t(&[2, 4, 0, 8])?, &w, None, p);
     assert!(e.contains("x [2, 4, 0, 8] has an empty image"), "{e}");
+    // paddings whose output overflows or could never be allocated
+    for pad in [usize::MAX, usize::MAX / 2 + 1, 1 << 40] {
+        let e = refused(&x, &w, None, Conv2dParams::new(pad, 1, 1, 2));
+        assert!(e.starts_with("conv2d: the output [2, 6, ") && e.contains("is too large"), "padding {pad}: {e}");
+    }
     let ints = x.to_dtype(DType::U32)?;
     let e = refused(&ints, &w.to_dtype(DType::U32)?, None, p);
     assert!(e.contains("must share one float dtype"), "{e}");

@@ -32,7 +32,7 @@ pub fn generate(
 ) -> Result<Vec<Vec<u32>>> {
     let limit = model.cfg.max_position_embeddings;
     for (i, p) in prompts.iter().enumerate() {
-        if p.is_empty() || p.len() + steps > limit + 1 {
+        if p.is_empty() || p.len().checked_add(steps).is_none_or(|end| end > limit + 1) {
             candle_core::bail!(
                 "llama: prompt {i} has {} tokens; with {steps} more it must fit {limit} positions",
                 p.len()
