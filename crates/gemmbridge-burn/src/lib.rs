@@ -30,16 +30,24 @@
 //!   flag in device memory, and gemmbridge's stream releases the caller's through another);
 //!   or with host waits before and after the GEMM ([`GemmOrdering::HostWait`]). See README.md for
 //!   the cost of each and the upstream hook that would make both unnecessary.
+//! - [`rms_norm`], [`swiglu`] and [`rope`] ([`LayerOps`]; modules [`GemmRmsNorm`],
+//!   [`GemmSwiGluMlp`]): cuDNN's norm graph and gemmbridge's layer kernels, forward and
+//!   backward, ordered as the GEMMs are; burn's own ops elsewhere.
 
 mod autodiff;
 mod cube;
 mod fusion;
+mod layer_ops;
 pub mod layout;
 mod linear;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 mod order;
 
+pub use layer_ops::{
+    layer_counts, rms_norm, rope, swiglu, GemmRmsNorm, GemmRmsNormConfig, GemmRmsNormRecord, GemmSwiGluMlp,
+    GemmSwiGluMlpConfig, GemmSwiGluMlpRecord, LayerOps, RopeDirection, RopeStyle,
+};
 pub use linear::{GemmLinear, GemmLinearConfig, GemmLinearRecord};
 pub use order::GemmOrdering;
 #[doc(hidden)]

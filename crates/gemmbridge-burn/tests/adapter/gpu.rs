@@ -354,12 +354,13 @@ fn view_case<B: GemmOps, const D: usize>(
 }
 
 /// Views the row-collapse rule must handle (a sliced, unsqueezed x; a one-element bias; a
-/// rank-1 x) give the float64 result on the GPU, whichever path serves them: gemmbridge's
-/// within f32's band (1e-5), burn's own within tf32's ([`BURN_F32_BAND`]), and a call the
-/// adapter hands to burn (the one-element bias) within burn's. Both errors are printed, so a
-/// failure names the side that is off. K = 69 keeps x's rows off 16 bytes (as K = 5 did) and,
-/// with N = 36 outputs, makes ‖err‖/‖ref‖ a steady measure: with 4 outputs of a 5-term sum, a
-/// tf32 product's error varies past 1e-3.
+/// rank-1 x) give the float64 result on the GPU, whichever path serves them: where gemmbridge
+/// serves, within f32's band (1e-5); a call the adapter hands to burn (the one-element bias)
+/// within burn's own f32 precision, tf32's ([`BURN_F32_BAND`]). The rank-1 x is one row of a
+/// contiguous matrix: gemmbridge must serve it. burn's own `module::linear` on the same inputs
+/// is printed beside, not asserted: it is not what this test checks, and its tf32 error on a
+/// single row of 36 outputs varies past 1e-3 from seed to seed. K = 69 keeps x's rows off 16
+/// bytes (as K = 5 did).
 fn view_cases<B: GemmOps>() {
     let dev = B::Device::default();
     let mut rng = seeded();
@@ -388,7 +389,8 @@ fn view_cases<B: GemmOps>() {
     results.push(("rank-1 x", view_case("rank-1 x", x, w, b, want)));
     for (what, (e, burn_e, served)) in results {
         let ours_band = if served { band(FloatDType::F32) } else { BURN_F32_BAND };
-        assert!(burn_e <= BURN_F32_BAND, "{what}: burn's own f32 linear vs f64 {burn_e:e} > {BURN_F32_BAND:e} (tf32)");
+        eprintln!("{what}: burn's own f32 linear vs f64 {burn_e:e} (information: burn's tf32)");
+        assert!(served || what != "rank-1 x", "{what}: gemmbridge did not serve a contiguous row");
         assert!(e <= ours_band, "{what}: gemmbridge-burn (served: {served}) vs f64 {e:e} > {ours_band:e}");
     }
 }

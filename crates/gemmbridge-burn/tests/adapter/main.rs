@@ -4,7 +4,9 @@
 //! - `linear`: `GemmLinear` and the autodiff rules on burn's NdArray backend (CPU, runs in CI);
 //! - `gpu`: forward, fused linear and gradients against float64 and burn's own ops (CUDA);
 //! - `gpu_ordering`: device ordering under stress, both orderings, the cross-thread fallback (CUDA);
-//! - `gpu_switch`: the A/B switch (CUDA).
+//! - `gpu_switch`: the A/B switch (CUDA);
+//! - `layer_cpu`: `rms_norm`, `swiglu`, `rope` and their modules on NdArray (CPU, runs in CI);
+//! - `gpu_layer`: the same through gemmbridge against float64 and burn's own ops (CUDA).
 //!
 //! The CUDA tests are `#[ignore]`d; `cargo test -p gemmbridge-burn --test adapter --
 //! --include-ignored` runs them all, and a module path filters, e.g. `-- --include-ignored
@@ -15,8 +17,10 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use gemmbridge_burn::{set_ordering, GemmOrdering};
 
 mod gpu;
+mod gpu_layer;
 mod gpu_ordering;
 mod gpu_switch;
+mod layer_cpu;
 mod linear;
 
 /// The adapter's switch, its ordering and its call counts are process-wide. A GPU test that
