@@ -33,7 +33,10 @@
 //! - [`rms_norm`], [`swiglu`] and [`rope`] ([`LayerOps`]; modules [`GemmRmsNorm`],
 //!   [`GemmSwiGluMlp`]): cuDNN's norm graph and gemmbridge's layer kernels, forward and
 //!   backward, ordered as the GEMMs are; burn's own ops elsewhere.
+//! - [`attention`] ([`AttentionOps`], [`AttnMask`]; module [`GemmAttention`]): cuDNN's fused flash
+//!   attention (f16/bf16; causal, padding, grouped heads), forward and backward; burn's elsewhere.
 
+mod attention;
 mod autodiff;
 mod cube;
 mod fusion;
@@ -44,6 +47,10 @@ mod linear;
 mod ndarray;
 mod order;
 
+pub use attention::{
+    attention, attention_counts, attention_with_scale, AttentionOps, AttnMask, AttnResiduals, GemmAttention,
+    GemmAttentionConfig, GemmAttentionRecord, MhaConversionError,
+};
 pub use layer_ops::{
     layer_counts, rms_norm, rope, swiglu, GemmRmsNorm, GemmRmsNormConfig, GemmRmsNormRecord, GemmSwiGluMlp,
     GemmSwiGluMlpConfig, GemmSwiGluMlpRecord, LayerOps, RopeDirection, RopeStyle,

@@ -16,6 +16,7 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use gemmbridge_burn::{set_ordering, GemmOrdering};
 
+mod attention;
 mod gpu;
 mod gpu_layer;
 mod gpu_ordering;
