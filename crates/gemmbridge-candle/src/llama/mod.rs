@@ -1,26 +1,43 @@
 //! A LLaMA-family decoder (LLaMA 2 and 3, Mistral-style grouped-query attention) built from
 //! the adapter's operations: [`Llama`] reads a Hugging Face checkpoint (`config.json` and
 //! `*.safetensors`, the weight names candle-transformers' `llama` uses) through candle's
-//! `VarBuilder`, and runs a prompt's prefill and greedy decoding on a per-sequence key/value
-//! cache ([`Cache`]); [`generate`] does so for a batch of prompts of different lengths.
+//! `VarBuilder`.
+//!
+//! Two ways to run it:
+//! - **Batched, on a paged cache** (f16 and bf16): [`Llama::prefill`] runs a batch of prompts of
+//!   different lengths at once into a [`crate::PagedKvCache`] ([`Llama::paged_cache`]), and
+//!   [`Llama::decode`] one new token of every sequence per step, attention reading each
+//!   sequence's keys and values through its pages (cuDNN's paged attention on CUDA).
+//!   [`generate`] decodes a batch greedily this way.
+//! - **One sequence, contiguous cache** (any dtype, f32 included): [`Llama::forward`] on a
+//!   [`Cache`] that grows by concatenation; [`generate`] uses it for f32 models.
 //!
 //! Each layer: RMSNorm ([`crate::rms_norm`]), one fused QKV projection ([`crate::linear`] on
-//! q, k and v's weights concatenated at load), RoPE on q and k ([`crate::rope`], the tables
-//! computed as candle-transformers computes them), attention ([`crate::sdpa`]: causal over the
-//! prompt, the new token over the whole cache when decoding), the output projection and the
-//! residual, RMSNorm, one fused gate/up projection, SwiGLU ([`crate::swiglu`]) and the down
-//! projection with its residual; the final RMSNorm and the LM head on the last token. The
-//! logits are f32.
+//! q, k and v's weights concatenated at load), RoPE on q and k (the tables computed as
+//! candle-transformers computes them; [`crate::PagedKvCache::rope_qkv`] at each sequence's
+//! position on the paged path, [`crate::rope`] on the other), attention (causal
+//! [`crate::sdpa`] over a prompt, decode attention over the cache), the output projection and
+//! the residual, RMSNorm, one fused gate/up projection, SwiGLU ([`crate::swiglu`]) and the down
+//! projection with its residual; the final RMSNorm and the LM head on each sequence's last
+//! token. The logits are f32.
 //!
-//! ```no_run
+//! ```
 //! use candle_core::{DType, Device};
-//! use gemmbridge_candle::llama::{generate, Llama, LlamaConfig};
-//! let dir = std::path::Path::new("TinyLlama-1.1B-Chat-v1.0");
-//! let dev = Device::Cpu;
-//! let cfg = LlamaConfig::from_file(&dir.join("config.json"))?;
-//! let model = Llama::from_folder(dir, &cfg, DType::F32, &dev)?;
-//! let outs = generate(&model, &[vec![1, 450, 4996], vec![1, 3681]], 16, |_| {})?;
-//! assert_eq!(outs[0].len(), 16);
+//! use gemmbridge_candle::llama::{Llama, LlamaConfig};
+//! let cfg: LlamaConfig = serde_json::from_str(
+//!     r#"{"hidden_size": 64, "intermediate_size": 128, "vocab_size": 100, "num_hidden_layers": 2,
+//!        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+//!        "max_position_embeddings": 64}"#,
+//! ).unwrap();
+//! let dev = Device::Cpu; // or Device::new_cuda(0)? with the `cuda` feature
+//! // zeros stand in for a checkpoint here: `Llama::from_folder(dir, &cfg, dtype, &dev)` reads one
+//! let model = Llama::load(candle_nn::VarBuilder::zeros(DType::BF16, &dev), &cfg)?;
+//! let mut cache = model.paged_cache(2 * 64)?; // room for 128 positions
+//! let (a, b) = (cache.add_sequence(), cache.add_sequence());
+//! let logits = model.prefill(&[&[1, 5, 7], &[2, 9]], &[a, b], &mut cache)?; // [2, 100]
+//! let next: Vec<u32> = logits.argmax(candle_core::D::Minus1)?.to_vec1()?;
+//! let logits = model.decode(&next, &[a, b], &mut cache)?; // one more token each
+//! assert_eq!((logits.dims(), cache.len(a)?, cache.len(b)?), (&[2, 100][..], 4, 3));
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
