@@ -2,7 +2,7 @@
 //! the steps that write and read it ([`crate::paged_ops`] holds the operations).
 
 use candle_core::{DType, Device, Result, Tensor};
-use gemmbridge::paged::{PagedCache, MAX_PAGE_SIZE, MIN_PAGE_SIZE};
+use gemmbridge::paged::{HostIndex, PagedAppend, PagedCache, MAX_PAGE_SIZE, MIN_PAGE_SIZE};
 
 /// A paged key/value cache for a decoder of `layers` layers, in gemmbridge's paged layout
 /// (`gemmbridge::paged`): per layer one candle tensor `[2, pages, h_kv, page_size, d]`, the keys'
@@ -98,6 +98,8 @@ pub(crate) struct Step {
     taken: Vec<usize>,
     /// Which layers' rows were appended.
     appended: std::sync::Mutex<Vec<bool>>,
+    /// The largest position of the step's rows (RoPE's tables must reach past it).
+    pub(crate) max_position: i32,
 }
 
 impl Step {
@@ -273,13 +275,25 @@ impl PagedKvCache {
             .flat_map(|(&h, &r)| (0..seq).map(move |i| if i < r { h + i as i32 } else { 0 }))
             .collect();
         let rows32: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+        // the index is the step's for every layer: checked here once, not at each call (the
+        // device launches read it as checked). Our own bookkeeping makes it valid; a failure
+        // would be a defect here, and the step's pages go back.
+        let append = PagedAppend::prefill(cache, seq);
+        let checked = cache
+            .validate()
+            .and_then(|()| append.check_index(&HostIndex { tables: &tables, lens: &held, new_lens: Some(&rows32) }));
+        if let Err(e) = checked {
+            self.give_back(ids, &taken);
+            return Err(crate::cpu::wrap(e));
+        }
+        let max_position = positions.iter().copied().max().unwrap_or(0);
         let (all, at) = Step::pack([&tables, &held, &after, &rows32, &positions]);
         let n = all.len();
         let index = Tensor::from_vec(all, n, self.layers[0].device())?;
         let (ids, rows) = (ids.to_vec(), rows.to_vec());
         let host = std::sync::Arc::new(StepIndex { tables, held, after, rows: rows32, positions });
         let appended = std::sync::Mutex::new(vec![false; self.layers.len()]);
-        self.step = Some(Step { ids, rows, seq, cache, host, index, at, taken, appended });
+        self.step = Some(Step { ids, rows, seq, cache, host, index, at, taken, appended, max_position });
         Ok(())
     }
 
@@ -310,7 +324,12 @@ impl PagedKvCache {
     /// lengths, where the next step overwrites them.
     pub fn cancel(&mut self) {
         let Some(step) = self.step.take() else { return };
-        for (&id, &grow) in step.ids.iter().zip(&step.taken) {
+        self.give_back(&step.ids, &step.taken);
+    }
+
+    /// Returns to the pool the last `taken[n]` pages of each sequence `ids[n]`.
+    fn give_back(&mut self, ids: &[usize], taken: &[usize]) {
+        for (&id, &grow) in ids.iter().zip(taken) {
             if let Some(s) = self.seqs[id].as_mut() {
                 let back = s.pages.split_off(s.pages.len() - grow);
                 self.free.extend(back.into_iter().rev());

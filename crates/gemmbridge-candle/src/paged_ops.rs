@@ -44,9 +44,9 @@ impl PagedKvCache {
             _ => (k_new.contiguous()?, v_new.contiguous()?),
         };
         let ld = row_stride(k.layout(), step).unwrap_or(hkv * d);
+        // the step's index was checked when it began (`PagedAppend::check_index`)
         let op = PagedAppend::prefill(step.cache, step.seq).with_ld(ld);
-        let host = HostIndex { tables: &step.host.tables, lens: &step.host.held, new_lens: Some(&step.host.rows) };
-        op.check_index(&host).map_err(wrap)?;
+        op.validate().map_err(wrap)?;
         let append = AppendOp { op, host: step.host.clone(), index: step.index.clone(), at: step.at };
         self.containers(l)?.inplace_op3(&k, &v, &append)?;
         step.mark_appended(l);
@@ -93,7 +93,8 @@ impl PagedKvCache {
             candle_core::bail!("PagedKvCache::attend: sequence {} holds no position after the step", step.ids[n]);
         }
         op.validate().map_err(wrap)?;
-        op.check_index(&step.host.tables, &step.host.after).map_err(wrap)?;
+        // the tables were checked when the step began; the lengths after it are ≥ 1 (above) and
+        // within the tables' capacity (the step's width holds its longest sequence)
         let q = q.contiguous()?;
         q.apply_op3_no_bwd(c, &step.index, &AttendOp { op, host: step.host.clone(), at: step.at })
     }
@@ -138,7 +139,12 @@ impl PagedKvCache {
         }
         let op = Rope::new(step.ids.len(), step.seq, (heads_q, hkv), d).with_tables(max_pos);
         op.check_call(true).map_err(wrap)?;
-        op.check_positions(&step.host.positions).map_err(wrap)?;
+        if step.max_position as usize >= max_pos {
+            candle_core::bail!(
+                "PagedKvCache::rope_qkv: the step reaches position {}, past the tables' {max_pos} rows",
+                step.max_position
+            );
+        }
         let rope = RopeQkvOp { op, host: step.host.clone(), index: step.index.clone(), at: step.at };
         qkv.inplace_op3(cos, sin, &rope)
     }
