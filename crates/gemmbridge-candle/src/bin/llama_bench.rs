@@ -12,7 +12,9 @@
 //!   `tflops` from 2·(parameters past the embedding)·tokens.
 //! - `llama_decode`: every sequence holding `context − 1` positions (filled by untimed
 //!   prefills: the adapter's in groups of [`PREFILL_TOKENS`], candle-transformers' in chunks
-//!   whose f32 scores stay under 4 GB), then greedy steps of one token per sequence, each step's
+//!   whose f32 scores stay under 4 GB — its cache grows by concatenation, so filling a long
+//!   context for a large batch copies the cache once per chunk: minutes at 64 × 4096), then
+//!   greedy steps of one token per sequence, each step's
 //!   argmax read to the host (as a generation loop does); m = b, n = context; `tbps` from the
 //!   bytes a step must read (the weights past the embedding and every sequence's keys and
 //!   values).
