@@ -22,7 +22,7 @@ use candle_core::{CpuStorage, CustomOp3, Device, Layout, Result, Shape, Storage,
 use gemmbridge::attention::{Attention, AttnTensor, HeadLayout};
 use gemmbridge::Element;
 
-use crate::cpu::{self, by_dtype, wrap};
+use crate::cpu::{self, by_dtype, keep, wrap};
 
 /// `dq`, `dk`, `dv` as candle's `CustomOp3::bwd` returns them.
 pub(crate) type Grads = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
@@ -42,12 +42,6 @@ pub(crate) fn cpu_forward<T: Element>(
         keep(slot, Tensor::from_vec(lse, (p.b, p.h_q, p.s_q), &Device::Cpu)?);
     }
     Ok(o)
-}
-
-/// Keeps the forward's statistics for the backward (the forward of one operation runs once).
-pub(crate) fn keep(slot: &OnceLock<Tensor>, stats: Tensor) {
-    // a slot already set cannot happen: candle runs an operation's forward once
-    let _ = slot.set(stats);
 }
 
 /// `dq`, `dk`, `dv` of the attention `fwd` (the forward's problem) at `q`, `k`, `v` (the

@@ -26,7 +26,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use gemmbridge::attention::Attention;
 
 use crate::attention_bwd::{cpu_backward, cpu_forward, dense_aligned, grads_shape, split_grads, Grads};
-use crate::attention_varlen::{Causal, Packing};
+use crate::attention_varlen_batch::{Causal, Packing};
 use crate::cpu::by_dtype;
 
 /// The padded problem and the lengths the engine is given.

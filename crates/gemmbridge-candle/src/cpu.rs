@@ -2,7 +2,9 @@
 //! storage, read in place at the planned offsets and strides (the same description the CUDA
 //! path hands to cuBLASLt and cuDNN).
 
-use candle_core::Result;
+use std::sync::OnceLock;
+
+use candle_core::{Result, Tensor};
 use gemmbridge::cpu::DwSlice;
 use gemmbridge::{Element, Epilogue};
 
@@ -117,6 +119,13 @@ pub(crate) fn attention<T: Element>(
     let mut lse = stats.then(|| vec![f32::NAN; p.stats_elems()]);
     gemmbridge::cpu::attention_forward(p, qkv, &mut o, lse.as_deref_mut(), lens).map_err(wrap)?;
     Ok((o, lse))
+}
+
+/// Keeps an attention forward's statistics in `slot` for the backward, on the CPU path and the
+/// CUDA path alike (the forward of one operation runs once).
+pub(crate) fn keep(slot: &OnceLock<Tensor>, stats: Tensor) {
+    // a slot already set cannot happen: candle runs an operation's forward once
+    let _ = slot.set(stats);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,8 +6,7 @@ use gemmbridge::layer_ops::{Positions, RopeTables};
 use gemmbridge::Element;
 
 use crate::cpu::wrap;
-use crate::rope::RopePlan;
-use crate::swiglu::GluPlan;
+use crate::layer_plan::{GluPlan, RopePlan};
 
 /// A buffer of `n` elements, NaN until written: an element the call leaves unwritten shows.
 fn poisoned<T: Element>(n: usize) -> Vec<T> {

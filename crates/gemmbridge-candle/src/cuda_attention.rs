@@ -15,8 +15,7 @@ use gemmbridge::attention::{Attention, AttnTensor};
 use gemmbridge::cuda::{AttnSaved, SeqLens};
 use gemmbridge::Element;
 
-use crate::attention_bwd::keep;
-use crate::cpu::wrap;
+use crate::cpu::{keep, wrap};
 use crate::cuda::{engine, output};
 
 /// The forward for the problem `p` on q, k, v (their slices and start offsets, in `p`'s

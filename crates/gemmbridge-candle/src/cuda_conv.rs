@@ -9,7 +9,7 @@ use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, 
 use gemmbridge::conv::{Conv2d, ConvActivation};
 use gemmbridge::{Element, Precision};
 
-use crate::conv::ConvAct;
+use crate::conv_params::ConvAct;
 use crate::cpu::wrap;
 use crate::cuda::{by_dtype, engine, output};
 use crate::Served;

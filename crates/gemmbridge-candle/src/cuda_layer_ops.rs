@@ -13,8 +13,7 @@ use gemmbridge::Element;
 
 use crate::cpu::wrap;
 use crate::cuda::{engine, output};
-use crate::rope::RopePlan;
-use crate::swiglu::GluPlan;
+use crate::layer_plan::{GluPlan, RopePlan};
 
 /// `n` elements of `dtype` (f32, f16 or bf16) on `dev`'s stream as candle storage
 /// ([`output`]: NaN first where poisoning is on).

@@ -51,8 +51,10 @@
 mod attention;
 mod attention_bwd;
 mod attention_varlen;
+mod attention_varlen_batch;
 mod attention_varlen_op;
 mod conv;
+mod conv_params;
 mod cpu;
 mod cpu_layer_ops;
 #[cfg(feature = "cuda")]
@@ -72,6 +74,7 @@ mod cuda_paged;
 mod fp8_linear;
 mod grouped;
 mod kv_cache;
+mod layer_plan;
 mod linear;
 pub mod llama;
 mod matmul;
@@ -84,8 +87,10 @@ mod swiglu;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use attention::{sdpa, sdpa_candle, sdpa_served};
-pub use attention_varlen::{sdpa_varlen, sdpa_varlen_candle, sdpa_varlen_served, Causal, CuSeqlens};
-pub use conv::{conv2d, conv2d_candle, conv2d_served, Conv2dParams, ConvAct};
+pub use attention_varlen::{sdpa_varlen, sdpa_varlen_candle, sdpa_varlen_served};
+pub use attention_varlen_batch::{Causal, CuSeqlens};
+pub use conv::{conv2d, conv2d_candle, conv2d_served};
+pub use conv_params::{Conv2dParams, ConvAct};
 pub use fp8_linear::{fp8_linear, fp8_linear_candle, fp8_linear_served, Fp8Scaling, Fp8Weight};
 pub use gemmbridge::layer_ops::RopeStyle;
 pub use grouped::{grouped_matmul, grouped_matmul_candle, grouped_matmul_served};

@@ -217,7 +217,7 @@ impl InplaceOp3 for AppendOp {
         v: &candle_core::CudaStorage,
         vl: &Layout,
     ) -> Result<()> {
-        crate::cuda_paged::append(self, (dst, dl), [(k, kl), (v, vl)])
+        crate::cuda_paged::append(&self.op, (&self.index, self.at), (dst, dl), [(k, kl), (v, vl)])
     }
 }
 
@@ -271,7 +271,7 @@ impl CustomOp3 for AttendOp {
         idx: &candle_core::CudaStorage,
         il: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda_paged::attend(self, (q, ql), (c, cl), (idx, il))
+        crate::cuda_paged::attend(&self.op, self.at, (q, ql), (c, cl), (idx, il))
     }
 }
 
@@ -359,6 +359,6 @@ impl InplaceOp3 for RopeQkvOp {
         s: &candle_core::CudaStorage,
         sl: &Layout,
     ) -> Result<()> {
-        crate::cuda_paged::rope_qkv(self, (dst, dl), [(c, cl), (s, sl)])
+        crate::cuda_paged::rope_qkv(&self.op, (&self.index, self.at), (dst, dl), [(c, cl), (s, sl)])
     }
 }

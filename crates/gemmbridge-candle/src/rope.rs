@@ -15,9 +15,10 @@
 //! problem.
 
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
-use gemmbridge::layer_ops::{Rope, RopeDirection, RopeStyle};
+use gemmbridge::layer_ops::{RopeDirection, RopeStyle};
 
 use crate::cpu::by_dtype;
+use crate::layer_plan::RopePlan;
 use crate::{cpu_layer_ops, device_served, plan, Served};
 
 /// candle-nn's `rotary_emb::rope`: RoPE with rotate-half pairs `(x[i], x[i + d/2])` (LLaMA,
@@ -187,95 +188,6 @@ impl Geometry {
         } else {
             Ok(rows)
         }
-    }
-}
-
-/// `x[b, h, t, d]` rotated through a scratch fused QKV buffer (the module documentation): the
-/// one description the CPU and the CUDA path execute.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RopePlan {
-    /// The scratch's problem: `m = ⌈b·h/2⌉` groups of `t` tokens, one query and one key head of
-    /// `d` (rows `3·d` apart), angles from `[t, d/2]` tables, token `p` at position `p`.
-    pub problem: Rope,
-    /// Forward, or the backward's opposite angles.
-    pub direction: RopeDirection,
-    /// Sequences of x, `b·h`.
-    pub seqs: usize,
-    /// Storage offset of x's first element.
-    pub x_start: usize,
-    /// Elements from one of x's rows of `d` to the next (its `b`, `h`, `t` merged).
-    pub x_rs: usize,
-    /// Storage offsets of the cosine and sine tables.
-    pub table_starts: [usize; 2],
-}
-
-/// A run of consecutive rows of x (and of the output) copied into one head of consecutive
-/// scratch rows.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Block {
-    /// Rows of `d` elements.
-    pub rows: usize,
-    /// The first row's index among x's rows (= the output's dense rows).
-    pub row: usize,
-    /// The scratch element of the first row's head; rows `3·d` apart.
-    pub slot: usize,
-    /// Whether the rows are copied back out (not for the duplicated key head of an odd `b·h`).
-    pub copy_out: bool,
-}
-
-impl RopePlan {
-    /// The plan for x and the f32 tables `[t, d/2]` (contiguous), or `None` (x's rows do not
-    /// merge into one stride over contiguous rows; a size gemmbridge's rules or candle's 32-bit
-    /// CUDA copy kernels refuse; an empty x).
-    pub(crate) fn new(
-        x: &Layout,
-        tables: [&Layout; 2],
-        style: RopeStyle,
-        direction: RopeDirection,
-    ) -> Option<RopePlan> {
-        let &[b, h, t, d] = x.dims() else { return None };
-        let (st, seqs) = (x.stride(), b * h);
-        let rows = seqs * t;
-        if rows == 0 || d == 0 || st[3] != 1 {
-            return None;
-        }
-        let x_rs = match plan::merged_stride(&x.dims()[..3], &st[..3])? {
-            0 if rows > 1 => return None,
-            0 => d,
-            s => s,
-        };
-        if x_rs < d || tables.iter().any(|l| l.dims() != [t, d / 2] || !l.is_contiguous()) {
-            return None;
-        }
-        let problem = Rope::new(seqs.div_ceil(2), t, (1, 1), d).with_style(style).with_tables(t);
-        problem.validate().ok()?;
-        let x_extent = (rows - 1).checked_mul(x_rs)?.checked_add(d)?;
-        if x_extent > u32::MAX as usize || problem.qkv_elems() > u32::MAX as usize {
-            return None;
-        }
-        let table_starts = [tables[0].start_offset(), tables[1].start_offset()];
-        Some(RopePlan { problem, direction, seqs, x_start: x.start_offset(), x_rs, table_starts })
-    }
-
-    /// Elements of the output, `b·h·t·d`.
-    pub(crate) fn out_elems(&self) -> usize {
-        self.seqs * self.problem.seq * self.problem.head_dim
-    }
-
-    /// The copies between x (or the output) and the scratch: sequences `0..m` into the query
-    /// heads, `m..b·h` into the key heads, and for an odd `b·h` the last group's query rows
-    /// again into its key head (not copied out).
-    pub(crate) fn blocks(&self) -> Vec<Block> {
-        let p = &self.problem;
-        let (m, t, d) = (p.batch, p.seq, p.head_dim);
-        let mut blocks = vec![Block { rows: m * t, row: 0, slot: 0, copy_out: true }];
-        if self.seqs > m {
-            blocks.push(Block { rows: (self.seqs - m) * t, row: m * t, slot: d, copy_out: true });
-        }
-        if self.seqs < 2 * m {
-            blocks.push(Block { rows: t, row: (m - 1) * t, slot: (m - 1) * t * p.ld + d, copy_out: false });
-        }
-        blocks
     }
 }
 

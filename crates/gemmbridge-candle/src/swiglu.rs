@@ -1,9 +1,9 @@
 //! SwiGLU on a fused gate/up projection, with the backward.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor, D};
-use gemmbridge::layer_ops::{GluLayout, SwiGlu};
 
 use crate::cpu::by_dtype;
+use crate::layer_plan::GluPlan;
 use crate::{cpu_layer_ops, device_served, plan, Served};
 
 /// SwiGLU over a fused gate/up projection: `gu[.., 2·f]` (a LLaMA MLP's gate and up weights
@@ -28,12 +28,12 @@ pub fn swiglu(gu: &Tensor) -> Result<Tensor> {
 ///
 /// Served for f32, f16 and bf16 on the CPU (gemmbridge's CPU backend) and on CUDA
 /// (gemmbridge's layer kernels, `cuda` feature) as one `SwiGlu` problem
-/// ([`GluLayout::Halves`]) over gu's rows: in place where gu's leading dimensions merge into
-/// one row stride with a contiguous last dimension (a contiguous gu, rows narrowed from wider
-/// ones: [`Served::Gemmbridge`]), after copying gu contiguous otherwise ([`Served::AfterCopy`]:
-/// a transposed batch, a strided last dimension). With padded rows the backward's `dgu` is a
-/// view of a buffer padded the same way. Other dtypes (f64), an empty gu, other devices and
-/// [`crate::set_enabled`]`(false)` run [`swiglu_candle`] ([`Served::Candle`]).
+/// ([`gemmbridge::layer_ops::GluLayout::Halves`]) over gu's rows: in place where gu's leading
+/// dimensions merge into one row stride with a contiguous last dimension (a contiguous gu, rows
+/// narrowed from wider ones: [`Served::Gemmbridge`]), after copying gu contiguous otherwise
+/// ([`Served::AfterCopy`]: a transposed batch, a strided last dimension). With padded rows the
+/// backward's `dgu` is a view of a buffer padded the same way. Other dtypes (f64), an empty gu,
+/// other devices and [`crate::set_enabled`]`(false)` run [`swiglu_candle`] ([`Served::Candle`]).
 ///
 /// # Errors
 /// Before anything runs, candle's `Error::Msg` starting `swiglu:`: gu of rank 0 or with an odd
@@ -76,42 +76,6 @@ fn half_width(gu: &Tensor) -> Result<usize> {
     match gu.dims().last() {
         Some(&n) if n % 2 == 0 => Ok(n / 2),
         _ => candle_core::bail!("swiglu: gu must be [.., 2·f] with an even last dimension, not {:?}", gu.dims()),
-    }
-}
-
-/// SwiGLU over the rows of `gu[.., 2·f]` (its leading dimensions merged into one row stride),
-/// `y` dense `[rows, f]`: the one description the CPU and the CUDA path execute.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct GluPlan {
-    /// The problem (gu's rows `ld_in` apart, `y` and `dy` dense; `dgu` as gu).
-    pub problem: SwiGlu,
-    /// Storage offset of gu.
-    pub start: usize,
-}
-
-impl GluPlan {
-    /// gu's rows as the problem's rows, or `None` (a dtype gemmbridge does not take, an empty
-    /// gu, a strided last dimension, leading dimensions that do not merge into one stride).
-    pub(crate) fn new(gu: &Layout, dtype: DType) -> Option<GluPlan> {
-        plan::element(dtype)?;
-        let (dims, st) = (gu.dims(), gu.stride());
-        let r = dims.len();
-        let n = *dims.last()?;
-        let rows: usize = dims[..r - 1].iter().product();
-        if n < 2 || rows == 0 || st[r - 1] != 1 {
-            return None;
-        }
-        let ld = match plan::merged_stride(&dims[..r - 1], &st[..r - 1])? {
-            0 if rows > 1 => return None,
-            0 => n,
-            s => s,
-        };
-        if ld < n {
-            return None;
-        }
-        let problem = SwiGlu::new(rows, n / 2, GluLayout::Halves).with_ld(ld, n / 2);
-        problem.validate().ok()?;
-        Some(GluPlan { problem, start: gu.start_offset() })
     }
 }
 

@@ -54,7 +54,7 @@ use candle_core::Result;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
-use crate::rows::{Bench, Side, FAMILIES};
+use crate::rows::{Bench, Side};
 use crate::timing::{check_gap_ms, Sampling};
 
 #[derive(Parser)]
@@ -109,6 +109,25 @@ pub struct BenchArgs {
     #[arg(long)]
     out: Option<PathBuf>,
 }
+
+/// A family of rows: its op name for `--ops`, and the function that measures its rows.
+struct Family {
+    op: &'static str,
+    run: fn(&mut Bench, &BenchArgs) -> Result<()>,
+}
+
+/// Every family, in the order they run.
+const FAMILIES: [Family; 9] = [
+    Family { op: "linear", run: linear::plain },
+    Family { op: "linear_bias_gelu", run: linear::bias_gelu },
+    Family { op: "sdpa", run: attention::forward },
+    Family { op: "sdpa_bwd", run: attention::forward_backward },
+    Family { op: "rms_norm", run: layer_ops::rms_norm },
+    Family { op: "rope", run: layer_ops::rope },
+    Family { op: "swiglu", run: layer_ops::swiglu },
+    Family { op: "fp8_linear", run: fp8_conv::fp8_linear },
+    Family { op: "conv2d", run: fp8_conv::conv2d },
+];
 
 fn main() -> Result<()> {
     let Command::Bench(a) = Cli::parse().command;

@@ -1,10 +1,10 @@
 //! The rows and how one is measured: [`Bench::row`] times one side of a [`Case`] and writes
-//! its row in `gemmbridge bench`'s fields; [`FAMILIES`] lists the families of rows `--ops`
-//! picks from.
+//! its row in `gemmbridge bench`'s fields. The families of rows that `--ops` picks from call it
+//! ([`crate::FAMILIES`] lists them).
 //!
 //! A new family is a function `fn(&mut Bench, &BenchArgs) -> Result<()>` that makes its inputs
 //! and calls [`Bench::row`] once per shape with the adapter's call and candle's, plus one entry
-//! in [`FAMILIES`].
+//! in [`crate::FAMILIES`].
 
 use std::io::Write;
 use std::sync::Arc;
@@ -15,26 +15,6 @@ use gemmbridge_candle::Served;
 use serde::Serialize;
 
 use crate::timing::{time_gpu, Sampling, Timing};
-use crate::{attention, fp8_conv, layer_ops, linear, BenchArgs};
-
-/// A family of rows: its op name for `--ops`, and the function that measures its rows.
-pub struct Family {
-    pub op: &'static str,
-    pub run: fn(&mut Bench, &BenchArgs) -> Result<()>,
-}
-
-/// Every family, in the order they run.
-pub const FAMILIES: [Family; 9] = [
-    Family { op: "linear", run: linear::plain },
-    Family { op: "linear_bias_gelu", run: linear::bias_gelu },
-    Family { op: "sdpa", run: attention::forward },
-    Family { op: "sdpa_bwd", run: attention::forward_backward },
-    Family { op: "rms_norm", run: layer_ops::rms_norm },
-    Family { op: "rope", run: layer_ops::rope },
-    Family { op: "swiglu", run: layer_ops::swiglu },
-    Family { op: "fp8_linear", run: fp8_conv::fp8_linear },
-    Family { op: "conv2d", run: fp8_conv::conv2d },
-];
 
 /// Which side this process times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
