@@ -35,11 +35,18 @@
 //!   backward, ordered as the GEMMs are; burn's own ops elsewhere.
 //! - [`attention`] ([`AttentionOps`], [`AttnMask`]; module [`GemmAttention`]): cuDNN's fused flash
 //!   attention (f16/bf16; causal, padding, grouped heads), forward and backward; burn's elsewhere.
+//! - [`grouped_matmul`] ([`GroupedOps`]): a mixture-of-experts layer's product over rows sorted
+//!   by expert through gemmbridge's grouped GEMM, forward and both backward products; burn's
+//!   own ops elsewhere ([`grouped_matmul_burn`]).
+//! - [`conv2d`] ([`ConvOps`]; module [`GemmConv2d`]): cuDNN's convolutions with a fused bias and
+//!   ReLU, forward and backward (data, filter; bias by burn's sum); burn's own `conv2d` elsewhere.
 
 mod attention;
 mod autodiff;
+mod conv;
 mod cube;
 mod fusion;
+mod grouped;
 mod layer_ops;
 pub mod layout;
 mod linear;
@@ -51,6 +58,8 @@ pub use attention::{
     attention, attention_counts, attention_with_scale, AttentionOps, AttnMask, AttnResiduals, GemmAttention,
     GemmAttentionConfig, GemmAttentionRecord, MhaConversionError,
 };
+pub use conv::{conv2d, conv_counts, ConvActivation, ConvOps, GemmConv2d, GemmConv2dConfig, GemmConv2dRecord};
+pub use grouped::{grouped_counts, grouped_matmul, grouped_matmul_burn, GroupedOps};
 pub use layer_ops::{
     layer_counts, rms_norm, rope, swiglu, GemmRmsNorm, GemmRmsNormConfig, GemmRmsNormRecord, GemmSwiGluMlp,
     GemmSwiGluMlpConfig, GemmSwiGluMlpRecord, LayerOps, RopeDirection, RopeStyle,

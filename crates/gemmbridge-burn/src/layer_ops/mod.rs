@@ -17,7 +17,7 @@ mod fusion;
 mod modules;
 #[cfg(feature = "ndarray")]
 mod ndarray;
-mod run;
+pub(crate) mod run;
 
 pub use gemmbridge::layer_ops::{RopeDirection, RopeStyle};
 pub use modules::{

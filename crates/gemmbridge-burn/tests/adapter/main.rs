@@ -6,7 +6,11 @@
 //! - `gpu_ordering`: device ordering under stress, both orderings, the cross-thread fallback (CUDA);
 //! - `gpu_switch`: the A/B switch (CUDA);
 //! - `layer_cpu`: `rms_norm`, `swiglu`, `rope` and their modules on NdArray (CPU, runs in CI);
-//! - `gpu_layer`: the same through gemmbridge against float64 and burn's own ops (CUDA).
+//! - `gpu_layer`: the same through gemmbridge against float64 and burn's own ops (CUDA);
+//! - `conv_cpu` / `gpu_conv`: `conv2d` and `GemmConv2d` on NdArray (CPU, runs in CI) / through
+//!   gemmbridge's cuDNN convolutions against float64 and burn's own conv2d (CUDA);
+//! - `grouped_cpu` / `gpu_grouped`: `grouped_matmul` on NdArray (CPU, runs in CI) / through
+//!   gemmbridge's grouped GEMM against float64 and the fallback (CUDA).
 //!
 //! The CUDA tests are `#[ignore]`d; `cargo test -p gemmbridge-burn --test adapter --
 //! --include-ignored` runs them all, and a module path filters, e.g. `-- --include-ignored
@@ -17,10 +21,14 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use gemmbridge_burn::{set_ordering, GemmOrdering};
 
 mod attention;
+mod conv_cpu;
 mod gpu;
+mod gpu_conv;
+mod gpu_grouped;
 mod gpu_layer;
 mod gpu_ordering;
 mod gpu_switch;
+mod grouped_cpu;
 mod layer_cpu;
 mod linear;
 
