@@ -172,10 +172,11 @@ impl<B: Backend> GemmSwiGluMlp<B> {
             (gb, ub) => {
                 let device = gw.device();
                 let or_zeros = |b: Option<Tensor<B, 1>>| b.unwrap_or_else(|| Tensor::zeros([f], &device));
-                Some(Param::from_tensor(cat(or_zeros(gb), or_zeros(ub), 0)))
+                Some(Param::from_tensor(cat(or_zeros(gb), or_zeros(ub), 0).detach()))
             }
         };
-        let gate_up = GemmLinear { weight: Param::from_tensor(cat(gw, uw, 1)), bias };
+        // detached: a parameter is a leaf (under `Autodiff` the concatenation is not one)
+        let gate_up = GemmLinear { weight: Param::from_tensor(cat(gw, uw, 1).detach()), bias };
         GemmSwiGluMlp { gate_up, down: down.into() }
     }
 
@@ -186,9 +187,9 @@ impl<B: Backend> GemmSwiGluMlp<B> {
     pub fn into_burn(self) -> (SwiGlu<B>, Linear<B>) {
         let w = self.gate_up.weight.val();
         let f = w.dims()[1] / 2;
-        let half = |t: Tensor<B, 2>, i: usize| Param::from_tensor(t.narrow(1, i * f, f));
+        let half = |t: Tensor<B, 2>, i: usize| Param::from_tensor(t.narrow(1, i * f, f).detach());
         let bias = self.gate_up.bias.map(|b| b.val());
-        let half_bias = |i: usize| bias.clone().map(|b| Param::from_tensor(b.narrow(0, i * f, f)));
+        let half_bias = |i: usize| bias.clone().map(|b| Param::from_tensor(b.narrow(0, i * f, f).detach()));
         let inner = Linear { weight: half(w.clone(), 0), bias: half_bias(0) };
         let outer = Linear { weight: half(w, 1), bias: half_bias(1) };
         (SwiGlu { linear_inner: inner, linear_outer: outer }, self.down.into())

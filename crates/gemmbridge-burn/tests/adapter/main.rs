@@ -10,7 +10,9 @@
 //! - `conv_cpu` / `gpu_conv`: `conv2d` and `GemmConv2d` on NdArray (CPU, runs in CI) / through
 //!   gemmbridge's cuDNN convolutions against float64 and burn's own conv2d (CUDA);
 //! - `grouped_cpu` / `gpu_grouped`: `grouped_matmul` on NdArray (CPU, runs in CI) / through
-//!   gemmbridge's grouped GEMM against float64 and the fallback (CUDA).
+//!   gemmbridge's grouped GEMM against float64 and the fallback (CUDA);
+//! - `train_check`: the `train_llama` example's model trained with burn's modules and with
+//!   gemmbridge-burn's, loss curves compared (NdArray, runs in CI; bf16 on CUDA).
 //!
 //! The CUDA tests are `#[ignore]`d; `cargo test -p gemmbridge-burn --test adapter --
 //! --include-ignored` runs them all, and a module path filters, e.g. `-- --include-ignored
@@ -31,6 +33,7 @@ mod gpu_switch;
 mod grouped_cpu;
 mod layer_cpu;
 mod linear;
+mod train_check;
 
 /// The adapter's switch, its ordering and its call counts are process-wide. A GPU test that
 /// changes them, or counts calls exactly, holds this lock for writing and so runs alone; every
