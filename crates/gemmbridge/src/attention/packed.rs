@@ -32,11 +32,12 @@ pub fn check_packed(p: &Attention, offsets: [usize; 3]) -> Result<()> {
             return bad("packed q, k, v do not share one row stride (with batch strides whole rows)");
         }
         let start = offsets[i] % row;
-        let width = (h - 1).saturating_mul(l.head).saturating_add(p.d);
-        if (h > 1 && l.head < p.d) || start.saturating_add(width) > row {
+        // checked, not saturating: a row stride of usize::MAX would let a saturated end pass
+        let end = (h - 1).checked_mul(l.head).and_then(|w| w.checked_add(p.d)).and_then(|w| w.checked_add(start));
+        let Some(end) = end.filter(|&e| e <= row && (h == 1 || l.head >= p.d)) else {
             return bad("a packed view's heads do not fit in one band of its row");
-        }
-        bands[i] = (start, start + width);
+        };
+        bands[i] = (start, end);
     }
     for i in 0..3 {
         for j in i + 1..3 {
@@ -85,5 +86,21 @@ mod tests {
         let mut p = packed();
         p.layouts[1].batch = 5 * 64 + 8;
         assert_eq!(what(&p, [0, 32, 48]), "packed q, k, v do not share one row stride (with batch strides whole rows)");
+    }
+
+    /// A band whose end passes `usize::MAX` is refused, not an overflow: d ≈ usize::MAX / 3 in
+    /// a packed layout, whose row stride saturates at usize::MAX.
+    #[test]
+    fn a_band_past_usize_is_refused() {
+        let d = 6_148_914_691_236_517_206;
+        let mut p = Attention::new(1, (1, 1), (0, 1), d, DType::F32);
+        p.layouts = [HeadLayout { batch: d, head: d, seq: d }; 4];
+        p.layouts[..3].copy_from_slice(&[HeadLayout::packed_qkv(1, 1, d); 3]);
+        let offsets = [0, 1, 2].map(|i| HeadLayout::packed_qkv_offset(i, 1, d));
+        let e = check_packed(&p, offsets).unwrap_err();
+        assert!(
+            matches!(e, Error::AttentionShape { what: "a packed view's heads do not fit in one band of its row", .. }),
+            "{e}"
+        );
     }
 }

@@ -207,8 +207,10 @@ pub(crate) fn check_dims(rows: usize, cols: usize) -> crate::error::Result<()> {
 }
 
 /// `x` rounded up to a multiple of `m`.
+/// `x` rounded up to a multiple of `m`, saturating at `usize::MAX` (for sizes `check_dims`
+/// refuses, so that a layout of them can be described without an overflow).
 pub(crate) fn round_up(x: usize, m: usize) -> usize {
-    x.div_ceil(m) * m
+    x.div_ceil(m).saturating_mul(m)
 }
 
 impl Fp8Layout {
@@ -221,7 +223,8 @@ impl Fp8Layout {
 
     /// Bytes of data: `rows_alloc · ld`.
     pub fn data_len(&self) -> usize {
-        self.rows_alloc * self.ld
+        // saturating, as the other sizes: a layout built by hand may hold any counts
+        self.rows_alloc.saturating_mul(self.ld)
     }
 
     /// Number of K blocks of 128.
@@ -243,8 +246,8 @@ impl Fp8Layout {
         match self.scaling {
             Scaling::Tensor => 1,
             Scaling::Row => self.rows_alloc,
-            Scaling::Block1x128 => self.rows_alloc * self.k_blocks(),
-            Scaling::Block128x128 => self.rows.div_ceil(128) * self.scale_ld(),
+            Scaling::Block1x128 => self.rows_alloc.saturating_mul(self.k_blocks()),
+            Scaling::Block128x128 => self.rows.div_ceil(128).saturating_mul(self.scale_ld()),
         }
     }
 
@@ -280,5 +283,17 @@ mod tests {
         assert_eq!(odd.scale_index(2, 129), 16 + 2);
         assert_eq!(Fp8Layout::new(7, 5, Scaling::Row).scale_len(), 16);
         assert_eq!(Fp8Layout::new(7, 5, Scaling::Tensor).scale_index(6, 4), 0);
+    }
+
+    /// Sizes past usize describe saturated layouts instead of overflowing, and a hand-built
+    /// layout with such counts is refused by `dequantize` (rows_alloc = usize::MAX with
+    /// 1×128 scales overflowed `scale_len`).
+    #[test]
+    fn huge_layouts_saturate() {
+        let l = Fp8Layout::new(usize::MAX, usize::MAX, Scaling::Block1x128);
+        assert_eq!((l.rows_alloc, l.ld, l.data_len(), l.scale_len()), (usize::MAX, usize::MAX, usize::MAX, usize::MAX));
+        let layout = Fp8Layout { rows: 1, rows_alloc: usize::MAX, cols: 1, ld: 1, scaling: Scaling::Block1x128 };
+        let q = Quantized { layout, format: Fp8Format::E4M3, data: Vec::new(), scales: Vec::new() };
+        assert!(dequantize(&q).is_err());
     }
 }

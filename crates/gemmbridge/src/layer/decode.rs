@@ -101,8 +101,10 @@ impl DecodeStep {
     /// Bytes of the layer's weights (the four projections and the two norms), read once per
     /// step.
     pub fn weight_bytes(&self) -> f64 {
-        let elems: usize = LayerWeight::ALL.iter().map(|&w| self.layer.weight_len(w)).sum();
-        elems as f64 * self.layer.dtype.size_bytes() as f64
+        // summed in f64: each length saturates at usize::MAX on a layer `validate` refuses, and
+        // their sum in usize would overflow
+        let elems: f64 = LayerWeight::ALL.iter().map(|&w| self.layer.weight_len(w) as f64).sum();
+        elems * self.layer.dtype.size_bytes() as f64
     }
 
     /// Bytes of the keys and values attention reads when the sequences hold `lens` positions

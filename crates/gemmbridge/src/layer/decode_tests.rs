@@ -124,3 +124,12 @@ fn the_bytes_are_the_weights_and_the_held_keys_and_values() {
     assert_eq!(st.bytes(&[4096; 64]), st.weight_bytes() + st.kv_bytes(&[4096; 64]));
     assert!((st.bytes(&[4096; 64]) / 1e9 - 1.51).abs() < 0.01, "{}", st.bytes(&[4096; 64]));
 }
+
+/// The weights' byte count of a layer whose weights pass usize is a number, not an overflow.
+#[test]
+fn weight_bytes_of_a_huge_layer_do_not_overflow() {
+    let layer = DecoderLayer::new(usize::MAX, (1, 1), 8, 1, DType::BF16);
+    let step = DecodeStep::new(layer, PagedCache::new(1, 16, (1, 8), DType::BF16, (1, 1)));
+    assert!(step.validate().is_err());
+    assert!(step.weight_bytes().is_finite() && step.weight_bytes() > 1e19);
+}

@@ -88,7 +88,8 @@ impl DecoderLayer {
         match p {
             Proj::Qkv => (self.qkv_width(), self.d_model),
             Proj::O => (self.d_model, self.q_width()),
-            Proj::GateUp => (2 * self.ffn, self.d_model),
+            // saturating, as the size helpers of `DecoderLayer` are: `gemms` then refuses it
+            Proj::GateUp => (self.ffn.saturating_mul(2), self.d_model),
             Proj::Down => (self.d_model, self.ffn),
         }
     }

@@ -234,3 +234,13 @@ fn the_problems_of_a_step() {
     let e = LayerOptions { fp8_forward: Some(Scaling::Block1x128) }.validate().unwrap_err();
     assert!(matches!(e, Error::Fp8 { .. }), "{e}");
 }
+
+/// A gate/up width past usize (ffn > usize::MAX / 2) saturates in the shape, and the GEMMs are
+/// refused by name instead of overflowing.
+#[test]
+fn proj_shape_of_a_huge_ffn_saturates() {
+    let l = DecoderLayer::new(1, (1, 1), 2, usize::MAX, DType::BF16);
+    assert_eq!(l.proj_shape(Proj::GateUp), (usize::MAX, 1));
+    let e = l.gemms(Tokens { b: 1, s: 1 }, l.precision()).unwrap_err();
+    assert!(matches!(e, Error::DimensionTooLarge { .. }), "{e}");
+}

@@ -219,7 +219,9 @@ impl Rope {
     /// and k once each way, `2·b·s·(h_q + h_kv)·r·elem` (the tables' and positions' reads not
     /// counted).
     pub fn bytes_moved(&self, elem: usize) -> f64 {
-        2.0 * self.tokens() as f64 * (self.heads_q + self.heads_kv) as f64 * self.rotary_dim as f64 * elem as f64
+        // the head count in f64: h_q + h_kv may pass usize on a problem `validate` refuses
+        let heads = self.heads_q as f64 + self.heads_kv as f64;
+        2.0 * self.tokens() as f64 * heads * self.rotary_dim as f64 * elem as f64
     }
 
     /// A short description: `b2 s129 h32/8 d128 r64 rotate_half θ500000 ld6144`.

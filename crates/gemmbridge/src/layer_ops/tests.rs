@@ -239,3 +239,12 @@ fn f32_angles_stay_within_the_half_precision_band_at_long_contexts() {
     eprintln!("f32 angles at positions near 2^17: rel error {err:e} against exact angles");
     assert!(err < 1e-2, "{err:e}");
 }
+
+/// The byte count of a problem with more heads than usize holds is a number, not an overflow.
+#[test]
+fn rope_bytes_moved_does_not_overflow_on_huge_head_counts() {
+    let r = Rope::new(1, 1, (usize::MAX, 1), 2);
+    assert!(r.validate().is_err());
+    let bytes = r.bytes_moved(2);
+    assert!(bytes.is_finite() && bytes > 1e19, "{bytes}");
+}
