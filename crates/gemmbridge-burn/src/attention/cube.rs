@@ -20,14 +20,17 @@ use gemmbridge::cudarc::driver::DevicePtrMut;
 use gemmbridge::half::{bf16, f16};
 use gemmbridge::Element;
 
-use super::launch::{ordered, Addr};
 use super::{composed, AttentionOps, AttnMask, AttnResiduals};
+use crate::layer_ops::run::{run, Raw};
 use crate::layout::Fallback;
 
 type Cuda = CubeTensor<CudaRuntime>;
 
 /// Lengths `[len_q, len_kv]` (one per sequence) for the engine's padding mask, on the host.
 type HostLens = Option<[Vec<i32>; 2]>;
+
+/// One buffer as the launch is given it: its address and its length in bytes.
+type Buf = (u64, usize);
 
 /// The strides gemmbridge reads for a `[b, h, s, d]` tensor with burn's `shape` and `strides`
 /// (elements), or `None` where it cannot: the head dimension contiguous, the other strides
@@ -139,7 +142,7 @@ fn device_lens(like: &Cuda, lens: &HostLens) -> Option<[Cuda; 2]> {
 }
 
 /// The call's buffers, and the lengths' buffers where the problem has them (the last two).
-fn split_lens<'a>(a: &'a [Addr], p: &Attention) -> (&'a [Addr], Option<[Addr; 2]>) {
+fn split_lens<'a>(a: &'a [Buf], p: &Attention) -> (&'a [Buf], Option<[Buf; 2]>) {
     match (p.var_len, a.len()) {
         (true, n @ 2..) => (&a[..n - 2], Some([a[n - 2], a[n - 1]])),
         _ => (a, None),
@@ -147,8 +150,8 @@ fn split_lens<'a>(a: &'a [Addr], p: &Attention) -> (&'a [Addr], Option<[Addr; 2]
 }
 
 /// Runs `call` with the engine's lengths argument for the lengths' buffers `lens`.
-fn with_lens<R>(gpu: &Gpu, lens: Option<[Addr; 2]>, call: impl FnOnce(Option<SeqLens>) -> R) -> R {
-    let raw = lens.map(|l| l.map(|a| a.raw::<i32>(gpu)));
+fn with_lens<R>(gpu: &Gpu, lens: Option<[Buf; 2]>, call: impl FnOnce(Option<SeqLens>) -> R) -> R {
+    let raw = lens.map(|l| l.map(|a| Raw::<i32>::new(gpu, a)));
     // SAFETY: the lengths were checked at the entry ([`super::attention`]: every key length in
     // 1..=s_kv) and the query lengths are s_q; no mask here is bottom-right with lengths; the
     // buffers hold them, written on the caller's stream before this call's forward edge.
@@ -156,24 +159,22 @@ fn with_lens<R>(gpu: &Gpu, lens: Option<[Addr; 2]>, call: impl FnOnce(Option<Seq
 }
 
 /// Enqueues the forward on buffers `[q, k, v, o, (lse), (len_q, len_kv)]`.
-fn launch_forward<T: Element>(gpu: &Gpu, p: &Attention, a: &[Addr]) -> Result<(), Fallback> {
+fn launch_forward<T: Element>(gpu: &Gpu, p: &Attention, a: &[Buf]) -> gemmbridge::Result<()> {
     let (a, lens) = split_lens(a, p);
-    let (q, k, v, mut o) = (a[0].raw::<T>(gpu), a[1].raw::<T>(gpu), a[2].raw::<T>(gpu), a[3].raw::<T>(gpu));
-    let mut lse = a.get(4).map(|s| s.raw::<f32>(gpu));
+    let [q, k, v, mut o] = [0, 1, 2, 3].map(|i| Raw::<T>::new(gpu, a[i]));
+    let mut lse = a.get(4).map(|&s| Raw::<f32>::new(gpu, s));
     let stats = lse.as_mut().map(|s| s as &mut dyn DevicePtrMut<f32>);
     with_lens(gpu, lens, |l| gpu.attention_forward(p, [&q, &k, &v], &mut o, stats, l))
-        .map_err(|e| Fallback::Problem(e.to_string()))
 }
 
 /// Enqueues the backward on buffers `[q, k, v, o, do, lse, dq, dk, dv, (len_q, len_kv)]`.
-fn launch_backward<T: Element>(gpu: &Gpu, p: &Attention, a: &[Addr]) -> Result<(), Fallback> {
+fn launch_backward<T: Element>(gpu: &Gpu, p: &Attention, a: &[Buf]) -> gemmbridge::Result<()> {
     let (a, lens) = split_lens(a, p);
-    let [q, k, v, o, d_o] = [0, 1, 2, 3, 4].map(|i| a[i].raw::<T>(gpu));
-    let lse = a[5].raw::<f32>(gpu);
-    let [mut dq, mut dk, mut dv] = [6, 7, 8].map(|i| a[i].raw::<T>(gpu));
+    let [q, k, v, o, d_o] = [0, 1, 2, 3, 4].map(|i| Raw::<T>::new(gpu, a[i]));
+    let lse = Raw::<f32>::new(gpu, a[5]);
+    let [mut dq, mut dk, mut dv] = [6, 7, 8].map(|i| Raw::<T>::new(gpu, a[i]));
     let saved = AttnSaved { q: &q, k: &k, v: &v, o: &o, d_o: &d_o, stats: &lse };
     with_lens(gpu, lens, |l| gpu.attention_backward(p, saved, &mut dq, &mut dk, &mut dv, l))
-        .map_err(|e| Fallback::Problem(e.to_string()))
 }
 
 /// Checks what every call needs before anything is queued: one dtype that cuDNN takes, and
@@ -207,11 +208,14 @@ fn try_forward(
     let p = p.with_layout(AttnTensor::O, lo);
     let lens = device_lens(&q, &lens);
     let tensors: Vec<&Cuda> = [&q, &k, &v, &o].into_iter().chain(lse.as_ref()).chain(lens.iter().flatten()).collect();
-    let launch = |gpu: &Gpu, a: &[Addr]| match q.dtype {
-        DType::F16 => launch_forward::<f16>(gpu, &p, a),
-        _ => launch_forward::<bf16>(gpu, &p, a),
-    };
-    ordered(&tensors, &launch)?;
+    let dtype = q.dtype;
+    run(
+        &tensors,
+        Box::new(move |gpu: &Gpu, a: &[Buf]| match dtype {
+            DType::F16 => launch_forward::<f16>(gpu, &p, a),
+            _ => launch_forward::<bf16>(gpu, &p, a),
+        }),
+    )?;
     Ok((o, lse))
 }
 
@@ -233,11 +237,14 @@ fn try_backward(saved: [&Cuda; 6], mask: &AttnMask, scale: f32) -> Result<[Cuda;
     }
     let lens = device_lens(q, &lens);
     let tensors: Vec<&Cuda> = ins.iter().chain(&grads).chain(lens.iter().flatten()).collect();
-    let launch = |gpu: &Gpu, a: &[Addr]| match q.dtype {
-        DType::F16 => launch_backward::<f16>(gpu, &p, a),
-        _ => launch_backward::<bf16>(gpu, &p, a),
-    };
-    ordered(&tensors, &launch)?;
+    let dtype = q.dtype;
+    run(
+        &tensors,
+        Box::new(move |gpu: &Gpu, a: &[Buf]| match dtype {
+            DType::F16 => launch_backward::<f16>(gpu, &p, a),
+            _ => launch_backward::<bf16>(gpu, &p, a),
+        }),
+    )?;
     Ok(grads)
 }
 

@@ -9,7 +9,6 @@ mod autodiff;
 mod composed;
 mod cube;
 mod fusion;
-mod launch;
 mod module;
 #[cfg(feature = "ndarray")]
 mod ndarray;

@@ -9,12 +9,11 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use gemmbridge::cuda::{Gpu, RawBuffer};
-use gemmbridge::cudarc::driver::sys;
 use gemmbridge::grouped::{GroupedOp, GroupedProblem};
 use gemmbridge::Precision;
 
-use super::launch::{ordered, Cuda};
 use super::{burn_ops, served, GroupedOps};
+use crate::layer_ops::run::{run, Cuda};
 use crate::layout::Fallback;
 
 /// The tensor as a CUDA tensor when the runtime `R` is `CudaRuntime`.
@@ -79,16 +78,17 @@ fn try_grouped(op: GroupedOp, a: &Cuda, b: &Cuda, sizes: &[usize]) -> Result<Cud
         Shape::from(out_shape),
         a.dtype,
     );
-    let launch = |gpu: &Gpu, stream: sys::CUstream, bufs: &[RawBuffer]| {
-        let &[ba, bb, bc] = bufs else { return Err(Fallback::Problem("three buffers expected".into())) };
+    let launch = move |gpu: &Gpu, bufs: &[(u64, usize)]| {
+        // one buffer per tensor given to `run`, in their order: a, b, out
+        let [ba, bb, bc] = [0, 1, 2].map(|i| RawBuffer { address: bufs[i].0, len_bytes: bufs[i].1 });
         // SAFETY: the buffers are live cubecl allocations of the primary context (which
-        // gemmbridge's Gpu shares), held by the bindings of the caller and by the tensors;
-        // `stream` is gemmbridge's; the ordering with cubecl's stream is `ordered`'s; the
-        // engine checks every length against the problem and the output apart from the inputs.
-        let r = unsafe { gpu.grouped_gemm_raw(&p, [ba, bb, bc], None, stream) };
-        r.map_err(|e| Fallback::Problem(e.to_string()))
+        // gemmbridge's Gpu shares), held by `run`'s bindings and by the tensors; the call goes
+        // on gemmbridge's stream (the engine joins its pool back there); the ordering with
+        // cubecl's stream is `run`'s; the engine checks every length against the problem and
+        // the output apart from the inputs.
+        unsafe { gpu.grouped_gemm_raw(&p, [ba, bb, bc], None, gpu.stream().cu_stream()) }
     };
-    ordered(&[&a, &b, &out], &launch)?;
+    run(&[&a, &b, &out], Box::new(launch))?;
     Ok(out)
 }
 

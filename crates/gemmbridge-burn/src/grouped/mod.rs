@@ -5,7 +5,7 @@
 //!
 //! The structure is the layer operations': the trait [`GroupedOps`] has one method per
 //! product, each defaulting to burn's ops (`burn_ops.rs`), so NdArray implements it with an
-//! empty body; `cube.rs` serves the CUDA `CubeBackend` (`launch.rs` orders the call with the
+//! empty body; `cube.rs` serves the CUDA `CubeBackend` (the layer operations' `run` orders the call with the
 //! caller's cubecl stream, as the adapter's GEMMs are), `fusion.rs` records the calls as
 //! custom operations of burn's fusion stream, and `autodiff.rs` makes a call one autodiff node
 //! whose backward is the other two products.
@@ -14,7 +14,6 @@ mod autodiff;
 mod burn_ops;
 mod cube;
 mod fusion;
-mod launch;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 

@@ -1,6 +1,7 @@
-//! Running one gemmbridge layer operation on burn's CUDA buffers: the buffers by address (as
-//! the GEMMs are, `cube.rs`), ordered with the caller's cubecl stream by the ordering
-//! [`crate::set_ordering`] chose (`order.rs`), and the served / fell-back counts of
+//! Running one gemmbridge call on burn's CUDA buffers — the layer operations', and attention's,
+//! the convolutions' and the grouped products' launches too: the buffers by address (as the
+//! GEMMs are, `cube.rs`), ordered with the caller's cubecl stream by the ordering
+//! [`crate::set_ordering`] chose (`order.rs`); and the served / fell-back counts of
 //! [`crate::layer_counts`].
 
 use std::marker::PhantomData;
