@@ -6,21 +6,16 @@
 //!
 //! Inputs come from a seeded `StdRng`, never from NdArray's process-wide generator.
 
+use crate::cpu_common::{rng, uniform, values};
 use burn::backend::{Autodiff, NdArray};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 use gemmbridge_burn::{grouped_matmul, grouped_matmul_burn};
-use rand::{Rng, SeedableRng};
 
 type Cpu = NdArray<f32>;
 type Ad = Autodiff<Cpu>;
 
 /// f32 arithmetic against float64: ‖got − want‖ / ‖want‖ at most this.
 const F32_BAND: f64 = 1e-5;
-
-fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
-    t.into_data().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
-}
 
 /// ‖got − want‖ / ‖want‖ (infinite for a non-finite `got`; 0 when both are all zeros).
 fn rel(got: &[f64], want: &[f64]) -> f64 {
@@ -39,17 +34,6 @@ fn rel(got: &[f64], want: &[f64]) -> f64 {
 fn assert_band(what: &str, got: &[f64], want: &[f64]) {
     let e = rel(got, want);
     assert!(e <= F32_BAND, "{what}: ‖err‖/‖ref‖ = {e:e} > {F32_BAND:e}");
-}
-
-/// A tensor of `shape` with values uniform in `[-1, 1)` from `rng`, and the values.
-fn uniform<B: Backend, const D: usize>(rng: &mut rand::rngs::StdRng, shape: [usize; D]) -> (Tensor<B, D>, Vec<f64>) {
-    let v: Vec<f32> = (0..shape.iter().product()).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let wide = v.iter().map(|&e| f64::from(e)).collect();
-    (Tensor::from_data(TensorData::new(v, shape), &Default::default()), wide)
-}
-
-fn rng(seed: u64) -> rand::rngs::StdRng {
-    rand::rngs::StdRng::seed_from_u64(seed)
 }
 
 /// float64 `[y, dx, dw]` of the grouped matmul for the loss `Σ y ⊙ g`: `y[r] = x[r]·w[e]ᵀ`,

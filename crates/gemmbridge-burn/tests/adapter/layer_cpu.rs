@@ -7,53 +7,19 @@
 //! Inputs come from a seeded `StdRng`, never from NdArray's process-wide generator (the
 //! `linear` tests seed that one and compare draws).
 
+use crate::cpu_common::{assert_band, rng, uniform, values, F32_BAND};
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{Initializer, Module, Param};
 use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig, SwiGlu, SwiGluConfig};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::activation::silu;
-use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use gemmbridge_burn::{
     rms_norm, rope, swiglu, GemmRmsNorm, GemmRmsNormConfig, GemmSwiGluMlp, GemmSwiGluMlpConfig, RopeStyle,
 };
-use rand::{Rng, SeedableRng};
 
 type Cpu = NdArray<f32>;
 type Ad = Autodiff<Cpu>;
-
-/// f32 arithmetic against float64: ‖got − want‖ / ‖want‖ at most this.
-const F32_BAND: f64 = 1e-5;
-
-fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
-    t.into_data().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
-}
-
-/// ‖got − want‖ / ‖want‖ (infinite for a non-finite `got`).
-fn rel(got: &[f64], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths");
-    if got.iter().any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let d: f64 = got.iter().zip(want).map(|(g, w)| (g - w) * (g - w)).sum::<f64>().sqrt();
-    d / want.iter().map(|w| w * w).sum::<f64>().sqrt()
-}
-
-fn assert_band(what: &str, got: &[f64], want: &[f64], band: f64) {
-    let e = rel(got, want);
-    assert!(e <= band, "{what}: ‖err‖/‖ref‖ = {e:e} > {band:e}");
-}
-
-/// A tensor of `shape` with values uniform in `[-1, 1)` from `rng`, and the values.
-fn uniform<B: Backend, const D: usize>(rng: &mut rand::rngs::StdRng, shape: [usize; D]) -> (Tensor<B, D>, Vec<f64>) {
-    let v: Vec<f32> = (0..shape.iter().product()).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let wide = v.iter().map(|&e| f64::from(e)).collect();
-    (Tensor::from_data(TensorData::new(v, shape), &Default::default()), wide)
-}
-
-fn rng(seed: u64) -> rand::rngs::StdRng {
-    rand::rngs::StdRng::seed_from_u64(seed)
-}
 
 /// float64 RMSNorm over rows of `f`: `(y, dx, dw)` for the loss `Σ y ⊙ g`.
 fn rms_reference(x: &[f64], w: &[f64], g: &[f64], f: usize, eps: f64) -> [Vec<f64>; 3] {

@@ -24,6 +24,7 @@ use gemmbridge_burn::{set_ordering, GemmOrdering};
 
 mod attention;
 mod conv_cpu;
+mod cpu_common;
 mod gpu;
 mod gpu_conv;
 mod gpu_grouped;
