@@ -74,8 +74,10 @@ pub fn grouped_matmul_candle(x: &Tensor, w: &Tensor, sizes: &[usize]) -> Result<
     let mut r0 = 0;
     for (e, &m) in sizes.iter().enumerate() {
         if m > 0 {
-            let xe = x.narrow(0, r0, m)?.to_dtype(wide)?;
-            let we = w.narrow(0, e, 1)?.squeeze(0)?.to_dtype(wide)?;
+            // contiguous: candle's CUDA matmul refuses some strided views (a column-major x
+            // whose leading dimension exceeds its rows, say)
+            let xe = x.narrow(0, r0, m)?.to_dtype(wide)?.contiguous()?;
+            let we = w.narrow(0, e, 1)?.squeeze(0)?.to_dtype(wide)?.contiguous()?;
             parts.push(xe.matmul(&we.t()?)?);
         }
         r0 += m;
