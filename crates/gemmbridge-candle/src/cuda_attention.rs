@@ -34,11 +34,11 @@ pub(crate) fn forward<T: Element + DeviceRepr + CudaDType>(
     let (q, k, v) = (q.slice(starts[0]..), k.slice(starts[1]..), v.slice(starts[2]..));
     let mut o = output::<T>(dev, p.required_elems(AttnTensor::O))?;
     let Some(slot) = slot else {
-        gpu.attention_forward(p, [&q, &k, &v], &mut o, None, lens).map_err(wrap)?;
+        gpu.attention().forward(p, [&q, &k, &v], &mut o, None, lens).map_err(wrap)?;
         return Ok(o);
     };
     let mut lse = output::<f32>(dev, p.stats_elems())?;
-    gpu.attention_forward(p, [&q, &k, &v], &mut o, Some(&mut lse), lens).map_err(wrap)?;
+    gpu.attention().forward(p, [&q, &k, &v], &mut o, Some(&mut lse), lens).map_err(wrap)?;
     let stats = Storage::Cuda(CudaStorage::wrap_cuda_slice(lse, dev.clone()));
     keep(slot, Tensor::from_storage(stats, (p.b, p.h_q, p.s_q), BackpropOp::none(), false));
     Ok(o)
@@ -76,7 +76,7 @@ pub(crate) fn backward<T: Element + DeviceRepr + CudaDType>(
         let (mut dq, mut rest) = out.split_at_mut(nq);
         let (mut dk, mut dv) = rest.split_at_mut(nk);
         let saved = AttnSaved { q: &q, k: &k, v: &v, o: &o, d_o: &d_o, stats: &lse };
-        gpu.attention_backward(p, saved, &mut dq, &mut dk, &mut dv, lens).map_err(wrap)?;
+        gpu.attention().backward(p, saved, &mut dq, &mut dk, &mut dv, lens).map_err(wrap)?;
     }
     Ok(out)
 }

@@ -206,8 +206,8 @@ fn forward<T: Element + DeviceRepr>(
     let (x, w) = (x.slice(sx..), w.slice(sw..));
     let mut y = output::<T>(dev, p.lens()[2])?;
     match bias {
-        Some((b, sb, act)) => gpu.conv2d_fused(p, &x, &w, &b.slice(sb..), act, &mut y),
-        None => gpu.conv2d_forward(p, &x, &w, &mut y),
+        Some((b, sb, act)) => gpu.conv().fused(p, &x, &w, &b.slice(sb..), act, &mut y),
+        None => gpu.conv().forward(p, &x, &w, &mut y),
     }
     .map_err(wrap)?;
     Ok(y)
@@ -227,9 +227,9 @@ fn backward<T: Element + DeviceRepr>(
     let [lx, lw, _] = p.lens();
     let mut out = output::<T>(dev, if data { lx } else { lw })?;
     if data {
-        gpu.conv2d_backward_data(p, &a, &dy, &mut out)
+        gpu.conv().backward_data(p, &a, &dy, &mut out)
     } else {
-        gpu.conv2d_backward_filter(p, &a, &dy, &mut out)
+        gpu.conv().backward_filter(p, &a, &dy, &mut out)
     }
     .map_err(wrap)?;
     Ok(out)

@@ -1,5 +1,5 @@
-//! `fp8_linear`'s CUDA path: gemmbridge's quantisation kernels (`Gpu::quantize`) and FP8 GEMM
-//! (`Gpu::fp8_gemm`, cuBLASLt) on candle's buffers and stream, through the engine of
+//! `fp8_linear`'s CUDA path: gemmbridge's quantisation kernels (`GpuFp8::quantize`) and FP8 GEMM
+//! (`GpuFp8::gemm`, cuBLASLt) on candle's buffers and stream, through the engine of
 //! [`crate::cuda::engine`]. The quantised operands come from the stream-ordered pool and are
 //! freed in stream order after the GEMM; nothing waits for the host.
 
@@ -32,9 +32,9 @@ pub(crate) fn quantize_weight(w: &Tensor, scaling: Scaling) -> Result<Option<Fp8
     let range = layout.start_offset()..layout.start_offset() + n * k;
     let (src, fmt) = (Source::RowMajor, Fp8Format::E4M3);
     let q = match &cs.slice {
-        CudaStorageSlice::F32(s) => gpu.quantize(&s.slice(range), n, k, src, fmt, scaling),
-        CudaStorageSlice::F16(s) => gpu.quantize(&s.slice(range), n, k, src, fmt, scaling),
-        CudaStorageSlice::BF16(s) => gpu.quantize(&s.slice(range), n, k, src, fmt, scaling),
+        CudaStorageSlice::F32(s) => gpu.fp8().quantize(&s.slice(range), n, k, src, fmt, scaling),
+        CudaStorageSlice::F16(s) => gpu.fp8().quantize(&s.slice(range), n, k, src, fmt, scaling),
+        CudaStorageSlice::BF16(s) => gpu.fp8().quantize(&s.slice(range), n, k, src, fmt, scaling),
         _ => candle_core::bail!("Fp8Weight::quantize: the weight must be f32, f16 or bf16, not {:?}", w.dtype()),
     };
     q.map(Some).map_err(wrap)
@@ -53,10 +53,10 @@ pub(crate) fn forward<T: Element + DeviceRepr>(
     let (n, k) = (w.layout().rows, w.layout().cols);
     let gpu = engine(dev)?;
     let xv = x.slice(x_start..x_start + m * k);
-    let xq = gpu.quantize(&xv, m, k, Source::RowMajor, Fp8Format::E4M3, x_scaling).map_err(wrap)?;
+    let xq = gpu.fp8().quantize(&xv, m, k, Source::RowMajor, Fp8Format::E4M3, x_scaling).map_err(wrap)?;
     let bias = bias.map(|(b, start)| b.slice(start..start + n));
     let mut y = output::<T>(dev, m * n)?;
     let bias_ptr = bias.as_ref().map(|b| b as &dyn DevicePtr<T>);
-    gpu.fp8_gemm(&xq, w, &mut y, bias_ptr, Fp8Options::default()).map_err(wrap)?;
+    gpu.fp8().gemm(&xq, w, &mut y, bias_ptr, Fp8Options::default()).map_err(wrap)?;
     Ok(y)
 }

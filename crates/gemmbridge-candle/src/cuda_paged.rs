@@ -48,7 +48,7 @@ pub(crate) fn append(
             let mut d = $d.slice_mut(ds..ds + 2 * e);
             let (mut kc, mut vc) = d.split_at_mut(e);
             let (k, v) = ($k.slice(ks..), $v.slice(vs..));
-            gpu.paged_append::<$t>(op, (&k, &v), (&mut kc, &mut vc), pi).map_err(wrap)
+            gpu.paged().append::<$t>(op, (&k, &v), (&mut kc, &mut vc), pi).map_err(wrap)
         }};
     }
     match (&mut dst.slice, &k.slice, &v.slice) {
@@ -88,7 +88,7 @@ pub(crate) fn attend(
         // (`PagedDecode::check_index`): entries within the containers, lengths from 1 to the
         // tables' capacity.
         let pi = unsafe { PageIndex::device(tables, lens, None) };
-        gpu.paged_decode::<T>(op, &q, (&k, &v), &mut o, pi).map_err(wrap)?;
+        gpu.paged().decode::<T>(op, &q, (&k, &v), &mut o, pi).map_err(wrap)?;
         Ok(o)
     }
     let (qs, cs) = (ql.start_offset(), cl.start_offset());

@@ -69,7 +69,7 @@ struct Inner {
 ///
 /// On a CUDA device where gemmbridge serves the recipe (the crate's `cuda` feature, a Hopper
 /// GPU, cuBLASLt ≥ 12.9, [`crate::enabled`] at quantisation), it holds gemmbridge's GPU operand
-/// (`gemmbridge::cuda::Fp8Tensor`, made by `Gpu::quantize` on candle's buffer and stream): the
+/// (`gemmbridge::cuda::Fp8Tensor`, made by `GpuFp8::quantize` on candle's buffer and stream): the
 /// bytes row-major `[out rounded up to 16, in rounded up to 16]` with zero padding, and the f32
 /// dequantisation scales in cuBLASLt's layout ([`gemmbridge::fp8::Fp8Layout`]). gemmbridge's FP8
 /// GEMM takes only operands its own quantisation made, so the weight is kept in that form

@@ -127,16 +127,16 @@ fn accuracy(dir: &str, (m, n, k): (usize, usize, usize), seed: Option<u64>) -> a
     let mut names = Vec::new();
     println!("{:<22} {:>12}", "recipe", "rel. error");
     for (name, (xs, ws)) in RECIPES {
-        let xq = match gpu.quantize(&xg, m, k, Source::RowMajor, Fp8Format::E4M3, xs) {
+        let xq = match gpu.fp8().quantize(&xg, m, k, Source::RowMajor, Fp8Format::E4M3, xs) {
             Err(e) if crate::bench::fp8::not_offered(&e) => {
                 println!("{name:<22} not offered here: {e}");
                 continue;
             }
             other => other?,
         };
-        let wq = gpu.quantize(&wg, n, k, Source::RowMajor, Fp8Format::E4M3, ws)?;
+        let wq = gpu.fp8().quantize(&wg, n, k, Source::RowMajor, Fp8Format::E4M3, ws)?;
         let mut y: CudaSlice<half::bf16> = s.alloc_zeros(m * n)?;
-        gpu.fp8_gemm(&xq, &wq, &mut y, None, Fp8Options::default())?;
+        gpu.fp8().gemm(&xq, &wq, &mut y, None, Fp8Options::default())?;
         let got: Vec<f32> = s.clone_dtoh(&y)?.iter().map(|v| v.to_f32()).collect();
         s.synchronize()?;
         let e = gemmbridge::reference::rel_error(&got.iter().map(|&v| v as f64).collect::<Vec<_>>(), &want);
@@ -168,7 +168,7 @@ fn quantize_rows<T: Element + cudarc::driver::DeviceRepr>(
     };
     for source in [Source::RowMajor, Source::Transposed] {
         for scaling in [Scaling::Tensor, Scaling::Row, Scaling::Block1x128, Scaling::Block128x128] {
-            let quantize = || gpu.quantize(&src, rows, cols, source, Fp8Format::E4M3, scaling);
+            let quantize = || gpu.fp8().quantize(&src, rows, cols, source, Fp8Format::E4M3, scaling);
             // the least a quantisation moves: the source once, the FP8 data and the scales
             let layout = quantize()?.layout();
             let elem = std::mem::size_of::<T>() as u64;

@@ -21,10 +21,10 @@ fn check<T: Element + DeviceRepr>(gpu: &Gpu, precision: Precision) -> anyhow::Re
     let (xd, wd, dyd, bd) = (s.clone_htod(&x)?, s.clone_htod(&w)?, s.clone_htod(&dy)?, s.clone_htod(&b)?);
     let nan = |n: usize| s.clone_htod(&vec![T::from_f64(f64::NAN); n]);
     let (mut y, mut yf, mut dx, mut dw) = (nan(ly)?, nan(ly)?, nan(lx)?, nan(lw)?);
-    gpu.conv2d_forward(&p, &xd, &wd, &mut y)?;
-    gpu.conv2d_fused(&p, &xd, &wd, &bd, ConvActivation::Relu, &mut yf)?;
-    gpu.conv2d_backward_data(&p, &wd, &dyd, &mut dx)?;
-    gpu.conv2d_backward_filter(&p, &xd, &dyd, &mut dw)?;
+    gpu.conv().forward(&p, &xd, &wd, &mut y)?;
+    gpu.conv().fused(&p, &xd, &wd, &bd, ConvActivation::Relu, &mut yf)?;
+    gpu.conv().backward_data(&p, &wd, &dyd, &mut dx)?;
+    gpu.conv().backward_filter(&p, &xd, &dyd, &mut dw)?;
     let got = |v| -> anyhow::Result<Vec<f64>> { Ok(wide(&s.clone_dtoh(v)?)) };
     let errors = [
         rel_error(&got(&y)?, &reference::forward(&p, &wide(&x), &wide(&w))),
@@ -37,7 +37,7 @@ fn check<T: Element + DeviceRepr>(gpu: &Gpu, precision: Precision) -> anyhow::Re
     let [lx, lw, ly] = big.lens();
     let (bx, bw, mut by) =
         (s.clone_htod(&normal::<T>(lx))?, s.clone_htod(&normal::<T>(lw))?, s.clone_htod(&normal::<T>(ly))?);
-    let t = timing::time_gpu(gpu, timing::Sampling::new(3, 10), &mut || gpu.conv2d_forward(&big, &bx, &bw, &mut by))?;
+    let t = timing::time_gpu(gpu, timing::Sampling::new(3, 10), &mut || gpu.conv().forward(&big, &bx, &bw, &mut by))?;
     Ok((worst, 2.0 * big.macs() / (t.median_ms * 1e-3) / 1e12))
 }
 

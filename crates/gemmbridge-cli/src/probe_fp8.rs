@@ -35,16 +35,16 @@ fn check(gpu: &Gpu, name: &str, wf: Fp8Format) -> Result<(f64, f64, f64), Error>
     let (xh, wh): (Vec<f32>, Vec<f32>) = (normal(M * K), normal(N * K));
     let up =
         |v: &[f32]| s.clone_htod(v).map_err(|e| Error::Driver { operation: "cuMemcpyHtoD", status: format!("{e:?}") });
-    let x = gpu.quantize(&up(&xh)?, M, K, Source::RowMajor, Fp8Format::E4M3, xs)?;
-    let w = gpu.quantize(&up(&wh)?, N, K, Source::RowMajor, wf, ws)?;
+    let x = gpu.fp8().quantize(&up(&xh)?, M, K, Source::RowMajor, Fp8Format::E4M3, xs)?;
+    let w = gpu.fp8().quantize(&up(&wh)?, N, K, Source::RowMajor, wf, ws)?;
     let mut y: CudaSlice<half::bf16> = s.clone_htod(&vec![half::bf16::NAN; M * N]).expect("upload");
-    gpu.fp8_gemm(&x, &w, &mut y, None, Fp8Options::default())?;
+    gpu.fp8().gemm(&x, &w, &mut y, None, Fp8Options::default())?;
     let got: Vec<f64> = s.clone_dtoh(&y).expect("download").iter().map(|v| v.to_f64()).collect();
     let deq = product(&dequantize(&x.to_host()?)?, &dequantize(&w.to_host()?)?, (M, N, K));
     let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
     let exact = product(&wide(&xh), &wide(&wh), (M, N, K));
     let big = 8192;
-    let xb = gpu.quantize(
+    let xb = gpu.fp8().quantize(
         &s.clone_htod(&normal::<half::bf16>(big * big)).expect("upload"),
         big,
         big,
@@ -52,7 +52,7 @@ fn check(gpu: &Gpu, name: &str, wf: Fp8Format) -> Result<(f64, f64, f64), Error>
         Fp8Format::E4M3,
         xs,
     )?;
-    let wb = gpu.quantize(
+    let wb = gpu.fp8().quantize(
         &s.clone_htod(&normal::<half::bf16>(big * big)).expect("upload"),
         big,
         big,
@@ -62,7 +62,7 @@ fn check(gpu: &Gpu, name: &str, wf: Fp8Format) -> Result<(f64, f64, f64), Error>
     )?;
     let mut yb: CudaSlice<half::bf16> = s.alloc_zeros(big * big).expect("alloc");
     let t = timing::time_gpu(gpu, timing::Sampling::new(2, 5), &mut || {
-        gpu.fp8_gemm(&xb, &wb, &mut yb, None, Fp8Options::default())
+        gpu.fp8().gemm(&xb, &wb, &mut yb, None, Fp8Options::default())
     })
     .map_err(|e| Error::Driver { operation: "timing", status: e.to_string() })?;
     Ok((rel_error(&got, &deq), rel_error(&got, &exact), 2.0 * (big as f64).powi(3) / (t.median_ms * 1e-3) / 1e12))

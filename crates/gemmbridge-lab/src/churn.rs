@@ -304,10 +304,10 @@ fn download(s: &Arc<CudaStream>, v: &CudaSlice<bf16>) -> Result<Vec<bf16>> {
 /// x·wᵀ in FP8 (E4M3, tensor-wise scales) into bf16; the output must be finite.
 fn fp8_step(gpu: &Gpu, s: &Arc<CudaStream>, x: &Buf, w: &Buf, p: &GemmProblem) -> Result<()> {
     let (m, n, k) = (p.m(), p.n(), p.k());
-    let qx = gpu.quantize(&**x, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor)?;
-    let qw = gpu.quantize(&**w, n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor)?;
+    let qx = gpu.fp8().quantize(&**x, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor)?;
+    let qw = gpu.fp8().quantize(&**w, n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor)?;
     let mut y = upload(s, &vec![bf16::NAN; m * n])?;
-    gpu.fp8_gemm(&qx, &qw, &mut *y, None, Fp8Options::default())?;
+    gpu.fp8().gemm(&qx, &qw, &mut *y, None, Fp8Options::default())?;
     finite(s, &y, "the FP8 GEMM's output")
 }
 
@@ -317,7 +317,7 @@ fn conv_step(gpu: &Gpu, s: &Arc<CudaStream>, rng: &mut Rng) -> Result<()> {
     let [xl, wl, yl] = p.lens();
     let (x, w) = (upload(s, &rng.bf16s(xl))?, upload(s, &rng.bf16s(wl))?);
     let mut y = upload(s, &vec![bf16::NAN; yl])?;
-    gpu.conv2d_forward(&p, &*x, &*w, &mut *y)?;
+    gpu.conv().forward(&p, &*x, &*w, &mut *y)?;
     finite(s, &y, "the convolution's output")
 }
 

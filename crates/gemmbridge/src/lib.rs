@@ -23,16 +23,16 @@
 //! | capability | the problem as data, its CPU form and float64 reference | on the GPU |
 //! |---|---|---|
 //! | dense GEMM, fused epilogues, tuning | [`GemmProblem`], [`Epilogue`], [`cpu::gemm`] | [`cuda`]: [`cuda::Gpu::gemm_fused`], [`cuda::Gpu::gemm_raw`] (cuBLASLt, cuBLAS) |
-//! | FP8 GEMM (Hopper) | [`fp8`]: formats, recipes, scale layouts, rules, the quantisation | [`cuda::Gpu::quantize`], [`cuda::Gpu::fp8_gemm`] |
+//! | FP8 GEMM (Hopper) | [`fp8`]: formats, recipes, scale layouts, rules, the quantisation | [`cuda::GpuFp8::quantize`], [`cuda::GpuFp8::gemm`] |
 //! | training layers | [`train`], [`train::cpu::Mlp`] | [`cuda::train::Mlp`] (cuBLASLt epilogues) |
-//! | 2-D convolution | [`conv`] | [`cuda::Gpu::conv2d_forward`] and the rest (cuDNN) |
-//! | attention (SDPA) | [`attention`], [`cpu::attention_forward`], [`cpu::attention_backward`] | [`cuda::Gpu::attention_forward`] and the rest (cuDNN) |
-//! | grouped GEMM (mixture of experts) | [`grouped`], [`cpu::grouped_gemm`] | [`cuda::Gpu::grouped_gemm`], [`cuda::Gpu::grouped_fp8_gemm`] |
-//! | mixture-of-experts routing: router top-k and sort, the capacity layout, gather, combine; expert products over device group starts | [`moe`], [`moe::reference`] | [`cuda::Gpu::moe_route`], [`cuda::MoeRouting::pad`], [`cuda::Gpu::moe_gather`], [`cuda::Gpu::moe_combine`], [`cuda::Gpu::moe_combine_backward`], [`cuda::Gpu::moe_gemm`] (gemmbridge's own kernels; cuDNN) |
+//! | 2-D convolution | [`conv`] | [`cuda::GpuConv::forward`] and the rest (cuDNN) |
+//! | attention (SDPA) | [`attention`], [`cpu::attention_forward`], [`cpu::attention_backward`] | [`cuda::GpuAttention::forward`] and the rest (cuDNN) |
+//! | grouped GEMM (mixture of experts) | [`grouped`], [`cpu::grouped_gemm`] | [`cuda::Gpu::grouped_gemm`], [`cuda::GpuFp8::grouped_gemm`] |
+//! | mixture-of-experts routing: router top-k and sort, the capacity layout, gather, combine; expert products over device group starts | [`moe`], [`moe::reference`] | [`cuda::GpuMoe::route`], [`cuda::MoeRouting::pad`], [`cuda::GpuMoe::gather`], [`cuda::GpuMoe::combine`], [`cuda::GpuMoe::combine_backward`], [`cuda::GpuMoe::gemm`] (gemmbridge's own kernels; cuDNN) |
 //! | RMSNorm (forward, backward) | [`norm`], [`cpu::rms_norm_forward`], [`cpu::rms_norm_backward`] | [`cuda::Gpu::rms_norm_forward`], [`cuda::Gpu::rms_norm_backward`] (cuDNN's norm graph) |
 //! | RoPE, SwiGLU (forward, backward) | [`layer_ops`], [`cpu::rope`], [`cpu::swiglu`], [`cpu::swiglu_backward`] | [`cuda::Gpu::rope`], [`cuda::Gpu::swiglu`], [`cuda::Gpu::swiglu_backward`] (gemmbridge's own kernels) |
 //! | a LLaMA-style decoder layer (forward, backward; FP8 forward projections as an option) | [`layer`]: sizes, weights, the problems of a step, float64 reference; [`layer::cpu::CpuDecoderLayer`] | [`cuda::layer::GpuDecoderLayer`] (built from the entries above) |
-//! | paged KV cache: layout, tables, append, decode attention's float64 reference | [`paged`], [`cpu::paged_append`] | [`cuda::Gpu::paged_append`] (gemmbridge's own kernel), [`cuda::Gpu::paged_decode`] (cuDNN) |
+//! | paged KV cache: layout, tables, append, decode attention's float64 reference | [`paged`], [`cpu::paged_append`] | [`cuda::GpuPaged::append`] (gemmbridge's own kernel), [`cuda::GpuPaged::decode`] (cuDNN) |
 //! | tactic database | [`tactics`] | [`cuda::Plans::load_tactics`] |
 //!
 //! # The problem

@@ -1,10 +1,10 @@
-//! GPU tests of FP8 attention ([`Gpu::attention_quantize`], [`Gpu::attention_forward_fp8`]):
+//! GPU tests of FP8 attention ([`GpuAttention::quantize`], [`GpuAttention::forward_fp8`]):
 //! q, k, v quantised on the GPU, cuDNN's FP8 graph, judged against the float64 attention of the
 //! unquantised inputs — no worse than 1.5× the CPU emulation's own error (the same recipe:
 //! E4M3 q, k, v with tensor-wise scales, P in E4M3 with the scale 448;
 //! `gemmbridge::attention::fp8`) — outputs poisoned with NaN first; the statistics against the
 //! emulation's; bad input named before anything runs. The FP8 backward
-//! ([`Gpu::attention_backward_fp8`]) likewise: each gradient against the float64 backward of
+//! ([`GpuAttention::backward_fp8`]) likewise: each gradient against the float64 backward of
 //! the unquantised inputs, no worse than 1.5× the emulation's own error
 //! (`gemmbridge::attention::fp8::backward`), and what cuDNN's FP8 backward does not offer named
 //! before anything is written.
@@ -65,13 +65,14 @@ fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
         [AttnTensor::Q, AttnTensor::K, AttnTensor::V].iter().map(|&t| normal(rng, p.required_elems(t))).collect();
     let dev: Vec<CudaSlice<T>> = host.iter().map(|x| s.clone_htod(x).unwrap()).collect();
     let [q8, k8, v8] = [AttnTensor::Q, AttnTensor::K, AttnTensor::V]
-        .map(|t| gpu.attention_quantize(p, t, &dev[t as usize]).unwrap_or_else(|e| panic!("{what}: {e}")));
-    let mut o = gpu.attention_fp8_output(p).unwrap();
+        .map(|t| gpu.attention().quantize(p, t, &dev[t as usize]).unwrap_or_else(|e| panic!("{what}: {e}")));
+    let mut o = gpu.attention().fp8_output(p).unwrap();
     // poison: 0x7F is NaN in E4M3
     poison_fp8(gpu, &o);
     let mut lse = s.clone_htod(&vec![f32::NAN; p.stats_elems()]).unwrap();
     let seq = lens.map(|(q, kv)| SeqLens::host(q, kv));
-    gpu.attention_forward_fp8(p, [&q8, &k8, &v8], &mut o, Some(&mut lse), seq)
+    gpu.attention()
+        .forward_fp8(p, [&q8, &k8, &v8], &mut o, Some(&mut lse), seq)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     let (q64, k64, v64) = (wide(&host[0]), wide(&host[1]), wide(&host[2]));
     let exact = reference::forward(p, &q64, &k64, &v64, lens);
@@ -111,10 +112,10 @@ fn fp8_bottom_right_causal_runs_or_is_a_named_error() {
     let up = |t: AttnTensor, rng: &mut StdRng| s.clone_htod(&normal::<bf16>(rng, p.required_elems(t))).unwrap();
     let x = [AttnTensor::Q, AttnTensor::K, AttnTensor::V].map(|t| up(t, &mut rng));
     let [q8, k8, v8] =
-        [AttnTensor::Q, AttnTensor::K, AttnTensor::V].map(|t| gpu.attention_quantize(&p, t, &x[t as usize]).unwrap());
-    let mut o = gpu.attention_fp8_output(&p).unwrap();
+        [AttnTensor::Q, AttnTensor::K, AttnTensor::V].map(|t| gpu.attention().quantize(&p, t, &x[t as usize]).unwrap());
+    let mut o = gpu.attention().fp8_output(&p).unwrap();
     poison_fp8(&gpu, &o);
-    match gpu.attention_forward_fp8(&p, [&q8, &k8, &v8], &mut o, None, None) {
+    match gpu.attention().forward_fp8(&p, [&q8, &k8, &v8], &mut o, None, None) {
         Err(Error::Unsupported { what, .. }) => {
             assert!(what.contains("cuDNN"), "{what}");
             assert!(s.clone_dtoh(o.data()).unwrap().iter().all(|&b| b == 0x7f), "a refused call wrote o");
@@ -155,36 +156,38 @@ fn fp8_bad_input_is_named_and_nothing_is_written() {
     let up = |t: AttnTensor, rng: &mut StdRng| s.clone_htod(&normal::<bf16>(rng, p.required_elems(t))).unwrap();
     let (q, k, v) = (up(AttnTensor::Q, &mut rng), up(AttnTensor::K, &mut rng), up(AttnTensor::V, &mut rng));
     let [q8, k8, v8] = [(AttnTensor::Q, &q), (AttnTensor::K, &k), (AttnTensor::V, &v)]
-        .map(|(t, x)| gpu.attention_quantize(&p, t, x).unwrap());
-    let mut o = gpu.attention_fp8_output(&p).unwrap();
+        .map(|(t, x)| gpu.attention().quantize(&p, t, x).unwrap());
+    let mut o = gpu.attention().fp8_output(&p).unwrap();
     poison_fp8(&gpu, &o);
     let shape = |e: Error| match e {
         Error::AttentionShape { what, .. } => what,
         other => panic!("{other:?}"),
     };
-    let e5 = gpu.quantize(&q, p.b * p.s_q * p.h_q, p.d, Source::RowMajor, Fp8Format::E5M2, Scaling::Tensor).unwrap();
-    let e = gpu.attention_forward_fp8(&p, [&e5, &k8, &v8], &mut o, None, None).unwrap_err();
+    let e5 =
+        gpu.fp8().quantize(&q, p.b * p.s_q * p.h_q, p.d, Source::RowMajor, Fp8Format::E5M2, Scaling::Tensor).unwrap();
+    let e = gpu.attention().forward_fp8(&p, [&e5, &k8, &v8], &mut o, None, None).unwrap_err();
     assert_eq!(shape(e), "FP8 attention takes E4M3 tensors with one scale each");
-    let rows = gpu.quantize(&q, p.b * p.s_q * p.h_q, p.d, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap();
-    let e = gpu.attention_forward_fp8(&p, [&rows, &k8, &v8], &mut o, None, None).unwrap_err();
+    let rows =
+        gpu.fp8().quantize(&q, p.b * p.s_q * p.h_q, p.d, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap();
+    let e = gpu.attention().forward_fp8(&p, [&rows, &k8, &v8], &mut o, None, None).unwrap_err();
     assert_eq!(shape(e), "FP8 attention takes E4M3 tensors with one scale each");
     let narrow = Attention::new(2, (8, 2), (64, 64), 24, DType::BF16);
-    let e = gpu.attention_forward_fp8(&narrow, [&q8, &k8, &v8], &mut o, None, None).unwrap_err();
+    let e = gpu.attention().forward_fp8(&narrow, [&q8, &k8, &v8], &mut o, None, None).unwrap_err();
     assert_eq!(shape(e), "an FP8 tensor's head dimension or stride is not a multiple of 16 elements (16 bytes)");
     let longer = Attention::new(2, (8, 2), (64, 128), 128, DType::BF16);
-    let e = gpu.attention_forward_fp8(&longer, [&q8, &k8, &v8], &mut o, None, None).unwrap_err();
+    let e = gpu.attention().forward_fp8(&longer, [&q8, &k8, &v8], &mut o, None, None).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { .. }), "{e:?}");
     let packed = p.with_layout(AttnTensor::Q, gemmbridge::attention::HeadLayout::packed_qkv(64, 8, 128));
-    let e = gpu.attention_quantize(&packed, AttnTensor::Q, &q).unwrap_err();
+    let e = gpu.attention().quantize(&packed, AttnTensor::Q, &q).unwrap_err();
     assert_eq!(shape(e), "a tensor to quantise is not dense (its elements leave gaps)");
     // an output made for another problem
     let shorter = Attention::new(2, (8, 2), (32, 64), 128, DType::BF16);
-    let mut other = gpu.attention_fp8_output(&shorter).unwrap();
-    let e = gpu.attention_forward_fp8(&p, [&q8, &k8, &v8], &mut other, None, None).unwrap_err();
-    assert_eq!(shape(e), "the FP8 output was not made for this problem (Gpu::attention_fp8_output)");
+    let mut other = gpu.attention().fp8_output(&shorter).unwrap();
+    let e = gpu.attention().forward_fp8(&p, [&q8, &k8, &v8], &mut other, None, None).unwrap_err();
+    assert_eq!(shape(e), "the FP8 output was not made for this problem (GpuAttention::fp8_output)");
     let n_o = p.required_elems(AttnTensor::O);
     assert!(s.clone_dtoh(o.data()).unwrap()[..n_o].iter().all(|&x| x == 0x7f), "a refused call wrote the output");
-    gpu.attention_forward_fp8(&p, [&q8, &k8, &v8], &mut o, None, None).unwrap();
+    gpu.attention().forward_fp8(&p, [&q8, &k8, &v8], &mut o, None, None).unwrap();
     assert!(s.clone_dtoh(o.data()).unwrap()[..n_o].iter().all(|&x| x & 0x7f != 0x7f), "NaN in o");
 }
 
@@ -215,12 +218,14 @@ fn saved(gpu: &Gpu, c: &Case, grad: Fp8Format, rng: &mut StdRng) -> Saved {
     let host: Vec<Vec<bf16>> = ts.iter().map(|&t| normal(rng, p.required_elems(t))).collect();
     let dev: Vec<CudaSlice<bf16>> = host.iter().map(|x| s.clone_htod(x).unwrap()).collect();
     let qkv = [AttnTensor::Q, AttnTensor::K, AttnTensor::V]
-        .map(|t| gpu.attention_quantize(p, t, &dev[t as usize]).unwrap_or_else(|e| panic!("{what}: {e}")));
-    let mut o = gpu.attention_fp8_output(p).unwrap();
+        .map(|t| gpu.attention().quantize(p, t, &dev[t as usize]).unwrap_or_else(|e| panic!("{what}: {e}")));
+    let mut o = gpu.attention().fp8_output(p).unwrap();
     let mut lse = s.clone_htod(&vec![f32::NAN; p.stats_elems()]).unwrap();
     let [q8, k8, v8] = &qkv;
-    gpu.attention_forward_fp8(p, [q8, k8, v8], &mut o, Some(&mut lse), lens).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let d_o = gpu.attention_quantize_grad(p, &dev[3], grad).unwrap_or_else(|e| panic!("{what}: {e}"));
+    gpu.attention()
+        .forward_fp8(p, [q8, k8, v8], &mut o, Some(&mut lse), lens)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let d_o = gpu.attention().quantize_grad(p, &dev[3], grad).unwrap_or_else(|e| panic!("{what}: {e}"));
     let host = [0, 1, 2, 3].map(|i| wide(&host[i]));
     Saved { qkv, o, d_o, lse, host }
 }
@@ -233,13 +238,13 @@ fn check_backward(gpu: &Gpu, c: &Case, grad: Fp8Format, rng: &mut StdRng) -> Res
     let what = format!("{} {grad:?}", p.describe());
     let lens = c.lens.as_ref().map(|(q, kv)| (q.as_slice(), kv.as_slice()));
     let sv = saved(gpu, c, grad, rng);
-    let mut grads = gpu.attention_fp8_grads(p, grad).unwrap();
+    let mut grads = gpu.attention().fp8_grads(p, grad).unwrap();
     grads.iter().for_each(|g| poison_fp8(gpu, g));
     let [q8, k8, v8] = &sv.qkv;
     let saved = AttnSavedFp8 { q: q8, k: k8, v: v8, o: &sv.o, d_o: &sv.d_o, stats: &sv.lse };
     let [dq, dk, dv] = &mut grads;
     let ts = [AttnTensor::Q, AttnTensor::K, AttnTensor::V];
-    if let Err(e) = gpu.attention_backward_fp8(p, saved, [dq, dk, dv], lens.map(|(q, kv)| SeqLens::host(q, kv))) {
+    if let Err(e) = gpu.attention().backward_fp8(p, saved, [dq, dk, dv], lens.map(|(q, kv)| SeqLens::host(q, kv))) {
         for (g, t) in grads.iter().zip(ts) {
             let n = p.required_elems(t);
             assert!(
@@ -344,13 +349,13 @@ fn fp8_backward_refusals_are_named_and_nothing_is_written() {
     let c = Case { p: Attention::new(2, (8, 2), (64, 64), 128, DType::BF16), lens: None };
     let p = &c.p;
     let sv = saved(&gpu, &c, Fp8Format::E5M2, &mut rng);
-    let mut grads = gpu.attention_fp8_grads(p, Fp8Format::E5M2).unwrap();
+    let mut grads = gpu.attention().fp8_grads(p, Fp8Format::E5M2).unwrap();
     grads.iter().for_each(|g| poison_fp8(&gpu, g));
     let [q8, k8, v8] = &sv.qkv;
     let saved = AttnSavedFp8 { q: q8, k: k8, v: v8, o: &sv.o, d_o: &sv.d_o, stats: &sv.lse };
     let mut run = |p: &Attention, saved: AttnSavedFp8| {
         let [dq, dk, dv] = &mut grads;
-        gpu.attention_backward_fp8(p, saved, [dq, dk, dv], None)
+        gpu.attention().backward_fp8(p, saved, [dq, dk, dv], None)
     };
     let narrow = Attention::new(2, (8, 2), (64, 64), 64, DType::BF16);
     let bottom_right = p.with_mask(AttnMask::CausalBottomRight);
@@ -375,7 +380,7 @@ fn fp8_backward_refusals_are_named_and_nothing_is_written() {
         assert!(poisoned(g, p.required_elems(t)), "a refused call wrote d{}", t.name());
     }
     let [dq, dk, dv] = &mut grads;
-    gpu.attention_backward_fp8(p, saved, [dq, dk, dv], None).unwrap();
+    gpu.attention().backward_fp8(p, saved, [dq, dk, dv], None).unwrap();
     for (g, t) in grads.iter().zip(ts) {
         let (x, _) = dequantized(&gpu, g, p.required_elems(t));
         assert!(x.iter().all(|v| v.is_finite()), "NaN in d{} after the refusals", t.name());

@@ -1,4 +1,4 @@
-//! GPU tests of attention on cuDNN ([`Gpu::attention_forward`], [`Gpu::attention_backward`]):
+//! GPU tests of attention on cuDNN ([`GpuAttention::forward`], [`GpuAttention::backward`]):
 //! small odd shapes (s = 1, 7, 129; d = 64, 128, 256; h_q/h_kv = 8/8, 8/2, 8/1; no mask, causal,
 //! bottom-right causal; per-sequence lengths shorter than the tensors; BSHD, BHSD and a packed
 //! QKV projection), bf16 and f16, against the float64 definitions
@@ -120,7 +120,7 @@ fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
     };
     let mut o = s.clone_htod(&poison::<T>(p.required_elems(AttnTensor::O))).unwrap();
     let mut lse = s.clone_htod(&vec![f32::NAN; p.stats_elems()]).unwrap();
-    gpu.attention_forward(p, [qd, kd, vd], &mut o, Some(&mut lse), seq).unwrap();
+    gpu.attention().forward(p, [qd, kd, vd], &mut o, Some(&mut lse), seq).unwrap();
     let [q64, k64, v64] = [wide(&inp.qkv[0]), wide(&inp.qkv[1]), wide(&inp.qkv[2])];
     let want = reference::forward(p, &q64, &k64, &v64, lens_ref);
     let (o_got, lse_got) = (down(gpu, &o), wide(&s.clone_dtoh(&lse).unwrap()));
@@ -138,7 +138,7 @@ fn check_case<T: Element + DeviceRepr>(gpu: &Gpu, c: &Case, rng: &mut StdRng) {
         .collect();
     let [dq, dk, dv] = &mut grads[..] else { unreachable!() };
     let saved = AttnSaved { q: qd, k: kd, v: vd, o: &o, d_o: &d_o, stats: &lse };
-    gpu.attention_backward(p, saved, dq, dk, dv, seq).unwrap();
+    gpu.attention().backward(p, saved, dq, dk, dv, seq).unwrap();
     let want = reference::backward(p, (&q64, &k64, &v64), &o_got, &wide(&inp.d_o), &lse_got, lens_ref);
     for (t, got, want) in
         [(AttnTensor::Q, &*dq, &want.dq), (AttnTensor::K, &*dk, &want.dk), (AttnTensor::V, &*dv, &want.dv)]
@@ -193,42 +193,42 @@ fn bad_input_is_named_and_nothing_is_written() {
     };
     // lengths without var_len, var_len without lengths, lengths out of range
     let (lq, lkv) = ([7, 7], [129, 130]);
-    let e = gpu.attention_forward(&p, [&q, &k, &v], &mut o, None, Some(SeqLens::host(&lq, &lkv))).unwrap_err();
+    let e = gpu.attention().forward(&p, [&q, &k, &v], &mut o, None, Some(SeqLens::host(&lq, &lkv))).unwrap_err();
     assert_eq!(shape(e), "lengths given to a problem without per-sequence lengths");
     let vp = p.with_var_len(true);
-    let e = gpu.attention_forward(&vp, [&q, &k, &v], &mut o, None, None).unwrap_err();
+    let e = gpu.attention().forward(&vp, [&q, &k, &v], &mut o, None, None).unwrap_err();
     assert_eq!(shape(e), "a problem with per-sequence lengths was given none");
-    let e = gpu.attention_forward(&vp, [&q, &k, &v], &mut o, None, Some(SeqLens::host(&lq, &lkv))).unwrap_err();
+    let e = gpu.attention().forward(&vp, [&q, &k, &v], &mut o, None, Some(SeqLens::host(&lq, &lkv))).unwrap_err();
     assert_eq!(shape(e), "a sequence length is outside 1 to the tensor's extent");
     // the bottom-right causal mask with fewer keys than queries
     let br = Attention::new(1, (8, 8), (9, 7), 64, DType::BF16).with_mask(AttnMask::CausalBottomRight);
-    let e = gpu.attention_forward(&br, [&q, &k, &v], &mut o, None, None).unwrap_err();
+    let e = gpu.attention().forward(&br, [&q, &k, &v], &mut o, None, None).unwrap_err();
     assert_eq!(shape(e), "the bottom-right causal mask leaves query rows without keys");
     // a problem rule
-    let e = gpu.attention_forward(&Attention { d: 60, ..p }, [&q, &k, &v], &mut o, None, None).unwrap_err();
+    let e = gpu.attention().forward(&Attention { d: 60, ..p }, [&q, &k, &v], &mut o, None, None).unwrap_err();
     assert_eq!(shape(e), "the head dimension is not a multiple of 8 up to 256");
     // dtype, size, alignment
-    let e = gpu.attention_forward(&Attention { dtype: DType::F16, ..p }, [&q, &k, &v], &mut o, None, None);
+    let e = gpu.attention().forward(&Attention { dtype: DType::F16, ..p }, [&q, &k, &v], &mut o, None, None);
     assert!(matches!(e, Err(Error::DTypeMismatch { .. })), "{e:?}");
     let short = s.clone_htod(&normal::<bf16>(&mut rng, p.required_elems(AttnTensor::K) - 1)).unwrap();
-    let e = gpu.attention_forward(&p, [&q, &short, &v], &mut o, None, None).unwrap_err();
+    let e = gpu.attention().forward(&p, [&q, &short, &v], &mut o, None, None).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::AttnK, .. }), "{e:?}");
     let mut lse = s.alloc_zeros::<f32>(p.stats_elems() - 1).unwrap();
-    let e = gpu.attention_forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), None).unwrap_err();
+    let e = gpu.attention().forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), None).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::AttnStats, .. }), "{e:?}");
     let big = s.clone_htod(&normal::<bf16>(&mut rng, p.required_elems(AttnTensor::Q) + 1)).unwrap();
-    let e = gpu.attention_forward(&p, [&big.slice(1..), &k, &v], &mut o, None, None).unwrap_err();
+    let e = gpu.attention().forward(&p, [&big.slice(1..), &k, &v], &mut o, None, None).unwrap_err();
     assert!(matches!(e, Error::Misaligned { operand: Which::AttnQ, align: 16, .. }), "{e:?}");
     // an output over an input: o aliases q's memory (a second handle, forgotten after)
     // SAFETY: the alias is only passed as the output of a call that is refused before launch,
     // and forgotten (never freed twice).
     let mut alias = unsafe { s.upgrade_device_ptr::<bf16>(q.device_ptr(s).0, n_o) };
-    let e = gpu.attention_forward(&p, [&q, &k, &v], &mut alias, None, None).unwrap_err();
+    let e = gpu.attention().forward(&p, [&q, &k, &v], &mut alias, None, None).unwrap_err();
     let _ = alias.leak();
     assert!(matches!(e, Error::OutputOverlapsInput { output: Which::AttnO, input: Which::AttnQ, .. }), "{e:?}");
     assert!(untouched(&o), "a refused call wrote the output");
     // the engine runs a good call afterwards
-    gpu.attention_forward(&p, [&q, &k, &v], &mut o, None, None).unwrap();
+    gpu.attention().forward(&p, [&q, &k, &v], &mut o, None, None).unwrap();
     assert!(s.clone_dtoh(&o).unwrap().iter().all(|x| x.is_finite()));
 }
 
@@ -255,17 +255,17 @@ fn planned_attention_is_capturable() {
     let dev = unsafe { SeqLens::device(&lq, &lkv) };
     let mut oc = s.clone_htod(&poison::<f16>(n_o)).unwrap();
     s.begin_capture(mode).unwrap();
-    let e = gpu.attention_forward(&p, [&q, &k, &v], &mut oc, None, Some(dev)).unwrap_err();
+    let e = gpu.attention().forward(&p, [&q, &k, &v], &mut oc, None, Some(dev)).unwrap_err();
     let _ = s.end_capture(CUgraphInstantiate_flags(0));
     assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
 
     let mut oe = s.clone_htod(&poison::<f16>(n_o)).unwrap();
-    gpu.attention_forward(&p, [&q, &k, &v], &mut oe, None, Some(dev)).unwrap();
+    gpu.attention().forward(&p, [&q, &k, &v], &mut oe, None, Some(dev)).unwrap();
     let want = s.clone_dtoh(&oe).unwrap();
     s.synchronize().unwrap();
     s.begin_capture(mode).unwrap();
-    let host = gpu.attention_forward(&p, [&q, &k, &v], &mut oc, None, Some(SeqLens::host(&hq, &hkv)));
-    let r = gpu.attention_forward(&p, [&q, &k, &v], &mut oc, None, Some(dev));
+    let host = gpu.attention().forward(&p, [&q, &k, &v], &mut oc, None, Some(SeqLens::host(&hq, &hkv)));
+    let r = gpu.attention().forward(&p, [&q, &k, &v], &mut oc, None, Some(dev));
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
     assert!(matches!(host, Err(Error::NotCapturable { .. })), "{host:?}");
     r.unwrap();
@@ -391,14 +391,14 @@ fn large_shapes_match_pytorch_math_backend() {
         let [q, k, v, d_o] = ["q", "k", "v", "do"].map(|x| s.clone_htod(&bf(x)).unwrap());
         let mut o = s.clone_htod(&poison::<bf16>(p.required_elems(AttnTensor::O))).unwrap();
         let mut lse = s.clone_htod(&vec![f32::NAN; p.stats_elems()]).unwrap();
-        gpu.attention_forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), None).unwrap();
+        gpu.attention().forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), None).unwrap();
         let mut grads: Vec<CudaSlice<bf16>> = [AttnTensor::Q, AttnTensor::K, AttnTensor::V]
             .iter()
             .map(|&t| s.clone_htod(&poison::<bf16>(p.required_elems(t))).unwrap())
             .collect();
         let [dq, dk, dv] = &mut grads[..] else { unreachable!() };
         let saved = AttnSaved { q: &q, k: &k, v: &v, o: &o, d_o: &d_o, stats: &lse };
-        gpu.attention_backward(&p, saved, dq, dk, dv, None).unwrap();
+        gpu.attention().backward(&p, saved, dq, dk, dv, None).unwrap();
         let what = c.file_name().unwrap().to_string_lossy().to_string();
         let lse_got = wide(&s.clone_dtoh(&lse).unwrap());
         let e = reference::rel_error_stats(&p, &lse_got, &f64s("lse"), None);

@@ -1,4 +1,4 @@
-//! GPU tests of the convolutions on cuDNN ([`Gpu::conv2d_forward`], the fused forward and
+//! GPU tests of the convolutions on cuDNN ([`GpuConv::forward`], the fused forward and
 //! both backwards): small odd shapes with every feature (1×1, 3×3 stride 2, 7×7 stride 2
 //! padding 3, dilation 2, groups, depthwise, batch 1 and 3), NHWC and NCHW, f32, tf32, f16
 //! and bf16, against the float64 definitions (`gemmbridge::conv::reference`) within the
@@ -65,14 +65,14 @@ fn check_problem<T: Element + DeviceRepr>(gpu: &Gpu, p: &Conv2d, rng: &mut rand:
         assert!(e <= tol, "{what} {name}: rel error {e:e} > {tol:e}");
     };
     let mut y = s.clone_htod(&poison::<T>(ly)).unwrap();
-    gpu.conv2d_forward(p, &xd, &wd, &mut y).unwrap();
+    gpu.conv().forward(p, &xd, &wd, &mut y).unwrap();
     let first = down(gpu, &y);
     verdict("forward", &first, &reference::forward(p, &wide(&x), &wide(&w)));
     // the same call again (captured into a graph on the second, replayed on the third): the
     // same result, bit for bit, into a re-poisoned output
     for call in [2, 3] {
         s.memcpy_htod(&poison::<T>(ly), &mut y).unwrap();
-        gpu.conv2d_forward(p, &xd, &wd, &mut y).unwrap();
+        gpu.conv().forward(p, &xd, &wd, &mut y).unwrap();
         let again = down(gpu, &y);
         assert!(again.iter().zip(&first).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: call {call} differs");
     }
@@ -81,17 +81,17 @@ fn check_problem<T: Element + DeviceRepr>(gpu: &Gpu, p: &Conv2d, rng: &mut rand:
         let want = reference::forward_fused(p, &wide(&x), &wide(&w), &wide(&b), act == ConvActivation::Relu);
         for call in 1..=3 {
             s.memcpy_htod(&poison::<T>(ly), &mut y).unwrap();
-            gpu.conv2d_fused(p, &xd, &wd, &bd, act, &mut y).unwrap();
+            gpu.conv().fused(p, &xd, &wd, &bd, act, &mut y).unwrap();
             let dir = if act == ConvActivation::Relu { "fused" } else { "fused_identity" };
             let plan = gpu.plans().conv2d(p, dir);
             verdict(&format!("fused {act:?} call {call} (plan: {plan:?})"), &down(gpu, &y), &want);
         }
     }
     let mut dx = s.clone_htod(&poison::<T>(lx)).unwrap();
-    gpu.conv2d_backward_data(p, &wd, &dyd, &mut dx).unwrap();
+    gpu.conv().backward_data(p, &wd, &dyd, &mut dx).unwrap();
     verdict("backward data", &down(gpu, &dx), &reference::backward_data(p, &wide(&w), &wide(&dy)));
     let mut dw = s.clone_htod(&poison::<T>(lw)).unwrap();
-    gpu.conv2d_backward_filter(p, &xd, &dyd, &mut dw).unwrap();
+    gpu.conv().backward_filter(p, &xd, &dyd, &mut dw).unwrap();
     verdict("backward filter", &down(gpu, &dw), &reference::backward_filter(p, &wide(&x), &wide(&dy)));
     eprintln!(
         "ok {what}: forward {:?}, backward data {:?}, backward filter {:?}",
@@ -175,7 +175,7 @@ fn element_aligned_views_match_float64() {
         {
             let (xv, wv) = (xd.slice(offset..offset + lx), wd.slice(offset..offset + lw));
             let mut yv = y.slice_mut(offset..offset + ly);
-            gpu.conv2d_forward(&p, &xv, &wv, &mut yv).unwrap();
+            gpu.conv().forward(&p, &xv, &wv, &mut yv).unwrap();
         }
         let got = down(&gpu, &y);
         let e = rel_error(&got[offset..offset + ly], &want);
@@ -198,43 +198,43 @@ fn bad_input_is_named_and_nothing_is_written() {
     let mut y = s.clone_htod(&poison::<f16>(ly)).unwrap();
     let untouched = |y: &CudaSlice<f16>| s.clone_dtoh(y).unwrap().iter().all(|v| v.is_nan());
     // the problem itself
-    let e = gpu.conv2d_forward(&p.with_groups(3), &x, &w, &mut y).unwrap_err();
+    let e = gpu.conv().forward(&p.with_groups(3), &x, &w, &mut y).unwrap_err();
     assert!(matches!(e, Error::ConvShape { what: "channels are not a multiple of the groups", .. }), "{e}");
-    let e = gpu.conv2d_forward(&Conv2d { r: 9, ..p.with_pad(0, 0) }, &x, &w, &mut y).unwrap_err();
+    let e = gpu.conv().forward(&Conv2d { r: 9, ..p.with_pad(0, 0) }, &x, &w, &mut y).unwrap_err();
     assert!(matches!(e, Error::ConvShape { .. }), "{e}");
-    let e = gpu.conv2d_forward(&p.with_precision(Precision::F16_F32OUT), &x, &w, &mut y).unwrap_err();
+    let e = gpu.conv().forward(&p.with_precision(Precision::F16_F32OUT), &x, &w, &mut y).unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     // buffers: dtype, lengths
-    let e = gpu.conv2d_forward(&p.with_precision(Precision::BF16), &x, &w, &mut y).unwrap_err();
+    let e = gpu.conv().forward(&p.with_precision(Precision::BF16), &x, &w, &mut y).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { .. }), "{e}");
     let short = s.clone_htod(&vec![f16::ONE; lx - 1]).unwrap();
-    let e = gpu.conv2d_forward(&p, &short, &w, &mut y).unwrap_err();
+    let e = gpu.conv().forward(&p, &short, &w, &mut y).unwrap_err();
     assert!(
         matches!(e, Error::BufferTooSmall { operand: Which::ConvX, needed_elems, .. } if needed_elems == lx),
         "{e}"
     );
-    let e = gpu.conv2d_fused(&p, &x, &w, &s.clone_htod(&vec![f16::ONE; 7]).unwrap(), ConvActivation::Relu, &mut y);
+    let e = gpu.conv().fused(&p, &x, &w, &s.clone_htod(&vec![f16::ONE; 7]).unwrap(), ConvActivation::Relu, &mut y);
     assert!(matches!(e, Err(Error::BufferTooSmall { operand: Which::Bias, .. })), "{e:?}");
     let mut short_y = s.clone_htod(&poison::<f16>(ly - 1)).unwrap();
-    let e = gpu.conv2d_forward(&p, &x, &w, &mut short_y).unwrap_err();
+    let e = gpu.conv().forward(&p, &x, &w, &mut short_y).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::ConvY, .. }), "{e}");
     let mut short_dw = s.clone_htod(&poison::<f16>(lw - 1)).unwrap();
-    let e = gpu.conv2d_backward_filter(&p, &x, &y, &mut short_dw).unwrap_err();
+    let e = gpu.conv().backward_filter(&p, &x, &y, &mut short_dw).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::ConvW, .. }), "{e}");
     // a misaligned view: one element in
-    let e = gpu.conv2d_forward(&p, &x.slice(1..), &w, &mut y).unwrap_err();
+    let e = gpu.conv().forward(&p, &x.slice(1..), &w, &mut y).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { .. } | Error::Misaligned { .. }), "{e}");
     assert!(untouched(&y), "a refused call wrote its output");
     assert!(untouched(&short_dw), "a refused call wrote its output");
     // still usable
-    gpu.conv2d_fused(&p, &x, &w, &b, ConvActivation::Relu, &mut y).unwrap();
+    gpu.conv().fused(&p, &x, &w, &b, ConvActivation::Relu, &mut y).unwrap();
     let got = s.clone_dtoh(&y).unwrap();
     // every output sees at most 3·3·4 ones plus the bias: interior points 37, corners 17
     assert!(got.iter().all(|v| (17.0..=37.0).contains(&v.to_f64())), "{:?}", &got[..8]);
 }
 
 /// Before its plan exists a convolution inside a capture is a named error; after
-/// [`Gpu::prewarm_conv`], a fused forward and a backward-data call captured into one graph and
+/// [`GpuConv::prewarm`], a fused forward and a backward-data call captured into one graph and
 /// launched give the eager results bit for bit. cudarc's event tracking is off on this context,
 /// as capturing cudarc buffers needs (see the FP8 capture test).
 #[test]
@@ -254,22 +254,22 @@ fn prewarmed_convolutions_are_capturable() {
     let (xd, wd, bd) = (s.clone_htod(&x).unwrap(), s.clone_htod(&w).unwrap(), s.clone_htod(&b).unwrap());
     let mut y = s.clone_htod(&poison::<f16>(ly)).unwrap();
     s.begin_capture(mode).unwrap();
-    let e = gpu.conv2d_forward(&p, &xd, &wd, &mut y).unwrap_err();
+    let e = gpu.conv().forward(&p, &xd, &wd, &mut y).unwrap_err();
     let _ = s.end_capture(CUgraphInstantiate_flags(0));
     assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
 
-    gpu.prewarm_conv(&[p]).unwrap();
+    gpu.conv().prewarm(&[p]).unwrap();
     let relu = ConvActivation::Relu;
     let (mut ye, mut dxe) = (s.clone_htod(&poison::<f16>(ly)).unwrap(), s.clone_htod(&poison::<f16>(lx)).unwrap());
-    gpu.conv2d_fused(&p, &xd, &wd, &bd, relu, &mut ye).unwrap();
-    gpu.conv2d_backward_data(&p, &wd, &ye, &mut dxe).unwrap();
+    gpu.conv().fused(&p, &xd, &wd, &bd, relu, &mut ye).unwrap();
+    gpu.conv().backward_data(&p, &wd, &ye, &mut dxe).unwrap();
     let (want_y, want_dx) = (s.clone_dtoh(&ye).unwrap(), s.clone_dtoh(&dxe).unwrap());
 
     let (mut yc, mut dxc) = (s.clone_htod(&poison::<f16>(ly)).unwrap(), s.clone_htod(&poison::<f16>(lx)).unwrap());
     s.synchronize().unwrap();
     s.begin_capture(mode).unwrap();
-    let r1 = gpu.conv2d_fused(&p, &xd, &wd, &bd, relu, &mut yc);
-    let r2 = gpu.conv2d_backward_data(&p, &wd, &yc, &mut dxc);
+    let r1 = gpu.conv().fused(&p, &xd, &wd, &bd, relu, &mut yc);
+    let r2 = gpu.conv().backward_data(&p, &wd, &yc, &mut dxc);
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
     r1.unwrap();
     r2.unwrap();
@@ -298,9 +298,9 @@ fn outputs(gpu: &Gpu, p: &Conv2d, i: &Inputs) -> Vec<Vec<u16>> {
     let (x, w, b, dy) = (up(&i.x), up(&i.w), up(&i.b), up(&i.dy));
     let [lx, _, ly] = p.lens();
     let (mut y, mut yf, mut dx) = (up(&poison(ly)), up(&poison(ly)), up(&poison(lx)));
-    gpu.conv2d_forward(p, &x, &w, &mut y).unwrap();
-    gpu.conv2d_fused(p, &x, &w, &b, ConvActivation::Relu, &mut yf).unwrap();
-    gpu.conv2d_backward_data(p, &w, &dy, &mut dx).unwrap();
+    gpu.conv().forward(p, &x, &w, &mut y).unwrap();
+    gpu.conv().fused(p, &x, &w, &b, ConvActivation::Relu, &mut yf).unwrap();
+    gpu.conv().backward_data(p, &w, &dy, &mut dx).unwrap();
     [y, yf, dx].iter().map(|v| s.clone_dtoh(v).unwrap().iter().map(|e| e.to_bits()).collect()).collect()
 }
 

@@ -86,8 +86,12 @@ fn kernels_match<T: Element + DeviceRepr>(gpu: &Gpu, rng: &mut rand::rngs::StdRn
             // a transposed source holds the same values as the [K, rows] matrix
             for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
                 for scaling in SCALINGS {
-                    let got =
-                        gpu.quantize(&dev, rows, cols, source, format, scaling).expect("quantize").to_host().unwrap();
+                    let got = gpu
+                        .fp8()
+                        .quantize(&dev, rows, cols, source, format, scaling)
+                        .expect("quantize")
+                        .to_host()
+                        .unwrap();
                     let want = quantize(&host, rows, cols, source, format, scaling).unwrap();
                     if let Err(e) = same_bits(&got, &want) {
                         panic!("{:?} [{rows}, {cols}] {source:?} {format} {scaling}: {e}", T::DTYPE);
@@ -137,14 +141,14 @@ fn gemm_case<O: Element + DeviceRepr>(
     let xh: Vec<bf16> = spread(rng, m, k);
     let wh: Vec<bf16> = normal(rng, n * k); // [N, K] or, transposed, [K, N]
     let (xd, wd) = (upload(gpu, &xh), upload(gpu, &wh));
-    let x = gpu.quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, xs)?;
-    let w = gpu.quantize(&wd, n, k, w_source, Fp8Format::E4M3, ws)?;
+    let x = gpu.fp8().quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, xs)?;
+    let w = gpu.fp8().quantize(&wd, n, k, w_source, Fp8Format::E4M3, ws)?;
     let y0: Vec<O> = if beta != 0.0 { normal(rng, m * n) } else { vec![O::from_f32(f32::NAN); m * n] };
     let bias: Vec<O> = normal(rng, n);
     let mut yd = upload(gpu, &y0);
     let bd = upload(gpu, &bias);
     let opts = Fp8Options { alpha: 0.75, beta, fast_accum: false };
-    gpu.fp8_gemm(&x, &w, &mut yd, with_bias.then_some(&bd as _), opts)?;
+    gpu.fp8().gemm(&x, &w, &mut yd, with_bias.then_some(&bd as _), opts)?;
     let got: Vec<f64> = download(gpu, &yd).iter().map(|v| v.to_f64()).collect();
     let y0w: Vec<f64> = y0.iter().map(|v| if beta != 0.0 { v.to_f64() } else { 0.0 }).collect();
     let bw: Vec<f64> = bias.iter().map(|v| v.to_f64()).collect();
@@ -208,8 +212,8 @@ fn a_weight_given_k_by_n_is_transposed_while_it_is_quantised() {
     }
     let (a, b) = (upload(&gpu, &w_kn), upload(&gpu, &w_nk));
     for scaling in SCALINGS {
-        let t = gpu.quantize(&a, n, k, Source::Transposed, Fp8Format::E4M3, scaling).unwrap().to_host().unwrap();
-        let r = gpu.quantize(&b, n, k, Source::RowMajor, Fp8Format::E4M3, scaling).unwrap().to_host().unwrap();
+        let t = gpu.fp8().quantize(&a, n, k, Source::Transposed, Fp8Format::E4M3, scaling).unwrap().to_host().unwrap();
+        let r = gpu.fp8().quantize(&b, n, k, Source::RowMajor, Fp8Format::E4M3, scaling).unwrap().to_host().unwrap();
         assert_eq!(t, r, "{scaling}");
     }
     for recipe in RECIPES {
@@ -227,15 +231,17 @@ fn an_fp8_output_has_its_d_scale_and_amax() {
     let (m, n, k) = (70, 144, 256);
     let xh: Vec<f32> = normal(&mut rng, m * k);
     let wh: Vec<f32> = normal(&mut rng, n * k);
-    let x = gpu.quantize(&upload(&gpu, &xh), m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor).unwrap();
-    let w = gpu.quantize(&upload(&gpu, &wh), n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor).unwrap();
+    let x = gpu.fp8().quantize(&upload(&gpu, &xh), m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor).unwrap();
+    let w = gpu.fp8().quantize(&upload(&gpu, &wh), n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor).unwrap();
     let want = reference(&x.to_host().unwrap(), &w.to_host().unwrap(), 1.0, 0.0, &vec![0.0; m * n], None);
     let amax_want = want.iter().fold(0.0f64, |a, v| a.max(v.abs()));
     let d_scale = (448.0 / amax_want) as f32;
     let ds = upload(&gpu, &[d_scale]);
     let mut amax = upload(&gpu, &[f32::NAN]);
     let mut y = upload(&gpu, &vec![0xffu8; m * n]);
-    gpu.fp8_gemm_to_fp8(&x, &w, &mut y, Fp8Out { d_scale: &ds, amax: &mut amax }, None, Fp8Options::default()).unwrap();
+    gpu.fp8()
+        .gemm_to_fp8(&x, &w, &mut y, Fp8Out { d_scale: &ds, amax: &mut amax }, None, Fp8Options::default())
+        .unwrap();
     let amax_got = download(&gpu, &amax)[0] as f64;
     // within the FP8 tensor cores' accumulation error (1.3e-4 measured at K = 8192)
     assert!((amax_got - amax_want).abs() <= 1e-3 * amax_want, "amax {amax_got} vs {amax_want}");
@@ -262,18 +268,22 @@ fn broken_rules_are_named_errors_and_the_engine_stays_usable() {
     let (m, n, k) = (64, 128, 256);
     let xh = upload(&gpu, &normal::<bf16>(&mut rng, m * k));
     let wh = upload(&gpu, &normal::<bf16>(&mut rng, n * k));
-    let q = |d: &CudaSlice<bf16>, rows, f, s| gpu.quantize(d, rows, k, Source::RowMajor, f, s).unwrap();
+    let q = |d: &CudaSlice<bf16>, rows, f, s| gpu.fp8().quantize(d, rows, k, Source::RowMajor, f, s).unwrap();
     let mut y: CudaSlice<bf16> = upload(&gpu, &vec![bf16::NAN; m * n]);
     let (x5, w5) = (q(&xh, m, Fp8Format::E5M2, Scaling::Tensor), q(&wh, n, Fp8Format::E5M2, Scaling::Tensor));
-    let e = gpu.fp8_gemm(&x5, &w5, &mut y, None, Fp8Options::default()).unwrap_err();
+    let e = gpu.fp8().gemm(&x5, &w5, &mut y, None, Fp8Options::default()).unwrap_err();
     assert_eq!(rule_of(e), Fp8Rule::NoE5m2Pair);
     let (xb, wb) = (q(&xh, m, Fp8Format::E4M3, Scaling::Block1x128), q(&wh, n, Fp8Format::E4M3, Scaling::Block128x128));
     let fast = Fp8Options { fast_accum: true, ..Fp8Options::default() };
-    assert_eq!(rule_of(gpu.fp8_gemm(&xb, &wb, &mut y, None, fast).unwrap_err()), Fp8Rule::FastAccum);
+    assert_eq!(rule_of(gpu.fp8().gemm(&xb, &wb, &mut y, None, fast).unwrap_err()), Fp8Rule::FastAccum);
     let wt = q(&wh, n, Fp8Format::E4M3, Scaling::Tensor);
-    assert_eq!(rule_of(gpu.fp8_gemm(&xb, &wt, &mut y, None, Fp8Options::default()).unwrap_err()), Fp8Rule::ScalingPair);
+    assert_eq!(
+        rule_of(gpu.fp8().gemm(&xb, &wt, &mut y, None, Fp8Options::default()).unwrap_err()),
+        Fp8Rule::ScalingPair
+    );
     let short: Vec<bf16> = vec![bf16::ZERO; 10];
     let w_short = gpu
+        .fp8()
         .quantize(
             &upload(&gpu, &normal::<bf16>(&mut rng, n * 128)),
             n,
@@ -284,21 +294,21 @@ fn broken_rules_are_named_errors_and_the_engine_stays_usable() {
         )
         .unwrap();
     assert_eq!(
-        rule_of(gpu.fp8_gemm(&xb, &w_short, &mut y, None, Fp8Options::default()).unwrap_err()),
+        rule_of(gpu.fp8().gemm(&xb, &w_short, &mut y, None, Fp8Options::default()).unwrap_err()),
         Fp8Rule::InnerDimension
     );
     let mut small = upload(&gpu, &short);
     assert!(matches!(
-        gpu.fp8_gemm(&xb, &wb, &mut small, None, Fp8Options::default()),
+        gpu.fp8().gemm(&xb, &wb, &mut small, None, Fp8Options::default()),
         Err(Error::BufferTooSmall { .. })
     ));
     assert!(matches!(
-        gpu.quantize(&upload(&gpu, &short), 4, 4, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor),
+        gpu.fp8().quantize(&upload(&gpu, &short), 4, 4, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor),
         Err(Error::BufferTooSmall { .. })
     ));
     // nothing was written, and the engine still runs a correct call
     assert!(download(&gpu, &y).iter().all(|v| v.is_nan()));
-    gpu.fp8_gemm(&xb, &wb, &mut y, None, Fp8Options::default()).unwrap();
+    gpu.fp8().gemm(&xb, &wb, &mut y, None, Fp8Options::default()).unwrap();
     assert!(download(&gpu, &y).iter().all(|v| v.is_finite()));
 }
 
@@ -315,10 +325,10 @@ fn fast_accumulation_costs_little_accuracy_where_it_is_offered() {
             let xh: Vec<f32> = normal(&mut rng, m * k);
             let wh: Vec<f32> = normal(&mut rng, n * k);
             let x: Fp8Tensor =
-                gpu.quantize(&upload(&gpu, &xh), m, k, Source::RowMajor, Fp8Format::E4M3, scaling).unwrap();
-            let w = gpu.quantize(&upload(&gpu, &wh), n, k, Source::RowMajor, Fp8Format::E4M3, scaling).unwrap();
+                gpu.fp8().quantize(&upload(&gpu, &xh), m, k, Source::RowMajor, Fp8Format::E4M3, scaling).unwrap();
+            let w = gpu.fp8().quantize(&upload(&gpu, &wh), n, k, Source::RowMajor, Fp8Format::E4M3, scaling).unwrap();
             let mut y = upload(&gpu, &vec![f32::NAN; m * n]);
-            gpu.fp8_gemm(&x, &w, &mut y, None, Fp8Options { fast_accum: fast, ..Fp8Options::default() }).unwrap();
+            gpu.fp8().gemm(&x, &w, &mut y, None, Fp8Options { fast_accum: fast, ..Fp8Options::default() }).unwrap();
             let got: Vec<f64> = download(&gpu, &y).iter().map(|&v| v as f64).collect();
             let want = reference(&x.to_host().unwrap(), &w.to_host().unwrap(), 1.0, 0.0, &vec![0.0; m * n], None);
             errs.push(rel_error(&got, &want));
@@ -354,23 +364,23 @@ fn quantisation_and_fp8_gemm_are_capturable_once_prepared() {
     let s = fresh.stream().clone();
     let xd = upload(&fresh, &xh);
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    let e = fresh.quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap_err();
+    let e = fresh.fp8().quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap_err();
     let _ = s.end_capture(CUgraphInstantiate_flags(0));
     assert!(matches!(e, Error::NotCapturable { .. }), "{e}");
 
-    fresh.prepare_fp8().unwrap();
+    fresh.fp8().prepare().unwrap();
     let wd = upload(&fresh, &wh);
-    let w = fresh.quantize(&wd, n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap();
-    let x = fresh.quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap();
+    let w = fresh.fp8().quantize(&wd, n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap();
+    let x = fresh.fp8().quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row).unwrap();
     let mut eager: CudaSlice<bf16> = upload(&fresh, &vec![bf16::NAN; m * n]);
-    fresh.fp8_gemm(&x, &w, &mut eager, None, Fp8Options::default()).unwrap();
+    fresh.fp8().gemm(&x, &w, &mut eager, None, Fp8Options::default()).unwrap();
     let want = download(&fresh, &eager);
 
     let mut y: CudaSlice<bf16> = upload(&fresh, &vec![bf16::NAN; m * n]);
     s.synchronize().unwrap();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    let x2 = fresh.quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row);
-    let r = x2.as_ref().map(|x2| fresh.fp8_gemm(x2, &w, &mut y, None, Fp8Options::default()));
+    let x2 = fresh.fp8().quantize(&xd, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row);
+    let r = x2.as_ref().map(|x2| fresh.fp8().gemm(x2, &w, &mut y, None, Fp8Options::default()));
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
     r.unwrap().unwrap();
     let x2 = x2.unwrap();

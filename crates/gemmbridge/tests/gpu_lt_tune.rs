@@ -30,7 +30,12 @@ fn autotune_keeps_correct_results() {
     let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * n * 2 };
     // SAFETY: buffers of this context on the Gpu's stream.
     let (report, sig, tactic) = unsafe {
-        gpu.autotune_raw(&p, Scale::PRODUCT, RawOperands::new(raw(&dx, &s), raw(&dw, &s), rc), TuneOptions::default())
+        gpu.tune().gemm_raw(
+            &p,
+            Scale::PRODUCT,
+            RawOperands::new(raw(&dx, &s), raw(&dw, &s), rc),
+            TuneOptions::default(),
+        )
     }
     .unwrap();
     eprintln!("{sig}: {report:?}");
@@ -80,7 +85,7 @@ fn autotune_searches_tiny_problems() {
         let extras = RawExtras { bias: fused.then(|| raw(&dv, &s)), aux: None };
         // SAFETY: buffers of this context on the Gpu's stream.
         let (report, sig, _) = unsafe {
-            gpu.autotune_raw(
+            gpu.tune().gemm_raw(
                 &p,
                 Scale::PRODUCT,
                 RawOperands { a: raw(&da, &s), b: raw(&db, &s), c: rc, bias: extras.bias, aux: extras.aux, c_in: None },
@@ -135,7 +140,7 @@ fn autotune_fused_epilogue_stays_correct() {
     let extras = RawExtras { bias: Some(raw(&db, &s)), aux: None };
     // SAFETY: buffers of this context on the Gpu's stream.
     let (report, sig, _) = unsafe {
-        gpu.autotune_raw(
+        gpu.tune().gemm_raw(
             &p,
             Scale::PRODUCT,
             RawOperands { a: raw(&dx, &s), b: raw(&dw, &s), c: rc, bias: extras.bias, aux: extras.aux, c_in: None },
@@ -177,7 +182,12 @@ fn autotune_ignores_poisoned_padding() {
     let rc = RawBuffer { address: dc.device_ptr_mut(&s).0, len_bytes: m * ldc * 2 };
     // SAFETY: buffers of this context on the Gpu's stream.
     let (report, _, _) = unsafe {
-        gpu.autotune_raw(&p, Scale::PRODUCT, RawOperands::new(raw(&dx, &s), raw(&dw, &s), rc), TuneOptions::default())
+        gpu.tune().gemm_raw(
+            &p,
+            Scale::PRODUCT,
+            RawOperands::new(raw(&dx, &s), raw(&dw, &s), rc),
+            TuneOptions::default(),
+        )
     }
     .unwrap();
     assert_eq!(report.mismatched, 0, "{report:?}");

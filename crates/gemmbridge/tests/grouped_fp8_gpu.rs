@@ -1,4 +1,4 @@
-//! The FP8 grouped products on the GPU ([`Gpu::grouped_quantize`], [`Gpu::grouped_fp8_gemm`]):
+//! The FP8 grouped products on the GPU ([`GpuFp8::grouped_quantize`], [`GpuFp8::grouped_gemm`]):
 //! the forward and both backward products against the CPU emulation (`grouped::fp8`: each
 //! group quantised on its own in its TN form, float64 on the dequantised values), every recipe
 //! cuBLASLt offers, ragged group sizes (0, 1, 7, 129, 4096 rows), bf16, f16 and f32 outputs
@@ -50,7 +50,7 @@ fn quantize(
     (a, b): (&CudaSlice<bf16>, &CudaSlice<bf16>),
     r: (Scaling, Scaling),
 ) -> (Groups, Groups) {
-    let q = |operand, src, scaling| gpu.grouped_quantize(p, operand, src, Fp8Format::E4M3, scaling).unwrap();
+    let q = |operand, src, scaling| gpu.fp8().grouped_quantize(p, operand, src, Fp8Format::E4M3, scaling).unwrap();
     (q(GroupedOperand::A, a, r.0), q(GroupedOperand::B, b, r.1))
 }
 
@@ -87,7 +87,8 @@ fn run<O: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, recipe: (Scaling,
     let (qa, qb) = quantize(gpu, p, (&da, &db), recipe);
     let mut c = s.clone_htod(&poison::<O>(lc)).unwrap();
     let bv = dbias.as_ref().map(|v| v as &dyn DevicePtr<O>);
-    gpu.grouped_fp8_gemm(p, &qa, &qb, &mut c, bv, Fp8Options::default())
+    gpu.fp8()
+        .grouped_gemm(p, &qa, &qb, &mut c, bv, Fp8Options::default())
         .unwrap_or_else(|e| panic!("{} {recipe:?}: {e}", p.describe()));
     let f = |v: &[bf16]| v.iter().map(|x| x.to_f32()).collect();
     Run { got: wide(&s.clone_dtoh(&c).unwrap()), a: f(&a), b: f(&b), bias: bias.map(|v| wide(&v)) }
@@ -164,7 +165,7 @@ fn the_pool_and_in_order_give_the_same_bits() {
             })
             .unwrap();
             let mut c = s.clone_htod(&poison::<bf16>(lc)).unwrap();
-            gpu.grouped_fp8_gemm(&p, &qa, &qb, &mut c, None, Fp8Options::default()).unwrap();
+            gpu.fp8().grouped_gemm(&p, &qa, &qb, &mut c, None, Fp8Options::default()).unwrap();
             outs.push(s.clone_dtoh(&c).unwrap());
         }
         assert!(outs[0][..written(&p)].iter().all(|v| v.is_finite()), "{op:?}");
@@ -208,7 +209,7 @@ fn replays<O: Element + DeviceRepr>(gpu: &Gpu, p: &GroupedProblem, recipe: (Scal
     let mut c = s.clone_htod(&poison::<O>(lc)).unwrap();
     let call = |c: &mut CudaSlice<O>| {
         s.memcpy_htod(&poison::<O>(lc), c).unwrap();
-        gpu.grouped_fp8_gemm(p, &qa, &qb, c, None, Fp8Options::default()).unwrap();
+        gpu.fp8().grouped_gemm(p, &qa, &qb, c, None, Fp8Options::default()).unwrap();
         s.clone_dtoh(c).unwrap()
     };
     let first = call(&mut c);
@@ -242,7 +243,7 @@ fn empty_groups_of_the_backward_weight_are_zeros_or_kept() {
     let nk = 32 * 64;
     let with_beta = |beta: f32| {
         let mut c = s.clone_htod(&start).unwrap();
-        let r = gpu.grouped_fp8_gemm(&p, &qa, &qb, &mut c, None, Fp8Options { beta, ..Default::default() });
+        let r = gpu.fp8().grouped_gemm(&p, &qa, &qb, &mut c, None, Fp8Options { beta, ..Default::default() });
         (r, wide(&s.clone_dtoh(&c).unwrap()))
     };
     let (r, zero) = with_beta(0.0);
@@ -286,16 +287,16 @@ fn bad_input_is_named_and_nothing_is_written() {
     let opts = Fp8Options::default();
     // a source shorter than the problem's x
     let short = s.clone_htod(&normal::<bf16>(&mut rng, lx - 1)).unwrap();
-    match gpu.grouped_quantize(&p, GroupedOperand::A, &short, Fp8Format::E4M3, Scaling::Tensor) {
+    match gpu.fp8().grouped_quantize(&p, GroupedOperand::A, &short, Fp8Format::E4M3, Scaling::Tensor) {
         Err(Error::BufferTooSmall { operand: Which::Source, needed_elems, .. }) => assert_eq!(needed_elems, lx),
         other => panic!("{other:?}"),
     }
     // too few operands; a group's x of other rows (group 2's given as group 0's)
-    let e = gpu.grouped_fp8_gemm(&p, &qx[..2], &qw, &mut y, None, opts).unwrap_err();
+    let e = gpu.fp8().grouped_gemm(&p, &qx[..2], &qw, &mut y, None, opts).unwrap_err();
     assert!(matches!(e, Error::GroupedShape { .. }), "{e}");
     let swapped: Vec<_> =
         quantize(&gpu, &p, (&dx, &dw), (Scaling::Tensor, Scaling::Tensor)).0.into_iter().rev().collect();
-    match gpu.grouped_fp8_gemm(&p, &swapped, &qw, &mut y, None, opts) {
+    match gpu.fp8().grouped_gemm(&p, &swapped, &qw, &mut y, None, opts) {
         Err(Error::GroupedShape { what, detail }) => {
             assert!(what.contains("TN shape"), "{what}");
             assert!(detail.contains("x[0] is [5, 64]") && detail.contains("m[0] = 3"), "{detail}");
@@ -304,7 +305,7 @@ fn bad_input_is_named_and_nothing_is_written() {
     }
     // the forward's operands given to the backward data (dy_e is [m_e, N], w_eᵀ [K, N])
     let back = GroupedProblem::new(GroupedOp::BackwardData, &[3, 0, 5], 32, 64, Precision::BF16).unwrap();
-    match gpu.grouped_fp8_gemm(&back, &qx, &qw, &mut y, None, opts) {
+    match gpu.fp8().grouped_gemm(&back, &qx, &qw, &mut y, None, opts) {
         Err(Error::GroupedShape { detail, .. }) => {
             assert!(detail.contains("dy[0] is [3, 64] where [3, 32]"), "{detail}")
         }
@@ -312,21 +313,21 @@ fn bad_input_is_named_and_nothing_is_written() {
     }
     // an output of another type than the problem's; one element short
     let mut y16 = s.clone_htod(&poison::<f16>(ly)).unwrap();
-    let e = gpu.grouped_fp8_gemm(&p, &qx, &qw, &mut y16, None, opts).unwrap_err();
+    let e = gpu.fp8().grouped_gemm(&p, &qx, &qw, &mut y16, None, opts).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { operand: Which::Grouped("y"), .. }), "{e}");
     let mut short_y = s.clone_htod(&poison::<bf16>(ly - 1)).unwrap();
-    match gpu.grouped_fp8_gemm(&p, &qx, &qw, &mut short_y, None, opts) {
+    match gpu.fp8().grouped_gemm(&p, &qx, &qw, &mut short_y, None, opts) {
         Err(Error::BufferTooSmall { operand: Which::Grouped("y"), needed_elems, .. }) => assert_eq!(needed_elems, ly),
         other => panic!("{other:?}"),
     }
     assert!(untouched(&short_y));
     // a bias the problem does not have
     let bias = s.clone_htod(&normal::<bf16>(&mut rng, 3 * 32)).unwrap();
-    let e = gpu.grouped_fp8_gemm(&p, &qx, &qw, &mut y, Some(&bias), opts).unwrap_err();
+    let e = gpu.fp8().grouped_gemm(&p, &qx, &qw, &mut y, Some(&bias), opts).unwrap_err();
     assert!(matches!(e, Error::EpilogueOperand { .. }), "{e}");
     // a forced way FP8 groups do not take
     gpu.update_options(|o| o.grouped_backend = Some(GroupedBackend::GroupedBatched)).unwrap();
-    match gpu.grouped_fp8_gemm(&p, &qx, &qw, &mut y, None, opts) {
+    match gpu.fp8().grouped_gemm(&p, &qx, &qw, &mut y, None, opts) {
         Err(Error::Unsupported { what, .. }) => assert!(what.contains("GroupedBatched"), "{what}"),
         other => panic!("{other:?}"),
     }
@@ -334,11 +335,11 @@ fn bad_input_is_named_and_nothing_is_written() {
     // an FP8 rule broken in a group: fast accumulation with block scales
     let (bx, bw) = quantize(&gpu, &p, (&dx, &dw), (Scaling::Block1x128, Scaling::Block128x128));
     let fast = Fp8Options { fast_accum: true, ..opts };
-    let e = gpu.grouped_fp8_gemm(&p, &bx, &bw, &mut y, None, fast).unwrap_err();
+    let e = gpu.fp8().grouped_gemm(&p, &bx, &bw, &mut y, None, fast).unwrap_err();
     assert!(matches!(e, Error::Fp8 { .. }), "{e}");
     assert!(untouched(&y));
     // the engine is usable afterwards
-    gpu.grouped_fp8_gemm(&p, &qx, &qw, &mut y, None, opts).unwrap();
+    gpu.fp8().grouped_gemm(&p, &qx, &qw, &mut y, None, opts).unwrap();
     let got = s.clone_dtoh(&y).unwrap();
     assert!(got.iter().all(|v| v.is_finite()));
 }

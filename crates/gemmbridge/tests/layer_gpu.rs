@@ -1,5 +1,5 @@
 //! GPU tests of the decoder layer: attention's backward into one fused dQKV buffer
-//! ([`Gpu::attention_backward_packed`]) against float64 with the buffer's unused columns left
+//! ([`GpuAttention::backward_packed`]) against float64 with the buffer's unused columns left
 //! alone; the GPU layer's construction (every plan made) and order rules; a whole training
 //! step against the float64 layer (outputs poisoned by a step on NaN inputs first), in bf16
 //! and f16, with gradient accumulation, and with FP8 forward projections; a step captured into
@@ -65,9 +65,9 @@ fn packed_gradients_match_float64_and_leave_the_rest() {
     let mut lse: CudaSlice<f32> = s.alloc_zeros(p.stats_elems()).unwrap();
     let mut dqkv = s.clone_htod(&dqkv_host).unwrap();
     let views = offsets.map(|off| dqkv_in.slice(off..));
-    gpu.attention_forward(&p, [&views[0], &views[1], &views[2]], &mut o, Some(&mut lse), None).unwrap();
+    gpu.attention().forward(&p, [&views[0], &views[1], &views[2]], &mut o, Some(&mut lse), None).unwrap();
     let saved = AttnSaved { q: &views[0], k: &views[1], v: &views[2], o: &o, d_o: &ddo, stats: &lse };
-    gpu.attention_backward_packed(&p, saved, &mut dqkv, offsets, None).unwrap();
+    gpu.attention().backward_packed(&p, saved, &mut dqkv, offsets, None).unwrap();
     let got = wide(&s.clone_dtoh(&dqkv).unwrap());
     for (i, (t, want)) in
         [(AttnTensor::Q, &g.dq), (AttnTensor::K, &g.dk), (AttnTensor::V, &g.dv)].into_iter().enumerate()
@@ -82,7 +82,7 @@ fn packed_gradients_match_float64_and_leave_the_rest() {
     }
     // overlapping views are refused by name, nothing written
     let saved = AttnSaved { q: &views[0], k: &views[1], v: &views[2], o: &o, d_o: &ddo, stats: &lse };
-    let e = gpu.attention_backward_packed(&p, saved, &mut dqkv, [0, d, 2 * d], None).unwrap_err();
+    let e = gpu.attention().backward_packed(&p, saved, &mut dqkv, [0, d, 2 * d], None).unwrap_err();
     assert!(matches!(e, Error::AttentionShape { .. }), "{e}");
 }
 

@@ -51,7 +51,7 @@ fn logits<T: Element>(rng: &mut StdRng, s: usize, e: usize) -> Vec<T> {
 /// The router's outputs on the device equal `reference::route` bit for bit.
 fn check_route<T: Element + DeviceRepr>(gpu: &Gpu, r: &MoeRouter, l: &[T]) -> reference::Routing {
     let mut out = MoeRouting::new(gpu, r).unwrap();
-    gpu.moe_route(&up(gpu, l), &mut out).unwrap();
+    gpu.moe().route(&up(gpu, l), &mut out).unwrap();
     let want = reference::route(r, &l.iter().map(|x| x.to_f64() as f32).collect::<Vec<_>>());
     assert_eq!(down(gpu, out.ids()), want.ids, "ids {r:?}");
     let w = down(gpu, out.weights());
@@ -95,7 +95,7 @@ fn check_product<T: Element + DeviceRepr + Default + Clone>(
     let [li, lw, lo] = p.lens();
     let (input, w): (Vec<T>, Vec<T>) = (normal(rng, li), normal(rng, lw));
     let mut out = up(gpu, &poison::<T>(lo));
-    gpu.moe_gemm(p, &up(gpu, starts), &up(gpu, &input), &up(gpu, &w), &mut out)?;
+    gpu.moe().gemm(p, &up(gpu, starts), &up(gpu, &input), &up(gpu, &w), &mut out)?;
     let got = wide(&down(gpu, &out));
     let want = reference::moe_gemm(p, &wide(&input), &wide(&w), starts);
     let width = p.width().1;
@@ -114,7 +114,7 @@ fn check_product<T: Element + DeviceRepr + Default + Clone>(
 }
 
 /// The products over device group starts (what a MoE layer runs: x gathered into expert order
-/// by [`Gpu::moe_gather`], the outputs read back through `pos` by the combine), experts 1 and
+/// by [`GpuMoe::gather`], the outputs read back through `pos` by the combine), experts 1 and
 /// 4 without rows: the forward against float64 per expert; the backward data, which cuDNN 9.19
 /// has no engine for on Hopper, either against float64 or refused by name.
 #[test]
@@ -157,7 +157,7 @@ fn products_on_device_starts_match_float64_per_expert() {
     let p = MoeGemm::new(GroupedOp::Forward, 3, 8, (16, 8), Precision::BF16).unwrap();
     let (x, w) = (up(&gpu, &normal::<bf16>(&mut rng, 64)), up(&gpu, &normal::<bf16>(&mut rng, 384)));
     let mut y = up(&gpu, &poison::<bf16>(128));
-    gpu.moe_gemm(&p, &up(&gpu, &[5i32, -3, 900]), &x, &w, &mut y).unwrap();
+    gpu.moe().gemm(&p, &up(&gpu, &[5i32, -3, 900]), &x, &w, &mut y).unwrap();
     let clamped = reference::moe_gemm(&p, &wide(&down(&gpu, &x)), &wide(&down(&gpu, &w)), &[5, 5, 8]);
     let got = wide(&down(&gpu, &y));
     assert!(rel_error(&got[5 * 16..], &clamped[5 * 16..]) < 1e-2, "the clamped starts' expert 1");
@@ -168,7 +168,7 @@ fn check_unsupported(gpu: &Gpu, p: &MoeGemm) -> String {
     let (i, w) = (up(gpu, &vec![bf16::ZERO; li]), up(gpu, &vec![bf16::ZERO; lw]));
     let mut o = up(gpu, &poison::<bf16>(lo));
     let st = up(gpu, &vec![0i32; p.experts()]);
-    let e = gpu.moe_gemm(p, &st, &i, &w, &mut o).unwrap_err();
+    let e = gpu.moe().gemm(p, &st, &i, &w, &mut o).unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("9.18"), "{e}");
     assert!(down(gpu, &o).iter().all(|v| v.is_nan()), "written");
     e.to_string()
@@ -212,11 +212,11 @@ fn a_captured_step_replays_with_new_routing() {
         up(&gpu, &poison::<bf16>(s * h)),
     );
     let mut step = |routing: &mut MoeRouting, l: &CudaSlice<bf16>, x: &CudaSlice<bf16>| -> Result<(), Error> {
-        gpu.moe_route(l, routing)?;
-        gpu.moe_gather(routing.index(), h, x, &mut xs)?;
-        gpu.moe_gemm(&up_p, routing.starts(), &xs, &w1, &mut mid)?;
-        gpu.moe_gemm(&down_p, routing.starts(), &mid, &w2, &mut o)?;
-        gpu.moe_combine(&comb, (&o, Some(routing.pos())), Some(routing.weights()), &mut y)
+        gpu.moe().route(l, routing)?;
+        gpu.moe().gather(routing.index(), h, x, &mut xs)?;
+        gpu.moe().gemm(&up_p, routing.starts(), &xs, &w1, &mut mid)?;
+        gpu.moe().gemm(&down_p, routing.starts(), &mid, &w2, &mut o)?;
+        gpu.moe().combine(&comb, (&o, Some(routing.pos())), Some(routing.weights()), &mut y)
     };
     step(&mut routing, &d_l, &d_x).unwrap(); // plans and kernels made
     let st = gpu.stream().clone();
@@ -288,13 +288,13 @@ fn each_piece_of_the_step_captures_alone() {
             (i, en) => failed.push(format!("{name}: call {i:?}, end {:?}", en.map(|g| g.is_some()))),
         }
     };
-    piece("route", &mut || gpu.moe_route(&d_l, &mut routing));
+    piece("route", &mut || gpu.moe().route(&d_l, &mut routing));
     let (index, starts, pos, wts) = (routing.index(), routing.starts(), routing.pos(), routing.weights());
-    piece("gather", &mut || gpu.moe_gather(index, h, &d_x, &mut xs));
+    piece("gather", &mut || gpu.moe().gather(index, h, &d_x, &mut xs));
     if moe_available() {
-        piece("product", &mut || gpu.moe_gemm(&up_p, starts, &xs, &w1, &mut mid));
+        piece("product", &mut || gpu.moe().gemm(&up_p, starts, &xs, &w1, &mut mid));
     }
-    piece("combine", &mut || gpu.moe_combine(&comb, (&xs, Some(pos)), Some(wts), &mut y));
+    piece("combine", &mut || gpu.moe().combine(&comb, (&xs, Some(pos)), Some(wts), &mut y));
     assert!(failed.is_empty(), "pieces whose capture failed: {failed:?}");
 }
 
@@ -310,7 +310,7 @@ fn the_capacity_layout_equals_the_cpu_bit_for_bit() {
     let router = MoeRouter { tokens: s, experts: e, top_k: k, dtype: DType::F32 };
     let l: Vec<f32> = normal(&mut rng, s * e);
     let mut routing = MoeRouting::new(&gpu, &router).unwrap();
-    gpu.moe_route(&up(&gpu, &l), &mut routing).unwrap();
+    gpu.moe().route(&up(&gpu, &l), &mut routing).unwrap();
     let rt = reference::route(&router, &l);
     let most = *rt.sizes().iter().max().unwrap();
     let x: Vec<bf16> = normal(&mut rng, s * n);
@@ -325,7 +325,7 @@ fn the_capacity_layout_equals_the_cpu_bit_for_bit() {
         assert_eq!(down(&gpu, routing.slots()), p.slots, "slots cap {cap}");
         assert_eq!(down(&gpu, routing.pos()), p.pos, "pos cap {cap}");
         let mut xs = up(&gpu, &poison::<bf16>(e * cap * n));
-        gpu.moe_gather(routing.index(), n, &d_x, &mut xs).unwrap();
+        gpu.moe().gather(routing.index(), n, &d_x, &mut xs).unwrap();
         let got = down(&gpu, &xs);
         for (row, &t) in p.index.iter().enumerate() {
             let want = if t < 0 { vec![bf16::ZERO; n] } else { x[t as usize * n..][..n].to_vec() };
@@ -336,7 +336,7 @@ fn the_capacity_layout_equals_the_cpu_bit_for_bit() {
         let of: Vec<f32> = o.iter().map(|v| v.to_f32()).collect();
         let d_o = up(&gpu, &o);
         let mut y = up(&gpu, &poison::<bf16>(s * n));
-        gpu.moe_combine(&c, (&d_o, Some(routing.pos() as _)), Some(&w as _), &mut y).unwrap();
+        gpu.moe().combine(&c, (&d_o, Some(routing.pos() as _)), Some(&w as _), &mut y).unwrap();
         let want = reference::combine(&c, (&of, Some(&p.pos)), Some(&rt.weights));
         let bits = |got: Vec<bf16>, want: &[f32]| {
             got.iter().zip(want).all(|(a, b)| a.to_bits() == bf16::from_f32(*b).to_bits())
@@ -350,7 +350,7 @@ fn the_capacity_layout_equals_the_cpu_bit_for_bit() {
             up(&gpu, &poison::<bf16>(s * e)),
         );
         let grads = MoeCombineGrads { d_o: &mut g_o, dw: &mut g_w, dlogits: &mut g_l };
-        gpu.moe_combine_backward(&c, (&routing, true), (&up(&gpu, &dy), &d_o), grads).unwrap();
+        gpu.moe().combine_backward(&c, (&routing, true), (&up(&gpu, &dy), &d_o), grads).unwrap();
         let (w_o, w_w, w_l) = reference::combine_backward(&c, e, (&dyf, &of, Some(&p.pos)), (&rt.weights, &rt.ids));
         assert!(bits(down(&gpu, &g_o), &w_o), "do cap {cap} (pad rows zero)");
         assert!(down(&gpu, &g_w).iter().zip(&w_w).all(|(a, b)| a.to_bits() == b.to_bits()), "dw cap {cap}");
@@ -359,7 +359,7 @@ fn the_capacity_layout_equals_the_cpu_bit_for_bit() {
     let err = routing.pad(&gpu, 0).unwrap_err();
     assert!(matches!(err, Error::GroupedShape { .. }), "{err}");
     // a new routing returns to the sorted layout
-    gpu.moe_route(&up(&gpu, &l), &mut routing).unwrap();
+    gpu.moe().route(&up(&gpu, &l), &mut routing).unwrap();
     assert_eq!((routing.capacity(), routing.rows()), (None, s * k));
     assert_eq!(down(&gpu, routing.pos()), rt.pos);
 }
@@ -372,7 +372,7 @@ fn the_combine_its_backward_and_the_gather_equal_the_cpu_bit_for_bit() {
         let router = MoeRouter { tokens: s, experts: e, top_k: k, dtype: DType::F32 };
         let l: Vec<f32> = normal(&mut rng, s * e);
         let mut routing = MoeRouting::new(&gpu, &router).unwrap();
-        gpu.moe_route(&up(&gpu, &l), &mut routing).unwrap();
+        gpu.moe().route(&up(&gpu, &l), &mut routing).unwrap();
         let rt = reference::route(&router, &l);
         let c = MoeCombine { tokens: s, top_k: k, n, dtype: DType::BF16 };
         let o: Vec<bf16> = normal(&mut rng, s * k * n);
@@ -388,7 +388,7 @@ fn the_combine_its_backward_and_the_gather_equal_the_cpu_bit_for_bit() {
             for weighted in [true, false] {
                 let mut y = up(&gpu, &poison::<bf16>(s * n));
                 let d_rows = sorted.then_some(routing.pos() as _);
-                gpu.moe_combine(&c, (&d_o, d_rows), weighted.then_some(routing.weights() as _), &mut y).unwrap();
+                gpu.moe().combine(&c, (&d_o, d_rows), weighted.then_some(routing.weights() as _), &mut y).unwrap();
                 let want = reference::combine(&c, (&of, rows), weighted.then_some(&rt.weights[..]));
                 assert!(bits(down(&gpu, &y), &want), "combine {s} {k} {n} sorted {sorted}");
             }
@@ -398,7 +398,7 @@ fn the_combine_its_backward_and_the_gather_equal_the_cpu_bit_for_bit() {
                 up(&gpu, &poison::<bf16>(s * e)),
             );
             let grads = MoeCombineGrads { d_o: &mut g_o, dw: &mut g_w, dlogits: &mut g_l };
-            gpu.moe_combine_backward(&c, (&routing, sorted), (&d_dy, &d_o), grads).unwrap();
+            gpu.moe().combine_backward(&c, (&routing, sorted), (&d_dy, &d_o), grads).unwrap();
             let dyf: Vec<f32> = dy.iter().map(|v| v.to_f32()).collect();
             let (w_o, w_w, w_l) = reference::combine_backward(&c, e, (&dyf, &of, rows), (&rt.weights, &rt.ids));
             assert!(bits(down(&gpu, &g_o), &w_o), "do {s} {k} {n} sorted {sorted}");
@@ -409,12 +409,12 @@ fn the_combine_its_backward_and_the_gather_equal_the_cpu_bit_for_bit() {
         // one past the input is clamped to its last row
         let x: Vec<f16> = normal(&mut rng, s * n);
         let mut xs = up(&gpu, &poison::<f16>(s * k * n));
-        gpu.moe_gather(routing.index(), n, &up(&gpu, &x), &mut xs).unwrap();
+        gpu.moe().gather(routing.index(), n, &up(&gpu, &x), &mut xs).unwrap();
         let want: Vec<f16> = rt.index.iter().flat_map(|&t| x[t as usize * n..(t as usize + 1) * n].to_vec()).collect();
         assert!(down(&gpu, &xs).iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "gather {s}");
         let wild = up(&gpu, &[-5i32, s as i32 + 3]);
         let mut two = up(&gpu, &poison::<f16>(2 * n));
-        gpu.moe_gather(&wild, n, &up(&gpu, &x), &mut two).unwrap();
+        gpu.moe().gather(&wild, n, &up(&gpu, &x), &mut two).unwrap();
         let got = down(&gpu, &two);
         assert!(got[..n].iter().all(|a| a.to_bits() == 0), "negative: zeros");
         assert!(got[n..].iter().zip(&x[(s - 1) * n..]).all(|(a, b)| a.to_bits() == b.to_bits()), "clamped high");
@@ -429,9 +429,9 @@ fn bad_calls_are_named_and_write_nothing() {
     let router = MoeRouter { tokens: 10, experts: 4, top_k: 2, dtype: DType::BF16 };
     let mut routing = MoeRouting::new(&gpu, &router).unwrap();
     // logits of the wrong type and too short
-    let e = gpu.moe_route(&up(&gpu, &[0.0f32; 40]), &mut routing).unwrap_err();
+    let e = gpu.moe().route(&up(&gpu, &[0.0f32; 40]), &mut routing).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { operand: Which::Grouped("logits"), .. }), "{e}");
-    let e = gpu.moe_route(&up(&gpu, &[bf16::ZERO; 39]), &mut routing).unwrap_err();
+    let e = gpu.moe().route(&up(&gpu, &[bf16::ZERO; 39]), &mut routing).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { .. }), "{e}");
     // an output too short; starts too short
     let p = MoeGemm::new(GroupedOp::Forward, 4, 20, (16, 8), Precision::BF16).unwrap();
@@ -439,16 +439,16 @@ fn bad_calls_are_named_and_write_nothing() {
     let (x, w) = (up(&gpu, &normal::<bf16>(&mut rng, li)), up(&gpu, &normal::<bf16>(&mut rng, lw)));
     let starts = up(&gpu, &[0i32, 5, 10, 15]);
     let mut short = up(&gpu, &poison::<bf16>(lo - 1));
-    let e = gpu.moe_gemm(&p, &starts, &x, &w, &mut short).unwrap_err();
+    let e = gpu.moe().gemm(&p, &starts, &x, &w, &mut short).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { .. }), "{e}");
     let mut y = up(&gpu, &poison::<bf16>(lo));
-    let e = gpu.moe_gemm(&p, &up(&gpu, &[0i32, 5, 10]), &x, &w, &mut y).unwrap_err();
+    let e = gpu.moe().gemm(&p, &up(&gpu, &[0i32, 5, 10]), &x, &w, &mut y).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::Grouped("starts"), .. }), "{e}");
     assert!(down(&gpu, &y).iter().all(|v| v.is_nan()) && down(&gpu, &short).iter().all(|v| v.is_nan()));
     // wrong type for the product
     let xf = up(&gpu, &vec![f16::ZERO; li]);
     let (wf, mut yf) = (up(&gpu, &vec![f16::ZERO; lw]), up(&gpu, &poison::<f16>(lo)));
-    let e = gpu.moe_gemm(&p, &starts, &xf, &wf, &mut yf).unwrap_err();
+    let e = gpu.moe().gemm(&p, &starts, &xf, &wf, &mut yf).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { .. }), "{e}");
     // a combine over a different routing
     let c = MoeCombine { tokens: 9, top_k: 2, n: 8, dtype: DType::BF16 };
@@ -456,10 +456,10 @@ fn bad_calls_are_named_and_write_nothing() {
     let (mut a, mut b, mut l) =
         (up(&gpu, &poison::<bf16>(18 * 8)), up(&gpu, &[0f32; 18]), up(&gpu, &poison::<bf16>(36)));
     let grads = MoeCombineGrads { d_o: &mut a, dw: &mut b, dlogits: &mut l };
-    let e = gpu.moe_combine_backward(&c, (&routing, true), (&dy, &o), grads).unwrap_err();
+    let e = gpu.moe().combine_backward(&c, (&routing, true), (&dy, &o), grads).unwrap_err();
     assert!(e.to_string().contains("the combine is not the routing's"), "{e}");
     // the engine works afterwards
-    gpu.moe_route(&up(&gpu, &normal::<bf16>(&mut rng, 40)), &mut routing).unwrap();
+    gpu.moe().route(&up(&gpu, &normal::<bf16>(&mut rng, 40)), &mut routing).unwrap();
     let starts = down(&gpu, routing.starts());
     assert_eq!(starts[0], 0);
 }

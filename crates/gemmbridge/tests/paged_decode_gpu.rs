@@ -1,4 +1,4 @@
-//! GPU tests of decode attention over a paged KV cache on cuDNN ([`Gpu::paged_decode`]):
+//! GPU tests of decode attention over a paged KV cache on cuDNN ([`GpuPaged::decode`]):
 //! against the float64 paged reference (`gemmbridge::paged::reference::decode`) within 1e-2
 //! (‖o − ref‖/‖ref‖), outputs poisoned with NaN first, at lengths 1, 7, 129 and 4095 (pages
 //! partly filled), GQA 8/1 and 32/8, d 64 and 128, page sizes 16 and 64, bf16 and f16, host and
@@ -128,7 +128,7 @@ fn decode<T: Element + DeviceRepr>(gpu: &Gpu, b: &Batch<T>, device: bool) -> Vec
     } else {
         PageIndex::host(HostIndex { tables: &b.tables, lens: &b.lens, new_lens: None })
     };
-    gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, index).unwrap();
+    gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, index).unwrap();
     wide(&gpu.stream().clone_dtoh(&d.o).unwrap())
 }
 
@@ -205,44 +205,44 @@ fn bad_decodes_are_named_and_write_nothing() {
     let good = host(&b.tables, &b.lens);
     let mut past = b.tables.clone();
     past[1] = b.op.cache.pages as i32;
-    let e = gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, host(&past, &b.lens)).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, host(&past, &b.lens)).unwrap_err();
     assert!(matches!(e, Error::PagedCache { what: "a page-table entry is past the container", .. }), "{e}");
-    let e = gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, host(&b.tables, &[7, 0])).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, host(&b.tables, &[7, 0])).unwrap_err();
     assert!(matches!(e, Error::PagedCache { what: "a length is below 1", .. }), "{e}");
-    let e = gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, host(&b.tables, &[7, 1 << 20])).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, host(&b.tables, &[7, 1 << 20])).unwrap_err();
     assert!(matches!(e, Error::PagedCache { what: "a length is past its table's pages", .. }), "{e}");
     let counts = [1, 1];
     let with_counts = PageIndex::host(HostIndex { tables: &b.tables, lens: &b.lens, new_lens: Some(&counts) });
-    let e = gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, with_counts).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, with_counts).unwrap_err();
     assert!(matches!(e, Error::PagedCache { what: "a decode reads no new lengths", .. }), "{e}");
     let short = s.clone_htod(&b.q[1..]).unwrap();
-    let e = gpu.paged_decode(&b.op, &short, (&d.k, &d.v), &mut d.o, good).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &short, (&d.k, &d.v), &mut d.o, good).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::Paged("q"), .. }), "{e}");
     let roomy = s.clone_htod(&[b.k.clone(), vec![bf16::ZERO; 8]].concat()).unwrap();
     let off = roomy.slice(1..);
-    let e = gpu.paged_decode(&b.op, &d.q, (&off, &d.v), &mut d.o, good).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &d.q, (&off, &d.v), &mut d.o, good).unwrap_err();
     assert!(matches!(e, Error::Misaligned { operand: Which::Paged("k cache"), align: 16, .. }), "{e}");
     let short_v = s.clone_htod(&b.v[..b.v.len() - 8]).unwrap();
-    let e = gpu.paged_decode(&b.op, &d.q, (&d.k, &short_v), &mut d.o, good).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &d.q, (&d.k, &short_v), &mut d.o, good).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::Paged("v cache"), .. }), "{e}");
     let short_table = s.clone_htod(&b.tables[1..]).unwrap();
     // SAFETY: refused before launch (the table is short).
     let index = unsafe { PageIndex::device(&short_table, &d.lens, None) };
-    let e = gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, index).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, index).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::Paged("page table"), .. }), "{e}");
     let bad_lens = s.clone_htod(&[7i32, 0]).unwrap();
     let checked = PageIndex::device_checked(&d.tables, &bad_lens, None);
-    let e = gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, checked).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, checked).unwrap_err();
     assert!(matches!(e, Error::PagedCache { what: "a length is below 1", .. }), "{e}");
     let (qh, kh): (CudaSlice<f16>, CudaSlice<f16>) =
         (s.alloc_zeros(b.op.query_elems()).unwrap(), s.alloc_zeros(b.op.cache.container_elems()).unwrap());
     let mut oh: CudaSlice<f16> = s.alloc_zeros(b.op.query_elems()).unwrap();
-    let e = gpu.paged_decode(&b.op, &qh, (&kh, &kh), &mut oh, good).unwrap_err();
+    let e = gpu.paged().decode(&b.op, &qh, (&kh, &kh), &mut oh, good).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { expected: DType::BF16, got: DType::F16, .. }), "{e}");
     let after: Vec<bf16> = s.clone_dtoh(&d.o).unwrap();
     assert!(after.iter().all(|x| x.is_nan()), "a refused call wrote o");
     // the engine is usable
-    gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, good).unwrap();
+    gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, good).unwrap();
     let err = rel_error(&wide(&s.clone_dtoh(&d.o).unwrap()), &b.reference());
     assert!(err < BAND, "the good call after the refused ones: {err:e}");
 }
@@ -264,14 +264,15 @@ fn a_captured_decode_replays_with_new_lengths_and_tables() {
     let mut d = upload(&gpu, &b);
     // SAFETY (here, in the capture and in the replays): the tables and lengths copied to the
     // device meet check_index (entries within the container, lengths within the tables).
-    gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, unsafe { PageIndex::device(&d.tables, &d.lens, None) })
+    gpu.paged()
+        .decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, unsafe { PageIndex::device(&d.tables, &d.lens, None) })
         .unwrap();
     s.synchronize().unwrap();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
     let index = unsafe { PageIndex::device(&d.tables, &d.lens, None) };
-    let r = gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, index);
+    let r = gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, index);
     let host = PageIndex::host(HostIndex { tables: &b.tables, lens: &b.lens, new_lens: None });
-    let refused = gpu.paged_decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, host);
+    let refused = gpu.paged().decode(&b.op, &d.q, (&d.k, &d.v), &mut d.o, host);
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
     r.unwrap();
     assert!(matches!(refused, Err(Error::NotCapturable { .. })), "{refused:?}");

@@ -1,4 +1,4 @@
-//! GPU tests of the append into a paged KV cache ([`Gpu::paged_append`], gemmbridge's own
+//! GPU tests of the append into a paged KV cache ([`GpuPaged::append`], gemmbridge's own
 //! kernel `paged.cu`): the whole containers bit for bit [`cpu::paged_append`]'s (a copy) after
 //! prefills and decode steps, bf16 and f16, page sizes 16 and 64, GQA shapes, sources read in
 //! place from a fused QKV buffer, the 16-byte and the scalar instances (the same data at an
@@ -112,7 +112,7 @@ fn append_case<T: Half>(
     let qkv = s.clone_htod(&src.qkv).unwrap();
     let (mut gk, mut gv) = (s.clone_htod(containers.0).unwrap(), s.clone_htod(containers.1).unwrap());
     let (kv, vv) = (qkv.slice(src.k_at..), qkv.slice(src.v_at..));
-    gpu.paged_append(&op, (&kv, &vv), (&mut gk, &mut gv), PageIndex::host(*index)).unwrap();
+    gpu.paged().append(&op, (&kv, &vv), (&mut gk, &mut gv), PageIndex::host(*index)).unwrap();
     let what = format!("{} (sources at {}, {})", op.describe(), src.k_at, src.v_at);
     assert_eq!(first_difference(&down(gpu, &gk), &kc), None, "k cache: {what}");
     assert_eq!(first_difference(&down(gpu, &gv), &vc), None, "v cache: {what}");
@@ -180,7 +180,7 @@ fn device_tables_give_the_same_bits_and_bad_entries_write_nothing() {
         } else {
             unsafe { PageIndex::device(&dtables, &dlens, None) }
         };
-        gpu.paged_append(&op, (&dk, &dv), (&mut gk, &mut gv), at).unwrap();
+        gpu.paged().append(&op, (&dk, &dv), (&mut gk, &mut gv), at).unwrap();
         assert_eq!(first_difference(&down(&gpu, &gk), &kc), None, "k cache, checked {checked}");
         assert_eq!(first_difference(&down(&gpu, &gv), &vc), None, "v cache, checked {checked}");
     }
@@ -189,12 +189,14 @@ fn device_tables_give_the_same_bits_and_bad_entries_write_nothing() {
     let dtables = s.clone_htod(&tables).unwrap();
     let (mut gk, mut gv) = (s.clone_htod(&start).unwrap(), s.clone_htod(&start).unwrap());
     let e = gpu
-        .paged_append(&op, (&dk, &dv), (&mut gk, &mut gv), PageIndex::device_checked(&dtables, &dlens, None))
+        .paged()
+        .append(&op, (&dk, &dv), (&mut gk, &mut gv), PageIndex::device_checked(&dtables, &dlens, None))
         .unwrap_err();
     assert!(matches!(e, Error::PagedCache { what: "a page-table entry is past the container", .. }), "{e}");
     assert_eq!(first_difference(&down(&gpu, &gk), &start), None, "a refused call wrote");
     // SAFETY: deliberately broken: the kernel must skip the row whose page is out of range.
-    gpu.paged_append(&op, (&dk, &dv), (&mut gk, &mut gv), unsafe { PageIndex::device(&dtables, &dlens, None) })
+    gpu.paged()
+        .append(&op, (&dk, &dv), (&mut gk, &mut gv), unsafe { PageIndex::device(&dtables, &dlens, None) })
         .unwrap();
     let (mut kc, mut vc) = (start.clone(), start.clone());
     let skip = [1, 1, 0, 1];
@@ -226,7 +228,7 @@ fn bad_appends_are_named_and_write_nothing() {
         other => panic!("not a PagedCache error: {other}"),
     };
     let mut call =
-        |index: HostIndex| gpu.paged_append(&op, (&k, &v), (&mut kc, &mut vc), PageIndex::host(index)).unwrap_err();
+        |index: HostIndex| gpu.paged().append(&op, (&k, &v), (&mut kc, &mut vc), PageIndex::host(index)).unwrap_err();
     let mut bad = tables.clone();
     bad[3] = c.pages as i32;
     assert_eq!(
@@ -249,25 +251,27 @@ fn bad_appends_are_named_and_write_nothing() {
     let good = HostIndex { tables: &tables, lens: &[0, 0], new_lens: None };
     // buffers: a short source, a misaligned container, a short device table, the element type
     let short = s.clone_htod(&vec![bf16::ZERO; op.source_elems() - 1]).unwrap();
-    let e = gpu.paged_append(&op, (&short, &v), (&mut kc, &mut vc), PageIndex::host(good)).unwrap_err();
+    let e = gpu.paged().append(&op, (&short, &v), (&mut kc, &mut vc), PageIndex::host(good)).unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::Paged("new k"), .. }), "{e}");
     let mut off = kc.slice_mut(1..);
-    let e = gpu.paged_append(&op, (&k, &v), (&mut off, &mut vc), PageIndex::host(good)).unwrap_err();
+    let e = gpu.paged().append(&op, (&k, &v), (&mut off, &mut vc), PageIndex::host(good)).unwrap_err();
     assert!(matches!(e, Error::Misaligned { operand: Which::Paged("k cache"), align: 16, .. }), "{e}");
     let (dt, dl) = (s.clone_htod(&tables[1..]).unwrap(), s.clone_htod(&[0i32, 0]).unwrap());
     // SAFETY: refused before launch (the table is short).
-    let e =
-        gpu.paged_append(&op, (&k, &v), (&mut kc, &mut vc), unsafe { PageIndex::device(&dt, &dl, None) }).unwrap_err();
+    let e = gpu
+        .paged()
+        .append(&op, (&k, &v), (&mut kc, &mut vc), unsafe { PageIndex::device(&dt, &dl, None) })
+        .unwrap_err();
     assert!(matches!(e, Error::BufferTooSmall { operand: Which::Paged("page table"), .. }), "{e}");
     let (kh, mut ch): (CudaSlice<f16>, CudaSlice<f16>) =
         (s.alloc_zeros(op.source_elems()).unwrap(), s.alloc_zeros(c.container_elems()).unwrap());
     let mut ch2: CudaSlice<f16> = s.alloc_zeros(c.container_elems()).unwrap();
-    let e = gpu.paged_append(&op, (&kh, &kh), (&mut ch, &mut ch2), PageIndex::host(good)).unwrap_err();
+    let e = gpu.paged().append(&op, (&kh, &kh), (&mut ch, &mut ch2), PageIndex::host(good)).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { expected: DType::BF16, got: DType::F16, .. }), "{e}");
     assert_eq!(first_difference(&down(&gpu, &kc), &start), None, "a refused call wrote k");
     assert_eq!(first_difference(&down(&gpu, &vc), &start), None, "a refused call wrote v");
     // the engine is usable
-    gpu.paged_append(&op, (&k, &v), (&mut kc, &mut vc), PageIndex::host(good)).unwrap();
+    gpu.paged().append(&op, (&k, &v), (&mut kc, &mut vc), PageIndex::host(good)).unwrap();
     assert!(first_difference(&down(&gpu, &kc), &start).is_some(), "the good call wrote nothing");
 }
 
@@ -297,11 +301,11 @@ fn a_captured_append_replays_the_same_bits() {
     let (mut ek, mut ev) = (s.clone_htod(&start).unwrap(), s.clone_htod(&start).unwrap());
     // SAFETY (here and in the capture): the tables and lengths meet check_index (distinct pages,
     // lengths within the tables).
-    gpu.paged_append(&op, (&dk, &dv), (&mut ek, &mut ev), unsafe { PageIndex::device(&dt, &dl, None) }).unwrap();
+    gpu.paged().append(&op, (&dk, &dv), (&mut ek, &mut ev), unsafe { PageIndex::device(&dt, &dl, None) }).unwrap();
     s.synchronize().unwrap();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    let r = gpu.paged_append(&op, (&dk, &dv), (&mut gk, &mut gv), unsafe { PageIndex::device(&dt, &dl, None) });
-    let refused = gpu.paged_append(
+    let r = gpu.paged().append(&op, (&dk, &dv), (&mut gk, &mut gv), unsafe { PageIndex::device(&dt, &dl, None) });
+    let refused = gpu.paged().append(
         &op,
         (&dk, &dv),
         (&mut gk, &mut gv),

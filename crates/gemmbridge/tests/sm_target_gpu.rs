@@ -107,7 +107,7 @@ fn tuning_under_a_target_makes_entries_for_that_target() {
             |v: &cudarc::driver::CudaSlice<bf16>| RawBuffer { address: v.device_ptr(&s).0, len_bytes: v.len() * 2 };
         // SAFETY: buffers of this context on the Gpu's stream.
         let (_, sig, tactic) =
-            unsafe { gpu.autotune_raw(&p, Scale::PRODUCT, RawOperands::new(raw(&dx), raw(&dw), rc), opts) }.unwrap();
+            unsafe { gpu.tune().gemm_raw(&p, Scale::PRODUCT, RawOperands::new(raw(&dx), raw(&dw), rc), opts) }.unwrap();
         let suffix = format!(" sm{}", sms - 1);
         assert_eq!(sig.ends_with(&suffix), target.is_some(), "{target:?}: {sig}");
         db.entries.insert(sig, tactic);

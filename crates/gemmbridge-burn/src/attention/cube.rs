@@ -1,5 +1,5 @@
 //! The CUDA backend: burn's buffers handed to cuDNN's flash-attention engines (gemmbridge's
-//! `Gpu::attention_forward` / `Gpu::attention_backward`) by address.
+//! `GpuAttention::forward` / `GpuAttention::backward`) by address.
 //!
 //! Served for `CubeBackend<CudaRuntime, …>` with f16/bf16 inputs; any other runtime or dtype,
 //! a problem gemmbridge refuses (head dimension not a multiple of 8 up to 256, …), or an error
@@ -164,7 +164,7 @@ fn launch_forward<T: Element>(gpu: &Gpu, p: &Attention, a: &[Buf]) -> gemmbridge
     let [q, k, v, mut o] = [0, 1, 2, 3].map(|i| Raw::<T>::new(gpu, a[i]));
     let mut lse = a.get(4).map(|&s| Raw::<f32>::new(gpu, s));
     let stats = lse.as_mut().map(|s| s as &mut dyn DevicePtrMut<f32>);
-    with_lens(gpu, lens, |l| gpu.attention_forward(p, [&q, &k, &v], &mut o, stats, l))
+    with_lens(gpu, lens, |l| gpu.attention().forward(p, [&q, &k, &v], &mut o, stats, l))
 }
 
 /// Enqueues the backward on buffers `[q, k, v, o, do, lse, dq, dk, dv, (len_q, len_kv)]`.
@@ -174,7 +174,7 @@ fn launch_backward<T: Element>(gpu: &Gpu, p: &Attention, a: &[Buf]) -> gemmbridg
     let lse = Raw::<f32>::new(gpu, a[5]);
     let [mut dq, mut dk, mut dv] = [6, 7, 8].map(|i| Raw::<T>::new(gpu, a[i]));
     let saved = AttnSaved { q: &q, k: &k, v: &v, o: &o, d_o: &d_o, stats: &lse };
-    with_lens(gpu, lens, |l| gpu.attention_backward(p, saved, &mut dq, &mut dk, &mut dv, l))
+    with_lens(gpu, lens, |l| gpu.attention().backward(p, saved, &mut dq, &mut dk, &mut dv, l))
 }
 
 /// Checks what every call needs before anything is queued: one dtype that cuDNN takes, and

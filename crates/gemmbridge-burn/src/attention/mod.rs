@@ -1,6 +1,6 @@
 //! Scaled-dot-product attention: [`attention`] on burn's `[b, h, s, d]` tensors through
-//! cuDNN's fused flash-attention engines (gemmbridge's `Gpu::attention_forward` and
-//! `Gpu::attention_backward`), with the [`AttentionOps`] trait that backends implement and the
+//! cuDNN's fused flash-attention engines (gemmbridge's `GpuAttention::forward` and
+//! `GpuAttention::backward`), with the [`AttentionOps`] trait that backends implement and the
 //! [`GemmAttention`] module.
 //!
 //! Which path serves a call, and the autodiff node: [`AttentionOps`].

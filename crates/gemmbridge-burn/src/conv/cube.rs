@@ -93,10 +93,10 @@ enum Dir {
 fn enqueue<T: Element>(gpu: &Gpu, p: &Conv2d, dir: Dir, b: &[(u64, usize)]) -> gemmbridge::Result<()> {
     let raw = |i: usize| Raw::<T>::new(gpu, b[i]);
     match dir {
-        Dir::Forward(None) => gpu.conv2d_forward::<T, _, _, _>(p, &raw(0), &raw(1), &mut raw(2)),
-        Dir::Forward(Some(act)) => gpu.conv2d_fused::<T, _, _, _, _>(p, &raw(0), &raw(1), &raw(2), act, &mut raw(3)),
-        Dir::Data => gpu.conv2d_backward_data::<T, _, _, _>(p, &raw(0), &raw(1), &mut raw(2)),
-        Dir::Filter => gpu.conv2d_backward_filter::<T, _, _, _>(p, &raw(0), &raw(1), &mut raw(2)),
+        Dir::Forward(None) => gpu.conv().forward::<T, _, _, _>(p, &raw(0), &raw(1), &mut raw(2)),
+        Dir::Forward(Some(act)) => gpu.conv().fused::<T, _, _, _, _>(p, &raw(0), &raw(1), &raw(2), act, &mut raw(3)),
+        Dir::Data => gpu.conv().backward_data::<T, _, _, _>(p, &raw(0), &raw(1), &mut raw(2)),
+        Dir::Filter => gpu.conv().backward_filter::<T, _, _, _>(p, &raw(0), &raw(1), &mut raw(2)),
     }
 }
 

@@ -208,26 +208,26 @@ pub fn time_op<T: Element + DeviceRepr>(
     let seq = lens.as_ref().map(|(q, kv)| unsafe { SeqLens::device(q, kv) });
     match op {
         "attn_fwd" => timing::time_gpu(gpu, sampling, &mut || {
-            gpu.attention_forward(p, [&*q, &*k, &*v], &mut *o, Some(&mut *lse), seq)
+            gpu.attention().forward(p, [&*q, &*k, &*v], &mut *o, Some(&mut *lse), seq)
         }),
         "attn_fwd_bwd" => timing::time_gpu(gpu, sampling, &mut || {
-            gpu.attention_forward(p, [&*q, &*k, &*v], &mut *o, Some(&mut *lse), seq)?;
+            gpu.attention().forward(p, [&*q, &*k, &*v], &mut *o, Some(&mut *lse), seq)?;
             let saved = AttnSaved { q: &*q, k: &*k, v: &*v, o: &*o, d_o: &*d_o, stats: &*lse };
-            gpu.attention_backward(p, saved, &mut *dq, &mut *dk, &mut *dv, seq)
+            gpu.attention().backward(p, saved, &mut *dq, &mut *dk, &mut *dv, seq)
         }),
         "attn_fwd_fp8" => {
             let [q8, k8, v8] = [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)]
-                .map(|(t, x)| gpu.attention_quantize(p, t, x));
+                .map(|(t, x)| gpu.attention().quantize(p, t, x));
             let (q8, k8, v8) = (q8?, k8?, v8?);
-            let mut o8 = gpu.attention_fp8_output(p)?;
+            let mut o8 = gpu.attention().fp8_output(p)?;
             timing::time_gpu(gpu, sampling, &mut || {
-                gpu.attention_forward_fp8(p, [&q8, &k8, &v8], &mut o8, Some(&mut *lse), seq)
+                gpu.attention().forward_fp8(p, [&q8, &k8, &v8], &mut o8, Some(&mut *lse), seq)
             })
         }
         "attn_fwd_bwd_fp8" => fwd_bwd_fp8(gpu, p, b, sampling),
         "attn_fp8_cast" => timing::time_gpu(gpu, sampling, &mut || {
             for (t, x) in [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)] {
-                gpu.attention_quantize(p, t, x)?;
+                gpu.attention().quantize(p, t, x)?;
             }
             Ok::<(), gemmbridge::Error>(())
         }),
@@ -248,15 +248,15 @@ fn fwd_bwd_fp8<T: Element + DeviceRepr>(
     // SAFETY: the lengths were checked against the problem (Shape::problem).
     let seq = lens.as_ref().map(|(q, kv)| unsafe { SeqLens::device(q, kv) });
     let [q8, k8, v8] = [(AttnTensor::Q, &*q), (AttnTensor::K, &*k), (AttnTensor::V, &*v)]
-        .map(|(t, x)| gpu.attention_quantize(p, t, x));
+        .map(|(t, x)| gpu.attention().quantize(p, t, x));
     let (q8, k8, v8) = (q8?, k8?, v8?);
-    let do8 = gpu.attention_quantize_grad(p, &*d_o, Fp8Format::E5M2)?;
-    let mut o8 = gpu.attention_fp8_output(p)?;
-    let [mut dq, mut dk, mut dv] = gpu.attention_fp8_grads(p, Fp8Format::E5M2)?;
+    let do8 = gpu.attention().quantize_grad(p, &*d_o, Fp8Format::E5M2)?;
+    let mut o8 = gpu.attention().fp8_output(p)?;
+    let [mut dq, mut dk, mut dv] = gpu.attention().fp8_grads(p, Fp8Format::E5M2)?;
     timing::time_gpu(gpu, sampling, &mut || {
-        gpu.attention_forward_fp8(p, [&q8, &k8, &v8], &mut o8, Some(&mut *lse), seq)?;
+        gpu.attention().forward_fp8(p, [&q8, &k8, &v8], &mut o8, Some(&mut *lse), seq)?;
         let saved = AttnSavedFp8 { q: &q8, k: &k8, v: &v8, o: &o8, d_o: &do8, stats: &*lse };
-        gpu.attention_backward_fp8(p, saved, [&mut dq, &mut dk, &mut dv], seq)
+        gpu.attention().backward_fp8(p, saved, [&mut dq, &mut dk, &mut dv], seq)
     })
 }
 

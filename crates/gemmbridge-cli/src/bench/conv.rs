@@ -180,12 +180,12 @@ pub fn time_op<T: Element + DeviceRepr>(
     let Buffers { x, w, b, dy, y, dx, dw } = bufs;
     gpu.update_options(|o| o.conv_fusion = op != "conv_bias_relu_unfused")?;
     let t = match op {
-        "conv_fwd" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_forward(p, &*x, &*w, &mut *y)),
+        "conv_fwd" => timing::time_gpu(gpu, sampling, &mut || gpu.conv().forward(p, &*x, &*w, &mut *y)),
         "conv_bias_relu" | "conv_bias_relu_unfused" => {
-            timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_fused(p, &*x, &*w, &*b, ConvActivation::Relu, &mut *y))
+            timing::time_gpu(gpu, sampling, &mut || gpu.conv().fused(p, &*x, &*w, &*b, ConvActivation::Relu, &mut *y))
         }
-        "conv_dgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_data(p, &*w, &*dy, &mut *dx)),
-        "conv_wgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv2d_backward_filter(p, &*x, &*dy, &mut *dw)),
+        "conv_dgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv().backward_data(p, &*w, &*dy, &mut *dx)),
+        "conv_wgrad" => timing::time_gpu(gpu, sampling, &mut || gpu.conv().backward_filter(p, &*x, &*dy, &mut *dw)),
         other => bail!("unknown convolution op {other:?}"),
     };
     t

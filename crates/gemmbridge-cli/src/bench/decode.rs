@@ -1,6 +1,6 @@
 //! The decode-attention rows of `gemmbridge bench` (`--ops decode_attn`; `decode_step` rows are
 //! `decode_step.rs`'s), f16 and bf16, on
-//! cuDNN's paged attention ([`Gpu::paged_decode`]): the shapes of `bench/decode.json` (the file
+//! cuDNN's paged attention ([`GpuPaged::decode`]): the shapes of `bench/decode.json` (the file
 //! `bench/decode_peer.py` reads too), one query row per sequence over keys and values read
 //! through page tables, device tables and lengths (as a server's captured step has them), the
 //! table width bucketed for the longest sequence. Each sequence's pages are spread over the
@@ -80,7 +80,7 @@ fn shape_rows<T: Element + DeviceRepr>(
                 // SAFETY: the tables and lengths passed PagedDecode::check_index in
                 // Shape::problem and are not changed.
                 let index = unsafe { PageIndex::device(&tables, &lens, None) };
-                gpu.paged_decode(p, &q, (&k, &v), &mut o, index)
+                gpu.paged().decode(p, &q, (&k, &v), &mut o, index)
             }),
             other => anyhow::bail!("unknown decode op {other:?}"),
         };

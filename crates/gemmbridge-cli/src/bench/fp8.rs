@@ -62,7 +62,7 @@ fn operands(
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let src = rotate(gpu.stream(), pool, rows * k)?;
-        out.push(gpu.quantize(&src, rows, k, Source::RowMajor, Fp8Format::E4M3, scaling)?);
+        out.push(gpu.fp8().quantize(&src, rows, k, Source::RowMajor, Fp8Format::E4M3, scaling)?);
     }
     Ok(out)
 }
@@ -91,7 +91,7 @@ pub fn bench(
     for name in scalings {
         let (xs, ws) = recipe(name)?;
         if let Err(e) =
-            gpu.quantize(&gpu.stream().alloc_zeros::<half::bf16>(1)?, 1, 1, Source::RowMajor, Fp8Format::E4M3, xs)
+            gpu.fp8().quantize(&gpu.stream().alloc_zeros::<half::bf16>(1)?, 1, 1, Source::RowMajor, Fp8Format::E4M3, xs)
         {
             if not_offered(&e) {
                 eprintln!("note: {name} skipped: {e}");
@@ -103,7 +103,7 @@ pub fn bench(
         let mut i = 0;
         let t = timing::time_gpu(gpu, sampling, &mut || {
             i = (i + 1) % count;
-            gpu.fp8_gemm(&x[i], &w[i], &mut y, None, Fp8Options::default())
+            gpu.fp8().gemm(&x[i], &w[i], &mut y, None, Fp8Options::default())
         })?;
         out.push(Row {
             op: "scaled_mm".into(),

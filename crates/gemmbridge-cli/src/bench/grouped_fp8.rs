@@ -1,6 +1,6 @@
 //! The FP8 grouped rows of `gemmbridge bench` (`--ops grouped_fp8,grouped_fp8_dx,grouped_fp8_dw`):
 //! the forward, the backward data and the backward weight of every shape of
-//! `bench/grouped.json` through [`Gpu::grouped_fp8_gemm`], E4M3 operands quantised per group
+//! `bench/grouped.json` through [`GpuFp8::grouped_gemm`], E4M3 operands quantised per group
 //! before the timing starts (as bench/grouped_peer.py quantises for
 //! `torch._scaled_grouped_mm`), bf16 output, one row per recipe of `--grouped-scalings`
 //! (layout `<shape>/<recipe>`), and beside each, op `<op>_dense`, the dense FP8 GEMM of the
@@ -56,8 +56,8 @@ fn rows(
     let pool = pools.get::<half::bf16>(s)?;
     let (a, b) = (rotate(s, pool, la)?, rotate(s, pool, lb)?);
     let quantize = |p: &GroupedProblem| -> gemmbridge::Result<_> {
-        let qa = gpu.grouped_quantize(p, GroupedOperand::A, &a, Fp8Format::E4M3, scalings.0)?;
-        Ok((qa, gpu.grouped_quantize(p, GroupedOperand::B, &b, Fp8Format::E4M3, scalings.1)?))
+        let qa = gpu.fp8().grouped_quantize(p, GroupedOperand::A, &a, Fp8Format::E4M3, scalings.0)?;
+        Ok((qa, gpu.fp8().grouped_quantize(p, GroupedOperand::B, &b, Fp8Format::E4M3, scalings.1)?))
     };
     let (qa, qb) = match quantize(&p) {
         Err(e) if fp8::not_offered(&e) => {
@@ -68,7 +68,7 @@ fn rows(
     };
     let mut c = rotate(s, pool, lc)?;
     let opts = Fp8Options::default();
-    let t = timing::time_gpu(gpu, sampling, &mut || gpu.grouped_fp8_gemm(&p, &qa, &qb, &mut c, None, opts))?;
+    let t = timing::time_gpu(gpu, sampling, &mut || gpu.fp8().grouped_gemm(&p, &qa, &qb, &mut c, None, opts))?;
     let dims = [p.rows(), p.n(), p.k(), p.groups()];
     let name = format!("{}/{recipe}", shape.name);
     let grouped = Row::timed(op, "fp8_e4m3", dims, &t, 2.0 * p.macs(), name.clone());
@@ -78,7 +78,7 @@ fn rows(
     let one = GroupedProblem::new(product(op), &[rows], shape.n, shape.k, Precision::BF16)?;
     let (qa, qb) = quantize(&one)?;
     let (Some(da), Some(db)) = (&qa[0], &qb[0]) else { anyhow::bail!("{op} {}: no rows", shape.name) };
-    let t = timing::time_gpu(gpu, sampling, &mut || gpu.fp8_gemm(da, db, &mut c, None, opts))?;
+    let t = timing::time_gpu(gpu, sampling, &mut || gpu.fp8().gemm(da, db, &mut c, None, opts))?;
     let dense = Row::timed(&format!("{op}_dense"), "fp8_e4m3", dims, &t, 2.0 * p.macs(), name);
     Ok(vec![grouped, dense])
 }

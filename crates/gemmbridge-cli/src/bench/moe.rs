@@ -1,8 +1,8 @@
 //! The mixture-of-experts layer rows of `gemmbridge bench` (`--ops moe_fwd,moe_fwd_bwd`): one
 //! MoE feed-forward step, bf16, on the layers of `bench/moe.json` (the file
 //! `bench/moe_peer.py` reads too). The forward: router logits `x·Wrᵀ` (a GEMM), the router's
-//! top-k and sort ([`Gpu::moe_route`]), x's rows gathered into expert order
-//! ([`Gpu::moe_gather`]), the gate/up projection, SwiGLU and the down projection as grouped
+//! top-k and sort ([`GpuMoe::route`]), x's rows gathered into expert order
+//! ([`GpuMoe::gather`]), the gate/up projection, SwiGLU and the down projection as grouped
 //! products ([`Gpu::grouped_gemm`], the engine's way for the sizes), and the weighted combine
 //! reading each slot's row through the router's `pos` (the unpermute fused into it). The
 //! grouped products take host group sizes: the router's group starts are copied to the host
@@ -155,7 +155,7 @@ impl Layer {
     fn forward(&mut self, gpu: &Gpu) -> gemmbridge::Result<()> {
         let (t, h, i, e, r) = (self.s.tokens, self.s.hidden, self.s.intermediate, self.s.experts, self.s.rows());
         gpu.gemm(&GemmProblem::linear(t, e, h, Precision::BF16)?, 1.0, &self.x, &self.wr, 0.0, &mut self.logits)?;
-        gpu.moe_route(&self.logits, &mut self.routing)?;
+        gpu.moe().route(&self.logits, &mut self.routing)?;
         let starts: Vec<i32> = gpu
             .stream()
             .clone_dtoh(self.routing.starts())
@@ -166,19 +166,19 @@ impl Layer {
             self.sizes = vec![cap; e];
         }
         self.glu = SwiGlu::new(self.routing.rows(), i, GluLayout::Halves);
-        gpu.moe_gather(self.routing.index(), h, &self.x, &mut self.xs)?;
+        gpu.moe().gather(self.routing.index(), h, &self.x, &mut self.xs)?;
         gpu.grouped_gemm(&self.grouped(GroupedOp::Forward, (2 * i, h))?, &self.xs, &self.w_gu, &mut self.h, None)?;
         gpu.swiglu(&self.glu, &self.h, &mut self.a)?;
         gpu.grouped_gemm(&self.grouped(GroupedOp::Forward, (h, i))?, &self.a, &self.w_d, &mut self.o, None)?;
         let rt = &self.routing;
-        gpu.moe_combine(&self.combine, (&self.o, Some(rt.pos())), Some(rt.weights()), &mut self.y)
+        gpu.moe().combine(&self.combine, (&self.o, Some(rt.pos())), Some(rt.weights()), &mut self.y)
     }
 
     fn backward(&mut self, gpu: &Gpu) -> gemmbridge::Result<()> {
         let (t, h, i, e) = (self.s.tokens, self.s.hidden, self.s.intermediate, self.s.experts);
         let (bf, rt) = (Precision::BF16, &self.routing);
         let grads = MoeCombineGrads { d_o: &mut self.d_o, dw: &mut self.d_w, dlogits: &mut self.d_logits };
-        gpu.moe_combine_backward(&self.combine, (rt, true), (&self.dy, &self.o), grads)?;
+        gpu.moe().combine_backward(&self.combine, (rt, true), (&self.dy, &self.o), grads)?;
         // the down projection's data and weight gradients, SwiGLU's, the gate/up projection's
         let (dd, dwd) =
             (self.grouped(GroupedOp::BackwardData, (h, i))?, self.grouped(GroupedOp::BackwardWeight, (h, i))?);
@@ -190,7 +190,7 @@ impl Layer {
         gpu.grouped_gemm(&dwgu, &self.d_h, &self.xs, &mut self.dw_gu, None)?;
         gpu.grouped_gemm(&dgu, &self.d_h, &self.w_gu, &mut self.dxs, None)?;
         // the input gradient: expert order, summed per token through pos, plus the router's
-        gpu.moe_combine(&self.combine, (&self.dxs, Some(rt.pos())), None, &mut self.dx)?;
+        gpu.moe().combine(&self.combine, (&self.dxs, Some(rt.pos())), None, &mut self.dx)?;
         gpu.gemm(&GemmProblem::matmul(t, h, e, bf)?, 1.0, &self.d_logits, &self.wr, 1.0, &mut self.dx)?;
         let dwr = GemmProblem::new(
             Operand::t(MatrixLayout::row_major(t, e)),

@@ -1,5 +1,5 @@
 //! The search for GEMMs: cuBLASLt's candidates for a dense or FP8 problem, checked and timed
-//! at the sustained clock by the library's tuner (`Gpu::autotune_raw`, `Gpu::autotune_fp8`),
+//! at the sustained clock by the library's tuner (`GpuTuning::gemm_raw`, `GpuTuning::fp8`),
 //! which names the finalists the confirmation then judges.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
@@ -64,10 +64,10 @@ fn fp8(gpu: &Gpu, scaling: &str, (m, n, k): Shape, opts: TuneOptions) -> anyhow:
     let s = gpu.stream();
     let xh: CudaSlice<half::bf16> = s.clone_htod(&normal::<half::bf16>(m * k))?;
     let wh: CudaSlice<half::bf16> = s.clone_htod(&normal::<half::bf16>(n * k))?;
-    let x = gpu.quantize(&xh, m, k, Source::RowMajor, Fp8Format::E4M3, xs)?;
-    let w = gpu.quantize(&wh, n, k, Source::RowMajor, Fp8Format::E4M3, ws)?;
+    let x = gpu.fp8().quantize(&xh, m, k, Source::RowMajor, Fp8Format::E4M3, xs)?;
+    let w = gpu.fp8().quantize(&wh, n, k, Source::RowMajor, Fp8Format::E4M3, ws)?;
     let mut y: CudaSlice<half::bf16> = s.alloc_zeros(m * n)?;
-    Ok(gpu.autotune_fp8(&x, &w, &mut y, gemmbridge::cuda::Fp8Options::default(), opts)?)
+    Ok(gpu.tune().fp8(&x, &w, &mut y, gemmbridge::cuda::Fp8Options::default(), opts)?)
 }
 
 /// Tunes one dense problem on random operands (f32/tf32 inputs with f32 outputs, half inputs
@@ -93,7 +93,7 @@ fn dense<T: Element + DeviceRepr + ValidAsZeroBits>(
     let bias = (p.epilogue() != Epilogue::None).then(|| r(&bias));
     // SAFETY: live buffers of this context, sized by the problem, used on gpu.stream() only.
     let out = unsafe {
-        gpu.autotune_raw(
+        gpu.tune().gemm_raw(
             &p,
             Scale::PRODUCT,
             RawOperands { a: r(&x), b: r(&w), c: rc, c_in: None, bias, aux: None },

@@ -1,6 +1,6 @@
 //! The search for grouped GEMMs: every way of running each grouped row `bench` times (the
 //! shapes of `bench/grouped.json`, f16/bf16, `--ops grouped,grouped_dx,grouped_dw`) measured by
-//! `Gpu::tune_grouped`; the fastest, where it is not the engine's rule's own choice, is the
+//! `GpuTuning::grouped`; the fastest, where it is not the engine's rule's own choice, is the
 //! finalist the confirmation judges against the rule (what `bench` runs without a database).
 
 use gemmbridge::cuda::tactics::Tactic;
@@ -59,5 +59,5 @@ fn tune<T: gemmbridge::Element + cudarc::driver::DeviceRepr>(
     let pool = pools.get::<T>(s)?;
     let (a, b) = (rotate(s, pool, la)?, rotate(s, pool, lb)?);
     let mut c = rotate(s, pool, lc)?;
-    Ok(gpu.tune_grouped(p, (&a, &b), &mut c, None, reps)?)
+    Ok(gpu.tune().grouped(p, (&a, &b), &mut c, None, reps)?)
 }

@@ -56,10 +56,10 @@
 //! let (q, k, v) = (buf(AttnTensor::Q)?, buf(AttnTensor::K)?, buf(AttnTensor::V)?);
 //! let (mut o, d_o) = (buf(AttnTensor::O)?, buf(AttnTensor::O)?); // d_o: the loss's gradient
 //! let mut lse = s.alloc_zeros::<f32>(p.stats_elems())?; // softmax statistics, for the backward
-//! gpu.attention_forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), Some(SeqLens::host(&len_q, &len_kv)))?;
+//! gpu.attention().forward(&p, [&q, &k, &v], &mut o, Some(&mut lse), Some(SeqLens::host(&len_q, &len_kv)))?;
 //! let (mut dq, mut dk, mut dv) = (buf(AttnTensor::Q)?, buf(AttnTensor::K)?, buf(AttnTensor::V)?);
 //! let saved = AttnSaved { q: &q, k: &k, v: &v, o: &o, d_o: &d_o, stats: &lse };
-//! gpu.attention_backward(&p, saved, &mut dq, &mut dk, &mut dv, Some(SeqLens::host(&len_q, &len_kv)))?;
+//! gpu.attention().backward(&p, saved, &mut dq, &mut dk, &mut dv, Some(SeqLens::host(&len_q, &len_kv)))?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -83,9 +83,9 @@
 //! `o = 0` and `lse = −∞`.
 //!
 //! # FP8 (Hopper)
-//! `Gpu::attention_quantize(&p, AttnTensor::Q, &q)` (and k, v) makes E4M3 tensors with one scale
+//! `GpuAttention::quantize(&p, AttnTensor::Q, &q)` (and k, v) makes E4M3 tensors with one scale
 //! each on the GPU (the tensors dense, BSHD or BHSD, `d` and every stride multiples of 16);
-//! `Gpu::attention_fp8_output(&p)` makes the output; `Gpu::attention_forward_fp8` runs cuDNN's
+//! `GpuAttention::fp8_output(&p)` makes the output; `GpuAttention::forward_fp8` runs cuDNN's
 //! FP8 attention graph, every scale read on the device. On Hopper cuDNN writes an FP8
 //! attention's output only in FP8: `o` is E4M3, the matrix `[b·s_q, h_q·d]` (BSHD) ready for an
 //! FP8 GEMM such as the output projection, with a fixed scale of twice v's (o cannot exceed v's
@@ -95,7 +95,7 @@
 //! scales ([`fp8::backward_scales`] derives them); gradients are E5M2 (under those scales E4M3 would lose
 //! dk to underflow, so it is refused). On Hopper cuDNN offers it for `d` = 128 only, without the
 //! bottom-right mask; gemmbridge refuses the causal mask there (cuDNN's FP8 backward kernel is
-//! about twice as slow as its bf16 one, `Gpu::attention_backward_fp8`), and takes query rows and keys that are multiples of 64 (at 7 or
+//! about twice as slow as its bf16 one, `GpuAttention::backward_fp8`), and takes query rows and keys that are multiples of 64 (at 7 or
 //! 65, dq came out wrong on cuDNN 9.14 and 9.19); decoding (one query row) has no FP8 engine in
 //! cuDNN 9.19. Anything else is [`crate::Error::Unsupported`].
 

@@ -1,7 +1,7 @@
 //! 2-D convolution as data: [`Conv2d`] (PyTorch's `F.conv2d`: cross-correlation, stride,
 //! zero padding, dilation, groups), its tensors' layouts ([`ConvLayout`]), the output shape and
 //! every rule a problem must meet, checked on the CPU before anything is launched. The GPU
-//! runs it on cuDNN ([`crate::cuda::Gpu::conv2d_forward`] and the backwards); the module
+//! runs it on cuDNN ([`crate::cuda::GpuConv::forward`] and the backwards); the module
 //! [`self::reference`] holds the float64 definitions the tests check against.
 //!
 //! Shapes, in PyTorch's names (logical NCHW order whatever the layout):
@@ -28,14 +28,14 @@
 //! let gpu = Gpu::new(0)?;
 //! // F.conv2d(x, w, b, stride=1, padding=1) on x[32, 64, 56, 56], w[64, 64, 3, 3], channels last
 //! let p = Conv2d::new([32, 64, 56, 56], [64, 3, 3], Precision::BF16).with_pad(1, 1).with_layout(ConvLayout::Nhwc);
-//! gpu.prewarm_conv(&[p])?; // every direction planned now: later calls can be captured into a CUDA graph
+//! gpu.conv().prewarm(&[p])?; // every direction planned now: later calls can be captured into a CUDA graph
 //! let ([lx, lw, ly], s) = (p.lens(), gpu.stream());
 //! let (x, w, b) = (s.alloc_zeros::<bf16>(lx)?, s.alloc_zeros::<bf16>(lw)?, s.alloc_zeros::<bf16>(p.k)?);
 //! let mut y = s.alloc_zeros::<bf16>(ly)?;
-//! gpu.conv2d_fused(&p, &x, &w, &b, ConvActivation::Relu, &mut y)?; // relu(conv(x, w) + b)
+//! gpu.conv().fused(&p, &x, &w, &b, ConvActivation::Relu, &mut y)?; // relu(conv(x, w) + b)
 //! let (mut dx, mut dw) = (s.alloc_zeros::<bf16>(lx)?, s.alloc_zeros::<bf16>(lw)?);
-//! gpu.conv2d_backward_data(&p, &w, &y, &mut dx)?; // y standing in for dy
-//! gpu.conv2d_backward_filter(&p, &x, &y, &mut dw)?;
+//! gpu.conv().backward_data(&p, &w, &y, &mut dx)?; // y standing in for dy
+//! gpu.conv().backward_filter(&p, &x, &y, &mut dw)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!

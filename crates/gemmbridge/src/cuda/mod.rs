@@ -4,9 +4,9 @@
 //!
 //! A [`Gpu`] is one engine on one device: context, stream, library handles, a workspace per
 //! stream it is used on (32 MiB on Hopper) and plan caches. Its entries, one capability each:
-//! dense GEMMs ([`Gpu::gemm`], [`Gpu::gemm_fused`], [`Gpu::gemm_raw`]), FP8 ([`Gpu::quantize`],
-//! [`Gpu::fp8_gemm`]; [`crate::fp8`]), convolutions ([`Gpu::conv2d_forward`] and the rest;
-//! [`crate::conv`]), attention ([`Gpu::attention_forward`] and the rest; [`crate::attention`]),
+//! dense GEMMs ([`Gpu::gemm`], [`Gpu::gemm_fused`], [`Gpu::gemm_raw`]), FP8 ([`GpuFp8::quantize`],
+//! [`GpuFp8::gemm`]; [`crate::fp8`]), convolutions ([`GpuConv::forward`] and the rest;
+//! [`crate::conv`]), attention ([`GpuAttention::forward`] and the rest; [`crate::attention`]),
 //! RMSNorm ([`Gpu::rms_norm_forward`], [`Gpu::rms_norm_backward`]; [`crate::norm`]),
 //! RoPE and SwiGLU on gemmbridge's own kernels ([`Gpu::rope`], [`Gpu::swiglu`],
 //! [`Gpu::swiglu_backward`]; [`crate::layer_ops`]),
@@ -69,8 +69,8 @@
 //! [`Gpu::prewarm`] builds plans, workspaces and kernels before the first call (which otherwise
 //! costs tens of milliseconds). `gemmbridge tune --db FILE` autotunes the benchmark's problems
 //! and stores an entry only where its choice ran at least 2 % faster than the library's own in
-//! short bursts after idle time, as real calls run ([`Gpu::autotune_raw`] and
-//! [`Gpu::autotune_fp8`] tune one problem). A database is loaded for this machine:
+//! short bursts after idle time, as real calls run ([`GpuTuning::gemm_raw`] and
+//! [`GpuTuning::fp8`] tune one problem). A database is loaded for this machine:
 //!
 //! ```no_run
 //! use gemmbridge::cuda::{tactics::TacticDb, Gpu};
@@ -101,7 +101,8 @@
 //! threads' captures is safe: nothing context-wide is synchronised at creation or drop.
 //!
 //! # Inside
-//! In floors (docs/DESIGN.md): the API (`api/`: one `impl Gpu` block per capability) builds one
+//! In floors (docs/DESIGN.md): the API (`api/`: one `impl` block per capability, on [`Gpu`] or
+//! on its view such as [`GpuConv`]) builds one
 //! call value (`call.rs`) per GEMM and hands it to the routing floor (`route/`: which library
 //! serves, misaligned operands on padded copies), which calls one room per library side by side
 //! (`blas/`, `lt/` with FP8 as a mode of it, `dnn/`), all on the device layer (`device/`:
@@ -122,9 +123,9 @@ mod status;
 pub use api::layer;
 pub use api::train;
 pub use api::{
-    cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, Gpu, GpuOptions,
-    MoeCombineGrads, MoeRouting, PageIndex, Plans, RawBuffer, RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut,
-    RmsNormSaved, RmsNormY, SeqLens,
+    cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, Gpu, GpuAttention, GpuConv,
+    GpuFp8, GpuMoe, GpuOptions, GpuPaged, GpuTuning, MoeCombineGrads, MoeRouting, PageIndex, Plans, RawBuffer,
+    RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY, SeqLens,
 };
 pub use call::Scale;
 pub use device::GraphReplay;

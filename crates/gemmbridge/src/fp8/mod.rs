@@ -4,7 +4,7 @@
 //! An FP8 GEMM here is row-major like every other GEMM in gemmbridge:
 //! `y[M, N] = x[M, K] · w[N, K]ᵀ` (`F.linear`'s convention), where `x` and `w` are
 //! [`Fp8Tensor`](crate::cuda::Fp8Tensor)s quantised by the library from f32/f16/bf16 data
-//! ([`crate::cuda::Gpu::quantize`]), each with the scales of its [`Scaling`]. A weight stored
+//! ([`crate::cuda::GpuFp8::quantize`]), each with the scales of its [`Scaling`]. A weight stored
 //! as `[K, N]` is quantised with [`Source::Transposed`] into the `[N, K]` layout the hardware
 //! takes. The dequantised value of element `(r, c)` of an operand is `q[r, c] · s(r, c)` where
 //! `s` is the scale of the group the element belongs to.
@@ -24,8 +24,8 @@
 //! and amax) with anything but tensor-wise scales.
 //!
 //! Formats: E4M3 × E4M3, and the gradient pairs E4M3 × E5M2 (E5M2 × E5M2 is not offered).
-//! Outputs: bf16, f16 or f32 ([`crate::cuda::Gpu::fp8_gemm`]), or E4M3 with a D scale and amax
-//! ([`crate::cuda::Gpu::fp8_gemm_to_fp8`], tensor-wise scales only). Every rule is checked on
+//! Outputs: bf16, f16 or f32 ([`crate::cuda::GpuFp8::gemm`]), or E4M3 with a D scale and amax
+//! ([`crate::cuda::GpuFp8::gemm_to_fp8`], tensor-wise scales only). Every rule is checked on
 //! the host before anything runs, a broken one [`crate::Error::Fp8`] naming it ([`Fp8Rule`]);
 //! [`check_support`] says which recipes a GPU and cuBLASLt version offer.
 //!
@@ -38,10 +38,10 @@
 //! let (s, (m, n, k)) = (gpu.stream(), (4096, 7168, 2048));
 //! let x = s.clone_htod(&vec![bf16::ONE; m * k])?; // activations [m, k]
 //! let w = s.clone_htod(&vec![bf16::ONE; n * k])?; // nn.Linear's weight [n, k]
-//! let xq = gpu.quantize(&x, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row)?;
-//! let wq = gpu.quantize(&w, n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row)?;
+//! let xq = gpu.fp8().quantize(&x, m, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row)?;
+//! let wq = gpu.fp8().quantize(&w, n, k, Source::RowMajor, Fp8Format::E4M3, Scaling::Row)?;
 //! let mut y = s.alloc_zeros::<bf16>(m * n)?;
-//! gpu.fp8_gemm(&xq, &wq, &mut y, None, Fp8Options::default())?; // y[m, n] = x·wᵀ, row-wise scales
+//! gpu.fp8().gemm(&xq, &wq, &mut y, None, Fp8Options::default())?; // y[m, n] = x·wᵀ, row-wise scales
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -55,7 +55,7 @@
 //! - **The quantisation is specified on the CPU** ([`quantize`]: per group `scale = amax /
 //!   max`, values multiplied by `max / amax`, rounded to nearest even and saturated to ±448 /
 //!   ±57344) and the GPU kernels equal it bit for bit; [`dequantize`] reads a result back.
-//! - **Capture**: the kernels compile on first use; `Gpu::prepare_fp8` compiles them ahead of
+//! - **Capture**: the kernels compile on first use; `GpuFp8::prepare` compiles them ahead of
 //!   a CUDA-graph capture.
 //! - **Fast accumulation** is off by default ([`Fp8Options`](crate::cuda::Fp8Options)): at K =
 //!   8192 on the H200 it raised the error against the dequantised product from 1.3e-4 to 1.0e-3
@@ -160,7 +160,7 @@ pub enum Source {
     Transposed,
 }
 
-/// The layout of an FP8 operand and of its scale tensor: what [`crate::cuda::Gpu::quantize`]
+/// The layout of an FP8 operand and of its scale tensor: what [`crate::cuda::GpuFp8::quantize`]
 /// produces for a `[rows, cols]` operand and what `cublasLtMatmul` reads.
 ///
 /// Data: row-major `[rows_alloc, ld]` bytes, `ld` = `cols` rounded up to 16 and `rows_alloc` =
@@ -215,7 +215,7 @@ pub(crate) fn round_up(x: usize, m: usize) -> usize {
 
 impl Fp8Layout {
     /// The layout of a `[rows, cols]` operand with `scaling`. Sizes up to [`MAX_ROWS`] (what
-    /// [`quantize`] and [`crate::cuda::Gpu::quantize`] accept); the size methods overflow
+    /// [`quantize`] and [`crate::cuda::GpuFp8::quantize`] accept); the size methods overflow
     /// beyond.
     pub fn new(rows: usize, cols: usize, scaling: Scaling) -> Fp8Layout {
         Fp8Layout { rows, rows_alloc: round_up(rows, 16), cols, ld: round_up(cols, 16), scaling }

@@ -52,9 +52,9 @@
 //! gpu.grouped_gemm(&wgrad, &dy, &x, &mut dw, None)?;
 //! // FP8 (Hopper): each group quantised on its own, in the TN form FP8 kernels read; A and B
 //! // are grouped_gemm's first and second buffers, for any of the three products
-//! let qx = gpu.grouped_quantize(&fwd, GroupedOperand::A, &x, Fp8Format::E4M3, Scaling::Row)?;
-//! let qw = gpu.grouped_quantize(&fwd, GroupedOperand::B, &w, Fp8Format::E4M3, Scaling::Row)?;
-//! gpu.grouped_fp8_gemm(&fwd, &qx, &qw, &mut y, None, Fp8Options::default())?;
+//! let qx = gpu.fp8().grouped_quantize(&fwd, GroupedOperand::A, &x, Fp8Format::E4M3, Scaling::Row)?;
+//! let qw = gpu.fp8().grouped_quantize(&fwd, GroupedOperand::B, &w, Fp8Format::E4M3, Scaling::Row)?;
+//! gpu.fp8().grouped_gemm(&fwd, &qx, &qw, &mut y, None, Fp8Options::default())?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -77,7 +77,7 @@
 //! times slower on skewed groups and has no backward data. Every buffer and every group is
 //! checked before anything is launched. [`crate::moe`] has a MoE layer's routing on the device.
 //!
-//! Measured instead of the rule: `Gpu::tune_grouped(&p, (&a, &b), &mut c, None, 10)` times
+//! Measured instead of the rule: `GpuTuning::grouped(&p, (&a, &b), &mut c, None, 10)` times
 //! every way on your buffers and keeps the fastest for every problem of that layer alike in
 //! total rows and skew ([`GroupedProblem::signature`]); the tactic it returns goes into a tactic
 //! database (kind `grouped_gemm`). `gemmbridge tune --ops grouped,grouped_dx,grouped_dw` does it
@@ -86,10 +86,10 @@
 //! # Other forms
 //! - By address (other frameworks' buffers): `unsafe { gpu.grouped_gemm_raw(&p, [a, b, c], bias,
 //!   stream) }` with `RawBuffer`s, as `gemm_raw` for one GEMM.
-//! - FP8, every recipe of the FP8 GEMM: `Gpu::grouped_quantize` makes one operand per group in
+//! - FP8, every recipe of the FP8 GEMM: `GpuFp8::grouped_quantize` makes one operand per group in
 //!   the TN form ([`GroupedProblem::tn_operand`] says which: the forward's `x_e[m_e, K]` and
 //!   `w_e[N, K]`, the backward data's `dy_e[m_e, N]` and `w_eᵀ[K, N]`, the backward weight's
-//!   `dy_eᵀ[N, m_e]` and `x_eᵀ[K, m_e]`), each with its own scales; `Gpu::grouped_fp8_gemm` runs
+//!   `dy_eᵀ[N, m_e]` and `x_eᵀ[K, m_e]`), each with its own scales; `GpuFp8::grouped_gemm` runs
 //!   one FP8 GEMM per group on the pool of streams, output bf16, f16 or f32. A backward weight's
 //!   empty group gets zeros (β = 0) or keeps its `dw[e]` (β = 1, accumulating); another β with an
 //!   empty group is refused.
@@ -138,7 +138,7 @@ impl GroupedOp {
 }
 
 /// One of the two operands of a grouped product, in [`crate::cuda::Gpu::grouped_gemm`]'s
-/// argument order ([`GroupedOp::names`]): what [`crate::cuda::Gpu::grouped_quantize`] splits
+/// argument order ([`GroupedOp::names`]): what [`crate::cuda::GpuFp8::grouped_quantize`] splits
 /// into one FP8 operand per group ([`GroupedProblem::tn_operand`] says where each lies).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GroupedOperand {

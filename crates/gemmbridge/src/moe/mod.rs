@@ -10,11 +10,11 @@
 //!    renormalised over the k), and the routed rows sorted by expert — `starts[E]` (where each
 //!    expert's rows begin), `index[R]` (the token of each sorted row), `ks[R]`, `slots[R]` and
 //!    `pos[R]` (each slot's sorted row);
-//! 2. x's rows gathered into expert order by `index` (`Gpu::moe_gather`) — sorted, or in the
+//! 2. x's rows gathered into expert order by `index` (`GpuMoe::gather`) — sorted, or in the
 //!    capacity layout (`MoeRouting::pad`: every expert given [`capacity`]'s rows, pad rows
 //!    zero, so that the products are equal groups of one strided batch);
 //! 3. the expert products over the sorted rows: with the group starts on the device
-//!    ([`MoeGemm`], `Gpu::moe_gemm`: cuDNN's MoE grouped matmul, 9.18 and later) or over host
+//!    ([`MoeGemm`], `GpuMoe::gemm`: cuDNN's MoE grouped matmul, 9.18 and later) or over host
 //!    group sizes ([`crate::grouped`], every library version, the backward weight too);
 //! 4. [`MoeCombine`]: `y[s] = Σ_j w[s, j] · out[pos[s·k + j]]` — the unpermute fused into the
 //!    weighted combine.

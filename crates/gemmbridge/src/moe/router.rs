@@ -17,7 +17,7 @@ pub const SORT_CHUNK: usize = 2048;
 
 /// The router of a MoE layer: `tokens` rows of logits `[S, E]` (f32, f16 or bf16), each
 /// token routed to its `top_k` largest logits' experts (ties to the lower expert), with the
-/// softmax over those k logits as weights (f32). Its outputs (`Gpu::moe_route`), for the
+/// softmax over those k logits as weights (f32). Its outputs (`GpuMoe::route`), for the
 /// R = S·k routed rows:
 /// - `ids[R]`, `weights[R]`: token s's j-th choice at `s·k + j` (largest first);
 /// - `starts[E]`, `index[R]`, `ks[R]`, `slots[R]`: the routed rows sorted by expert, stably
@@ -89,7 +89,7 @@ impl MoeRouter {
 /// (expert order, what the expert products write: the unpermute is fused into the combine),
 /// `y[S, N]`, `w[S·k]` f32; without weights
 /// every w is 1 (the sum of each token's rows: a backward's input gradient). Its backward
-/// (`Gpu::moe_combine_backward`) writes `do[row(q), c] = w[q] · dy[s, c]`, the weights'
+/// (`GpuMoe::combine_backward`) writes `do[row(q), c] = w[q] · dy[s, c]`, the weights'
 /// gradient `dw[q] = Σ_c dy[s, c] · o[row(q), c]` and, for the router's weights (a softmax over
 /// the chosen logits), the logits' gradient `dlogits[s, e]` `[S, E]`: `w_j (dw_j − Σ_i w_i
 /// dw_i)` at the chosen experts, 0 elsewhere.

@@ -50,7 +50,7 @@ impl<'a> SeqLens<'a> {
 }
 
 /// What the backward reads: the forward's inputs `q`, `k`, `v`, its output `o` and statistics
-/// `stats` (`lse[b, h_q, s_q]`, f32, dense, as [`Gpu::attention_forward`] writes them), and the
+/// `stats` (`lse[b, h_q, s_q]`, f32, dense, as [`GpuAttention::forward`] writes them), and the
 /// output's gradient `d_o` (strided as `o`).
 #[derive(Clone, Copy)]
 pub struct AttnSaved<'a, T> {
@@ -122,7 +122,24 @@ pub(super) fn check_problem_of(p: &Attention, lens: Option<SeqLens>) -> Result<(
     Ok(())
 }
 
+/// The attention operations of one [`Gpu`] ([`Gpu::attention`]): cuDNN's fused attention forward and backward
+/// in f16/bf16 ([`GpuAttention::forward`], [`GpuAttention::backward`], [`GpuAttention::backward_packed`]) and
+/// in FP8 ([`GpuAttention::forward_fp8`], [`GpuAttention::backward_fp8`], with [`GpuAttention::quantize`],
+/// [`GpuAttention::quantize_grad`], [`GpuAttention::fp8_output`] and [`GpuAttention::fp8_grads`] making their
+/// operands), each enqueued on [`Gpu::stream`].
+#[derive(Clone, Copy, Debug)]
+pub struct GpuAttention<'a> {
+    pub(super) gpu: &'a Gpu,
+}
+
 impl Gpu {
+    /// The attention operations ([`GpuAttention`]).
+    pub fn attention(&self) -> GpuAttention<'_> {
+        GpuAttention { gpu: self }
+    }
+}
+
+impl GpuAttention<'_> {
     /// Scaled-dot-product attention, PyTorch's `F.scaled_dot_product_attention(q, k, v,
     /// is_causal=…, scale=p.scale)` without dropout, on cuDNN's fused flash-attention engines:
     /// `o = softmax(scale·q·kᵀ + mask)·v` on [`Gpu::stream`]. Shapes, strides, masks, grouped
@@ -147,7 +164,7 @@ impl Gpu {
     /// for a buffer; [`Error::LibraryNotFound`] without libcudnn; [`Error::NotCapturable`] for
     /// a first call, or host lengths, inside a capture; [`Error::Unsupported`] where no engine
     /// of the loaded cuDNN takes the problem. From cuDNN: [`Error::Cudnn`].
-    pub fn attention_forward<T: Element>(
+    pub fn forward<T: Element>(
         &self,
         p: &Attention,
         [q, k, v]: [&dyn DevicePtr<T>; 3],
@@ -155,23 +172,83 @@ impl Gpu {
         stats: Option<&mut dyn DevicePtrMut<f32>>,
         lens: Option<SeqLens>,
     ) -> Result<()> {
+        let gpu = self.gpu;
         check_problem::<T>(p, lens)?;
-        let (ctx, s) = (self.context(), self.stream());
+        let (ctx, s) = (gpu.context(), gpu.stream());
         let ins =
             [(Which::AttnQ, q, AttnTensor::Q), (Which::AttnK, k, AttnTensor::K), (Which::AttnV, v, AttnTensor::V)];
         let mut guards = Vec::with_capacity(4);
-        let read = self.input_spans(p, &ins, &mut guards)?;
+        let read = gpu.input_spans(p, &ins, &mut guards)?;
         let elem = T::DTYPE.size_bytes();
         same_context(Which::AttnO, o.stream(), ctx)?;
         let o_bytes = o.num_bytes();
         let (o_addr, g) = o.device_ptr_mut(s);
         guards.push(g);
         let o = span(Which::AttnO, o_addr, o_bytes, p.required_elems(AttnTensor::O), elem)?;
-        let r = self.forward_outputs(p, None, read, o, stats, lens);
+        let r = gpu.forward_outputs(p, None, read, o, stats, lens);
         drop(guards);
         r
     }
 
+    /// The backward of [`GpuAttention::forward`]: `dq`, `dk`, `dv` (shaped and strided as `q`,
+    /// `k`, `v`; overwritten) from the forward's `q`, `k`, `v`, `o`, its statistics and the
+    /// output's gradient `do` ([`AttnSaved`]), on [`Gpu::stream`]: `dv = Pᵀ·do`,
+    /// `dS = P ∘ (do·vᵀ − rowsum(do ∘ o))`, `dq = scale·dS·k`, `dk = scale·dSᵀ·q` with
+    /// `P = exp(scale·q·kᵀ − lse)` masked as the forward; with grouped key/value heads `dk`
+    /// and `dv` are summed over the query heads that share them. The same mask, lengths and
+    /// plans as the forward.
+    ///
+    /// cuDNN before 9.15.1 ran this backward wrongly for key lengths that are not a multiple of
+    /// 128 without a padding mask (fixed in 9.15.1, per its release notes); on such a cuDNN
+    /// the backward of those problems runs with a padding mask of the full lengths (the
+    /// lengths written into the workspace in stream order), as cudnn-frontend does.
+    ///
+    /// # Errors
+    /// As [`GpuAttention::forward`]; every gradient is checked against every input and the
+    /// other gradients (dq, dk, dv in one packed buffer are refused: their spans overlap).
+    pub fn backward<T: Element>(
+        &self,
+        p: &Attention,
+        saved: AttnSaved<T>,
+        dq: &mut dyn DevicePtrMut<T>,
+        dk: &mut dyn DevicePtrMut<T>,
+        dv: &mut dyn DevicePtrMut<T>,
+        lens: Option<SeqLens>,
+    ) -> Result<()> {
+        let gpu = self.gpu;
+        check_problem::<T>(p, lens)?;
+        let (ctx, s) = (gpu.context(), gpu.stream());
+        same_context(Which::AttnStats, saved.stats.stream(), ctx)?;
+        let outs: [(Which, &mut dyn DevicePtrMut<T>, AttnTensor); 3] = [
+            (Which::AttnDq, dq, AttnTensor::Q),
+            (Which::AttnDk, dk, AttnTensor::K),
+            (Which::AttnDv, dv, AttnTensor::V),
+        ];
+        for (w, b, _) in &outs {
+            same_context(*w, b.stream(), ctx)?;
+        }
+        let elem = T::DTYPE.size_bytes();
+        let mut guards = Vec::with_capacity(12);
+        let mut read = gpu.saved_spans(p, saved, &mut guards)?;
+        let mut written = Vec::with_capacity(3);
+        for (w, b, t) in outs {
+            let bytes = b.num_bytes();
+            let (addr, g) = b.device_ptr_mut(s);
+            guards.push(g);
+            written.push(span(w, addr, bytes, p.required_elems(t), elem)?);
+        }
+        let (mut b, host) = gpu.lens_buffers(p, lens, &mut guards, &mut read)?;
+        disjoint(&written, &read)?;
+        (b.q, b.k, b.v, b.o, b.d_o, b.stats) =
+            (read[0].addr, read[1].addr, read[2].addr, read[3].addr, read[4].addr, read[5].addr);
+        (b.dq, b.dk, b.dv) = (written[0].addr, written[1].addr, written[2].addr);
+        let r = gpu.attention_run(p, AttnOp::Backward, b, host, None);
+        drop(guards);
+        r
+    }
+}
+
+impl Gpu {
     /// The rest of a forward whose inputs q, k, v and output o are checked (`read`: the
     /// inputs' spans, in that order, `o` the output's; the caller holds their guards until this
     /// returns): the statistics checked, the lengths, the overlaps, then the call; `fp8`: the
@@ -211,62 +288,6 @@ impl Gpu {
             None => AttnOp::Forward { stats },
         };
         let r = self.attention_run(p, op, b, host, None);
-        drop(guards);
-        r
-    }
-
-    /// The backward of [`Gpu::attention_forward`]: `dq`, `dk`, `dv` (shaped and strided as `q`,
-    /// `k`, `v`; overwritten) from the forward's `q`, `k`, `v`, `o`, its statistics and the
-    /// output's gradient `do` ([`AttnSaved`]), on [`Gpu::stream`]: `dv = Pᵀ·do`,
-    /// `dS = P ∘ (do·vᵀ − rowsum(do ∘ o))`, `dq = scale·dS·k`, `dk = scale·dSᵀ·q` with
-    /// `P = exp(scale·q·kᵀ − lse)` masked as the forward; with grouped key/value heads `dk`
-    /// and `dv` are summed over the query heads that share them. The same mask, lengths and
-    /// plans as the forward.
-    ///
-    /// cuDNN before 9.15.1 ran this backward wrongly for key lengths that are not a multiple of
-    /// 128 without a padding mask (fixed in 9.15.1, per its release notes); on such a cuDNN
-    /// the backward of those problems runs with a padding mask of the full lengths (the
-    /// lengths written into the workspace in stream order), as cudnn-frontend does.
-    ///
-    /// # Errors
-    /// As [`Gpu::attention_forward`]; every gradient is checked against every input and the
-    /// other gradients (dq, dk, dv in one packed buffer are refused: their spans overlap).
-    pub fn attention_backward<T: Element>(
-        &self,
-        p: &Attention,
-        saved: AttnSaved<T>,
-        dq: &mut dyn DevicePtrMut<T>,
-        dk: &mut dyn DevicePtrMut<T>,
-        dv: &mut dyn DevicePtrMut<T>,
-        lens: Option<SeqLens>,
-    ) -> Result<()> {
-        check_problem::<T>(p, lens)?;
-        let (ctx, s) = (self.context(), self.stream());
-        same_context(Which::AttnStats, saved.stats.stream(), ctx)?;
-        let outs: [(Which, &mut dyn DevicePtrMut<T>, AttnTensor); 3] = [
-            (Which::AttnDq, dq, AttnTensor::Q),
-            (Which::AttnDk, dk, AttnTensor::K),
-            (Which::AttnDv, dv, AttnTensor::V),
-        ];
-        for (w, b, _) in &outs {
-            same_context(*w, b.stream(), ctx)?;
-        }
-        let elem = T::DTYPE.size_bytes();
-        let mut guards = Vec::with_capacity(12);
-        let mut read = self.saved_spans(p, saved, &mut guards)?;
-        let mut written = Vec::with_capacity(3);
-        for (w, b, t) in outs {
-            let bytes = b.num_bytes();
-            let (addr, g) = b.device_ptr_mut(s);
-            guards.push(g);
-            written.push(span(w, addr, bytes, p.required_elems(t), elem)?);
-        }
-        let (mut b, host) = self.lens_buffers(p, lens, &mut guards, &mut read)?;
-        disjoint(&written, &read)?;
-        (b.q, b.k, b.v, b.o, b.d_o, b.stats) =
-            (read[0].addr, read[1].addr, read[2].addr, read[3].addr, read[4].addr, read[5].addr);
-        (b.dq, b.dk, b.dv) = (written[0].addr, written[1].addr, written[2].addr);
-        let r = self.attention_run(p, AttnOp::Backward, b, host, None);
         drop(guards);
         r
     }

@@ -1,13 +1,13 @@
 //! FP8 attention on cuDNN (Hopper and later): q, k, v quantised to E4M3 by gemmbridge's own
-//! kernels with one scale each ([`Gpu::attention_quantize`], tensor-wise current scaling, as the
-//! FP8 GEMMs' operands), then cuDNN's FP8 attention graph ([`Gpu::attention_forward_fp8`]) with
-//! those scales read on the device, o in E4M3 with its scale ([`Gpu::attention_fp8_output`]).
+//! kernels with one scale each ([`GpuAttention::quantize`], tensor-wise current scaling, as the
+//! FP8 GEMMs' operands), then cuDNN's FP8 attention graph ([`GpuAttention::forward_fp8`]) with
+//! those scales read on the device, o in E4M3 with its scale ([`GpuAttention::fp8_output`]).
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
+use super::attention::GpuAttention;
 use super::attention::{check_problem_of, span, SeqLens};
 use super::checks::same_context;
-use super::engine::Gpu;
 use crate::attention::{Attention, AttnTensor, HeadLayout};
 use crate::cuda::device::{Relaxed, RelaxedDrop};
 use crate::cuda::dnn::attention::{MAX_KEYS, O_FACTOR};
@@ -49,27 +49,23 @@ pub(super) fn which(t: AttnTensor) -> Which {
     }
 }
 
-impl Gpu {
+impl GpuAttention<'_> {
     /// Tensor `t` (q, k or v) of `p`, in `p.dtype` (f16 or bf16) with `p.layouts`'s strides,
     /// quantised to E4M3 with one scale for the tensor from its current absolute maximum
-    /// ([`Gpu::quantize`] with [`Scaling::Tensor`]: `scale = amax/448`, the GPU's result equal
-    /// to [`crate::fp8::quantize`]'s bit for bit), on [`Gpu::stream`], no host synchronisation.
+    /// ([`GpuFp8::quantize`](crate::cuda::GpuFp8::quantize) with [`Scaling::Tensor`]: `scale = amax/448`, the GPU's result equal
+    /// to [`crate::fp8::quantize`]'s bit for bit), on [`Gpu::stream`](crate::cuda::Gpu::stream), no host synchronisation.
     /// The FP8 tensor keeps the source's element layout (one byte per element), so `p` describes
-    /// it too (pass [`Gpu::attention_forward_fp8`] the problem with the same layouts); as an
+    /// it too (pass [`GpuAttention::forward_fp8`] the problem with the same layouts); as an
     /// [`Fp8Tensor`] it is the matrix `[b·h·s, d]` (rows of one head and position). The tensor must be dense — its elements fill `[0, required_elems)` with no gaps
     /// (BSHD or BHSD as [`Attention::new`] and [`Attention::bhsd`] make them; not a view into a
     /// packed QKV projection) — and its head dimension a multiple of 16.
     ///
     /// # Errors
     /// [`Error::AttentionShape`] (the problem's rules; a tensor that is not dense; the FP8
-    /// layout rule); [`Error::DTypeMismatch`]; as [`Gpu::quantize`] (a GPU without FP8:
+    /// layout rule); [`Error::DTypeMismatch`]; as [`GpuFp8::quantize`](crate::cuda::GpuFp8::quantize) (a GPU without FP8:
     /// [`Error::Fp8`]).
-    pub fn attention_quantize<T: Element, S: DevicePtr<T>>(
-        &self,
-        p: &Attention,
-        t: AttnTensor,
-        src: &S,
-    ) -> Result<Fp8Tensor> {
+    pub fn quantize<T: Element, S: DevicePtr<T>>(&self, p: &Attention, t: AttnTensor, src: &S) -> Result<Fp8Tensor> {
+        let gpu = self.gpu;
         p.validate()?;
         check_fp8_layout(p)?;
         if T::DTYPE != p.dtype {
@@ -83,10 +79,10 @@ impl Gpu {
                 detail: format!("{} spans {} elements for {n} ({})", t.name(), p.required_elems(t), p.describe()),
             });
         }
-        self.quantize(src, n / p.d, p.d, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor)
+        gpu.fp8().quantize(src, n / p.d, p.d, Source::RowMajor, Fp8Format::E4M3, Scaling::Tensor)
     }
 
-    /// The FP8 output of `p`'s forward, for [`Gpu::attention_forward_fp8`]: `o` in E4M3 with one
+    /// The FP8 output of `p`'s forward, for [`GpuAttention::forward_fp8`]: `o` in E4M3 with one
     /// dequantisation scale, allocated from the stream-ordered pool (not yet written), as an
     /// [`Fp8Tensor`] a following FP8 GEMM takes as an operand — `[b·s_q, h_q·d]` for a BSHD
     /// `o` (the output projection's input), `[b·h_q·s_q, d]` for a BHSD one.
@@ -94,13 +90,14 @@ impl Gpu {
     /// # Errors
     /// [`Error::AttentionShape`] (the problem's rules; an `o` layout that is neither dense BSHD
     /// nor dense BHSD); [`Error::Fp8`] on a GPU without FP8; [`Error::Driver`].
-    pub fn attention_fp8_output(&self, p: &Attention) -> Result<Fp8Tensor> {
+    pub fn fp8_output(&self, p: &Attention) -> Result<Fp8Tensor> {
+        let gpu = self.gpu;
         p.validate()?;
         check_fp8_layout(p)?;
-        self.check_fp8(Scaling::Tensor)?;
+        gpu.check_fp8(Scaling::Tensor)?;
         let (rows, cols) = output_matrix(p)?;
         let layout = Fp8Layout::new(rows, cols, Scaling::Tensor);
-        let s = self.stream();
+        let s = gpu.stream();
         let _relaxed = Relaxed::enter()?; // stream-ordered allocations
                                           // the padding rows (rows_alloc − rows) are zeroed: cuDNN writes the rows only
                                           // SAFETY: every byte is written by the attention call or zeroed here.
@@ -119,12 +116,12 @@ impl Gpu {
         })
     }
 
-    /// [`Gpu::attention_forward`] on FP8 inputs: `q`, `k`, `v` in E4M3 with one dequantisation
-    /// scale each, as [`Gpu::attention_quantize`] makes them from dense tensors (checked),
+    /// [`GpuAttention::forward`] on FP8 inputs: `q`, `k`, `v` in E4M3 with one dequantisation
+    /// scale each, as [`GpuAttention::quantize`] makes them from dense tensors (checked),
     /// read in `p.layouts`'s strides (one byte per element), through cuDNN's FP8 attention
     /// graph — the scores in f32 from the FP8 product and the two scales, the softmax in f32
     /// (with its statistics `lse` when `stats` is given), P stored in E4M3 with the fixed scale
-    /// 448 (P ≤ 1: E4M3's whole range), `P·v` in FP8 — into `o` ([`Gpu::attention_fp8_output`]).
+    /// 448 (P ≤ 1: E4M3's whole range), `P·v` in FP8 — into `o` ([`GpuAttention::fp8_output`]).
     ///
     /// `o` is E4M3 with a fixed dequantisation scale of twice v's (not o's own amax/448): o is a
     /// convex combination of v's rows, so in units of v's scale it cannot exceed v's largest
@@ -139,12 +136,12 @@ impl Gpu {
     /// quantised from.
     ///
     /// # Errors
-    /// As [`Gpu::attention_forward`]; and [`Error::AttentionShape`] for an input that is not
+    /// As [`GpuAttention::forward`]; and [`Error::AttentionShape`] for an input that is not
     /// E4M3 with one scale or was not quantised for this problem, a head dimension or stride
     /// that is not a multiple of 16, more than 400 000 keys, or an `o` not made for this
     /// problem; [`Error::BufferTooSmall`] for an FP8 tensor smaller than the
     /// problem's; [`Error::Fp8`] on a GPU without FP8.
-    pub fn attention_forward_fp8(
+    pub fn forward_fp8(
         &self,
         p: &Attention,
         [q, k, v]: [&Fp8Tensor; 3],
@@ -152,14 +149,15 @@ impl Gpu {
         stats: Option<&mut dyn DevicePtrMut<f32>>,
         lens: Option<SeqLens>,
     ) -> Result<()> {
+        let gpu = self.gpu;
         check_problem_of(p, lens)?;
         check_fp8_layout(p)?;
-        self.check_fp8(Scaling::Tensor)?;
+        gpu.check_fp8(Scaling::Tensor)?;
         let (rows, cols) = output_matrix(p)?;
         let l = o.layout();
         if (l.rows, l.cols, l.scaling, o.format()) != (rows, cols, Scaling::Tensor, Fp8Format::E4M3) {
             return Err(Error::AttentionShape {
-                what: "the FP8 output was not made for this problem (Gpu::attention_fp8_output)",
+                what: "the FP8 output was not made for this problem (GpuAttention::fp8_output)",
                 detail: format!(
                     "o is [{}, {}] {:?} {:?}, the problem's [{rows}, {cols}] ({})",
                     l.rows,
@@ -170,7 +168,7 @@ impl Gpu {
                 ),
             });
         }
-        let (ctx, s) = (self.context(), self.stream());
+        let (ctx, s) = (gpu.context(), gpu.stream());
         let ins = [(AttnTensor::Q, q), (AttnTensor::K, k), (AttnTensor::V, v)];
         let mut guards = Vec::with_capacity(8);
         let (mut read, mut scales) = (Vec::with_capacity(5), [0u64; 3]);
@@ -202,13 +200,13 @@ impl Gpu {
         let o_span = span(Which::AttnO, o_addr, o_bytes, p.required_elems(AttnTensor::O), 1)?;
         let (o_scale, g) = o.scales.device_ptr_mut(s);
         guards.push(g);
-        self.forward_outputs(p, Some([scales[0], scales[1]]), read, o_span, stats, lens)?;
+        gpu.forward_outputs(p, Some([scales[0], scales[1]]), read, o_span, stats, lens)?;
         // o's scale: v's / O_FACTOR = v's + v's (a copy, then y += 1·x)
         // SAFETY: both hold one f32 of this context; stream-ordered after the attention call.
         unsafe {
             cudarc::driver::result::memcpy_dtod_async(o_scale, scales[2], 4, s.cu_stream())
                 .map_err(status::driver("cuMemcpyDtoDAsync"))?;
-            self.enqueue_axpy(DType::F32, 1, 1.0 / O_FACTOR - 1.0, scales[2], o_scale)?;
+            gpu.enqueue_axpy(DType::F32, 1, 1.0 / O_FACTOR - 1.0, scales[2], o_scale)?;
         }
         drop(guards);
         Ok(())

@@ -1,5 +1,5 @@
 //! The FP8 attention backward on cuDNN's FP8 backward graph: E4M3 q, k, v and o (as the FP8
-//! forward wrote it), do quantised by gemmbridge's kernels ([`Gpu::attention_quantize_grad`]),
+//! forward wrote it), do quantised by gemmbridge's kernels ([`GpuAttention::quantize_grad`]),
 //! the forward's statistics; dq, dk, dv in do's FP8 format with scales made on the device from
 //! the inputs' scales by one kernel of gemmbridge's own (fixed bounds: nothing can overflow,
 //! nothing comes back to the host; `gemmbridge::attention::fp8::backward_scales` documents them).
@@ -12,10 +12,10 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
+use super::attention::GpuAttention;
 use super::attention::{check_problem_of, span, SeqLens};
 use super::attention_fp8::{check_fp8_layout, which};
 use super::checks::{disjoint, same_context, Span};
-use super::engine::Gpu;
 use crate::attention::fp8::smallest;
 use crate::attention::{Attention, AttnMask, AttnTensor};
 use crate::cuda::device::{AttnBwdScales, Relaxed, RelaxedDrop};
@@ -27,9 +27,9 @@ use crate::error::{Error, Result, Which};
 use crate::fp8::{Fp8Format, Fp8Layout, Scaling, Source};
 
 /// What the FP8 backward reads: the FP8 forward's inputs `q`, `k`, `v` (E4M3, from
-/// [`Gpu::attention_quantize`]), its output `o` ([`Gpu::attention_forward_fp8`]) and statistics
+/// [`GpuAttention::quantize`]), its output `o` ([`GpuAttention::forward_fp8`]) and statistics
 /// (`lse[b, h_q, s_q]`, f32, dense), and the output's gradient `d_o` from
-/// [`Gpu::attention_quantize_grad`] (E4M3 or E5M2, one scale).
+/// [`GpuAttention::quantize_grad`] (E4M3 or E5M2, one scale).
 #[derive(Clone, Copy)]
 pub struct AttnSavedFp8<'a> {
     /// The queries (E4M3).
@@ -61,7 +61,7 @@ fn not_taken(what: &'static str, name: &str, t: &Fp8Tensor, p: &Attention) -> Er
 }
 
 /// The tensors' formats and layouts: q, k, v, o E4M3 with one scale each; do with one scale, in
-/// the gradients' format; dq, dk, dv as [`Gpu::attention_fp8_grads`] makes them in do's format.
+/// the gradients' format; dq, dk, dv as [`GpuAttention::fp8_grads`] makes them in do's format.
 /// Returns that format.
 fn check_tensors(p: &Attention, s: &AttnSavedFp8, grads: &[&mut Fp8Tensor; 3]) -> Result<Fp8Format> {
     use AttnTensor::{K, O, Q, V};
@@ -78,7 +78,7 @@ fn check_tensors(p: &Attention, s: &AttnSavedFp8, grads: &[&mut Fp8Tensor; 3]) -
         let [b, h, rows] = p.dims(t);
         let l = g.layout();
         if (l.rows, l.cols, l.scaling, g.format()) != (b * h * rows, p.d, Scaling::Tensor, format) {
-            let what = "an FP8 gradient was not made for this problem and do's format (Gpu::attention_fp8_grads)";
+            let what = "an FP8 gradient was not made for this problem and do's format (GpuAttention::fp8_grads)";
             return Err(not_taken(what, &format!("d{}", t.name()), g, p));
         }
     }
@@ -136,20 +136,21 @@ fn check_grad_format(p: &Attention, grad: Fp8Format) -> Result<()> {
     Ok(())
 }
 
-impl Gpu {
+impl GpuAttention<'_> {
     /// The output's gradient `do` of `p` (shaped and strided as o, dense, in `p.dtype`) quantised
     /// to `format` with one scale from its current absolute maximum, for
-    /// [`Gpu::attention_backward_fp8`] (as [`Gpu::attention_quantize`] does for q, k, v).
+    /// [`GpuAttention::backward_fp8`] (as [`GpuAttention::quantize`] does for q, k, v).
     /// E5M2 (the usual format of gradients) is what the backward's fixed scales suit best.
     ///
     /// # Errors
-    /// As [`Gpu::attention_quantize`].
-    pub fn attention_quantize_grad<T: Element, S: DevicePtr<T>>(
+    /// As [`GpuAttention::quantize`].
+    pub fn quantize_grad<T: Element, S: DevicePtr<T>>(
         &self,
         p: &Attention,
         d_o: &S,
         format: Fp8Format,
     ) -> Result<Fp8Tensor> {
+        let gpu = self.gpu;
         p.validate()?;
         check_fp8_layout(p)?;
         if T::DTYPE != p.dtype {
@@ -163,21 +164,22 @@ impl Gpu {
                 detail: format!("do spans {} elements for {n} ({})", p.required_elems(AttnTensor::O), p.describe()),
             });
         }
-        self.quantize(d_o, n / p.d, p.d, Source::RowMajor, format, Scaling::Tensor)
+        gpu.fp8().quantize(d_o, n / p.d, p.d, Source::RowMajor, format, Scaling::Tensor)
     }
 
-    /// The FP8 gradients dq, dk, dv of `p` in `format`, for [`Gpu::attention_backward_fp8`]:
+    /// The FP8 gradients dq, dk, dv of `p` in `format`, for [`GpuAttention::backward_fp8`]:
     /// each in its tensor's layout (one byte per element) as the matrix `[b·h·s, d]` with one
     /// dequantisation scale, allocated from the stream-ordered pool (not yet written).
     ///
     /// # Errors
     /// [`Error::AttentionShape`] (the problem's rules, the FP8 layout rule); [`Error::Fp8`] on a
     /// GPU without FP8; [`Error::Driver`].
-    pub fn attention_fp8_grads(&self, p: &Attention, format: Fp8Format) -> Result<[Fp8Tensor; 3]> {
+    pub fn fp8_grads(&self, p: &Attention, format: Fp8Format) -> Result<[Fp8Tensor; 3]> {
+        let gpu = self.gpu;
         p.validate()?;
         check_fp8_layout(p)?;
-        self.check_fp8(Scaling::Tensor)?;
-        let s = self.stream();
+        gpu.check_fp8(Scaling::Tensor)?;
+        let s = gpu.stream();
         let _relaxed = Relaxed::enter()?;
         let one = |t: AttnTensor| -> Result<Fp8Tensor> {
             let [b, h, sq] = p.dims(t);
@@ -189,11 +191,11 @@ impl Gpu {
         Ok([one(AttnTensor::Q)?, one(AttnTensor::K)?, one(AttnTensor::V)?])
     }
 
-    /// The backward of [`Gpu::attention_forward_fp8`] on cuDNN's FP8 backward graph: `dq`, `dk`,
+    /// The backward of [`GpuAttention::forward_fp8`] on cuDNN's FP8 backward graph: `dq`, `dk`,
     /// `dv` (shaped as q, k, v: `[b, h, s, d]` in `p.layouts`'s strides, one byte per element;
-    /// [`Gpu::attention_fp8_grads`] makes them) from the FP8 forward's inputs, output and
-    /// statistics and the quantised output gradient ([`AttnSavedFp8`]), on [`Gpu::stream`], no
-    /// host synchronisation. The definition is [`Gpu::attention_backward`]'s (with grouped
+    /// [`GpuAttention::fp8_grads`] makes them) from the FP8 forward's inputs, output and
+    /// statistics and the quantised output gradient ([`AttnSavedFp8`]), on [`Gpu::stream`](crate::cuda::Gpu::stream), no
+    /// host synchronisation. The definition is [`GpuAttention::backward`]'s (with grouped
     /// key/value heads dk and dv summed over the query heads that share them); the same mask,
     /// lengths and plans.
     ///
@@ -208,7 +210,7 @@ impl Gpu {
     /// overflow and nothing comes back to the host. The gradients' dequantisation scales are
     /// written into their tensors (read them back with `to_host` and
     /// [`crate::fp8::dequantize`]). The bounds sit far above typical values, so E5M2 gradients
-    /// (do quantised with [`Gpu::attention_quantize_grad`] to E5M2, Transformer Engine's
+    /// (do quantised with [`GpuAttention::quantize_grad`] to E5M2, Transformer Engine's
     /// hybrid recipe) keep typical values at full E5M2 precision; E4M3 gradients would push dk
     /// below E4M3's smallest subnormal (all zeros at s = 129, d = 128, in the emulation too),
     /// so do in E4M3 is refused.
@@ -246,25 +248,26 @@ impl Gpu {
     /// [`Error::Fp8`] on a GPU without FP8; [`Error::BufferTooSmall`], [`Error::Misaligned`],
     /// [`Error::WrongContext`], [`Error::OutputOverlapsInput`] for a buffer (the statistics
     /// and device lengths included). Later: [`Error::NotCapturable`] for a first call (or the
-    /// first FP8 kernel compilation, [`Gpu::prepare_fp8`]), or host lengths, inside a capture;
+    /// first FP8 kernel compilation, [`GpuFp8::prepare`](crate::cuda::GpuFp8::prepare)), or host lengths, inside a capture;
     /// [`Error::Unsupported`] where no engine of the loaded cuDNN takes the graph or its
     /// version is refused (then the gradients' data is not written);
     /// [`Error::LibraryNotFound`], [`Error::Cudnn`], [`Error::Driver`].
-    pub fn attention_backward_fp8(
+    pub fn backward_fp8(
         &self,
         p: &Attention,
         saved: AttnSavedFp8,
         grads: [&mut Fp8Tensor; 3],
         lens: Option<SeqLens>,
     ) -> Result<()> {
+        let gpu = self.gpu;
         use AttnTensor::{K, O, Q, V};
         check_problem_of(p, lens)?;
         check_fp8_layout(p)?;
-        self.check_fp8(Scaling::Tensor)?;
-        check_offered(p, self.fp8_platform()?.0)?;
+        gpu.check_fp8(Scaling::Tensor)?;
+        check_offered(p, gpu.fp8_platform()?.0)?;
         let grad = check_tensors(p, &saved, &grads)?;
         check_grad_format(p, grad)?;
-        let (ctx, s) = (self.context(), self.stream());
+        let (ctx, s) = (gpu.context(), gpu.stream());
         let AttnSavedFp8 { q, k, v, o, d_o, stats } = saved;
         let ins = [(which(Q), q, Q), (which(K), k, K), (which(V), v, V), (which(O), o, O), (Which::AttnDo, d_o, O)];
         let outs = [(Which::AttnDq, Q), (Which::AttnDk, K), (Which::AttnDv, V)];
@@ -303,13 +306,13 @@ impl Gpu {
             written.push(Span::sized(w, sc, bytes, 1, 4)?);
             scales[i] = sc;
         }
-        let (mut b, host) = self.lens_buffers(p, lens, &mut guards, &mut read)?;
+        let (mut b, host) = gpu.lens_buffers(p, lens, &mut guards, &mut read)?;
         disjoint(&written, &read)?;
         (b.q, b.k, b.v, b.o, b.d_o, b.stats) =
             (read[0].addr, read[2].addr, read[4].addr, read[6].addr, read[8].addr, read[10].addr);
         (b.dq, b.dk, b.dv, b.descale) = (written[0].addr, written[2].addr, written[4].addr, descale);
         let job = scales_job(p, descale, scales, grad);
-        let r = self.attention_run(p, AttnOp::BackwardFp8 { grad }, b, host, Some(&job));
+        let r = gpu.attention_run(p, AttnOp::BackwardFp8 { grad }, b, host, Some(&job));
         drop(guards);
         r
     }

@@ -4,16 +4,16 @@
 
 use cudarc::driver::DevicePtrMut;
 
+use super::attention::GpuAttention;
 use super::attention::{check_problem, span, AttnSaved, SeqLens};
 use super::checks::{disjoint, same_context, Span};
-use super::engine::Gpu;
 use crate::attention::{check_packed, Attention, AttnTensor};
 use crate::cuda::dnn::attention::AttnOp;
 use crate::dtype::Element;
 use crate::error::{Result, Which};
 
-impl Gpu {
-    /// [`Gpu::attention_backward`] with the three gradients in one buffer `dqkv`: `dq`
+impl GpuAttention<'_> {
+    /// [`GpuAttention::backward`] with the three gradients in one buffer `dqkv`: `dq`
     /// starts `offsets[0]` elements into it, `dk` `offsets[1]`, `dv` `offsets[2]`, each
     /// strided as `p.layouts` says for q, k, v — a fused projection's layout (each token's row
     /// holds dq's heads, then dk's, then dv's; [`crate::layer::DecoderLayer::attention`]), so
@@ -22,11 +22,11 @@ impl Gpu {
     /// band of its own); elements of `dqkv` that belong to no view are not written.
     ///
     /// # Errors
-    /// As [`Gpu::attention_backward`]; [`crate::Error::AttentionShape`] where the views could
+    /// As [`GpuAttention::backward`]; [`crate::Error::AttentionShape`] where the views could
     /// share elements; [`crate::Error::BufferTooSmall`] / [`crate::Error::Misaligned`] naming
     /// the gradient whose view does not fit in `dqkv` or does not start 16-byte aligned;
     /// [`crate::Error::OutputOverlapsInput`] where `dqkv`'s span meets an input.
-    pub fn attention_backward_packed<T: Element>(
+    pub fn backward_packed<T: Element>(
         &self,
         p: &Attention,
         saved: AttnSaved<T>,
@@ -34,14 +34,15 @@ impl Gpu {
         offsets: [usize; 3],
         lens: Option<SeqLens>,
     ) -> Result<()> {
+        let gpu = self.gpu;
         check_problem::<T>(p, lens)?;
         check_packed(p, offsets)?;
-        let (ctx, s) = (self.context(), self.stream());
+        let (ctx, s) = (gpu.context(), gpu.stream());
         same_context(Which::AttnStats, saved.stats.stream(), ctx)?;
         same_context(Which::AttnDq, dqkv.stream(), ctx)?;
         let elem = T::DTYPE.size_bytes();
         let mut guards = Vec::with_capacity(10);
-        let mut read = self.saved_spans(p, saved, &mut guards)?;
+        let mut read = gpu.saved_spans(p, saved, &mut guards)?;
         let bytes = dqkv.num_bytes();
         let (base, g) = dqkv.device_ptr_mut(s);
         guards.push(g);
@@ -56,12 +57,12 @@ impl Gpu {
         }
         // the three views as one written span: apart from every input
         let whole = Span { which: Which::AttnDq, addr: lo, bytes: hi.saturating_sub(lo) as usize };
-        let (mut b, host) = self.lens_buffers(p, lens, &mut guards, &mut read)?;
+        let (mut b, host) = gpu.lens_buffers(p, lens, &mut guards, &mut read)?;
         disjoint(&[whole], &read)?;
         (b.q, b.k, b.v, b.o, b.d_o, b.stats) =
             (read[0].addr, read[1].addr, read[2].addr, read[3].addr, read[4].addr, read[5].addr);
         [b.dq, b.dk, b.dv] = views;
-        let r = self.attention_run(p, AttnOp::Backward, b, host, None);
+        let r = gpu.attention_run(p, AttnOp::Backward, b, host, None);
         drop(guards);
         r
     }

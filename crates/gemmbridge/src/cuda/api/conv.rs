@@ -66,7 +66,22 @@ fn check<T: Element>(p: &Conv2d, inputs: &[Buf], out: &Buf) -> Result<()> {
     Ok(())
 }
 
+/// The 2-D convolutions of one [`Gpu`] ([`Gpu::conv`]) on cuDNN: forward ([`GpuConv::forward`], with bias and
+/// ReLU fused: [`GpuConv::fused`]), the backward products ([`GpuConv::backward_data`],
+/// [`GpuConv::backward_filter`]) and planning ahead ([`GpuConv::prewarm`]), each enqueued on [`Gpu::stream`].
+#[derive(Clone, Copy, Debug)]
+pub struct GpuConv<'a> {
+    pub(super) gpu: &'a Gpu,
+}
+
 impl Gpu {
+    /// The 2-D convolutions ([`GpuConv`]).
+    pub fn conv(&self) -> GpuConv<'_> {
+        GpuConv { gpu: self }
+    }
+}
+
+impl GpuConv<'_> {
     /// `y = x ⋆ w` (PyTorch's `F.conv2d(x, w)` with `p`'s stride, padding, dilation and groups)
     /// on [`Gpu::stream`], through cuDNN: `x[N, C, H, W]`, `w[K, C/groups, R, S]`,
     /// `y[N, K, P, Q]` in `p.layout` ([`crate::conv`] gives the shapes and layouts), all of
@@ -77,7 +92,7 @@ impl Gpu {
     /// [`GpuOptions::conv_search`](crate::cuda::GpuOptions::conv_search) (the legacy API's
     /// algorithm where no graph engine qualifies, or with
     /// [`GpuOptions::conv_api`](crate::cuda::GpuOptions::conv_api)); later calls only launch, and
-    /// can be captured into a CUDA graph ([`Gpu::prewarm_conv`] plans ahead). A call repeated with
+    /// can be captured into a CUDA graph ([`GpuConv::prewarm`] plans ahead). A call repeated with
     /// the same buffers on the same stream is captured into a graph once (on its second call, by
     /// default) and from then on launched as that graph
     /// ([`GpuOptions::graph_replay`](crate::cuda::GpuOptions::graph_replay) governs it as for
@@ -92,14 +107,15 @@ impl Gpu {
     /// [`Error::Misaligned`], [`Error::OutputOverlapsInput`], [`Error::WrongContext`] for a
     /// buffer; [`Error::LibraryNotFound`] without libcudnn; [`Error::NotCapturable`] for a
     /// first call inside a capture. From cuDNN: [`Error::Cudnn`] naming the call and status.
-    pub fn conv2d_forward<T: Element, X: DevicePtr<T>, W: DevicePtr<T>, Y: DevicePtrMut<T>>(
+    pub fn forward<T: Element, X: DevicePtr<T>, W: DevicePtr<T>, Y: DevicePtrMut<T>>(
         &self,
         p: &Conv2d,
         x: &X,
         w: &W,
         y: &mut Y,
     ) -> Result<()> {
-        self.conv::<T>(p, ConvOp::Forward, [Some(x as &dyn DevicePtr<T>), Some(w), None], y)
+        let gpu = self.gpu;
+        gpu.conv_launch::<T>(p, ConvOp::Forward, [Some(x as &dyn DevicePtr<T>), Some(w), None], y)
     }
 
     /// `y = act(x ⋆ w + b)` with `b[K]` (one value per output channel) and `act` ReLU or the
@@ -108,11 +124,11 @@ impl Gpu {
     /// `cudnnConvolutionBiasActivationForward`), else as the convolution, `cudnnAddTensor`
     /// and (ReLU) `cudnnActivationForward` (the choice is logged once per problem at `info`
     /// level, and [`Plans::conv2d`](crate::cuda::Plans::conv2d) says `unfused` for the separate calls).
-    /// Otherwise as [`Gpu::conv2d_forward`].
+    /// Otherwise as [`GpuConv::forward`].
     ///
     /// # Errors
-    /// As [`Gpu::conv2d_forward`], the bias included ([`Which::Bias`]).
-    pub fn conv2d_fused<T: Element, X: DevicePtr<T>, W: DevicePtr<T>, B: DevicePtr<T>, Y: DevicePtrMut<T>>(
+    /// As [`GpuConv::forward`], the bias included ([`Which::Bias`]).
+    pub fn fused<T: Element, X: DevicePtr<T>, W: DevicePtr<T>, B: DevicePtr<T>, Y: DevicePtrMut<T>>(
         &self,
         p: &Conv2d,
         x: &X,
@@ -121,7 +137,8 @@ impl Gpu {
         act: ConvActivation,
         y: &mut Y,
     ) -> Result<()> {
-        self.conv::<T>(p, ConvOp::Fused(act), [Some(x as &dyn DevicePtr<T>), Some(w), Some(bias)], y)
+        let gpu = self.gpu;
+        gpu.conv_launch::<T>(p, ConvOp::Fused(act), [Some(x as &dyn DevicePtr<T>), Some(w), Some(bias)], y)
     }
 
     /// The gradient of the input, `dx = ∂L/∂x` from `dy = ∂L/∂y` and the filter `w`
@@ -129,15 +146,16 @@ impl Gpu {
     /// overwritten.
     ///
     /// # Errors
-    /// As [`Gpu::conv2d_forward`].
-    pub fn conv2d_backward_data<T: Element, W: DevicePtr<T>, D: DevicePtr<T>, DX: DevicePtrMut<T>>(
+    /// As [`GpuConv::forward`].
+    pub fn backward_data<T: Element, W: DevicePtr<T>, D: DevicePtr<T>, DX: DevicePtrMut<T>>(
         &self,
         p: &Conv2d,
         w: &W,
         dy: &D,
         dx: &mut DX,
     ) -> Result<()> {
-        self.conv::<T>(p, ConvOp::BackwardData, [Some(w as &dyn DevicePtr<T>), Some(dy), None], dx)
+        let gpu = self.gpu;
+        gpu.conv_launch::<T>(p, ConvOp::BackwardData, [Some(w as &dyn DevicePtr<T>), Some(dy), None], dx)
     }
 
     /// The gradient of the filter, `dw = ∂L/∂w` from the input `x` and `dy` (PyTorch's
@@ -145,15 +163,16 @@ impl Gpu {
     /// overwritten.
     ///
     /// # Errors
-    /// As [`Gpu::conv2d_forward`].
-    pub fn conv2d_backward_filter<T: Element, X: DevicePtr<T>, D: DevicePtr<T>, DW: DevicePtrMut<T>>(
+    /// As [`GpuConv::forward`].
+    pub fn backward_filter<T: Element, X: DevicePtr<T>, D: DevicePtr<T>, DW: DevicePtrMut<T>>(
         &self,
         p: &Conv2d,
         x: &X,
         dy: &D,
         dw: &mut DW,
     ) -> Result<()> {
-        self.conv::<T>(p, ConvOp::BackwardFilter, [Some(x as &dyn DevicePtr<T>), Some(dy), None], dw)
+        let gpu = self.gpu;
+        gpu.conv_launch::<T>(p, ConvOp::BackwardFilter, [Some(x as &dyn DevicePtr<T>), Some(dy), None], dw)
     }
 
     /// Plans every direction of each problem — forward, fused forward with ReLU and with the
@@ -164,37 +183,40 @@ impl Gpu {
     /// the stream.
     ///
     /// # Errors
-    /// As the directions' entry points ([`Gpu::conv2d_forward`] and the rest) for each problem.
-    pub fn prewarm_conv(&self, problems: &[Conv2d]) -> Result<()> {
+    /// As the directions' entry points ([`GpuConv::forward`] and the rest) for each problem.
+    pub fn prewarm(&self, problems: &[Conv2d]) -> Result<()> {
+        let gpu = self.gpu;
         let _relaxed = Relaxed::enter()?;
         for p in problems {
             p.validate()?;
             match p.precision.input() {
-                DType::F16 => self.prewarm_one::<half::f16>(p)?,
-                DType::BF16 => self.prewarm_one::<half::bf16>(p)?,
-                _ => self.prewarm_one::<f32>(p)?,
+                DType::F16 => gpu.prewarm_one::<half::f16>(p)?,
+                DType::BF16 => gpu.prewarm_one::<half::bf16>(p)?,
+                _ => gpu.prewarm_one::<f32>(p)?,
             }
         }
-        self.stream().synchronize().map_err(status::driver("cuStreamSynchronize"))
+        gpu.stream().synchronize().map_err(status::driver("cuStreamSynchronize"))
     }
+}
 
+impl Gpu {
     fn prewarm_one<T: Element + DeviceRepr + ValidAsZeroBits>(&self, p: &Conv2d) -> Result<()> {
         let s = self.stream();
         let [lx, lw, ly] = p.lens();
         let zeros = |n: usize| s.alloc_zeros::<T>(n.max(1)).map_err(status::driver("cuMemAllocAsync"));
         let (x, w, b) = (zeros(lx)?, zeros(lw)?, zeros(p.k)?);
         let (mut y, mut dx, mut dw) = (zeros(ly)?, zeros(lx)?, zeros(lw)?);
-        self.conv2d_forward(p, &x, &w, &mut y)?;
+        self.conv().forward(p, &x, &w, &mut y)?;
         for act in [ConvActivation::Relu, ConvActivation::Identity] {
-            self.conv2d_fused(p, &x, &w, &b, act, &mut y)?;
+            self.conv().fused(p, &x, &w, &b, act, &mut y)?;
         }
-        self.conv2d_backward_data(p, &w, &y, &mut dx)?;
-        self.conv2d_backward_filter(p, &x, &y, &mut dw)
+        self.conv().backward_data(p, &w, &y, &mut dx)?;
+        self.conv().backward_filter(p, &x, &y, &mut dw)
     }
 
     /// Validate → plan → launch for one direction: `ins` are (forward) x, w, bias; (backward
     /// data) w, dy; (backward filter) x, dy; `out` is y, dx or dw.
-    fn conv<T: Element>(
+    fn conv_launch<T: Element>(
         &self,
         p: &Conv2d,
         op: ConvOp,

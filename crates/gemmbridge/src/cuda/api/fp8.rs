@@ -14,7 +14,23 @@ use crate::dtype::{DType, Element};
 use crate::error::{Fp8Rule, Result, Which};
 use crate::fp8::{Fp8Format, OutputKind};
 
+/// The FP8 operations of one [`Gpu`] ([`Gpu::fp8`]): quantisation into FP8 tensors with their scales
+/// ([`GpuFp8::quantize`], [`GpuFp8::grouped_quantize`], [`GpuFp8::prepare`] to compile the kernels ahead),
+/// and the FP8 GEMMs on cuBLASLt ([`GpuFp8::gemm`], [`GpuFp8::gemm_to_fp8`], [`GpuFp8::grouped_gemm`]), each
+/// enqueued on [`Gpu::stream`].
+#[derive(Clone, Copy, Debug)]
+pub struct GpuFp8<'a> {
+    pub(super) gpu: &'a Gpu,
+}
+
 impl Gpu {
+    /// The FP8 operations ([`GpuFp8`]).
+    pub fn fp8(&self) -> GpuFp8<'_> {
+        GpuFp8 { gpu: self }
+    }
+}
+
+impl GpuFp8<'_> {
     /// `y[M, N] = α·(x[M, K]·w[N, K]ᵀ) + β·y (+ bias[N])` in FP8 with f32 accumulation, on
     /// [`Gpu::stream`]; `y` row-major, contiguous, of f32, f16 or bf16 (the bias, if any, of
     /// the same type). The scales are applied as cuBLASLt does: element `(i, j)` is
@@ -30,7 +46,7 @@ impl Gpu {
     /// [`Error::WrongContext`](crate::Error::WrongContext) (an operand, `y` or the bias from another context),
     /// [`Error::LibraryNotFound`](crate::Error::LibraryNotFound) without cuBLASLt. From the launch:
     /// [`Error::Cublas`](crate::Error::Cublas), [`Error::NotCapturable`](crate::Error::NotCapturable), [`Error::Driver`](crate::Error::Driver).
-    pub fn fp8_gemm<O: Element, Y: DevicePtrMut<O>>(
+    pub fn gemm<O: Element, Y: DevicePtrMut<O>>(
         &self,
         x: &Fp8Tensor,
         w: &Fp8Tensor,
@@ -38,14 +54,76 @@ impl Gpu {
         bias: Option<&dyn DevicePtr<O>>,
         opts: Fp8Options,
     ) -> Result<()> {
-        self.fp8_dense(x, w, (None, y), bias, opts)
+        let gpu = self.gpu;
+        gpu.fp8_dense(x, w, (None, y), bias, opts)
     }
 
-    /// [`Gpu::fp8_gemm`], with `c_in`: `y = α·(x·wᵀ) + β·c_in (+ bias)`, `c_in` a read-only C
+    /// [`GpuFp8::gemm`] with an E4M3 output `y[M, N]` (bytes, row-major), its D scale and
+    /// amax ([`Fp8Out`]); tensor-wise scales only, β = 0, the bias (if any) bf16.
+    ///
+    /// # Errors
+    /// As [`GpuFp8::gemm`]; [`Error::Fp8`](crate::Error::Fp8) with [`Fp8Rule::OutputDtype`] for other scales
+    /// or β ≠ 0.
+    pub fn gemm_to_fp8<Y: DevicePtrMut<u8>>(
+        &self,
+        x: &Fp8Tensor,
+        w: &Fp8Tensor,
+        y: &mut Y,
+        out: Fp8Out<'_>,
+        bias: Option<&dyn DevicePtr<half::bf16>>,
+        opts: Fp8Options,
+    ) -> Result<()> {
+        let gpu = self.gpu;
+        if opts.beta != 0.0 {
+            return Err(broken(
+                Fp8Rule::OutputDtype,
+                format!("β = {} with an FP8 output: only β = 0 is offered", opts.beta),
+            ));
+        }
+        let ctx = gpu.context();
+        same_context(Which::A, x.data.stream(), ctx)?;
+        same_context(Which::B, w.data.stream(), ctx)?;
+        same_context(Which::C, y.stream(), ctx)?;
+        same_context(Which::Scale, out.d_scale.stream(), ctx)?;
+        same_context(Which::Scale, out.amax.stream(), ctx)?;
+        if let Some(b) = bias {
+            same_context(Which::Bias, b.stream(), ctx)?;
+        }
+        let s = gpu.stream();
+        let (y_len, ds_len, am_len) = (y.num_bytes(), out.d_scale.num_bytes(), out.amax.num_bytes());
+        let (py, _gy) = y.device_ptr_mut(s);
+        let (pd, _gd) = out.d_scale.device_ptr(s);
+        let (pa, _ga) = out.amax.device_ptr_mut(s);
+        let (bias, _gb) = match bias {
+            Some(b) => {
+                let (p, g) = b.device_ptr(s);
+                (Some((p, b.num_bytes(), DType::BF16)), Some(g))
+            }
+            None => (None, None),
+        };
+        let out = OutputKind::Fp8(Fp8Format::E4M3);
+        let call = Fp8Call {
+            x,
+            w,
+            y: (py, y_len),
+            c_in: None,
+            out,
+            bias,
+            d_scale: Some((pd, ds_len)),
+            amax: Some((pa, am_len)),
+            opts,
+        };
+        // SAFETY: as in fp8_gemm.
+        unsafe { gpu.fp8_run(&call, s.cu_stream()) }
+    }
+}
+
+impl Gpu {
+    /// [`GpuFp8::gemm`], with `c_in`: `y = α·(x·wᵀ) + β·c_in (+ bias)`, `c_in` a read-only C
     /// laid out as `y` and apart from it (the decoder layer's residual adds).
     ///
     /// # Errors
-    /// As [`Gpu::fp8_gemm`]; for `c_in` as for `y` ([`Which::CIn`]), and
+    /// As [`GpuFp8::gemm`]; for `c_in` as for `y` ([`Which::CIn`]), and
     /// [`crate::Error::OutputOverlapsInput`] where it overlaps `y`.
     pub(crate) fn fp8_dense<O: Element>(
         &self,
@@ -90,64 +168,6 @@ impl Gpu {
         let call = Fp8Call { x, w, y: (py, y_len), c_in, out, bias, d_scale: None, amax: None, opts };
         // SAFETY: every address is a live cudarc allocation of this context borrowed for the
         // call (cudarc's events order later uses); lengths are checked in fp8_run.
-        unsafe { self.fp8_run(&call, s.cu_stream()) }
-    }
-
-    /// [`Gpu::fp8_gemm`] with an E4M3 output `y[M, N]` (bytes, row-major), its D scale and
-    /// amax ([`Fp8Out`]); tensor-wise scales only, β = 0, the bias (if any) bf16.
-    ///
-    /// # Errors
-    /// As [`Gpu::fp8_gemm`]; [`Error::Fp8`](crate::Error::Fp8) with [`Fp8Rule::OutputDtype`] for other scales
-    /// or β ≠ 0.
-    pub fn fp8_gemm_to_fp8<Y: DevicePtrMut<u8>>(
-        &self,
-        x: &Fp8Tensor,
-        w: &Fp8Tensor,
-        y: &mut Y,
-        out: Fp8Out<'_>,
-        bias: Option<&dyn DevicePtr<half::bf16>>,
-        opts: Fp8Options,
-    ) -> Result<()> {
-        if opts.beta != 0.0 {
-            return Err(broken(
-                Fp8Rule::OutputDtype,
-                format!("β = {} with an FP8 output: only β = 0 is offered", opts.beta),
-            ));
-        }
-        let ctx = self.context();
-        same_context(Which::A, x.data.stream(), ctx)?;
-        same_context(Which::B, w.data.stream(), ctx)?;
-        same_context(Which::C, y.stream(), ctx)?;
-        same_context(Which::Scale, out.d_scale.stream(), ctx)?;
-        same_context(Which::Scale, out.amax.stream(), ctx)?;
-        if let Some(b) = bias {
-            same_context(Which::Bias, b.stream(), ctx)?;
-        }
-        let s = self.stream();
-        let (y_len, ds_len, am_len) = (y.num_bytes(), out.d_scale.num_bytes(), out.amax.num_bytes());
-        let (py, _gy) = y.device_ptr_mut(s);
-        let (pd, _gd) = out.d_scale.device_ptr(s);
-        let (pa, _ga) = out.amax.device_ptr_mut(s);
-        let (bias, _gb) = match bias {
-            Some(b) => {
-                let (p, g) = b.device_ptr(s);
-                (Some((p, b.num_bytes(), DType::BF16)), Some(g))
-            }
-            None => (None, None),
-        };
-        let out = OutputKind::Fp8(Fp8Format::E4M3);
-        let call = Fp8Call {
-            x,
-            w,
-            y: (py, y_len),
-            c_in: None,
-            out,
-            bias,
-            d_scale: Some((pd, ds_len)),
-            amax: Some((pa, am_len)),
-            opts,
-        };
-        // SAFETY: as in fp8_gemm.
         unsafe { self.fp8_run(&call, s.cu_stream()) }
     }
 }

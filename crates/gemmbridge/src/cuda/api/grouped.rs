@@ -11,6 +11,7 @@ use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawExtras};
 use super::plans::Plans;
+use super::tune::GpuTuning;
 use crate::cuda::call::Scale;
 use crate::cuda::device::{check_extent, time_interleaved, Call};
 use crate::cuda::route::grouped::{batched, replayed, GroupGemm};
@@ -22,6 +23,78 @@ use crate::grouped::GroupedProblem;
 use crate::problem::GemmProblem;
 use crate::tactics::Tactic;
 use crate::validate::BufferDesc;
+
+impl GpuTuning<'_> {
+    /// Measures every way of running `p` that applies to it on these buffers ([`candidates_at`])
+    /// ([`Gpu::grouped_gemm`]'s arguments; `c` is overwritten many times): after
+    /// warm-up calls, `reps` interleaved rounds of ~1 ms samples of back-to-back calls between
+    /// CUDA events on [`Gpu::stream`], each way's median; the fastest is kept for `p`'s
+    /// signature ([`GroupedProblem::signature`]: problems of that layer alike in total and
+    /// skew) and used from now on where nothing is forced. Synchronises [`Gpu::stream`].
+    ///
+    /// Returns each way's median ms (candidate order) and the (signature, tactic) pair to
+    /// store in a [`crate::tactics::TacticDb`] (kind `grouped_gemm`; its `heuristic_ms` is
+    /// the time of the way the call takes with nothing measured: the rule's,
+    /// [`crate::grouped::streams::rule`], off cuBLAS's grouped call on misaligned pointers).
+    ///
+    /// # Errors
+    /// As [`Gpu::grouped_gemm`]; [`Error::OutOfRange`] for `reps` outside 1 to 1000, before
+    /// anything runs. A forced backend
+    /// ([`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend)) is set aside
+    /// while measuring and restored afterwards.
+    #[allow(clippy::type_complexity)]
+    pub fn grouped<T: Element>(
+        &self,
+        p: &GroupedProblem,
+        (a, b): (&dyn DevicePtr<T>, &dyn DevicePtr<T>),
+        c: &mut dyn DevicePtrMut<T>,
+        bias: Option<&dyn DevicePtr<T>>,
+        reps: usize,
+    ) -> Result<(Vec<(GroupedBackend, f64)>, String, Tactic)> {
+        let gpu = self.gpu;
+        if !(1..=1000).contains(&reps) {
+            return Err(Error::OutOfRange { what: "reps", value: reps as u64, expected: "1 to 1000".into() });
+        }
+        let forced = std::mem::take(&mut gpu.lock().libs.grouped.backend);
+        // one checked call first: every rule, the lanes and the plans made
+        let first = gpu.grouped_gemm(p, a, b, c, bias);
+        let timed = first.and_then(|()| {
+            let s = gpu.stream();
+            let (pa, _ra) = a.device_ptr(s);
+            let (pb, _rb) = b.device_ptr(s);
+            let pv = bias.map(|v| (v.device_ptr(s), v.num_bytes()));
+            let (lc, (pc, _wc)) = (c.num_bytes(), c.device_ptr_mut(s));
+            let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
+            let bias = pv.as_ref().map(|((ptr, _), len)| (*ptr, *len));
+            let moe = gpu.lock().libs.grouped.cudnn_moe.unwrap_or(false);
+            let ways = candidates_at(p, bufs.map(|b| b.0), moe);
+            let calls: Vec<Call<'_>> = ways
+                .iter()
+                // SAFETY: the same buffers the checked call above ran on, borrowed until the
+                // timing has waited for every call.
+                .map(|&how| {
+                    Box::new(move || unsafe { gpu.launch_grouped(p, how, bufs, bias, s.cu_stream()) }) as Call<'_>
+                })
+                .collect();
+            // eager samples: cuBLAS's grouped call cannot be captured, and every way runs
+            // eagerly when used (the pool's repeats as graph replays, which the calls include)
+            let medians = time_interleaved(s, reps, &calls, false)?.medians;
+            // the way the call takes with nothing measured: the rule's, off cuBLAS's grouped
+            // call where the pointers miss its alignment
+            let untuned =
+                way_on(&GroupedSettings { cudnn_moe: Some(moe), ..Default::default() }, p, bufs.map(|b| b.0))?;
+            Ok((ways.into_iter().zip(medians).collect::<Vec<_>>(), untuned))
+        });
+        gpu.lock().libs.grouped.backend = forced;
+        let (times, untuned) = timed?;
+        let (best, best_ms) = times.iter().copied().min_by(|x, y| x.1.total_cmp(&y.1)).expect("a candidate");
+        let rule_ms = times.iter().find(|(b, _)| *b == untuned).map_or(best_ms, |t| t.1);
+        let sig = p.signature();
+        gpu.lock().libs.grouped.tuned.insert(sig.clone(), best);
+        let version = crate::cuda::library::cublaslt_version().unwrap_or(0);
+        Ok((times, sig, Tactic::grouped(best, version, rule_ms, best_ms)))
+    }
+}
 
 impl Gpu {
     /// The grouped product `p` ([`crate::grouped`]: a mixture-of-experts layer's forward
@@ -211,75 +284,6 @@ impl Gpu {
         // Even after a failure: part of the work may be enqueued.
         self.device().note_use(&mut st, stream)?;
         done
-    }
-
-    /// Measures every way of running `p` that applies to it on these buffers ([`candidates_at`])
-    /// ([`Gpu::grouped_gemm`]'s arguments; `c` is overwritten many times): after
-    /// warm-up calls, `reps` interleaved rounds of ~1 ms samples of back-to-back calls between
-    /// CUDA events on [`Gpu::stream`], each way's median; the fastest is kept for `p`'s
-    /// signature ([`GroupedProblem::signature`]: problems of that layer alike in total and
-    /// skew) and used from now on where nothing is forced. Synchronises [`Gpu::stream`].
-    ///
-    /// Returns each way's median ms (candidate order) and the (signature, tactic) pair to
-    /// store in a [`crate::tactics::TacticDb`] (kind `grouped_gemm`; its `heuristic_ms` is
-    /// the time of the way the call takes with nothing measured: the rule's,
-    /// [`crate::grouped::streams::rule`], off cuBLAS's grouped call on misaligned pointers).
-    ///
-    /// # Errors
-    /// As [`Gpu::grouped_gemm`]; [`Error::OutOfRange`] for `reps` outside 1 to 1000, before
-    /// anything runs. A forced backend
-    /// ([`GpuOptions::grouped_backend`](crate::cuda::GpuOptions::grouped_backend)) is set aside
-    /// while measuring and restored afterwards.
-    #[allow(clippy::type_complexity)]
-    pub fn tune_grouped<T: Element>(
-        &self,
-        p: &GroupedProblem,
-        (a, b): (&dyn DevicePtr<T>, &dyn DevicePtr<T>),
-        c: &mut dyn DevicePtrMut<T>,
-        bias: Option<&dyn DevicePtr<T>>,
-        reps: usize,
-    ) -> Result<(Vec<(GroupedBackend, f64)>, String, Tactic)> {
-        if !(1..=1000).contains(&reps) {
-            return Err(Error::OutOfRange { what: "reps", value: reps as u64, expected: "1 to 1000".into() });
-        }
-        let forced = std::mem::take(&mut self.lock().libs.grouped.backend);
-        // one checked call first: every rule, the lanes and the plans made
-        let first = self.grouped_gemm(p, a, b, c, bias);
-        let timed = first.and_then(|()| {
-            let s = self.stream();
-            let (pa, _ra) = a.device_ptr(s);
-            let (pb, _rb) = b.device_ptr(s);
-            let pv = bias.map(|v| (v.device_ptr(s), v.num_bytes()));
-            let (lc, (pc, _wc)) = (c.num_bytes(), c.device_ptr_mut(s));
-            let bufs = [(pa, a.num_bytes()), (pb, b.num_bytes()), (pc, lc)];
-            let bias = pv.as_ref().map(|((ptr, _), len)| (*ptr, *len));
-            let moe = self.lock().libs.grouped.cudnn_moe.unwrap_or(false);
-            let ways = candidates_at(p, bufs.map(|b| b.0), moe);
-            let calls: Vec<Call<'_>> = ways
-                .iter()
-                // SAFETY: the same buffers the checked call above ran on, borrowed until the
-                // timing has waited for every call.
-                .map(|&how| {
-                    Box::new(move || unsafe { self.launch_grouped(p, how, bufs, bias, s.cu_stream()) }) as Call<'_>
-                })
-                .collect();
-            // eager samples: cuBLAS's grouped call cannot be captured, and every way runs
-            // eagerly when used (the pool's repeats as graph replays, which the calls include)
-            let medians = time_interleaved(s, reps, &calls, false)?.medians;
-            // the way the call takes with nothing measured: the rule's, off cuBLAS's grouped
-            // call where the pointers miss its alignment
-            let untuned =
-                way_on(&GroupedSettings { cudnn_moe: Some(moe), ..Default::default() }, p, bufs.map(|b| b.0))?;
-            Ok((ways.into_iter().zip(medians).collect::<Vec<_>>(), untuned))
-        });
-        self.lock().libs.grouped.backend = forced;
-        let (times, untuned) = timed?;
-        let (best, best_ms) = times.iter().copied().min_by(|x, y| x.1.total_cmp(&y.1)).expect("a candidate");
-        let rule_ms = times.iter().find(|(b, _)| *b == untuned).map_or(best_ms, |t| t.1);
-        let sig = p.signature();
-        self.lock().libs.grouped.tuned.insert(sig.clone(), best);
-        let version = crate::cuda::library::cublaslt_version().unwrap_or(0);
-        Ok((times, sig, Tactic::grouped(best, version, rule_ms, best_ms)))
     }
 }
 

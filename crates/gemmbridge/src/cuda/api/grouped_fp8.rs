@@ -1,5 +1,5 @@
 //! The FP8 grouped products: validate (the per-group operands against the problem's TN form,
-//! the output and bias buffers, then every group's FP8 call as [`Gpu::fp8_gemm`] checks it) →
+//! the output and bias buffers, then every group's FP8 call as [`GpuFp8::gemm`] checks it) →
 //! each group's FP8 GEMM through the routing floor's FP8 launch (`route/fp8.rs`: its plan, and
 //! the staged copy where the output's rows miss the FP8 kernels' alignment) on the pool of
 //! streams (`route/grouped.rs`), or in order, replayed as one graph when repeated. Nothing is
@@ -9,6 +9,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
+use super::fp8::GpuFp8;
 use crate::cuda::library;
 use crate::cuda::route::fp8::{enqueue, no_lt, Fp8Call, Fp8Options, Fp8Tensor};
 use crate::cuda::route::grouped::{pooled_launches, replayed_with};
@@ -18,26 +19,26 @@ use crate::fp8::OutputKind;
 use crate::grouped::streams::GroupedBackend;
 use crate::grouped::{GroupedOp, GroupedOperand, GroupedProblem};
 
-/// The operands of one FP8 grouped call: one entry per group, as [`Gpu::grouped_quantize`]
+/// The operands of one FP8 grouped call: one entry per group, as [`GpuFp8::grouped_quantize`]
 /// makes them.
 type Operands<'a> = (&'a [Option<Fp8Tensor>], &'a [Option<Fp8Tensor>]);
 
-impl Gpu {
+impl GpuFp8<'_> {
     /// The grouped product `p` in FP8, every group `c_e = α·(A_e · B_eᵀ) (+ bias[e]) (+ β·c_e)`
     /// in the TN form of [`GroupedProblem::tn_operand`]: the forward `y_e = x_e · w_eᵀ`, the
     /// backward data `dx_e = dy_e · w_e`, the backward weight `dw_e = dy_eᵀ · x_e`. `a` and `b`
     /// hold one [`Fp8Tensor`] per group, each with its own scales, as
-    /// [`Gpu::grouped_quantize`] makes them from the buffers [`Gpu::grouped_gemm`] takes
+    /// [`GpuFp8::grouped_quantize`] makes them from the buffers [`Gpu::grouped_gemm`] takes
     /// ([`GroupedOperand::A`], [`GroupedOperand::B`]); an entry is read only where its group
     /// has rows (`None` is fine elsewhere). `c` is the product's output as
     /// [`Gpu::grouped_gemm`] writes it (`y[rows, N]`, `dx[rows, K]` or `dw[E, N, K]`,
     /// row-major) of `O`, the problem's output type ([`crate::Precision::output`]: f32, f16 or
     /// bf16); `bias` `[E, N]` of `O` with [`GroupedProblem::with_bias`] (the forward only).
-    /// `opts` as [`Gpu::fp8_gemm`]'s, for every group. Rows past the last group are not
+    /// `opts` as [`GpuFp8::gemm`]'s, for every group. Rows past the last group are not
     /// written; a backward weight's empty group gets zeros (β = 0) or keeps its `dw[e]`
     /// (β = 1).
     ///
-    /// Each group is one FP8 GEMM as [`Gpu::fp8_gemm`] runs it (every recipe of
+    /// Each group is one FP8 GEMM as [`GpuFp8::gemm`] runs it (every recipe of
     /// [`crate::fp8`]: tensor-wise, row-wise, 1×128 · 128×128 blocks, …, the scalings of the
     /// two operands paired as there), spread over the pool of the engine's streams forked from and
     /// joined to [`Gpu::stream`]
@@ -59,11 +60,11 @@ impl Gpu {
     /// [`Error::BufferTooSmall`] for `c` or the bias (`E · N`); [`Error::OutputOverlapsInput`]
     /// (`c` against the bias); [`Error::EpilogueOperand`] (a bias given without
     /// [`GroupedProblem::has_bias`] or missing with it); [`Error::Fp8`] (a group's FP8 rule, as
-    /// [`Gpu::fp8_gemm`]: E5M2 on both sides, …); [`Error::LibraryNotFound`] without cuBLASLt;
+    /// [`GpuFp8::gemm`]: E5M2 on both sides, …); [`Error::LibraryNotFound`] without cuBLASLt;
     /// [`Error::NotCapturable`] when the pool's streams would be created while [`Gpu::stream`]
-    /// is being captured (make one pooled call before capturing). From the launches: as [`Gpu::fp8_gemm`] (a failure part-way leaves other groups
+    /// is being captured (make one pooled call before capturing). From the launches: as [`GpuFp8::gemm`] (a failure part-way leaves other groups
     /// written; the pool is joined back all the same).
-    pub fn grouped_fp8_gemm<O: Element>(
+    pub fn grouped_gemm<O: Element>(
         &self,
         p: &GroupedProblem,
         a: &[Option<Fp8Tensor>],
@@ -72,9 +73,10 @@ impl Gpu {
         bias: Option<&dyn DevicePtr<O>>,
         opts: Fp8Options,
     ) -> Result<()> {
-        let lanes = self.fp8_grouped_lanes()?;
+        let gpu = self.gpu;
+        let lanes = gpu.fp8_grouped_lanes()?;
         check_operands(p, (a, b))?;
-        let ctx = self.context();
+        let ctx = gpu.context();
         let [wa, wb, wc] = p.op().operands();
         for (which, t) in a.iter().map(|t| (wa, t)).chain(b.iter().map(|t| (wb, t))) {
             if let Some(t) = t {
@@ -90,7 +92,7 @@ impl Gpu {
         if !library::has_cublaslt() {
             return Err(no_lt());
         }
-        let s = self.stream();
+        let s = gpu.stream();
         let (pv, _gv) = match bias {
             Some(v) => {
                 let (ptr, g) = v.device_ptr(s);
@@ -100,11 +102,13 @@ impl Gpu {
         };
         let c_len = c.num_bytes();
         let (pc, _gc) = c.device_ptr_mut(s);
-        let calls = self.group_calls::<O>(p, (a, b), (pc, c_len), pv, opts)?;
+        let calls = gpu.group_calls::<O>(p, (a, b), (pc, c_len), pv, opts)?;
         let zeroed: Vec<(u64, usize)> = zeroed.into_iter().map(|(at, bytes)| (pc + at, bytes)).collect();
-        self.launch_groups(&calls, &zeroed, lanes)
+        gpu.launch_groups(&calls, &zeroed, lanes)
     }
+}
 
+impl Gpu {
     /// The lanes an FP8 grouped call spreads over: the stream setting (1: in order, on the
     /// caller's stream).
     fn fp8_grouped_lanes(&self) -> Result<usize> {
@@ -122,7 +126,7 @@ impl Gpu {
     }
 
     /// Every group's FP8 call on its slice of `c` (address, bytes) and of the bias, checked
-    /// (the spans of `c` and the bias first, then each call as [`Gpu::fp8_gemm`] checks it).
+    /// (the spans of `c` and the bias first, then each call as [`GpuFp8::gemm`] checks it).
     fn group_calls<'t, O: Element>(
         &self,
         p: &GroupedProblem,

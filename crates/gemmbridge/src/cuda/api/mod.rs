@@ -1,4 +1,6 @@
-//! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl Gpu` block per capability — its
+//! The API floor: the engine ([`Gpu`], `engine.rs`) and one `impl` block per capability, on
+//! `Gpu` or, for a capability of several operations, on its view borrowed from `Gpu`
+//! ([`GpuAttention`], [`GpuConv`], [`GpuFp8`], [`GpuMoe`], [`GpuPaged`], [`GpuTuning`]) — its
 //! settings (`options/`: the value, [`GpuOptions`], and the live update), its plans and tactics
 //! (`plans.rs`, [`Plans`]), GEMMs (`gemm.rs`), FP8 (`quantize.rs`, `fp8.rs`), convolutions
 //! (`conv.rs`), attention (`attention.rs`, `attention_packed.rs`), RMSNorm (`norm.rs`), RoPE and
@@ -36,13 +38,16 @@ mod quantize;
 pub mod train;
 mod tune;
 
-pub use attention::{AttnSaved, SeqLens};
+pub use attention::{AttnSaved, GpuAttention, SeqLens};
 pub use attention_fp8_bwd::AttnSavedFp8;
+pub use conv::GpuConv;
 pub use engine::Gpu;
+pub use fp8::GpuFp8;
 pub use info::{cuda_version_string, DeviceInfo};
-pub use moe::{MoeCombineGrads, MoeRouting};
+pub use moe::{GpuMoe, MoeCombineGrads, MoeRouting};
 pub use norm::{RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY};
 pub use operands::{Extras, RawBuffer, RawOperands};
 pub use options::{Applied, Change, GpuOptions, Reach};
-pub use paged::PageIndex;
+pub use paged::{GpuPaged, PageIndex};
 pub use plans::Plans;
+pub use tune::GpuTuning;

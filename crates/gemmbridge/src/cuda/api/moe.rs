@@ -1,8 +1,8 @@
 //! The mixture-of-experts entry points with the routing on the device ([`crate::moe`]): the
-//! router ([`Gpu::moe_route`], gemmbridge's own kernels), the expert products
-//! ([`Gpu::moe_gemm`], cuDNN's MoE grouped matmul), the combine and its backward
-//! ([`Gpu::moe_combine`], [`Gpu::moe_combine_backward`]) and rows gathered by index
-//! ([`Gpu::moe_gather`]). Each validates every buffer before anything is enqueued, then
+//! router ([`GpuMoe::route`], gemmbridge's own kernels), the expert products
+//! ([`GpuMoe::gemm`], cuDNN's MoE grouped matmul), the combine and its backward
+//! ([`GpuMoe::combine`], [`GpuMoe::combine_backward`]) and rows gathered by index
+//! ([`GpuMoe::gather`]). Each validates every buffer before anything is enqueued, then
 //! enqueues on [`Gpu::stream`] with no host synchronisation.
 
 use cudarc::driver::sys::CUstream;
@@ -19,7 +19,7 @@ use crate::error::{Error, Result, Which};
 use crate::grouped::GroupedProblem;
 use crate::moe::{MoeCombine, MoeGemm};
 
-/// The gradients [`Gpu::moe_combine_backward`] writes: the combine's input gradient `do`
+/// The gradients [`GpuMoe::combine_backward`] writes: the combine's input gradient `do`
 /// `[S·k, N]`, the weights' `dw` `[S·k]` (f32) and the router logits' `dlogits` `[S, E]`.
 pub struct MoeCombineGrads<'a, T> {
     /// The gradient of the expert outputs, in token order.
@@ -45,7 +45,23 @@ fn check_type<T: Element>(which: Which, want: crate::DType) -> Result<()> {
     Ok(())
 }
 
+/// The mixture-of-experts operations of one [`Gpu`] ([`Gpu::moe`]): the router ([`GpuMoe::route`]), the
+/// expert products ([`GpuMoe::gemm`]), the combine and its backward ([`GpuMoe::combine`],
+/// [`GpuMoe::combine_backward`]) and rows gathered by index ([`GpuMoe::gather`]), each enqueued on
+/// [`Gpu::stream`].
+#[derive(Clone, Copy, Debug)]
+pub struct GpuMoe<'a> {
+    pub(super) gpu: &'a Gpu,
+}
+
 impl Gpu {
+    /// The mixture-of-experts operations ([`GpuMoe`]).
+    pub fn moe(&self) -> GpuMoe<'_> {
+        GpuMoe { gpu: self }
+    }
+}
+
+impl GpuMoe<'_> {
     /// The router's top-k and the sort of the routed rows by expert ([`MoeRouter`](crate::moe::MoeRouter), the one
     /// `out` was made for) from `logits` `[S, E]` (row-major, `T` the router's dtype), into
     /// `out`: four launches of gemmbridge's own kernels on [`Gpu::stream`], no host wait.
@@ -55,12 +71,13 @@ impl Gpu {
     /// [`Error::BufferTooSmall`] (logits shorter than S·E); [`Error::NotCapturable`] for the
     /// first call of the process inside a capture (the kernels are compiled then);
     /// [`Error::Driver`] from the launches.
-    pub fn moe_route<T: Element>(&self, logits: &dyn DevicePtr<T>, out: &mut MoeRouting) -> Result<()> {
+    pub fn route<T: Element>(&self, logits: &dyn DevicePtr<T>, out: &mut MoeRouting) -> Result<()> {
+        let gpu = self.gpu;
         let r = out.router;
         check_type::<T>(Which::Grouped("logits"), r.dtype)?;
-        same_context(Which::Grouped("logits"), logits.stream(), self.context())?;
-        same_context(Which::Grouped("routing"), out.ids.stream(), self.context())?;
-        let s = self.stream();
+        same_context(Which::Grouped("logits"), logits.stream(), gpu.context())?;
+        same_context(Which::Grouped("routing"), out.ids.stream(), gpu.context())?;
+        let s = gpu.stream();
         let mut guards: Vec<SyncOnDrop<'_>> = Vec::new();
         let lp = read_span(
             s,
@@ -78,7 +95,7 @@ impl Gpu {
         let [(index, _e), (ks, _f), (slots, _h), (pos, _i)] = [i0, i1, i2, i3].map(|b| b.device_ptr_mut(s));
         // SAFETY: `out`'s buffers were made for this router (MoeRouting::new), the logits checked
         // above; all are borrowed until the launches are enqueued.
-        self.with_moe_kernels(|k| unsafe { k.route(&r, lp, [ids, weights, counts], [starts, index, ks, slots, pos]) })
+        gpu.with_moe_kernels(|k| unsafe { k.route(&r, lp, [ids, weights, counts], [starts, index, ks, slots, pos]) })
     }
 
     /// The expert product `p` over device group starts ([`MoeGemm`]): `input` `[R, in]`, `w`
@@ -106,7 +123,7 @@ impl Gpu {
     /// 9.18 or where its engines refuse the product (naming it); [`Error::NotCapturable`] for
     /// a product's first call inside a capture. From the launch: [`Error::Cudnn`],
     /// [`Error::Driver`].
-    pub fn moe_gemm<T: Element>(
+    pub fn gemm<T: Element>(
         &self,
         p: &MoeGemm,
         starts: &dyn DevicePtr<i32>,
@@ -114,14 +131,15 @@ impl Gpu {
         w: &dyn DevicePtr<T>,
         out: &mut dyn DevicePtrMut<T>,
     ) -> Result<()> {
+        let gpu = self.gpu;
         check_type::<T>(Which::Grouped("input"), p.precision().input())?;
-        let ctx = self.context();
+        let ctx = gpu.context();
         let names = [Which::Grouped("input"), Which::Grouped("w"), Which::Grouped("starts"), Which::Grouped("out")];
         same_context(names[0], input.stream(), ctx)?;
         same_context(names[1], w.stream(), ctx)?;
         same_context(names[2], starts.stream(), ctx)?;
         same_context(names[3], out.stream(), ctx)?;
-        let s = self.stream();
+        let s = gpu.stream();
         let (lens, elem) = (p.lens(), T::DTYPE.size_bytes());
         let mut guards: Vec<SyncOnDrop<'_>> = Vec::new();
         let read = [
@@ -132,7 +150,7 @@ impl Gpu {
         let written = [write_span(s, (names[3], out), (lens[2], elem), &mut guards)?];
         disjoint(&written, &read)?;
         let b = MoeBuffers { input: read[0].addr, w: read[1].addr, out: written[0].addr, starts: 0 };
-        let r = self.moe_run(p, b, Starts::Device(read[2].addr), s.cu_stream());
+        let r = gpu.moe_run(p, b, Starts::Device(read[2].addr), s.cu_stream());
         drop(guards);
         r
     }
@@ -150,16 +168,17 @@ impl Gpu {
     /// [`Error::DTypeMismatch`], [`Error::BufferTooSmall`], [`Error::Misaligned`],
     /// [`Error::OutputOverlapsInput`]; [`Error::NotCapturable`] for the process's first
     /// launch inside a capture; [`Error::Driver`].
-    pub fn moe_combine<T: Element>(
+    pub fn combine<T: Element>(
         &self,
         c: &MoeCombine,
         (o, rows): (&dyn DevicePtr<T>, Option<&dyn DevicePtr<i32>>),
         w: Option<&dyn DevicePtr<f32>>,
         y: &mut dyn DevicePtrMut<T>,
     ) -> Result<()> {
+        let gpu = self.gpu;
         c.validate()?;
         check_type::<T>(Which::Grouped("o"), c.dtype)?;
-        let (ctx, s, elem) = (self.context(), self.stream(), T::DTYPE.size_bytes());
+        let (ctx, s, elem) = (gpu.context(), gpu.stream(), T::DTYPE.size_bytes());
         same_context(Which::Grouped("o"), o.stream(), ctx)?;
         same_context(Which::Grouped("y"), y.stream(), ctx)?;
         let mut guards: Vec<SyncOnDrop<'_>> = Vec::new();
@@ -186,32 +205,33 @@ impl Gpu {
         let written = [write_span(s, (Which::Grouped("y"), y), (c.tokens * c.n, elem), &mut guards)?];
         disjoint(&written, &read)?;
         // SAFETY: every buffer checked above and borrowed until the launch is enqueued.
-        let r = self.with_moe_kernels(|k| unsafe { k.combine(c, addr, o_rows, written[0].addr) });
+        let r = gpu.with_moe_kernels(|k| unsafe { k.combine(c, addr, o_rows, written[0].addr) });
         drop(guards);
         r
     }
 
     /// The combine's backward ([`MoeCombine`]) for `routing`'s weights and experts: from `dy`
     /// `[S, N]` and the forward's `o` — in expert order (`sorted`: `[MoeRouting::rows, N]`,
-    /// slot q's row at [`MoeRouting::pos`]`[q]`, as [`Gpu::moe_combine`] read it with those
+    /// slot q's row at [`MoeRouting::pos`]`[q]`, as [`GpuMoe::combine`] read it with those
     /// rows) or in token order (`[S·k, N]`) — writes `grads` (`do` in o's order, the weights'
     /// and the logits' gradients); one launch on [`Gpu::stream`], and in the capacity layout
     /// ([`MoeRouting::pad`]) a second that zeros `do`'s pad rows, so that every row of it is
     /// written. A slot the capacity dropped gets no `do` row and a zero weight gradient.
     ///
     /// # Errors
-    /// As [`Gpu::moe_combine`]; [`Error::GroupedShape`] when `c`'s tokens or k differ from
+    /// As [`GpuMoe::combine`]; [`Error::GroupedShape`] when `c`'s tokens or k differ from
     /// `routing`'s router.
-    pub fn moe_combine_backward<T: Element>(
+    pub fn combine_backward<T: Element>(
         &self,
         c: &MoeCombine,
         (routing, sorted): (&MoeRouting, bool),
         (dy, o): (&dyn DevicePtr<T>, &dyn DevicePtr<T>),
         grads: MoeCombineGrads<'_, T>,
     ) -> Result<()> {
+        let gpu = self.gpu;
         c.validate()?;
         check_type::<T>(Which::Grouped("dy"), c.dtype)?;
-        let (r, ctx, s, elem) = (routing.router, self.context(), self.stream(), T::DTYPE.size_bytes());
+        let (r, ctx, s, elem) = (routing.router, gpu.context(), gpu.stream(), T::DTYPE.size_bytes());
         same_context(Which::Grouped("routing"), routing.ids.stream(), ctx)?;
         if (r.tokens, r.top_k) != (c.tokens, c.top_k) {
             let detail = format!("combine S {} k {}, router S {} k {}", c.tokens, c.top_k, r.tokens, r.top_k);
@@ -249,7 +269,7 @@ impl Gpu {
         let outs = [written[0].addr, written[1].addr, written[2].addr];
         // SAFETY: every buffer checked above, borrowed until the launch is enqueued; an id
         // outside 0..E writes no logit gradient (the kernel skips it).
-        let res = self.with_moe_kernels(|k| unsafe {
+        let res = gpu.with_moe_kernels(|k| unsafe {
             k.combine_backward((c, r.experts, o_rows), ins, outs)?;
             if pad != 0 {
                 k.zero_rows(c.dtype, [pad, outs[0]], (o_rows, c.n))?;
@@ -270,15 +290,16 @@ impl Gpu {
     /// Before anything is launched: [`Error::GroupedShape`] for a zero width or an input of no
     /// row; [`Error::WrongContext`], [`Error::BufferTooSmall`] (`out` shorter than
     /// rows·width), [`Error::Misaligned`], [`Error::OutputOverlapsInput`];
-    /// [`Error::NotCapturable`], [`Error::Driver`] as [`Gpu::moe_combine`].
-    pub fn moe_gather<T: Element>(
+    /// [`Error::NotCapturable`], [`Error::Driver`] as [`GpuMoe::combine`].
+    pub fn gather<T: Element>(
         &self,
         index: &dyn DevicePtr<i32>,
         width: usize,
         input: &dyn DevicePtr<T>,
         out: &mut dyn DevicePtrMut<T>,
     ) -> Result<()> {
-        let (ctx, s, elem) = (self.context(), self.stream(), T::DTYPE.size_bytes());
+        let gpu = self.gpu;
+        let (ctx, s, elem) = (gpu.context(), gpu.stream(), T::DTYPE.size_bytes());
         let (rows, in_rows) = (index.len(), input.len() / width.max(1));
         let addressable = rows.checked_mul(width).is_some_and(|e| e <= isize::MAX as usize / 4);
         if width == 0 || in_rows == 0 || rows > crate::MAX_DIM || in_rows > crate::MAX_DIM || !addressable {
@@ -300,11 +321,13 @@ impl Gpu {
         disjoint(&written, &read)?;
         let addrs = [read[0].addr, read[1].addr, written[0].addr];
         // SAFETY: every buffer checked above, borrowed until the launch; indices are clamped.
-        let r = self.with_moe_kernels(|k| unsafe { k.gather(T::DTYPE, addrs, (rows, in_rows), width) });
+        let r = gpu.with_moe_kernels(|k| unsafe { k.gather(T::DTYPE, addrs, (rows, in_rows), width) });
         drop(guards);
         r
     }
+}
 
+impl Gpu {
     /// Runs `f` with the MoE kernels (compiled on first use, never inside a capture) under
     /// the lock, the context bound.
     pub(super) fn with_moe_kernels(&self, f: impl FnOnce(&MoeKernels<'_>) -> Result<()>) -> Result<()> {

@@ -10,12 +10,12 @@ use crate::cuda::status;
 use crate::error::{Error, Result, Which};
 use crate::moe::MoeRouter;
 
-/// What [`Gpu::moe_route`] writes, on the device (see [`MoeRouter`]), read through its
+/// What [`GpuMoe::route`](crate::cuda::GpuMoe::route) writes, on the device (see [`MoeRouter`]), read through its
 /// accessors (the buffers are the engine's to write, so their lengths and values stay what the
 /// kernels need): `ids` and `weights` `[S·k]` in token order, `starts` `[E]`, `index`, `ks` and
 /// `slots` `[rows]` in expert order, `pos` `[S·k]` (each slot's row in expert order).
 ///
-/// Expert order is the sorted layout after [`Gpu::moe_route`] (rows = S·k, expert e's rows
+/// Expert order is the sorted layout after [`GpuMoe::route`](crate::cuda::GpuMoe::route) (rows = S·k, expert e's rows
 /// from `starts[e]`), or the capacity layout after [`MoeRouting::pad`] (rows = E·cap, expert
 /// e's rows from e·cap, pad rows marked −1 in `index`, `ks` and `slots`).
 pub struct MoeRouting {
@@ -118,14 +118,14 @@ impl MoeRouting {
 
     /// Lays the last routing out with `capacity` rows per expert, on `gpu`'s stream: expert
     /// e's i-th row moves to row e·cap + i, the rows past an expert's own are pad rows (−1 in
-    /// `index`, `ks`, `slots`: [`Gpu::moe_gather`] writes zeros there, and
-    /// [`Gpu::moe_combine_backward`] zeros them in its output gradient), and `pos` names each
+    /// `index`, `ks`, `slots`: [`GpuMoe::gather`](crate::cuda::GpuMoe::gather) writes zeros there, and
+    /// [`GpuMoe::combine_backward`](crate::cuda::GpuMoe::combine_backward) zeros them in its output gradient), and `pos` names each
     /// slot's new row. An expert with more rows than `capacity` keeps its first `capacity`;
     /// the slots of the rest are dropped (`pos` −1: they add nothing to the combine and get
     /// no gradient), as a capacity factor does. The product of each expert is then one equal
     /// group of a strided batch ([`crate::moe::capacity`] says when that pays). Reads the
     /// sorted layout, so it may be called again with another capacity; the next
-    /// [`Gpu::moe_route`] returns to the sorted layout. Enqueued, not waited for.
+    /// [`GpuMoe::route`](crate::cuda::GpuMoe::route) returns to the sorted layout. Enqueued, not waited for.
     ///
     /// # Errors
     /// Before anything is enqueued: [`Error::GroupedShape`] for a capacity of 0 or one whose

@@ -18,7 +18,7 @@ pub struct RawBuffer {
 }
 
 /// The operands of a raw call ([`Gpu::gemm_raw`](crate::cuda::Gpu::gemm_raw),
-/// [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)) by address: stored row-major A, B
+/// [`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw)) by address: stored row-major A, B
 /// and C (inputs of the precision's input dtype, C of its output dtype), and the epilogue's
 /// extra operands (see [`crate::epilogue`]; of the output dtype), named so that they cannot
 /// be passed in the wrong order. With [`RawOperands::with_c_in`], C is read from a buffer of

@@ -14,7 +14,7 @@ use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
 use crate::paged::{HostIndex, PagedAppend};
 
-/// A call's page table and lengths, for [`Gpu::paged_append`] and [`Gpu::paged_decode`]: on
+/// A call's page table and lengths, for [`GpuPaged::append`] and [`GpuPaged::decode`]: on
 /// the host ([`PageIndex::host`], checked and copied), or on the device ([`PageIndex::device`],
 /// the caller's contract, capturable; [`PageIndex::device_checked`], copied back and checked
 /// first, for debugging). A decode reads no new lengths: it refuses them
@@ -115,7 +115,22 @@ fn index_buffers<'a>(op: &PagedAppend, index: &PageIndex<'a>) -> Vec<(Which, &'a
     }
 }
 
+/// The paged KV cache operations of one [`Gpu`] ([`Gpu::paged`]): appending keys and values through a page
+/// table ([`GpuPaged::append`]) and decode attention over it ([`GpuPaged::decode`]), each enqueued on
+/// [`Gpu::stream`].
+#[derive(Clone, Copy, Debug)]
+pub struct GpuPaged<'a> {
+    pub(super) gpu: &'a Gpu,
+}
+
 impl Gpu {
+    /// The paged KV cache operations ([`GpuPaged`]).
+    pub fn paged(&self) -> GpuPaged<'_> {
+        GpuPaged { gpu: self }
+    }
+}
+
+impl GpuPaged<'_> {
     /// Appends a step's new key and value rows into a paged KV cache on [`Gpu::stream`]:
     /// `k_new`, `v_new` (`[b, seq, h_kv, d]`, token rows `op.ld` apart, so views of a fused
     /// QKV projection's output are read in place) written into the containers `k_cache`,
@@ -139,13 +154,14 @@ impl Gpu {
     /// [`Error::NotCapturable`] for a first call, host tables or checked device tables inside a
     /// capture; [`Error::Unsupported`] for host tables and lengths above 1 MiB;
     /// [`Error::LibraryNotFound`] without NVRTC; [`Error::Driver`].
-    pub fn paged_append<T: Element>(
+    pub fn append<T: Element>(
         &self,
         op: &PagedAppend,
         (k_new, v_new): (&dyn DevicePtr<T>, &dyn DevicePtr<T>),
         (k_cache, v_cache): (&mut dyn DevicePtrMut<T>, &mut dyn DevicePtrMut<T>),
         index: PageIndex<'_>,
     ) -> Result<()> {
+        let gpu = self.gpu;
         op.validate()?;
         if T::DTYPE != op.cache.dtype {
             return Err(Error::DTypeMismatch {
@@ -168,7 +184,7 @@ impl Gpu {
                 });
             }
         }
-        let ctx = self.context();
+        let ctx = gpu.context();
         let device_index = index_buffers(op, &index);
         same_context(Which::Paged("new k"), k_new.stream(), ctx)?;
         same_context(Which::Paged("new v"), v_new.stream(), ctx)?;
@@ -178,16 +194,18 @@ impl Gpu {
         same_context(Which::Paged("k cache"), k_cache.stream(), ctx)?;
         same_context(Which::Paged("v cache"), v_cache.stream(), ctx)?;
         let mut guards: Vec<SyncOnDrop<'_>> = Vec::with_capacity(7);
-        let spans = self.spans(op, (k_new, v_new), (k_cache, v_cache), &device_index, &mut guards)?;
+        let spans = gpu.spans(op, (k_new, v_new), (k_cache, v_cache), &device_index, &mut guards)?;
         disjoint(&spans.written, &spans.read)?;
         if let Index::Device { check: true, .. } = index.0 {
-            self.check_on_host(&op.describe(), &spans.read[2..], &|h| op.check_index(h))?;
+            gpu.check_on_host(&op.describe(), &spans.read[2..], &|h| op.check_index(h))?;
         }
-        let r = self.enqueue_append(op, &spans, index);
+        let r = gpu.enqueue_append(op, &spans, index);
         drop(guards);
         r
     }
+}
 
+impl Gpu {
     /// Every buffer's span (its size checked; the containers' alignment too), their guards
     /// pushed to `guards`.
     fn spans<'g, T: Element>(

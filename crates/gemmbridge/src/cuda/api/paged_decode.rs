@@ -10,6 +10,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
 use super::attention::span;
 use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
+use super::paged::GpuPaged;
 use super::paged::{Index, PageIndex};
 use crate::cuda::device::{is_capturing, Relaxed, SCRATCH_BYTES};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp, PagedShape};
@@ -67,7 +68,7 @@ struct Spans {
     read: Vec<Span>,
 }
 
-impl Gpu {
+impl GpuPaged<'_> {
     /// Decode attention over a paged KV cache on cuDNN, on [`Gpu::stream`]: for each sequence
     /// `n`, `o[n, h_q, d]` = softmax(`op.scale`·q·kᵀ)·v over the `lens[n]` keys and values the
     /// page table points to, as [`PagedDecode`] defines it (layout and tables:
@@ -83,7 +84,7 @@ impl Gpu {
     /// plan serves every step until the longest sequence doubles
     /// ([`crate::paged::bucket_width`] says why). The first call of a plan builds it (cuDNN's
     /// best-ranked engine configuration; a measured search or the tactic database as for
-    /// [`Gpu::attention_forward`]); later calls only launch, and with device tables
+    /// [`GpuAttention::forward`](crate::cuda::GpuAttention::forward)); later calls only launch, and with device tables
     /// ([`PageIndex::device`]) can be captured into a CUDA graph and replayed, the caller
     /// updating the tables and lengths between replays. Needs cuDNN 9.5.0 or later (a head
     /// dimension above 128: later than 9.9).
@@ -99,7 +100,7 @@ impl Gpu {
     /// tables or checked device tables inside a capture; [`Error::Unsupported`] for host
     /// tables and lengths above 1 MiB, a cuDNN before 9.5.0, or where no engine takes the
     /// graph; [`Error::LibraryNotFound`] without libcudnn. From cuDNN: [`Error::Cudnn`].
-    pub fn paged_decode<T: Element>(
+    pub fn decode<T: Element>(
         &self,
         op: &PagedDecode,
         q: &dyn DevicePtr<T>,
@@ -107,8 +108,9 @@ impl Gpu {
         o: &mut dyn DevicePtrMut<T>,
         index: PageIndex<'_>,
     ) -> Result<()> {
+        let gpu = self.gpu;
         check_call(op, T::DTYPE, &index)?;
-        let ctx = self.context();
+        let ctx = gpu.context();
         let device_index: Vec<(Which, &dyn DevicePtr<i32>, usize)> = match index.0 {
             Index::Host(_) => Vec::new(),
             Index::Device { tables, lens, .. } => vec![
@@ -124,11 +126,11 @@ impl Gpu {
         }
         same_context(Which::Paged("o"), o.stream(), ctx)?;
         let mut guards: Vec<SyncOnDrop<'_>> = Vec::with_capacity(6);
-        let spans = self.decode_spans(op, q, (k_cache, v_cache), o, &device_index, &mut guards)?;
+        let spans = gpu.decode_spans(op, q, (k_cache, v_cache), o, &device_index, &mut guards)?;
         disjoint(&[spans.o], &spans.read)?;
         if let Index::Device { check: true, .. } = index.0 {
             let check = |h: &HostIndex| op.check_index(h.tables, h.lens);
-            self.check_on_host(&op.describe(), &spans.read[3..], &check)?;
+            gpu.check_on_host(&op.describe(), &spans.read[3..], &check)?;
         }
         let [q, k, v] = [0, 1, 2].map(|i| spans.read[i].addr);
         let mut b = AttnBuffers { q, k, v, o: spans.o.addr, ..Default::default() };
@@ -139,11 +141,13 @@ impl Gpu {
                 None
             }
         };
-        let r = self.decode_run(op, b, host);
+        let r = gpu.decode_run(op, b, host);
         drop(guards);
         r
     }
+}
 
+impl Gpu {
     /// Every buffer's span (its size and its 16-byte alignment checked), their guards pushed
     /// to `guards`.
     fn decode_spans<'g, T: Element>(

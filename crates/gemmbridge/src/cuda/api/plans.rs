@@ -83,10 +83,10 @@ impl Plans<'_> {
 
     /// The signatures of the tuned entries this `Gpu` has built plans with since it was
     /// created, sorted: entries of a tactic database ([`Plans::load_tactics`]) and choices this
-    /// `Gpu` tuned itself ([`Gpu::autotune_raw`], [`Gpu::autotune_fp8`]: these keep their
+    /// `Gpu` tuned itself ([`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw), [`GpuTuning::fp8`](crate::cuda::GpuTuning::fp8): these keep their
     /// result for their signature, even where it is the heuristic's own choice) — cuBLASLt GEMM
     /// and FP8 entries whose algorithm cuBLASLt accepted for the call, convolution and attention
-    /// entries cuDNN rebuilt, grouped GEMM entries whose way ran a call ([`Gpu::tune_grouped`]'s
+    /// entries cuDNN rebuilt, grouped GEMM entries whose way ran a call ([`GpuTuning::grouped`](crate::cuda::GpuTuning::grouped)'s
     /// included). Never cleared (loading other entries or dropping plans keeps the record). An
     /// entry that was loaded but is missing here has served no call yet — or was refused (a
     /// warning is logged) or does not match the calls made (another alignment, workspace or SM

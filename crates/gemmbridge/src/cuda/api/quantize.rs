@@ -1,4 +1,4 @@
-//! [`Gpu::quantize`]: FP8 operands ([`Fp8Tensor`]) made on the GPU from f32/f16/bf16 data by
+//! [`GpuFp8::quantize`]: FP8 operands ([`Fp8Tensor`]) made on the GPU from f32/f16/bf16 data by
 //! gemmbridge's own kernels, with their scales in the layout cuBLASLt reads. Reads
 //! validate → allocate → enqueue (the launch sequence is in the device layer, `fp8_cast.rs`).
 
@@ -7,6 +7,7 @@ use cudarc::driver::DevicePtr;
 
 use super::checks::same_context;
 use super::engine::Gpu;
+use super::fp8::GpuFp8;
 use crate::cuda::device::{enqueue_cast, CastJob, KernelSet, Kernels, Relaxed, RelaxedDrop};
 use crate::cuda::library;
 use crate::cuda::route::fp8::Fp8Tensor;
@@ -16,35 +17,19 @@ use crate::error::{Error, Result, Which};
 use crate::fp8::{check_dims, check_support, Fp8Format, Fp8Layout, Scaling, Source};
 use crate::grouped::{GroupedOperand, GroupedProblem};
 
-impl Gpu {
-    /// The GPU's compute capability and the loaded cuBLASLt's version (0 without cuBLASLt).
-    pub(crate) fn fp8_platform(&self) -> Result<((i32, i32), usize)> {
-        let cc = self.context().compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
-        Ok((cc, library::cublaslt_version().unwrap_or(0)))
-    }
-
-    /// Whether this GPU and the loaded cuBLASLt offer FP8 with `scaling` ([`check_support`];
-    /// for callers: [`DeviceInfo::check_fp8`](crate::cuda::DeviceInfo::check_fp8)).
-    ///
-    /// # Errors
-    /// [`Error::Fp8`] with [`crate::fp8::Fp8Rule::ComputeCapability`] or
-    /// [`crate::fp8::Fp8Rule::LibraryVersion`]; [`Error::Driver`].
-    pub(crate) fn check_fp8(&self, scaling: Scaling) -> Result<()> {
-        let (cc, lt_version) = self.fp8_platform()?;
-        check_support(cc, lt_version, scaling)
-    }
-
+impl GpuFp8<'_> {
     /// Compiles gemmbridge's FP8 kernels now (NVRTC, tens of ms) rather than on the first
-    /// [`Gpu::quantize`], which a CUDA graph capture then may contain.
+    /// [`GpuFp8::quantize`], which a CUDA graph capture then may contain.
     ///
     /// # Errors
     /// [`Error::Fp8`] when the GPU has no FP8 ([`crate::fp8::Fp8Rule::ComputeCapability`]);
     /// [`Error::LibraryNotFound`] without NVRTC; [`Error::Driver`].
-    pub fn prepare_fp8(&self) -> Result<()> {
-        let (cc, lt_version) = self.fp8_platform()?;
+    pub fn prepare(&self) -> Result<()> {
+        let gpu = self.gpu;
+        let (cc, lt_version) = gpu.fp8_platform()?;
         check_support(cc, lt_version, Scaling::Tensor)?;
-        self.device().bind()?;
-        self.lock().dev.kernels(self.stream().cu_stream(), KernelSet::Fp8).map(|_| ())
+        gpu.device().bind()?;
+        gpu.lock().dev.kernels(gpu.stream().cu_stream(), KernelSet::Fp8).map(|_| ())
     }
 
     /// Quantises a `[rows, cols]` operand (`cols` = K) into `format` with `scaling`, on
@@ -53,7 +38,7 @@ impl Gpu {
     /// [`Source::RowMajor`], `[cols, rows]` for [`Source::Transposed`] (a weight stored
     /// `[K, N]`), of f32, f16 or bf16. Enqueued, not waited for; the result is usable in
     /// stream order. The first call compiles gemmbridge's kernels (NVRTC, tens of ms; or
-    /// [`Gpu::prepare_fp8`] first): a first call inside a graph capture is
+    /// [`GpuFp8::prepare`] first): a first call inside a graph capture is
     /// [`Error::NotCapturable`]. The output's memory comes from the stream-ordered pool, so a
     /// quantisation can be captured once the kernels exist — with cudarc's event tracking off
     /// (`CudaContext::disable_event_tracking`): with it on, cudarc makes the stream wait for
@@ -83,9 +68,10 @@ impl Gpu {
         format: Fp8Format,
         scaling: Scaling,
     ) -> Result<Fp8Tensor> {
-        let mut out = self.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
-        let (x, _gx) = src.device_ptr(self.stream());
-        self.with_cast_job::<T, _>(x, &mut out, source, |kernels, job, stream| {
+        let gpu = self.gpu;
+        let mut out = gpu.quantize_output::<T, S>(src, rows, cols, source, format, scaling)?;
+        let (x, _gx) = src.device_ptr(gpu.stream());
+        gpu.with_cast_job::<T, _>(x, &mut out, source, |kernels, job, stream| {
             // SAFETY: `src` holds rows·cols elements (checked), `data` and `scales` were
             // allocated for the layout; all on `stream`, a live stream of the bound context.
             unsafe { enqueue_cast(kernels, job, stream) }
@@ -93,29 +79,8 @@ impl Gpu {
         Ok(out)
     }
 
-    /// [`Gpu::quantize`] of a row-major `src[rows, cols]` into `out`, an operand made before
-    /// by [`Gpu::quantize`] with those sizes (its format, layout and scaling kept; its data and
-    /// scales overwritten in stream order, no allocation but the tensor-wise cast's 4-byte amax
-    /// scratch). For callers that quantise the same-shaped activation on every step.
-    ///
-    /// # Errors
-    /// As [`Gpu::quantize`]; [`Error::WrongContext`] for `out` of another context.
-    pub(crate) fn quantize_into<T: Element>(&self, src: &dyn DevicePtr<T>, out: &mut Fp8Tensor) -> Result<()> {
-        let (rows, cols) = (out.layout.rows, out.layout.cols);
-        same_context(Which::Source, src.stream(), self.context())?;
-        same_context(Which::C, out.data.stream(), self.context())?;
-        Error::check_bytes(Which::Source, src.num_bytes(), rows.saturating_mul(cols), T::DTYPE.size_bytes())?;
-        let (x, _gx) = src.device_ptr(self.stream());
-        self.with_cast_job::<T, _>(x, out, Source::RowMajor, |kernels, job, stream| {
-            // SAFETY: `src` holds rows·cols elements (checked); `data` and `scales` were
-            // allocated for this layout by `quantize`; all on `stream`, a live stream of the
-            // bound context.
-            unsafe { enqueue_cast(kernels, job, stream) }
-        })
-    }
-
-    /// The operand `operand` of the FP8 grouped product `p` ([`Gpu::grouped_fp8_gemm`])
-    /// quantised one group at a time, each group on its own ([`Gpu::quantize`] of that
+    /// The operand `operand` of the FP8 grouped product `p` ([`GpuFp8::grouped_gemm`])
+    /// quantised one group at a time, each group on its own ([`GpuFp8::quantize`] of that
     /// group's slice: its own amax and scales), into the TN form of
     /// [`GroupedProblem::tn_operand`]: from `src`, the buffer [`Gpu::grouped_gemm`] would take
     /// in that place ([`GroupedOperand::A`]: the forward's `x[rows, K]`, a backward's
@@ -128,9 +93,9 @@ impl Gpu {
     ///
     /// # Errors
     /// Before anything is enqueued: [`Error::WrongContext`]; [`Error::BufferTooSmall`] when
-    /// `src` holds fewer elements than [`GroupedProblem::lens`] says; as [`Gpu::quantize`] for
+    /// `src` holds fewer elements than [`GroupedProblem::lens`] says; as [`GpuFp8::quantize`] for
     /// every group (a scaling the GPU or cuBLASLt does not offer, sizes past its limits).
-    /// Later: as [`Gpu::quantize`].
+    /// Later: as [`GpuFp8::quantize`].
     pub fn grouped_quantize<T: Element, S: DevicePtr<T>>(
         &self,
         p: &GroupedProblem,
@@ -139,32 +104,73 @@ impl Gpu {
         format: Fp8Format,
         scaling: Scaling,
     ) -> Result<Vec<Option<Fp8Tensor>>> {
+        let gpu = self.gpu;
         let len = p.lens()[match operand {
             GroupedOperand::A => 0,
             GroupedOperand::B => 1,
         }];
-        self.check_source::<T, S>(src, len, 1)?;
+        gpu.check_source::<T, S>(src, len, 1)?;
         // every group's output allocated (its checks passed) before any cast is enqueued
         let slices: Vec<_> = (0..p.groups()).map(|e| p.tn_operand(operand, e)).collect();
         let mut out = Vec::with_capacity(p.groups());
         for t in &slices {
             out.push(match t {
-                Some(t) => Some(self.alloc_quantized(t.rows, t.inner, t.source, format, scaling)?),
+                Some(t) => Some(gpu.alloc_quantized(t.rows, t.inner, t.source, format, scaling)?),
                 None => None,
             });
         }
-        let (x, _gx) = src.device_ptr(self.stream());
+        let (x, _gx) = src.device_ptr(gpu.stream());
         let elem = T::DTYPE.size_bytes() as u64;
         for (t, q) in slices.iter().zip(&mut out) {
             let (Some(t), Some(q)) = (t, q) else { continue };
             let at = x + t.start as u64 * elem;
-            self.with_cast_job::<T, _>(at, q, t.source, |kernels, job, stream| {
+            gpu.with_cast_job::<T, _>(at, q, t.source, |kernels, job, stream| {
                 // SAFETY: the group's slice lies within `src` (its length checked against the
                 // problem's), `q` was allocated for its TN shape; all on `stream`.
                 unsafe { enqueue_cast(kernels, job, stream) }
             })?;
         }
         Ok(out)
+    }
+}
+
+impl Gpu {
+    /// The GPU's compute capability and the loaded cuBLASLt's version (0 without cuBLASLt).
+    pub(crate) fn fp8_platform(&self) -> Result<((i32, i32), usize)> {
+        let cc = self.context().compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
+        Ok((cc, library::cublaslt_version().unwrap_or(0)))
+    }
+
+    /// Whether this GPU and the loaded cuBLASLt offer FP8 with `scaling` ([`check_support`];
+    /// for callers: [`DeviceInfo::check_fp8`](crate::cuda::DeviceInfo::check_fp8)).
+    ///
+    /// # Errors
+    /// [`Error::Fp8`] with [`crate::fp8::Fp8Rule::ComputeCapability`] or
+    /// [`crate::fp8::Fp8Rule::LibraryVersion`]; [`Error::Driver`].
+    pub(crate) fn check_fp8(&self, scaling: Scaling) -> Result<()> {
+        let (cc, lt_version) = self.fp8_platform()?;
+        check_support(cc, lt_version, scaling)
+    }
+
+    /// [`GpuFp8::quantize`] of a row-major `src[rows, cols]` into `out`, an operand made before
+    /// by [`GpuFp8::quantize`] with those sizes (its format, layout and scaling kept; its data and
+    /// scales overwritten in stream order, no allocation but the tensor-wise cast's 4-byte amax
+    /// scratch). For callers that quantise the same-shaped activation on every step.
+    ///
+    /// # Errors
+    /// As [`GpuFp8::quantize`]; [`Error::WrongContext`] for `out` of another context.
+    pub(crate) fn quantize_into<T: Element>(&self, src: &dyn DevicePtr<T>, out: &mut Fp8Tensor) -> Result<()> {
+        let (rows, cols) = (out.layout.rows, out.layout.cols);
+        same_context(Which::Source, src.stream(), self.context())?;
+        same_context(Which::C, out.data.stream(), self.context())?;
+        Error::check_bytes(Which::Source, src.num_bytes(), rows.saturating_mul(cols), T::DTYPE.size_bytes())?;
+        let (x, _gx) = src.device_ptr(self.stream());
+        self.with_cast_job::<T, _>(x, out, Source::RowMajor, |kernels, job, stream| {
+            // SAFETY: `src` holds rows·cols elements (checked); `data` and `scales` were
+            // allocated for this layout by `quantize`; all on `stream`, a live stream of the
+            // bound context.
+            unsafe { enqueue_cast(kernels, job, stream) }
+        })
     }
 
     /// Runs `f` with the FP8 kernels (compiled on first use) and the cast of the `T` source at
@@ -189,7 +195,7 @@ impl Gpu {
         f(kernels, &job, s.cu_stream())
     }
 
-    /// [`Gpu::quantize`]'s checks, then its output allocated (data not yet written).
+    /// [`GpuFp8::quantize`]'s checks, then its output allocated (data not yet written).
     fn quantize_output<T: Element, S: DevicePtr<T>>(
         &self,
         src: &S,

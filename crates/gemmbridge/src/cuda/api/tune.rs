@@ -21,51 +21,22 @@ use crate::mapping::column_major_call;
 use crate::problem::GemmProblem;
 use crate::tactics::Tactic;
 
-impl Gpu {
-    /// Creates this stream's workspace, builds the plans and loads the kernels for `problems`,
-    /// by running each once on scratch buffers (allocated and freed here), so that the first
-    /// real call pays nothing extra and can be captured into a CUDA graph. Plans are keyed by
-    /// pointer alignment too; scratch buffers are 256-byte aligned like any fresh allocation,
-    /// so buffers that are offset into an allocation may still need a plan of their own.
-    /// Synchronises [`Gpu::stream`] at the end (prewarm is a set-up step, not a hot path).
-    ///
-    /// # Errors
-    /// As [`Gpu::gemm_fused`], and [`Error::Driver`] when scratch memory cannot be allocated.
-    pub fn prewarm(&self, problems: &[GemmProblem]) -> Result<()> {
-        let s = self.stream();
-        let _relaxed = Relaxed::enter()?;
-        let bytes = |elems: usize, d: DType| (elems * d.size_bytes()).max(1);
-        for p in problems {
-            let prec = p.precision();
-            let alloc = |n: usize| s.alloc_zeros::<u8>(n).map_err(status::driver("cuMemAllocAsync"));
-            let a = alloc(bytes(p.a().layout.required_elems(p.batch()).unwrap_or(0), prec.input()))?;
-            let b = alloc(bytes(p.b().layout.required_elems(p.batch()).unwrap_or(0), prec.input()))?;
-            let mut c = alloc(bytes(p.c().required_elems(p.batch()).unwrap_or(0), prec.output()))?;
-            let vec = (p.vector_len() > 0).then(|| alloc(bytes(p.vector_len(), prec.output()))).transpose()?;
-            let mut aux = p
-                .uses_aux()
-                .then(|| alloc(bytes(p.aux().required_elems(p.batch()).unwrap_or(0), prec.output())))
-                .transpose()?;
-            {
-                let r =
-                    |x: &cudarc::driver::CudaSlice<u8>| RawBuffer { address: x.device_ptr(s).0, len_bytes: x.len() };
-                let (ra, rb) = (r(&a), r(&b));
-                let c_len = c.len();
-                let mut ops = RawOperands::new(ra, rb, RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: c_len });
-                ops.bias = vec.as_ref().map(r);
-                ops.aux = aux.as_mut().map(|x| {
-                    let len_bytes = x.len();
-                    RawBuffer { address: x.device_ptr_mut(s).0, len_bytes }
-                });
-                // SAFETY: scratch buffers of this context sized by the layouts, on our stream,
-                // alive until the synchronize below.
-                unsafe { self.gemm_raw(p, Scale::PRODUCT, ops, s.cu_stream()) }?;
-            }
-            s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
-        }
-        Ok(())
-    }
+/// Autotuning on one [`Gpu`] ([`Gpu::tune`]): each candidate algorithm of a problem timed on the device and
+/// the fastest kept as the problem's tactic — dense GEMMs on raw buffers ([`GpuTuning::gemm_raw`]), FP8 GEMMs
+/// ([`GpuTuning::fp8`]), grouped GEMMs' backends ([`GpuTuning::grouped`]).
+#[derive(Clone, Copy, Debug)]
+pub struct GpuTuning<'a> {
+    pub(super) gpu: &'a Gpu,
+}
 
+impl Gpu {
+    /// Autotuning ([`GpuTuning`]).
+    pub fn tune(&self) -> GpuTuning<'_> {
+        GpuTuning { gpu: self }
+    }
+}
+
+impl GpuTuning<'_> {
     /// Tunes the cuBLASLt algorithm for `p` on the given operands (on [`Gpu::stream`]), under this
     /// `Gpu`'s SM count target
     /// ([`GpuOptions::sm_count_target`](crate::cuda::GpuOptions::sm_count_target)): with a target
@@ -115,13 +86,14 @@ impl Gpu {
     /// As [`Gpu::gemm_raw`], except that a bias or aux off 16-byte alignment is
     /// [`Error::Misaligned`] (not staged); [`Error::Unsupported`] for an empty or k = 0
     /// problem and without cuBLASLt.
-    pub unsafe fn autotune_raw(
+    pub unsafe fn gemm_raw(
         &self,
         p: &GemmProblem,
         scale: Scale,
         ops: RawOperands,
         opts: TuneOptions,
     ) -> Result<(TuneReport, String, Tactic)> {
+        let gpu = self.gpu;
         let (extras, [a, b, c]) = (ops.extras(), [ops.a, ops.b, ops.c]);
         check_all(p, ops.descs(p), extras)?;
         if p.is_empty() || p.k() == 0 {
@@ -133,9 +105,9 @@ impl Gpu {
         if let Some(v) = extras.bias.filter(|v| v.address % 16 != 0) {
             return Err(Error::Misaligned { operand: crate::Which::Bias, address: v.address, align: 16 });
         }
-        self.device().bind()?;
-        let stream = self.stream();
-        let mut st = self.lock();
+        gpu.device().bind()?;
+        let stream = gpu.stream();
+        let mut st = gpu.lock();
         let st = &mut *st;
         let Some(lt) = st.libs.lt.as_mut() else {
             return Err(Error::Unsupported {
@@ -160,7 +132,7 @@ impl Gpu {
         unsafe { autotune(lt, &job, opts) }
     }
 
-    /// Tunes the cuBLASLt algorithm of an FP8 GEMM ([`Gpu::fp8_gemm`]'s arguments, no bias)
+    /// Tunes the cuBLASLt algorithm of an FP8 GEMM ([`GpuFp8::gemm`](crate::cuda::GpuFp8::gemm)'s arguments, no bias)
     /// on [`Gpu::stream`]: the heuristic's first `tune.candidates` algorithms, each checked
     /// against the first choice's output (relative error ≤ 1e-2, 1e-3 for f32; NaN never
     /// passes), timed interleaved with it (`tune.reps` rounds; the first choice twice per
@@ -173,8 +145,8 @@ impl Gpu {
     /// [`crate::tactics::TacticDb`] (kind `fp8_gemm`).
     ///
     /// # Errors
-    /// As [`Gpu::fp8_gemm`]; [`Error::Unsupported`] without cuBLASLt.
-    pub fn autotune_fp8<O: Element, Y: DevicePtrMut<O>>(
+    /// As [`GpuFp8::gemm`](crate::cuda::GpuFp8::gemm); [`Error::Unsupported`] without cuBLASLt.
+    pub fn fp8<O: Element, Y: DevicePtrMut<O>>(
         &self,
         x: &Fp8Tensor,
         w: &Fp8Tensor,
@@ -182,10 +154,11 @@ impl Gpu {
         opts: Fp8Options,
         tune: TuneOptions,
     ) -> Result<(TuneReport, String, Tactic)> {
-        same_context(crate::Which::A, x.data.stream(), self.context())?;
-        same_context(crate::Which::B, w.data.stream(), self.context())?;
-        same_context(crate::Which::C, y.stream(), self.context())?;
-        let s = self.stream();
+        let gpu = self.gpu;
+        same_context(crate::Which::A, x.data.stream(), gpu.context())?;
+        same_context(crate::Which::B, w.data.stream(), gpu.context())?;
+        same_context(crate::Which::C, y.stream(), gpu.context())?;
+        let s = gpu.stream();
         let y_len = y.num_bytes();
         let (py, _gy) = y.device_ptr_mut(s);
         let call = Fp8Call {
@@ -199,9 +172,9 @@ impl Gpu {
             amax: None,
             opts,
         };
-        call.validate(self.fp8_platform()?)?;
+        call.validate(gpu.fp8_platform()?)?;
         let shape = fp8_shape(&x.layout, &w.layout, O::DTYPE.size_bytes(), py, None);
-        self.device().bind()?;
+        gpu.device().bind()?;
         // a shape that runs staged is tuned on a scratch output of the staged size
         let scratch = if shape.staged {
             // SAFETY: a live stream of the bound context.
@@ -211,7 +184,7 @@ impl Gpu {
         };
         let d = scratch.as_ref().map_or(py, |t| t.ptr);
         let beta = if shape.staged { 0.0 } else { opts.beta };
-        let mut st = self.lock();
+        let mut st = gpu.lock();
         let st = &mut *st;
         let Some(lt) = st.libs.lt.as_mut() else {
             return Err(Error::Unsupported {
@@ -236,5 +209,51 @@ impl Gpu {
         };
         // SAFETY: validated above; every address is a live allocation borrowed for the call.
         unsafe { autotune(lt, &job, tune) }
+    }
+}
+
+impl Gpu {
+    /// Creates this stream's workspace, builds the plans and loads the kernels for `problems`,
+    /// by running each once on scratch buffers (allocated and freed here), so that the first
+    /// real call pays nothing extra and can be captured into a CUDA graph. Plans are keyed by
+    /// pointer alignment too; scratch buffers are 256-byte aligned like any fresh allocation,
+    /// so buffers that are offset into an allocation may still need a plan of their own.
+    /// Synchronises [`Gpu::stream`] at the end (prewarm is a set-up step, not a hot path).
+    ///
+    /// # Errors
+    /// As [`Gpu::gemm_fused`], and [`Error::Driver`] when scratch memory cannot be allocated.
+    pub fn prewarm(&self, problems: &[GemmProblem]) -> Result<()> {
+        let s = self.stream();
+        let _relaxed = Relaxed::enter()?;
+        let bytes = |elems: usize, d: DType| (elems * d.size_bytes()).max(1);
+        for p in problems {
+            let prec = p.precision();
+            let alloc = |n: usize| s.alloc_zeros::<u8>(n).map_err(status::driver("cuMemAllocAsync"));
+            let a = alloc(bytes(p.a().layout.required_elems(p.batch()).unwrap_or(0), prec.input()))?;
+            let b = alloc(bytes(p.b().layout.required_elems(p.batch()).unwrap_or(0), prec.input()))?;
+            let mut c = alloc(bytes(p.c().required_elems(p.batch()).unwrap_or(0), prec.output()))?;
+            let vec = (p.vector_len() > 0).then(|| alloc(bytes(p.vector_len(), prec.output()))).transpose()?;
+            let mut aux = p
+                .uses_aux()
+                .then(|| alloc(bytes(p.aux().required_elems(p.batch()).unwrap_or(0), prec.output())))
+                .transpose()?;
+            {
+                let r =
+                    |x: &cudarc::driver::CudaSlice<u8>| RawBuffer { address: x.device_ptr(s).0, len_bytes: x.len() };
+                let (ra, rb) = (r(&a), r(&b));
+                let c_len = c.len();
+                let mut ops = RawOperands::new(ra, rb, RawBuffer { address: c.device_ptr_mut(s).0, len_bytes: c_len });
+                ops.bias = vec.as_ref().map(r);
+                ops.aux = aux.as_mut().map(|x| {
+                    let len_bytes = x.len();
+                    RawBuffer { address: x.device_ptr_mut(s).0, len_bytes }
+                });
+                // SAFETY: scratch buffers of this context sized by the layouts, on our stream,
+                // alive until the synchronize below.
+                unsafe { self.gemm_raw(p, Scale::PRODUCT, ops, s.cu_stream()) }?;
+            }
+            s.synchronize().map_err(status::driver("cuStreamSynchronize"))?;
+        }
+        Ok(())
     }
 }

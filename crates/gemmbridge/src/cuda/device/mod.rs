@@ -172,7 +172,7 @@ impl DeviceState {
                 return Err(crate::Error::NotCapturable {
                     action: "compile gemmbridge's kernels (NVRTC)",
                     problem: match set {
-                        KernelSet::Fp8 => "the first FP8 quantisation; call Gpu::prepare_fp8 before capturing",
+                        KernelSet::Fp8 => "the first FP8 quantisation; call GpuFp8::prepare before capturing",
                         KernelSet::Train => "the first training step; run one step before capturing",
                         KernelSet::Copy => "the first padded (misaligned) call; call Gpu::prewarm before capturing",
                         KernelSet::Layer => {

@@ -1,7 +1,7 @@
 //! Autotuning, one tuner for every cuBLASLt problem ([`Tunable`]: the dense GEMMs and the FP8
 //! GEMMs, `jobs.rs`): time the candidate algorithms on the caller's operands and keep one only
 //! when it is both right and measurably faster than the heuristic's first choice (the steps
-//! are documented on [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)).
+//! are documented on [`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw)).
 
 use std::sync::Arc;
 
@@ -40,7 +40,7 @@ impl Default for TuneOptions {
     }
 }
 
-/// What tuning found for a problem (see [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)). `#[non_exhaustive]`: fields
+/// What tuning found for a problem (see [`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw)). `#[non_exhaustive]`: fields
 /// may be added.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -64,7 +64,7 @@ pub struct TuneReport {
     /// cost).
     pub timed_in_graph: bool,
     /// Whether graph timing was called for but capturing failed twice (see
-    /// [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw), step 3): nothing was timed, the heuristic's first choice is kept,
+    /// [`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw), step 3): nothing was timed, the heuristic's first choice is kept,
     /// and `heuristic_ms` is its eager time per call (launch-bound), `best_ms` the same, and
     /// `threshold` is `TuneOptions::min_gain` (no noise was measured). Such a result is not
     /// worth storing in a tactic database.
@@ -124,7 +124,7 @@ pub(crate) trait Tunable {
     fn forget(&self, lt: &mut LtState, signature: &str);
 }
 
-/// Tunes `job` (steps 1–4 of [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)), keeps
+/// Tunes `job` (steps 1–4 of [`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw)), keeps
 /// the result for the job's signature in `lt` (the plans it replaces are dropped), and
 /// returns the report and the (signature, tactic) pair to store.
 ///

@@ -23,8 +23,8 @@ use crate::error::{Error, Result, Which};
 use crate::fp8::{check_pair, check_support, Fp8Format, Fp8Layout, Fp8Rule, OutputKind, Quantized, Scaling};
 
 /// An FP8 operand on the GPU: data row-major `[rows_alloc, ld]` bytes and f32 scales, in the
-/// layouts [`Fp8Layout`] documents (zeros in the padding). Made by [`Gpu::quantize`](crate::cuda::Gpu::quantize); used by
-/// [`Gpu::fp8_gemm`](crate::cuda::Gpu::fp8_gemm) as `x[M, K]` (rows = M) or `w[N, K]` (rows = N). Owns its memory, in the
+/// layouts [`Fp8Layout`] documents (zeros in the padding). Made by [`GpuFp8::quantize`](crate::cuda::GpuFp8::quantize); used by
+/// [`GpuFp8::gemm`](crate::cuda::GpuFp8::gemm) as `x[M, K]` (rows = M) or `w[N, K]` (rows = N). Owns its memory, in the
 /// context of the `Gpu` that made it.
 pub struct Fp8Tensor {
     pub(crate) data: RelaxedDrop<CudaSlice<u8>>,

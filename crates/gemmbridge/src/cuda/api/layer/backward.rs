@@ -170,6 +170,6 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
         let offsets = self.layer.qkv_offsets();
         let (a, g) = (&*self.acts, &mut *self.grads);
         let views = [a.qkv.slice(..), a.qkv.slice(offsets[1]..), a.qkv.slice(offsets[2]..)];
-        gpu.attention_backward_packed(&p, saved(&views, &a.o, &g.d_o, &a.lse), &mut g.dqkv, offsets, None)
+        gpu.attention().backward_packed(&p, saved(&views, &a.o, &g.d_o, &a.lse), &mut g.dqkv, offsets, None)
     }
 }

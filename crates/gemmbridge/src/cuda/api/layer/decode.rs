@@ -46,8 +46,8 @@ struct StepBufs<T> {
 
 /// One LLaMA-style layer's decode step on the GPU ([`DecodeStep`] defines it): `b` sequences,
 /// one new token each, RMSNorm, the fused QKV GEMM (M = b), RoPE at each sequence's position,
-/// the k and v rows appended into the paged cache ([`Gpu::paged_append`]), paged decode
-/// attention over the lengths after the append ([`Gpu::paged_decode`]), the O GEMM with the
+/// the k and v rows appended into the paged cache ([`GpuPaged::append`](crate::cuda::GpuPaged::append)), paged decode
+/// attention over the lengths after the append ([`GpuPaged::decode`](crate::cuda::GpuPaged::decode)), the O GEMM with the
 /// residual (β = 1), RMSNorm, the gate/up GEMM, SwiGLU and the down GEMM with the residual —
 /// 11 launches, one of them a pitched copy of q out of the fused projection's output (the paged
 /// decode reads q contiguous).
@@ -114,7 +114,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
     /// As [`DecodeStep::validate`]; [`Weights::check`]; [`Error::DTypeMismatch`] when T is not
     /// the layer's dtype; [`crate::Error::PagedCache`] for fewer pages than sequences (each
     /// sequence writes its own page); from the planning step, as [`Gpu::gemm_fused`],
-    /// [`Gpu::rms_norm_forward`], [`Gpu::rope`], [`Gpu::paged_append`], [`Gpu::paged_decode`]
+    /// [`Gpu::rms_norm_forward`], [`Gpu::rope`], [`GpuPaged::append`](crate::cuda::GpuPaged::append), [`GpuPaged::decode`](crate::cuda::GpuPaged::decode)
     /// (e.g. [`Error::Unsupported`] where cuDNN has no paged attention); [`Error::Driver`].
     pub fn new(gpu: &Gpu, step: DecodeStep, weights: &Weights) -> Result<GpuDecodeStep<T>> {
         step.validate()?;
@@ -172,7 +172,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
         (&self.bufs.k_cache, &self.bufs.v_cache)
     }
 
-    /// The containers, to fill them (a prefill's keys and values, [`Gpu::paged_append`]).
+    /// The containers, to fill them (a prefill's keys and values, [`GpuPaged::append`](crate::cuda::GpuPaged::append)).
     /// Their addresses never change, so a captured step stays valid.
     pub fn caches_mut(&mut self) -> (&mut CudaSlice<T>, &mut CudaSlice<T>) {
         let b = &mut *self.bufs;
@@ -288,11 +288,11 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
         // SAFETY: the index buffers hold values set_index checked (DecodeStep::check_index:
         // entries within the container, held + 1 within the capacity, no page written twice).
         let index = unsafe { PageIndex::device(&b.tables, &b.held, None) };
-        gpu.paged_append(&st.append(), (&k, &v), (&mut b.k_cache, &mut b.v_cache), index)?;
+        gpu.paged().append(&st.append(), (&k, &v), (&mut b.k_cache, &mut b.v_cache), index)?;
         copy_q(gpu, &st, &b.qkv, &mut b.q)?;
         // SAFETY: as above; lens = held + 1 ≥ 1, within the capacity.
         let index = unsafe { PageIndex::device(&b.tables, &b.lens, None) };
-        gpu.paged_decode(&st.attention(), &b.q, (&b.k_cache, &b.v_cache), &mut b.o, index)
+        gpu.paged().decode(&st.attention(), &b.q, (&b.k_cache, &b.v_cache), &mut b.o, index)
     }
 
     /// One projection: `qkv = h1·w_qkvᵀ`, `x2 = x + o·w_oᵀ`, `gu = h2·w_gate_upᵀ` or

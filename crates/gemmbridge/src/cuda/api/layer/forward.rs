@@ -90,7 +90,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
         let a = &mut *self.acts;
         let (q, k, v) = (a.qkv.slice(..), a.qkv.slice(ok..), a.qkv.slice(ov..));
         let stats: Option<&mut dyn DevicePtrMut<f32>> = if train { Some(&mut a.lse) } else { None };
-        gpu.attention_forward(&p, [&q, &k, &v], &mut a.o, stats, None)
+        gpu.attention().forward(&p, [&q, &k, &v], &mut a.o, stats, None)
     }
 
     /// Chooses the norms' weight-gradient type: one RMSNorm backward on the layer's own

@@ -1,6 +1,6 @@
 //! The forward projections in FP8 ([`super::LayerOptions::fp8_forward`]): each weight quantised
 //! once at construction, each activation quantised by every forward into an FP8 buffer made at
-//! construction ([`Gpu::quantize`]'s kernels), then one cuBLASLt FP8 GEMM with the layer's
+//! construction ([`GpuFp8::quantize`]'s kernels), then one cuBLASLt FP8 GEMM with the layer's
 //! dtype out and the residual, where there is one, as its separate C.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
@@ -37,7 +37,7 @@ impl Fp8State {
     ///
     /// # Errors
     /// [`Error::Fp8`] for a recipe other than tensor- or row-wise, or one the GPU or cuBLASLt
-    /// does not offer; as [`Gpu::quantize`].
+    /// does not offer; as [`GpuFp8::quantize`].
     pub fn new<T: Element + DeviceRepr + ValidAsZeroBits>(
         gpu: &Gpu,
         l: &DecoderLayer,
@@ -50,7 +50,7 @@ impl Fp8State {
         let widest = Proj::ALL.iter().map(|&p| l.proj_shape(p).1).max().unwrap_or(0);
         let zeros: CudaSlice<T> = super::zeros(gpu, t.count() * widest)?;
         let q = |src: &CudaSlice<T>, rows: usize, cols: usize| {
-            gpu.quantize(src, rows, cols, Source::RowMajor, Fp8Format::E4M3, scaling)
+            gpu.fp8().quantize(src, rows, cols, Source::RowMajor, Fp8Format::E4M3, scaling)
         };
         let mut ws = Vec::with_capacity(4);
         let mut xs = Vec::with_capacity(4);

@@ -2,7 +2,7 @@
 //! entries — every projection and its backward an ordinary [`Gpu::gemm_fused`] (the residual
 //! adds as the GEMM's separate C, [`crate::cuda::Extras::c_in`]), attention on cuDNN with q,
 //! k, v read in place from the fused projection's output and dq, dk, dv written into one
-//! fused gradient ([`Gpu::attention_backward_packed`]), RMSNorm on cuDNN
+//! fused gradient ([`GpuAttention::backward_packed`](crate::cuda::GpuAttention::backward_packed)), RMSNorm on cuDNN
 //! ([`Gpu::rms_norm_forward`], [`Gpu::rms_norm_backward`]), RoPE and SwiGLU on gemmbridge's
 //! own kernels ([`Gpu::rope`], [`Gpu::swiglu`], [`Gpu::swiglu_backward`]); optionally the four
 //! forward projections in FP8 ([`crate::layer::LayerOptions::fp8_forward`]). The state and buffers are here,
@@ -242,7 +242,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// As [`DecoderLayer::check_tokens`] and [`Weights::check`]; [`crate::Error::DTypeMismatch`]
     /// when T is not the layer's dtype; with FP8, [`crate::Error::Fp8`] where the GPU or cuBLASLt
     /// does not offer the recipe (or it is neither tensor- nor row-wise) or a width breaks an
-    /// FP8 rule; from the planning step, as [`Gpu::gemm_fused`], [`Gpu::attention_forward`],
+    /// FP8 rule; from the planning step, as [`Gpu::gemm_fused`], [`GpuAttention::forward`](crate::cuda::GpuAttention::forward),
     /// [`Gpu::rms_norm_forward`], [`Gpu::rope`] (e.g. [`crate::Error::Unsupported`] where cuDNN has
     /// no engine); [`crate::Error::Driver`].
     pub fn with_options(

@@ -50,7 +50,7 @@ pub struct GpuOptions {
     /// [`Backend::Lt`] and Auto, `cublasSetSmCountTarget` for [`Backend::Blas`]); `None` (the
     /// default) uses them all. Plans are kept per target, and a tactic database entry applies
     /// only under the target it was tuned with (tuning runs under the engine's target,
-    /// [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw); `gemmbridge tune --sm-count-target`): entries tuned on the whole
+    /// [`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw); `gemmbridge tune --sm-count-target`): entries tuned on the whole
     /// GPU are not applied under a target, where the heuristic chooses for that SM count unless
     /// an entry tuned for it exists. FP8 GEMMs and convolutions are not affected. `Some(n)`
     /// with `n` equal to the device's SM count is a target too: its plans are cached apart and
@@ -65,7 +65,7 @@ pub struct GpuOptions {
     /// Checked: 1 to the device's SM count ([`Error::OutOfRange`](crate::Error::OutOfRange) otherwise; 0 by
     /// [`GpuOptions::validate`], the upper bound only once the device is open).
     pub sm_count_target: Option<u32>,
-    /// Checks, before each raw call ([`Gpu::gemm_raw`](crate::cuda::Gpu::gemm_raw), [`Gpu::autotune_raw`](crate::cuda::Gpu::autotune_raw)), that every
+    /// Checks, before each raw call ([`Gpu::gemm_raw`](crate::cuda::Gpu::gemm_raw), [`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw)), that every
     /// byte the call reads or writes lies inside one allocation this GPU can access — its own
     /// device memory (plain, stream-ordered pool or virtual-memory-managed), managed memory,
     /// or host memory CUDA allocated or registered — with `cuPointerGetAttributes`, one query
@@ -85,7 +85,7 @@ pub struct GpuOptions {
     /// Which cuDNN API runs convolutions (default [`ConvApi::Graph`]; [`ConvApi::Legacy`] is
     /// there for comparisons). Plans are kept per API.
     pub conv_api: ConvApi,
-    /// Whether [`Gpu::conv2d_fused`](crate::cuda::Gpu::conv2d_fused) tries cuDNN's fused call (default, on) or runs the
+    /// Whether [`GpuConv::fused`](crate::cuda::GpuConv::fused) tries cuDNN's fused call (default, on) or runs the
     /// unfused sequence (the convolution, `cudnnAddTensor`, `cudnnActivationForward`): for
     /// comparisons. Plans are kept per setting.
     pub conv_fusion: bool,

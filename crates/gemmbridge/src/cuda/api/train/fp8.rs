@@ -1,6 +1,6 @@
 //! The GEMMs of [`super::Mlp`]'s FP8 mode: each operand quantised on [`Gpu::stream`] just
 //! before its GEMM ([`crate::train::fp8`] gives the table of which operand is which), the GEMM
-//! on cuBLASLt's FP8 mode ([`Gpu::fp8_gemm`]), the bias gradient as a high-precision GEMM.
+//! on cuBLASLt's FP8 mode ([`GpuFp8::gemm`]), the bias gradient as a high-precision GEMM.
 //! The quantised operands live in the stream-ordered pool and are freed, in stream order,
 //! when the call returns.
 
@@ -70,10 +70,10 @@ pub(super) fn forward<T: Element, H: DevicePtr<T>, O: DevicePtrMut<T>>(
     out: &mut O,
 ) -> Result<()> {
     let (r, l) = (st.recipe, st.spec);
-    let hq = gpu.quantize(h, st.tokens, l.in_features, Source::RowMajor, r.activations, r.x_scaling)?;
-    let wq = gpu.quantize(w, l.out_features, l.in_features, Source::RowMajor, r.activations, r.w_scaling)?;
+    let hq = gpu.fp8().quantize(h, st.tokens, l.in_features, Source::RowMajor, r.activations, r.x_scaling)?;
+    let wq = gpu.fp8().quantize(w, l.out_features, l.in_features, Source::RowMajor, r.activations, r.w_scaling)?;
     let bias = b.map(|b| b as &dyn DevicePtr<T>);
-    observed(ins, (st.layer, GemmRole::Forward), || gpu.fp8_gemm(&hq, &wq, out, bias, Fp8Options::default()))
+    observed(ins, (st.layer, GemmRole::Forward), || gpu.fp8().gemm(&hq, &wq, out, bias, Fp8Options::default()))
 }
 
 /// `dw[out, in] = gᵀ·h` (`β·dw +` with β = 1 to accumulate) and, with `db`, the bias
@@ -87,10 +87,10 @@ pub(super) fn weight_grads<T: Element, G: DevicePtr<T>, H: DevicePtr<T>>(
 ) -> Result<()> {
     let WeightGrads { g, h, beta, dw, db } = grads;
     let (r, l, tokens) = (st.recipe, st.spec, st.tokens);
-    let gt = gpu.quantize(g, l.out_features, tokens, Source::Transposed, r.gradients, r.x_scaling)?;
-    let ht = gpu.quantize(h, l.in_features, tokens, Source::Transposed, r.activations, r.w_scaling)?;
+    let gt = gpu.fp8().quantize(g, l.out_features, tokens, Source::Transposed, r.gradients, r.x_scaling)?;
+    let ht = gpu.fp8().quantize(h, l.in_features, tokens, Source::Transposed, r.activations, r.w_scaling)?;
     let opts = Fp8Options { beta, ..Fp8Options::default() };
-    observed(ins, (st.layer, GemmRole::WeightGrad), || gpu.fp8_gemm(&gt, &ht, dw, None, opts))?;
+    observed(ins, (st.layer, GemmRole::WeightGrad), || gpu.fp8().gemm(&gt, &ht, dw, None, opts))?;
     if let Some((db, ones)) = db {
         let p = GemmProblem::matmul(1, l.out_features, tokens, st.precision)?;
         let (layer, role) = (st.layer, GemmRole::BiasGrad);
@@ -109,9 +109,9 @@ pub(super) fn data_grad<T: Element, G: DevicePtr<T>, O: DevicePtrMut<T>>(
     out: &mut O,
 ) -> Result<()> {
     let (r, l) = (st.recipe, st.spec);
-    let gq = gpu.quantize(g, st.tokens, l.out_features, Source::RowMajor, r.gradients, r.x_scaling)?;
-    let wt = gpu.quantize(w, l.in_features, l.out_features, Source::Transposed, r.activations, r.w_scaling)?;
-    observed(ins, (st.layer, GemmRole::DataGrad), || gpu.fp8_gemm(&gq, &wt, out, None, Fp8Options::default()))
+    let gq = gpu.fp8().quantize(g, st.tokens, l.out_features, Source::RowMajor, r.gradients, r.x_scaling)?;
+    let wt = gpu.fp8().quantize(w, l.in_features, l.out_features, Source::Transposed, r.activations, r.w_scaling)?;
+    observed(ins, (st.layer, GemmRole::DataGrad), || gpu.fp8().gemm(&gq, &wt, out, None, Fp8Options::default()))
 }
 
 /// Layer `st.layer`'s forward: the FP8 GEMM into `pre` (GELU layers; a kernel then writes the

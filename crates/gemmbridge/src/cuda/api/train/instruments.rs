@@ -105,7 +105,7 @@ pub(super) fn gemm<T: Element, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut
         // SAFETY: every address is a live buffer of this context borrowed for this call, on
         // the Gpu's own stream, which autotune_raw synchronises before returning.
         let (report, sig, tactic) = unsafe {
-            gpu.autotune_raw(
+            gpu.tune().gemm_raw(
                 p,
                 Scale::new(1.0, beta),
                 RawOperands { a: ra, b: rb, c: rc, c_in: None, bias, aux },

@@ -25,7 +25,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
         self.ins.observer = observer;
     }
 
-    /// Autotunes every GEMM of one training step at this token count ([`Gpu::autotune_raw`]
+    /// Autotunes every GEMM of one training step at this token count ([`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw)
     /// per GEMM, with the step's own buffers: `x`, `dy` and, if given, `dx` as a step would
     /// use them), running the step as it goes. Tuned algorithms are used by every later call
     /// of the same problems on `gpu`; the returned entries can be stored in a
@@ -33,7 +33,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> Mlp<T> {
     /// once per GEMM and takes seconds.
     ///
     /// # Errors
-    /// As [`Mlp::forward`] and [`Mlp::backward`]; as [`Gpu::autotune_raw`].
+    /// As [`Mlp::forward`] and [`Mlp::backward`]; as [`GpuTuning::gemm_raw`](crate::cuda::GpuTuning::gemm_raw).
     pub fn autotune<X, D, DX>(
         &mut self,
         gpu: &Gpu,
