@@ -9,7 +9,7 @@ use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use super::plans::Plans;
 use crate::attention::{Attention, AttnMask, AttnTensor};
-use crate::cuda::device::{is_capturing, AttnBwdScales, KernelSet, Relaxed};
+use crate::cuda::device::{refuse_if_capturing, AttnBwdScales, KernelSet, Needs, Relaxed};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
@@ -381,15 +381,13 @@ impl Gpu {
         let st = &mut *st;
         let mut call = AttnCall { problem: p, op, buffers: b, host_lens: host, workspace: (0, 0), stream };
         let planned = st.libs.dnn.as_ref().is_some_and(|d| d.attention_planned(&call));
-        if (!planned || host.is_some()) && is_capturing(stream)? {
-            return Err(Error::NotCapturable {
-                action: if planned {
-                    "copy host sequence lengths (pass them with SeqLens::device)"
-                } else {
-                    "plan an attention call (cuDNN operation graph and engine choice)"
-                },
-                problem: format!("attention {} {op:?}", p.describe()),
-            });
+        let needs = if !planned {
+            Some(Needs::Plan("plan an attention call (cuDNN operation graph and engine choice)"))
+        } else {
+            host.is_some().then_some(Needs::HostCopy("copy host sequence lengths (pass them with SeqLens::device)"))
+        };
+        if let Some(needs) = needs {
+            refuse_if_capturing(stream, needs, || format!("attention {} {op:?}", p.describe()))?;
         }
         // Planning may allocate and load kernels: allowed while another thread captures in
         // global mode.

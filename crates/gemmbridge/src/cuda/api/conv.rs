@@ -9,7 +9,7 @@ use super::checks::same_context;
 use super::engine::Gpu;
 use super::plans::Plans;
 use crate::conv::{Conv2d, ConvActivation};
-use crate::cuda::device::{is_capturing, GraphReplay, Relaxed};
+use crate::cuda::device::{refuse_if_capturing, GraphReplay, Needs, Relaxed};
 use crate::cuda::dnn::{ConvBuffers, ConvCall, ConvOp};
 use crate::cuda::status;
 use crate::dtype::{DType, Element};
@@ -267,11 +267,9 @@ impl Gpu {
         let mut st = self.lock();
         let st = &mut *st;
         let planned = st.libs.dnn.as_ref().is_some_and(|d| d.has_plan(p, op, &b));
-        if !planned && is_capturing(stream)? {
-            return Err(Error::NotCapturable {
-                action: "plan a convolution (cuDNN descriptors and algorithm choice)",
-                problem: format!("{} {op:?}", p.describe()),
-            });
+        if !planned {
+            let needs = Needs::Plan("plan a convolution (cuDNN descriptors and algorithm choice)");
+            refuse_if_capturing(stream, needs, || format!("{} {op:?}", p.describe()))?;
         }
         // Planning may allocate, load modules and time candidates: allowed while another
         // thread captures in global mode.

@@ -12,7 +12,7 @@ pub use super::moe_routing::MoeRouting;
 
 use super::checks::{disjoint, read_span, same_context, write_span};
 use super::engine::Gpu;
-use crate::cuda::device::{is_capturing, KernelSet, MoeKernels, Relaxed, Scratch};
+use crate::cuda::device::{refuse_if_capturing, KernelSet, MoeKernels, Needs, Relaxed, Scratch};
 use crate::cuda::dnn::moe::{MoeBuffers, MoeCall};
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
@@ -361,11 +361,9 @@ impl Gpu {
         let mut call = MoeCall { problem: p, buffers: b, workspace: (0, 0), stream };
         let planned = st.libs.dnn.as_ref().is_some_and(|d| d.moe_planned(&call));
         let _relaxed = if planned { None } else { Some(Relaxed::enter()?) };
-        if !planned && is_capturing(stream)? {
-            return Err(Error::NotCapturable {
-                action: "plan a MoE grouped matmul (cuDNN operation graph and engine choice)",
-                problem: p.describe(),
-            });
+        if !planned {
+            let needs = Needs::Plan("plan a MoE grouped matmul (cuDNN operation graph and engine choice)");
+            refuse_if_capturing(stream, needs, || p.describe())?;
         }
         let ctx = self.context();
         st.libs.ensure_dnn(ctx.is_primary().then(|| ctx.ordinal()))?;

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::checks::{disjoint, read_span, same_context, write_span};
 use super::engine::Gpu;
-use crate::cuda::device::{is_capturing, Relaxed};
+use crate::cuda::device::{refuse_if_capturing, Needs, Relaxed};
 use crate::cuda::dnn::norm::{NormBuffers, NormCall, NormOp};
 use crate::cuda::route::Fp8Out;
 use crate::cuda::status;
@@ -315,12 +315,8 @@ impl Gpu {
         let mut call = NormCall { problem: p, op, buffers: b, workspace: (0, 0), stream };
         let planned = st.libs.dnn.as_ref().is_some_and(|d| d.norm_planned(&call));
         if !planned {
-            if is_capturing(stream)? {
-                return Err(Error::NotCapturable {
-                    action: "plan an RMSNorm call (cuDNN operation graph and engine choice)",
-                    problem: format!("{} {op:?}", p.describe()),
-                });
-            }
+            let needs = Needs::Plan("plan an RMSNorm call (cuDNN operation graph and engine choice)");
+            refuse_if_capturing(stream, needs, || format!("{} {op:?}", p.describe()))?;
             // cudnn-frontend's RMSNorm samples skip before Ampere
             let (major, minor) = self.context().compute_capability().map_err(status::driver("cuDeviceGetAttribute"))?;
             if major < 8 {

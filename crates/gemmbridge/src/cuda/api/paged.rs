@@ -8,7 +8,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
-use crate::cuda::device::{is_capturing, AppendLaunch, KernelSet, SCRATCH_BYTES};
+use crate::cuda::device::{refuse_if_capturing, AppendLaunch, KernelSet, Needs, SCRATCH_BYTES};
 use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result, Which};
@@ -253,12 +253,8 @@ impl Gpu {
     ) -> Result<()> {
         let stream = self.stream().cu_stream();
         self.device().bind()?;
-        if is_capturing(stream)? {
-            return Err(Error::NotCapturable {
-                action: "copy device page tables back to check them (PageIndex::device_checked)",
-                problem: problem.to_string(),
-            });
-        }
+        let needs = Needs::HostCopy("copy device page tables back to check them (PageIndex::device_checked)");
+        refuse_if_capturing(stream, needs, || problem.to_string())?;
         let mut host: Vec<Vec<i32>> = index.iter().map(|s| vec![0i32; s.bytes / 4]).collect();
         for (dst, span) in host.iter_mut().zip(index) {
             // SAFETY: `span` is a checked device buffer of this context holding `dst.len()` i32
@@ -299,12 +295,8 @@ impl Gpu {
                 launch.new_lens = if new_lens.is_some() { spans.read[4].addr } else { 0 };
             }
             Index::Host(h) => {
-                if is_capturing(stream)? {
-                    return Err(Error::NotCapturable {
-                        action: "copy host page tables and lengths (pass them with PageIndex::device)",
-                        problem: op.describe(),
-                    });
-                }
+                let needs = Needs::HostCopy("copy host page tables and lengths (pass them with PageIndex::device)");
+                refuse_if_capturing(stream, needs, || op.describe())?;
                 let ws = st.dev.workspaces.get(stream, &|| op.describe())?;
                 let c = &op.cache;
                 launch.tables = ws.scratch;

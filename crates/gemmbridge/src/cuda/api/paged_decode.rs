@@ -12,7 +12,7 @@ use super::checks::{disjoint, same_context, Span};
 use super::engine::Gpu;
 use super::paged::GpuPaged;
 use super::paged::{Index, PageIndex};
-use crate::cuda::device::{is_capturing, Relaxed, SCRATCH_BYTES};
+use crate::cuda::device::{refuse_if_capturing, Needs, Relaxed, SCRATCH_BYTES};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp, PagedShape};
 use crate::cuda::status;
 use crate::dtype::Element;
@@ -196,15 +196,14 @@ impl Gpu {
         let aop = AttnOp::PagedDecode(shape);
         let mut call = AttnCall { problem: &p, op: aop, buffers: b, host_lens: None, workspace: (0, 0), stream };
         let planned = st.libs.dnn.as_ref().is_some_and(|d| d.attention_planned(&call));
-        if (!planned || host.is_some()) && is_capturing(stream)? {
-            return Err(Error::NotCapturable {
-                action: if planned {
-                    "copy host page tables and lengths (pass them with PageIndex::device)"
-                } else {
-                    "plan a paged decode (cuDNN operation graph and engine choice)"
-                },
-                problem: op.describe(),
-            });
+        let needs = if !planned {
+            Some(Needs::Plan("plan a paged decode (cuDNN operation graph and engine choice)"))
+        } else {
+            host.is_some()
+                .then_some(Needs::HostCopy("copy host page tables and lengths (pass them with PageIndex::device)"))
+        };
+        if let Some(needs) = needs {
+            refuse_if_capturing(stream, needs, || op.describe())?;
         }
         // Planning may allocate and load kernels: allowed while another thread captures in
         // global mode.

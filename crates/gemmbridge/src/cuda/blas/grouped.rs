@@ -12,7 +12,7 @@ use cudarc::driver::sys::CUstream;
 
 use super::gemm::{compute_type, cuda_dtype, op, BlasGemm};
 use super::handle::BlasHandle;
-use crate::cuda::device::{is_capturing, DeviceState};
+use crate::cuda::device::{refuse_if_capturing, DeviceState, Needs};
 use crate::cuda::status;
 use crate::error::{Error, Result};
 
@@ -34,9 +34,7 @@ impl BlasHandle {
         let Some(first) = gemms.first() else { return Ok(()) };
         let count = gemms.len();
         let describe = || format!("{count} GEMMs of {} in one cublasGemmGroupedBatchedEx", first.precision);
-        if is_capturing(stream)? {
-            return Err(Error::NotCapturable { action: "copy cuBLAS's grouped pointer arrays", problem: describe() });
-        }
+        refuse_if_capturing(stream, Needs::HostCopy("copy cuBLAS's grouped pointer arrays"), describe)?;
         let precision = first.precision;
         if gemms.iter().any(|g| g.precision != precision || g.call.batch != 1) {
             return Err(Error::Unsupported { backend: "cuBLAS grouped batched GEMM", what: describe() });

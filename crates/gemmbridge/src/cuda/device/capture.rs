@@ -4,7 +4,7 @@
 use cudarc::driver::sys::{self as drv, CUgraphExec, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus};
 
 use crate::cuda::status;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Whether `stream` is being captured into a CUDA graph (cuStreamIsCapturing).
 pub(crate) fn is_capturing(stream: CUstream) -> Result<bool> {
@@ -12,6 +12,41 @@ pub(crate) fn is_capturing(stream: CUstream) -> Result<bool> {
     // SAFETY: out-pointer to a local; the stream belongs to the current context.
     unsafe { drv::cuStreamIsCapturing(stream, &mut s) }.result().map_err(status::driver("cuStreamIsCapturing"))?;
     Ok(s != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// What a call would have to do that a CUDA graph capture cannot hold: why it is refused while
+/// its stream is capturing. Every refusal of the library goes through [`refuse_if_capturing`]
+/// with one of these; the text is the `action` of [`Error::NotCapturable`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Needs {
+    /// Build a plan: a library's heuristic query, descriptors, operation graph or engine choice
+    /// (host work and allocations, not stream work). Gone once the same call ran uncaptured.
+    Plan(&'static str),
+    /// Copy between pageable host memory and the device: a capture would record the host
+    /// address, not the values of a later replay.
+    HostCopy(&'static str),
+    /// Make memory or streams (a workspace, the lanes): an allocation a capture cannot record.
+    /// Gone once the same call ran uncaptured.
+    Make(&'static str),
+    /// Compile gemmbridge's own kernels (NVRTC), once per process and kernel set.
+    Compile(&'static str),
+}
+
+impl Needs {
+    fn action(self) -> &'static str {
+        match self {
+            Needs::Plan(a) | Needs::HostCopy(a) | Needs::Make(a) | Needs::Compile(a) => a,
+        }
+    }
+}
+
+/// [`Error::NotCapturable`] (`needs` saying why, `problem` what was called) when `stream` is
+/// being captured; `Ok(())` otherwise. Checked before anything of the call is enqueued.
+pub(crate) fn refuse_if_capturing(stream: CUstream, needs: Needs, problem: impl FnOnce() -> String) -> Result<()> {
+    if is_capturing(stream)? {
+        return Err(Error::NotCapturable { action: needs.action(), problem: problem() });
+    }
+    Ok(())
 }
 
 /// An instantiated graph, destroyed on drop (an in-flight launch still completes: the driver

@@ -26,7 +26,7 @@ mod timing;
 mod workspace;
 
 pub(crate) use attn_scales::AttnBwdScales;
-pub(crate) use capture::{capture, is_capturing, CaptureStream, GraphExec};
+pub(crate) use capture::{capture, is_capturing, refuse_if_capturing, CaptureStream, GraphExec, Needs};
 pub(crate) use copy::{copy_pitched, pad_copy, zero_pitched, PadCopy, Pitched, Scratch};
 pub(crate) use fork::Lanes;
 pub(crate) use fp8_cast::{enqueue_cast, CastJob};
@@ -93,12 +93,9 @@ impl DeviceState {
     pub fn take_lanes(&mut self, n: usize, caller: CUstream, describe: &dyn Fn() -> String) -> Result<Lanes> {
         let have = self.lanes.as_ref().map_or(0, Lanes::len);
         if have < n {
-            if is_capturing(caller)? {
-                return Err(crate::Error::NotCapturable {
-                    action: "create the streams a grouped GEMM is spread over",
-                    problem: format!("{}; with more streams, call once before capturing", describe()),
-                });
-            }
+            refuse_if_capturing(caller, Needs::Make("create the streams a grouped GEMM is spread over"), || {
+                format!("{}; with more streams, call once before capturing", describe())
+            })?;
             let _relaxed = Relaxed::enter()?;
             let lanes = self.lanes()?;
             let grown = lanes.grow(n);
@@ -168,21 +165,18 @@ impl DeviceState {
     pub fn kernels(&mut self, stream: cudarc::driver::sys::CUstream, set: KernelSet) -> Result<&Kernels> {
         let slot = &mut self.kernels[set.index()];
         if slot.is_none() {
-            if is_capturing(stream)? {
-                return Err(crate::Error::NotCapturable {
-                    action: "compile gemmbridge's kernels (NVRTC)",
-                    problem: match set {
-                        KernelSet::Fp8 => "the first FP8 quantisation; call GpuFp8::prepare before capturing",
-                        KernelSet::Train => "the first training step; run one step before capturing",
-                        KernelSet::Copy => "the first padded (misaligned) call; call Gpu::prewarm before capturing",
-                        KernelSet::Layer => {
-                            "the first RoPE, SwiGLU or mixture-of-experts routing call; make one before capturing"
-                        }
-                        KernelSet::Paged => "the first paged-cache append; make one before capturing",
+            refuse_if_capturing(stream, Needs::Compile("compile gemmbridge's kernels (NVRTC)"), || {
+                match set {
+                    KernelSet::Fp8 => "the first FP8 quantisation; call GpuFp8::prepare before capturing",
+                    KernelSet::Train => "the first training step; run one step before capturing",
+                    KernelSet::Copy => "the first padded (misaligned) call; call Gpu::prewarm before capturing",
+                    KernelSet::Layer => {
+                        "the first RoPE, SwiGLU or mixture-of-experts routing call; make one before capturing"
                     }
-                    .into(),
-                });
-            }
+                    KernelSet::Paged => "the first paged-cache append; make one before capturing",
+                }
+                .into()
+            })?;
             let _relaxed = Relaxed::enter()?; // NVRTC, cuModuleLoadData
             *slot = Some(kernels::shared(&self.ctx, set)?);
         }

@@ -6,7 +6,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use cudarc::driver::sys::{self as drv, CUevent, CUstream};
 
-use super::capture::{is_capturing, CaptureStream};
+use super::capture::{refuse_if_capturing, CaptureStream, Needs};
 use super::lifetime::Relaxed;
 use crate::cuda::status;
 use crate::error::{Error, Result};
@@ -107,9 +107,7 @@ impl WorkspacePool {
         if let Some(ws) = self.map.get(&key) {
             return Ok(*ws);
         }
-        if is_capturing(stream)? {
-            return Err(Error::NotCapturable { action: "allocate this stream's workspace", problem: describe() });
-        }
+        refuse_if_capturing(stream, Needs::Make("allocate this stream's workspace"), describe)?;
         let _relaxed = Relaxed::enter()?;
         if self.service.is_none() {
             self.service = Some(CaptureStream::new()?);

@@ -6,8 +6,8 @@ use cudarc::driver::sys::CUstream;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::replay::ReplayKey;
-use crate::cuda::device::{is_capturing, GraphExec, Scratch};
-use crate::error::{Error, Result};
+use crate::cuda::device::{refuse_if_capturing, GraphExec, Needs, Scratch};
+use crate::error::Result;
 
 /// The room's larger workspace and its size in bytes.
 struct Big(Scratch, usize);
@@ -44,12 +44,7 @@ impl BigWorkspaces {
                 return Ok(s.ptr);
             }
         }
-        if is_capturing(stream)? {
-            return Err(Error::NotCapturable {
-                action: "grow the cuDNN workspace",
-                problem: format!("{bytes} bytes of workspace"),
-            });
-        }
+        refuse_if_capturing(stream, Needs::Make("grow the cuDNN workspace"), || format!("{bytes} bytes of workspace"))?;
         // SAFETY: the Gpu's live stream, context bound by the caller; every use of the memory is
         // enqueued on this stream (or replayed on it) after this allocation.
         let s = unsafe { Scratch::alloc(bytes, stream)? };

@@ -19,8 +19,8 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use cudarc::driver::sys::CUstream;
 
 use crate::cuda::call::GemmCall;
+use crate::cuda::device::{refuse_if_capturing, DeviceState, Needs, Workspace};
 use crate::cuda::device::{Cached, ReplayCache, ReplayKey};
-use crate::cuda::device::{DeviceState, Workspace};
 use crate::cuda::status;
 use crate::epilogue::VectorUse;
 use crate::error::{Error, Result, Which};
@@ -164,12 +164,8 @@ impl LtState {
         if self.unsupported.contains(key) {
             return Err(LtFailure::NoAlgorithm(no_algorithm(p)));
         }
-        if crate::cuda::device::is_capturing(stream)? {
-            return Err(LtFailure::Other(Error::NotCapturable {
-                action: "build a cuBLASLt plan (heuristic query)",
-                problem: p.describe(),
-            }));
-        }
+        let needs = Needs::Plan("build a cuBLASLt plan (heuristic query)");
+        refuse_if_capturing(stream, needs, || p.describe()).map_err(LtFailure::Other)?;
         let _relaxed = crate::cuda::device::Relaxed::enter()?;
         let mut plan = match Plan::build(&self.handle, key, 1) {
             Ok(plan) => plan,
@@ -225,12 +221,7 @@ impl LtState {
         let align = plan::alignment(ops.d).min(plan::alignment(ops.c));
         let key = Fp8Key { workspace: ws.matmul_bytes, align, ..key };
         if !self.fp8_plans.contains_key(&key) {
-            if crate::cuda::device::is_capturing(stream)? {
-                return Err(Error::NotCapturable {
-                    action: "build a cuBLASLt FP8 plan (heuristic query)",
-                    problem: describe(),
-                });
-            }
+            refuse_if_capturing(stream, Needs::Plan("build a cuBLASLt FP8 plan (heuristic query)"), describe)?;
             let _relaxed = crate::cuda::device::Relaxed::enter()?;
             let mut plan = Fp8Plan::build(&self.handle, &key, ops, 1)?;
             let sig = fp8_signature(&key);

@@ -11,7 +11,7 @@ use crate::cuda::api::engine::Gpu;
 use crate::cuda::api::operands::Extras;
 use crate::cuda::api::paged::PageIndex;
 use crate::cuda::call::Scale;
-use crate::cuda::device::{copy_pitched, is_capturing, Pitched, Relaxed, RelaxedDrop};
+use crate::cuda::device::{copy_pitched, refuse_if_capturing, Needs, Pitched, Relaxed, RelaxedDrop};
 use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -190,12 +190,8 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
     pub fn set_index(&mut self, gpu: &Gpu, tables: &[i32], held: &[i32]) -> Result<()> {
         self.step.check_index(tables, held)?;
         gpu.device().bind()?;
-        if is_capturing(gpu.stream().cu_stream())? {
-            return Err(Error::NotCapturable {
-                action: "copy a decode step's index from the host (write it between replays)",
-                problem: self.step.describe(),
-            });
-        }
+        let needs = Needs::HostCopy("copy a decode step's index from the host (write it between replays)");
+        refuse_if_capturing(gpu.stream().cu_stream(), needs, || self.step.describe())?;
         let s = gpu.stream();
         let after: Vec<i32> = held.iter().map(|&p| p + 1).collect();
         let b = &mut *self.bufs;
