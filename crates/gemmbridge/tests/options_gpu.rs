@@ -112,16 +112,16 @@ fn an_update_says_what_changed_and_how_far_it_reaches() {
     let applied = gpu.update_options(|o| *o = all.clone()).unwrap();
     let reach = [
         ("backend", Reach::NextCall),
-        ("workspace_bytes", Reach::NewStreams),
+        ("workspace_bytes", Reach::NewlyMade),
         ("padding", Reach::NextCall),
         ("graph_replay", Reach::GraphsDropped(graphs)),
         ("sm_count_target", Reach::NextCall),
         ("check_raw_addresses", Reach::NextCall),
-        ("conv_search", Reach::NewPlans),
+        ("conv_search", Reach::NewlyMade),
         ("conv_api", Reach::NextCall),
         ("conv_fusion", Reach::NextCall),
-        ("conv_workspace_limit", Reach::NewPlans),
-        ("attention_search", Reach::NewPlans),
+        ("conv_workspace_limit", Reach::NewlyMade),
+        ("attention_search", Reach::NewlyMade),
         ("grouped_backend", Reach::NextCall),
         ("grouped_streams", Reach::NextCall),
     ];

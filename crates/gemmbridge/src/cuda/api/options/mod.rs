@@ -20,12 +20,10 @@ pub enum Reach {
     /// are kept, for a change back: the SM count target, the convolution API and fusion are
     /// part of their plans' keys).
     NextCall,
-    /// Problems planned from now on; plans already made keep what they were made with (the
-    /// convolution search and workspace limit, the attention search).
-    NewPlans,
-    /// Streams that get their first call from now on; the workspaces of streams that have one
-    /// are kept (the workspace size).
-    NewStreams,
+    /// What is made from now on — plans of problems first planned from now (the convolution
+    /// search and workspace limit, the attention search), workspaces of streams that get their
+    /// first call from now (the workspace size); what was made keeps what it was made with.
+    NewlyMade,
     /// The cached replay graphs — of single calls and of whole grouped GEMMs — were dropped,
     /// this many; later calls are captured again under the new settings (graph replay).
     GraphsDropped(usize),
@@ -107,9 +105,9 @@ impl Gpu {
     /// - the convolution API and fusion: from the next call, plans of the other value kept
     ///   ([`Reach::NextCall`]);
     /// - the convolution search, the convolution workspace limit, the attention search:
-    ///   problems planned from now on; plans already made are kept ([`Reach::NewPlans`]);
+    ///   problems planned from now on; plans already made are kept ([`Reach::NewlyMade`]);
     /// - the workspace size: streams that get their first call from now on; workspaces made are
-    ///   kept ([`Reach::NewStreams`]);
+    ///   kept ([`Reach::NewlyMade`]);
     /// - graph replay: every cached replay graph (of single calls and of whole grouped GEMMs)
     ///   is dropped, its count returned ([`Reach::GraphsDropped`]); later calls are captured
     ///   again under the new settings. Without cuBLASLt nothing is replayed: the setting is
@@ -168,10 +166,10 @@ impl Gpu {
                 }
             )*};
         }
-        changed!(backend: Reach::NextCall, workspace_bytes: Reach::NewStreams, padding: Reach::NextCall,
+        changed!(backend: Reach::NextCall, workspace_bytes: Reach::NewlyMade, padding: Reach::NextCall,
             graph_replay: Reach::GraphsDropped(0), sm_count_target: Reach::NextCall,
-            check_raw_addresses: Reach::NextCall, conv_search: Reach::NewPlans, conv_api: Reach::NextCall,
-            conv_fusion: Reach::NextCall, conv_workspace_limit: Reach::NewPlans, attention_search: Reach::NewPlans,
+            check_raw_addresses: Reach::NextCall, conv_search: Reach::NewlyMade, conv_api: Reach::NextCall,
+            conv_fusion: Reach::NextCall, conv_workspace_limit: Reach::NewlyMade, attention_search: Reach::NewlyMade,
             grouped_backend: Reach::NextCall, grouped_streams: Reach::NextCall);
         if to.sm_count_target != cur.sm_count_target || to.graph_replay != cur.graph_replay {
             self.device().bind()?; // cuBLAS's handle; replay graphs are destroyed
