@@ -2,9 +2,10 @@
 //! weights, or fewer layers with `--layers`) on one GPU, timed as the adapter's model
 //! (`gemmbridge_candle::llama`: prefill of a batch, batched decode on a paged cache) or as
 //! candle-transformers' `Llama` on candle's own operations (`--impl candle`), on the same
-//! weights. One side per process: run the two alternately for the project's protocol. One JSON
-//! line per row (the fields of `gemmbridge bench`'s rows, so `gemmbridge compare` pairs them),
-//! on stdout and in `--out`.
+//! weights. One side per process: run the two alternately for the project's protocol. An
+//! `"op": "env"` line (the device, the side, the sampling), then one JSON line per row (the
+//! fields of `gemmbridge bench`'s rows, so `gemmbridge compare` pairs them), on stdout and in
+//! `--out`.
 //!
 //! Rows (layout `llama3-8b`, dtype bf16, k = 4096):
 //! - `llama_prefill`: `b` prompts of `s` random tokens, one forward on an empty cache and the
@@ -114,6 +115,13 @@ fn main() -> Result<()> {
         }
         Ok(())
     };
+    // the run's first line, as `gemmbridge compare` reads it (it refuses runs of other devices
+    // or other gaps)
+    let device = dev.as_cuda_device()?.cuda_stream().context().name().map_err(candle_core::Error::wrap)?;
+    let backend = if a.side == "ours" { "gemmbridge-candle" } else { "candle-transformers" };
+    emit(serde_json::json!({"op": "env", "backend": backend, "device": device, "candle": "0.11",
+        "cudnn": gemmbridge::cuda::cudnn_version(), "layers": a.layers, "steps": a.steps, "reps": a.reps,
+        "heat_ms": 0.0, "gap_ms": a.gap_ms}))?;
     let params = layer_params(&cfg) * cfg.num_hidden_layers as f64 + (cfg.vocab_size * cfg.hidden_size) as f64;
     if a.ops.iter().any(|o| o == "prefill") {
         for &(b, s) in &prefill {
