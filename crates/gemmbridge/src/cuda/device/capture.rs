@@ -49,6 +49,28 @@ pub(crate) fn refuse_if_capturing(stream: CUstream, needs: Needs, problem: impl 
     Ok(())
 }
 
+/// Captures what `launch` enqueues on `stream` into a cudarc graph (thread-local capture mode,
+/// which leaves other threads' CUDA calls alone); the capture is ended even when `launch`
+/// fails, so the stream is usable again. `Ok(None)`: nothing was captured. The one place a
+/// graph the caller keeps is begun (the replay cache's graphs: [`capture`]).
+///
+/// # Errors
+/// `launch`'s error; [`Error::Driver`] from beginning or ending the capture (a stream that
+/// cannot be captured, such as the legacy default stream; a capture invalidated by another
+/// thread's synchronising call).
+pub(crate) fn capture_graph(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    launch: impl FnOnce() -> Result<()>,
+) -> Result<Option<cudarc::driver::CudaGraph>> {
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(status::driver("cuStreamBeginCapture"))?;
+    let launched = launch();
+    let graph = stream.end_capture(drv::CUgraphInstantiate_flags(0)).map_err(status::driver("cuStreamEndCapture"));
+    launched?;
+    graph
+}
+
 /// An instantiated graph, destroyed on drop (an in-flight launch still completes: the driver
 /// frees it afterwards, cuGraphExecDestroy's documentation).
 pub(crate) struct GraphExec(CUgraphExec);

@@ -26,7 +26,7 @@ mod timing;
 mod workspace;
 
 pub(crate) use attn_scales::AttnBwdScales;
-pub(crate) use capture::{capture, is_capturing, refuse_if_capturing, CaptureStream, GraphExec, Needs};
+pub(crate) use capture::{capture, capture_graph, is_capturing, refuse_if_capturing, CaptureStream, GraphExec, Needs};
 pub(crate) use copy::{copy_pitched, pad_copy, zero_pitched, PadCopy, Pitched, Scratch};
 pub(crate) use fork::Lanes;
 pub(crate) use fp8_cast::{enqueue_cast, CastJob};

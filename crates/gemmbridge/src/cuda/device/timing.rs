@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::result::event;
-use cudarc::driver::sys::{CUevent, CUevent_flags, CUgraphInstantiate_flags, CUstream, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUevent, CUevent_flags, CUstream};
 use cudarc::driver::{CudaGraph, CudaStream};
 
 use crate::cuda::status;
@@ -69,18 +69,12 @@ const GRAPH_LAUNCHES: usize = 4;
 /// caller times eagerly.
 fn capture(stream: &Arc<CudaStream>, f: &dyn Fn() -> Result<()>) -> Option<CudaGraph> {
     let _gate = crate::cuda::device::capturing();
-    if stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).is_err() {
-        return None;
-    }
-    let launched = (0..GRAPH_CALLS).try_for_each(|_| f());
-    // the capture is ended even when a launch failed, so the stream is usable again
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-    match (launched, graph) {
-        (Ok(()), Ok(g)) => g,
-        (launched, graph) => {
+    match super::capture::capture_graph(stream, || (0..GRAPH_CALLS).try_for_each(|_| f())) {
+        Ok(g) => g,
+        Err(e) => {
             // e.g. invalidated by another thread's first launch of a kernel (lazy module
             // loading synchronises the device): time eagerly instead
-            tracing::debug!(?launched, graph_error = ?graph.err(), "capture for graph timing failed; timing eagerly");
+            tracing::debug!(error = %e, "capture for graph timing failed; timing eagerly");
             None
         }
     }

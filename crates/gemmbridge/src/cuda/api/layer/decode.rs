@@ -2,7 +2,6 @@
 //! paged KV cache it owns, every launch in stream order with the step's page tables, positions
 //! and lengths in device buffers, so that one captured CUDA graph serves every step.
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
 use super::steps::{self, NormForward};
@@ -11,7 +10,7 @@ use crate::cuda::api::engine::Gpu;
 use crate::cuda::api::operands::Extras;
 use crate::cuda::api::paged::PageIndex;
 use crate::cuda::call::Scale;
-use crate::cuda::device::{copy_pitched, refuse_if_capturing, Needs, Pitched, Relaxed, RelaxedDrop};
+use crate::cuda::device::{capture_graph, copy_pitched, refuse_if_capturing, Needs, Pitched, Relaxed, RelaxedDrop};
 use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
@@ -263,13 +262,8 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecodeStep<T> {
                 problem: self.step.describe(),
             });
         }
-        let s = gpu.stream();
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(status::driver("cuStreamBeginCapture"))?;
-        let r = self.run(gpu, x);
-        let graph = s.end_capture(CUgraphInstantiate_flags(0)).map_err(status::driver("cuStreamEndCapture"));
-        r?;
-        graph?.ok_or_else(|| Error::NotCapturable { action: "capture an empty step", problem: self.step.describe() })
+        let graph = capture_graph(gpu.stream(), || self.run(gpu, x))?;
+        graph.ok_or_else(|| Error::NotCapturable { action: "capture an empty step", problem: self.step.describe() })
     }
 
     /// RoPE at the held positions, the append, q copied out, and the paged decode into `o`.
