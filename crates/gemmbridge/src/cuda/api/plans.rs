@@ -1,7 +1,7 @@
 //! [`Plans`]: the engine's plans, replay graphs and tuned tactics — loading a tactic database,
 //! what served, what is cached, dropping it; how a problem was or would be planned (those
-//! queries sit beside their capability's entry points: `conv.rs`, `attention.rs`,
-//! `grouped.rs`).
+//! queries sit beside their capability's entry points: `conv.rs`, `attention/`,
+//! `gemm/grouped.rs`).
 
 use super::engine::Gpu;
 use crate::cuda::lt::launch::Algorithm;

@@ -6,7 +6,7 @@ use super::forward::saved;
 use super::steps::{self, NormBackward, NormDw};
 use super::GpuDecoderLayer;
 use crate::cuda::api::engine::Gpu;
-use crate::cuda::api::operands::Extras;
+use crate::cuda::api::gemm::operands::Extras;
 use crate::cuda::call::Scale;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, 
 use super::steps::{self, NormForward};
 use super::{zeros, Params};
 use crate::cuda::api::engine::Gpu;
-use crate::cuda::api::operands::Extras;
+use crate::cuda::api::gemm::operands::Extras;
 use crate::cuda::api::paged::PageIndex;
 use crate::cuda::call::Scale;
 use crate::cuda::device::{capture_graph, copy_pitched, refuse_if_capturing, Needs, Pitched, Relaxed, RelaxedDrop};

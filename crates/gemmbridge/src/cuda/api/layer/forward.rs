@@ -6,7 +6,7 @@ use super::fp8::weight_of;
 use super::steps::{self, NormBackward, NormDw};
 use super::{GpuDecoderLayer, LastForward};
 use crate::cuda::api::engine::Gpu;
-use crate::cuda::api::operands::Extras;
+use crate::cuda::api::gemm::operands::Extras;
 use crate::cuda::api::AttnSaved;
 use crate::cuda::call::Scale;
 use crate::cuda::status;

@@ -11,7 +11,7 @@ use super::instruments::{gemm, DynRef, GemmRole, TrainGemm};
 use super::kernels::DactLaunch;
 use super::mlp::Mlp;
 use crate::cuda::api::engine::Gpu;
-use crate::cuda::api::operands::Extras;
+use crate::cuda::api::gemm::operands::Extras;
 use crate::dtype::Element;
 use crate::epilogue::{Epilogue, VectorUse};
 use crate::error::{Error, Result};

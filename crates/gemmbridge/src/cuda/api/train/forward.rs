@@ -8,7 +8,7 @@ use super::fp8::{self, Fp8Step, LayerForward};
 use super::instruments::{gemm, DynRef, GemmRole, TrainGemm};
 use super::mlp::{Forward, Mlp};
 use crate::cuda::api::engine::Gpu;
-use crate::cuda::api::operands::Extras;
+use crate::cuda::api::gemm::operands::Extras;
 use crate::cuda::device::Relaxed;
 use crate::cuda::status;
 use crate::dtype::Element;

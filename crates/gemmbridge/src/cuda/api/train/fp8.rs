@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use super::instruments::{gemm, observed, GemmRole, Instruments, TrainGemm};
 use crate::cuda::api::engine::Gpu;
-use crate::cuda::api::operands::Extras;
+use crate::cuda::api::gemm::operands::Extras;
 use crate::cuda::route::fp8::Fp8Options;
 use crate::dtype::Element;
 use crate::error::Result;

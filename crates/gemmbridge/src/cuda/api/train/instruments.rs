@@ -4,7 +4,7 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use crate::cuda::api::engine::Gpu;
-use crate::cuda::api::operands::{Extras, RawBuffer, RawOperands};
+use crate::cuda::api::gemm::operands::{Extras, RawBuffer, RawOperands};
 use crate::cuda::call::Scale;
 use crate::cuda::lt::tune::{TuneOptions, TuneReport};
 use crate::dtype::Element;

@@ -5,9 +5,9 @@
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::DevicePtr;
 
-use super::checks::same_context;
-use super::engine::Gpu;
-use super::fp8::GpuFp8;
+use super::GpuFp8;
+use crate::cuda::api::checks::same_context;
+use crate::cuda::api::engine::Gpu;
 use crate::cuda::device::{enqueue_cast, CastJob, KernelSet, Kernels, Relaxed, RelaxedDrop};
 use crate::cuda::library;
 use crate::cuda::route::fp8::Fp8Tensor;

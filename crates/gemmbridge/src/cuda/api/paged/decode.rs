@@ -7,11 +7,11 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
 
-use super::attention::span;
-use super::checks::{disjoint, same_context, Span};
-use super::engine::Gpu;
-use super::paged::GpuPaged;
-use super::paged::{Index, PageIndex};
+use super::GpuPaged;
+use super::{Index, PageIndex};
+use crate::cuda::api::attention::span;
+use crate::cuda::api::checks::{disjoint, same_context, Span};
+use crate::cuda::api::engine::Gpu;
 use crate::cuda::device::{refuse_if_capturing, Needs, Relaxed, SCRATCH_BYTES};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp, PagedShape};
 use crate::cuda::status;

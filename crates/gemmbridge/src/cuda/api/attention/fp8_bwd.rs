@@ -12,12 +12,12 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::attention::GpuAttention;
-use super::attention::{check_problem_of, span, SeqLens};
-use super::attention_fp8::{check_fp8_layout, which};
-use super::checks::{disjoint, same_context, Span};
+use super::fp8::{check_fp8_layout, which};
+use super::GpuAttention;
+use super::{check_problem_of, span, SeqLens};
 use crate::attention::fp8::smallest;
 use crate::attention::{Attention, AttnMask, AttnTensor};
+use crate::cuda::api::checks::{disjoint, same_context, Span};
 use crate::cuda::device::{AttnBwdScales, Relaxed, RelaxedDrop};
 use crate::cuda::dnn::attention::AttnOp;
 use crate::cuda::route::fp8::Fp8Tensor;

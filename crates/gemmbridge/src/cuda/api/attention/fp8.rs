@@ -5,10 +5,10 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::attention::GpuAttention;
-use super::attention::{check_problem_of, span, SeqLens};
-use super::checks::same_context;
+use super::GpuAttention;
+use super::{check_problem_of, span, SeqLens};
 use crate::attention::{Attention, AttnTensor, HeadLayout};
+use crate::cuda::api::checks::same_context;
 use crate::cuda::device::{Relaxed, RelaxedDrop};
 use crate::cuda::dnn::attention::{MAX_KEYS, O_FACTOR};
 use crate::cuda::route::fp8::Fp8Tensor;

@@ -3,9 +3,9 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::checks::same_context;
-use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawOperands};
+use crate::cuda::api::checks::same_context;
+use crate::cuda::api::engine::Gpu;
 use crate::cuda::call::Scale;
 use crate::cuda::device::{Relaxed, Scratch};
 use crate::cuda::lt::fp8::Fp8Key;

@@ -2,14 +2,20 @@
 //! anything is enqueued) → plan (the one row-major → column-major mapping) → backend (the
 //! library chosen, with its fallbacks, in `route/dispatch.rs`) → launch (in the backend's room).
 
+mod grouped;
+pub(crate) mod operands;
+mod tune;
+
+pub use operands::{Extras, RawBuffer, RawOperands};
+pub use tune::GpuTuning;
+
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::checks::{check_roles, either_ptr, same_context};
-use super::engine::Gpu;
-use super::operands::{check_all, Extras, RawBuffer, RawExtras, RawOperands};
+use crate::cuda::api::checks::{check_roles, either_ptr, same_context};
+use crate::cuda::api::engine::Gpu;
 use crate::cuda::call::{GemmCall, Scale};
 use crate::cuda::device::check_extent;
 use crate::cuda::route::dispatch;
@@ -18,6 +24,7 @@ use crate::error::{Result, Which};
 use crate::mapping::column_major_call;
 use crate::problem::GemmProblem;
 use crate::validate::BufferDesc;
+use operands::{check_all, RawExtras};
 
 impl Gpu {
     /// `C = α·op(A)·op(B) + β·C` on cudarc device memory, enqueued on [`Gpu::stream`].

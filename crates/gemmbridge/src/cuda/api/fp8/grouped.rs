@@ -7,9 +7,9 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::checks::{disjoint, same_context, Span};
-use super::engine::Gpu;
-use super::fp8::GpuFp8;
+use super::GpuFp8;
+use crate::cuda::api::checks::{disjoint, same_context, Span};
+use crate::cuda::api::engine::Gpu;
 use crate::cuda::library;
 use crate::cuda::route::fp8::{enqueue, no_lt, Fp8Call, Fp8Options, Fp8Tensor};
 use crate::cuda::route::grouped::{pooled_launches, replayed_with};

@@ -4,10 +4,12 @@
 //! ones taken as the caller's contract or copied back and checked first; then one launch on
 //! [`Gpu::stream`].
 
+mod decode;
+
 use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
 
-use super::checks::{disjoint, same_context, Span};
-use super::engine::Gpu;
+use crate::cuda::api::checks::{disjoint, same_context, Span};
+use crate::cuda::api::engine::Gpu;
 use crate::cuda::device::{refuse_if_capturing, AppendLaunch, KernelSet, Needs, SCRATCH_BYTES};
 use crate::cuda::status;
 use crate::dtype::Element;

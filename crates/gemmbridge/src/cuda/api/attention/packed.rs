@@ -4,10 +4,10 @@
 
 use cudarc::driver::DevicePtrMut;
 
-use super::attention::GpuAttention;
-use super::attention::{check_problem, span, AttnSaved, SeqLens};
-use super::checks::{disjoint, same_context, Span};
+use super::GpuAttention;
+use super::{check_problem, span, AttnSaved, SeqLens};
 use crate::attention::{check_packed, Attention, AttnTensor};
+use crate::cuda::api::checks::{disjoint, same_context, Span};
 use crate::cuda::dnn::attention::AttnOp;
 use crate::dtype::Element;
 use crate::error::{Result, Which};

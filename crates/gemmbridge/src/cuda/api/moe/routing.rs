@@ -4,8 +4,8 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-use super::checks::same_context;
-use super::engine::Gpu;
+use crate::cuda::api::checks::same_context;
+use crate::cuda::api::engine::Gpu;
 use crate::cuda::status;
 use crate::error::{Error, Result, Which};
 use crate::moe::MoeRouter;

@@ -3,12 +3,18 @@
 //! problem, direction and alignment, `dnn/attention/`) → launch on [`Gpu::stream`], no host
 //! synchronisation.
 
+mod fp8;
+mod fp8_bwd;
+mod packed;
+
+pub use fp8_bwd::AttnSavedFp8;
+
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::checks::{disjoint, same_context, Span};
-use super::engine::Gpu;
-use super::plans::Plans;
 use crate::attention::{Attention, AttnMask, AttnTensor};
+use crate::cuda::api::checks::{disjoint, same_context, Span};
+use crate::cuda::api::engine::Gpu;
+use crate::cuda::api::plans::Plans;
 use crate::cuda::device::{refuse_if_capturing, AttnBwdScales, KernelSet, Needs, Relaxed};
 use crate::cuda::dnn::attention::{AttnBuffers, AttnCall, AttnOp};
 use crate::dtype::Element;
@@ -153,9 +159,9 @@ impl GpuAttention<'_> {
     /// The first call of a problem (per direction and buffer alignment) builds its cuDNN
     /// operation graph and plan (cuDNN's best-ranked engine configuration); later calls only
     /// launch and can be captured into a CUDA graph (with no or device lengths). The workspace
-    /// is this stream's ([`GpuOptions::workspace_bytes`](super::GpuOptions::workspace_bytes))
+    /// is this stream's ([`GpuOptions::workspace_bytes`](crate::cuda::GpuOptions::workspace_bytes))
     /// where it fits, else the cuDNN room's own (up to
-    /// [`GpuOptions::conv_workspace_limit`](super::GpuOptions::conv_workspace_limit)).
+    /// [`GpuOptions::conv_workspace_limit`](crate::cuda::GpuOptions::conv_workspace_limit)).
     ///
     /// # Errors
     /// Before anything is enqueued: [`Error::AttentionShape`] (the problem's rules, the
@@ -443,7 +449,7 @@ impl Plans<'_> {
     }
 
     /// The plan a measured search
-    /// ([`GpuOptions::attention_search`](super::GpuOptions::attention_search)) chose for `p`'s
+    /// ([`GpuOptions::attention_search`](crate::cuda::GpuOptions::attention_search)) chose for `p`'s
     /// direction (named as for [`Plans::attention`]: "forward", "forward_fp8", "backward",
     /// "backward_fp8"; of the best-aligned plan made, which for allocations is the 16-byte one) as
     /// a tactic for the database: its signature (the "attention" key, [`crate::tactics`]) and the

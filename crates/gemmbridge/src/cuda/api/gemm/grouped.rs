@@ -7,11 +7,11 @@
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::checks::{disjoint, same_context, Span};
-use super::engine::Gpu;
 use super::operands::{check_all, RawBuffer, RawExtras};
-use super::plans::Plans;
 use super::tune::GpuTuning;
+use crate::cuda::api::checks::{disjoint, same_context, Span};
+use crate::cuda::api::engine::Gpu;
+use crate::cuda::api::plans::Plans;
 use crate::cuda::call::Scale;
 use crate::cuda::device::{check_extent, time_interleaved, Call};
 use crate::cuda::route::grouped::{batched, replayed, GroupGemm};

@@ -4,10 +4,13 @@
 //! aligned copy of `y` from the stream-ordered pool (one `cuMemAllocAsync` and one or two
 //! pitched copies per call; none on the aligned path; `crate::fp8` lists the measured rules).
 
+mod grouped;
+mod quantize;
+
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use super::checks::{disjoint, same_context, Span};
-use super::engine::Gpu;
+use crate::cuda::api::checks::{disjoint, same_context, Span};
+use crate::cuda::api::engine::Gpu;
 use crate::cuda::library;
 use crate::cuda::route::fp8::{broken, enqueue, no_lt, Fp8Call, Fp8Options, Fp8Out, Fp8Tensor};
 use crate::dtype::{DType, Element};

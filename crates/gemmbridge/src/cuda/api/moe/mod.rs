@@ -5,13 +5,15 @@
 //! ([`GpuMoe::gather`]). Each validates every buffer before anything is enqueued, then
 //! enqueues on [`Gpu::stream`] with no host synchronisation.
 
+mod routing;
+
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
 
-pub use super::moe_routing::MoeRouting;
+pub use routing::MoeRouting;
 
-use super::checks::{disjoint, read_span, same_context, write_span};
-use super::engine::Gpu;
+use crate::cuda::api::checks::{disjoint, read_span, same_context, write_span};
+use crate::cuda::api::engine::Gpu;
 use crate::cuda::device::{refuse_if_capturing, KernelSet, MoeKernels, Needs, Relaxed, Scratch};
 use crate::cuda::dnn::moe::{MoeBuffers, MoeCall};
 use crate::dtype::Element;
