@@ -26,7 +26,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::FloatDType;
 use clap::Parser;
-use common::cnn::{train_both, CnnSize, CLASSES, SIDE};
+use common::cnn::{train_both, CnnSize, CLASSES};
 use common::{print_summary, Cli};
 use gemmbridge_burn::{ConvOps, GemmOps};
 
@@ -51,8 +51,8 @@ fn run<B: AutodiffBackend + GemmOps + ConvOps>(
 ) {
     let schedule = cli.schedule(lr);
     println!(
-        "ResNet-style CNN: {SIDE}×{SIDE}×3 images, {CLASSES} classes, widths {:?}, {} block(s) per stage, stem stride {}, batch {}, {dtype:?}, {} steps, AdamW lr {}, seed {}, device {device:?}",
-        size.widths, size.blocks, size.stem_stride, size.batch, schedule.steps, schedule.lr, cli.seed
+        "ResNet-style CNN: {side}×{side}×3 images, {CLASSES} classes, widths {:?}, {} block(s) per stage, stem stride {}, batch {}, {dtype:?}, {} steps, AdamW lr {}, seed {}, device {device:?}",
+        size.widths, size.blocks, size.stem_stride, size.batch, schedule.steps, schedule.lr, cli.seed, side = size.side
     );
     print_summary(&train_both::<B>(size, dtype, cli.seed, &schedule, device));
 }

@@ -1,6 +1,7 @@
 //! A small ResNet-style CNN built twice: [`BurnCnn`] from burn's modules (`Conv2d`, `Linear`)
 //! and [`GemmCnn`] from gemmbridge-burn's (`GemmConv2d`, `GemmLinear`), converted from the
-//! first ([`BurnCnn::to_gemm`]); and 32×32×3 synthetic images of 10 classes ([`Gratings`]).
+//! first ([`BurnCnn::to_gemm`]); and synthetic images of 10 classes ([`Gratings`]), 32×32×3 by
+//! default.
 //!
 //! The network: a 3×3 convolution and ReLU (the stem), then per stage an optional 3×3 stride-2
 //! convolution and ReLU (halving the image, changing the width) and residual blocks
@@ -20,8 +21,6 @@ use rand::{Rng, SeedableRng};
 
 use super::{compare, cross_entropy, linear, uniform, Curves, Objective, Schedule};
 
-/// Image side.
-pub const SIDE: usize = 32;
 /// Classes.
 pub const CLASSES: usize = 10;
 
@@ -36,16 +35,40 @@ pub struct CnnSize {
     pub stem_stride: usize,
     /// Images per batch.
     pub batch: usize,
+    /// Image side (images are `side × side`, 3 channels).
+    pub side: usize,
 }
 
 impl CnnSize {
     /// The CUDA default: stages of 32, 64 and 128 channels (32², 16², 8²), two blocks each,
     /// batches of 64.
-    pub const CUDA: CnnSize = CnnSize { widths: &[32, 64, 128], blocks: 2, stem_stride: 1, batch: 64 };
+    pub const CUDA: CnnSize = CnnSize { widths: &[32, 64, 128], blocks: 2, stem_stride: 1, batch: 64, side: 32 };
     /// The CPU (NdArray) default: small enough for a debug build (where NdArray's convolutions
     /// are slow): a stride-4 stem (8² images after it), stages of 4 and 8 channels, one block
     /// each, batches of 4.
-    pub const CPU: CnnSize = CnnSize { widths: &[4, 8], blocks: 1, stem_stride: 4, batch: 4 };
+    pub const CPU: CnnSize = CnnSize { widths: &[4, 8], blocks: 1, stem_stride: 4, batch: 4, side: 32 };
+    /// ResNet-50's 3×3 convolution shapes at batch 32: 112×112 images, a stride-2 stem into 64
+    /// channels at 56², then 128 at 28², 256 at 14², 512 at 7², one residual block (two 3×3
+    /// convolutions) per stage.
+    pub const RESNET50_3X3: CnnSize =
+        CnnSize { widths: &[64, 128, 256, 512], blocks: 1, stem_stride: 2, batch: 32, side: 112 };
+
+    /// Multiply-adds ×2 of one forward pass over a batch: every 3×3 convolution
+    /// (`2·9·c_in·c_out` per output pixel) and the head; a training step is about 3× this.
+    pub fn forward_flops(&self) -> f64 {
+        let mut side = self.side.div_ceil(self.stem_stride);
+        let mut c = self.widths[0];
+        let mut flops = 2.0 * 9.0 * (3 * c * side * side) as f64;
+        for (i, &w) in self.widths.iter().enumerate() {
+            if i > 0 {
+                side = side.div_ceil(2);
+                flops += 2.0 * 9.0 * (c * w * side * side) as f64;
+            }
+            c = w;
+            flops += 2.0 * self.blocks as f64 * 2.0 * 9.0 * (c * c * side * side) as f64;
+        }
+        (flops + 2.0 * (c * CLASSES) as f64) * self.batch as f64
+    }
 }
 
 /// burn's `Conv2d`, 3×3, padding 1, with burn's default initialisation (Kaiming uniform,
@@ -114,7 +137,7 @@ fn convs<B: Backend>(size: &CnnSize, rng: &mut StdRng, dtype: FloatDType, device
     convs
 }
 
-/// `images [n, 3, 32, 32]` → pooled features `[n, channels]` through `convs` (as [`convs`]
+/// `images [n, 3, side, side]` → pooled features `[n, channels]` through `convs` (as [`convs`]
 /// orders them, `blocks` residual blocks per stage): `relu(stem)`, per stage `relu(down)` and
 /// blocks `relu(x + conv2(relu(conv1(x))))`, global average pooling.
 fn features<B: Backend, C: ConvLayer<B>>(convs: &[C], blocks: usize, images: Tensor<B, 4>) -> Tensor<B, 2> {
@@ -168,7 +191,7 @@ impl<B: Backend> BurnCnn<B> {
     }
 }
 
-/// Images `[n, 3, 32, 32]` and their classes `[n]`.
+/// Images `[n, 3, side, side]` and their classes `[n]`.
 #[derive(Clone, Debug)]
 pub struct ImageBatch<B: Backend> {
     pub images: Tensor<B, 4>,
@@ -222,24 +245,24 @@ impl Gratings {
         Gratings { classes: (0..CLASSES).map(|_| [grating(rng), grating(rng)]).collect() }
     }
 
-    /// `n` images of uniformly drawn classes.
+    /// `n` images `side × side` of uniformly drawn classes.
     pub fn batch<B: Backend>(
         &self,
         rng: &mut StdRng,
-        n: usize,
+        (n, side): (usize, usize),
         dtype: FloatDType,
         device: &B::Device,
     ) -> ImageBatch<B> {
-        let (mut pixels, mut labels) = (Vec::with_capacity(n * 3 * SIDE * SIDE), Vec::with_capacity(n));
+        let (mut pixels, mut labels) = (Vec::with_capacity(n * 3 * side * side), Vec::with_capacity(n));
         for _ in 0..n {
             let class = rng.random_range(0..CLASSES);
             labels.push(class as i64);
             let waves = self.classes[class].map(|g| (g, rng.random_range(0.5..1.5f32), rng.random_range(0.0..TAU)));
             for ch in 0..3 {
-                for y in 0..SIDE {
-                    for x in 0..SIDE {
+                for y in 0..side {
+                    for x in 0..side {
                         let at = |(g, amp, phase): &(Grating, f32, f32)| {
-                            let t = TAU * (g.freq.0 * x as f32 + g.freq.1 * y as f32) / SIDE as f32;
+                            let t = TAU * (g.freq.0 * x as f32 + g.freq.1 * y as f32) / side as f32;
                             amp * g.colour[ch] * (t + phase).sin()
                         };
                         let noise = rng.random_range(-Self::NOISE..Self::NOISE);
@@ -249,7 +272,7 @@ impl Gratings {
             }
         }
         ImageBatch {
-            images: Tensor::<B, 4>::from_data(TensorData::new(pixels, [n, 3, SIDE, SIDE]), device).cast(dtype),
+            images: Tensor::<B, 4>::from_data(TensorData::new(pixels, [n, 3, side, side]), device).cast(dtype),
             labels: Tensor::from_data(TensorData::new(labels, [n]), device),
         }
     }
@@ -267,5 +290,5 @@ where
     let burn = BurnCnn::<B>::new(size, &mut rng, dtype, device);
     let gemm = burn.to_gemm();
     let mut batches = StdRng::seed_from_u64(seed ^ 0x5eed_da7a);
-    compare(burn, gemm, s, |_| data.batch(&mut batches, size.batch, dtype, device))
+    compare(burn, gemm, s, |_| data.batch(&mut batches, (size.batch, size.side), dtype, device))
 }

@@ -55,6 +55,23 @@ impl LlamaSize {
     pub const CPU: LlamaSize =
         LlamaSize { layers: 2, d_model: 64, heads: 4, kv_heads: 2, vocab: 256, seq: 32, batch: 4 };
 
+    /// One decoder layer at LLaMA-3-8B's width: d 4096, 32 query / 8 key-value heads (d_k 128),
+    /// the MLP at the 8/3 rule (10 944; LLaMA-3-8B's is 14 336), vocabulary 4096, batches of 2
+    /// sequences of 2048 tokens.
+    pub const LAYER_4096: LlamaSize =
+        LlamaSize { layers: 1, d_model: 4096, heads: 32, kv_heads: 8, vocab: 4096, seq: 2048, batch: 2 };
+
+    /// Multiply-adds ×2 of one forward pass over a batch: every projection and the LM head
+    /// (`2·tokens` per weight), and the causal attention's two products (`2·b·heads·s²·d_k` a
+    /// layer: half of the full `s²`, twice); a training step is about 3× this.
+    pub fn forward_flops(&self) -> f64 {
+        let d = self.d_model;
+        let matmul_params = self.params() - self.vocab * d - d - self.layers * 2 * d;
+        let tokens = (self.batch * self.seq) as f64;
+        let attention = (self.layers * 2 * self.batch * self.heads * self.seq * self.seq * self.d_k()) as f64;
+        2.0 * matmul_params as f64 * tokens + attention
+    }
+
     /// The MLP's hidden size: LLaMA's `8/3·d_model`, rounded up to a multiple of 32.
     pub fn d_hidden(&self) -> usize {
         (8 * self.d_model / 3).div_ceil(32) * 32
