@@ -2,12 +2,11 @@
 //! paged KV cache), its rules, its byte count, and its float64 definition
 //! ([`decode_reference`]), for tests.
 
-use super::math;
+use super::f64ops::{self, product};
 use super::reference::{tail, Weights};
-use super::rope::rotate;
-use super::{DecoderLayer, LayerWeight, Tokens};
+use super::{DecoderLayer, LayerWeight, Proj, Tokens};
 use crate::error::{Error, Result};
-use crate::layer_ops::MAX_POSITION;
+use crate::layer_ops::{Positions, RopeDirection, MAX_POSITION};
 use crate::paged::{HostIndex, PagedAppend, PagedCache, PagedDecode};
 
 /// One decode step of `layer` over `cache`: `cache.batch` sequences, one token each.
@@ -152,16 +151,17 @@ pub fn decode_reference(
             detail: format!("{name} has {got} elements, expected {want}"),
         });
     }
-    let (h1, _) = math::rms_norm(x, &w.w_norm1, d, l.eps);
-    let mut qkv = math::nt(&h1, &w.w_qkv, (b, width, d));
+    let t = Tokens { b, s: 1 };
+    let g = l.gemms(t, l.precision())?;
+    let (h1, _) = f64ops::rms_norm(l, x, &w.w_norm1);
+    let qkv = product(&g.fwd[Proj::Qkv as usize], &h1, &w.w_qkv);
+    // each sequence's token at its own position, held[n]
+    let qkv = f64ops::rope(l, t, &qkv, &Positions::Given(held), RopeDirection::Forward);
     let [_, ok, ov] = l.qkv_offsets();
     let mut q = Vec::with_capacity(b * l.q_width());
     for n in 0..b {
         let pos = held[n] as usize;
-        let row = &mut qkv[n * width..(n + 1) * width];
-        for h in 0..l.heads_q + l.heads_kv {
-            rotate(&mut row[h * hd..(h + 1) * hd], pos, l.rope_theta, l.rope, false);
-        }
+        let row = &qkv[n * width..(n + 1) * width];
         q.extend_from_slice(&row[..l.q_width()]);
         let (page, slot) = c.locate(tables, n, pos);
         for h in 0..l.heads_kv {
@@ -172,5 +172,5 @@ pub fn decode_reference(
     }
     let after: Vec<i32> = held.iter().map(|&p| p + 1).collect();
     let o = crate::paged::reference::decode(&step.attention(), &q, (k, v), tables, &after);
-    Ok(tail(l, w, (x, &o), &|_, a, b, mnk| math::nt(a, b, mnk)).y)
+    Ok(tail(l, w, (x, &o), &|p, a, b, _| product(&g.fwd[p as usize], a, b)).y)
 }

@@ -53,17 +53,15 @@ pub mod cpu;
 mod decode;
 #[cfg(test)]
 mod decode_tests;
-mod math;
+mod f64ops;
 mod problems;
 pub mod reference;
-mod rope;
 #[cfg(test)]
 mod tests;
 
 pub use crate::layer_ops::RopeStyle;
 pub use decode::{decode_reference, DecodeStep};
 pub use problems::{LayerGemms, LayerOptions, Proj};
-pub use rope::rope_angle;
 
 use crate::attention::{Attention, AttnMask, HeadLayout, MAX_HEAD_DIM};
 use crate::dtype::DType;

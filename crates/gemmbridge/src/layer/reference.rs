@@ -1,12 +1,12 @@
-//! The decoder layer's forward and backward in float64, written from the definitions in
-//! [`super`]'s documentation with their own RMSNorm, RoPE, causal GQA softmax attention and
-//! SiLU (no other module's arithmetic), for tests and for the check file. O(T·weights + b·h_q·s²·hd)
-//! work on one thread: for small layers.
+//! The decoder layer's forward and backward in float64, following the definitions in
+//! [`super`]'s documentation step by step on the problems the CPU and GPU layers run, each
+//! step by the crate's own float64 reference of its problem (`f64ops.rs`), for tests and for
+//! the check file. O(T·weights + b·h_q·s²·hd) work on one thread: for small layers.
 
-use super::math::{self, Heads};
-use super::rope::rotate;
+use super::f64ops::{self, product};
 use super::{DecoderLayer, LayerWeight, Proj, Tokens};
 use crate::error::{Error, Result};
+use crate::layer_ops::{Positions, RopeDirection};
 
 /// The layer's weights in float64, each row-major in its layout ([`LayerWeight`]); also the
 /// weight gradients' container.
@@ -144,28 +144,11 @@ impl Grads {
     }
 }
 
-fn heads(l: &DecoderLayer, t: Tokens) -> Heads {
-    let (hq, hkv, hd, w, offs) = (l.heads_q, l.heads_kv, l.head_dim, l.qkv_width(), l.qkv_offsets());
-    Heads { b: t.b, s: t.s, hq, hkv, hd, w, offs }
-}
-
 fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
     if got == want {
         Ok(())
     } else {
         Err(Error::DecoderShape { what, detail: format!("{got} elements, expected {want}") })
-    }
-}
-
-/// RoPE on every q and k head of `qkv` (`inverse`: the transpose, for the backward).
-fn rope_all(l: &DecoderLayer, t: Tokens, qkv: &mut [f64], inverse: bool) {
-    let (w, hd) = (l.qkv_width(), l.head_dim);
-    for row in 0..t.count() {
-        let pos = row % t.s;
-        // q and k heads are contiguous at the start of each row
-        for h in 0..l.heads_q + l.heads_kv {
-            rotate(&mut qkv[row * w + h * hd..][..hd], pos, l.rope_theta, l.rope, inverse);
-        }
     }
 }
 
@@ -179,7 +162,9 @@ pub type ProjFn<'a> = &'a dyn Fn(Proj, &[f64], &[f64], (usize, usize, usize)) ->
 /// As [`DecoderLayer::check_tokens`]; [`Error::DecoderShape`] for a weight or `x` of the
 /// wrong length.
 pub fn forward(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64]) -> Result<Saved> {
-    forward_with(l, t, w, x, &|_, a, b, mnk| math::nt(a, b, mnk))
+    l.check_tokens(t)?;
+    let g = l.gemms(t, l.precision())?;
+    forward_with(l, t, w, x, &|p, a, b, _| product(&g.fwd[p as usize], a, b))
 }
 
 /// [`forward`] with each forward projection's product computed by `proj` (the residual added
@@ -194,10 +179,10 @@ pub fn forward_with(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], proj: P
     w.check(l)?;
     let (n, d) = (t.count(), l.d_model);
     check_len("x has the wrong length", x.len(), n * d)?;
-    let (h1, rstd1) = math::rms_norm(x, &w.w_norm1, d, l.eps);
-    let mut qkv = proj(Proj::Qkv, &h1, &w.w_qkv, (n, l.qkv_width(), d));
-    rope_all(l, t, &mut qkv, false);
-    let (o, lse) = math::attention(&qkv, heads(l, t));
+    let (h1, rstd1) = f64ops::rms_norm(l, x, &w.w_norm1);
+    let qkv = proj(Proj::Qkv, &h1, &w.w_qkv, (n, l.qkv_width(), d));
+    let qkv = f64ops::rope(l, t, &qkv, &Positions::Contiguous { start: 0 }, RopeDirection::Forward);
+    let (o, lse) = f64ops::attention(l, t, &qkv);
     let Tail { x2, h2, rstd2, gate_up, act, y } = tail(l, w, (x, &o), proj);
     Ok(Saved { y, h1, qkv, o, lse, x2, h2, gate_up, act, rstd1, rstd2 })
 }
@@ -219,11 +204,9 @@ pub(super) fn tail(l: &DecoderLayer, w: &Weights, (x, o): (&[f64], &[f64]), proj
     let n = x.len() / d;
     let o_proj = proj(Proj::O, o, &w.w_o, (n, d, l.q_width()));
     let x2: Vec<f64> = x.iter().zip(&o_proj).map(|(a, b)| a + b).collect();
-    let (h2, rstd2) = math::rms_norm(&x2, &w.w_norm2, d, l.eps);
+    let (h2, rstd2) = f64ops::rms_norm(l, &x2, &w.w_norm2);
     let gate_up = proj(Proj::GateUp, &h2, &w.w_gate_up, (n, 2 * f, d));
-    let act: Vec<f64> = (0..n * f)
-        .map(|i| math::silu(gate_up[(i / f) * 2 * f + i % f]).0 * gate_up[(i / f) * 2 * f + f + i % f])
-        .collect();
+    let act = f64ops::swiglu(l, &gate_up);
     let down = proj(Proj::Down, &act, &w.w_down, (n, d, f));
     let y = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
     Tail { x2, h2, rstd2, gate_up, act, y }
@@ -236,33 +219,29 @@ pub(super) fn tail(l: &DecoderLayer, w: &Weights, (x, o): (&[f64], &[f64]), proj
 pub fn backward(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], saved: &Saved, dy: &[f64]) -> Result<Grads> {
     l.check_tokens(t)?;
     w.check(l)?;
-    let (n, d, f, qw, wd) = (t.count(), l.d_model, l.ffn, l.q_width(), l.qkv_width());
+    let (n, d) = (t.count(), l.d_model);
     check_len("x has the wrong length", x.len(), n * d)?;
     check_len("dy has the wrong length", dy.len(), n * d)?;
-    let s = saved;
-    let mut dw = Weights { w_down: math::tn(dy, &s.act, (d, f, n)), ..Weights::default() };
-    let da = math::nn(dy, &w.w_down, (n, f, d));
-    let mut dgu = vec![0.0; n * 2 * f];
-    for r in 0..n {
-        for i in 0..f {
-            let (g, u) = (s.gate_up[r * 2 * f + i], s.gate_up[r * 2 * f + f + i]);
-            let (sg, dsg) = math::silu(g);
-            dgu[r * 2 * f + i] = da[r * f + i] * u * dsg;
-            dgu[r * 2 * f + f + i] = da[r * f + i] * sg;
-        }
-    }
-    dw.w_gate_up = math::tn(&dgu, &s.h2, (2 * f, d, n));
-    let dh2 = math::nn(&dgu, &w.w_gate_up, (n, d, 2 * f));
-    let (dx2_norm, dg2) = math::rms_norm_backward(&s.x2, &w.w_norm2, &s.rstd2, &dh2);
+    let (s, g) = (saved, l.gemms(t, l.precision())?);
+    // a projection's weight gradient dW = dYᵀ·X and data gradient dX = dY·W
+    let grads = |p: Proj, dy_: &[f64], x_: &[f64], w_: &[f64]| {
+        (product(&g.dw[p as usize], dy_, x_), product(&g.dx[p as usize], dy_, w_))
+    };
+    let (w_down, da) = grads(Proj::Down, dy, &s.act, &w.w_down);
+    let mut dw = Weights { w_down, ..Weights::default() };
+    let dgu = f64ops::swiglu_backward(l, &da, &s.gate_up);
+    let dh2;
+    (dw.w_gate_up, dh2) = grads(Proj::GateUp, &dgu, &s.h2, &w.w_gate_up);
+    let (dx2_norm, dg2) = f64ops::rms_norm_backward(l, &s.x2, &w.w_norm2, &dh2);
     dw.w_norm2 = dg2;
     let dx2: Vec<f64> = dy.iter().zip(&dx2_norm).map(|(a, b)| a + b).collect();
-    dw.w_o = math::tn(&dx2, &s.o, (d, qw, n));
-    let d_o = math::nn(&dx2, &w.w_o, (n, qw, d));
-    let mut dqkv = math::attention_backward(&s.qkv, &s.o, &d_o, heads(l, t));
-    rope_all(l, t, &mut dqkv, true);
-    dw.w_qkv = math::tn(&dqkv, &s.h1, (wd, d, n));
-    let dh1 = math::nn(&dqkv, &w.w_qkv, (n, d, wd));
-    let (dx_norm, dg1) = math::rms_norm_backward(x, &w.w_norm1, &s.rstd1, &dh1);
+    let d_o;
+    (dw.w_o, d_o) = grads(Proj::O, &dx2, &s.o, &w.w_o);
+    let dqkv = f64ops::attention_backward(l, t, &s.qkv, &s.o, &s.lse, &d_o);
+    let dqkv = f64ops::rope(l, t, &dqkv, &Positions::Contiguous { start: 0 }, RopeDirection::Backward);
+    let dh1;
+    (dw.w_qkv, dh1) = grads(Proj::Qkv, &dqkv, &s.h1, &w.w_qkv);
+    let (dx_norm, dg1) = f64ops::rms_norm_backward(l, x, &w.w_norm1, &dh1);
     dw.w_norm1 = dg1;
     let dx = dx2.iter().zip(&dx_norm).map(|(a, b)| a + b).collect();
     Ok(Grads { dx, dw })
