@@ -242,7 +242,7 @@ where
         "rope" => {
             let (b, h, t, hd) = (pick(2, 1), pick(32, 4), pick(2048, 64), pick(128, 32));
             let x = input::<B, 4>([b, h, t, hd], (0.0, 1.0), dtype, &d);
-            let angles = Tensor::<B, 2>::random([t, hd / 2], Distribution::Uniform(0.0, 6.28), &d);
+            let angles = Tensor::<B, 2>::random([t, hd / 2], Distribution::Uniform(0.0, std::f64::consts::TAU), &d);
             let (cos, sin) = (angles.clone().cos().cast(dtype), angles.sin().cast(dtype));
             let dy = input::<B, 4>([b, h, t, hd], (0.0, 1.0), dtype, &d).detach();
             let call = Box::new(move |bw: bool| {
