@@ -7,7 +7,8 @@
 //! handles of this command's own (`bare.rs`), `host_raw_us` (gemmbridge's raw-pointer path), and `host_direct_us` /
 //! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so
 //! every call goes through `cublasLtMatmul`: gemmbridge's own cost above the bare call), all
-//! measured in the same run; `host_raw_checked_us` (the raw path with
+//! measured in the same run; `host_fresh_out_us` (the safe path as an adapter calls it, a new
+//! output buffer every call: no replay applies); `host_raw_checked_us` (the raw path with
 //! `GpuOptions::check_raw_addresses` on: one `cuPointerGetAttributes` per operand) and
 //! `host_raw_other_stream_us` (the raw path on a stream other than the Gpu's own, which
 //! records that stream's last-use event per call). `host_us` and `host_raw_us` use the default settings, where the
@@ -82,11 +83,12 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     let e = eager(gpu, &direct, p, (&x, &w, &mut o), raw)?;
     let (host_raw_checked_us, host_raw_other_stream_us) = raw_costs(gpu, p, raw)?;
     let graph_us = graph_us(gpu, p, raw)?;
+    let host_fresh_out_us = fresh_outputs(gpu, p, (&x, &w))?;
     Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": e.host_us,
         "wall_us": e.wall_us, "graph_us": graph_us, "host_raw_us": e.host_raw_us, "bare_lt_us": e.bare_lt_us,
         "bare_blas_us": e.bare_blas_us, "host_direct_us": e.host_direct_us, "wall_direct_us": e.wall_direct_us,
         "host_raw_direct_us": e.host_raw_direct_us, "host_fresh_us": e.host_fresh_us,
-        "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
+        "host_fresh_out_us": host_fresh_out_us, "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
         "replay_graphs": gpu.plans().graphs()}))
 }
 
@@ -207,6 +209,30 @@ fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
         bare_lt_us: (!bare_lt.is_empty()).then(|| median(bare_lt)),
         bare_blas_us: median(bare_blas),
     })
+}
+
+/// Host µs per call (median over the batches) of the safe path with the default settings as an
+/// adapter calls it: a new output buffer every call (all BATCH·BATCHES of them allocated before,
+/// so the allocation is not timed), so no call repeats a replay key and every call goes through
+/// `cublasLtMatmul` and replay's bookkeeping.
+fn fresh_outputs<T: Element + DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    p: GemmProblem,
+    (x, w): (&CudaSlice<T>, &CudaSlice<T>),
+) -> anyhow::Result<f64> {
+    let s = gpu.stream();
+    let mut outs = (0..BATCH * BATCHES).map(|_| s.alloc_zeros::<T>(64 * 64)).collect::<Result<Vec<_>, _>>()?;
+    let mut hosts = Vec::with_capacity(BATCHES);
+    for chunk in outs.chunks_mut(BATCH) {
+        s.synchronize()?;
+        let t = Instant::now();
+        for o in chunk.iter_mut() {
+            gpu.gemm(&p, 1.0, x, w, 0.0, o)?;
+        }
+        hosts.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+    }
+    s.synchronize()?;
+    Ok(median(hosts))
 }
 
 /// The bare library calls of `p` on `gpu`'s stream, warmed up on `ops` (their first calls load
