@@ -8,7 +8,8 @@
 //! `wall_direct_us` / `host_raw_direct_us` (the same two paths with graph replay off, so
 //! every call goes through `cublasLtMatmul`: gemmbridge's own cost above the bare call), all
 //! measured in the same run; `host_fresh_out_us` (the safe path as an adapter calls it, a new
-//! output buffer every call: no replay applies); `host_raw_checked_us` (the raw path with
+//! output buffer every call: no replay applies), `decode_host_us` and `decode_host_fresh_out_us`
+//! (a tiny bf16 paged decode's, `launch_decode.rs`); `host_raw_checked_us` (the raw path with
 //! `GpuOptions::check_raw_addresses` on: one `cuPointerGetAttributes` per operand) and
 //! `host_raw_other_stream_us` (the raw path on a stream other than the Gpu's own, which
 //! records that stream's last-use event per call). `host_us` and `host_raw_us` use the default settings, where the
@@ -84,11 +85,13 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     let (host_raw_checked_us, host_raw_other_stream_us) = raw_costs(gpu, p, raw)?;
     let graph_us = graph_us(gpu, p, raw)?;
     let host_fresh_out_us = fresh_outputs(gpu, p, (&x, &w))?;
+    let (decode_host_us, decode_host_fresh_out_us) = super::launch_decode::measure(gpu)?.unzip();
     Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": e.host_us,
         "wall_us": e.wall_us, "graph_us": graph_us, "host_raw_us": e.host_raw_us, "bare_lt_us": e.bare_lt_us,
         "bare_blas_us": e.bare_blas_us, "host_direct_us": e.host_direct_us, "wall_direct_us": e.wall_direct_us,
         "host_raw_direct_us": e.host_raw_direct_us, "host_fresh_us": e.host_fresh_us,
-        "host_fresh_out_us": host_fresh_out_us, "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
+        "host_fresh_out_us": host_fresh_out_us, "decode_host_us": decode_host_us,
+        "decode_host_fresh_out_us": decode_host_fresh_out_us, "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
         "replay_graphs": gpu.plans().graphs()}))
 }
 

@@ -14,6 +14,7 @@ pub mod fp8;
 pub mod grouped;
 mod grouped_fp8;
 pub mod launch;
+mod launch_decode;
 pub mod layer;
 pub mod moe;
 pub mod norm;
