@@ -39,7 +39,7 @@ use gemmbridge_burn::{AttentionOps, AttnMask, ConvActivation, ConvOps, GroupedOp
 use serde_json::json;
 
 #[derive(Parser, Debug)]
-#[command(about = "Times gemmbridge-burn's layer operations against burn's own")]
+#[command(about = "Times gemmbridge-burn's layer operations against burn's own", allow_negative_numbers = true)]
 struct Args {
     /// ours (the adapter on) or burn (the adapter off: burn's own operations).
     #[arg(long = "impl", value_parser = ["ours", "burn"])]
@@ -47,9 +47,9 @@ struct Args {
     /// Operations, comma-separated: attention, rms_norm, swiglu, rope, conv2d, grouped_matmul.
     #[arg(long, value_delimiter = ',', default_value = "attention,rms_norm,swiglu,rope,conv2d,grouped_matmul")]
     ops: Vec<String>,
-    /// bf16 or f16 (f32 with --cpu).
-    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f16", "f32"])]
-    dtype: String,
+    /// bf16 or f16 [default: bf16; f32, the only one, with --cpu].
+    #[arg(long, value_parser = ["bf16", "f16", "f32"])]
+    dtype: Option<String>,
     /// Calls per timed sample.
     #[arg(long, default_value_t = 10)]
     steps: usize,
@@ -83,16 +83,25 @@ struct Sampling {
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    ensure!(a.steps > 0 && a.reps > 0, "--steps and --reps must be at least 1");
+    let bounded = |n: usize| (1..=100_000).contains(&n);
+    ensure!(
+        bounded(a.steps) && bounded(a.reps) && a.warmup <= 100_000,
+        "--steps and --reps must be within 1..=100000 and --warmup at most 100000, not {}, {} and {}",
+        a.steps,
+        a.reps,
+        a.warmup
+    );
     ensure!((0.0..=60_000.0).contains(&a.gap_ms), "--gap-ms must be within 0..=60000, not {}", a.gap_ms);
     if let Some(bad) = a.ops.iter().find(|o| !OPS.contains(&o.as_str())) {
         anyhow::bail!("--ops: unknown operation {bad:?} (known: {})", OPS.join(", "));
     }
-    let dtype = match (a.dtype.as_str(), a.cpu) {
-        ("f32", true) => FloatDType::F32,
-        (d, true) => anyhow::bail!("--cpu runs f32 only (NdArray has no {d}): add --dtype f32"),
-        ("f32", false) => anyhow::bail!("--dtype f32: the adapter's attention serves bf16 and f16; use --cpu for f32"),
-        ("f16", false) => FloatDType::F16,
+    let dtype = match (a.dtype.as_deref(), a.cpu) {
+        (Some("f32") | None, true) => FloatDType::F32,
+        (Some(d), true) => anyhow::bail!("--cpu runs f32 only (NdArray has no {d}): drop --dtype"),
+        (Some("f32"), false) => {
+            anyhow::bail!("--dtype f32: the adapter's attention serves bf16 and f16; use --cpu for f32")
+        }
+        (Some("f16"), false) => FloatDType::F16,
         _ => FloatDType::BF16,
     };
     let device = if a.cpu {

@@ -45,7 +45,10 @@ use rand::SeedableRng;
 use serde_json::json;
 
 #[derive(Parser, Debug)]
-#[command(about = "Times a model's training step on burn, with burn's modules or gemmbridge-burn's")]
+#[command(
+    about = "Times a model's training step on burn, with burn's modules or gemmbridge-burn's",
+    allow_negative_numbers = true
+)]
 struct Args {
     /// Whose modules: ours (gemmbridge-burn's, converted) or burn (burn's own).
     #[arg(long = "impl", value_parser = ["ours", "burn"])]
@@ -53,9 +56,10 @@ struct Args {
     /// The model: layer (a LLaMA-style layer at d 4096) or cnn (ResNet-50's 3×3 shapes).
     #[arg(long, value_parser = ["layer", "cnn"])]
     model: String,
-    /// The dtype of parameters and activations (the loss is f32): bf16 or f32.
-    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f32"])]
-    dtype: String,
+    /// The dtype of parameters and activations (the loss is f32): bf16 or f32 [default: bf16;
+    /// f32 with --cpu].
+    #[arg(long, value_parser = ["bf16", "f32"])]
+    dtype: Option<String>,
     /// Steps per timed sample.
     #[arg(long, default_value_t = 5)]
     steps: usize,
@@ -88,12 +92,19 @@ struct Sampling {
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    ensure!(a.steps > 0 && a.reps > 0, "--steps and --reps must be at least 1");
+    let bounded = |n: usize| (1..=100_000).contains(&n);
+    ensure!(
+        bounded(a.steps) && bounded(a.reps) && a.warmup <= 100_000,
+        "--steps and --reps must be within 1..=100000 and --warmup at most 100000, not {}, {} and {}",
+        a.steps,
+        a.reps,
+        a.warmup
+    );
     ensure!((0.0..=60_000.0).contains(&a.gap_ms), "--gap-ms must be within 0..=60000, not {}", a.gap_ms);
-    let dtype = match (a.dtype.as_str(), a.cpu) {
-        ("bf16", true) => anyhow::bail!("--dtype bf16 needs CUDA (NdArray has no bf16): add --dtype f32 or drop --cpu"),
-        ("bf16", false) => FloatDType::BF16,
-        _ => FloatDType::F32,
+    let dtype = match (a.dtype.as_deref(), a.cpu) {
+        (Some("bf16"), true) => anyhow::bail!("--dtype bf16 needs CUDA (NdArray has no bf16): drop --cpu"),
+        (Some("f32"), _) | (None, true) => FloatDType::F32,
+        _ => FloatDType::BF16,
     };
     let device_name = if a.cpu {
         "cpu (burn NdArray)".to_string()

@@ -343,7 +343,7 @@ fn fast_accumulation_costs_little_accuracy_where_it_is_offered() {
 }
 
 /// Before the kernels exist a quantisation inside a capture is a named error; after
-/// `prepare_fp8` and one eager call (the plan), a quantisation and an FP8 GEMM captured into one
+/// `GpuFp8::prepare` and one eager call (the plan), a quantisation and an FP8 GEMM captured into one
 /// graph and launched give the eager result, bit for bit. cudarc's event tracking is off on
 /// this context, as capturing cudarc buffers needs: with it on, using a buffer last written
 /// before the capture waits on that write's event, which a capture refuses

@@ -105,6 +105,12 @@ fn accumulation_order_and_bad_input() {
     }
     let e = layer.forward(&x[..n - 1], true).unwrap_err();
     assert!(matches!(e, Error::DecoderShape { .. }), "{e}");
+    // a longer x buffer: the step reads its first T·d elements, and the backward on the same
+    // buffer follows it
+    let mut longer = x.clone();
+    longer.push(bf16::ZERO);
+    layer.forward(&longer, true).unwrap();
+    layer.backward(&longer, &dy).unwrap();
     let e = CpuDecoderLayer::<f16>::new(l, t, &w).unwrap_err();
     assert!(matches!(e, Error::DTypeMismatch { expected: DType::BF16, got: DType::F16, .. }), "{e}");
     assert_eq!(e.to_string(), "decoder layer's element type T holds f16 elements but the problem needs bf16");

@@ -151,7 +151,7 @@ pub(crate) fn out_dims(x: &[usize], w: &[usize], o: &ConvOptions<2>) -> [usize; 
 /// - `options`: burn's `ConvOptions` (symmetric padding) or `PaddedConvOptions` (asymmetric:
 ///   as burn does, x is first padded with zeros by burn's `pad`, then convolved with no
 ///   padding).
-/// - Served by gemmbridge's `GpuConv::forward` / `conv2d_fused` (bias, then ReLU or the
+/// - Served by gemmbridge's `GpuConv::forward` / `GpuConv::fused` (bias, then ReLU or the
 ///   identity, as one cuDNN graph where an engine takes it) on burn's CUDA backend, plain or
 ///   fused, for f32 (strict: no TF32), f16 and bf16 (f32 accumulation). Operands whose strides
 ///   are dense NCHW are read in place (cuDNN's NCHW layout); where x is channels-last (a

@@ -74,7 +74,7 @@
 //! rows. On cuDNN before 9.15.1 the backward of key lengths that are not a multiple of 128 runs
 //! with a padding mask of the full lengths, which avoids that version's bug (cuDNN's release
 //! notes). A measured search over cuDNN's configurations can be switched on per engine; its
-//! choice goes into the tactic database (`Gpu::attention_tactic`, kind `attention`).
+//! choice goes into the tactic database (`Plans::attention_tactic`, kind `attention`).
 //!
 //! Without a GPU, [`crate::cpu::attention_forward`] and [`crate::cpu::attention_backward`]
 //! compute the same on host slices (f32 products through the CPU GEMM, the same strides, masks,
@@ -89,8 +89,8 @@
 //! FP8 attention graph, every scale read on the device. On Hopper cuDNN writes an FP8
 //! attention's output only in FP8: `o` is E4M3, the matrix `[b·s_q, h_q·d]` (BSHD) ready for an
 //! FP8 GEMM such as the output projection, with a fixed scale of twice v's (o cannot exceed v's
-//! largest value; up to 400 000 keys). The backward (`attention_quantize_grad` for do,
-//! `attention_fp8_grads`, `attention_backward_fp8` with `AttnSavedFp8`) runs cuDNN's FP8
+//! largest value; up to 400 000 keys). The backward (`GpuAttention::quantize_grad` for do,
+//! `GpuAttention::fp8_grads`, `GpuAttention::backward_fp8` with `AttnSavedFp8`) runs cuDNN's FP8
 //! backward graph with dS's and the gradients' scales made on the device from the inputs'
 //! scales ([`fp8::backward_scales`] derives them); gradients are E5M2 (under those scales E4M3 would lose
 //! dk to underflow, so it is refused). On Hopper cuDNN offers it for `d` = 128 only, without the

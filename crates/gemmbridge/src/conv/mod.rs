@@ -52,7 +52,7 @@
 //! - **Workspace**: a plan may use up to 1 GiB (a setting of the engine): the stream's workspace
 //!   where it fits, else one of the cuDNN room's own, made when the plan is. No allocation per
 //!   call.
-//! - **Plans in the tactic database**: after a measured search, `Gpu::conv2d_tactic` (or
+//! - **Plans in the tactic database**: after a measured search, `Plans::conv2d_tactic` (or
 //!   `conv2d_tactics` for all) gives the plan as a `(signature, Tactic)` pair — the graph API's
 //!   engine index, knob choices and workspace, for the whole problem signature and the cuDNN
 //!   version. `Plans::load_tactics` takes the entries of the cuDNN version loaded: a problem with

@@ -73,7 +73,7 @@
 //! from the host: [`crate::Error::NotCapturable`]); force `StreamPool` before capturing small
 //! unequal groups. cuDNN's MoE grouped matmul (`Cudnn`, cuDNN 9.18 and later: one operation
 //! over every group, the group starts written by a kernel launch) is a candidate that
-//! `tune_grouped` measures and a setting can force; on Hopper with cuDNN 9.19 it was several
+//! `GpuTuning::grouped` measures and a setting can force; on Hopper with cuDNN 9.19 it was several
 //! times slower on skewed groups and has no backward data. Every buffer and every group is
 //! checked before anything is launched. [`crate::moe`] has a MoE layer's routing on the device.
 //!

@@ -224,6 +224,9 @@ impl<T: Element> CpuDecoderLayer<T> {
             return Err(Error::DecoderShape { what: "the input x is too short", detail });
         }
         self.last = None;
+        // the backward recognises x by the buffer given (address and whole length), as the GPU
+        // layer does; the step reads its first T·d elements
+        let given = (x.as_ptr() as usize, x.len());
         let (x, norm) = (&x[..need], l.norm_problem(t, GradType::F32));
         let b = &mut self.b;
         rms_norm_forward(&norm, x, &self.w[slot(LayerWeight::Norm1)], &mut b.h1, Some(&mut b.rstd1))?;
@@ -240,7 +243,7 @@ impl<T: Element> CpuDecoderLayer<T> {
         let b = &mut self.b;
         swiglu(&l.swiglu_problem(t), &b.gu, &mut b.act)?;
         self.project(Proj::Down, x)?;
-        self.last = Some(((x.as_ptr() as usize, x.len()), train));
+        self.last = Some((given, train));
         Ok(())
     }
 

@@ -125,6 +125,36 @@ pub struct Saved {
     pub rstd2: Vec<f64>,
 }
 
+impl Saved {
+    /// Whether every field has the length a forward of `l` on `t` gives it.
+    ///
+    /// # Errors
+    /// [`Error::DecoderShape`] naming the first field of another length, with both lengths.
+    pub fn check(&self, l: &DecoderLayer, t: Tokens) -> Result<()> {
+        let (n, d) = (t.count(), l.d_model);
+        let fields = [
+            ("y", self.y.len(), n * d),
+            ("h1", self.h1.len(), n * d),
+            ("qkv", self.qkv.len(), n * l.qkv_width()),
+            ("o", self.o.len(), n * l.q_width()),
+            ("lse", self.lse.len(), l.attention(t).stats_elems()),
+            ("x2", self.x2.len(), n * d),
+            ("h2", self.h2.len(), n * d),
+            ("gate_up", self.gate_up.len(), n * 2 * l.ffn),
+            ("act", self.act.len(), n * l.ffn),
+            ("rstd1", self.rstd1.len(), n),
+            ("rstd2", self.rstd2.len(), n),
+        ];
+        match fields.iter().find(|(_, got, want)| got != want) {
+            Some((name, got, want)) => Err(Error::DecoderShape {
+                what: "the saved forward is not of this layer and these tokens",
+                detail: format!("{name} has {got} elements, expected {want}"),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The backward's results: `dx[T, d]` and every weight's gradient in its layout.
 #[derive(Clone, Debug)]
 pub struct Grads {
@@ -215,13 +245,15 @@ pub(super) fn tail(l: &DecoderLayer, w: &Weights, (x, o): (&[f64], &[f64]), proj
 /// The backward from `dy[T, d]`, with the forward's `saved` on the same `x` and weights.
 ///
 /// # Errors
-/// As [`forward`]; [`Error::DecoderShape`] for `dy` of the wrong length.
+/// As [`forward`]; [`Error::DecoderShape`] for `dy` of the wrong length or `saved` not of this
+/// layer and tokens ([`Saved::check`]).
 pub fn backward(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], saved: &Saved, dy: &[f64]) -> Result<Grads> {
     l.check_tokens(t)?;
     w.check(l)?;
     let (n, d) = (t.count(), l.d_model);
     check_len("x has the wrong length", x.len(), n * d)?;
     check_len("dy has the wrong length", dy.len(), n * d)?;
+    saved.check(l, t)?;
     let (s, g) = (saved, l.gemms(t, l.precision())?);
     // a projection's weight gradient dW = dYᵀ·X and data gradient dX = dY·W
     let grads = |p: Proj, dy_: &[f64], x_: &[f64], w_: &[f64]| {

@@ -127,6 +127,23 @@ fn the_first_token_is_unrotated_and_attends_to_itself() {
     }
 }
 
+/// The backward refuses a saved forward of other tokens by name instead of indexing past it.
+#[test]
+fn a_saved_forward_of_other_tokens_is_refused() {
+    let (l, t) = tiny();
+    let (mut r, _) = rng();
+    let w = weights(&l, &mut r);
+    let other = Tokens { b: 1, s: t.s };
+    let x1 = normal(&mut r, other.count() * l.d_model, 1.0);
+    let saved = forward(&l, other, &w, &x1).unwrap();
+    let (x, dy) = (normal(&mut r, t.count() * l.d_model, 1.0), normal(&mut r, t.count() * l.d_model, 1.0));
+    let e = backward(&l, t, &w, &x, &saved, &dy).unwrap_err().to_string();
+    assert!(
+        e.contains("the saved forward is not of this layer") && e.contains("y has 60 elements, expected 120"),
+        "{e}"
+    );
+}
+
 #[test]
 fn the_rules_are_named_errors() {
     let ok = DecoderLayer::llama3_8b();

@@ -116,7 +116,7 @@ impl GpuFp8<'_> {
             amax: Some((pa, am_len)),
             opts,
         };
-        // SAFETY: as in fp8_gemm.
+        // SAFETY: as in GpuFp8::gemm.
         unsafe { gpu.fp8_run(&call, s.cu_stream()) }
     }
 }

@@ -103,7 +103,7 @@ pub(super) fn gemm<T: Element, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut
             _ => None,
         };
         // SAFETY: every address is a live buffer of this context borrowed for this call, on
-        // the Gpu's own stream, which autotune_raw synchronises before returning.
+        // the Gpu's own stream, which GpuTuning::gemm_raw synchronises before returning.
         let (report, sig, tactic) = unsafe {
             gpu.tune().gemm_raw(
                 p,
