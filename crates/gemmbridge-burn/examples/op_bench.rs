@@ -25,16 +25,17 @@
 //! cargo run --release -p gemmbridge-burn --example op_bench -- --impl burn --out burn.jsonl
 //! ```
 
-use std::any::Any;
-use std::io::Write;
-use std::time::{Duration, Instant};
+mod common;
 
-use anyhow::{ensure, Context};
+use std::any::Any;
+use std::time::Instant;
+
 use burn::backend::{Autodiff, NdArray};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Distribution, FloatDType, Tensor};
 use clap::Parser;
+use common::bench::{median_min, Lines, Sampling, SamplingArgs};
 use gemmbridge_burn::{AttentionOps, AttnMask, ConvActivation, ConvOps, GroupedOps, LayerOps, RopeStyle};
 use serde_json::json;
 
@@ -50,52 +51,21 @@ struct Args {
     /// bf16 or f16 [default: bf16; f32, the only one, with --cpu].
     #[arg(long, value_parser = ["bf16", "f16", "f32"])]
     dtype: Option<String>,
-    /// Calls per timed sample.
-    #[arg(long, default_value_t = 10)]
-    steps: usize,
-    /// Timed samples (the median is reported).
-    #[arg(long, default_value_t = 5)]
-    reps: usize,
-    /// Untimed calls before a row's samples.
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    /// Idle GPU time before each row's warm-up, ms.
-    #[arg(long, default_value_t = 0.0)]
-    gap_ms: f64,
-    /// Also write the lines here (JSON lines).
-    #[arg(long)]
-    out: Option<std::path::PathBuf>,
-    /// burn's NdArray backend at small sizes, f32 (a check of the harness).
-    #[arg(long)]
-    cpu: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
 }
 
 /// The operations `--ops` may name.
 const OPS: [&str; 6] = ["attention", "rms_norm", "swiglu", "rope", "conv2d", "grouped_matmul"];
 
-/// How each row is sampled.
-struct Sampling {
-    steps: usize,
-    reps: usize,
-    warmup: usize,
-    gap: Duration,
-}
-
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    let bounded = |n: usize| (1..=100_000).contains(&n);
-    ensure!(
-        bounded(a.steps) && bounded(a.reps) && a.warmup <= 100_000,
-        "--steps and --reps must be within 1..=100000 and --warmup at most 100000, not {}, {} and {}",
-        a.steps,
-        a.reps,
-        a.warmup
-    );
-    ensure!((0.0..=60_000.0).contains(&a.gap_ms), "--gap-ms must be within 0..=60000, not {}", a.gap_ms);
+    let s = a.sampling.sampling()?;
+    let cpu = a.sampling.cpu;
     if let Some(bad) = a.ops.iter().find(|o| !OPS.contains(&o.as_str())) {
         anyhow::bail!("--ops: unknown operation {bad:?} (known: {})", OPS.join(", "));
     }
-    let dtype = match (a.dtype.as_deref(), a.cpu) {
+    let dtype = match (a.dtype.as_deref(), cpu) {
         (Some("f32") | None, true) => FloatDType::F32,
         (Some(d), true) => anyhow::bail!("--cpu runs f32 only (NdArray has no {d}): drop --dtype"),
         (Some("f32"), false) => {
@@ -104,34 +74,17 @@ fn main() -> anyhow::Result<()> {
         (Some("f16"), false) => FloatDType::F16,
         _ => FloatDType::BF16,
     };
-    let device = if a.cpu {
-        "cpu (burn NdArray)".to_string()
-    } else {
-        let gpu = gemmbridge::cuda::Gpu::new(0).context("no CUDA GPU: run with --cpu for a check on NdArray")?;
-        gpu.info().context("reading the device's name")?.name
-    };
+    let device = a.sampling.device()?;
     gemmbridge_burn::set_enabled(a.side == "ours");
-    let mut out = match &a.out {
-        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?),
-        None => None,
-    };
-    let mut emit = |line: serde_json::Value| -> anyhow::Result<()> {
-        println!("{line}");
-        if let Some(f) = out.as_mut() {
-            writeln!(f, "{line}").context("writing --out")?;
-        }
-        Ok(())
-    };
+    let mut lines = Lines::create(a.sampling.out.as_deref())?;
     let backend = if a.side == "ours" { "gemmbridge-burn" } else { "burn" };
-    emit(json!({"op": "env", "backend": backend, "device": device, "burn": "0.21", "steps": a.steps,
-        "reps": a.reps, "warmup": a.warmup, "heat_ms": 0.0, "gap_ms": a.gap_ms}))?;
-    let s = Sampling { steps: a.steps, reps: a.reps, warmup: a.warmup, gap: Duration::from_secs_f64(a.gap_ms / 1e3) };
-    let rows = if a.cpu {
+    lines.emit(a.sampling.env_line(backend, &device, json!({})))?;
+    let rows = if cpu {
         rows::<Autodiff<NdArray<f32>>>(&a.ops, dtype, true, &s, &Default::default())?
     } else {
         rows::<Autodiff<burn::backend::Cuda>>(&a.ops, dtype, false, &s, &Default::default())?
     };
-    rows.into_iter().try_for_each(&mut emit)
+    rows.into_iter().try_for_each(|r| lines.emit(r))
 }
 
 /// What one call made (its output, or every gradient), held until the device is synchronised
@@ -328,6 +281,5 @@ fn time<B: AutodiffBackend>(case: &Case, backward: bool, s: &Sampling, dev: &B::
         samples.push(t0.elapsed().as_secs_f64() * 1e3 / s.steps as f64);
         drop(held);
     }
-    samples.sort_by(f64::total_cmp);
-    Ok((samples[samples.len() / 2], samples[0]))
+    Ok(median_min(samples))
 }

@@ -26,16 +26,15 @@
 
 mod common;
 
-use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{ensure, Context};
 use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::FloatDType;
 use clap::Parser;
+use common::bench::{median_min, Lines, Sampling, SamplingArgs};
 use common::cnn::{BurnCnn, CnnSize, Gratings};
 use common::llama::{BurnLlama, LlamaSize, MarkovChain};
 use common::{train_step, Objective};
@@ -60,79 +59,32 @@ struct Args {
     /// f32 with --cpu].
     #[arg(long, value_parser = ["bf16", "f32"])]
     dtype: Option<String>,
-    /// Steps per timed sample.
-    #[arg(long, default_value_t = 5)]
-    steps: usize,
-    /// Timed samples (the median is reported).
-    #[arg(long, default_value_t = 5)]
-    reps: usize,
-    /// Untimed steps first.
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    /// Idle GPU time before the warm-up, ms.
-    #[arg(long, default_value_t = 0.0)]
-    gap_ms: f64,
     /// Seed of the weights and the data.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Also write the lines here (JSON lines).
-    #[arg(long)]
-    out: Option<std::path::PathBuf>,
-    /// burn's NdArray backend at the models' small CPU sizes, f32 (a check of the harness).
-    #[arg(long)]
-    cpu: bool,
-}
-
-/// How the step is sampled.
-struct Sampling {
-    steps: usize,
-    reps: usize,
-    warmup: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
 }
 
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    let bounded = |n: usize| (1..=100_000).contains(&n);
-    ensure!(
-        bounded(a.steps) && bounded(a.reps) && a.warmup <= 100_000,
-        "--steps and --reps must be within 1..=100000 and --warmup at most 100000, not {}, {} and {}",
-        a.steps,
-        a.reps,
-        a.warmup
-    );
-    ensure!((0.0..=60_000.0).contains(&a.gap_ms), "--gap-ms must be within 0..=60000, not {}", a.gap_ms);
-    let dtype = match (a.dtype.as_deref(), a.cpu) {
+    let s = a.sampling.sampling()?;
+    let cpu = a.sampling.cpu;
+    let dtype = match (a.dtype.as_deref(), cpu) {
         (Some("bf16"), true) => anyhow::bail!("--dtype bf16 needs CUDA (NdArray has no bf16): drop --cpu"),
         (Some("f32"), _) | (None, true) => FloatDType::F32,
         _ => FloatDType::BF16,
     };
-    let device_name = if a.cpu {
-        "cpu (burn NdArray)".to_string()
-    } else {
-        let gpu = gemmbridge::cuda::Gpu::new(0).context("no CUDA GPU: run with --cpu for a check on NdArray")?;
-        gpu.info().context("reading the device's name")?.name
-    };
-    let mut out = match &a.out {
-        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?),
-        None => None,
-    };
-    let mut emit = |line: serde_json::Value| -> anyhow::Result<()> {
-        println!("{line}");
-        if let Some(f) = out.as_mut() {
-            writeln!(f, "{line}").context("writing --out")?;
-        }
-        Ok(())
-    };
+    let device = a.sampling.device()?;
+    let mut lines = Lines::create(a.sampling.out.as_deref())?;
     let backend = if a.side == "ours" { "gemmbridge-burn" } else { "burn" };
-    emit(json!({"op": "env", "backend": backend, "device": device_name, "burn": "0.21", "model": a.model,
-        "steps": a.steps, "reps": a.reps, "warmup": a.warmup, "heat_ms": 0.0, "gap_ms": a.gap_ms}))?;
-    let s = Sampling { steps: a.steps, reps: a.reps, warmup: a.warmup };
-    let row = if a.cpu {
+    lines.emit(a.sampling.env_line(backend, &device, json!({"model": a.model})))?;
+    let row = if cpu {
         run::<Autodiff<NdArray<f32>>>(&a, &s, dtype, &Default::default())?
     } else {
         run::<Autodiff<burn::backend::Cuda>>(&a, &s, dtype, &Default::default())?
     };
-    emit(row)
+    lines.emit(row)
 }
 
 /// Builds the model and its batches, times its step, returns the row.
@@ -142,24 +94,28 @@ where
 {
     let mut rng = StdRng::seed_from_u64(a.seed);
     let ours = a.side == "ours";
-    let gap = Duration::from_secs_f64(a.gap_ms / 1e3);
     let (shape, layout, flops, (med, min)) = if a.model == "layer" {
-        let size = if a.cpu { LlamaSize::CPU } else { LlamaSize::LAYER_4096 };
+        let size = if a.sampling.cpu { LlamaSize::CPU } else { LlamaSize::LAYER_4096 };
         let chain = MarkovChain::new(size.vocab, &mut rng);
         let burn = BurnLlama::<B>::new(&size, &mut rng, dtype, device);
         let batches: Vec<_> = (0..2).map(|_| chain.batch(&mut rng, size.batch, size.seq, device)).collect();
-        let t = if ours { time(burn.to_gemm(), &batches, s, gap) } else { time(burn, &batches, s, gap) };
+        let t = if ours { time(burn.to_gemm(), &batches, s) } else { time(burn, &batches, s) };
         let shape = (size.batch * size.seq, size.seq, size.d_model, size.batch);
-        let layout = if a.cpu { "llama-cpu".to_string() } else { format!("llama-layer-d{}", size.d_model) };
+        let layout = if a.sampling.cpu { "llama-cpu".to_string() } else { format!("llama-layer-d{}", size.d_model) };
         (shape, layout, size.forward_flops(), t)
     } else {
-        let size = if a.cpu { CnnSize::CPU } else { CnnSize::RESNET50_3X3 };
+        let size = if a.sampling.cpu { CnnSize::CPU } else { CnnSize::RESNET50_3X3 };
         let data = Gratings::new(&mut rng);
         let burn = BurnCnn::<B>::new(&size, &mut rng, dtype, device);
         let batches: Vec<_> = (0..2).map(|_| data.batch(&mut rng, (size.batch, size.side), dtype, device)).collect();
-        let t = if ours { time(burn.to_gemm(), &batches, s, gap) } else { time(burn, &batches, s, gap) };
+        let t = if ours { time(burn.to_gemm(), &batches, s) } else { time(burn, &batches, s) };
         let shape = (size.batch, size.side, size.widths[0], size.batch);
-        (shape, if a.cpu { "cnn-cpu".to_string() } else { "resnet50-3x3".to_string() }, size.forward_flops(), t)
+        (
+            shape,
+            if a.sampling.cpu { "cnn-cpu".to_string() } else { "resnet50-3x3".to_string() },
+            size.forward_flops(),
+            t,
+        )
     };
     let dtype = if dtype == FloatDType::BF16 { "bf16" } else { "f32" };
     let (m, n, k, batch) = shape;
@@ -167,9 +123,9 @@ where
         "median_ms": med, "min_ms": min, "tflops": 3.0 * flops / (med * 1e-3) / 1e12, "layout": layout}))
 }
 
-/// `s.warmup` steps after `gap` idle, then `s.reps` samples of `s.steps` steps on `batches` in
-/// turn, each step ending with the loss read back: (median, fastest) ms per step.
-fn time<B, M>(model: M, batches: &[M::Batch], s: &Sampling, gap: Duration) -> (f64, f64)
+/// `s.warmup` steps after `s.gap` idle, then `s.reps` samples of `s.steps` steps on `batches`
+/// in turn, each step ending with the loss read back: (median, fastest) ms per step.
+fn time<B, M>(model: M, batches: &[M::Batch], s: &Sampling) -> (f64, f64)
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + Objective<B>,
@@ -181,7 +137,7 @@ where
         step += 1;
         train_step(model, &mut optim, &batches[step % batches.len()], 1e-4).0
     };
-    std::thread::sleep(gap);
+    std::thread::sleep(s.gap);
     for _ in 0..s.warmup {
         model = one(model);
     }
@@ -193,6 +149,5 @@ where
         }
         samples.push(t0.elapsed().as_secs_f64() * 1e3 / s.steps as f64);
     }
-    samples.sort_by(f64::total_cmp);
-    (samples[samples.len() / 2], samples[0])
+    median_min(samples)
 }

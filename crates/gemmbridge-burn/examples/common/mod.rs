@@ -12,6 +12,7 @@
 // Each example, and the test, uses part of this module.
 #![allow(dead_code)]
 
+pub mod bench;
 pub mod cnn;
 pub mod llama;
 
