@@ -11,6 +11,8 @@
 //!   gemmbridge's cuDNN convolutions against float64 and burn's own conv2d (CUDA);
 //! - `grouped_cpu` / `gpu_grouped`: `grouped_matmul` on NdArray (CPU, runs in CI) / through
 //!   gemmbridge's grouped GEMM against float64 and the fallback (CUDA);
+//! - `composition`: autodiff through a decoder block built of the adapter's operations, by
+//!   finite differences on NdArray (CPU, runs in CI) and against float64 through gemmbridge (CUDA);
 //! - `train_check`: the `train_llama` example's model trained with burn's modules and with
 //!   gemmbridge-burn's, loss curves compared (NdArray, runs in CI; bf16 on CUDA).
 //!
@@ -23,6 +25,7 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use gemmbridge_burn::{set_ordering, GemmOrdering};
 
 mod attention;
+mod composition;
 mod conv_cpu;
 mod cpu_common;
 mod gpu;
