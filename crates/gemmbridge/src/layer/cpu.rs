@@ -12,7 +12,7 @@ use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::fp8::{self, Fp8Format, Scaling, Source};
 use crate::layer::reference::Weights;
-use crate::layer::{DecoderLayer, LayerGemms, LayerOptions, LayerWeight, Proj, Tokens};
+use crate::layer::{DecoderLayer, LayerGemms, LayerOptions, LayerWeight, Proj, Step, Tokens, BACKWARD, FORWARD};
 use crate::layer_ops::{Positions, RopeDirection};
 use crate::norm::GradType;
 use crate::precision::Precision;
@@ -70,10 +70,6 @@ pub struct CpuDecoderLayer<T> {
 
 fn slot(w: LayerWeight) -> usize {
     LayerWeight::ALL.iter().position(|&x| x == w).unwrap_or(0)
-}
-
-fn proj_weight(p: Proj) -> LayerWeight {
-    [LayerWeight::Qkv, LayerWeight::O, LayerWeight::GateUp, LayerWeight::Down][p as usize]
 }
 
 /// `y[i] = T(f32(y[i]) + f32(x[i]))`: a residual's gradient added, as the GPU's `axpy`.
@@ -227,24 +223,35 @@ impl<T: Element> CpuDecoderLayer<T> {
         // the backward recognises x by the buffer given (address and whole length), as the GPU
         // layer does; the step reads its first T·d elements
         let given = (x.as_ptr() as usize, x.len());
-        let (x, norm) = (&x[..need], l.norm_problem(t, GradType::F32));
-        let b = &mut self.b;
-        rms_norm_forward(&norm, x, &self.w[slot(LayerWeight::Norm1)], &mut b.h1, Some(&mut b.rstd1))?;
-        self.project(Proj::Qkv, x)?;
-        let b = &mut self.b;
-        rope(&l.rope_problem(t), RopeDirection::Forward, &mut b.qkv, Positions::Contiguous { start: 0 }, None)?;
-        let [_, ok, ov] = l.qkv_offsets();
-        let qkv = [&b.qkv[..], &b.qkv[ok..], &b.qkv[ov..]];
-        attention_forward(&l.attention(t), qkv, &mut b.o, Some(&mut b.lse), None)?;
-        self.project(Proj::O, x)?;
-        let b = &mut self.b;
-        rms_norm_forward(&norm, &b.x2, &self.w[slot(LayerWeight::Norm2)], &mut b.h2, Some(&mut b.rstd2))?;
-        self.project(Proj::GateUp, x)?;
-        let b = &mut self.b;
-        swiglu(&l.swiglu_problem(t), &b.gu, &mut b.act)?;
-        self.project(Proj::Down, x)?;
+        let x = &x[..need];
+        for step in FORWARD {
+            self.forward_step(step, x)?;
+        }
         self.last = Some((given, train));
         Ok(())
+    }
+
+    /// One step of the forward ([`Step`]) on the layer's input `x`.
+    fn forward_step(&mut self, step: Step, x: &[T]) -> Result<()> {
+        let (l, t) = (self.layer, self.tokens);
+        let norm = l.norm_problem(t, GradType::F32);
+        let b = &mut self.b;
+        match step {
+            Step::Norm1 => rms_norm_forward(&norm, x, &self.w[slot(LayerWeight::Norm1)], &mut b.h1, Some(&mut b.rstd1)),
+            Step::Project(p) => self.project(p, x),
+            Step::Rope => {
+                rope(&l.rope_problem(t), RopeDirection::Forward, &mut b.qkv, Positions::Contiguous { start: 0 }, None)
+            }
+            Step::Attention => {
+                let [_, ok, ov] = l.qkv_offsets();
+                let qkv = [&b.qkv[..], &b.qkv[ok..], &b.qkv[ov..]];
+                attention_forward(&l.attention(t), qkv, &mut b.o, Some(&mut b.lse), None)
+            }
+            Step::Norm2 => {
+                rms_norm_forward(&norm, &b.x2, &self.w[slot(LayerWeight::Norm2)], &mut b.h2, Some(&mut b.rstd2))
+            }
+            Step::SwiGlu => swiglu(&l.swiglu_problem(t), &b.gu, &mut b.act),
+        }
     }
 
     /// The backward from `dy[T, d]` after a training forward on the same `x`: `dx` in
@@ -276,20 +283,37 @@ impl<T: Element> CpuDecoderLayer<T> {
             return Err(Error::DecoderShape { what: "the output gradient dy is too short", detail });
         }
         let dy = &dy[..need];
-        self.proj_backward(Proj::Down, dy)?;
-        let b = &mut self.b;
-        swiglu_backward(&l.swiglu_problem(t), &b.d_act, &b.gu, &mut b.d_gu)?;
-        self.proj_backward(Proj::GateUp, dy)?;
-        self.norm_backward(1, x)?;
-        add_into(dy, &mut self.b.dx2);
-        self.proj_backward(Proj::O, dy)?;
-        self.attention_backward()?;
-        let b = &mut self.b;
-        rope(&l.rope_problem(t), RopeDirection::Backward, &mut b.dqkv, Positions::Contiguous { start: 0 }, None)?;
-        self.proj_backward(Proj::Qkv, dy)?;
-        self.norm_backward(0, x)?;
-        add_into(&self.b.dx2, &mut self.b.dx);
+        for step in BACKWARD {
+            self.backward_step(step, x, dy)?;
+        }
         Ok(())
+    }
+
+    /// One step of the backward ([`Step`]) from `dy`, on the layer's input `x`.
+    fn backward_step(&mut self, step: Step, x: &[T], dy: &[T]) -> Result<()> {
+        let (l, t) = (self.layer, self.tokens);
+        match step {
+            Step::Project(p) => self.proj_backward(p, dy),
+            Step::SwiGlu => {
+                let b = &mut self.b;
+                swiglu_backward(&l.swiglu_problem(t), &b.d_act, &b.gu, &mut b.d_gu)
+            }
+            Step::Norm2 => {
+                self.norm_backward(1, x)?;
+                add_into(dy, &mut self.b.dx2);
+                Ok(())
+            }
+            Step::Attention => self.attention_backward(),
+            Step::Rope => {
+                let b = &mut self.b;
+                rope(&l.rope_problem(t), RopeDirection::Backward, &mut b.dqkv, Positions::Contiguous { start: 0 }, None)
+            }
+            Step::Norm1 => {
+                self.norm_backward(0, x)?;
+                add_into(&self.b.dx2, &mut self.b.dx);
+                Ok(())
+            }
+        }
     }
 
     /// One forward projection (`x`: the layer's input, the O projection's C), in FP8 where the
@@ -314,14 +338,14 @@ impl<T: Element> CpuDecoderLayer<T> {
         let beta = if self.grad_mode == GradMode::Accumulate { 1.0 } else { 0.0 };
         let i = p as usize;
         let (b, g) = (&mut self.b, &self.gemms);
-        let w = &self.w[slot(proj_weight(p))];
+        let w = &self.w[slot(p.weight())];
         let (d_out, input, d_in): (&[T], &[T], &mut Vec<T>) = match p {
             Proj::Down => (dy, &b.act, &mut b.d_act),
             Proj::GateUp => (&b.d_gu, &b.h2, &mut b.dh),
             Proj::O => (&b.dx2, &b.o, &mut b.d_o),
             Proj::Qkv => (&b.dqkv, &b.h1, &mut b.dh),
         };
-        gemm(&g.dw[i], 1.0, d_out, input, beta, &mut self.dw[slot(proj_weight(p))])?;
+        gemm(&g.dw[i], 1.0, d_out, input, beta, &mut self.dw[slot(p.weight())])?;
         gemm(&g.dx[i], 1.0, d_out, w, 0.0, d_in)
     }
 

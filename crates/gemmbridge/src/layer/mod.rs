@@ -61,7 +61,7 @@ mod tests;
 
 pub use crate::layer_ops::RopeStyle;
 pub use decode::{decode_reference, DecodeStep};
-pub use problems::{LayerGemms, LayerOptions, Proj};
+pub use problems::{LayerGemms, LayerOptions, Proj, Step, AFTER_ATTENTION, BACKWARD, FORWARD};
 
 use crate::attention::{Attention, AttnMask, HeadLayout, MAX_HEAD_DIM};
 use crate::dtype::DType;

@@ -4,7 +4,7 @@
 //! ([`DecoderLayer::attention`]). The CPU layer ([`crate::layer::cpu::CpuDecoderLayer`]) and the GPU
 //! layer run exactly these.
 
-use super::{DecoderLayer, Tokens};
+use super::{DecoderLayer, LayerWeight, Tokens};
 use crate::error::{Error, Result};
 use crate::fp8::Scaling;
 use crate::layer_ops::{GluLayout, Rope, SwiGlu};
@@ -50,6 +50,56 @@ impl LayerOptions {
     }
 }
 
+/// One step of the layer: the description the float64 reference ([`super::reference`]), the
+/// CPU layer ([`super::cpu::CpuDecoderLayer`]) and the GPU layer all follow, in the order
+/// [`FORWARD`] gives, the backward in its reverse ([`BACKWARD`]), each step on its problem
+/// ([`DecoderLayer::gemms`], [`DecoderLayer::norm_problem`], [`DecoderLayer::rope_problem`],
+/// [`DecoderLayer::attention`], [`DecoderLayer::swiglu_problem`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// `h1 = rms_norm(x)∘w_norm1`; backward: `dx`, `dw_norm1`, then `dx += dx2` (the residual).
+    Norm1,
+    /// A projection ([`Proj`], its residual as the GEMM's C where it has one); backward: its
+    /// weight and data gradients.
+    Project(Proj),
+    /// RoPE on q and k of `qkv`; backward: the opposite rotation of `dqkv`.
+    Rope,
+    /// Causal attention `qkv → o` (and `lse`); backward: `do → dqkv`.
+    Attention,
+    /// `h2 = rms_norm(x2)∘w_norm2`; backward: `dx2`, `dw_norm2`, then `dx2 += dy` (the residual).
+    Norm2,
+    /// `act = silu(gate)∘up`; backward: `d_act → d_gu`.
+    SwiGlu,
+}
+
+/// A forward's steps, in order.
+pub const FORWARD: [Step; 9] = [
+    Step::Norm1,
+    Step::Project(Proj::Qkv),
+    Step::Rope,
+    Step::Attention,
+    Step::Project(Proj::O),
+    Step::Norm2,
+    Step::Project(Proj::GateUp),
+    Step::SwiGlu,
+    Step::Project(Proj::Down),
+];
+
+/// A backward's steps: [`FORWARD`] reversed.
+pub const BACKWARD: [Step; 9] = {
+    let mut b = FORWARD;
+    let mut i = 0;
+    while i < 9 {
+        b[i] = FORWARD[8 - i];
+        i += 1;
+    }
+    b
+};
+
+/// The steps after attention, which a decode step shares with the layer ([`FORWARD`] from the O
+/// projection on).
+pub const AFTER_ATTENTION: usize = 4;
+
 /// One of the four projections, in the order of a forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Proj {
@@ -66,6 +116,16 @@ pub enum Proj {
 impl Proj {
     /// The four, in the order of a forward.
     pub const ALL: [Proj; 4] = [Proj::Qkv, Proj::O, Proj::GateUp, Proj::Down];
+
+    /// The weight this projection multiplies by.
+    pub const fn weight(self) -> LayerWeight {
+        match self {
+            Proj::Qkv => LayerWeight::Qkv,
+            Proj::O => LayerWeight::O,
+            Proj::GateUp => LayerWeight::GateUp,
+            Proj::Down => LayerWeight::Down,
+        }
+    }
 }
 
 /// The GEMMs of one step on `T` tokens, each projection `Y[T, out] = X[T, in]·W[out, in]ᵀ`

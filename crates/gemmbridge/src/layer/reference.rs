@@ -4,7 +4,7 @@
 //! the check file. O(T·weights + b·h_q·s²·hd) work on one thread: for small layers.
 
 use super::f64ops::{self, product};
-use super::{DecoderLayer, LayerWeight, Proj, Tokens};
+use super::{DecoderLayer, LayerWeight, Proj, Step, Tokens, AFTER_ATTENTION, BACKWARD, FORWARD};
 use crate::error::{Error, Result};
 use crate::layer_ops::{Positions, RopeDirection};
 
@@ -99,7 +99,7 @@ impl Weights {
 }
 
 /// The forward's output and what the backward reads.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Saved {
     /// The output `y[T, d]`.
     pub y: Vec<f64>,
@@ -207,39 +207,55 @@ pub fn forward(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64]) -> Result<Sa
 pub fn forward_with(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], proj: ProjFn<'_>) -> Result<Saved> {
     l.check_tokens(t)?;
     w.check(l)?;
-    let (n, d) = (t.count(), l.d_model);
-    check_len("x has the wrong length", x.len(), n * d)?;
-    let (h1, rstd1) = f64ops::rms_norm(l, x, &w.w_norm1);
-    let qkv = proj(Proj::Qkv, &h1, &w.w_qkv, (n, l.qkv_width(), d));
-    let qkv = f64ops::rope(l, t, &qkv, &Positions::Contiguous { start: 0 }, RopeDirection::Forward);
-    let (o, lse) = f64ops::attention(l, t, &qkv);
-    let Tail { x2, h2, rstd2, gate_up, act, y } = tail(l, w, (x, &o), proj);
-    Ok(Saved { y, h1, qkv, o, lse, x2, h2, gate_up, act, rstd1, rstd2 })
+    check_len("x has the wrong length", x.len(), t.count() * l.d_model)?;
+    let mut s = Saved::default();
+    for step in FORWARD {
+        forward_step(l, t, w, (x, proj), step, &mut s);
+    }
+    Ok(s)
 }
 
-/// What follows attention in a forward: the O projection with the residual, norm 2, the
-/// gate/up projection, SwiGLU and the down projection with the residual.
-pub(super) struct Tail {
-    pub x2: Vec<f64>,
-    pub h2: Vec<f64>,
-    pub rstd2: Vec<f64>,
-    pub gate_up: Vec<f64>,
-    pub act: Vec<f64>,
-    pub y: Vec<f64>,
+/// The forward's steps after attention ([`FORWARD`] from [`AFTER_ATTENTION`] on) on the layer's
+/// input `x[T, d]` and attention's output `o[T, h_q·hd]`: their results in a [`Saved`].
+pub(super) fn tail(l: &DecoderLayer, w: &Weights, (x, o): (&[f64], &[f64]), proj: ProjFn<'_>) -> Saved {
+    let t = Tokens { b: x.len() / l.d_model, s: 1 };
+    let mut s = Saved { o: o.to_vec(), ..Saved::default() };
+    for step in &FORWARD[AFTER_ATTENTION..] {
+        forward_step(l, t, w, (x, proj), *step, &mut s);
+    }
+    s
 }
 
-/// [`Tail`] from the layer's input `x[T, d]` and attention's output `o[T, h_q·hd]`.
-pub(super) fn tail(l: &DecoderLayer, w: &Weights, (x, o): (&[f64], &[f64]), proj: ProjFn<'_>) -> Tail {
-    let (d, f) = (l.d_model, l.ffn);
-    let n = x.len() / d;
-    let o_proj = proj(Proj::O, o, &w.w_o, (n, d, l.q_width()));
-    let x2: Vec<f64> = x.iter().zip(&o_proj).map(|(a, b)| a + b).collect();
-    let (h2, rstd2) = f64ops::rms_norm(l, &x2, &w.w_norm2);
-    let gate_up = proj(Proj::GateUp, &h2, &w.w_gate_up, (n, 2 * f, d));
-    let act = f64ops::swiglu(l, &gate_up);
-    let down = proj(Proj::Down, &act, &w.w_down, (n, d, f));
-    let y = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
-    Tail { x2, h2, rstd2, gate_up, act, y }
+/// One step of the forward ([`Step`]) on `x[T, d]`, writing its results into `s`.
+fn forward_step(l: &DecoderLayer, t: Tokens, w: &Weights, (x, proj): (&[f64], ProjFn<'_>), step: Step, s: &mut Saved) {
+    let contiguous = Positions::Contiguous { start: 0 };
+    match step {
+        Step::Norm1 => (s.h1, s.rstd1) = f64ops::rms_norm(l, x, &w.w_norm1),
+        Step::Project(p) => {
+            let n = x.len() / l.d_model;
+            let (out_w, in_w) = l.proj_shape(p);
+            let (input, residual) = match p {
+                Proj::Qkv => (&s.h1, None),
+                Proj::O => (&s.o, Some(x)),
+                Proj::GateUp => (&s.h2, None),
+                Proj::Down => (&s.act, Some(&s.x2[..])),
+            };
+            let mut out = proj(p, input, w.get(p.weight()), (n, out_w, in_w));
+            if let Some(r) = residual {
+                out.iter_mut().zip(r).for_each(|(o, r)| *o += r);
+            }
+            *match p {
+                Proj::Qkv => &mut s.qkv,
+                Proj::O => &mut s.x2,
+                Proj::GateUp => &mut s.gate_up,
+                Proj::Down => &mut s.y,
+            } = out;
+        }
+        Step::Rope => s.qkv = f64ops::rope(l, t, &s.qkv, &contiguous, RopeDirection::Forward),
+        Step::Attention => (s.o, s.lse) = f64ops::attention(l, t, &s.qkv),
+        Step::Norm2 => (s.h2, s.rstd2) = f64ops::rms_norm(l, &s.x2, &w.w_norm2),
+        Step::SwiGlu => s.act = f64ops::swiglu(l, &s.gate_up),
+    }
 }
 
 /// The backward from `dy[T, d]`, with the forward's `saved` on the same `x` and weights.
@@ -254,27 +270,60 @@ pub fn backward(l: &DecoderLayer, t: Tokens, w: &Weights, x: &[f64], saved: &Sav
     check_len("x has the wrong length", x.len(), n * d)?;
     check_len("dy has the wrong length", dy.len(), n * d)?;
     saved.check(l, t)?;
-    let (s, g) = (saved, l.gemms(t, l.precision())?);
-    // a projection's weight gradient dW = dYᵀ·X and data gradient dX = dY·W
-    let grads = |p: Proj, dy_: &[f64], x_: &[f64], w_: &[f64]| {
-        (product(&g.dw[p as usize], dy_, x_), product(&g.dx[p as usize], dy_, w_))
-    };
-    let (w_down, da) = grads(Proj::Down, dy, &s.act, &w.w_down);
-    let mut dw = Weights { w_down, ..Weights::default() };
-    let dgu = f64ops::swiglu_backward(l, &da, &s.gate_up);
-    let dh2;
-    (dw.w_gate_up, dh2) = grads(Proj::GateUp, &dgu, &s.h2, &w.w_gate_up);
-    let (dx2_norm, dg2) = f64ops::rms_norm_backward(l, &s.x2, &w.w_norm2, &dh2);
-    dw.w_norm2 = dg2;
-    let dx2: Vec<f64> = dy.iter().zip(&dx2_norm).map(|(a, b)| a + b).collect();
-    let d_o;
-    (dw.w_o, d_o) = grads(Proj::O, &dx2, &s.o, &w.w_o);
-    let dqkv = f64ops::attention_backward(l, t, &s.qkv, &s.o, &s.lse, &d_o);
-    let dqkv = f64ops::rope(l, t, &dqkv, &Positions::Contiguous { start: 0 }, RopeDirection::Backward);
-    let dh1;
-    (dw.w_qkv, dh1) = grads(Proj::Qkv, &dqkv, &s.h1, &w.w_qkv);
-    let (dx_norm, dg1) = f64ops::rms_norm_backward(l, x, &w.w_norm1, &dh1);
-    dw.w_norm1 = dg1;
-    let dx = dx2.iter().zip(&dx_norm).map(|(a, b)| a + b).collect();
-    Ok(Grads { dx, dw })
+    let mut b = Backward { g: Some(l.gemms(t, l.precision())?), dw: Weights::default(), ..Backward::default() };
+    for step in BACKWARD {
+        b.step(l, t, w, (x, saved, dy), step);
+    }
+    Ok(Grads { dx: b.dx, dw: b.dw })
+}
+
+/// The backward's running state: the step's GEMMs, the weight gradients, and the gradients
+/// flowing between the steps.
+#[derive(Default)]
+struct Backward {
+    g: Option<super::LayerGemms>,
+    dw: Weights,
+    /// `d_act`, then `dh2`, `dh1`: a projection's data gradient.
+    d_in: Vec<f64>,
+    d_gu: Vec<f64>,
+    dx2: Vec<f64>,
+    d_o: Vec<f64>,
+    dqkv: Vec<f64>,
+    dx: Vec<f64>,
+}
+
+impl Backward {
+    /// One step of the backward ([`Step`]).
+    fn step(&mut self, l: &DecoderLayer, t: Tokens, w: &Weights, (x, s, dy): (&[f64], &Saved, &[f64]), step: Step) {
+        let contiguous = Positions::Contiguous { start: 0 };
+        match step {
+            Step::Project(p) => {
+                let g = self.g.as_ref().expect("made by backward");
+                let (d_out, input) = match p {
+                    Proj::Down => (dy, &s.act),
+                    Proj::GateUp => (&self.d_gu[..], &s.h2),
+                    Proj::O => (&self.dx2[..], &s.o),
+                    Proj::Qkv => (&self.dqkv[..], &s.h1),
+                };
+                // the weight gradient dW = dYᵀ·X and the data gradient dX = dY·W
+                let dw = product(&g.dw[p as usize], d_out, input);
+                let dx = product(&g.dx[p as usize], d_out, w.get(p.weight()));
+                *self.dw.get_mut(p.weight()) = dw;
+                *if p == Proj::O { &mut self.d_o } else { &mut self.d_in } = dx;
+            }
+            Step::SwiGlu => self.d_gu = f64ops::swiglu_backward(l, &self.d_in, &s.gate_up),
+            Step::Norm2 => {
+                let (dx2_norm, dg2) = f64ops::rms_norm_backward(l, &s.x2, &w.w_norm2, &self.d_in);
+                self.dw.w_norm2 = dg2;
+                self.dx2 = dy.iter().zip(&dx2_norm).map(|(a, b)| a + b).collect();
+            }
+            Step::Attention => self.dqkv = f64ops::attention_backward(l, t, &s.qkv, &s.o, &s.lse, &self.d_o),
+            Step::Rope => self.dqkv = f64ops::rope(l, t, &self.dqkv, &contiguous, RopeDirection::Backward),
+            Step::Norm1 => {
+                let (dx_norm, dg1) = f64ops::rms_norm_backward(l, x, &w.w_norm1, &self.d_in);
+                self.dw.w_norm1 = dg1;
+                self.dx = self.dx2.iter().zip(&dx_norm).map(|(a, b)| a + b).collect();
+            }
+        }
+    }
 }

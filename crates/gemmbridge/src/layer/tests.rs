@@ -144,6 +144,22 @@ fn a_saved_forward_of_other_tokens_is_refused() {
     );
 }
 
+/// The one description of the step: the forward's order, the backward its reverse, the steps
+/// after attention from the O projection on, each projection's weight.
+#[test]
+fn the_steps_in_order() {
+    assert_eq!(FORWARD[0], Step::Norm1);
+    assert_eq!(FORWARD[AFTER_ATTENTION - 1], Step::Attention);
+    assert_eq!(FORWARD[AFTER_ATTENTION], Step::Project(Proj::O));
+    let reversed: Vec<Step> = FORWARD.iter().rev().copied().collect();
+    assert_eq!(BACKWARD.to_vec(), reversed);
+    let projections: Vec<Proj> =
+        FORWARD.iter().filter_map(|s| if let Step::Project(p) = s { Some(*p) } else { None }).collect();
+    assert_eq!(projections, Proj::ALL);
+    let weights = Proj::ALL.map(Proj::weight);
+    assert_eq!(weights, [LayerWeight::Qkv, LayerWeight::O, LayerWeight::GateUp, LayerWeight::Down]);
+}
+
 #[test]
 fn the_rules_are_named_errors() {
     let ok = DecoderLayer::llama3_8b();

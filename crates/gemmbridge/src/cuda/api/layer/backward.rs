@@ -10,7 +10,7 @@ use crate::cuda::api::gemm::operands::Extras;
 use crate::cuda::call::Scale;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::layer::Proj;
+use crate::layer::{Proj, Step, BACKWARD};
 use crate::norm::GradType;
 use crate::problem::GemmProblem;
 use crate::train::GradMode;
@@ -71,7 +71,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// length); [`Error::DecoderShape`] for `dy` shorter than `T·d` elements; as the GEMM,
     /// attention, RMSNorm and RoPE/SwiGLU entries.
     pub fn backward<X: DevicePtr<T>, D: DevicePtr<T>>(&mut self, gpu: &Gpu, x: &X, dy: &D) -> Result<()> {
-        let (l, t, n) = (self.layer, self.tokens, self.tokens.count());
+        let (l, n) = (self.layer, self.tokens.count());
         let want = n * l.d_model * T::DTYPE.size_bytes();
         if dy.num_bytes() < want {
             let detail = format!("{} bytes, expected {want} ({n} tokens of {})", dy.num_bytes(), l.d_model);
@@ -92,20 +92,33 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
                 return Err(Error::TrainingOrder { problem });
             }
         }
-        let lt = (&l, t);
-        self.proj_backward(gpu, Proj::Down, dy)?;
-        let (a, g) = (&*self.acts, &mut *self.grads);
-        steps::swiglu_backward(gpu, lt, (&a.gu, &g.d_act), &mut g.d_gu)?;
-        self.proj_backward(gpu, Proj::GateUp, dy)?;
-        self.norm_backward(gpu, Norm::Second, x)?;
-        steps::add_buffers(gpu, dy, &mut self.grads.dx2)?;
-        self.proj_backward(gpu, Proj::O, dy)?;
-        self.attention_backward(gpu)?;
-        steps::rope(gpu, lt, &mut self.grads.dqkv, true)?;
-        self.proj_backward(gpu, Proj::Qkv, dy)?;
-        self.norm_backward(gpu, Norm::First, x)?;
-        let g = &mut *self.grads;
-        steps::add_buffers(gpu, &g.dx2, &mut g.dx)
+        for step in BACKWARD {
+            self.backward_step(gpu, step, x, dy)?;
+        }
+        Ok(())
+    }
+
+    /// One step of the backward ([`Step`]) from `dy`, on the layer's input `x`.
+    fn backward_step<D: DevicePtr<T>>(&mut self, gpu: &Gpu, step: Step, x: &dyn DevicePtr<T>, dy: &D) -> Result<()> {
+        let lt = (&self.layer, self.tokens);
+        match step {
+            Step::Project(p) => self.proj_backward(gpu, p, dy),
+            Step::SwiGlu => {
+                let (a, g) = (&*self.acts, &mut *self.grads);
+                steps::swiglu_backward(gpu, lt, (&a.gu, &g.d_act), &mut g.d_gu)
+            }
+            Step::Norm2 => {
+                self.norm_backward(gpu, Norm::Second, x)?;
+                steps::add_buffers(gpu, dy, &mut self.grads.dx2)
+            }
+            Step::Attention => self.attention_backward(gpu),
+            Step::Rope => steps::rope(gpu, lt, &mut self.grads.dqkv, true),
+            Step::Norm1 => {
+                self.norm_backward(gpu, Norm::First, x)?;
+                let g = &mut *self.grads;
+                steps::add_buffers(gpu, &g.dx2, &mut g.dx)
+            }
+        }
     }
 
     /// One projection's backward: its weight gradient (`dW (+)= dYᵀ·X`) and its data gradient

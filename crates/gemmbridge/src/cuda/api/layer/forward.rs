@@ -2,7 +2,6 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 
-use super::fp8::weight_of;
 use super::steps::{self, NormBackward, NormDw};
 use super::{GpuDecoderLayer, LastForward};
 use crate::cuda::api::engine::Gpu;
@@ -12,7 +11,7 @@ use crate::cuda::call::Scale;
 use crate::cuda::status;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::layer::{LayerWeight, Proj};
+use crate::layer::{LayerWeight, Proj, Step, FORWARD};
 use crate::norm::GradType;
 
 impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
@@ -34,31 +33,40 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
     /// RMSNorm and RoPE/SwiGLU entries (after construction only a buffer from another context,
     /// or an input overlapping the layer's buffers, can be refused).
     pub fn forward<X: DevicePtr<T>>(&mut self, gpu: &Gpu, x: &X, train: bool) -> Result<()> {
-        let (l, t, n) = (self.layer, self.tokens, self.tokens.count());
+        let (l, n) = (self.layer, self.tokens.count());
         let want = n * l.d_model * T::DTYPE.size_bytes();
         if x.num_bytes() < want {
             let detail = format!("{} bytes, expected {want} ({} tokens of {})", x.num_bytes(), n, l.d_model);
             return Err(Error::DecoderShape { what: "the input x is too short", detail });
         }
         self.last = None;
-        let lt = (&l, t);
-        let a = &mut *self.acts;
-        let rstd = if train { Some(&mut a.rstd1) } else { None };
-        steps::norm_forward(gpu, lt, steps::NormForward { x, weight: &self.w.norm1, h: &mut a.h1, rstd })?;
-        self.project(gpu, Proj::Qkv, x)?;
-        steps::rope(gpu, lt, &mut self.acts.qkv, false)?;
-        self.attend(gpu, train)?;
-        self.project(gpu, Proj::O, x)?;
-        let a = &mut *self.acts;
-        let rstd = if train { Some(&mut a.rstd2) } else { None };
-        steps::norm_forward(gpu, lt, steps::NormForward { x: &a.x2, weight: &self.w.norm2, h: &mut a.h2, rstd })?;
-        self.project(gpu, Proj::GateUp, x)?;
-        let a = &mut *self.acts;
-        steps::swiglu_forward(gpu, lt, &a.gu, &mut a.act)?;
-        self.project(gpu, Proj::Down, x)?;
+        for step in FORWARD {
+            self.forward_step(gpu, step, x, train)?;
+        }
         let s = gpu.stream();
         self.last = Some(LastForward { x: (x.device_ptr(s).0, x.num_bytes()), train });
         Ok(())
+    }
+
+    /// One step of the forward ([`Step`]) on the layer's input `x` (`train`: the norms keep
+    /// their inverse RMS, attention its statistics).
+    fn forward_step(&mut self, gpu: &Gpu, step: Step, x: &dyn DevicePtr<T>, train: bool) -> Result<()> {
+        let lt = (&self.layer, self.tokens);
+        let a = &mut *self.acts;
+        match step {
+            Step::Norm1 => {
+                let rstd = if train { Some(&mut a.rstd1) } else { None };
+                steps::norm_forward(gpu, lt, steps::NormForward { x, weight: &self.w.norm1, h: &mut a.h1, rstd })
+            }
+            Step::Project(p) => self.project(gpu, p, x),
+            Step::Rope => steps::rope(gpu, lt, &mut a.qkv, false),
+            Step::Attention => self.attend(gpu, train),
+            Step::Norm2 => {
+                let rstd = if train { Some(&mut a.rstd2) } else { None };
+                steps::norm_forward(gpu, lt, steps::NormForward { x: &a.x2, weight: &self.w.norm2, h: &mut a.h2, rstd })
+            }
+            Step::SwiGlu => steps::swiglu_forward(gpu, lt, &a.gu, &mut a.act),
+        }
     }
 
     /// One forward projection: `qkv = h1·w_qkvᵀ`, `x2 = x + o·w_oᵀ`, `gu = h2·w_gate_upᵀ` or
@@ -79,7 +87,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> GpuDecoderLayer<T> {
             Some(c) => (Scale::new(1.0, 1.0), Extras { c_in: Some(c), ..Extras::default() }),
             None => (Scale::PRODUCT, Extras::default()),
         };
-        let w = self.w.get(weight_of(p));
+        let w = self.w.get(p.weight());
         gpu.gemm_fused(&self.gemms.fwd[p as usize], scale, input, w, out, ex)
     }
 

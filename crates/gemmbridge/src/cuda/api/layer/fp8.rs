@@ -11,17 +11,7 @@ use crate::cuda::route::{Fp8Options, Fp8Tensor};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::fp8::{Fp8Format, Scaling, Source};
-use crate::layer::{DecoderLayer, LayerWeight, Proj, Tokens};
-
-/// The weight of a projection.
-pub(super) const fn weight_of(p: Proj) -> LayerWeight {
-    match p {
-        Proj::Qkv => LayerWeight::Qkv,
-        Proj::O => LayerWeight::O,
-        Proj::GateUp => LayerWeight::GateUp,
-        Proj::Down => LayerWeight::Down,
-    }
-}
+use crate::layer::{DecoderLayer, Proj, Tokens};
 
 /// The FP8 operands of the four projections, indexed by [`Proj`].
 pub(crate) struct Fp8State {
@@ -56,7 +46,7 @@ impl Fp8State {
         let mut xs = Vec::with_capacity(4);
         for p in Proj::ALL {
             let (out, inp) = l.proj_shape(p);
-            ws.push(q(w.get(weight_of(p)), out, inp)?);
+            ws.push(q(w.get(p.weight()), out, inp)?);
             xs.push(q(&zeros, t.count(), inp)?);
         }
         let four = |v: Vec<Fp8Tensor>| -> [Fp8Tensor; 4] { v.try_into().unwrap_or_else(|_| unreachable!("four")) };
