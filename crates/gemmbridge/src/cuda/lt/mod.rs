@@ -19,7 +19,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use cudarc::driver::sys::CUstream;
 
 use crate::cuda::call::GemmCall;
-use crate::cuda::device::{refuse_if_capturing, DeviceState, Needs, Workspace};
+use crate::cuda::device::{refuse_if_capturing, DeviceState, Lru, Needs, Workspace};
 use crate::cuda::device::{Cached, ReplayCache, ReplayKey};
 use crate::cuda::status;
 use crate::epilogue::VectorUse;
@@ -30,16 +30,17 @@ use launch::Algorithm;
 use plan::{LtOperands, Plan, PlanKey};
 use sys::LtHandle;
 
-/// Most plans kept (and most problems remembered as unsupported): a program that makes
-/// endless distinct problems keeps a bounded cache. A plan is a few host descriptors (~1 KiB).
+/// Most plans kept, the least recently used dropped to make room (and most problems remembered
+/// as unsupported): a program that makes endless distinct problems keeps a bounded cache. A plan
+/// is a few host descriptors (~1 KiB); a dropped one is rebuilt on its next use.
 pub(crate) const PLAN_CAPACITY: usize = 4096;
 
 /// Everything the cuBLASLt backend keeps (under the device's lock).
 pub(crate) struct LtState {
     pub handle: LtHandle,
-    pub plans: HashMap<PlanKey, Plan>,
+    pub plans: Lru<PlanKey, Plan>,
     /// FP8 plans (at most [`PLAN_CAPACITY`] too).
-    pub fp8_plans: HashMap<Fp8Key, Fp8Plan>,
+    pub fp8_plans: Lru<Fp8Key, Fp8Plan>,
     /// Problems cuBLASLt's heuristic had no algorithm for (Auto then uses cuBLAS).
     pub unsupported: HashSet<PlanKey>,
     /// Tuned algorithms by bucketed signature (see [`plan::signature`]).
@@ -90,8 +91,8 @@ impl LtState {
     pub fn new(pool: Option<usize>) -> Result<LtState> {
         Ok(LtState {
             handle: LtHandle::new(pool)?,
-            plans: HashMap::default(),
-            fp8_plans: HashMap::default(),
+            plans: Lru::new(PLAN_CAPACITY),
+            fp8_plans: Lru::new(PLAN_CAPACITY),
             unsupported: HashSet::default(),
             tuned: HashMap::default(),
             applied: Default::default(),
@@ -105,7 +106,7 @@ impl LtState {
     /// plan's algorithm). The caller has bound the context (graphs are destroyed here).
     /// FP8 plans are all dropped (they are few, and rebuilt on next use).
     pub fn forget_plans(&mut self, drop: impl Fn(&PlanKey) -> bool) {
-        self.plans.retain(|k, _| !drop(k));
+        self.plans.retain(|k| !drop(k));
         self.fp8_plans.clear();
         self.replay.clear();
         self.composite.clear();
@@ -138,7 +139,7 @@ impl LtState {
         }
         self.ensure_plan(&key, p, call.stream)?;
         let LtState { handle, plans, replay, .. } = self;
-        let plan = &plans[&key];
+        let plan = plans.get(&key).expect("ensure_plan made it");
         // The one launch of this call: validated operands, this stream's workspace (which no
         // other stream uses); `s` is the caller's stream, or the private capture stream.
         // SAFETY: as above; the caller of enqueue guarantees the addresses.
@@ -187,14 +188,8 @@ impl LtState {
                 _ => tracing::warn!(problem = %p.describe(), "tuned algorithm not valid here; using the heuristic's"),
             }
         }
-        if self.plans.len() >= PLAN_CAPACITY {
-            // Bounded: one plan, whichever the map yields first, makes room. Graphs stay (a
-            // captured launch does not refer to its plan's descriptors), and a dropped plan is
-            // rebuilt on its next use.
-            if let Some(old) = self.plans.keys().next().copied() {
-                self.plans.remove(&old);
-            }
-        }
+        // Bounded: the least recently used plan makes room. Graphs stay (a captured launch does
+        // not refer to its plan's descriptors), and a dropped plan is rebuilt on its next use.
         self.plans.insert(*key, plan);
         Ok(())
     }
@@ -236,16 +231,12 @@ impl LtState {
                     }
                 }
             }
-            if self.fp8_plans.len() >= PLAN_CAPACITY {
-                if let Some(old) = self.fp8_plans.keys().next().copied() {
-                    self.fp8_plans.remove(&old);
-                }
-            }
             self.fp8_plans.insert(key, plan);
         }
-        let plan = &self.fp8_plans[&key];
+        let LtState { handle, fp8_plans, .. } = self;
+        let plan = fp8_plans.get(&key).expect("made above");
         // SAFETY: the caller's contract; `ws` is this stream's workspace.
-        unsafe { plan.launch(&self.handle, &plan.algo, (alpha, beta), ops, &ws, stream as _) }
+        unsafe { plan.launch(handle, &plan.algo, (alpha, beta), ops, &ws, stream as _) }
     }
 }
 
