@@ -33,6 +33,7 @@ fn every_option_changed(sms: u32) -> GpuOptions {
         .attention_search(true)
         .grouped_backend(Some(GroupedBackend::StreamPool))
         .grouped_streams(7)
+        .plan_cache_capacity(3)
 }
 
 #[test]
@@ -44,8 +45,10 @@ fn defaults_and_every_option_read_back() {
     let all = every_option_changed(sms);
     assert_ne!(all, GpuOptions::default());
     let made = Gpu::with_options(0, all.clone()).unwrap();
-    // without cuBLASLt nothing is replayed and the replay settings are not kept
-    let want = if library::has_cublaslt() { all.clone() } else { all.clone().graph_replay(GraphReplay::default()) };
+    // without cuBLASLt nothing is replayed or cached: the replay settings and the plan cache's
+    // capacity are not kept
+    let without_lt = || all.clone().graph_replay(GraphReplay::default()).plan_cache_capacity(4096);
+    let want = if library::has_cublaslt() { all.clone() } else { without_lt() };
     assert_eq!(made.options(), want);
     let other = Gpu::with_stream(gpu.stream().clone(), all).unwrap();
     assert_eq!(other.options(), want);
@@ -124,9 +127,10 @@ fn an_update_says_what_changed_and_how_far_it_reaches() {
         ("attention_search", Reach::NewlyMade),
         ("grouped_backend", Reach::NextCall),
         ("grouped_streams", Reach::NextCall),
+        ("plan_cache_capacity", Reach::NewlyMade),
     ];
-    // without cuBLASLt the replay settings are not kept: no change
-    let kept = |setting: &str| library::has_cublaslt() || setting != "graph_replay";
+    // without cuBLASLt the replay settings and the plan cache's capacity are not kept: no change
+    let kept = |setting: &str| library::has_cublaslt() || !matches!(setting, "graph_replay" | "plan_cache_capacity");
     let want_changes: Vec<Change> =
         reach.iter().filter(|r| kept(r.0)).map(|&(setting, reach)| Change { setting, reach }).collect();
     assert_eq!(applied.changes, want_changes);

@@ -22,6 +22,17 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         Lru { map: FxHashMap::default(), order: BTreeMap::new(), tick: 0, capacity: capacity.max(1) }
     }
 
+    /// The most entries held.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Sets the most entries held (at least one). Nothing is dropped now: the next insertion
+    /// drops least recently used entries until the new one fits.
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+    }
+
     /// Entries held.
     pub fn len(&self) -> usize {
         self.map.len()
@@ -43,20 +54,19 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
     }
 
     /// Inserts `v` under `k` as just used (replacing an entry of `k`); when that would pass
-    /// the capacity, first drops the least recently used entry and returns its key.
+    /// the capacity, first drops least recently used entries until it fits and returns the
+    /// key of the last one dropped.
     pub fn insert(&mut self, k: K, v: V) -> Option<K> {
         self.tick += 1;
         if let Some((_, last)) = self.map.remove(&k) {
             self.order.remove(&last);
         }
-        let evicted = if self.map.len() >= self.capacity {
-            self.order.pop_first().map(|(_, old)| {
-                self.map.remove(&old);
-                old
-            })
-        } else {
-            None
-        };
+        let mut evicted = None;
+        while self.map.len() >= self.capacity {
+            let Some((_, old)) = self.order.pop_first() else { break };
+            self.map.remove(&old);
+            evicted = Some(old);
+        }
         self.order.insert(self.tick, k.clone());
         self.map.insert(k, (v, self.tick));
         evicted
@@ -108,6 +118,15 @@ mod tests {
         m.clear();
         assert_eq!(m.len(), 0);
         assert_eq!(m.insert(5, "u"), None);
+        let mut shrunk = Lru::new(4);
+        for k in 0..4 {
+            shrunk.insert(k, ());
+        }
+        shrunk.get(&0);
+        shrunk.set_capacity(2);
+        assert_eq!((shrunk.len(), shrunk.capacity()), (4, 2), "nothing dropped until the next insertion");
+        assert_eq!(shrunk.insert(9, ()), Some(3), "1, 2 and 3 make room, the most recent last");
+        assert!(shrunk.contains_key(&0) && shrunk.contains_key(&9) && shrunk.len() == 2);
         let mut one = Lru::new(0); // at least one entry
         assert_eq!(one.insert('a', 0), None);
         assert_eq!(one.insert('b', 0), Some('a'));

@@ -23,6 +23,8 @@ pub enum Reach {
     /// What is made from now on — plans of problems first planned from now (the convolution
     /// search and workspace limit, the attention search), workspaces of streams that get their
     /// first call from now (the workspace size); what was made keeps what it was made with.
+    /// The plan cache's capacity: the next plan made drops the least recently used plans
+    /// until the cache is within it.
     NewlyMade,
     /// The cached replay graphs — of single calls and of whole grouped GEMMs — were dropped,
     /// this many; later calls are captured again under the new settings (graph replay).
@@ -89,6 +91,7 @@ impl Gpu {
             attention_search: libs.attn_search,
             grouped_backend: libs.grouped.backend,
             grouped_streams: libs.grouped.streams,
+            plan_cache_capacity: libs.lt.as_ref().map_or(crate::cuda::lt::PLAN_CAPACITY, |lt| lt.plans.capacity()),
         }
     }
 
@@ -108,6 +111,9 @@ impl Gpu {
     ///   problems planned from now on; plans already made are kept ([`Reach::NewlyMade`]);
     /// - the workspace size: streams that get their first call from now on; workspaces made are
     ///   kept ([`Reach::NewlyMade`]);
+    /// - the plan cache's capacity: the next cuBLASLt plan made drops least recently used
+    ///   plans until each cache is within it ([`Reach::NewlyMade`]); without cuBLASLt the
+    ///   setting is neither kept nor reported;
     /// - graph replay: every cached replay graph (of single calls and of whole grouped GEMMs)
     ///   is dropped, its count returned ([`Reach::GraphsDropped`]); later calls are captured
     ///   again under the new settings. Without cuBLASLt nothing is replayed: the setting is
@@ -156,6 +162,7 @@ impl Gpu {
         let cur = self.read_options(&st);
         if st.libs.lt.is_none() {
             new.graph_replay = cur.graph_replay; // nothing is replayed: not kept
+            new.plan_cache_capacity = cur.plan_cache_capacity; // no plan cache: not kept
         }
         let (mut to, mut changes) = (cur.clone(), Vec::new());
         macro_rules! changed {
@@ -170,7 +177,8 @@ impl Gpu {
             graph_replay: Reach::GraphsDropped(0), sm_count_target: Reach::NextCall,
             check_raw_addresses: Reach::NextCall, conv_search: Reach::NewlyMade, conv_api: Reach::NextCall,
             conv_fusion: Reach::NextCall, conv_workspace_limit: Reach::NewlyMade, attention_search: Reach::NewlyMade,
-            grouped_backend: Reach::NextCall, grouped_streams: Reach::NextCall);
+            grouped_backend: Reach::NextCall, grouped_streams: Reach::NextCall,
+            plan_cache_capacity: Reach::NewlyMade);
         if to.sm_count_target != cur.sm_count_target || to.graph_replay != cur.graph_replay {
             self.device().bind()?; // cuBLAS's handle; replay graphs are destroyed
         }
@@ -216,6 +224,10 @@ fn set_libraries(libs: &mut Libraries, o: &GpuOptions) {
     libs.attn_search = o.attention_search;
     libs.grouped.backend = o.grouped_backend;
     libs.grouped.streams = o.grouped_streams;
+    if let Some(lt) = libs.lt.as_mut() {
+        lt.plans.set_capacity(o.plan_cache_capacity);
+        lt.fp8_plans.set_capacity(o.plan_cache_capacity);
+    }
     if let Some(d) = libs.dnn.as_mut() {
         d.search = o.conv_search;
         d.api = o.conv_api;

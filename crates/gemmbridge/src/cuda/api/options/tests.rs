@@ -24,6 +24,7 @@ fn defaults_are_the_engines_former_defaults() {
     assert!(!o.attention_search);
     assert_eq!(o.grouped_backend, None);
     assert_eq!(o.grouped_streams, 4);
+    assert_eq!(o.plan_cache_capacity, 4096);
 }
 
 #[test]
@@ -59,12 +60,15 @@ fn validation_names_the_value_out_of_range() {
 /// Options out of range whose rule needs no device, the setting's name and the value.
 fn bad_without_a_device() -> Vec<(GpuOptions, &'static str, u64)> {
     let max = GpuOptions::MAX_WORKSPACE_BYTES;
+    let max_plans = GpuOptions::MAX_PLAN_CACHE_CAPACITY;
     vec![
         (GpuOptions::default().sm_count_target(Some(0)), "SM count target", 0),
         (GpuOptions::default().grouped_streams(0), "grouped GEMM streams", 0),
         (GpuOptions::default().grouped_streams(MAX_STREAMS + 1), "grouped GEMM streams", MAX_STREAMS as u64 + 1),
         (GpuOptions::default().workspace_bytes(Some(max + 1)), "workspace bytes", max as u64 + 1),
         (GpuOptions::default().workspace_bytes(Some(usize::MAX)), "workspace bytes", usize::MAX as u64),
+        (GpuOptions::default().plan_cache_capacity(0), "plan cache capacity", 0),
+        (GpuOptions::default().plan_cache_capacity(max_plans + 1), "plan cache capacity", max_plans as u64 + 1),
     ]
 }
 
@@ -80,6 +84,9 @@ fn the_device_free_rules_are_checked_without_a_device() {
     let fine = GpuOptions::default().sm_count_target(Some(u32::MAX)).grouped_streams(MAX_STREAMS);
     assert!(fine.workspace_bytes(Some(GpuOptions::MAX_WORKSPACE_BYTES)).validate().is_ok());
     assert!(GpuOptions::default().workspace_bytes(Some(0)).validate().is_ok());
+    for plans in [1, GpuOptions::MAX_PLAN_CACHE_CAPACITY] {
+        assert!(GpuOptions::default().plan_cache_capacity(plans).validate().is_ok());
+    }
     assert!(GpuOptions::default().validate().is_ok());
 }
 

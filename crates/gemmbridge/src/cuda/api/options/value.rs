@@ -114,6 +114,13 @@ pub struct GpuOptions {
     /// TransformerEngine's grouped linear layer uses). Streams are added when a call first
     /// needs them and kept: raise it before capturing. Checked ([`Error::OutOfRange`](crate::Error::OutOfRange)).
     pub grouped_streams: usize,
+    /// The most cuBLASLt plans the eager calls keep, dense and FP8 each (default 4096): when a
+    /// new plan would pass it, the least recently used plans are dropped (rebuilt on their next
+    /// use, which is then not capturable). A plan is a few host descriptors, about 1 KiB. Plans
+    /// the caller holds ([`GemmPlan`](crate::cuda::GemmPlan)) are not in this cache. Checked: 1
+    /// to [`GpuOptions::MAX_PLAN_CACHE_CAPACITY`] ([`Error::OutOfRange`](crate::Error::OutOfRange)).
+    /// Without cuBLASLt there is no such cache: the setting is not kept.
+    pub plan_cache_capacity: usize,
 }
 
 impl Default for GpuOptions {
@@ -133,6 +140,7 @@ impl Default for GpuOptions {
             attention_search: false,
             grouped_backend: grouped.backend,
             grouped_streams: grouped.streams,
+            plan_cache_capacity: crate::cuda::lt::PLAN_CAPACITY,
         }
     }
 }
@@ -180,6 +188,8 @@ builders! {
     grouped_backend: Option<GroupedBackend>;
     /// These options with [`GpuOptions::grouped_streams`] set.
     grouped_streams: usize;
+    /// These options with [`GpuOptions::plan_cache_capacity`] set.
+    plan_cache_capacity: usize;
 }
 
 impl GpuOptions {
@@ -189,9 +199,13 @@ impl GpuOptions {
     /// arithmetic, and a size the device cannot allocate fails at a stream's first call.
     pub const MAX_WORKSPACE_BYTES: usize = MAX_MATMUL_BYTES;
 
+    /// The largest [`GpuOptions::plan_cache_capacity`]: 2²⁰ plans, about 1 GiB of host
+    /// descriptors per cache.
+    pub const MAX_PLAN_CACHE_CAPACITY: usize = 1 << 20;
+
     /// Checks every rule that needs no device, in this order: an SM count target of at least
     /// 1, a workspace of at most [`GpuOptions::MAX_WORKSPACE_BYTES`], a pool of 1 to 16
-    /// streams. [`Gpu::with_options`](crate::cuda::Gpu::with_options), [`Gpu::with_stream`](crate::cuda::Gpu::with_stream) and [`Gpu::update_options`](crate::cuda::Gpu::update_options) run
+    /// streams, a plan cache of 1 to [`GpuOptions::MAX_PLAN_CACHE_CAPACITY`] plans. [`Gpu::with_options`](crate::cuda::Gpu::with_options), [`Gpu::with_stream`](crate::cuda::Gpu::with_stream) and [`Gpu::update_options`](crate::cuda::Gpu::update_options) run
     /// it before anything else; the SM count target's upper bound (the device's SM count)
     /// needs the device and is checked there once it is open.
     ///
@@ -209,7 +223,15 @@ impl GpuOptions {
                 expected: format!("at most {} (GpuOptions::MAX_WORKSPACE_BYTES)", Self::MAX_WORKSPACE_BYTES),
             });
         }
-        GroupedSettings::check_streams(self.grouped_streams)
+        GroupedSettings::check_streams(self.grouped_streams)?;
+        if !(1..=Self::MAX_PLAN_CACHE_CAPACITY).contains(&self.plan_cache_capacity) {
+            return Err(Error::OutOfRange {
+                what: "plan cache capacity",
+                value: self.plan_cache_capacity as u64,
+                expected: format!("1 to {} (GpuOptions::MAX_PLAN_CACHE_CAPACITY)", Self::MAX_PLAN_CACHE_CAPACITY),
+            });
+        }
+        Ok(())
     }
 
     /// [`GpuOptions::validate`], then the SM count target against a device of `sms` SMs.
