@@ -12,7 +12,10 @@
 //! (a tiny bf16 paged decode's, `launch_decode.rs`); `host_raw_checked_us` (the raw path with
 //! `GpuOptions::check_raw_addresses` on: one `cuPointerGetAttributes` per operand) and
 //! `host_raw_other_stream_us` (the raw path on a stream other than the Gpu's own, which
-//! records that stream's last-use event per call). `host_us` and `host_raw_us` use the default settings, where the
+//! records that stream's last-use event per call); `host_plan_raw_us` (a held plan's raw run,
+//! `GemmPlan::run_raw`, on the same buffers: no replay, no lookup) and
+//! `host_plan_fresh_out_us` (a held plan's safe run, `GemmPlan::run`, a new output buffer
+//! every call, timed on the same buffers as `host_fresh_out_us`). `host_us` and `host_raw_us` use the default settings, where the
 //! repeated call is replayed from a cached graph (`GraphReplay`); `host_fresh_us` is the safe
 //! path with those settings on calls that never repeat (α differs in every call, so no call is
 //! ever replayed): every call goes through `cublasLtMatmul` and also pays replay's
@@ -25,7 +28,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstream, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
-use gemmbridge::cuda::{Gpu, GraphReplay, RawBuffer, RawOperands, Scale};
+use gemmbridge::cuda::{Extras, GemmPlan, Gpu, GraphReplay, RawBuffer, RawOperands, Scale};
 use gemmbridge::{DType, Element, GemmProblem};
 
 use super::bare::{Bare, Library};
@@ -84,13 +87,14 @@ fn measure_typed<T: Element + DeviceRepr + ValidAsZeroBits>(
     let e = eager(gpu, &direct, p, (&x, &w, &mut o), raw)?;
     let (host_raw_checked_us, host_raw_other_stream_us) = raw_costs(gpu, p, raw)?;
     let graph_us = graph_us(gpu, p, raw)?;
-    let host_fresh_out_us = fresh_outputs(gpu, p, (&x, &w))?;
+    let (host_fresh_out_us, host_plan_fresh_out_us) = fresh_outputs(gpu, p, (&x, &w))?;
     let (decode_host_us, decode_host_fresh_out_us) = super::launch_decode::measure(gpu)?.unzip();
     Ok(serde_json::json!({"op": "launch", "dtype": dtype, "m": 64, "n": 64, "k": 64, "host_us": e.host_us,
         "wall_us": e.wall_us, "graph_us": graph_us, "host_raw_us": e.host_raw_us, "bare_lt_us": e.bare_lt_us,
         "bare_blas_us": e.bare_blas_us, "host_direct_us": e.host_direct_us, "wall_direct_us": e.wall_direct_us,
         "host_raw_direct_us": e.host_raw_direct_us, "host_fresh_us": e.host_fresh_us,
-        "host_fresh_out_us": host_fresh_out_us, "decode_host_us": decode_host_us,
+        "host_fresh_out_us": host_fresh_out_us, "host_plan_fresh_out_us": host_plan_fresh_out_us,
+        "host_plan_raw_us": e.host_plan_raw_us, "decode_host_us": decode_host_us,
         "decode_host_fresh_out_us": decode_host_fresh_out_us, "host_raw_checked_us": host_raw_checked_us, "host_raw_other_stream_us": host_raw_other_stream_us,
         "replay_graphs": gpu.plans().graphs()}))
 }
@@ -144,6 +148,7 @@ struct Eager {
     wall_direct_us: f64,
     host_raw_direct_us: f64,
     host_fresh_us: f64,
+    host_plan_raw_us: f64,
     bare_lt_us: Option<f64>,
     bare_blas_us: f64,
 }
@@ -170,10 +175,11 @@ fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
         Ok((host, t.elapsed().as_secs_f64() * 1e6 / BATCH as f64))
     };
     let bare = bare_calls(gpu, &p, RawOperands::new(rx, rw, ro))?;
+    let plan = GemmPlan::new(gpu, &p)?;
     // The ways are interleaved batch by batch, so that clock and cache drift over the
     // measurement falls on all of them alike.
     let (mut hosts, mut walls, mut raws, mut bare_lt, mut bare_blas) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut hosts_d, mut walls_d, mut raws_d, mut fresh) = (vec![], vec![], vec![], vec![]);
+    let (mut hosts_d, mut walls_d, mut raws_d, mut fresh, mut planned) = (vec![], vec![], vec![], vec![], vec![]);
     // α = 1 + i ulp: a new replay key in every call of the run (2²⁰ distinct values)
     let mut call = 0u32;
     let mut fresh_alpha = move || {
@@ -194,6 +200,10 @@ fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
         raws_d.push(
             batch(&mut || Ok(unsafe { direct.gemm_raw(&p, Scale::PRODUCT, RawOperands::new(rx, rw, ro), cs) }?))?.0,
         );
+        // SAFETY: as above.
+        planned.push(
+            batch(&mut || Ok(unsafe { plan.run_raw(gpu, Scale::PRODUCT, RawOperands::new(rx, rw, ro), cs) }?))?.0,
+        );
         if bare.has_lt() {
             // SAFETY: as above.
             bare_lt.push(unsafe { bare.host_us(Library::Lt, RawOperands::new(rx, rw, ro), BATCH) }?);
@@ -209,33 +219,40 @@ fn eager<T: Element + DeviceRepr + ValidAsZeroBits>(
         wall_direct_us: median(walls_d),
         host_raw_direct_us: median(raws_d),
         host_fresh_us: median(fresh),
+        host_plan_raw_us: median(planned),
         bare_lt_us: (!bare_lt.is_empty()).then(|| median(bare_lt)),
         bare_blas_us: median(bare_blas),
     })
 }
 
-/// Host µs per call (median over the batches) of the safe path with the default settings as an
-/// adapter calls it: a new output buffer every call (all BATCH·BATCHES of them allocated before,
-/// so the allocation is not timed), so no call repeats a replay key and every call goes through
-/// `cublasLtMatmul` and replay's bookkeeping.
+/// Host µs per call (medians over the batches) as an adapter calls: a new output buffer every
+/// call (all BATCH·BATCHES of them allocated before, so the allocation is not timed). First the
+/// safe path with the default settings — no call repeats a replay key, so every call goes
+/// through `cublasLtMatmul` and replay's bookkeeping — then a held plan's safe run on the same
+/// chunk of outputs, chunk by chunk.
 fn fresh_outputs<T: Element + DeviceRepr + ValidAsZeroBits>(
     gpu: &Gpu,
     p: GemmProblem,
     (x, w): (&CudaSlice<T>, &CudaSlice<T>),
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, f64)> {
     let s = gpu.stream();
+    let plan = GemmPlan::new(gpu, &p)?;
     let mut outs = (0..BATCH * BATCHES).map(|_| s.alloc_zeros::<T>(64 * 64)).collect::<Result<Vec<_>, _>>()?;
-    let mut hosts = Vec::with_capacity(BATCHES);
+    let (mut eager, mut planned) = (Vec::with_capacity(BATCHES), Vec::with_capacity(BATCHES));
     for chunk in outs.chunks_mut(BATCH) {
-        s.synchronize()?;
-        let t = Instant::now();
-        for o in chunk.iter_mut() {
-            gpu.gemm(&p, 1.0, x, w, 0.0, o)?;
-        }
-        hosts.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+        let mut timed = |run: &mut dyn FnMut(&mut CudaSlice<T>) -> gemmbridge::Result<()>| -> anyhow::Result<f64> {
+            s.synchronize()?;
+            let t = Instant::now();
+            for o in chunk.iter_mut() {
+                run(o)?;
+            }
+            Ok(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64)
+        };
+        eager.push(timed(&mut |o| gpu.gemm(&p, 1.0, x, w, 0.0, o))?);
+        planned.push(timed(&mut |o| plan.run(gpu, Scale::PRODUCT, x, w, o, Extras::default()))?);
     }
     s.synchronize()?;
-    Ok(median(hosts))
+    Ok((median(eager), median(planned)))
 }
 
 /// The bare library calls of `p` on `gpu`'s stream, warmed up on `ops` (their first calls load

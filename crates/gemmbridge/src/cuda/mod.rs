@@ -123,8 +123,8 @@ mod status;
 pub use api::layer;
 pub use api::train;
 pub use api::{
-    cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, Gpu, GpuAttention, GpuConv,
-    GpuFp8, GpuMoe, GpuOptions, GpuPaged, GpuTuning, MoeCombineGrads, MoeRouting, PageIndex, Plans, RawBuffer,
+    cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, GemmPlan, Gpu, GpuAttention,
+    GpuConv, GpuFp8, GpuMoe, GpuOptions, GpuPaged, GpuTuning, MoeCombineGrads, MoeRouting, PageIndex, Plans, RawBuffer,
     RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY, SeqLens,
 };
 pub use call::Scale;

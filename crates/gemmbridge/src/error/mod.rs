@@ -377,6 +377,14 @@ pub enum Error {
         expected: usize,
     },
 
+    /// A plan made on one [`Gpu`](crate::cuda::Gpu) was run on another (its library objects
+    /// and chosen algorithm belong to the engine that made it). Nothing was launched.
+    #[error("this {plan} was made on another Gpu than the one it was run on: make it on this Gpu")]
+    ForeignPlan {
+        /// The plan type, e.g. "GemmPlan".
+        plan: &'static str,
+    },
+
     /// A raw address is not memory this GPU can access over the extent the problem addresses
     /// (checked with `cuPointerGetAttributes` before anything is enqueued; see
     /// [`GpuOptions::check_raw_addresses`](crate::cuda::GpuOptions::check_raw_addresses)).

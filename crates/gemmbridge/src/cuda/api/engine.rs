@@ -35,9 +35,10 @@ use crate::error::{Error, Result};
 /// Every call can be captured into a CUDA graph on its stream once its plan and the stream's
 /// workspace exist (after one ordinary call or [`Gpu::prewarm`]); a call that would have to
 /// create either while capturing fails with [`Error::NotCapturable`] instead. The plan cache
-/// holds at most 4096 plans: beyond that, building a new plan drops an old one (rebuilt on its
-/// next use), so a program with more distinct problems than that should prewarm just before
-/// capturing. A captured graph
+/// holds at most [`GpuOptions::plan_cache_capacity`] plans (4096 by default): beyond that,
+/// building a new plan drops the least recently used (rebuilt on its next use), so a program
+/// with more distinct problems than that should prewarm just before capturing, or hold its
+/// plans ([`GemmPlan`](crate::cuda::GemmPlan): never dropped, capturable once made). A captured graph
 /// uses the capture stream's workspace: replay it on that stream (or serialised with it), and
 /// not after the `Gpu` is dropped.
 ///

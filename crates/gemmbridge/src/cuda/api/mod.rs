@@ -17,7 +17,9 @@
 //!   [`Gpu::gemm_raw`] (`gemm/`: buffer checks, `validate.rs`) → one `GemmCall` (`call.rs`, the
 //!   column-major translation of `mapping.rs`) → `route/dispatch.rs` (aligned copies from
 //!   `route/padded.rs`; cuBLAS or cuBLASLt and the fallbacks) → `lt/` (plan, graph replay,
-//!   `lt/launch.rs`) or `blas/gemm.rs`.
+//!   `lt/launch.rs`) or `blas/gemm.rs`. Held instead of cached: [`GemmPlan::new`] (`gemm/plan.rs`)
+//!   makes the cuBLASLt plan once (the same key, `lt/plan.rs`, and builder, `lt/mod.rs`, as the
+//!   eager path) and [`GemmPlan::run`] checks the buffers and launches it (`lt/launch.rs`).
 //! - **FP8 GEMM**: operands made by [`GpuFp8::quantize`] (`fp8/quantize.rs`, the cast kernels of
 //!   `device/fp8_cast.rs`) → [`GpuFp8::gemm`] (`fp8/`) → one `Fp8Call` with every rule of
 //!   `route/fp8.rs` → `lt/fp8.rs` → `lt/launch.rs`.
@@ -63,7 +65,7 @@ pub use attention::{AttnSaved, AttnSavedFp8, GpuAttention, SeqLens};
 pub use conv::GpuConv;
 pub use engine::Gpu;
 pub use fp8::GpuFp8;
-pub use gemm::{Extras, GpuTuning, RawBuffer, RawOperands};
+pub use gemm::{Extras, GemmPlan, GpuTuning, RawBuffer, RawOperands};
 pub use info::{cuda_version_string, DeviceInfo};
 pub use moe::{GpuMoe, MoeCombineGrads, MoeRouting};
 pub use norm::{RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY};

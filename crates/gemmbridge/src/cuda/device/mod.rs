@@ -43,7 +43,7 @@ pub(crate) use replay::{Cached, ReplayCache, ReplayKey};
 pub(crate) use timing::{time_interleaved, Call, Timed};
 pub(crate) use workspace::{Workspace, WorkspacePool, MAX_MATMUL_BYTES, SCRATCH_BYTES};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::CUstream;
@@ -219,7 +219,12 @@ pub(crate) struct Device<L: Resources> {
     state: Mutex<Locked<L>>,
     /// Whether raw addresses are checked with the driver before a call ([`Device::set_check_raw_addresses`]).
     check_raw: AtomicBool,
+    /// This device value's number, unique in the process ([`Device::id`]).
+    id: u64,
 }
+
+/// The next [`Device::id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl<L: Resources> Device<L> {
     /// Wraps `stream` (and its context) with the backends' state `libs`; new streams get
@@ -233,7 +238,14 @@ impl<L: Resources> Device<L> {
             lanes: None,
         };
         let check_raw = AtomicBool::new(CHECK_RAW_DEFAULT);
-        Device { ctx: stream.context().clone(), stream, state: Mutex::new(Locked { dev, libs }), check_raw }
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Device { ctx: stream.context().clone(), stream, state: Mutex::new(Locked { dev, libs }), check_raw, id }
+    }
+
+    /// A number no other device value of this process has (a value that moves keeps it):
+    /// what a plan made on this device records, so that it runs only under this device's lock.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Whether raw addresses are checked ([`pointer::check_extent`]) before a call.

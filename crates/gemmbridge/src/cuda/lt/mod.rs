@@ -30,16 +30,17 @@ use launch::Algorithm;
 use plan::{LtOperands, Plan, PlanKey};
 use sys::LtHandle;
 
-/// Most plans kept, the least recently used dropped to make room (and most problems remembered
-/// as unsupported): a program that makes endless distinct problems keeps a bounded cache. A plan
-/// is a few host descriptors (~1 KiB); a dropped one is rebuilt on its next use.
+/// Most plans kept by default ([`crate::cuda::GpuOptions::plan_cache_capacity`]), the least
+/// recently used dropped to make room, and most problems remembered as unsupported: a program
+/// that makes endless distinct problems keeps a bounded cache. A plan is a few host
+/// descriptors (~1 KiB); a dropped one is rebuilt on its next use.
 pub(crate) const PLAN_CAPACITY: usize = 4096;
 
 /// Everything the cuBLASLt backend keeps (under the device's lock).
 pub(crate) struct LtState {
     pub handle: LtHandle,
     pub plans: Lru<PlanKey, Plan>,
-    /// FP8 plans (at most [`PLAN_CAPACITY`] too).
+    /// FP8 plans (as many at most as `plans`).
     pub fp8_plans: Lru<Fp8Key, Fp8Plan>,
     /// Problems cuBLASLt's heuristic had no algorithm for (Auto then uses cuBLAS).
     pub unsupported: HashSet<PlanKey>,
@@ -168,7 +169,7 @@ impl LtState {
         let needs = Needs::Plan("build a cuBLASLt plan (heuristic query)");
         refuse_if_capturing(stream, needs, || p.describe()).map_err(LtFailure::Other)?;
         let _relaxed = crate::cuda::device::Relaxed::enter()?;
-        let mut plan = match Plan::build(&self.handle, key, 1) {
+        let plan = match self.build_plan(key, p) {
             Ok(plan) => plan,
             Err(e) => {
                 if self.unsupported.len() >= PLAN_CAPACITY {
@@ -178,6 +179,24 @@ impl LtState {
                 return Err(LtFailure::NoAlgorithm(e));
             }
         };
+        // Bounded: the least recently used plan makes room. Graphs stay (a captured launch does
+        // not refer to its plan's descriptors), and a dropped plan is rebuilt on its next use.
+        self.plans.insert(*key, plan);
+        Ok(())
+    }
+}
+
+impl LtState {
+    /// Builds the plan of `key` (cuBLASLt's heuristic; the caller has relaxed the thread's
+    /// capture mode), with the tuned algorithm where one is stored and cuBLASLt accepts it
+    /// for the plan's workspace. Cached by nobody: the eager path caches it, a
+    /// [`GemmPlan`](crate::cuda::GemmPlan) owns it.
+    ///
+    /// # Errors
+    /// Any error of [`Plan::build`] (`CUBLAS_STATUS_NOT_SUPPORTED` where the heuristic has no
+    /// algorithm): the problem is not served by cuBLASLt.
+    pub fn build_plan(&mut self, key: &PlanKey, p: &GemmProblem) -> Result<Plan> {
+        let mut plan = Plan::build(&self.handle, key, 1)?;
         let sig = plan::signature(key);
         if let Some(algo) = self.tuned.get(&sig) {
             match plan.check_algo(&self.handle, algo) {
@@ -188,14 +207,9 @@ impl LtState {
                 _ => tracing::warn!(problem = %p.describe(), "tuned algorithm not valid here; using the heuristic's"),
             }
         }
-        // Bounded: the least recently used plan makes room. Graphs stay (a captured launch does
-        // not refer to its plan's descriptors), and a dropped plan is rebuilt on its next use.
-        self.plans.insert(*key, plan);
-        Ok(())
+        Ok(plan)
     }
-}
 
-impl LtState {
     /// Enqueues one FP8 GEMM of `key` (its `workspace` field is filled in here) with the
     /// plan built on first use (never while `stream` is capturing), with a tuned algorithm
     /// where one is stored and cuBLASLt accepts it.

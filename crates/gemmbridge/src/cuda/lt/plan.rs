@@ -70,6 +70,18 @@ impl PlanKey {
             sm_count: 0,
         }
     }
+
+    /// The key of `p` computed as `call` for operands at addresses aligned to `align` bytes (a
+    /// power of two, at most 256) — the bias at least 16 (cuBLASLt is given no other: see
+    /// `staging`) — with a library workspace of `workspace` bytes: what a plan made ahead of
+    /// its operands is keyed by. With `align` 256 it is the key [`PlanKey::of`] gives for
+    /// operands at 256-byte-aligned addresses, as CUDA's allocators return them.
+    pub fn aligned(p: &GemmProblem, call: ColMajorCall, align: u32, workspace: usize) -> PlanKey {
+        let at = u64::from(align);
+        let bias = (p.epilogue().vector() != VectorUse::None).then_some(at.max(16));
+        let ops = LtOperands { first: at, second: at, c: at, c_in: None, bias, aux: None };
+        PlanKey::of(p, call, &ops, workspace)
+    }
 }
 
 /// The stable text signature of a plan key under the tactic database's bucketing rule
@@ -281,5 +293,18 @@ mod tests {
         assert!(sig.starts_with("TN m12288 n4096 k2048 lda2048 ldb2048 ldc12288 b1 bf16 none"), "{sig}");
         assert!(sig.ends_with("ws33554432"), "{sig}");
         assert_eq!(signature(&fewer), format!("{sig} sm131"));
+    }
+
+    #[test]
+    fn a_key_made_ahead_of_its_operands_is_the_key_of_operands_so_aligned() {
+        let p = GemmProblem::linear(64, 96, 32, Precision::BF16).unwrap();
+        let call = column_major_call(&p);
+        let at_256 = LtOperands::new(&call, (0x7f00_0000_0100, 0x7f00_0000_0200, 0x7f00_0000_0300), None, None);
+        assert_eq!(PlanKey::aligned(&p, call, 256, 1 << 20), PlanKey::of(&p, call, &at_256, 1 << 20));
+        let at_16 = LtOperands::new(&call, (0x1010, 0x2030, 0x3050), None, None);
+        assert_eq!(PlanKey::aligned(&p, call, 16, 1 << 20), PlanKey::of(&p, call, &at_16, 1 << 20));
+        assert_eq!(PlanKey::aligned(&p, call, 4, 0).align, [4, 4, 4, 256]);
+        let biased = GemmProblem::linear(64, 96, 32, Precision::BF16).unwrap().with_epilogue(Epilogue::Bias).unwrap();
+        assert_eq!(PlanKey::aligned(&biased, column_major_call(&biased), 4, 0).align, [4, 4, 4, 16]);
     }
 }

@@ -78,7 +78,7 @@ pub(crate) unsafe fn route(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<S
 
 /// Whether cuBLASLt serves `p` under the chosen backend (α ≠ 0 or an epilogue), or a named
 /// error where nothing can.
-fn use_lt(libs: &Libraries, p: &GemmProblem) -> Result<bool> {
+pub(crate) fn use_lt(libs: &Libraries, p: &GemmProblem) -> Result<bool> {
     let fused = p.epilogue() != Epilogue::None;
     Ok(match libs.backend {
         Backend::Blas if fused => {

@@ -4,9 +4,11 @@
 
 mod grouped;
 pub(crate) mod operands;
+mod plan;
 mod tune;
 
 pub use operands::{Extras, RawBuffer, RawOperands};
+pub use plan::GemmPlan;
 pub use tune::GpuTuning;
 
 use std::sync::Arc;
@@ -92,6 +94,31 @@ impl Gpu {
         B: DevicePtr<TI>,
         C: DevicePtrMut<TO>,
     {
+        // SAFETY: `with_typed` hands over addresses of live cudarc allocations of this
+        // context, borrowed until the call returns, with their byte lengths.
+        self.with_typed(p, a, b, c, extras, |descs, extras, s| unsafe { self.run(p, scale, descs, extras, s) })
+    }
+
+    /// The addresses of typed operands (every one checked to be of this `Gpu`'s context, the
+    /// epilogue's roles checked against `p`), handed to `launch` with [`Gpu::stream`]; cudarc's
+    /// cross-stream events are honoured, and its last-use events recorded after `launch`
+    /// returns (the borrows drop then). `launch` validates the lengths and enqueues.
+    pub(crate) fn with_typed<TI, TO, A, B, C>(
+        &self,
+        p: &GemmProblem,
+        a: &A,
+        b: &B,
+        c: &mut C,
+        extras: Extras<'_, TO>,
+        launch: impl FnOnce([BufferDesc; 3], RawExtras, CUstream) -> Result<()>,
+    ) -> Result<()>
+    where
+        TI: Element,
+        TO: Element,
+        A: DevicePtr<TI>,
+        B: DevicePtr<TI>,
+        C: DevicePtrMut<TO>,
+    {
         let Extras { c_in, bias, bias_grad, aux_in, aux_out } = extras;
         // Every operand in this Gpu's context (checked without allocating: this is the
         // per-call path).
@@ -132,10 +159,10 @@ impl Gpu {
             bias: pv.map(|a| raw(a, vec_len)),
             aux: px.map(|a| raw(a, aux_len)),
         };
-        // SAFETY: every address comes from a live cudarc allocation of this context, borrowed
-        // for this call (cudarc's events, recorded when the guards drop after the enqueue,
-        // order later uses); validation checks lengths against the layouts.
-        unsafe { self.run(p, scale, descs, extras, s.cu_stream()) }
+        // Every address comes from a live cudarc allocation of this context, borrowed for this
+        // call (cudarc's events, recorded when the guards drop after the enqueue, order later
+        // uses); `launch` checks lengths against the layouts.
+        launch(descs, extras, s.cu_stream())
     }
 
     /// `C = epilogue(α·op(A)·op(B) + β·C)` on device memory given by address ([`RawOperands`]:
