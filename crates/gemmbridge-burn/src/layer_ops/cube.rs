@@ -122,7 +122,7 @@ fn try_rms_norm(x: &Cuda, w: &Cuda, eps: f64, training: bool) -> Result<(Cuda, O
                 if let Some(ib) = ib.as_mut() {
                     out = out.training(ib);
                 }
-                gpu.rms_norm_forward::<T>(&p, RmsNormIn::new(&xb, &wb), out)
+                gpu.rms_norm_forward::<T>(&p, RmsNormIn::new(&xb, &wb), out).map(|_| ())
             })
         }),
     )?;

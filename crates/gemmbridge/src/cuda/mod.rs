@@ -124,8 +124,8 @@ pub use api::layer;
 pub use api::train;
 pub use api::{
     cuda_version_string, Applied, AttnSaved, AttnSavedFp8, Change, DeviceInfo, Extras, GemmPlan, Gpu, GpuAttention,
-    GpuConv, GpuFp8, GpuMoe, GpuOptions, GpuPaged, GpuTuning, MoeCombineGrads, MoeRouting, PageIndex, Plans, RawBuffer,
-    RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY, SeqLens,
+    GpuConv, GpuFp8, GpuMoe, GpuOptions, GpuPaged, GpuTuning, MoeCombineGrads, MoeRouting, NormServed, PageIndex,
+    Plans, RawBuffer, RawOperands, Reach, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY, SeqLens,
 };
 pub use call::Scale;
 pub use device::GraphReplay;

@@ -68,7 +68,7 @@ pub use fp8::GpuFp8;
 pub use gemm::{Extras, GemmPlan, GpuTuning, RawBuffer, RawOperands};
 pub use info::{cuda_version_string, DeviceInfo};
 pub use moe::{GpuMoe, MoeCombineGrads, MoeRouting};
-pub use norm::{RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY};
+pub use norm::{NormServed, RmsNormDw, RmsNormIn, RmsNormOut, RmsNormSaved, RmsNormY};
 pub use options::{Applied, Change, GpuOptions, Reach};
 pub use paged::{GpuPaged, PageIndex};
 pub use plans::Plans;

@@ -7,9 +7,11 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::checks::{disjoint, read_span, same_context, write_span};
 use super::engine::Gpu;
-use crate::cuda::device::{refuse_if_capturing, Needs, Relaxed};
+use crate::cuda::device::{refuse_if_capturing, Locked, Needs, Relaxed};
 use crate::cuda::dnn::norm::{NormBuffers, NormCall, NormOp};
+use crate::cuda::lt::transform::{self, Rows};
 use crate::cuda::route::Fp8Out;
+use crate::cuda::route::Libraries;
 use crate::cuda::status;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, Which};
@@ -104,6 +106,20 @@ pub enum RmsNormDw<'a, T> {
     F32(&'a mut dyn DevicePtrMut<f32>),
 }
 
+/// How [`Gpu::rms_norm_forward`] ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NormServed {
+    /// cuDNN's norm graph, with the residual add inside it where there is one.
+    Fused,
+    /// The residual add first — cuBLASLt's matrix transform writes `sum = x + residual`
+    /// (f32 arithmetic, rounded to the I/O type) — then cuDNN's norm graph on `sum`: where the
+    /// loaded cuDNN has no engine for the graph with the add (cuDNN 9.14 on the H100 refused
+    /// it at 4097 and 4104 features while it takes the norm alone). The norm then reads the
+    /// sum rounded to the I/O type, as PyTorch's `x + residual` followed by `F.rms_norm` does.
+    AddThenNorm,
+}
+
 /// The problem's rules and the element type.
 fn check_problem<T: Element>(p: &RmsNorm) -> Result<()> {
     p.validate()?;
@@ -183,7 +199,9 @@ impl Gpu {
     /// naming it otherwise; `gemmbridge probe --only norm` tells which this machine's cuDNN
     /// takes): a pre-norm residual add (`input.residual`; `x + residual` written to `out.sum`
     /// and normalised), `y` in FP8 E4M3 with a scale and an amax ([`RmsNormY::Fp8`]), strided
-    /// rows, f32 I/O.
+    /// rows, f32 I/O. Where cuDNN takes the norm but not the graph with the residual add, the
+    /// add runs first on cuBLASLt and the norm on its sum; the result says which ran
+    /// ([`NormServed`]).
     ///
     /// The first call of a problem (rows, features, types, leading dimensions), direction and
     /// buffer alignment builds its cuDNN operation graph and plan (cuDNN's best-ranked engine
@@ -199,13 +217,15 @@ impl Gpu {
     /// and an input, whose spans overlap), [`Error::WrongContext`] for a buffer;
     /// [`Error::LibraryNotFound`] without libcudnn; [`Error::NotCapturable`] for a first call
     /// inside a capture; [`Error::Unsupported`] on a GPU before Ampere, a cuDNN before 8.9.6,
-    /// or where no engine of the loaded cuDNN takes the graph. From cuDNN: [`Error::Cudnn`].
+    /// or where no engine of the loaded cuDNN takes the graph (with a residual: neither the
+    /// fused graph nor the norm alone, or no cuBLASLt for the add). From cuDNN:
+    /// [`Error::Cudnn`]; from the add: [`Error::Cublas`].
     pub fn rms_norm_forward<T: Element>(
         &self,
         p: &RmsNorm,
         input: RmsNormIn<'_, T>,
         out: RmsNormOut<'_, T>,
-    ) -> Result<()> {
+    ) -> Result<NormServed> {
         check_problem::<T>(p)?;
         let bad = |what: &'static str| Err(Error::NormShape { what, detail: p.describe() });
         match (input.residual.is_some(), out.sum.is_some()) {
@@ -216,9 +236,35 @@ impl Gpu {
         self.forward_contexts(&input, &out)?;
         let mut guards = Vec::with_capacity(8);
         let (op, b) = forward_buffers(self.stream(), p, input, out, &mut guards)?;
-        let r = self.norm_run(p, op, b);
+        let r = self.norm_forward_run(p, op, b);
         drop(guards);
         r
+    }
+
+    /// The forward's one checked call; with a residual whose fused graph cuDNN refuses, the
+    /// add and the norm as two steps ([`NormServed::AddThenNorm`]), the norm planned before
+    /// the add is enqueued so that a norm cuDNN refuses too writes nothing.
+    fn norm_forward_run(&self, p: &RmsNorm, op: NormOp, b: NormBuffers) -> Result<NormServed> {
+        let refusal = match self.norm_run(p, op, b, None)? {
+            Ok(()) => return Ok(NormServed::Fused),
+            Err(refusal) => refusal,
+        };
+        let NormOp::Forward { training, residual: true, fp8 } = op else { return Err(refusal) };
+        if self.lock().libs.lt.is_none() {
+            return Err(refusal); // the add runs on cuBLASLt
+        }
+        let rows = Rows {
+            dtype: p.dtype,
+            rows: p.rows,
+            cols: p.features,
+            lds: [p.ld(NormTensor::X), p.ld(NormTensor::Residual), p.ld(NormTensor::Sum)],
+        };
+        let norm = p.with_ld(NormTensor::X, p.ld(NormTensor::Sum));
+        let plain = NormOp::Forward { training, residual: false, fp8 };
+        let on_sum = NormBuffers { x: b.sum, residual: 0, sum: 0, ..b };
+        tracing::debug!(problem = %p.describe(), "RMSNorm: the residual add and the norm as two steps");
+        self.norm_run(&norm, plain, on_sum, Some((rows, [b.x, b.residual, b.sum])))??;
+        Ok(NormServed::AddThenNorm)
     }
 
     /// Every buffer of a forward call belongs to this context.
@@ -301,19 +347,48 @@ impl Gpu {
             dw: written[1].addr,
             ..Default::default()
         };
-        let r = self.norm_run(p, NormOp::Backward, b);
+        let r = self.norm_run(p, NormOp::Backward, b, None);
         drop(guards);
-        r
+        r?
     }
 
-    /// Plan (on first use) and launch one checked call.
-    fn norm_run(&self, p: &RmsNorm, op: NormOp, b: NormBuffers) -> Result<()> {
+    /// Plans (on first use) and launches one checked call, after `add` (the addends' and the
+    /// sum's shape and addresses: cuBLASLt's transform, enqueued once the plan exists).
+    /// `Ok(Err(refusal))`: cuDNN has no engine for the graph ([`Error::Unsupported`]), and
+    /// nothing was enqueued.
+    fn norm_run(&self, p: &RmsNorm, op: NormOp, b: NormBuffers, add: Option<(Rows, [u64; 3])>) -> Result<Result<()>> {
         let stream = self.stream().cu_stream();
         self.device().bind()?;
         let mut st = self.lock();
         let st = &mut *st;
         let mut call = NormCall { problem: p, op, buffers: b, workspace: (0, 0), stream };
-        let planned = st.libs.dnn.as_ref().is_some_and(|d| d.norm_planned(&call));
+        if let Err(refusal) = self.norm_prepare(st, &mut call)? {
+            return Ok(Err(refusal));
+        }
+        if let Some((rows, ptrs)) = add {
+            let lt = st.libs.lt.as_ref().expect("checked by the caller");
+            // SAFETY: the addends and the sum were checked against the problem's sizes (the
+            // sum overlaps neither), belong to this context and are borrowed until enqueued;
+            // the stream is the Gpu's own. Ordered before the norm that reads the sum.
+            unsafe { transform::add(&lt.handle, rows, ptrs, stream as _) }.map_err(|e| match e {
+                Error::Cublas { operation, status, .. } => {
+                    Error::Cublas { operation, status, problem: format!("the residual add of {}", p.describe()) }
+                }
+                e => e,
+            })?;
+        }
+        let dnn = st.libs.dnn.as_mut().expect("made by norm_prepare");
+        // SAFETY: every address was checked above against the problem's sizes and belongs to
+        // this context, borrowed (guards) until the call is enqueued; the workspace is this
+        // stream's; the stream is the Gpu's own, live.
+        Ok(unsafe { dnn.rms_norm(&call) })
+    }
+
+    /// The call's plan made if it is not (never while the stream is being captured), and its
+    /// workspace: `Ok(Err(refusal))` where cuDNN has no engine for the graph.
+    fn norm_prepare(&self, st: &mut Locked<Libraries>, call: &mut NormCall) -> Result<Result<()>> {
+        let (p, op, stream) = (call.problem, call.op, call.stream);
+        let planned = st.libs.dnn.as_ref().is_some_and(|d| d.norm_planned(call));
         if !planned {
             let needs = Needs::Plan("plan an RMSNorm call (cuDNN operation graph and engine choice)");
             refuse_if_capturing(stream, needs, || format!("{} {op:?}", p.describe()))?;
@@ -332,10 +407,6 @@ impl Gpu {
         st.libs.ensure_dnn(ctx.is_primary().then(|| ctx.ordinal()))?;
         let ws = st.dev.workspaces.get(stream, &|| p.describe())?;
         call.workspace = (ws.ptr, ws.matmul_bytes);
-        let dnn = st.libs.dnn.as_mut().expect("created above");
-        // SAFETY: every address was checked above against the problem's sizes and belongs to
-        // this context, borrowed (guards) until the call is enqueued; the workspace is this
-        // stream's; the stream is the Gpu's own, live.
-        unsafe { dnn.rms_norm(&call) }
+        st.libs.dnn.as_mut().expect("created above").norm_plan(call)
     }
 }

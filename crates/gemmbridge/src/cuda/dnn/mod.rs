@@ -204,8 +204,8 @@ pub(crate) struct DnnState {
     /// Whether an attention plan is chosen by a measured search
     /// ([`crate::cuda::GpuOptions::attention_search`]).
     pub attn_search: bool,
-    /// RMSNorm plans, by problem, direction and alignment (`norm/`).
-    norm: HashMap<norm::NormKey, norm::NormPlan>,
+    /// RMSNorm plans, by problem, direction and alignment, or why cuDNN has none (`norm/`).
+    norm: HashMap<norm::NormKey, norm::Planned>,
     /// MoE grouped matmul plans, by product and alignment (`moe/`).
     moe: HashMap<moe::MoeKey, moe::MoePlan>,
 }

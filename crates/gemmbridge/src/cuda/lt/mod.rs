@@ -12,6 +12,7 @@ pub(crate) mod launch;
 pub(crate) mod plan;
 mod search;
 pub(crate) mod sys;
+pub(crate) mod transform;
 pub(crate) mod tune;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};

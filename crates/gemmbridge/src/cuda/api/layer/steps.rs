@@ -50,7 +50,7 @@ pub(super) fn norm_forward<T: Element>(
 ) -> Result<()> {
     let p = l.norm_problem(t, GradType::Io);
     let out = RmsNormOut { y: RmsNormY::Io(s.h), inv_rms: s.rstd.map(|r| r as &mut dyn DevicePtrMut<f32>), sum: None };
-    gpu.rms_norm_forward(&p, RmsNormIn::new(s.x, s.weight), out)
+    gpu.rms_norm_forward(&p, RmsNormIn::new(s.x, s.weight), out).map(|_| ())
 }
 
 /// [`Gpu::rms_norm_backward`] with the weight gradient in `dw_type`.

@@ -31,7 +31,7 @@ use cudarc::driver::sys::CUstream;
 use crate::dtype::DType;
 use crate::norm::{GradType, NormTensor, RmsNorm};
 
-pub(crate) use plan::NormPlan;
+pub(crate) use run::Planned;
 
 /// The first cuDNN with the RMS norm mode (8.9.6: cudnn-frontend's samples skip before it).
 pub(crate) const RMS_NORM_VERSION: usize = 8906;
