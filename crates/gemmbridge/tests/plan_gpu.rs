@@ -1,18 +1,19 @@
 //! GPU tests of plans the caller holds ([`GemmPlan`]): a plan's runs against float64 and bit
-//! for bit against the eager call on the same operands; the eager fallbacks it keeps (k = 0,
-//! α = 0, an empty problem); bad input named before anything is enqueued, the engine usable
-//! after; and a run captured into a CUDA graph after the eager plan cache has dropped the
-//! same problem's plan.
+//! for bit against the eager call on the same operands — with an epilogue, a separate C, by
+//! address, from two threads; the eager semantics it keeps (k = 0, α = 0, an empty problem);
+//! bad input named before anything is enqueued, the engine usable after; and runs captured
+//! into CUDA graphs: a cuBLASLt plan after the eager plan cache dropped the same problem's
+//! plan, and a cuBLAS plan.
 
 mod common;
 
 use std::sync::RwLock;
 
 use common::{cases, check, gpu, gpu_with, normal, operands, poison, rng};
-use cudarc::driver::{CudaSlice, DeviceRepr};
-use gemmbridge::cuda::{Extras, GemmPlan, Gpu, GpuOptions, Padding, Scale, Served};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
+use gemmbridge::cuda::{Extras, GemmPlan, Gpu, GpuOptions, Padding, RawBuffer, RawOperands, Scale, Served};
 use gemmbridge::half::bf16;
-use gemmbridge::{Element, Error, GemmProblem, Precision, Which};
+use gemmbridge::{Element, Epilogue, Error, GemmProblem, Precision, Which};
 
 /// Held for writing by the capture test (a capture in flight must not see another thread's
 /// first kernel launch), for reading by the others.
@@ -168,4 +169,95 @@ fn a_held_plan_is_capturable_after_the_cache_dropped_its_problem() {
     graph.unwrap().expect("a graph").launch().unwrap();
     let bits = |v: Vec<bf16>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(s.clone_dtoh(&c).unwrap()), bits(s.clone_dtoh(&eager).unwrap()));
+}
+
+/// Bits of a bf16 buffer, for bit-for-bit comparisons.
+fn bits(v: &[bf16]) -> Vec<u16> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A plan with an epilogue that reads a bias and writes an aux (the descriptor's pointers are
+/// set at every run), with a separate read-only C, and through the raw path: each bit for bit
+/// the eager call on the same buffers; then one plan run from two threads at once, each
+/// thread with its own bias and output, each bit for bit its eager result.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn epilogues_a_separate_c_raw_runs_and_threads_match_the_eager_call() {
+    let _shared = CAPTURE.read().unwrap_or_else(|p| p.into_inner());
+    let (gpu, mut rng) = (gpu_with(GpuOptions::default().padding(Padding::off())), rng());
+    let s = gpu.stream().clone();
+    let p = GemmProblem::linear(64, 96, 80, Precision::BF16).unwrap().with_epilogue(Epilogue::GeluAuxBias).unwrap();
+    let plan = GemmPlan::new(&gpu, &p).unwrap();
+    assert_eq!(plan.library(), Some(Served::Lt));
+    let up = |v: Vec<bf16>| s.clone_htod(&v).unwrap();
+    let (a, b) = (up(normal(&mut rng, 64 * 80)), up(normal(&mut rng, 96 * 80)));
+    let (bias, c_in) = (up(normal(&mut rng, 96)), up(normal(&mut rng, 64 * 96)));
+    let aux_len = p.aux().required_elems(1).unwrap();
+    let run = |planned: bool, bias: &CudaSlice<bf16>| -> (Vec<u16>, Vec<u16>) {
+        let (mut c, mut aux) = (up(poison(64 * 96)), up(poison(aux_len)));
+        let ex = Extras { c_in: Some(&c_in), bias: Some(bias), aux_out: Some(&mut aux), ..Extras::default() };
+        let scale = Scale::new(1.0, 0.5);
+        if planned {
+            plan.run(&gpu, scale, &a, &b, &mut c, ex).unwrap();
+        } else {
+            gpu.gemm_fused(&p, scale, &a, &b, &mut c, ex).unwrap();
+        }
+        (bits(&s.clone_dtoh(&c).unwrap()), bits(&s.clone_dtoh(&aux).unwrap()))
+    };
+    let want = run(false, &bias);
+    assert!(want.0.iter().all(|&x| !bf16::from_bits(x).is_nan()), "the eager result is finite");
+    assert_eq!(run(true, &bias), want, "plan.run");
+
+    // the raw path: the same buffers by address
+    let (mut c, mut aux) = (up(poison(64 * 96)), up(poison(aux_len)));
+    let raw = |v: u64, n: usize| RawBuffer { address: v, len_bytes: 2 * n };
+    let addr = |v: &CudaSlice<bf16>| v.device_ptr(&s).0;
+    let ops = RawOperands::new(raw(addr(&a), 64 * 80), raw(addr(&b), 96 * 80), raw(c.device_ptr_mut(&s).0, 64 * 96))
+        .with_c_in(raw(addr(&c_in), 64 * 96))
+        .with_bias(raw(addr(&bias), 96))
+        .with_aux(raw(aux.device_ptr_mut(&s).0, aux_len));
+    // SAFETY: live buffers of this context, used on the Gpu's stream only.
+    unsafe { plan.run_raw(&gpu, Scale::new(1.0, 0.5), ops, s.cu_stream()) }.unwrap();
+    assert_eq!((bits(&s.clone_dtoh(&c).unwrap()), bits(&s.clone_dtoh(&aux).unwrap())), want, "plan.run_raw");
+
+    // two threads, one plan, a bias each
+    let other_bias = up(normal(&mut rng, 96));
+    let want_other = run(false, &other_bias);
+    std::thread::scope(|t| {
+        let one = t.spawn(|| (0..20).map(|_| run(true, &bias)).collect::<Vec<_>>());
+        let two = t.spawn(|| (0..20).map(|_| run(true, &other_bias)).collect::<Vec<_>>());
+        assert!(one.join().unwrap().iter().all(|r| *r == want), "thread one");
+        assert!(two.join().unwrap().iter().all(|r| *r == want_other), "thread two");
+    });
+}
+
+/// A plan on cuBLAS (`Backend::Blas`) is captured into a graph with nothing made inside the
+/// capture, and the replay gives the eager result bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cublas_plan_is_capturable() {
+    let _exclusive = CAPTURE.write().unwrap_or_else(|p| p.into_inner());
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let gpu = gpu_with(GpuOptions::default().backend(gemmbridge::cuda::Backend::Blas));
+    // SAFETY: every buffer of this test is used on the Gpu's stream only, in order.
+    unsafe { gpu.context().disable_event_tracking() };
+    let (s, mut rng) = (gpu.stream().clone(), rng());
+    let p = GemmProblem::linear(48, 40, 56, Precision::F32).unwrap();
+    let plan = GemmPlan::new(&gpu, &p).unwrap();
+    assert_eq!(plan.library(), Some(Served::Blas));
+    let ops = operands::<f32, f32>(&mut rng, &p, 1.0, 0.0);
+    let (a, b) = (s.clone_htod(&ops.a).unwrap(), s.clone_htod(&ops.b).unwrap());
+    let mut eager = s.clone_htod(&ops.c).unwrap();
+    gpu.gemm(&p, 1.0, &a, &b, 0.0, &mut eager).unwrap();
+    let mut c = s.clone_htod(&ops.c).unwrap();
+    s.synchronize().unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let r = plan.run(&gpu, Scale::PRODUCT, &a, &b, &mut c, Extras::default());
+    let graph = s.end_capture(CUgraphInstantiate_flags(0));
+    r.unwrap();
+    graph.unwrap().expect("a graph").launch().unwrap();
+    let got = s.clone_dtoh(&c).unwrap();
+    check("captured cuBLAS plan", &p, &ops.c, &got, &ops.reference);
+    let bits32 = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits32(got), bits32(s.clone_dtoh(&eager).unwrap()));
 }

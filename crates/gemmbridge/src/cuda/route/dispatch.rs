@@ -111,7 +111,7 @@ pub(crate) fn use_lt(libs: &Libraries, p: &GemmProblem) -> Result<bool> {
 ///
 /// # Safety
 /// As [`enqueue`].
-unsafe fn blas(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<()> {
+pub(crate) unsafe fn blas(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<()> {
     if let Some(c_in) = r.c_in.filter(|_| r.beta != 0.0) {
         // SAFETY: C_in and the output were validated for the problem's C layout and share no
         // byte; stream-ordered before the GEMM that reads the copy.

@@ -10,10 +10,11 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 use super::operands::{check_all, RawExtras};
 use super::{Extras, RawOperands};
 use crate::cuda::api::engine::Gpu;
+use crate::cuda::call::GemmCall;
 use crate::cuda::call::Scale;
 use crate::cuda::device::{Locked, Relaxed};
 use crate::cuda::lt::plan::{alignment, LtOperands, Plan, PlanKey};
-use crate::cuda::route::dispatch::use_lt;
+use crate::cuda::route::dispatch::{self, use_lt};
 use crate::cuda::route::{Backend, Served};
 use crate::cuda::status;
 use crate::dtype::Element;
@@ -29,7 +30,9 @@ use crate::validate::BufferDesc;
 /// the engine's settings at the time (backend, SM count target, workspace size). The plan is
 /// the caller's: no cache holds it, so it is never evicted or rebuilt, and a run builds and
 /// allocates nothing once the stream's workspace exists — a run is capturable into a CUDA
-/// graph from then on (the workspace of [`Gpu::stream`] is made with the plan).
+/// graph from then on (the workspace of [`Gpu::stream`] is made with the plan). One case runs
+/// the eager way instead, with the eager call's cache: a bias-gradient epilogue cuBLASLt has no
+/// fused algorithm for (the plain GEMM, then the gradient as a second GEMM).
 ///
 /// ```no_run
 /// use cudarc::driver::CudaSlice;
@@ -51,18 +54,23 @@ use crate::validate::BufferDesc;
 /// ```
 ///
 /// A run gives what [`Gpu::gemm_fused`] gives for the same problem, operands and settings,
-/// with these differences, each stated where it applies:
-/// - operands are not copied to aligned buffers: every address must be aligned as the plan
-///   was made for ([`GemmPlan::alignment`]; 256 bytes by [`GemmPlan::new`], as CUDA's
-///   allocators return memory), else [`Error::Misaligned`] before anything is enqueued;
+/// with these differences:
+/// - operands are not copied to aligned buffers: every address of A, B and C must be aligned
+///   as the plan was made for ([`GemmPlan::alignment`]; 256 bytes by [`GemmPlan::new`], as
+///   CUDA's allocators return memory), a bias or aux to 16 bytes, else [`Error::Misaligned`]
+///   before anything is enqueued;
+/// - the algorithm is the one for the plan's alignment: where the operands are more aligned
+///   than that, the eager call may choose another one (same result within rounding, not
+///   always bit for bit);
 /// - repeated runs are launched directly, never replayed from a cached graph (capture the
 ///   runs into a graph of your own instead);
-/// - settings changed after a cuBLASLt plan was made ([`Gpu::update_options`]) do not reach
-///   it (where the plan itself runs the eager way — cuBLAS, or cuBLASLt's unfused bias
-///   gradient — each run follows the settings of its time).
+/// - settings changed after the plan was made ([`Gpu::update_options`]) do not reach it,
+///   except in the eager case above.
 ///
-/// α = 0 without an epilogue runs as the eager call does (cuBLAS: A and B are not read), and
-/// so does a problem cuBLASLt does not serve ([`GemmPlan::library`]).
+/// Without an epilogue, α = 0 runs on cuBLAS as the eager call does (A and B are not read), and
+/// a problem cuBLASLt does not serve (k = 0, [`Backend::Blas`](crate::cuda::Backend::Blas), no
+/// cuBLASLt algorithm under [`Backend::Auto`](crate::cuda::Backend::Auto)) is planned on cuBLAS
+/// ([`GemmPlan::library`]).
 ///
 /// `GemmPlan` is `Send + Sync`; a run takes the engine's lock for the launch, as an eager call
 /// does. Dropping it releases its cuBLASLt descriptors (host objects), before or after the
@@ -73,7 +81,7 @@ pub struct GemmPlan {
     problem: GemmProblem,
     /// `column_major_call(problem)`.
     cm: ColMajorCall,
-    /// The alignment (bytes) every operand's address must have; at least 16 for a bias or aux.
+    /// The alignment (bytes) A's, B's and C's addresses must have (a bias's or aux's: 16).
     align: u32,
     way: Way,
 }
@@ -83,9 +91,12 @@ enum Way {
     /// cuBLASLt with this plan: its descriptors under a lock of their own (a launch sets the
     /// bias and aux pointers on the descriptor), so that the plan is `Sync`.
     Lt(Mutex<Plan>),
-    /// As the eager call runs it (nothing launches for an empty problem): cuBLAS, or cuBLASLt's
-    /// plain GEMM with the bias gradient as a second GEMM where cuBLASLt has no fused one.
-    Eager(Option<Served>),
+    /// cuBLAS (`cublasGemmEx`), as the eager call's cuBLAS way.
+    Blas,
+    /// The eager call: a bias gradient cuBLASLt has no fused algorithm for.
+    Eager,
+    /// An empty problem: nothing launches.
+    Empty,
 }
 
 impl std::fmt::Debug for GemmPlan {
@@ -110,7 +121,7 @@ impl GemmPlan {
     }
 
     /// Plans `p` on `gpu` for operands whose addresses are multiples of `align` bytes (a
-    /// power of two from 1 to 256; a bias or aux at least 16, as the eager call requires),
+    /// power of two from 1 to 256; a bias or aux must be 16-byte aligned whatever it is),
     /// under `gpu`'s settings: asks cuBLASLt's heuristic (or takes the tactic database's
     /// algorithm) for the workspace [`Gpu::stream`] has, making that workspace if it is not
     /// made yet. A lower alignment may give a slower algorithm.
@@ -130,15 +141,16 @@ impl GemmPlan {
         let (engine, cm, align) = (gpu.device().id(), column_major_call(p), align as u32);
         let plan = |way| GemmPlan { engine, problem: *p, cm, align, way };
         if p.is_empty() {
-            return Ok(plan(Way::Eager(None)));
+            return Ok(plan(Way::Empty));
         }
         gpu.device().bind()?;
         let mut st = gpu.lock();
-        if !use_lt(&st.libs, p)? {
-            return Ok(plan(Way::Eager(Some(Served::Blas))));
-        }
         let describe = || p.describe();
+        // made now, so that a run on the Gpu's stream creates nothing (cuBLAS binds it too)
         let ws = st.dev.workspaces.get(gpu.stream().cu_stream(), &describe)?;
+        if !use_lt(&st.libs, p)? {
+            return Ok(plan(Way::Blas));
+        }
         let Locked { libs, .. } = &mut *st;
         let (backend, lt) = (libs.backend, libs.lt.as_mut().expect("use_lt implies a handle"));
         let key = PlanKey { sm_count: lt.sm_count, ..PlanKey::aligned(p, cm, align, ws.matmul_bytes) };
@@ -146,10 +158,8 @@ impl GemmPlan {
         match lt.build_plan(&key, p) {
             Ok(built) => Ok(plan(Way::Lt(Mutex::new(built)))),
             // the eager call's fallbacks (`route::dispatch::route`)
-            Err(_) if backend == Backend::Auto && p.epilogue() == Epilogue::None => {
-                Ok(plan(Way::Eager(Some(Served::Blas))))
-            }
-            Err(_) if p.epilogue().vector() == VectorUse::WritesGrad => Ok(plan(Way::Eager(Some(Served::Lt)))),
+            Err(_) if backend == Backend::Auto && p.epilogue() == Epilogue::None => Ok(plan(Way::Blas)),
+            Err(_) if p.epilogue().vector() == VectorUse::WritesGrad => Ok(plan(Way::Eager)),
             Err(e) => Err(status::with_problem(e, p)),
         }
     }
@@ -163,13 +173,14 @@ impl GemmPlan {
     /// α = 0 and no epilogue a run takes cuBLAS whatever this says.
     pub fn library(&self) -> Option<Served> {
         match &self.way {
-            Way::Lt(_) => Some(Served::Lt),
-            Way::Eager(served) => *served,
+            Way::Lt(_) | Way::Eager => Some(Served::Lt),
+            Way::Blas => Some(Served::Blas),
+            Way::Empty => None,
         }
     }
 
     /// The alignment (bytes) the plan was made for: every operand's address must be a multiple
-    /// of it (a bias or aux of 16 at least).
+    /// of it (a bias's or aux's, of 16).
     pub fn alignment(&self) -> usize {
         self.align as usize
     }
@@ -178,7 +189,7 @@ impl GemmPlan {
     pub fn workspace_bytes(&self) -> usize {
         match &self.way {
             Way::Lt(plan) => plan.lock().unwrap_or_else(|p| p.into_inner()).algo.workspace,
-            Way::Eager(_) => 0,
+            Way::Blas | Way::Eager | Way::Empty => 0,
         }
     }
 
@@ -186,12 +197,13 @@ impl GemmPlan {
     /// [`Gpu::stream`]: the operands of [`Gpu::gemm_fused`], with its rules.
     ///
     /// # Errors
-    /// Before anything is enqueued, with no buffer touched: [`Error::ForeignPlan`] when `gpu`
-    /// is not the engine the plan was made on; [`Gpu::gemm_fused`]'s operand errors;
+    /// Before anything is enqueued, with no buffer touched: [`Gpu::gemm_fused`]'s operand
+    /// errors ([`Error::WrongContext`] first, for a buffer of another device's context);
+    /// [`Error::ForeignPlan`] when `gpu` is not the engine the plan was made on;
     /// [`Error::Misaligned`] for an address off the plan's alignment. From the launch:
     /// [`Error::Cublas`], [`Error::OutOfRange`] where the stream's workspace is smaller than
-    /// the plan's algorithm needs (the workspace size was lowered after the plan was made),
-    /// [`Error::NotCapturable`] (a first call on a stream being captured), [`Error::Driver`].
+    /// the plan's algorithm needs, [`Error::NotCapturable`] (the first call on a stream
+    /// without a workspace, inside a capture), [`Error::Driver`].
     pub fn run<TI, TO, A, B, C>(
         &self,
         gpu: &Gpu,
@@ -226,13 +238,13 @@ impl GemmPlan {
     /// with [`GpuOptions::check_raw_addresses`](crate::cuda::GpuOptions::check_raw_addresses) on).
     pub unsafe fn run_raw(&self, gpu: &Gpu, scale: Scale, ops: RawOperands, stream: CUstream) -> Result<()> {
         let (descs, extras) = (ops.descs(&self.problem), ops.extras());
+        self.check_engine(gpu)?;
+        check_all(&self.problem, descs, extras)?;
         if gpu.device().checks_raw_addresses() {
-            self.check_engine(gpu)?;
-            check_all(&self.problem, descs, extras)?;
             gpu.check_addresses(&self.problem, descs, extras)?;
         }
-        // SAFETY: forwarded from the caller.
-        unsafe { self.launch(gpu, scale, descs, extras, stream) }
+        // SAFETY: checked above; the rest is forwarded from the caller.
+        unsafe { self.launch_checked(gpu, scale, descs, extras, stream) }
     }
 
     /// [`Error::ForeignPlan`] unless `gpu` made this plan.
@@ -244,8 +256,7 @@ impl GemmPlan {
         }
     }
 
-    /// Checks the buffers, then launches the plan (or runs the eager call where the plan says
-    /// so, or α = 0 without an epilogue).
+    /// Checks the engine and the buffers, then [`GemmPlan::launch_checked`].
     ///
     /// # Safety
     /// [`Gpu::gemm_raw`]'s contract for `descs`, `extras` and `stream`.
@@ -258,12 +269,34 @@ impl GemmPlan {
         stream: CUstream,
     ) -> Result<()> {
         self.check_engine(gpu)?;
+        check_all(&self.problem, descs, extras)?;
+        // SAFETY: checked above; the rest is the caller's contract.
+        unsafe { self.launch_checked(gpu, scale, descs, extras, stream) }
+    }
+
+    /// Launches the plan on checked buffers: cuBLASLt's plan (after the alignment check), or
+    /// cuBLAS (its way, and α = 0 without an epilogue), or the eager call.
+    ///
+    /// # Safety
+    /// As [`GemmPlan::launch`]; the engine and the buffers were checked.
+    unsafe fn launch_checked(
+        &self,
+        gpu: &Gpu,
+        scale: Scale,
+        descs: [BufferDesc; 3],
+        extras: RawExtras,
+        stream: CUstream,
+    ) -> Result<()> {
         let p = &self.problem;
-        check_all(p, descs, extras)?;
         let plan = match &self.way {
-            Way::Lt(plan) if scale.alpha != 0.0 || p.epilogue() != Epilogue::None => plan,
-            // SAFETY: checked above; the rest is the caller's contract.
-            _ => return unsafe { gpu.enqueue_checked(p, scale, descs, extras, stream) },
+            Way::Empty => return Ok(()),
+            // SAFETY (all three): checked by the caller; the rest is the caller's contract.
+            Way::Eager => return unsafe { gpu.enqueue_checked(p, scale, descs, extras, stream) },
+            Way::Blas => return unsafe { self.launch_blas(gpu, scale, descs, extras, stream) },
+            Way::Lt(_) if scale.alpha == 0.0 && p.epilogue() == Epilogue::None => {
+                return unsafe { self.launch_blas(gpu, scale, descs, extras, stream) };
+            }
+            Way::Lt(plan) => plan,
         };
         self.check_alignment(descs, extras)?;
         let [a, b, c] = descs.map(|d| d.address);
@@ -279,7 +312,11 @@ impl GemmPlan {
             return Err(Error::OutOfRange {
                 what: "plan workspace bytes",
                 value: plan.algo.workspace as u64,
-                expected: format!("at most {}, this stream's workspace: make the plan again", ws.matmul_bytes),
+                expected: format!(
+                    "at most {}, this stream's workspace (made after the workspace size was lowered): run on a \
+                     stream whose workspace is as large as the plan's Gpu stream's",
+                    ws.matmul_bytes
+                ),
             });
         }
         let lt = st.libs.lt.as_ref().expect("a cuBLASLt plan implies the handle");
@@ -293,17 +330,50 @@ impl GemmPlan {
         launched.map_err(|e| status::with_problem(e, p))
     }
 
-    /// [`Error::Misaligned`] for the first operand whose address is off the plan's alignment
-    /// (a bias or aux: off 16 bytes or the plan's alignment, whichever is more).
+    /// cuBLAS on checked buffers, as the eager call's cuBLAS way (a separate C copied into
+    /// the output first; with α = 0, A and B are not read).
+    ///
+    /// # Safety
+    /// As [`GemmPlan::launch_checked`].
+    unsafe fn launch_blas(
+        &self,
+        gpu: &Gpu,
+        scale: Scale,
+        descs: [BufferDesc; 3],
+        extras: RawExtras,
+        stream: CUstream,
+    ) -> Result<()> {
+        let [a, b, c] = descs.map(|d| d.address);
+        let call = GemmCall {
+            problem: &self.problem,
+            cm: self.cm,
+            alpha: scale.alpha,
+            beta: scale.beta,
+            abc: (a, b, c),
+            c_in: extras.c_in.map(|r| r.address).filter(|&ci| ci != c),
+            bias: None,
+            aux: None,
+            stream,
+        };
+        gpu.device().bind()?;
+        let mut st = gpu.lock();
+        // SAFETY: checked by the caller (no epilogue on this way: no bias or aux).
+        let launched = unsafe { dispatch::blas(&mut st, &call) };
+        gpu.device().note_use(&mut st, stream)?;
+        launched
+    }
+
+    /// [`Error::Misaligned`] for the first operand whose address is off its alignment: the
+    /// plan's for A, B and C (and a separate C), 16 bytes for a bias or aux (what the eager
+    /// call gives cuBLASLt; the heuristic is told only A's, B's and C's).
     fn check_alignment(&self, [a, b, c]: [BufferDesc; 3], extras: RawExtras) -> Result<()> {
-        let at_least_16 = self.align.max(16);
         let operands = [
             (Which::A, Some(a.address), self.align),
             (Which::B, Some(b.address), self.align),
             (Which::C, Some(c.address), self.align),
             (Which::CIn, extras.c_in.map(|r| r.address), self.align),
-            (Which::Bias, extras.bias.map(|r| r.address), at_least_16),
-            (Which::Aux, extras.aux.map(|r| r.address), at_least_16),
+            (Which::Bias, extras.bias.map(|r| r.address), 16),
+            (Which::Aux, extras.aux.map(|r| r.address), 16),
         ];
         for (operand, address, align) in operands {
             if let Some(address) = address.filter(|&x| alignment(x) < align) {
@@ -324,7 +394,7 @@ mod tests {
     #[test]
     fn addresses_off_the_plans_alignment_are_named() {
         let p = GemmProblem::linear(8, 8, 8, Precision::F32).unwrap();
-        let plan = |align| GemmPlan { engine: 0, problem: p, cm: column_major_call(&p), align, way: Way::Eager(None) };
+        let plan = |align| GemmPlan { engine: 0, problem: p, cm: column_major_call(&p), align, way: Way::Empty };
         let desc = |address| BufferDesc { address, len_bytes: 256, dtype: crate::dtype::DType::F32 };
         let none = RawExtras { c_in: None, bias: None, aux: None };
         let at = |a, b, c| [desc(a), desc(b), desc(c)];
@@ -344,6 +414,9 @@ mod tests {
             Err(Error::Misaligned { operand: Which::Bias, address: 0x4008, align: 16 }) => {}
             r => panic!("{r:?}"),
         }
+        // a bias at 16 bytes is taken under a plan for 256-byte operands, as the eager call takes it
+        let bias16 = RawExtras { bias: raw(0x4010), aux: raw(0x5030), ..none };
+        assert!(plan(256).check_alignment(at(0x1000, 0x2000, 0x3000), bias16).is_ok());
         let c_in = RawExtras { c_in: raw(0x5080), ..none };
         match plan(256).check_alignment(at(0x1000, 0x2000, 0x3000), c_in) {
             Err(Error::Misaligned { operand: Which::CIn, address: 0x5080, align: 256 }) => {}
@@ -354,7 +427,7 @@ mod tests {
     #[test]
     fn a_plan_names_what_it_runs() {
         let p = GemmProblem::linear(0, 8, 8, Precision::F32).unwrap();
-        let plan = GemmPlan { engine: 7, problem: p, cm: column_major_call(&p), align: 256, way: Way::Eager(None) };
+        let plan = GemmPlan { engine: 7, problem: p, cm: column_major_call(&p), align: 256, way: Way::Empty };
         assert_eq!((plan.library(), plan.alignment(), plan.workspace_bytes()), (None, 256, 0));
         assert!(format!("{plan:?}").contains("GemmPlan"));
     }
