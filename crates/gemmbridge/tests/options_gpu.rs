@@ -34,6 +34,7 @@ fn every_option_changed(sms: u32) -> GpuOptions {
         .grouped_backend(Some(GroupedBackend::StreamPool))
         .grouped_streams(7)
         .plan_cache_capacity(3)
+        .norm_fusion(false)
 }
 
 #[test]
@@ -128,6 +129,7 @@ fn an_update_says_what_changed_and_how_far_it_reaches() {
         ("grouped_backend", Reach::NextCall),
         ("grouped_streams", Reach::NextCall),
         ("plan_cache_capacity", Reach::NewlyMade),
+        ("norm_fusion", Reach::NextCall),
     ];
     // without cuBLASLt the replay settings and the plan cache's capacity are not kept: no change
     let kept = |setting: &str| library::has_cublaslt() || !matches!(setting, "graph_replay" | "plan_cache_capacity");

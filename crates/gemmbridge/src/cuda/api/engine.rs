@@ -144,6 +144,7 @@ impl Gpu {
             dnn: None,
             conv_search: ConvSearch::default(),
             conv_fuse: true,
+            norm_fuse: true,
             conv_api: ConvApi::default(),
             conv_ws_limit: crate::cuda::dnn::CONV_WORKSPACE_LIMIT,
             dnn_tactics: Default::default(),

@@ -113,10 +113,11 @@ pub enum NormServed {
     /// cuDNN's norm graph, with the residual add inside it where there is one.
     Fused,
     /// The residual add first — cuBLASLt's matrix transform writes `sum = x + residual`
-    /// (f32 arithmetic, rounded to the I/O type) — then cuDNN's norm graph on `sum`: where the
+    /// (summed in f32, converted to the I/O type) — then cuDNN's norm graph on `sum`: where the
     /// loaded cuDNN has no engine for the graph with the add (cuDNN 9.14 on the H100 refused
-    /// it at 4097 and 4104 features while it takes the norm alone). The norm then reads the
-    /// sum rounded to the I/O type, as PyTorch's `x + residual` followed by `F.rms_norm` does.
+    /// it at 4097 and 4104 features while it takes the norm alone), or with
+    /// [`GpuOptions::norm_fusion`](crate::cuda::GpuOptions::norm_fusion) off. The norm then
+    /// reads the sum in the I/O type, as PyTorch's `x + residual` followed by `F.rms_norm` does.
     AddThenNorm,
 }
 
@@ -245,13 +246,30 @@ impl Gpu {
     /// add and the norm as two steps ([`NormServed::AddThenNorm`]), the norm planned before
     /// the add is enqueued so that a norm cuDNN refuses too writes nothing.
     fn norm_forward_run(&self, p: &RmsNorm, op: NormOp, b: NormBuffers) -> Result<NormServed> {
-        let refusal = match self.norm_run(p, op, b, None)? {
-            Ok(()) => return Ok(NormServed::Fused),
-            Err(refusal) => refusal,
+        let NormOp::Forward { training, residual, fp8 } = op else {
+            return self.norm_run(p, op, b, None)?.map(|()| NormServed::Fused);
         };
-        let NormOp::Forward { training, residual: true, fp8 } = op else { return Err(refusal) };
-        if self.lock().libs.lt.is_none() {
-            return Err(refusal); // the add runs on cuBLASLt
+        let (fuse, has_lt) = {
+            let st = self.lock();
+            (st.libs.norm_fuse || !residual, st.libs.lt.is_some())
+        };
+        if fuse {
+            let refusal = match self.norm_run(p, op, b, None)? {
+                Ok(()) => return Ok(NormServed::Fused),
+                Err(refusal) => refusal,
+            };
+            if !residual {
+                return Err(refusal);
+            }
+            if !has_lt {
+                let Error::Unsupported { backend, what } = refusal else { return Err(refusal) };
+                let what = format!("{what}; the add alone would run on cuBLASLt, which is not loaded");
+                return Err(Error::Unsupported { backend, what });
+            }
+        } else if !has_lt {
+            let what =
+                format!("{}: the residual add unfused (GpuOptions::norm_fusion off) without libcublasLt", p.describe());
+            return Err(Error::Unsupported { backend: "cuBLASLt", what });
         }
         let rows = Rows {
             dtype: p.dtype,
@@ -353,7 +371,8 @@ impl Gpu {
     }
 
     /// Plans (on first use) and launches one checked call, after `add` (the addends' and the
-    /// sum's shape and addresses: cuBLASLt's transform, enqueued once the plan exists).
+    /// sum's shape and addresses: cuBLASLt's transform, enqueued once the plan, the handle and
+    /// the workspace are ready, so that only the launch itself can fail after it).
     /// `Ok(Err(refusal))`: cuDNN has no engine for the graph ([`Error::Unsupported`]), and
     /// nothing was enqueued.
     fn norm_run(&self, p: &RmsNorm, op: NormOp, b: NormBuffers, add: Option<(Rows, [u64; 3])>) -> Result<Result<()>> {
@@ -365,6 +384,7 @@ impl Gpu {
         if let Err(refusal) = self.norm_prepare(st, &mut call)? {
             return Ok(Err(refusal));
         }
+        let ready = st.libs.dnn.as_mut().expect("made by norm_prepare").norm_ready(&call)?;
         if let Some((rows, ptrs)) = add {
             let lt = st.libs.lt.as_ref().expect("checked by the caller");
             // SAFETY: the addends and the sum were checked against the problem's sizes (the
@@ -381,7 +401,8 @@ impl Gpu {
         // SAFETY: every address was checked above against the problem's sizes and belongs to
         // this context, borrowed (guards) until the call is enqueued; the workspace is this
         // stream's; the stream is the Gpu's own, live.
-        Ok(unsafe { dnn.rms_norm(&call) })
+        unsafe { dnn.norm_launch(&call, ready) }?;
+        Ok(Ok(()))
     }
 
     /// The call's plan made if it is not (never while the stream is being captured), and its

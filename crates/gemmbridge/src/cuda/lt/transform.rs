@@ -31,7 +31,9 @@ pub(crate) struct Rows {
     pub lds: [usize; 3],
 }
 
-/// Enqueues `sum = a + b` on `stream` (f32 arithmetic, rounded once to `dtype`). A row-major
+/// Enqueues `sum = a + b` on `stream`: the addends converted to f32 (the descriptor's scale
+/// type), summed, and the sum converted to `dtype`, as cuBLASLt's documentation of
+/// `CUBLASLT_MATRIX_TRANSFORM_DESC_SCALE_TYPE` describes the transform. A row-major
 /// `rows × cols` matrix is the column-major `cols × rows` one with the same leading dimension,
 /// which is how cuBLASLt is told of each.
 ///

@@ -47,6 +47,8 @@ pub(crate) struct Libraries {
     pub conv_fuse: bool,
     pub conv_api: ConvApi,
     pub conv_ws_limit: usize,
+    /// [`GpuOptions::norm_fusion`](crate::cuda::GpuOptions::norm_fusion)'s value.
+    pub norm_fuse: bool,
     /// The tactic database's convolution and attention entries
     /// ([`Plans::load_tactics`](crate::cuda::Plans::load_tactics)), handed to the cuDNN room when
     /// it is created (it keeps those of its cuDNN version).

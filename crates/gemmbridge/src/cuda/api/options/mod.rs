@@ -92,6 +92,7 @@ impl Gpu {
             grouped_backend: libs.grouped.backend,
             grouped_streams: libs.grouped.streams,
             plan_cache_capacity: libs.lt.as_ref().map_or(crate::cuda::lt::PLAN_CAPACITY, |lt| lt.plans.capacity()),
+            norm_fusion: libs.norm_fuse,
         }
     }
 
@@ -105,8 +106,8 @@ impl Gpu {
     ///   made when a call first needs them, a smaller one keeps the streams it has;
     /// - the SM count target: the cuBLAS handle's target is set now, and dense GEMMs from the
     ///   next call are planned for it; plans of other targets are kept ([`Reach::NextCall`]);
-    /// - the convolution API and fusion: from the next call, plans of the other value kept
-    ///   ([`Reach::NextCall`]);
+    /// - the convolution API and fusion, and RMSNorm's fusion: from the next call, plans of the
+    ///   other value kept ([`Reach::NextCall`]);
     /// - the convolution search, the convolution workspace limit, the attention search:
     ///   problems planned from now on; plans already made are kept ([`Reach::NewlyMade`]);
     /// - the workspace size: streams that get their first call from now on; workspaces made are
@@ -178,7 +179,7 @@ impl Gpu {
             check_raw_addresses: Reach::NextCall, conv_search: Reach::NewlyMade, conv_api: Reach::NextCall,
             conv_fusion: Reach::NextCall, conv_workspace_limit: Reach::NewlyMade, attention_search: Reach::NewlyMade,
             grouped_backend: Reach::NextCall, grouped_streams: Reach::NextCall,
-            plan_cache_capacity: Reach::NewlyMade);
+            plan_cache_capacity: Reach::NewlyMade, norm_fusion: Reach::NextCall);
         if to.sm_count_target != cur.sm_count_target || to.graph_replay != cur.graph_replay {
             self.device().bind()?; // cuBLAS's handle; replay graphs are destroyed
         }
@@ -220,6 +221,7 @@ fn set_libraries(libs: &mut Libraries, o: &GpuOptions) {
     libs.conv_search = o.conv_search;
     libs.conv_api = o.conv_api;
     libs.conv_fuse = o.conv_fusion;
+    libs.norm_fuse = o.norm_fusion;
     libs.conv_ws_limit = o.conv_workspace_limit;
     libs.attn_search = o.attention_search;
     libs.grouped.backend = o.grouped_backend;

@@ -25,6 +25,7 @@ fn defaults_are_the_engines_former_defaults() {
     assert_eq!(o.grouped_backend, None);
     assert_eq!(o.grouped_streams, 4);
     assert_eq!(o.plan_cache_capacity, 4096);
+    assert!(o.norm_fusion);
 }
 
 #[test]

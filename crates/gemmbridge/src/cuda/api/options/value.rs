@@ -121,6 +121,11 @@ pub struct GpuOptions {
     /// to [`GpuOptions::MAX_PLAN_CACHE_CAPACITY`] ([`Error::OutOfRange`](crate::Error::OutOfRange)).
     /// Without cuBLASLt there is no such cache: the setting is not kept.
     pub plan_cache_capacity: usize,
+    /// Whether [`Gpu::rms_norm_forward`](crate::cuda::Gpu::rms_norm_forward) with a residual
+    /// tries cuDNN's graph with the add fused (default, on) or runs the add, then the norm
+    /// ([`NormServed::AddThenNorm`](crate::cuda::NormServed::AddThenNorm)), which it also does
+    /// where cuDNN refuses the fused graph: for comparisons and tests.
+    pub norm_fusion: bool,
 }
 
 impl Default for GpuOptions {
@@ -141,6 +146,7 @@ impl Default for GpuOptions {
             grouped_backend: grouped.backend,
             grouped_streams: grouped.streams,
             plan_cache_capacity: crate::cuda::lt::PLAN_CAPACITY,
+            norm_fusion: true,
         }
     }
 }
@@ -190,6 +196,8 @@ builders! {
     grouped_streams: usize;
     /// These options with [`GpuOptions::plan_cache_capacity`] set.
     plan_cache_capacity: usize;
+    /// These options with [`GpuOptions::norm_fusion`] set.
+    norm_fusion: bool;
 }
 
 impl GpuOptions {
