@@ -198,26 +198,29 @@ impl CustomOp3 for LinearOp {
 ///
 /// `act'`: 1 for none; for ReLU, 1 where `y > 0` (where `z > 0`, as candle's own ReLU
 /// backward takes it); for GELU, the derivative of its tanh form at `z`, which is computed
-/// again here (one more GEMM; the forward keeps nothing) and differentiated in f32.
+/// again here (one more GEMM; the forward keeps nothing) and differentiated in f32. `db` is
+/// summed in f32 from g before g is rounded to x's dtype (a bias gradient over rows of mixed
+/// sign cancels: summing rounded terms in a half type doubled its error against float64).
 pub(crate) fn linear_grads(
     [x, w]: [&Tensor; 2],
     bias: Option<&Tensor>,
     (y, dy): (&Tensor, &Tensor),
     act: Activation,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-    let g = match act {
-        Activation::None => dy.clone(),
-        Activation::Relu => (dy * y.gt(0f64)?.to_dtype(dy.dtype())?)?,
+    // g in f32 (exact for none and ReLU: dy's own values), then in x's dtype for the GEMMs
+    let g32 = match act {
+        Activation::None => dy.to_dtype(DType::F32)?,
+        Activation::Relu => (dy * y.gt(0f64)?.to_dtype(dy.dtype())?)?.to_dtype(DType::F32)?,
         Activation::Gelu => {
             let z = linear(x, w, bias, Activation::None)?;
-            (dy.to_dtype(DType::F32)? * gelu_tanh_grad(&z.to_dtype(DType::F32)?)?)?.to_dtype(dy.dtype())?
+            (dy.to_dtype(DType::F32)? * gelu_tanh_grad(&z.to_dtype(DType::F32)?)?)?
         }
     };
     let (k, n) = (w.dims()[1], w.dims()[0]);
-    let g2 = g.reshape(((), n))?;
+    let g2 = g32.to_dtype(dy.dtype())?.reshape(((), n))?;
     let dx = matmul(&g2, w)?.reshape(x.dims())?;
     let dw = matmul(&g2.t()?, &x.reshape(((), k))?)?;
-    let db = bias.map(|_| g2.sum(0)).transpose()?;
+    let db = bias.map(|_| g32.reshape(((), n))?.sum(0)?.to_dtype(dy.dtype())).transpose()?;
     Ok((dx, dw, db))
 }
 

@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use common::reference::{linear_f64, matmul_f64};
-use common::{assert_close, f64s, random, rel_err, rng};
+use common::{assert_close, band, f64s, random, rel_err, rng};
 use gemmbridge_candle::{linear_candle, linear_served, matmul, matmul_served, Activation, Served};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -117,10 +117,14 @@ fn linear_fuses_bias_and_activation() -> Result<()> {
     Ok(())
 }
 
+/// loss = Σ y·r, so that dL/dy = r; the float64 reference is candle's autograd through its
+/// own layer on float64 copies of the same values. Each gradient is within its type's band of
+/// float64 or no worse than 1.5× the error of candle's own layer in the same type: a
+/// half-precision GELU backward reads the pre-activation stored in that type, and a bias
+/// gradient summed over few rows of mixed sign can cancel, so that the storage alone reaches
+/// the band (seen for bf16 db: 1.6e-2 here against candle's own 3.1e-2; 1.17e-2 against 9.5e-3).
 #[test]
 fn linear_backward_against_float64() -> Result<()> {
-    // loss = Σ y·r, so that dL/dy = r; the float64 reference is candle's autograd through its
-    // own layer on float64 copies of the same values
     let mut rng = rng("linear_backward_against_float64");
     let dev = Device::Cpu;
     for dtype in DTYPES {
@@ -135,18 +139,26 @@ fn linear_backward_against_float64() -> Result<()> {
                 let (y, served) = linear_served(x.as_tensor(), w.as_tensor(), bias, act)?;
                 assert_eq!(served, Served::Gemmbridge, "{what}");
                 let ours = y.mul(&r)?.sum_all()?.backward()?;
+                // candle's own layer in the same type, on the same values
+                let own = |v: &Var| Var::from_tensor(v.as_tensor());
+                let (xc, wc, bc) = (own(&x)?, own(&w)?, own(&b)?);
+                let yc = linear_candle(xc.as_tensor(), wc.as_tensor(), with_bias.then(|| bc.as_tensor()), act)?;
+                let candles = yc.mul(&r)?.sum_all()?.backward()?;
                 let f64v = |v: &Var| Var::from_tensor(&v.as_tensor().to_dtype(DType::F64)?);
                 let (x64, w64, b64) = (f64v(&x)?, f64v(&w)?, f64v(&b)?);
                 let y64 = linear_candle(x64.as_tensor(), w64.as_tensor(), with_bias.then(|| b64.as_tensor()), act)?;
                 let want = y64.mul(&r.to_dtype(DType::F64)?)?.sum_all()?.backward()?;
-                let mut pairs = vec![("dx", &x, &x64), ("dw", &w, &w64)];
+                let mut pairs = vec![("dx", &x, &x64, &xc), ("dw", &w, &w64, &wc)];
                 if with_bias {
-                    pairs.push(("db", &b, &b64));
+                    pairs.push(("db", &b, &b64, &bc));
                 }
-                for (name, v, v64) in pairs {
+                for (name, v, v64, vc) in pairs {
                     let g = ours.get(v).unwrap_or_else(|| panic!("{what}: no {name}"));
                     assert_eq!(g.dims(), v.dims(), "{what}: {name} shape");
-                    assert_close(&format!("{what}: {name}"), g, &f64s(want.get(v64).unwrap())?, dtype)?;
+                    let want = f64s(want.get(v64).unwrap())?;
+                    let (e, e_candle) = (rel_err(&f64s(g)?, &want), rel_err(&f64s(candles.get(vc).unwrap())?, &want));
+                    let bar = band(dtype).max(1.5 * e_candle);
+                    assert!(e <= bar, "{what}: {name} relative error {e:e} above {bar:e} (candle's own {e_candle:e})");
                 }
                 assert_eq!(ours.get(&b).is_some(), with_bias, "{what}: db only with a bias");
             }

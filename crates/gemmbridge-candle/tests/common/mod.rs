@@ -9,8 +9,11 @@ use rand::{Rng, SeedableRng};
 
 /// A fresh generator; the seed is printed so that a failure can be replayed.
 pub fn rng(test: &str) -> StdRng {
-    let seed: u64 = rand::rng().random();
-    println!("{test}: seed {seed}");
+    let seed: u64 = match std::env::var("GEMMBRIDGE_TEST_SEED") {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("GEMMBRIDGE_TEST_SEED={v}: not a u64")),
+        Err(_) => rand::rng().random(),
+    };
+    println!("{test}: seed {seed} (GEMMBRIDGE_TEST_SEED={seed} draws it again)");
     StdRng::seed_from_u64(seed)
 }
 
