@@ -196,8 +196,9 @@ impl CustomOp3 for LinearOp {
 /// `dx = g·w` (x's shape), `dw = gᵀ·x` summed over the rows (`[n, k]`) and `db = Σ_rows g`
 /// (`[n]`, where there is a bias), each in x's dtype.
 ///
-/// `act'`: 1 for none; for ReLU, 1 where `y > 0` (where `z > 0`, as candle's own ReLU
-/// backward takes it); for GELU, the derivative of its tanh form at `z`, which is computed
+/// `act'`: 1 for none; for ReLU, 1 where `y > 0` (where `z > 0`, as PyTorch's ReLU backward and
+/// cuBLASLt's ReLU mask take it; candle's own takes `z ≥ 0`, which differs where `z` is exactly
+/// 0, a subgradient convention); for GELU, the derivative of its tanh form at `z`, which is computed
 /// again here (one more GEMM; the forward keeps nothing) and differentiated in f32. `db` is
 /// summed in f32 from g before g is rounded to x's dtype (a bias gradient over rows of mixed
 /// sign cancels: summing rounded terms in a half type doubled its error against float64).
