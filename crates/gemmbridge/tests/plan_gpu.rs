@@ -30,7 +30,9 @@ fn runs_as_the_eager_call<T: Element + DeviceRepr>(precision: Precision) {
     for case in cases(&[(37, 48, 72), (64, 64, 64)]) {
         let p = case.problem(precision);
         let plan = GemmPlan::new(&gpu, &p).unwrap();
-        assert_eq!(plan.library(), Some(Served::Lt), "{}", p.describe());
+        // cuBLASLt, or cuBLAS where its heuristic has no algorithm: the eager call's library
+        // either way, compared bit for bit below
+        assert!(plan.library().is_some(), "{}", p.describe());
         for beta in [0.0, 0.5] {
             let ops = operands::<T, T>(&mut rng, &p, 1.0, beta);
             let (a, b) = (s.clone_htod(&ops.a).unwrap(), s.clone_htod(&ops.b).unwrap());
