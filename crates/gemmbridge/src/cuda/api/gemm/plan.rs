@@ -64,8 +64,8 @@ use crate::validate::BufferDesc;
 ///   always bit for bit);
 /// - repeated runs are launched directly, never replayed from a cached graph (capture the
 ///   runs into a graph of your own instead);
-/// - settings changed after the plan was made ([`Gpu::update_options`]) do not reach it,
-///   except in the eager case above.
+/// - settings changed after the plan was made ([`Gpu::update_options`]) do not reach its
+///   cuBLASLt plan (a cuBLAS run, and the eager case above, use the engine as it is then).
 ///
 /// Without an epilogue, α = 0 runs on cuBLAS as the eager call does (A and B are not read), and
 /// a problem cuBLASLt does not serve (k = 0, [`Backend::Blas`](crate::cuda::Backend::Blas), no
