@@ -246,21 +246,18 @@ impl Gpu {
     /// add and the norm as two steps ([`NormServed::AddThenNorm`]), the norm planned before
     /// the add is enqueued so that a norm cuDNN refuses too writes nothing.
     fn norm_forward_run(&self, p: &RmsNorm, op: NormOp, b: NormBuffers) -> Result<NormServed> {
-        let NormOp::Forward { training, residual, fp8 } = op else {
+        let NormOp::Forward { training, residual: true, fp8 } = op else {
             return self.norm_run(p, op, b, None)?.map(|()| NormServed::Fused);
         };
         let (fuse, has_lt) = {
             let st = self.lock();
-            (st.libs.norm_fuse || !residual, st.libs.lt.is_some())
+            (st.libs.norm_fuse, st.libs.lt.is_some())
         };
         if fuse {
             let refusal = match self.norm_run(p, op, b, None)? {
                 Ok(()) => return Ok(NormServed::Fused),
                 Err(refusal) => refusal,
             };
-            if !residual {
-                return Err(refusal);
-            }
             if !has_lt {
                 let Error::Unsupported { backend, what } = refusal else { return Err(refusal) };
                 let what = format!("{what}; the add alone would run on cuBLASLt, which is not loaded");
