@@ -42,7 +42,6 @@ fn runs_as_the_eager_call<T: Element + DeviceRepr>(precision: Precision) {
             check("plan.run", &p, &ops.c, &planned, &ops.reference);
             let mut eager = s.clone_htod(&ops.c).unwrap();
             gpu.gemm(&p, 1.0, &a, &b, beta as f32, &mut eager).unwrap();
-            let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&s.clone_dtoh(&eager).unwrap()), bits(&planned), "{} β {beta}", p.describe());
         }
     }
@@ -169,13 +168,13 @@ fn a_held_plan_is_capturable_after_the_cache_dropped_its_problem() {
     let graph = s.end_capture(CUgraphInstantiate_flags(0));
     r.unwrap();
     graph.unwrap().expect("a graph").launch().unwrap();
-    let bits = |v: Vec<bf16>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(s.clone_dtoh(&c).unwrap()), bits(s.clone_dtoh(&eager).unwrap()));
+    assert_eq!(bits(&s.clone_dtoh(&c).unwrap()), bits(&s.clone_dtoh(&eager).unwrap()));
 }
 
-/// Bits of a bf16 buffer, for bit-for-bit comparisons.
-fn bits(v: &[bf16]) -> Vec<u16> {
-    v.iter().map(|x| x.to_bits()).collect()
+/// Every element's value as float64 bits (exact for each element type), for bit-for-bit
+/// comparisons.
+fn bits<T: Element>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.to_f64().to_bits()).collect()
 }
 
 /// A plan with an epilogue that reads a bias and writes an aux (the descriptor's pointers are
@@ -195,7 +194,7 @@ fn epilogues_a_separate_c_raw_runs_and_threads_match_the_eager_call() {
     let (a, b) = (up(normal(&mut rng, 64 * 80)), up(normal(&mut rng, 96 * 80)));
     let (bias, c_in) = (up(normal(&mut rng, 96)), up(normal(&mut rng, 64 * 96)));
     let aux_len = p.aux().required_elems(1).unwrap();
-    let run = |planned: bool, bias: &CudaSlice<bf16>| -> (Vec<u16>, Vec<u16>) {
+    let run = |planned: bool, bias: &CudaSlice<bf16>| -> (Vec<u64>, Vec<u64>) {
         let (mut c, mut aux) = (up(poison(64 * 96)), up(poison(aux_len)));
         let ex = Extras { c_in: Some(&c_in), bias: Some(bias), aux_out: Some(&mut aux), ..Extras::default() };
         let scale = Scale::new(1.0, 0.5);
@@ -207,7 +206,7 @@ fn epilogues_a_separate_c_raw_runs_and_threads_match_the_eager_call() {
         (bits(&s.clone_dtoh(&c).unwrap()), bits(&s.clone_dtoh(&aux).unwrap()))
     };
     let want = run(false, &bias);
-    assert!(want.0.iter().all(|&x| !bf16::from_bits(x).is_nan()), "the eager result is finite");
+    assert!(want.0.iter().all(|&x| !f64::from_bits(x).is_nan()), "the eager result is finite");
     assert_eq!(run(true, &bias), want, "plan.run");
 
     // the raw path: the same buffers by address
@@ -260,6 +259,5 @@ fn a_cublas_plan_is_capturable() {
     graph.unwrap().expect("a graph").launch().unwrap();
     let got = s.clone_dtoh(&c).unwrap();
     check("captured cuBLAS plan", &p, &ops.c, &got, &ops.reference);
-    let bits32 = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits32(got), bits32(s.clone_dtoh(&eager).unwrap()));
+    assert_eq!(bits(&got), bits(&s.clone_dtoh(&eager).unwrap()));
 }

@@ -60,19 +60,36 @@ pub(crate) unsafe fn route(st: &mut Locked<Libraries>, r: &GemmCall) -> Result<S
     let Locked { dev, libs } = st;
     let lt = libs.lt.as_mut().expect("use_lt implies a handle");
     // SAFETY: forwarded.
+    let backend = libs.backend;
     match unsafe { lt.enqueue(dev, r) } {
         Ok(()) => Ok(Served::Lt),
-        Err(LtFailure::NoAlgorithm(_)) if libs.backend == Backend::Auto && !fused => {
-            // SAFETY: forwarded.
-            unsafe { blas(st, r) }?;
-            Ok(Served::Blas)
-        }
-        Err(LtFailure::NoAlgorithm(_)) if p.epilogue().vector() == VectorUse::WritesGrad => {
-            // SAFETY: forwarded.
-            unsafe { bias_grad_unfused(st, r) }?;
-            Ok(Served::Lt)
-        }
-        Err(LtFailure::NoAlgorithm(e) | LtFailure::Other(e)) => Err(e),
+        Err(LtFailure::NoAlgorithm(e)) => match without_lt(backend, p) {
+            // SAFETY (both): forwarded.
+            Some(WithoutLt::Blas) => unsafe { blas(st, r) }.map(|()| Served::Blas),
+            Some(WithoutLt::BiasGradUnfused) => unsafe { bias_grad_unfused(st, r) }.map(|()| Served::Lt),
+            None => Err(e),
+        },
+        Err(LtFailure::Other(e)) => Err(e),
+    }
+}
+
+/// What runs a problem cuBLASLt has no algorithm for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WithoutLt {
+    /// cuBLAS (`Backend::Auto`, no epilogue).
+    Blas,
+    /// The plain GEMM, then the bias gradient as a second GEMM ([`bias_grad_unfused`]).
+    BiasGradUnfused,
+}
+
+/// The fallback where cuBLASLt has no algorithm for `p` under `backend`; `None`: the call fails.
+pub(crate) fn without_lt(backend: Backend, p: &GemmProblem) -> Option<WithoutLt> {
+    if backend == Backend::Auto && p.epilogue() == Epilogue::None {
+        Some(WithoutLt::Blas)
+    } else if p.epilogue().vector() == VectorUse::WritesGrad {
+        Some(WithoutLt::BiasGradUnfused)
+    } else {
+        None
     }
 }
 

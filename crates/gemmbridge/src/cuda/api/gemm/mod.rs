@@ -23,10 +23,34 @@ use crate::cuda::device::check_extent;
 use crate::cuda::route::dispatch;
 use crate::dtype::Element;
 use crate::error::{Result, Which};
-use crate::mapping::column_major_call;
+use crate::mapping::{column_major_call, ColMajorCall};
 use crate::problem::GemmProblem;
 use crate::validate::BufferDesc;
 use operands::{check_all, RawExtras};
+
+/// The call value of checked buffers: `p` computed as `cm`, the scalars, A, B and C by
+/// address, the epilogue's operands, and a separate C unless it is C itself.
+pub(crate) fn checked_call(
+    p: &GemmProblem,
+    cm: ColMajorCall,
+    scale: Scale,
+    descs: [BufferDesc; 3],
+    extras: RawExtras,
+    stream: CUstream,
+) -> GemmCall<'_> {
+    let [a, b, c] = descs.map(|d| d.address);
+    GemmCall {
+        problem: p,
+        cm,
+        alpha: scale.alpha,
+        beta: scale.beta,
+        abc: (a, b, c),
+        c_in: extras.c_in.map(|r| r.address).filter(|&ci| ci != c),
+        bias: extras.bias.map(|r| r.address),
+        aux: extras.aux.map(|r| r.address),
+        stream,
+    }
+}
 
 impl Gpu {
     /// `C = α·op(A)·op(B) + β·C` on cudarc device memory, enqueued on [`Gpu::stream`].
@@ -260,18 +284,7 @@ impl Gpu {
         if p.is_empty() {
             return Ok(());
         }
-        let [a, b, c] = descs.map(|d| d.address);
-        let request = GemmCall {
-            problem: p,
-            cm: column_major_call(p),
-            alpha: scale.alpha,
-            beta: scale.beta,
-            abc: (a, b, c),
-            c_in: extras.c_in.map(|r| r.address).filter(|&ci| ci != c),
-            bias: extras.bias.map(|r| r.address),
-            aux: extras.aux.map(|r| r.address),
-            stream,
-        };
+        let request = checked_call(p, column_major_call(p), scale, descs, extras, stream);
         self.device().bind()?;
         let mut st = self.lock();
         // SAFETY: validated above; the rest is the caller's contract.

@@ -8,17 +8,17 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::operands::{check_all, RawExtras};
-use super::{Extras, RawOperands};
+use super::{checked_call, Extras, RawOperands};
 use crate::cuda::api::engine::Gpu;
 use crate::cuda::call::GemmCall;
 use crate::cuda::call::Scale;
 use crate::cuda::device::{Locked, Relaxed};
 use crate::cuda::lt::plan::{alignment, LtOperands, Plan, PlanKey};
-use crate::cuda::route::dispatch::{self, use_lt};
-use crate::cuda::route::{Backend, Served};
+use crate::cuda::route::dispatch::{self, use_lt, without_lt, WithoutLt};
+use crate::cuda::route::Served;
 use crate::cuda::status;
 use crate::dtype::Element;
-use crate::epilogue::{Epilogue, VectorUse};
+use crate::epilogue::Epilogue;
 use crate::error::{Error, Result, Which};
 use crate::mapping::{column_major_call, ColMajorCall};
 use crate::problem::GemmProblem;
@@ -157,10 +157,12 @@ impl GemmPlan {
         let _relaxed = Relaxed::enter()?; // the heuristic query, beside another thread's capture
         match lt.build_plan(&key, p) {
             Ok(built) => Ok(plan(Way::Lt(Mutex::new(built)))),
-            // the eager call's fallbacks (`route::dispatch::route`)
-            Err(_) if backend == Backend::Auto && p.epilogue() == Epilogue::None => Ok(plan(Way::Blas)),
-            Err(_) if p.epilogue().vector() == VectorUse::WritesGrad => Ok(plan(Way::Eager)),
-            Err(e) => Err(status::with_problem(e, p)),
+            // the eager call's fallbacks
+            Err(e) => match without_lt(backend, p) {
+                Some(WithoutLt::Blas) => Ok(plan(Way::Blas)),
+                Some(WithoutLt::BiasGradUnfused) => Ok(plan(Way::Eager)),
+                None => Err(status::with_problem(e, p)),
+            },
         }
     }
 
@@ -288,21 +290,19 @@ impl GemmPlan {
         stream: CUstream,
     ) -> Result<()> {
         let p = &self.problem;
+        let call = checked_call(p, self.cm, scale, descs, extras, stream);
         let plan = match &self.way {
             Way::Empty => return Ok(()),
             // SAFETY (all three): checked by the caller; the rest is the caller's contract.
             Way::Eager => return unsafe { gpu.enqueue_checked(p, scale, descs, extras, stream) },
-            Way::Blas => return unsafe { self.launch_blas(gpu, scale, descs, extras, stream) },
+            Way::Blas => return unsafe { launch_blas(gpu, &call) },
             Way::Lt(_) if scale.alpha == 0.0 && p.epilogue() == Epilogue::None => {
-                return unsafe { self.launch_blas(gpu, scale, descs, extras, stream) };
+                return unsafe { launch_blas(gpu, &call) };
             }
             Way::Lt(plan) => plan,
         };
         self.check_alignment(descs, extras)?;
-        let [a, b, c] = descs.map(|d| d.address);
-        let c_in = extras.c_in.map(|r| r.address).filter(|&ci| ci != c);
-        let addr = |r: Option<super::RawBuffer>| r.map(|r| r.address);
-        let ops = LtOperands::new(&self.cm, (a, b, c), addr(extras.bias), addr(extras.aux)).with_c_in(c_in);
+        let ops = LtOperands::new(&call.cm, call.abc, call.bias, call.aux).with_c_in(call.c_in);
         gpu.device().bind()?;
         let mut st = gpu.lock();
         let describe = || p.describe();
@@ -330,39 +330,6 @@ impl GemmPlan {
         launched.map_err(|e| status::with_problem(e, p))
     }
 
-    /// cuBLAS on checked buffers, as the eager call's cuBLAS way (a separate C copied into
-    /// the output first; with α = 0, A and B are not read).
-    ///
-    /// # Safety
-    /// As [`GemmPlan::launch_checked`].
-    unsafe fn launch_blas(
-        &self,
-        gpu: &Gpu,
-        scale: Scale,
-        descs: [BufferDesc; 3],
-        extras: RawExtras,
-        stream: CUstream,
-    ) -> Result<()> {
-        let [a, b, c] = descs.map(|d| d.address);
-        let call = GemmCall {
-            problem: &self.problem,
-            cm: self.cm,
-            alpha: scale.alpha,
-            beta: scale.beta,
-            abc: (a, b, c),
-            c_in: extras.c_in.map(|r| r.address).filter(|&ci| ci != c),
-            bias: None,
-            aux: None,
-            stream,
-        };
-        gpu.device().bind()?;
-        let mut st = gpu.lock();
-        // SAFETY: checked by the caller (no epilogue on this way: no bias or aux).
-        let launched = unsafe { dispatch::blas(&mut st, &call) };
-        gpu.device().note_use(&mut st, stream)?;
-        launched
-    }
-
     /// [`Error::Misaligned`] for the first operand whose address is off its alignment: the
     /// plan's for A, B and C (and a separate C), 16 bytes for a bias or aux (what the eager
     /// call gives cuBLASLt; the heuristic is told only A's, B's and C's).
@@ -382,6 +349,20 @@ impl GemmPlan {
         }
         Ok(())
     }
+}
+
+/// cuBLAS on a checked call without an epilogue, as the eager call's cuBLAS way (a separate C
+/// copied into the output first; with α = 0, A and B are not read).
+///
+/// # Safety
+/// As [`GemmPlan::launch_checked`].
+unsafe fn launch_blas(gpu: &Gpu, call: &GemmCall) -> Result<()> {
+    gpu.device().bind()?;
+    let mut st = gpu.lock();
+    // SAFETY: checked by the caller.
+    let launched = unsafe { dispatch::blas(&mut st, call) };
+    gpu.device().note_use(&mut st, call.stream)?;
+    launched
 }
 
 #[cfg(test)]
