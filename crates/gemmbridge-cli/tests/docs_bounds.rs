@@ -1,7 +1,7 @@
 //! The user-facing documents stay within their bounds, so that they cannot regrow into reference
 //! manuals (the reference is the crates' rustdoc): README.md at most 250 lines, docs/DESIGN.md
 //! 350, docs/PERFORMANCE.md 250, any other Markdown file in docs/ 150, each crate's README 200,
-//! and docs/ at most 62 files (figures and runs included: a comparison's alternated runs are
+//! and docs/ at most 60 files (figures and runs included: a comparison's alternated runs are
 //! packed into one file per side, tools/pack-runs). README.md's first screen (its first 50
 //! lines) holds the set-up, the main job and the test command CI runs (.ci/run), and it names
 //! every adapter and capability module. A failure lists every bound crossed.
